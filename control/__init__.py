@@ -1,0 +1,1 @@
+"""Control protocol, operator client and verification tools."""

@@ -1,0 +1,1 @@
+"""ANDREA trainer and proxy daemons and the parts they share."""
