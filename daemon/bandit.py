@@ -1,0 +1,587 @@
+"""Online data mixing: an EXP3-style bandit over data sources ("arms"), with caps, floors and a lag.
+
+The update follows ODM (Albalak et al. 2023, reference ``SmoothedMeanWeightUpdater``). With K live arms
+and t the number of losses incorporated in the current phase:
+
+- reward of the arm trained at a step, nothing for the others:
+  ``R_i <- alpha * R_i + (1 - alpha) * exp(min(loss, 700))``  (no 1/p_i importance weight, see below);
+- exploration: ``eps_0 = 1/K``, ``eps_t = min(1/K, sqrt(ln K / (K t)))`` for t >= 1;
+- mixture: ``w = (1 - K eps_t) * softmax(eps_{t-1} * R) + eps_t`` for t >= 1, and for t = 0 the
+  policy's normalised initial weights;
+- probabilities: ``p = clip(c * w, floor, cap)`` with the unique c that makes ``sum(p) = 1`` — the
+  KL projection of w onto the capped simplex, solved exactly from the breakpoints of c.
+
+ODM's reward is an EMA that moves only when its arm is pulled: it already estimates the arm's recent
+exp(loss) given a pull, so EXP3's 1/p_i factor (which unbiases *cumulative sums*, where an unpulled arm
+implicitly adds 0) would bias it upward by 1/p_i and, with exp(loss) rewards of order 10^2, overflow
+exp(eps * R) within a few steps. We follow the reference code and the anchors: no importance weight.
+
+Determinism: the arm of step s is a pure function of (seed, phase, policy, live arms, losses of the
+phase's steps <= s - W). Losses are incorporated strictly in step order, `assign` refuses to run at any
+other point than "everything up to s - W, nothing after", and the draw itself is a counter-based uniform
+(SHA-256 of seed, phase and step), so a restarted proxy recomputes every assignment bit for bit.
+
+Zombies: `Bandit.from_state` reconciles the arms of a saved state with the configured sources. An arm
+whose source is gone never draws (p = 0, its floor not counted), stays in the state with its history,
+and is reported (`Bandit.zombies` and a logging warning).
+
+Pure: no I/O, no clock, no global random state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from andrea.daemon.policy import ARM_NAME_PATTERN, Policy
+
+log = logging.getLogger(__name__)
+
+#: exp() overflows float64 just above 709.78; losses above this many nats count as this many, so a
+#: diverging step still reads as "very hard" without turning the reward into inf (and then NaN).
+MAX_EXP_LOSS = 700.0
+
+#: Version of the draw: bumping it changes every assignment, so it is part of the state's format.
+_DRAW_DOMAIN = b"andrea.bandit.draw.v1"
+
+
+class BanditError(RuntimeError):
+    """Misuse of the bandit or an unusable arm set."""
+
+
+class ObservationOrderError(BanditError):
+    """A loss was offered out of step order (or for a step already incorporated, with other values)."""
+
+
+class LagError(BanditError):
+    """`assign(s)` was called when the incorporated losses are not exactly those of steps <= s - W."""
+
+
+class BanditStateError(BanditError, ValueError):
+    """A saved bandit state that cannot be used (malformed JSON, wrong types, inconsistent counters)."""
+
+
+class ConfiguredArm(NamedTuple):
+    """A data source as the proxy's configuration sees it now."""
+
+    name: str
+    identity: str
+    available: bool
+
+
+# --------------------------------------------------------------------------------------------------
+# State (the `.state.json` contract)
+# --------------------------------------------------------------------------------------------------
+
+
+class _StateModel(BaseModel):
+    # strict: a state is written by this module; any coercion ("3" for 3) means it was edited or broken.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class ArmState(_StateModel):
+    """One arm in the saved state. Zombies keep their numbers as history."""
+
+    name: str = Field(pattern=ARM_NAME_PATTERN)
+    identity: str = Field(description="identity (listing hash) of the source this arm's history belongs to")
+    live: bool
+    zombie_reason: str | None = None
+    pulls: int = Field(ge=0, description="steps of the current phase trained on this arm")
+    ema_reward: float = Field(ge=0.0, description="R_i, the EMA of exp(loss)")
+    weight: float = Field(ge=0.0, description="mixture weight w_i before the cap/floor projection")
+    probability: float = Field(ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _reason_iff_zombie(self) -> ArmState:
+        if self.live == (self.zombie_reason is not None):
+            raise ValueError(f"arm {self.name!r}: a zombie_reason is required exactly when live is false")
+        return self
+
+
+class LastObservation(_StateModel):
+    step: int = Field(ge=1)
+    arm: str
+    loss: float
+
+
+class BanditState(_StateModel):
+    """Everything needed to continue a phase exactly; stored as `.state.json` (JSON, never pickle)."""
+
+    version: Literal[1] = 1
+    seed: int = Field(ge=0, lt=2**63)
+    phase: int = Field(ge=0)
+    phase_start_step: int = Field(ge=0, description="last step of the previous phase (0 for the first)")
+    last_step: int = Field(ge=0, description="last incorporated step (total steps seen by the bandit)")
+    steps_in_phase: int = Field(ge=0)
+    policy: Policy
+    policy_fingerprint: str
+    arms: list[ArmState]
+    last_observation: LastObservation | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BanditState:
+        names = [a.name for a in self.arms]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate arm names: {dup}")
+        if self.last_step < self.phase_start_step:
+            raise ValueError(f"last_step {self.last_step} is before phase_start_step {self.phase_start_step}")
+        if self.steps_in_phase != self.last_step - self.phase_start_step:
+            raise ValueError(
+                f"steps_in_phase {self.steps_in_phase} != last_step - phase_start_step "
+                f"= {self.last_step - self.phase_start_step}"
+            )
+        pulls = sum(a.pulls for a in self.arms)
+        if pulls != self.steps_in_phase:
+            raise ValueError(f"the arms' pulls sum to {pulls}, but steps_in_phase is {self.steps_in_phase}")
+        if self.policy_fingerprint != self.policy.fingerprint():
+            raise ValueError(
+                f"policy_fingerprint {self.policy_fingerprint} does not match the policy "
+                f"({self.policy.fingerprint()}): the state was edited or corrupted"
+            )
+        obs = self.last_observation
+        if (obs is None) != (self.steps_in_phase == 0):
+            raise ValueError("last_observation must be present exactly when the phase has incorporated steps")
+        if obs is not None and (obs.step != self.last_step or obs.arm not in names):
+            raise ValueError(f"last_observation {obs} does not match last_step {self.last_step} and the arms")
+        return self
+
+
+def parse_state(data: str | bytes, origin: str = ".state.json") -> BanditState:
+    """Validate saved state JSON. Raises `BanditStateError` naming `origin` and each bad field."""
+    try:
+        return BanditState.model_validate_json(data)
+    except ValidationError as e:
+        lines = [f"unusable bandit state ({origin}):"]
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {loc}: {msg}")
+        raise BanditStateError("\n".join(lines)) from e
+
+
+class ZombieReport(_StateModel):
+    """An arm whose source is gone: it never draws, and its history stays in the state."""
+
+    name: str
+    identity: str
+    reason: str
+    pulls: int
+    ema_reward: float
+    weight: float
+
+
+class PhaseCounters(_StateModel):
+    phase: int
+    phase_start_step: int
+    steps_in_phase: int
+    total_steps: int = Field(description="last incorporated step; steps count from 1 over the whole run")
+    pulls: dict[str, int]
+
+
+# --------------------------------------------------------------------------------------------------
+# The math (pure functions, float64)
+# --------------------------------------------------------------------------------------------------
+
+
+def exploration_rate(k: int, t: int) -> float:
+    """eps_t = min(1/K, sqrt(ln K / (K t))) for t >= 1; eps_0 = 1/K (ODM's starting value)."""
+    if k < 1 or t < 0:
+        raise ValueError(f"exploration_rate needs K >= 1 and t >= 0, got K={k}, t={t}")
+    if t == 0:
+        return 1.0 / k
+    return min(1.0 / k, math.sqrt(math.log(k) / (k * t)))
+
+
+def mixture_weights(rewards: np.ndarray, t: int) -> np.ndarray:
+    """w = (1 - K eps_t) softmax(eps_{t-1} R) + eps_t, for t >= 1 incorporated losses (sums to 1)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    k = r.size
+    eps_prev, eps = exploration_rate(k, t - 1), exploration_rate(k, t)
+    z = eps_prev * r
+    # Subtracting the max keeps exp() finite for rewards up to exp(MAX_EXP_LOSS).
+    e = np.exp(z - z.max())
+    soft = e / math.fsum(e)
+    # K * fl(1/K) can exceed 1 by an ulp; the mixture coefficient must not go negative.
+    return max(0.0, 1.0 - k * eps) * soft + eps
+
+
+def project_capped_simplex(y: np.ndarray, floor: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """The KL projection of positive weights y onto {p : floor <= p <= cap, sum p = 1}.
+
+    It has the form p_i = clip(c * y_i, floor_i, cap_i) — proportional clip-and-redistribute, whose
+    fixed point it is. g(c) = sum_i clip(c y_i, floor_i, cap_i) is continuous, non-decreasing and
+    piecewise linear with breakpoints floor_i/y_i and cap_i/y_i; between two consecutive breakpoints
+    every arm is at its floor, at its cap or free, so c solves a linear equation exactly. Bounds then
+    hold exactly (np.clip) and the sum is 1 up to a few ulps. Requires floor <= cap elementwise and
+    sum(floor) <= 1 <= sum(cap) (within 1e-12).
+    """
+    y = np.asarray(y, dtype=np.float64)
+    lo = np.asarray(floor, dtype=np.float64)
+    hi = np.asarray(cap, dtype=np.float64)
+    if not (y.shape == lo.shape == hi.shape and y.ndim == 1 and y.size >= 1):
+        raise ValueError(f"project_capped_simplex: shapes differ or empty: {y.shape}, {lo.shape}, {hi.shape}")
+    if not np.all(y > 0) or not np.all(np.isfinite(y)):
+        raise ValueError(f"project_capped_simplex needs finite positive weights, got {y.tolist()}")
+    if np.any(lo > hi):
+        raise ValueError("project_capped_simplex: a floor is above its cap")
+    # The feasibility tolerance admits floors summing to 1 + 1e-12; then the floors are the answer.
+    if math.fsum(lo) >= 1.0:
+        return lo.copy()
+    if math.fsum(hi) <= 1.0:
+        return hi.copy()
+    knots = np.unique(np.concatenate([lo / y, hi / y]))
+    g = np.clip(knots[:, None] * y[None, :], lo, hi).sum(axis=1)
+    # g(knots[0]) = sum(floor) < 1 < sum(cap) = g(knots[-1]), so 1 <= j <= len - 1.
+    j = int(np.clip(np.searchsorted(g, 1.0), 1, knots.size - 1))
+    left, right = knots[j - 1], knots[j]
+    at_floor = lo / y >= right
+    at_cap = hi / y <= left
+    free = ~(at_floor | at_cap)
+    free_mass = math.fsum(y[free])
+    fixed = math.fsum(lo[at_floor]) + math.fsum(hi[at_cap])
+    # Rounding in g can pick the interval next to the true one; the solution then sits on their
+    # shared knot, and clamping c there (instead of trusting a division by a tiny free mass) keeps
+    # every arm consistent with its classification.
+    c = min(max((1.0 - fixed) / free_mass, left), right) if free_mass > 0 else right
+    p = np.where(at_floor, lo, np.where(at_cap, hi, c * y))
+    return np.clip(p, lo, hi)
+
+
+def draw_uniform(seed: int, phase: int, step: int) -> float:
+    """A uniform in [0, 1) that is a pure function of (seed, phase, step): SHA-256 of the three
+    integers, top 53 bits. Counter-based, so recomputing a past step's draw needs no generator state."""
+    digest = hashlib.sha256(b"%s:%d:%d:%d" % (_DRAW_DOMAIN, seed, phase, step)).digest()
+    return (int.from_bytes(digest[:8], "big") >> 11) * 2.0**-53
+
+
+# --------------------------------------------------------------------------------------------------
+# The bandit
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Arm:
+    name: str
+    identity: str
+    zombie_reason: str | None
+    pulls: int
+    reward: float
+    weight: float
+    probability: float
+
+    @property
+    def live(self) -> bool:
+        return self.zombie_reason is None
+
+
+def _index_configured(arms: Sequence[ConfiguredArm | tuple[str, str, bool]]) -> dict[str, ConfiguredArm]:
+    out: dict[str, ConfiguredArm] = {}
+    for a in arms:
+        c = ConfiguredArm(*a)
+        if not re.fullmatch(ARM_NAME_PATTERN, c.name):
+            raise BanditError(f"arm name {c.name!r} does not match {ARM_NAME_PATTERN}")
+        if c.name in out:
+            raise BanditError(f"arm {c.name!r} is configured twice")
+        out[c.name] = c
+    return out
+
+
+class Bandit:
+    """The mixing bandit of one phase.
+
+    Drive it like this (the proxy does): before assigning step s, `observe` every step up to s - W in
+    order with the arm it was trained on and its loss, then `assign(s)`. Exact duplicates of the last
+    observation are ignored (at-least-once delivery); anything else out of order raises.
+    """
+
+    def __init__(
+        self,
+        arms: Sequence[ConfiguredArm | tuple[str, str, bool]],
+        policy: Policy,
+        *,
+        seed: int,
+        phase: int = 0,
+        start_step: int = 0,
+    ) -> None:
+        """A fresh bandit for a new phase whose first step is `start_step + 1`. Configured arms that
+        are not available join as zombies (reported, never drawn)."""
+        records = [
+            _Arm(c.name, c.identity, None if c.available else "source not available", 0, 0.0, 0.0, 0.0)
+            for c in _index_configured(arms).values()
+        ]
+        self._setup(
+            records, policy, seed=seed, phase=phase, start_step=start_step, last_step=start_step, last=None
+        )
+
+    @classmethod
+    def from_state(
+        cls, state: BanditState, configured_arms: Sequence[ConfiguredArm | tuple[str, str, bool]]
+    ) -> Bandit:
+        """Continue a saved phase, reconciling its arms with the sources configured now.
+
+        An arm of the state whose source is not configured, not available, or has another identity
+        becomes a zombie: probability 0, never drawn, kept with its history, reported. Configured arms
+        the state lacks join with a fresh reward. Probabilities are recomputed from the rewards, so
+        an unchanged arm set continues bit for bit.
+        """
+        configured = _index_configured(configured_arms)
+        records: list[_Arm] = []
+        for a in state.arms:
+            c = configured.get(a.name)
+            if c is None:
+                reason = "source not configured"
+            elif not c.available:
+                reason = "source not available"
+            elif c.identity != a.identity:
+                reason = (
+                    f"source identity changed (state {a.identity}, configured {c.identity}); "
+                    "a new source under this name needs a new phase (pivot)"
+                )
+            else:
+                reason = None
+                if not a.live:
+                    log.info("arm %r: its source is back (identity %s); it draws again", a.name, a.identity)
+            records.append(_Arm(a.name, a.identity, reason, a.pulls, a.ema_reward, a.weight, a.probability))
+        known = {a.name for a in state.arms}
+        for c in configured.values():
+            if c.name not in known:
+                log.info("arm %r joins phase %d with a fresh reward", c.name, state.phase)
+                records.append(
+                    _Arm(c.name, c.identity, None if c.available else "source not available", 0, 0.0, 0.0, 0.0)
+                )
+        obj = cls.__new__(cls)
+        obj._setup(
+            records,
+            state.policy,
+            seed=state.seed,
+            phase=state.phase,
+            start_step=state.phase_start_step,
+            last_step=state.last_step,
+            last=state.last_observation,
+        )
+        return obj
+
+    def _setup(
+        self,
+        records: list[_Arm],
+        policy: Policy,
+        *,
+        seed: int,
+        phase: int,
+        start_step: int,
+        last_step: int,
+        last: LastObservation | None,
+    ) -> None:
+        if not 0 <= seed < 2**63 or phase < 0 or start_step < 0 or last_step < start_step:
+            raise BanditError(
+                f"bad counters: seed={seed} phase={phase} start_step={start_step} last_step={last_step}"
+            )
+        self._policy = policy
+        self._seed = seed
+        self._phase = phase
+        self._start = start_step
+        self._last_step = last_step
+        self._last = last
+        # Sorted by name: the draw walks the arms in this order, so configuration order cannot matter.
+        self._arms = {a.name: a for a in sorted(records, key=lambda a: a.name)}
+        live = [a.name for a in self._arms.values() if a.live]
+        policy.check_feasible(live)
+        unknown = sorted(set(policy.arms) - set(live))
+        if unknown:
+            log.warning("policy bounds for arms that are not live are ignored: %s", ", ".join(unknown))
+        self._zombies = [
+            ZombieReport(
+                name=a.name,
+                identity=a.identity,
+                reason=a.zombie_reason,
+                pulls=a.pulls,
+                ema_reward=a.reward,
+                weight=a.weight,
+            )
+            for a in self._arms.values()
+            if a.zombie_reason is not None
+        ]
+        for z in self._zombies:
+            log.warning(
+                "zombie arm %r: %s; it will never draw, and its history stays in the state "
+                "(pulls=%d, ema_reward=%r, weight=%r)",
+                z.name, z.reason, z.pulls, z.ema_reward, z.weight,
+            )
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Recompute weights and probabilities from the rewards and t (nothing else)."""
+        live = [a for a in self._arms.values() if a.live]
+        t = self.steps_in_phase
+        if t == 0:
+            raw = np.array([self._policy.initial_weight(a.name) for a in live], dtype=np.float64)
+            w = raw / math.fsum(raw)
+        else:
+            w = mixture_weights(np.array([a.reward for a in live], dtype=np.float64), t)
+        lo, hi = self._policy.bounds([a.name for a in live])
+        p = project_capped_simplex(w, lo, hi)
+        for a, wi, pi in zip(live, w.tolist(), p.tolist()):
+            a.weight, a.probability = wi, pi
+        for a in self._arms.values():
+            if not a.live:
+                a.probability = 0.0
+
+    # ---------------------------------------------------------------------------------------------
+
+    def observe(self, step: int, arm: str, loss: float) -> bool:
+        """Incorporate the loss of `step`, trained on `arm`. Steps must come as
+        phase_start_step + 1, + 2, ... Returns False (and changes nothing) for an exact repeat of the
+        last observation; raises `ObservationOrderError` for any other step than the next one.
+        A zombie arm's loss (a step trained before its source went away) updates its history only."""
+        loss = float(loss)
+        if not math.isfinite(loss):
+            raise ValueError(f"step {step}: loss {loss} is not finite")
+        rec = self._arms.get(arm)
+        if rec is None:
+            raise BanditError(f"step {step}: unknown arm {arm!r} (arms: {', '.join(self._arms)})")
+        last = self._last
+        if last is not None and step == last.step:
+            if arm == last.arm and loss == last.loss:
+                return False
+            raise ObservationOrderError(
+                f"step {step} was already incorporated with arm {last.arm!r}, loss {last.loss!r}; "
+                f"now offered with arm {arm!r}, loss {loss!r}"
+            )
+        if step != self._last_step + 1:
+            raise ObservationOrderError(
+                f"losses are incorporated in step order: expected step {self._last_step + 1}, got {step}"
+            )
+        a = self._policy.alpha
+        rec.reward = a * rec.reward + (1.0 - a) * math.exp(min(loss, MAX_EXP_LOSS))
+        rec.pulls += 1
+        self._last_step = step
+        self._last = LastObservation(step=step, arm=arm, loss=loss)
+        self._refresh()
+        return True
+
+    def draw(self, step: int) -> str:
+        """The arm that the current probabilities and the uniform of (seed, phase, step) select.
+        Pure: the same call gives the same arm however often, in whatever order, it is made.
+        Use `assign` to get the arm *for* a step; `draw` does not check the lag."""
+        if step <= self._start:
+            raise BanditError(
+                f"step {step} belongs to an earlier phase (this one starts after step {self._start})"
+            )
+        u = draw_uniform(self._seed, self._phase, step)
+        acc = 0.0
+        chosen = None
+        for a in self._arms.values():
+            if a.probability > 0.0:
+                acc += a.probability
+                chosen = a.name
+                if u < acc:
+                    return a.name
+        # The running sum can end an ulp below 1 while u lies in that ulp: the last drawable arm.
+        assert chosen is not None  # check_feasible guarantees one live arm with p > 0
+        return chosen
+
+    def assign(self, step: int) -> str:
+        """The arm for `step`, using exactly the losses of steps <= step - W of this phase. Raises
+        `LagError` if the bandit has incorporated fewer or more steps than that."""
+        need = max(self._start, step - self._policy.lag)
+        if self._last_step < need:
+            raise LagError(
+                f"assign(step={step}) needs the losses of steps up to {need} (lag W={self._policy.lag}); "
+                f"only steps up to {self._last_step} are incorporated"
+            )
+        if self._last_step > need:
+            raise LagError(
+                f"assign(step={step}) may only use losses of steps up to {need} (lag W={self._policy.lag}), "
+                f"but step {self._last_step} is already incorporated; re-serve the logged assignment instead"
+            )
+        return self.draw(step)
+
+    # ---------------------------------------------------------------------------------------------
+
+    def probabilities(self) -> dict[str, float]:
+        """Current sampling probability per arm (sorted by name; zombies 0). Sums to 1 within 1e-12."""
+        return {a.name: a.probability for a in self._arms.values()}
+
+    def rewards(self) -> dict[str, float]:
+        return {a.name: a.reward for a in self._arms.values()}
+
+    def weights(self) -> dict[str, float]:
+        """Mixture weights before the cap/floor projection (zombies: last value, as history)."""
+        return {a.name: a.weight for a in self._arms.values()}
+
+    @property
+    def zombies(self) -> list[ZombieReport]:
+        return list(self._zombies)
+
+    @property
+    def live_arms(self) -> list[str]:
+        return [a.name for a in self._arms.values() if a.live]
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def phase(self) -> int:
+        return self._phase
+
+    @property
+    def phase_start_step(self) -> int:
+        return self._start
+
+    @property
+    def last_step(self) -> int:
+        """Last incorporated step (phase_start_step when none of this phase is)."""
+        return self._last_step
+
+    @property
+    def steps_in_phase(self) -> int:
+        return self._last_step - self._start
+
+    def counters(self) -> PhaseCounters:
+        return PhaseCounters(
+            phase=self._phase,
+            phase_start_step=self._start,
+            steps_in_phase=self.steps_in_phase,
+            total_steps=self._last_step,
+            pulls={a.name: a.pulls for a in self._arms.values()},
+        )
+
+    def state_dict(self) -> BanditState:
+        """Everything `from_state` needs to continue exactly, zombies included."""
+        return BanditState(
+            seed=self._seed,
+            phase=self._phase,
+            phase_start_step=self._start,
+            last_step=self._last_step,
+            steps_in_phase=self.steps_in_phase,
+            policy=self._policy,
+            policy_fingerprint=self._policy.fingerprint(),
+            arms=[
+                ArmState(
+                    name=a.name,
+                    identity=a.identity,
+                    live=a.live,
+                    zombie_reason=a.zombie_reason,
+                    pulls=a.pulls,
+                    ema_reward=a.reward,
+                    weight=a.weight,
+                    probability=a.probability,
+                )
+                for a in self._arms.values()
+            ],
+            last_observation=self._last,
+        )

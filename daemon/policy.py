@@ -1,0 +1,177 @@
+"""The data-mixing policy: per-arm floors and caps, the reward smoothing and the reward lag.
+
+A policy is one phase's rules for the bandit (`andrea.daemon.bandit`). It is read from TOML, validated
+by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
+recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
+
+    alpha = 0.9   # EMA smoothing of the per-arm reward (ODM's default)
+    lag = 8       # W: the assignment of step s sees the losses of steps <= s - W
+
+    [arms.code]
+    floor = 0.20  # always at least 20% of the steps
+
+    [arms.docstrings]
+    cap = 0.50    # never more than half of the steps
+
+    [arms.comments]
+    floor = 0.05
+    cap = 0.30
+
+    [initial_weights]   # relative; arms not listed weigh 1
+    code = 2.0
+
+Arms the policy does not list get floor 0 and cap 1. Bounds of arms that are not live (zombies,
+unconfigured sources) are ignored; feasibility over the live arms is checked by
+`Policy.check_feasible` when a bandit is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+#: Same rule as the arm names of the run config, so that every configured arm can be named here.
+ARM_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+MIN_INITIAL_WEIGHT = 1e-9
+MAX_INITIAL_WEIGHT = 1e9
+
+#: Slack for comparing sums of probabilities written in decimal (ten floors of 0.1 must pass).
+FEASIBILITY_TOLERANCE = 1e-12
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; the message names the offending key or the numbers."""
+
+
+class _Strict(BaseModel):
+    # strict: TOML gives exact types, so `floor = true` or `lag = "8"` is a mistake, not a value.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class ArmBounds(_Strict):
+    """Bounds on one arm's sampling probability; they hold exactly after every update."""
+
+    floor: float = Field(0.0, ge=0.0, le=1.0)
+    cap: float = Field(1.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _floor_below_cap(self) -> ArmBounds:
+        if self.floor > self.cap:
+            raise ValueError(f"floor {self.floor} is above cap {self.cap}")
+        return self
+
+
+class Policy(_Strict):
+    """One phase's mixing rules. See the module docstring for the file format."""
+
+    alpha: float = Field(0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last")
+    lag: int = Field(8, ge=1, description="W: steps between a step and the first draw its loss can influence")
+    arms: dict[str, ArmBounds] = Field(default_factory=dict)
+    initial_weights: dict[str, float] = Field(
+        default_factory=dict, description="relative weights of the first W draws; unlisted arms weigh 1"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Policy:
+        for name in (*self.arms, *self.initial_weights):
+            if not re.fullmatch(ARM_NAME_PATTERN, name):
+                raise ValueError(f"arm name {name!r} does not match {ARM_NAME_PATTERN}")
+        for name, w in self.initial_weights.items():
+            # Bounded so that normalising never underflows to 0: the projection needs every
+            # weight positive (a zero weight cannot be scaled up to meet a floor).
+            if not MIN_INITIAL_WEIGHT <= w <= MAX_INITIAL_WEIGHT:
+                raise ValueError(
+                    f"initial_weights.{name} = {w}: weights are relative and must lie in "
+                    f"[{MIN_INITIAL_WEIGHT:g}, {MAX_INITIAL_WEIGHT:g}]"
+                )
+        # With every listed arm live this is the floor total the bandit must honour; above 1 the
+        # file can only be a mistake, whatever the configuration.
+        floors = math.fsum(b.floor for b in self.arms.values())
+        if floors > 1.0 + FEASIBILITY_TOLERANCE:
+            listing = ", ".join(f"{n}={b.floor}" for n, b in sorted(self.arms.items()) if b.floor > 0)
+            raise ValueError(f"infeasible policy: the floors sum to {floors!r} > 1 ({listing})")
+        return self
+
+    def bounds(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(floors, caps) as float64 arrays in the order of `names`; unlisted arms get (0, 1)."""
+        default = ArmBounds()
+        rows = [self.arms.get(n, default) for n in names]
+        return (
+            np.array([b.floor for b in rows], dtype=np.float64),
+            np.array([b.cap for b in rows], dtype=np.float64),
+        )
+
+    def initial_weight(self, name: str) -> float:
+        return self.initial_weights.get(name, 1.0)
+
+    def check_feasible(self, live: Iterable[str]) -> None:
+        """Raise `PolicyError` unless the capped simplex over the `live` arms is non-empty:
+        sum of floors <= 1 <= sum of caps (floors and caps of other arms do not count)."""
+        live = sorted(live)
+        if not live:
+            raise PolicyError("no live arm: the bandit has nothing to draw from")
+        lo, hi = self.bounds(live)
+        floors, caps = math.fsum(lo), math.fsum(hi)
+        if floors > 1.0 + FEASIBILITY_TOLERANCE:
+            raise PolicyError(
+                f"infeasible policy: the floors of the live arms sum to {floors!r} > 1 "
+                f"({_listing(live, lo)})"
+            )
+        if caps < 1.0 - FEASIBILITY_TOLERANCE:
+            raise PolicyError(
+                f"infeasible policy: the caps of the live arms sum to {caps!r} < 1 "
+                f"({_listing(live, hi)}); raise a cap or configure another arm"
+            )
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of the policy (defaults included, keys sorted)."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _listing(names: Sequence[str], values: np.ndarray) -> str:
+    return ", ".join(f"{n}={float(v)!r}" for n, v in zip(names, values))
+
+
+def describe_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem, each naming its key (``arms.code.flor: unknown key``)."""
+    lines = [f"invalid policy ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_policy(text: str, source: str = "policy.toml") -> Policy:
+    """Parse and validate policy TOML text; `source` names it in error messages."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError(f"{source}: not valid TOML: {e}") from None
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as e:
+        raise PolicyError(describe_validation_error(e, source)) from None
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a policy file. Raises `PolicyError` (unreadable, bad TOML, unknown key,
+    out-of-range value, floor above cap, floors summing above 1)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PolicyError(f"cannot read policy file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise PolicyError(f"{path}: not UTF-8 text: {e}") from None
+    return parse_policy(text, str(path))
