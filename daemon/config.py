@@ -1,0 +1,234 @@
+"""Run configuration: presets, the `run.toml` file and command-line overrides, validated by pydantic.
+
+The config is split by what a change would do to the run:
+- *trajectory* settings (model, optimizer, batch, seed, data, mixing) decide every bit the run will
+  produce; resuming under different ones is refused unless the operator says so;
+- *operational* settings (max_steps, checkpoint policy, logging cadence, device, threads) may change
+  at any restart. The LR schedule has its own horizon (`decay_steps`) precisely so that extending
+  `max_steps` never changes the learning rates of steps already planned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import tomli_w
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot be used; the message names the offending key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """Shape of the GPT. Part of the checkpoint contract: resuming needs an identical one."""
+
+    vocab_size: int = Field(256, ge=2)
+    block_size: int = Field(ge=1)
+    n_layer: int = Field(ge=1)
+    n_head: int = Field(ge=1)
+    n_embd: int = Field(ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    bias: bool = True
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        return self
+
+
+class OptimConfig(_Strict):
+    """AdamW and its schedule: linear warmup, cosine decay to `min_lr` over `decay_steps`, then flat."""
+
+    lr: float = Field(1e-3, gt=0)
+    min_lr: float = Field(1e-4, ge=0)
+    warmup_steps: int = Field(100, ge=0)
+    decay_steps: int = Field(5000, ge=1)
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="0 disables clipping")
+
+
+class ArmSpec(_Strict):
+    """One data source ("arm").
+
+    - ``stdlib``: a part (docstrings, code or comments) of the Python standard library's source tree
+      — the embedded default corpus, present wherever Python is;
+    - ``text``: glob patterns of text files (relative patterns are resolved against the run directory);
+    - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    kind: Literal["stdlib", "text", "tokens"]
+    part: Literal["docstrings", "code", "comments"] | None = None
+    paths: list[str] = Field(default_factory=list)
+    path: str | None = None
+    dtype: Literal["uint8", "uint16", "uint32"] = "uint8"
+    weight: float = Field(1.0, ge=0, description="share in the fixed mixture")
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> ArmSpec:
+        if self.kind == "stdlib" and self.part is None:
+            raise ValueError(f"arm {self.name!r}: kind 'stdlib' needs part = docstrings|code|comments")
+        if self.kind == "text" and not self.paths:
+            raise ValueError(f"arm {self.name!r}: kind 'text' needs paths = [glob, ...]")
+        if self.kind == "tokens" and not self.path:
+            raise ValueError(f"arm {self.name!r}: kind 'tokens' needs path")
+        return self
+
+
+def default_arms() -> list[ArmSpec]:
+    return [
+        ArmSpec(name="docstrings", kind="stdlib", part="docstrings"),
+        ArmSpec(name="code", kind="stdlib", part="code"),
+        ArmSpec(name="comments", kind="stdlib", part="comments"),
+    ]
+
+
+class DataConfig(_Strict):
+    arms: list[ArmSpec] = Field(default_factory=default_arms, min_length=1)
+    cache_dir: str | None = Field(
+        None, description="where tokenized arms are cached; default $CACHE_DIRECTORY or ~/.cache/andrea"
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> DataConfig:
+        names = [a.name for a in self.arms]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate arm names: {dup}")
+        if sum(a.weight for a in self.arms) <= 0:
+            raise ValueError("the fixed mixture needs at least one arm with weight > 0")
+        return self
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(100, ge=0, description="cadence in steps; 0 disables cadence checkpoints")
+    # Two at least: the newest may be the one being written when the machine dies.
+    keep_latest: int = Field(3, ge=2)
+    keep_requested: bool = Field(True, description="keep every SIGUSR1/control checkpoint (audit points)")
+
+
+class RunConfig(_Strict):
+    """Everything one run needs. Built from a preset, then run.toml, then command-line flags."""
+
+    preset: str = "andrea-tiny"
+    model: ModelConfig
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    batch_size: int = Field(8, ge=1)
+    seed: int = Field(1337, ge=0, lt=2**63)
+    mixing: Literal["fixed", "proxy"] = "fixed"
+    max_steps: int = Field(1000, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: torch's choice")
+    log_every: int = Field(10, ge=1)
+    sample_every: int = Field(100, ge=0, description="0 disables periodic samples")
+    sample_tokens: int = Field(120, ge=1)
+
+    TRAJECTORY_FIELDS: ClassVar[tuple[str, ...]] = ("model", "optim", "data", "batch_size", "seed", "mixing")
+
+    def trajectory(self) -> dict[str, Any]:
+        """The settings that decide the training trajectory, as plain JSON data."""
+        dump = self.model_dump(mode="json")
+        traj = {k: dump[k] for k in self.TRAJECTORY_FIELDS}
+        # Where tokenized data is cached changes nothing about the tokens themselves.
+        traj["data"] = {k: v for k, v in traj["data"].items() if k != "cache_dir"}
+        return traj
+
+    def trajectory_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.trajectory()).encode()).hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+#: Presets. Parameter counts are pinned by tests: tiny ≈ 0.14M, 12m = 12.8M ± 2%, 120m ≈ 120M.
+PRESETS: dict[str, dict[str, Any]] = {
+    "andrea-tiny": {
+        "model": {"block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64, "dropout": 0.1},
+        "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20, "decay_steps": 2000},
+        "batch_size": 8,
+    },
+    "andrea-12m": {
+        "model": {"block_size": 256, "n_layer": 6, "n_head": 8, "n_embd": 416, "dropout": 0.1},
+        "optim": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 200, "decay_steps": 20000},
+        "batch_size": 8,
+    },
+    "andrea-120m": {
+        "model": {"block_size": 1024, "n_layer": 17, "n_head": 12, "n_embd": 768, "dropout": 0.0},
+        "optim": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 2000, "decay_steps": 200000},
+        "batch_size": 8,
+    },
+}
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in override.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def build_config(
+    file_values: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None,
+    source: str = "run.toml",
+) -> RunConfig:
+    """Resolve preset ← file ← overrides into a validated RunConfig.
+
+    The preset is looked up first (from overrides, then the file) so that a file only needs to say
+    what differs from it.
+    """
+    file_values = dict(file_values or {})
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    preset = overrides.get("preset", file_values.get("preset", "andrea-tiny"))
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    merged = _merge(_merge(PRESETS[preset], file_values), overrides)
+    merged["preset"] = preset
+    try:
+        return RunConfig.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, source)) from None
+
+
+def save_config(cfg: RunConfig, path: Path) -> None:
+    """Write the resolved config as run.toml, so the run directory describes itself."""
+    path.write_text(tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)))
