@@ -1,0 +1,319 @@
+"""CheckpointManager: owns when, where and what is saved in a run directory, and what is trusted.
+
+Public surface: `save(snapshot, trigger)` and `load(expect)`, plus `due(step)` for the cadence.
+
+Write protocol (each step durable before the next):
+  payload `.bin.<pid>.tmp` (hashed while written) → fsync → rename → fsync dir
+  → manifest `.json.<pid>.tmp` → fsync → rename → fsync dir.
+The manifest is the commit marker: a payload without one is an interrupted write, never loaded.
+Older checkpoints are deleted only after the new one is committed, on a background thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from . import ckpt_format as fmt
+from .config import CheckpointConfig, ModelConfig
+from .durable import atomic_write, atomic_write_bytes
+from .manifest import REQUESTED_TRIGGERS, LayoutEntry, Manifest, Trigger
+
+log = logging.getLogger(__name__)
+
+_READ_CHUNK = 8 << 20
+
+
+class ResumeRefused(RuntimeError):
+    """The run directory holds checkpoints that this run cannot resume exactly; a person must decide."""
+
+
+@dataclass
+class Snapshot:
+    """The state to save at one optimizer-step boundary.
+
+    `weights`, `m` and `v` are float32 arrays in parameter order; `fields` holds every manifest
+    field except those the manager computes (file name, size, sha256, trigger, creation time).
+    """
+
+    step: int
+    weights: list[np.ndarray]
+    m: list[np.ndarray]
+    v: list[np.ndarray]
+    fields: dict[str, Any]
+
+    @property
+    def n_params(self) -> int:
+        return sum(a.size for a in self.weights)
+
+
+@dataclass
+class Expectation:
+    """What the model being built requires of a checkpoint to resume it exactly."""
+
+    model: ModelConfig
+    layout: list[LayoutEntry]
+    data_identities: dict[str, str]
+    config_hash: str
+    allow_config_change: bool = False
+
+
+@dataclass
+class Loaded:
+    manifest: Manifest
+    payload: fmt.Payload
+    skipped: list[str] = field(default_factory=list)
+
+
+class CheckpointManager:
+    """Saves, verifies, discovers and retires the checkpoints of one run directory."""
+
+    def __init__(self, run_dir: Path, policy: CheckpointConfig) -> None:
+        self.run_dir = run_dir
+        self.policy = policy
+        self._triggers: dict[int, str] = {}
+        self._deletions: queue.Queue[int | None] = queue.Queue()
+        self._deleter = threading.Thread(target=self._delete_loop, name="ckpt-retention", daemon=True)
+        self._deleter.start()
+        self._remove_stale_temporaries()
+
+    # ---- policy ----------------------------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        return self.policy.every > 0 and step % self.policy.every == 0
+
+    # ---- save ------------------------------------------------------------------------------
+
+    def save(self, snap: Snapshot, trigger: Trigger) -> Manifest:
+        """Write one checkpoint durably and return its manifest. Raises OSError on failure, in which
+        case every earlier checkpoint is untouched and no partial file remains."""
+        bin_path = self.run_dir / fmt.bin_name(snap.step)
+        man_path = self.run_dir / fmt.manifest_name(snap.step)
+        digest = ""
+
+        def fill(f) -> None:
+            nonlocal digest
+            w = fmt.PayloadWriter(f, snap.step, snap.n_params)
+            for group in (snap.weights, snap.m, snap.v):
+                for arr in group:
+                    w.write_array(arr)
+            digest = w.finish()
+
+        # A checkpoint of the same step from an earlier life is retired first, so that no moment
+        # exists where its manifest describes the new payload's bytes.
+        man_path.unlink(missing_ok=True)
+        atomic_write(bin_path, fill)
+        size = bin_path.stat().st_size
+        if size != fmt.payload_size(snap.n_params) or fmt.read_header(bin_path) != (snap.step, snap.n_params):
+            raise OSError(f"{bin_path}: re-read does not match what was written")
+        manifest = Manifest(
+            step=snap.step, n_params=snap.n_params, bin_file=bin_path.name, bin_size=size,
+            bin_sha256=digest, trigger=trigger,
+            created_utc=datetime.now(UTC).isoformat(timespec="milliseconds"), **snap.fields,
+        )
+        atomic_write_bytes(man_path, manifest.model_dump_json(indent=1).encode())
+        self._triggers[snap.step] = trigger
+        self._retire()
+        return manifest
+
+    def mark_requested(self, step: int, trigger: Trigger) -> None:
+        """Turn an existing checkpoint into an operator-requested one (kept as an audit point)."""
+        man_path = self.run_dir / fmt.manifest_name(step)
+        manifest = Manifest.model_validate_json(man_path.read_bytes())
+        updated = manifest.model_copy(update={"trigger": trigger})
+        atomic_write_bytes(man_path, updated.model_dump_json(indent=1).encode())
+        self._triggers[step] = trigger
+
+    # ---- retention -------------------------------------------------------------------------
+
+    def _retire(self) -> None:
+        rolling = sorted(
+            s for s, t in self._triggers.items()
+            if not (self.policy.keep_requested and t in REQUESTED_TRIGGERS)
+        )
+        for step in rolling[: -self.policy.keep_latest]:
+            del self._triggers[step]
+            self._deletions.put(step)
+
+    def _delete_loop(self) -> None:
+        while (step := self._deletions.get()) is not None:
+            # Manifest first: a half-deleted checkpoint must look absent, never valid.
+            for name in (fmt.manifest_name(step), fmt.bin_name(step)):
+                try:
+                    (self.run_dir / name).unlink(missing_ok=True)
+                except OSError as e:
+                    log.warning("could not delete %s: %s", name, e)
+            log.debug("retired checkpoint %d", step)
+
+    def close(self) -> None:
+        """Finish pending deletions and stop the background thread."""
+        self._deletions.put(None)
+        self._deleter.join()
+
+    # ---- discovery and load ----------------------------------------------------------------
+
+    def _remove_stale_temporaries(self) -> None:
+        for p in self.run_dir.glob("step_*.tmp"):
+            log.warning("removing %s: left by a write that did not finish", p.name)
+            p.unlink(missing_ok=True)
+
+    def candidates(self) -> list[int]:
+        """Steps that have a manifest, newest first."""
+        steps = []
+        for p in self.run_dir.iterdir():
+            parsed = fmt.parse_name(p.name)
+            if parsed and parsed[1] == "json":
+                steps.append(parsed[0])
+        return sorted(steps, reverse=True)
+
+    def orphans(self) -> list[str]:
+        """Payloads without a manifest: writes interrupted between the two renames."""
+        have = set(self.candidates())
+        return sorted(
+            p.name for p in self.run_dir.iterdir()
+            if (parsed := fmt.parse_name(p.name)) and parsed[1] == "bin" and parsed[0] not in have
+        )
+
+    def verify(self, step: int) -> tuple[Manifest, fmt.Payload]:
+        """Parse the manifest of `step` and check its payload's size, header and sha256.
+        Raises ValueError with the reason when the checkpoint is not intact."""
+        man_path = self.run_dir / fmt.manifest_name(step)
+        try:
+            manifest = Manifest.model_validate_json(man_path.read_bytes())
+        except (ValidationError, ValueError) as e:
+            raise ValueError(f"manifest unreadable: {_first_line(e)}") from None
+        if manifest.step != step:
+            raise ValueError(f"manifest says step {manifest.step}, file name says {step}")
+        bin_path = self.run_dir / manifest.bin_file
+        if bin_path.name != fmt.bin_name(step):
+            raise ValueError(f"manifest points at {manifest.bin_file!r}, expected {fmt.bin_name(step)}")
+        if not bin_path.exists():
+            raise ValueError("payload missing")
+        size = bin_path.stat().st_size
+        if size != manifest.bin_size or size != fmt.payload_size(manifest.n_params):
+            raise ValueError(f"payload is {size} bytes, manifest says {manifest.bin_size}")
+        buf, digest = _read_hashed(bin_path, size)
+        if digest != manifest.bin_sha256:
+            raise ValueError(f"payload sha256 {digest[:12]}… does not match manifest {manifest.bin_sha256[:12]}…")
+        step_h, n_h = fmt.HEADER.unpack_from(buf)
+        if (step_h, n_h) != (manifest.step, manifest.n_params):
+            raise ValueError(f"payload header (step={step_h}, n={n_h}) disagrees with manifest")
+        n = manifest.n_params
+        flat = np.frombuffer(buf, dtype=fmt.DTYPE, offset=fmt.HEADER.size)
+        return manifest, fmt.Payload(step_h, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
+
+    def load(self, expect: Expectation, step: int = -1) -> Loaded | None:
+        """The newest intact checkpoint (or exactly `step`), checked against `expect`.
+
+        Damaged checkpoints are reported and skipped. An intact one that this run cannot resume
+        exactly (other model, changed data or config) raises ResumeRefused: falling back to an
+        older checkpoint or a fresh start would silently change the run. None when the directory
+        has no checkpoint at all.
+        """
+        for name in self.orphans():
+            log.warning("ignoring %s: it has no manifest (a write was interrupted)", name)
+        steps = self.candidates()
+        if step != -1:
+            if step not in steps:
+                raise ResumeRefused(f"no checkpoint for step {step} in {self.run_dir}")
+            steps = [step]
+        skipped: list[str] = []
+        for s in steps:
+            try:
+                manifest, payload = self.verify(s)
+            except (ValueError, OSError) as e:
+                skipped.append(f"{fmt.manifest_name(s)}: {e}")
+                log.warning("skipping checkpoint %d: %s", s, e)
+                continue
+            problems = _mismatches(manifest, expect)
+            if problems:
+                raise ResumeRefused(
+                    f"checkpoint {fmt.bin_name(s)} cannot resume this run exactly:\n  "
+                    + "\n  ".join(problems)
+                    + "\nStart with the configuration it was written with, or use a new run directory."
+                )
+            # Checkpoints above the resume point were skipped as damaged; they will be rewritten
+            # when training reaches their step again and must not count towards retention.
+            self._triggers = {c: self._read_trigger(c) for c in self.candidates() if c <= s}
+            return Loaded(manifest, payload, skipped)
+        if skipped:
+            raise ResumeRefused(
+                f"none of the {len(skipped)} checkpoints in {self.run_dir} is intact:\n  "
+                + "\n  ".join(skipped)
+                + "\nRefusing to start from scratch over them; move them away to start a new run."
+            )
+        return None
+
+    def _read_trigger(self, step: int) -> str:
+        try:
+            return json.loads((self.run_dir / fmt.manifest_name(step)).read_bytes())["trigger"]
+        except (OSError, ValueError, KeyError):
+            return "cadence"
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _read_hashed(path: Path, size: int) -> tuple[bytearray, str]:
+    """Read a whole file into memory, hashing it in the same pass."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    sha = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        pos = 0
+        while pos < size:
+            n = f.readinto(view[pos : pos + _READ_CHUNK])
+            if not n:
+                raise ValueError(f"payload shrank while reading ({pos} of {size} bytes)")
+            sha.update(view[pos : pos + n])
+            pos += n
+    return buf, sha.hexdigest()
+
+
+def _mismatches(m: Manifest, expect: Expectation) -> list[str]:
+    out = []
+    if m.model != expect.model:
+        diff = {
+            k: (getattr(m.model, k), getattr(expect.model, k))
+            for k in ModelConfig.model_fields if getattr(m.model, k) != getattr(expect.model, k)
+        }
+        out.append("model config differs (checkpoint → this run): " + ", ".join(f"{k}: {a} → {b}" for k, (a, b) in diff.items()))
+    elif m.layout != expect.layout:
+        out.append("parameter layout differs (same config, different code?)")
+    saved = {c.name: c.identity for c in m.data}
+    if saved != expect.data_identities:
+        for name in sorted(set(saved) | set(expect.data_identities)):
+            a, b = saved.get(name), expect.data_identities.get(name)
+            if a != b:
+                out.append(f"data arm {name!r}: {_short(a)} → {_short(b)}")
+    if m.config_hash != expect.config_hash and not expect.allow_config_change:
+        out.append(
+            "training config differs (optimizer, batch, seed, data or mixing); "
+            "pass --allow-config-change to continue under the new one on purpose"
+        )
+    return out
+
+
+def _short(identity: str | None) -> str:
+    return "absent" if identity is None else identity[:12]
+
+
+def layout_of(named_shapes: Iterable[tuple[str, tuple[int, ...]]]) -> list[LayoutEntry]:
+    out, offset = [], 0
+    for name, shape in named_shapes:
+        out.append(LayoutEntry(name=name, shape=list(shape), offset=offset))
+        offset += int(np.prod(shape, dtype=np.int64))
+    return out

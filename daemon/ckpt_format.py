@@ -1,0 +1,132 @@
+"""The `step_NNNNNN.bin` checkpoint payload: the seed's format, readable with numpy alone.
+
+Layout (little-endian, no padding, no alignment)::
+
+    int32 step | int32 n_params | float32 weights[n] | float32 m[n] | float32 v[n]
+
+so a file is exactly ``8 + 12 * n_params`` bytes. ``m`` and ``v`` are AdamW's first and second
+moments, stored in the same flattened parameter order as the weights (the model's parameter
+iterator). Everything else a resume needs lives in the JSON manifest beside it (`manifest.py`).
+
+This module imports numpy only, on purpose: it is the reference reader for third parties.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HEADER = struct.Struct("<ii")
+DTYPE = np.dtype("<f4")
+INT32_MAX = 2**31 - 1
+_NAME_RE = re.compile(r"^step_(\d{6,})\.(bin|json)$")
+
+
+class PayloadError(ValueError):
+    """A file that is not a well-formed checkpoint payload."""
+
+
+def bin_name(step: int) -> str:
+    return f"step_{step:06d}.bin"
+
+
+def manifest_name(step: int) -> str:
+    return f"step_{step:06d}.json"
+
+
+def parse_name(name: str) -> tuple[int, str] | None:
+    """(step, "bin"|"json") for a checkpoint file name, None for anything else."""
+    m = _NAME_RE.match(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def payload_size(n_params: int) -> int:
+    return HEADER.size + 3 * DTYPE.itemsize * n_params
+
+
+@dataclass(frozen=True)
+class Payload:
+    step: int
+    n_params: int
+    weights: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+
+
+def read_header(path: Path) -> tuple[int, int]:
+    with open(path, "rb") as f:
+        raw = f.read(HEADER.size)
+    if len(raw) != HEADER.size:
+        raise PayloadError(f"{path}: {len(raw)} bytes, shorter than the 8-byte header")
+    return HEADER.unpack(raw)
+
+
+def read_payload(path: str | os.PathLike[str], mmap: bool = True) -> Payload:
+    """Read a checkpoint payload. With ``mmap`` the three arrays are read-only views of the file.
+
+    Only the structure is checked here (header and exact size); the manifest's sha256 is what
+    proves the content (see `checkpoint.verify`).
+    """
+    path = Path(path)
+    step, n = read_header(path)
+    if n < 0 or step < 0:
+        raise PayloadError(f"{path}: negative header field (step={step}, n_params={n})")
+    size = path.stat().st_size
+    if size != payload_size(n):
+        raise PayloadError(f"{path}: {size} bytes, but n_params={n} needs {payload_size(n)}")
+    if mmap:
+        flat = np.memmap(path, dtype=DTYPE, mode="r", offset=HEADER.size, shape=(3 * n,))
+    else:
+        flat = np.fromfile(path, dtype=DTYPE, offset=HEADER.size, count=3 * n)
+    return Payload(step, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
+
+
+def unflatten(flat: np.ndarray, layout: Iterable[tuple[str, tuple[int, ...], int]]) -> dict[str, np.ndarray]:
+    """Split one of the three flat arrays into named tensors with the manifest's layout
+    (name, shape, element offset)."""
+    out = {}
+    for name, shape, offset in layout:
+        count = int(np.prod(shape, dtype=np.int64))
+        out[name] = flat[offset : offset + count].reshape(shape)
+    return out
+
+
+class PayloadWriter:
+    """Streams a payload to an open file, hashing the bytes as they go out.
+
+    Hashing while writing avoids a second pass over a file that can be 1.4 GB.
+    """
+
+    def __init__(self, f, step: int, n_params: int) -> None:
+        if not (0 <= step <= INT32_MAX and 0 <= n_params <= INT32_MAX):
+            raise PayloadError(f"step={step} or n_params={n_params} does not fit the int32 header")
+        self._f = f
+        self._sha = hashlib.sha256()
+        self._written = 0
+        self.expected = payload_size(n_params)
+        self._put(HEADER.pack(step, n_params))
+
+    def _put(self, buf) -> None:
+        mv = memoryview(buf).cast("B")
+        self._sha.update(mv)
+        self._f.write(mv)
+        self._written += len(mv)
+
+    def write_array(self, arr: np.ndarray) -> None:
+        """Append one contiguous float32 array (any shape; written flat, C order)."""
+        if arr.dtype != DTYPE:
+            raise PayloadError(f"payload arrays must be little-endian float32, got {arr.dtype}")
+        self._put(np.ascontiguousarray(arr).reshape(-1))
+
+    def finish(self) -> str:
+        """Check the byte count and return the sha256 hex digest of everything written."""
+        if self._written != self.expected:
+            raise PayloadError(f"wrote {self._written} bytes, the header promises {self.expected}")
+        return self._sha.hexdigest()
