@@ -1,0 +1,70 @@
+"""Signals become flags; the training loop acts on them at the next safe point.
+
+Work inside a handler (a checkpoint write, say) can hang or corrupt state when the signal lands
+in the middle of a step or of another write (Lightning #21406); so handlers only record what was
+asked. Long operations that are not training steps (data preparation, sampling, waiting) poll
+`stop_requested` so that a SIGTERM there is honoured at once, not at some later step boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+
+class StopRequested(Exception):
+    """Raised by long operations that abandon their work because a stop was requested."""
+
+
+class SignalFlags:
+    """What the operator asked for, by signal or control message, and not yet acted upon."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.stop_reason: str | None = None  # "sigterm", "sigint", "control"
+        self.checkpoint_reason: str | None = None  # "sigusr1", "control"
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        """Install handlers for SIGTERM, SIGINT and SIGUSR1 (main thread only)."""
+        for sig, fn in ((signal.SIGTERM, self._on_stop), (signal.SIGINT, self._on_stop), (signal.SIGUSR1, self._on_checkpoint)):
+            self._previous[sig] = signal.signal(sig, fn)
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous.clear()
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.request_stop(signal.Signals(signum).name.lower())
+
+    def _on_checkpoint(self, signum: int, frame: FrameType | None) -> None:
+        self.request_checkpoint("sigusr1")
+
+    def request_stop(self, reason: str) -> None:
+        # First reason wins: a second Ctrl-C while the final checkpoint is written must not
+        # turn into anything harsher.
+        with self._lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+
+    def request_checkpoint(self, reason: str) -> None:
+        with self._lock:
+            if self.checkpoint_reason is None:
+                self.checkpoint_reason = reason  # repeated requests coalesce into one checkpoint
+
+    def take_checkpoint_request(self) -> str | None:
+        with self._lock:
+            reason, self.checkpoint_reason = self.checkpoint_reason, None
+            return reason
+
+    def stop_requested(self) -> bool:
+        return self.stop_reason is not None
+
+    def raise_if_stopping(self) -> None:
+        if self.stop_reason is not None:
+            raise StopRequested(self.stop_reason)
