@@ -1,0 +1,431 @@
+"""`.loss.json`: format, torn-tail repair at every byte, real kill -9, exactly-once, readers, locking."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from andrea.daemon import losslog
+from andrea.daemon.losslog import (
+    LossEntry,
+    LossLog,
+    LossLogCorrupt,
+    LossLogError,
+    LossLogLocked,
+    canonical_curve,
+    last_entry,
+    read_entries,
+)
+
+SHA = "0123456789abcdef" * 4
+
+
+def entry(step: int, segment: int = 1, loss: float | None = None, arm: str = "code", phase: int = 0) -> LossEntry:
+    return LossEntry(step=step, loss=2.0 + 1.0 / step if loss is None else loss, arm=arm, lr=3e-4, tokens=4096,
+                     wall_time=1_750_000_000.0 + step, segment=segment, phase=phase,
+                     batch_sha256=SHA if step % 2 else None)
+
+
+def clean_bytes(entries: list[LossEntry]) -> bytes:
+    """The exact file the grammar prescribes for `entries`."""
+    if not entries:
+        return b"[\n]\n"
+    return b"[\n" + b",\n".join(e.model_dump_json().encode() for e in entries) + b"\n]\n"
+
+
+def dumps(entries: list[LossEntry] | LossEntry | None) -> object:
+    """Comparable form of entries (model equality would call a NaN loss unequal to itself)."""
+    if entries is None or isinstance(entries, LossEntry):
+        return None if entries is None else entries.model_dump_json()
+    return [e.model_dump_json() for e in entries]
+
+
+def strict_json(raw: bytes) -> object:
+    """json.loads that rejects NaN/Infinity literals, as jq and every non-Python parser do."""
+    def reject(token: str) -> object:
+        raise ValueError(f"non-standard JSON literal {token}")
+    return json.loads(raw, parse_constant=reject)
+
+
+# ---------------------------------------------------------------- model
+
+
+def test_entry_model_is_strict() -> None:
+    good = entry(1).model_dump()
+    for field, bad in [("step", 0), ("segment", 0), ("phase", -1), ("tokens", 0), ("arm", ""),
+                       ("lr", math.nan), ("wall_time", math.inf), ("batch_sha256", "XYZ"), ("step", "3")]:
+        with pytest.raises(ValidationError):
+            LossEntry(**{**good, field: bad})
+    with pytest.raises(ValidationError):
+        LossEntry(**good, extra=1)
+    with pytest.raises(ValidationError):  # only the three spellings the writer emits
+        LossEntry.model_validate_json(entry(1).model_dump_json().replace('"loss":3.0', '"loss":"nan"'))
+    with pytest.raises(ValidationError):
+        entry(1).step = 2  # frozen
+
+
+@pytest.mark.parametrize("value,spelling", [(math.nan, "NaN"), (math.inf, "Infinity"), (-math.inf, "-Infinity")])
+def test_non_finite_loss_message_round_trip(value: float, spelling: str) -> None:
+    e = entry(5, loss=value)
+    text = e.model_dump_json()
+    assert strict_json(text.encode())["loss"] == spelling
+    back = LossEntry.model_validate_json(text)
+    assert math.isnan(back.loss) if math.isnan(value) else back.loss == value
+    assert isinstance(e.model_dump()["loss"], float)
+
+
+@settings(max_examples=100, deadline=None)
+@given(loss=st.floats(), lr=st.floats(min_value=0, allow_infinity=False),
+       wall=st.floats(min_value=0, allow_infinity=False), arm=st.text(min_size=1))
+def test_floats_and_strings_round_trip_exactly(loss: float, lr: float, wall: float, arm: str) -> None:
+    e = LossEntry(step=1, loss=loss, arm=arm, lr=lr, tokens=1, wall_time=wall, segment=1, phase=0, batch_sha256=None)
+    line = e.model_dump_json().encode()
+    assert b"\n" not in line  # one entry per line, whatever the arm name
+    back = LossEntry.model_validate_json(line)
+    assert back == e or (math.isnan(loss) and math.isnan(back.loss))
+    parsed = strict_json(line)
+    if math.isfinite(loss):
+        assert parsed["loss"] == loss  # ordinary JSON readers see the very same double
+
+
+# ---------------------------------------------------------------- format and round trip
+
+
+def test_exact_bytes_and_json_load_after_every_append(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    entries = [entry(1), entry(2, loss=math.nan), entry(3, arm='données "x}\n{"'), entry(4, loss=5e-324),
+               entry(5, loss=-math.inf), entry(6, loss=1.7976931348623157e308), entry(7, loss=-0.0)]
+    with LossLog.open(path) as log:
+        assert path.read_bytes() == b"[\n]\n"
+        assert json.loads(path.read_bytes()) == []
+        for i, e in enumerate(entries, 1):
+            assert log.append(e) is True
+            raw = path.read_bytes()
+            assert raw == clean_bytes(entries[:i])
+            loaded = strict_json(raw)
+            assert len(loaded) == i and loaded[-1]["step"] == e.step
+            assert raw.count(b"\n") == i + 2  # one entry per line for tail/grep
+        assert len(log) == 7 and log.last == entries[-1] and (1, 3) in log
+    assert strict_json(path.read_bytes())[1]["loss"] == "NaN"
+    got = read_entries(path)
+    assert [e.model_dump_json() for e in got] == [e.model_dump_json() for e in entries]
+    assert math.isnan(got[1].loss) and got[4].loss == -math.inf and math.copysign(1, got[6].loss) == -1
+    assert last_entry(path) == entries[-1]
+    with LossLog.open(path) as log:  # reopen: index and position rebuilt from the file
+        assert len(log) == 7 and log.last == entries[-1]
+        assert log.append(entry(8)) is True
+    assert path.read_bytes() == clean_bytes([*entries, entry(8)])
+
+
+def test_append_many_is_one_write_and_empty_readers(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    with LossLog.open(path) as log:
+        assert log.last is None and len(log) == 0
+        assert log.append_many([]) == 0
+        assert read_entries(path) == [] and last_entry(path) is None
+        assert log.append_many(entry(s) for s in range(1, 101)) == 100
+        log.sync()
+    assert path.read_bytes() == clean_bytes([entry(s) for s in range(1, 101)])
+    with pytest.raises(TypeError):
+        with LossLog.open(path) as log:
+            log.append_many([entry(101), {"step": 102}])  # type: ignore[list-item]
+    assert len(read_entries(path)) == 100  # nothing of the rejected batch was written
+
+
+def test_duplicate_segment_step_is_a_no_op(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    with LossLog.open(path) as log:
+        assert log.append(entry(1)) and log.append(entry(2))
+        before = path.read_bytes()
+        assert log.append(entry(2, loss=9.0)) is False  # resent after a restart: first one wins
+        assert path.read_bytes() == before
+        assert log.append_many([entry(2), entry(3), entry(3), entry(1), entry(4)]) == 2
+        assert log.append(entry(2, segment=2)) is True  # same step, new trainer life: a new entry
+    with LossLog.open(path) as log:  # the index is rebuilt from the file
+        assert len(log) == 5
+        assert log.append(entry(3)) is False and log.append(entry(2, segment=2)) is False
+    assert [(e.segment, e.step) for e in read_entries(path)] == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2)]
+
+
+def test_canonical_curve_two_segments(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    with LossLog.open(path) as log:
+        log.append_many(entry(s, segment=1) for s in range(1, 11))
+        # the trainer died after step 10 and resumed from the checkpoint at step 6
+        log.append_many(entry(s, segment=2, loss=float(s)) for s in range(7, 13))
+    curve = canonical_curve(read_entries(path))
+    assert [e.step for e in curve] == list(range(1, 13))
+    assert [e.segment for e in curve] == [1] * 6 + [2] * 6
+    assert [e.loss for e in curve[6:]] == [float(s) for s in range(7, 13)]
+    # highest segment wins even if an older one comes later in the file; ties go to file order
+    assert canonical_curve([entry(1, segment=3), entry(1, segment=2)])[0].segment == 3
+    assert canonical_curve([entry(1, loss=1.0), entry(1, loss=2.0)])[0].loss == 2.0
+
+
+# ---------------------------------------------------------------- torn tail at every byte
+
+
+@pytest.fixture
+def fast_dir(tmp_path: Path) -> Iterator[Path]:
+    """A real directory on tmpfs when there is one: the every-byte loops below make thousands of real
+    fsync calls, which cost milliseconds each on a busy shared disk and nothing on tmpfs."""
+    if not os.path.isdir("/dev/shm"):
+        yield tmp_path
+        return
+    directory = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="losslog-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory)
+
+
+def _torn_states(n_before: int, batch: list[LossEntry]):
+    """Every state a kill at any byte of the last write can leave: (state bytes, entries that must survive)."""
+    base = [entry(s) for s in range(1, n_before + 1)]
+    before = clean_bytes(base)
+    after = clean_bytes(base + batch)
+    pos = len(before) - 3
+    written = after[pos:]
+    # file offset just past each entry's "}" in `after`
+    ends = [len(clean_bytes(base + batch[:k])) - 3 for k in range(1, len(batch) + 1)]
+    states = []
+    for j in range(len(written) + 1):
+        complete = base + [e for e, end in zip(batch, ends) if end <= pos + j]
+        # SIGKILL inside pwrite: a prefix of the new bytes over the old terminator
+        states.append((before[:pos] + written[:j] + before[pos + j:], complete))
+        # the file cut at that byte (the brief's truncation model), and with zeroed blocks after it
+        states.append((after[: pos + j], complete))
+        states.append((after[: pos + j] + b"\0" * 700, complete))
+    return states
+
+
+@pytest.mark.parametrize("n_before,batch", [
+    (4, [entry(5, arm='x}"\n{"step":1}')]),       # a "}" inside a string must not fool the scan
+    (0, [entry(1, arm="données")]),               # torn first entry -> empty log; torn UTF-8
+    (3, [entry(4), entry(5, loss=math.nan), entry(6)]),  # append_many torn inside the batch
+], ids=["last-entry", "first-entry", "batch"])
+def test_torn_tail_repaired_at_every_byte(fast_dir: Path, n_before: int, batch: list[LossEntry]) -> None:
+    path = fast_dir / ".loss.json"
+    for state, complete in _torn_states(n_before, batch):
+        path.write_bytes(state)
+        # readers tolerate the torn tail and do not touch the file
+        assert dumps(read_entries(path)) == dumps(complete), state[-80:]
+        assert dumps(last_entry(path)) == dumps(complete[-1] if complete else None)
+        assert path.read_bytes() == state
+        with LossLog.open(path) as log:
+            assert path.read_bytes() == clean_bytes(complete), state[-80:]
+            assert len(log) == len(complete) and dumps(log.last) == dumps(complete[-1] if complete else None)
+            assert log.append(entry(99, segment=2)) is True
+        assert strict_json(path.read_bytes())[-1]["step"] == 99
+        assert path.read_bytes() == clean_bytes([*complete, entry(99, segment=2)])
+
+
+def test_all_zero_tail_far_from_the_last_entry(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    entries = [entry(s) for s in range(1, 51)]
+    path.write_bytes(clean_bytes(entries)[:-3] + b",\n{\"st" + b"\0" * 100_000)  # tail scan must read back past it
+    with LossLog.open(path):
+        pass
+    assert path.read_bytes() == clean_bytes(entries)
+
+
+# ---------------------------------------------------------------- not a torn tail: refuse, touch nothing
+
+
+def _lines_file(tmp_path: Path, n: int = 5) -> tuple[Path, bytes]:
+    path = tmp_path / ".loss.json"
+    raw = clean_bytes([entry(s) for s in range(1, n + 1)])
+    path.write_bytes(raw)
+    return path, raw
+
+
+def _line_offset(raw: bytes, index: int) -> int:
+    """Byte offset of entry line `index` (0-based)."""
+    offset = 2
+    for _ in range(index):
+        offset = raw.index(b"\n", offset) + 1
+    return offset
+
+
+@pytest.mark.parametrize("name,edit,bad_line", [
+    ("garbage", lambda r, o: r[:o] + b"garbage,\n" + r[o:], 2),
+    ("schema", lambda r, o: r[:o] + b'{"step":3,"extra":1},\n' + r[o:], 2),
+    ("missing comma", lambda r, o: r[: o - 2] + r[o - 1:], 1),
+    ("nul in middle", lambda r, o: r[:o] + b"\0" * 5 + r[o + 5:], 2),
+    ("torn tail too", lambda r, o: (r[:o] + b"xx" + r[o:])[:-10], 2),  # no repair before the whole file is valid
+    # valid JSON, but not one entry per line: the tail scan could not rely on it
+    ("joined lines", lambda r, o: r[: o - 1] + r[o:], 1),
+    ("split entry", lambda r, o: r[:o] + r[o:].replace(b',"loss"', b',\n"loss"', 1), 2),
+])
+def test_garbage_in_the_middle_is_refused_with_offset(tmp_path: Path, name: str, edit, bad_line: int) -> None:
+    path, raw = _lines_file(tmp_path)
+    bad = edit(raw, _line_offset(raw, 2))
+    path.write_bytes(bad)
+    for action in (LossLog.open, read_entries):
+        with pytest.raises(LossLogCorrupt) as info:
+            action(path)
+        assert info.value.offset == _line_offset(bad, bad_line), str(info.value)
+        assert f"byte offset {info.value.offset}" in str(info.value)
+        assert path.read_bytes() == bad
+    # last_entry reads only the tail, so garbage in the middle does not concern it
+    assert last_entry(path) is not None
+
+
+def test_field_error_in_the_middle(tmp_path: Path) -> None:
+    """open checks what the writer relies on (JSON, layout, field names, segment and step); readers the rest."""
+    path, raw = _lines_file(tmp_path)
+    offset = _line_offset(raw, 2)
+    bad = raw[:offset] + raw[offset:].replace(b'"tokens":4096', b'"tokens":0', 1)
+    path.write_bytes(bad)
+    with pytest.raises(LossLogCorrupt, match="tokens") as info:
+        read_entries(path)
+    assert info.value.offset == offset
+    with LossLog.open(path) as log:
+        assert len(log) == 5 and log.append(entry(6))
+    for bad_key in (b'"segment":0', b'"segment":"1"'):
+        path.write_bytes(raw[:offset] + raw[offset:].replace(b'"segment":1', bad_key, 1))
+        with pytest.raises(LossLogCorrupt) as info:
+            LossLog.open(path)
+        assert info.value.offset == offset
+
+
+@pytest.mark.parametrize("name,content", [
+    ("pretty-printed", lambda entries: json.dumps([e.model_dump(mode="json") for e in entries], indent=2).encode()),
+    ("one line", lambda entries: json.dumps([e.model_dump(mode="json") for e in entries]).encode()),
+    ("after terminator", lambda entries: clean_bytes(entries) + b"more\n"),
+    ("double terminator", lambda entries: clean_bytes(entries) + b"]\n"),
+    ("invalid last entry", lambda entries: clean_bytes(entries)[:-3] + b',\n{"step":9}\n]\n'),
+    ("no header", lambda entries: clean_bytes(entries)[2:]),
+    ("text", lambda entries: b"hello world\n"),
+])
+def test_foreign_files_are_refused_untouched(tmp_path: Path, name: str, content) -> None:
+    path = tmp_path / ".loss.json"
+    raw = content([entry(s) for s in range(1, 4)])
+    path.write_bytes(raw)
+    with pytest.raises(LossLogCorrupt, match="byte offset"):
+        LossLog.open(path)
+    with pytest.raises(LossLogCorrupt):
+        read_entries(path)
+    assert path.read_bytes() == raw
+
+
+# ---------------------------------------------------------------- locking and failed writes
+
+
+def test_second_writer_refused_readers_allowed(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    with LossLog.open(path) as log:
+        log.append(entry(1))
+        with pytest.raises(LossLogLocked, match="already open for writing"):
+            LossLog.open(path)
+        code = "import sys; from andrea.daemon.losslog import LossLog; LossLog.open(sys.argv[1])"
+        child = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+        assert child.returncode != 0 and "LossLogLocked" in child.stderr
+        assert read_entries(path) == [entry(1)] and last_entry(path) == entry(1)
+    with LossLog.open(path) as log:  # the lock goes with the writer
+        assert len(log) == 1
+    log.close()  # idempotent
+    with pytest.raises(LossLogError, match="closed"):
+        log.append(entry(2))
+
+
+def test_failed_write_poisons_the_handle_and_reopen_repairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / ".loss.json"
+    log = LossLog.open(path)
+    log.append_many(entry(s) for s in range(1, 4))
+    real_pwrite = os.pwrite
+
+    def disk_full(fd: int, data: bytes, offset: int) -> int:
+        real_pwrite(fd, bytes(data[:40]), offset)  # part of the write lands, then the disk is full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(losslog.os, "pwrite", disk_full)
+    with pytest.raises(OSError):
+        log.append(entry(4))
+    monkeypatch.undo()
+    with pytest.raises(LossLogError, match="reopen"):
+        log.append(entry(5))
+    log.close()
+    with LossLog.open(path) as log:
+        assert len(log) == 3
+        assert log.append(entry(4)) is True
+    assert path.read_bytes() == clean_bytes([entry(s) for s in range(1, 5)])
+
+
+# ---------------------------------------------------------------- a real kill -9
+
+
+CHILD = r"""
+import sys
+from andrea.daemon.losslog import LossEntry, LossLog, last_entry
+path, every = sys.argv[1], int(sys.argv[2])
+previous = last_entry(path) if __import__("os").path.exists(path) else None
+segment = 1 if previous is None else previous.segment + 1
+step = 0 if previous is None else previous.step
+with LossLog.open(path) as log:
+    print("ready", flush=True)
+    while True:
+        batch = []
+        for _ in range(every):
+            step += 1
+            batch.append(LossEntry(step=step, loss=1.0 / step, arm="a" * (step % 300 + 1), lr=1e-3, tokens=64,
+                                   wall_time=1.0, segment=segment, phase=0, batch_sha256=None))
+        if step % 2:
+            log.append_many(batch)
+        else:
+            for e in batch:
+                log.append(e)
+        log.sync()
+        print(step, flush=True)  # only after sync: the proxy's acknowledgement
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_at_a_random_moment_keeps_every_synced_entry(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    acked: list[int] = []
+    for life in range(1, 4):
+        previous = last_entry(path) if path.exists() else None
+        first = 1 if previous is None else previous.step + 1
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(rng.choice([1, 7, 100]))],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"ready\n", child.stderr.read() if child.stderr else b""
+        time.sleep(rng.uniform(0.05, 0.5))
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        assert child.returncode == -signal.SIGKILL
+        lines = child.stdout.read().split(b"\n")
+        child.stdout.close()
+        child.stderr.close()  # type: ignore[union-attr]
+        synced = [int(x) for x in lines if x.strip().isdigit()]
+        acked.append(synced[-1] if synced else first - 1)
+
+        entries = read_entries(path)
+        keys = {(e.segment, e.step) for e in entries}
+        # every acknowledged (synced) step of this life is there, in this life's segment
+        missing = [s for s in range(first, acked[-1] + 1) if (life, s) not in keys]
+        assert not missing, f"seed={seed} life={life} lost synced steps {missing[:5]}"
+        with LossLog.open(path) as log:
+            assert len(log) == len(entries)
+        strict_json(path.read_bytes())
+    curve = canonical_curve(read_entries(path))
+    assert [e.step for e in curve] == list(range(1, len(curve) + 1)), f"seed={seed}"
+    assert curve[-1].step >= acked[-1]
