@@ -1,0 +1,347 @@
+"""The training loop of andrea-trainer: build, resume, train, checkpoint, stop.
+
+Everything that decides a bit of the trajectory is either saved in the checkpoint (weights, Adam's
+m and v and step count, every RNG, each arm's cursor, progress) or a pure function of the step
+(learning rate, the arm of each step, each epoch's data order). Restore order follows the
+verification protocol: build model and optimizer, load their state, restore data cursors, and
+restore the RNGs last, right before the first step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import rngstate
+from .checkpoint import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
+from .config import RunConfig
+from .data import ArmStream, DataError, FixedMixture, load_arms
+from .exitcodes import ExitCode
+from .losslog import LossEntry, LossLog, last_entry
+from .manifest import Environment, Manifest, MixingState, OptimizerState, Progress, Trigger
+from .model import GPT
+from .notify import Notifier
+from .schedule import lr_at, scheduler_state
+from .signals import SignalFlags
+
+log = logging.getLogger(__name__)
+
+LOSS_FILE = ".loss.json"
+SAMPLE_PROMPTS = ("def ", "The ", "# ")
+
+
+def code_version() -> str:
+    try:
+        return "andrea " + version("andrea")
+    except PackageNotFoundError:
+        return "andrea (not installed)"
+
+
+@dataclass
+class TrainerOptions:
+    run_dir: Path
+    cfg: RunConfig
+    allow_config_change: bool = False
+    #: Deliberately broken resumes, for the resume proof's negative control only ("rng", "cursor").
+    skip_restore: frozenset[str] = field(default_factory=frozenset)
+
+
+class Trainer:
+    """One life ("segment") of the trainer process over one run directory."""
+
+    def __init__(self, opts: TrainerOptions, flags: SignalFlags, notifier: Notifier | None = None) -> None:
+        self.opts = opts
+        self.cfg = opts.cfg
+        self.run_dir = opts.run_dir
+        self.flags = flags
+        self.notifier = notifier or Notifier()
+        self.step = 0
+        self.tokens_seen = 0
+        self.train_seconds = 0.0
+        self.last_saved = 0
+        self.last_write_seconds = 0.0
+
+    # ---- setup ------------------------------------------------------------------------------
+
+    def _device(self) -> torch.device:
+        want = self.cfg.device
+        if want == "cuda" and not torch.cuda.is_available():
+            raise DataError("device 'cuda' requested but CUDA is not available")
+        return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
+
+    def setup(self) -> None:
+        """Build data, model and optimizer, then resume from the newest valid checkpoint.
+        Raises StopRequested-like InterruptedError, DataError or ResumeRefused."""
+        cfg = self.cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = self._device()
+        self.arms = load_arms(cfg.data, self.run_dir, cfg.model.vocab_size, self.flags.stop_requested)
+        self.streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in self.arms]
+        self.mixture = FixedMixture([a.name for a in self.arms], [s.weight for s in cfg.data.arms], cfg.seed)
+
+        # Seed everything for a fresh run; a resumed run overwrites all of it from the manifest.
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        import random
+
+        random.seed(cfg.seed)
+        self.model = GPT(cfg.model).to(self.device)
+        self.params = [p for _, p in self.model.named_parameters()]
+        self.layout = layout_of((n, tuple(p.shape)) for n, p in self.model.named_parameters())
+        o = cfg.optim
+        self.fused = True
+        self.optimizer = torch.optim.AdamW(
+            self.model.decay_groups(o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=True
+        )
+        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint)
+        loaded = self.ckpt.load(
+            Expectation(
+                model=cfg.model, layout=self.layout,
+                data_identities={a.name: a.identity for a in self.arms},
+                config_hash=cfg.trajectory_hash(), allow_config_change=self.opts.allow_config_change,
+            )
+        )
+        prior_segment = 0
+        if loaded is not None:
+            self._restore(loaded)
+            prior_segment = loaded.manifest.progress.segment
+        loss_path = self.run_dir / LOSS_FILE
+        tail = last_entry(loss_path) if loss_path.exists() else None
+        self.segment = max(prior_segment, tail.segment if tail else 0) + 1
+        self.losslog = LossLog.open(self.run_dir / LOSS_FILE) if cfg.mixing == "fixed" else None
+        self._pending_rng = loaded.manifest.rng if loaded is not None else None
+        log.info(
+            "model %s: %s parameters on %s, %d threads; segment %d starts at step %d",
+            cfg.preset, f"{self.model.n_params():,}", self.device, torch.get_num_threads(), self.segment, self.step,
+        )
+
+    def _restore(self, loaded: Loaded) -> None:
+        m = loaded.manifest
+        p = loaded.payload
+        self._warn_if_inexact(m)
+        with torch.no_grad():
+            for entry, param in zip(m.layout, self.params):
+                n = int(np.prod(entry.shape, dtype=np.int64))
+                param.copy_(torch.from_numpy(p.weights[entry.offset : entry.offset + n].reshape(entry.shape)))
+        # Adam's moments are created lazily on the first step; a resume must create them from the
+        # checkpoint explicitly, or the first resumed step runs with m = v = 0 (KempnerForge #115).
+        index = {id(q): i for i, q in enumerate(q for g in self.optimizer.param_groups for q in g["params"])}
+        state = {}
+        for entry, param in zip(m.layout, self.params):
+            n = int(np.prod(entry.shape, dtype=np.int64))
+            sl = slice(entry.offset, entry.offset + n)
+            state[index[id(param)]] = {
+                "step": torch.tensor(float(m.optimizer.adam_step), dtype=torch.float32),
+                "exp_avg": torch.from_numpy(p.m[sl].reshape(entry.shape).copy()),
+                "exp_avg_sq": torch.from_numpy(p.v[sl].reshape(entry.shape).copy()),
+            }
+        sd = self.optimizer.state_dict()
+        sd["state"] = state
+        self.optimizer.load_state_dict(sd)
+        if "cursor" not in self.opts.skip_restore:
+            cursors = {c.name: c for c in m.data}
+            for s in self.streams:
+                s.load_state_dict(cursors[s.arm.name])
+        self.step = self.last_saved = m.step
+        self.tokens_seen = m.progress.tokens_seen
+        self.train_seconds = m.progress.train_seconds
+        log.info("resumed from %s (trigger %s, written %s)", m.bin_file, m.trigger, m.created_utc)
+        for reason in loaded.skipped:
+            log.warning("skipped damaged checkpoint %s", reason)
+
+    def _environment(self) -> Environment:
+        return Environment(
+            device=str(self.device), dtype="float32", threads=torch.get_num_threads(),
+            torch_version=torch.__version__, numpy_version=np.__version__,
+            python_version=platform.python_version(), code_version=code_version(),
+        )
+
+    def _warn_if_inexact(self, m: Manifest) -> None:
+        then, now = m.environment.model_dump(), self._environment().model_dump()
+        changed = [f"{k}: {then[k]} → {now[k]}" for k in ("device", "dtype", "threads", "torch_version") if then[k] != now[k]]
+        if changed:
+            log.warning("this resume will NOT be bit-exact with the run so far (%s)", "; ".join(changed))
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    def train_step(self) -> LossEntry:
+        step = self.step + 1
+        arm = self.mixture.assign(step)
+        batch = self.streams[arm].next_batch(self.cfg.batch_size)
+        digest = hashlib.sha256(batch.tobytes()).hexdigest()
+        xy = torch.from_numpy(batch).to(self.device, non_blocking=True)
+        lr = lr_at(step, self.cfg.optim)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        _, loss = self.model(xy[:, :-1], xy[:, 1:])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip, foreach=True)
+        self.optimizer.step()
+        self.step = step
+        n_tokens = batch.shape[0] * (batch.shape[1] - 1)
+        self.tokens_seen += n_tokens
+        return LossEntry(
+            step=step, loss=loss.item(), arm=self.arms[arm].name, lr=lr, tokens=n_tokens,
+            wall_time=time.time(), segment=self.segment, phase=0, batch_sha256=digest,
+        )
+
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        def host(t: torch.Tensor) -> np.ndarray:
+            return t.detach().to("cpu", torch.float32).contiguous().numpy()
+
+        states = [self.optimizer.state[p] for p in self.params]
+        adam_steps = {int(s["step"].item()) for s in states}
+        if len(adam_steps) != 1:
+            raise RuntimeError(f"parameters disagree on Adam's step count: {sorted(adam_steps)}")
+        o = self.cfg.optim
+        fields = dict(
+            layout=self.layout, model=self.cfg.model,
+            optimizer=OptimizerState(
+                betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                grad_clip=o.grad_clip, fused=self.fused, adam_step=adam_steps.pop(),
+            ),
+            scheduler=scheduler_state(self.step, o), rng=rngstate.capture(),
+            data=[s.state_dict() for s in self.streams],
+            mixing=MixingState(mode=self.cfg.mixing, arms=[a.name for a in self.arms]),
+            progress=Progress(step=self.step, tokens_seen=self.tokens_seen, segment=self.segment, train_seconds=self.train_seconds),
+            environment=self._environment(), config_hash=self.cfg.trajectory_hash(),
+            config=self.cfg.model_dump(mode="json"),
+        )
+        return Snapshot(
+            step=self.step, weights=[host(p) for p in self.params],
+            m=[host(s["exp_avg"]) for s in states], v=[host(s["exp_avg_sq"]) for s in states], fields=fields,
+        )
+
+    def checkpoint(self, trigger: Trigger) -> None:
+        """Write a checkpoint of the current step, durably, before returning."""
+        t0 = time.perf_counter()
+        if self.losslog is not None:
+            self.losslog.sync()  # the loss history reaches the disk no later than the weights
+        manifest = self.ckpt.save(self.snapshot(), trigger)
+        self.last_saved = self.step
+        self.last_write_seconds = time.perf_counter() - t0
+        log.info(
+            "checkpoint %s written (%s, %.1f MB, %.2f s)",
+            manifest.bin_file, trigger, manifest.bin_size / 1e6, self.last_write_seconds,
+        )
+
+    def _checkpoint_and_continue(self, trigger: Trigger) -> None:
+        # A failed write mid-run (disk full, say) must not end a multi-day run: the previous
+        # checkpoint stays valid, the error is logged, and the next cadence point tries again.
+        try:
+            self.checkpoint(trigger)
+        except OSError as e:
+            log.error("checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
+                      self.step, trigger, e, self.last_saved or "none")
+
+    def _on_checkpoint_request(self, reason: str) -> None:
+        if self.step == 0:
+            log.warning("checkpoint requested (%s) before the first step: there is nothing to save yet", reason)
+        elif self.last_saved == self.step:
+            self.ckpt.mark_requested(self.step, reason)  # type: ignore[arg-type]
+            log.info("checkpoint of step %d already exists; kept as requested (%s)", self.step, reason)
+        else:
+            self._checkpoint_and_continue(reason)  # type: ignore[arg-type]
+
+    # ---- samples ----------------------------------------------------------------------------
+
+    def sample(self) -> list[str]:
+        """Generate from fixed prompts with a generator of its own, seeded by (seed, step), so that
+        auditing never draws from the RNGs that training uses."""
+        g = torch.Generator(device=self.device)
+        g.manual_seed((self.cfg.seed * 1_000_003 + self.step) % 2**63)
+        out = []
+        for prompt in SAMPLE_PROMPTS:
+            idx = torch.tensor([list(prompt.encode())], dtype=torch.long, device=self.device)
+            toks = self.model.generate(idx, self.cfg.sample_tokens, g, should_stop=self.flags.stop_requested)
+            out.append(bytes(toks[0].tolist()).decode("utf-8", errors="replace"))
+        return out
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> ExitCode:
+        """Train until max_steps or a stop request; always leave the newest state checkpointed."""
+        cfg = self.cfg
+        if self._pending_rng is not None and "rng" not in self.opts.skip_restore:
+            rngstate.restore(self._pending_rng)
+        self.notifier.ready(f"step {self.step}/{cfg.max_steps}")
+        window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
+        loss_ema: float | None = None
+        while self.step < cfg.max_steps and not self.flags.stop_requested():
+            t0 = time.perf_counter()
+            entry = self.train_step()
+            dt = time.perf_counter() - t0
+            self.train_seconds += dt
+            window_tokens += entry.tokens
+            window_steps += 1
+            if self.losslog is not None:
+                self.losslog.append(entry)
+            loss_ema = entry.loss if loss_ema is None else 0.9 * loss_ema + 0.1 * entry.loss
+            self.notifier.tick()
+
+            if self.ckpt.due(self.step):
+                self._checkpoint_and_continue("cadence")
+            if (reason := self.flags.take_checkpoint_request()) is not None:
+                self._on_checkpoint_request(reason)
+            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                elapsed = time.perf_counter() - window_t
+                log.info(
+                    "step %d/%d | loss %.4f (ema %.4f) | lr %.2e | %s | %.0f tok/s | %.1f ms/step | last ckpt %s",
+                    self.step, cfg.max_steps, entry.loss, loss_ema, entry.lr, entry.arm,
+                    window_tokens / elapsed, 1000 * elapsed / window_steps, self.last_saved or "none",
+                )
+                self.notifier.status(f"step {self.step}/{cfg.max_steps} loss {loss_ema:.4f}")
+                window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
+            if cfg.sample_every and self.step % cfg.sample_every == 0 and not self.flags.stop_requested():
+                log.info("generating samples at step %d", self.step)
+                for text in self.sample():
+                    log.info("sample at step %d: %r", self.step, text)
+                window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
+        return self.finish()
+
+    def finish(self) -> ExitCode:
+        """Final checkpoint (if the newest step has none yet), then a clean exit."""
+        reason = self.flags.stop_reason
+        trigger: Trigger = reason if reason in ("sigterm", "sigint", "control") else "end"  # type: ignore[assignment]
+        # A checkpoint request that came with the stop is served by the final checkpoint, which
+        # then counts as requested (an audit point kept by retention).
+        requested = self.flags.take_checkpoint_request()
+        code = ExitCode.OK
+        if requested is not None and self.step > self.last_saved:
+            trigger = requested  # type: ignore[assignment]
+        elif requested is not None and self.step > 0:
+            self.ckpt.mark_requested(self.step, requested)  # type: ignore[arg-type]
+        if self.step > self.last_saved:
+            self.notifier.status(f"writing final checkpoint of step {self.step}")
+            self.notifier.extend_timeout(max(30.0, 4 * self.last_write_seconds))
+            try:
+                self.checkpoint(trigger)
+            except OSError as e:
+                log.error(
+                    "final checkpoint of step %d FAILED (%s); the newest valid checkpoint is step %s",
+                    self.step, e, self.last_saved or "none",
+                )
+                code = ExitCode.CHECKPOINT_FAILED
+        else:
+            log.info("step %d is already checkpointed; nothing to write", self.step)
+        self.close()
+        log.info("stopped at step %d (%s)", self.step, reason or "max_steps reached")
+        return code
+
+    def close(self) -> None:
+        if self.losslog is not None:
+            self.losslog.close()
+        self.ckpt.close()

@@ -1,0 +1,128 @@
+"""`andrea-trainer`: the command line of the trainer daemon.
+
+Signal handlers are installed before anything slow (importing torch, building the corpus), so a
+SIGTERM that arrives during start-up is a clean exit, not a kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .exitcodes import ExitCode
+from .signals import SignalFlags
+
+log = logging.getLogger("andrea.trainer")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="andrea-trainer",
+        description="Train an ANDREA GPT in a run directory; SIGTERM/SIGINT checkpoint and exit, SIGUSR1 checkpoints and continues.",
+    )
+    p.add_argument("--run-dir", type=Path, required=True, help="the run's directory (created if missing)")
+    p.add_argument("--config", type=Path, help="run config TOML (default: RUN_DIR/run.toml if present)")
+    p.add_argument("--preset", help="andrea-tiny | andrea-12m | andrea-120m")
+    p.add_argument("--max-steps", type=int, help="stop (with a checkpoint) after this many optimizer steps")
+    p.add_argument("--checkpoint-every", type=int, help="cadence of checkpoints in steps (0: only on request/exit)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--mixing", choices=["fixed", "proxy"], help="fixed mixture (default) or the proxy's bandit")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (bit-exact resume needs the same count)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--log-every", type=int)
+    p.add_argument("--sample-every", type=int, help="steps between generated samples (0: never)")
+    p.add_argument("--cache-dir", help="where tokenized data is cached")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="resume even though the training config changed since the checkpoint (on purpose)")
+    p.add_argument("--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def setup_logging(level: str) -> None:
+    """journald with structured fields under systemd, plain stderr lines elsewhere."""
+    import os
+
+    handler: logging.Handler
+    if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
+        try:
+            from systemd.journal import JournalHandler
+
+            handler = JournalHandler(SYSLOG_IDENTIFIER="andrea-trainer")
+        except ImportError:
+            handler = logging.StreamHandler()
+    else:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    flags = SignalFlags()
+    flags.install()
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    code = run(args, flags)
+    from .notify import Notifier
+
+    Notifier().stopping()
+    return int(code)
+
+
+def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
+    from .checkpoint import ResumeRefused
+    from .config import ConfigError, build_config, load_toml, save_config
+    from .data import DataError
+
+    run_dir: Path = args.run_dir
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg_path = args.config or (run_dir / "run.toml")
+        file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
+        data_overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+        overrides = {
+            "preset": args.preset, "max_steps": args.max_steps, "seed": args.seed, "device": args.device,
+            "mixing": args.mixing, "threads": args.threads, "batch_size": args.batch_size,
+            "log_every": args.log_every, "sample_every": args.sample_every,
+        }
+        if args.checkpoint_every is not None:
+            overrides["checkpoint"] = {"every": args.checkpoint_every}
+        if data_overrides:
+            overrides["data"] = data_overrides
+        cfg = build_config(file_values, overrides, source=str(cfg_path))
+        if not (run_dir / "run.toml").exists():
+            save_config(cfg, run_dir / "run.toml")
+        skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
+        if skip - {"rng", "cursor"}:
+            raise ConfigError(f"--unsafe-skip-restore takes rng and/or cursor, not {sorted(skip)}")
+    except (ConfigError, OSError) as e:
+        log.error("%s", e)
+        return ExitCode.CONFIG_ERROR
+    if cfg.mixing == "proxy":
+        log.error("--mixing proxy needs andrea-proxy, which this version does not ship yet; use --mixing fixed")
+        return ExitCode.CONFIG_ERROR
+
+    from .trainer import Trainer, TrainerOptions
+
+    trainer = Trainer(TrainerOptions(run_dir, cfg, args.allow_config_change, skip), flags)
+    if skip:
+        log.warning("UNSAFE: skipping restore of %s — this run is a negative control and will diverge", ",".join(sorted(skip)))
+    try:
+        trainer.setup()
+    except InterruptedError:
+        log.info("stop requested during start-up; nothing was trained, exiting")
+        return ExitCode.OK
+    except ResumeRefused as e:
+        log.error("%s", e)
+        return ExitCode.RESUME_REFUSED
+    except DataError as e:
+        log.error("data: %s", e)
+        return ExitCode.DATA_ERROR
+    return trainer.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Presets, config validation, and the model's parameter order (the checkpoint format's order)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from andrea.daemon.config import ConfigError, build_config
+from andrea.daemon.model import GPT
+
+
+def n_params(preset: str) -> int:
+    with torch.device("meta"):  # the 120M model without allocating it
+        return GPT(build_config(overrides={"preset": preset}).model).n_params()
+
+
+def test_preset_parameter_counts() -> None:
+    assert n_params("andrea-tiny") == 136_960
+    assert abs(n_params("andrea-12m") - 12_800_000) <= 0.02 * 12_800_000
+    assert abs(n_params("andrea-120m") - 120_000_000) <= 0.02 * 120_000_000
+
+
+def test_parameter_order_follows_the_format_spec() -> None:
+    cfg = build_config(overrides={"preset": "andrea-tiny"})
+    names = [n for n, _ in GPT(cfg.model).named_parameters()]
+    per_layer = [
+        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+        "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+        "mlp.c_proj.weight", "mlp.c_proj.bias",
+    ]
+    expected = ["wte.weight", "wpe.weight"]
+    for i in range(cfg.model.n_layer):
+        expected += [f"blocks.{i}.{n}" for n in per_layer]
+    expected += ["ln_f.weight", "ln_f.bias", "lm_head.weight"]
+    assert names == expected
+
+
+def test_unknown_key_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"optim\.lrr: unknown key"):
+        build_config({"optim": {"lrr": 0.1}})
+    with pytest.raises(ConfigError, match=r"checkpoint\.keep_latest"):
+        build_config({"checkpoint": {"keep_latest": 1}})
+    with pytest.raises(ConfigError, match="unknown preset"):
+        build_config(overrides={"preset": "andrea-7b"})
+
+
+def test_file_then_flags_override_the_preset() -> None:
+    cfg = build_config({"preset": "andrea-12m", "batch_size": 4, "optim": {"lr": 0.01}}, {"batch_size": 2})
+    assert cfg.model.n_embd == 416 and cfg.batch_size == 2 and cfg.optim.lr == 0.01
+    assert cfg.optim.warmup_steps == 200  # untouched preset value survives the partial override
+
+
+def test_operational_settings_do_not_change_the_trajectory_hash() -> None:
+    a = build_config(overrides={"max_steps": 10, "log_every": 1})
+    b = build_config(overrides={"max_steps": 99999, "checkpoint": {"every": 7}, "threads": 1})
+    c = build_config(overrides={"seed": 7})
+    assert a.trajectory_hash() == b.trajectory_hash() != c.trajectory_hash()
