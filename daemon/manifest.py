@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .config import ModelConfig
 from .data import CursorState
+from .losslog import LossEntry
 from .rngstate import RngState
 
 FORMAT_VERSION = 1
@@ -97,3 +98,7 @@ class Manifest(_M):
     config_hash: str
     config: dict[str, Any]
     created_utc: str
+    pending_losses: list[LossEntry] = Field(
+        default_factory=list,
+        description="loss records of steps <= step that the proxy had not yet acknowledged; re-sent on resume",
+    )

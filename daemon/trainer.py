@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from andrea.control import messages as m
+from andrea.control.transport import claim, endpoint, new_id
+
 from . import rngstate
 from .checkpoint import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
 from .config import RunConfig
@@ -29,6 +32,7 @@ from .losslog import LossEntry, LossLog, last_entry
 from .manifest import Environment, Manifest, MixingState, OptimizerState, Progress, Trigger
 from .model import GPT
 from .notify import Notifier
+from .proxy_link import ProxyLink
 from .schedule import lr_at, scheduler_state
 from .signals import SignalFlags
 
@@ -81,12 +85,14 @@ class Trainer:
         """Build data, model and optimizer, then resume from the newest valid checkpoint.
         Raises StopRequested-like InterruptedError, DataError or ResumeRefused."""
         cfg = self.cfg
+        self._lock = claim(self.run_dir, "trainer")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = self._device()
         self.arms = load_arms(cfg.data, self.run_dir, cfg.model.vocab_size, self.flags.stop_requested)
         self.streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in self.arms]
         self.mixture = FixedMixture([a.name for a in self.arms], [s.weight for s in cfg.data.arms], cfg.seed)
+        self.arm_index = {a.name: i for i, a in enumerate(self.arms)}
 
         # Seed everything for a fresh run; a resumed run overwrites all of it from the manifest.
         torch.manual_seed(cfg.seed)
@@ -114,14 +120,25 @@ class Trainer:
         if loaded is not None:
             self._restore(loaded)
             prior_segment = loaded.manifest.progress.segment
-        loss_path = self.run_dir / LOSS_FILE
-        tail = last_entry(loss_path) if loss_path.exists() else None
-        self.segment = max(prior_segment, tail.segment if tail else 0) + 1
-        self.losslog = LossLog.open(self.run_dir / LOSS_FILE) if cfg.mixing == "fixed" else None
+        self.phase = loaded.manifest.mixing.phase if loaded is not None else 0
+        self.losslog: LossLog | None = None
+        self.link: ProxyLink | None = None
+        if cfg.mixing == "fixed":
+            loss_path = self.run_dir / LOSS_FILE
+            tail = last_entry(loss_path) if loss_path.exists() else None
+            self.segment = max(prior_segment, tail.segment if tail else 0) + 1
+            self.losslog = LossLog.open(loss_path)
+        else:
+            # The proxy owns .loss.json and numbers the segments (it sees every life's records).
+            self.segment = 0
+            self.link = ProxyLink(endpoint(self.run_dir, "proxy"), self.step, cfg.seed, [a.name for a in self.arms])
+            for entry in loaded.manifest.pending_losses if loaded is not None else []:
+                self.link.submit_loss(entry)
+            self.link.start()
         self._pending_rng = loaded.manifest.rng if loaded is not None else None
         log.info(
-            "model %s: %s parameters on %s, %d threads; segment %d starts at step %d",
-            cfg.preset, f"{self.model.n_params():,}", self.device, torch.get_num_threads(), self.segment, self.step,
+            "model %s: %s parameters on %s, %d threads; %s mixing; starting at step %d",
+            cfg.preset, f"{self.model.n_params():,}", self.device, torch.get_num_threads(), cfg.mixing, self.step,
         )
 
     def _restore(self, loaded: Loaded) -> None:
@@ -173,9 +190,8 @@ class Trainer:
 
     # ---- one step ---------------------------------------------------------------------------
 
-    def train_step(self) -> LossEntry:
+    def train_step(self, arm: int) -> LossEntry:
         step = self.step + 1
-        arm = self.mixture.assign(step)
         batch = self.streams[arm].next_batch(self.cfg.batch_size)
         digest = hashlib.sha256(batch.tobytes()).hexdigest()
         xy = torch.from_numpy(batch).to(self.device, non_blocking=True)
@@ -193,7 +209,7 @@ class Trainer:
         self.tokens_seen += n_tokens
         return LossEntry(
             step=step, loss=loss.item(), arm=self.arms[arm].name, lr=lr, tokens=n_tokens,
-            wall_time=time.time(), segment=self.segment, phase=0, batch_sha256=digest,
+            wall_time=time.time(), segment=self.segment, phase=self.phase, batch_sha256=digest,
         )
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -215,7 +231,8 @@ class Trainer:
             ),
             scheduler=scheduler_state(self.step, o), rng=rngstate.capture(),
             data=[s.state_dict() for s in self.streams],
-            mixing=MixingState(mode=self.cfg.mixing, arms=[a.name for a in self.arms]),
+            mixing=MixingState(mode=self.cfg.mixing, phase=self.phase, arms=[a.name for a in self.arms]),
+            pending_losses=[e for e in self.link.unacknowledged() if e.step <= self.step] if self.link else [],
             progress=Progress(step=self.step, tokens_seen=self.tokens_seen, segment=self.segment, train_seconds=self.train_seconds),
             environment=self._environment(), config_hash=self.cfg.trajectory_hash(),
             config=self.cfg.model_dump(mode="json"),
@@ -270,6 +287,33 @@ class Trainer:
             out.append(bytes(toks[0].tolist()).decode("utf-8", errors="replace"))
         return out
 
+    # ---- mixing -----------------------------------------------------------------------------
+
+    def _arm_for(self, step: int) -> int | None:
+        """The arm index of `step`. With the proxy, holds until it answers — still honouring stop
+        and checkpoint requests and ticking the watchdog — and returns None when one arrived."""
+        if self.link is None:
+            return self.mixture.assign(step)
+        since = time.monotonic()
+        next_report = since + 2.0
+        while True:
+            a = self.link.assignment(step, timeout=0.25)
+            if a is not None:
+                self.segment = self.link.segment
+                self.phase = a.phase
+                return self.arm_index[a.arm]
+            if time.monotonic() >= next_report:
+                waited = time.monotonic() - since
+                log.warning("waiting for the proxy to assign step %d (%.0f s so far)", step, waited)
+                self.notifier.status(f"step {self.step}: waiting for proxy ({waited:.0f} s)")
+                next_report += 10.0
+            self.notifier.tick()
+            if self.flags.stop_requested():
+                return None
+            if (reason := self.flags.take_checkpoint_request()) is not None:
+                self._on_checkpoint_request(reason)
+                return None
+
     # ---- the loop ---------------------------------------------------------------------------
 
     def run(self) -> ExitCode:
@@ -281,14 +325,19 @@ class Trainer:
         window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
         loss_ema: float | None = None
         while self.step < cfg.max_steps and not self.flags.stop_requested():
+            arm = self._arm_for(self.step + 1)
+            if arm is None:
+                continue  # a stop or checkpoint request arrived while waiting for the proxy
             t0 = time.perf_counter()
-            entry = self.train_step()
+            entry = self.train_step(arm)
             dt = time.perf_counter() - t0
             self.train_seconds += dt
             window_tokens += entry.tokens
             window_steps += 1
             if self.losslog is not None:
                 self.losslog.append(entry)
+            else:
+                self.link.submit_loss(entry)
             loss_ema = entry.loss if loss_ema is None else 0.9 * loss_ema + 0.1 * entry.loss
             self.notifier.tick()
 
@@ -307,8 +356,14 @@ class Trainer:
                 window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
             if cfg.sample_every and self.step % cfg.sample_every == 0 and not self.flags.stop_requested():
                 log.info("generating samples at step %d", self.step)
-                for text in self.sample():
+                texts = self.sample()
+                for text in texts:
                     log.info("sample at step %d: %r", self.step, text)
+                if self.link is not None:
+                    self.link.submit_samples(m.SampleReport(
+                        id=new_id(), step=self.step, segment=self.segment, phase=self.phase,
+                        samples=[m.Sample(prompt=p, text=t) for p, t in zip(SAMPLE_PROMPTS, texts)],
+                    ))
                 window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
         return self.finish()
 
@@ -344,4 +399,8 @@ class Trainer:
     def close(self) -> None:
         if self.losslog is not None:
             self.losslog.close()
+        if self.link is not None:
+            # Unacknowledged records are in the final manifest; waiting briefly just saves a resend.
+            self.link.wait_acknowledged(timeout=1.0)
+            self.link.close()
         self.ckpt.close()

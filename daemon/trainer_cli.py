@@ -9,11 +9,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .exitcodes import ExitCode
 from .signals import SignalFlags
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 log = logging.getLogger("andrea.trainer")
 
@@ -31,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--mixing", choices=["fixed", "proxy"], help="fixed mixture (default) or the proxy's bandit")
+    p.add_argument("--with-proxy", action="store_true",
+                   help="also start andrea-proxy for this run (implies --mixing proxy); both stop together")
+    p.add_argument("--policy", type=Path, help="with --with-proxy: the proxy's mixing policy TOML")
     p.add_argument("--threads", type=int, help="torch intra-op threads (bit-exact resume needs the same count)")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--log-every", type=int)
@@ -43,14 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, identifier: str = "andrea-trainer") -> None:
     """journald with structured fields under systemd, plain stderr lines elsewhere."""
     handler: logging.Handler
     if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
         try:
             from systemd.journal import JournalHandler
 
-            handler = JournalHandler(SYSLOG_IDENTIFIER="andrea-trainer")
+            handler = JournalHandler(SYSLOG_IDENTIFIER=identifier)
         except ImportError:
             handler = logging.StreamHandler()
     else:
@@ -77,9 +86,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
-    from .checkpoint import ResumeRefused
     from .config import ConfigError, build_config, load_toml, save_config
-    from .data import DataError
 
     run_dir: Path = args.run_dir
     try:
@@ -89,7 +96,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         data_overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
         overrides = {
             "preset": args.preset, "max_steps": args.max_steps, "seed": args.seed, "device": args.device,
-            "mixing": args.mixing, "threads": args.threads, "batch_size": args.batch_size,
+            "mixing": "proxy" if args.with_proxy else args.mixing, "threads": args.threads, "batch_size": args.batch_size,
             "log_every": args.log_every, "sample_every": args.sample_every,
         }
         if args.checkpoint_every is not None:
@@ -105,10 +112,45 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     except (ConfigError, OSError) as e:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
-    if cfg.mixing == "proxy":
-        log.error("--mixing proxy needs andrea-proxy, which this version does not ship yet; use --mixing fixed")
-        return ExitCode.CONFIG_ERROR
 
+    from andrea.control.transport import AlreadyRunning
+
+    proxy = _spawn_proxy(run_dir, args) if args.with_proxy else None
+    try:
+        return _train(run_dir, cfg, args, flags, skip)
+    except AlreadyRunning as e:
+        log.error("%s", e)
+        return ExitCode.CONFIG_ERROR
+    finally:
+        if proxy is not None:
+            _stop_proxy(proxy)
+
+
+def _spawn_proxy(run_dir: Path, args: argparse.Namespace) -> subprocess.Popen:
+    """The companion for a one-command run. In its own session, so that a terminal's Ctrl-C
+    reaches only the trainer: the proxy must outlive the trainer's final records, then stop."""
+    cmd = [sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir), "--log-level", args.log_level]
+    if args.policy:
+        cmd += ["--policy", str(args.policy)]
+    log.info("starting andrea-proxy for %s", run_dir)
+    return subprocess.Popen(cmd, start_new_session=True)
+
+
+def _stop_proxy(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            log.error("andrea-proxy did not stop within 30 s; killing it")
+            proc.kill()
+            proc.wait()
+
+
+def _train(run_dir: Path, cfg: RunConfig, args: argparse.Namespace, flags: SignalFlags, skip: frozenset[str]) -> ExitCode:
+    from .checkpoint import ResumeRefused
+    from .data import DataError
+    from .proxy_link import ProxyRefused
     from .trainer import Trainer, TrainerOptions
 
     trainer = Trainer(TrainerOptions(run_dir, cfg, args.allow_config_change, skip), flags)
@@ -125,7 +167,12 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     except DataError as e:
         log.error("data: %s", e)
         return ExitCode.DATA_ERROR
-    return trainer.run()
+    try:
+        return trainer.run()
+    except ProxyRefused as e:
+        log.error("%s", e)
+        trainer.close()
+        return ExitCode.CONFIG_ERROR
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""Deterministic assignment of arms to steps: the proxy's memory of what it decided and why.
+
+The arm of step s is a pure function of (seed, phase, policy, the canonical losses of the phase's
+steps <= s - W). This book makes that true across crashes of either process:
+
+- every assignment made is remembered (`arm_of`) and re-served as is, e.g. to a trainer that
+  restarted from an older checkpoint; after a proxy restart the trained steps' arms come back from
+  .loss.json and the rest are recomputed, which gives the same arms;
+- losses are incorporated lazily, in step order, only as far as the next assignment needs;
+- a bandit snapshot is kept every SNAPSHOT_EVERY incorporated steps, and the one persisted in
+  .state.json is old enough (<= durable step + 1 - W) that every assignment a restarted proxy may
+  have to recompute lies after it. Replaying the logged losses from there is cheap.
+
+Pure logic, no I/O: the proxy feeds it losses and asks it for arms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .bandit import MAX_EXP_LOSS, Bandit, BanditState, ConfiguredArm
+
+SNAPSHOT_EVERY = 32
+
+
+class AssignmentBook:
+    def __init__(self, bandit: Bandit, configured: Sequence[ConfiguredArm]) -> None:
+        self.bandit = bandit
+        self.configured = list(configured)
+        self.lag = bandit.policy.lag
+        self.arm_of: dict[int, str] = {}
+        self.loss_of: dict[int, float] = {}
+        self.snapshots: list[BanditState] = [bandit.state_dict()]
+
+    @property
+    def phase_start(self) -> int:
+        return self.bandit.phase_start_step
+
+    def record(self, step: int, arm: str, loss: float) -> None:
+        """A trained step's loss. The first one recorded per step is canonical for the bandit
+        (later segments re-training the step produce the same value in a bit-exact run)."""
+        if step <= self.phase_start or step in self.loss_of:
+            return
+        self.loss_of[step] = loss
+        self.arm_of.setdefault(step, arm)
+
+    def assign(self, step: int) -> str | None:
+        """The arm for `step`, or None while the loss it depends on has not arrived yet."""
+        if step <= self.phase_start:
+            raise ValueError(f"step {step} belongs to an earlier phase (this one starts after {self.phase_start})")
+        if step in self.arm_of:
+            return self.arm_of[step]
+        need = max(self.phase_start, step - self.lag)
+        if self.bandit.last_step > need:
+            self._rewind(need)
+        while self.bandit.last_step < need:
+            j = self.bandit.last_step + 1
+            if j not in self.loss_of:
+                return None
+            loss = self.loss_of[j]
+            # A diverged step (NaN/inf) counts as the hardest possible: its arm's reward saturates
+            # instead of the bandit refusing to go on.
+            self.bandit.observe(j, self.arm_of[j], loss if math.isfinite(loss) else MAX_EXP_LOSS)
+            if j % SNAPSHOT_EVERY == 0:
+                self.snapshots.append(self.bandit.state_dict())
+        arm = self.bandit.assign(step)
+        self.arm_of[step] = arm
+        return arm
+
+    def waiting_for(self, step: int) -> int | None:
+        """The step whose loss `assign(step)` is waiting for, if any."""
+        need = max(self.phase_start, step - self.lag)
+        j = self.bandit.last_step + 1
+        while j <= need:
+            if j not in self.loss_of:
+                return j
+            j += 1
+        return None
+
+    def _rewind(self, need: int) -> None:
+        base = max((s for s in self.snapshots if s.last_step <= need), key=lambda s: s.last_step)
+        self.bandit = Bandit.from_state(base, self.configured)
+        self.snapshots = [s for s in self.snapshots if s.last_step <= base.last_step]
+
+    def persistable(self, durable_step: int) -> BanditState:
+        """The newest snapshot a restarted proxy can safely continue from, given that the losses
+        of steps <= durable_step are on disk."""
+        limit = durable_step + 1 - self.lag
+        ok = [s for s in self.snapshots if s.last_step <= max(limit, self.phase_start)]
+        # Older snapshots are never needed again once a newer one is persistable.
+        newest = max(ok, key=lambda s: s.last_step)
+        self.snapshots = [s for s in self.snapshots if s.last_step >= newest.last_step]
+        return newest

@@ -1,0 +1,301 @@
+"""andrea-proxy: owns the data-mixing bandit and the run's audit trail.
+
+It serves one ROUTER socket (the trainer's link and andreactl's control requests), and owns three
+files in the run directory:
+- `.loss.json`: every trained step, appended and fsync'd before the trainer is told (acknowledged);
+- `.samples.json`: the most recent generated samples, with the arm mix that led to them;
+- `.state.json`: the bandit (a snapshot old enough to restart from, see `assignbook`), the policy,
+  phase counters, zombie arms and the live probabilities — rewritten atomically every
+  `STATE_EVERY` logged steps and on exit.
+
+A restart of the proxy never stops, rewinds or confuses the trainer: the trainer holds its loss
+records until they are acknowledged and re-sends them, and every assignment is recomputed
+identically (see `assignbook`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import zmq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from andrea.control import messages as m
+from andrea.control.transport import bind_router, claim, endpoint
+
+from .assignbook import AssignmentBook
+from .bandit import Bandit, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
+from .config import DataConfig, RunConfig
+from .data import DataError, load_arms
+from .durable import atomic_write_bytes
+from .losslog import LossLog, read_entries
+from .notify import Notifier
+from .policy import Policy
+from .signals import SignalFlags
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = ".state.json"
+SAMPLES_FILE = ".samples.json"
+LOSS_FILE = ".loss.json"
+STATE_EVERY = 100
+SAMPLES_KEPT = 20
+
+
+class ProxyState(BaseModel):
+    """`.state.json`. `bandit` is the bandit as of step `bandit.last_step`, deliberately at least
+    W - 1 steps behind `durable_step` so that a restarted proxy can recompute every assignment it
+    may still owe; the `live_*` fields describe the bandit at the moment of writing, for people."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["andrea-proxy-state/1"] = "andrea-proxy-state/1"
+    written_utc: str
+    durable_step: int = Field(ge=0, description="every loss up to here is in .loss.json")
+    max_segment: int = Field(ge=0)
+    bandit: BanditState
+    live_counters: PhaseCounters
+    live_probabilities: dict[str, float]
+    zombies: list[ZombieReport]
+
+
+class SampleRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step: int
+    segment: int
+    phase: int
+    received_utc: str
+    arm_mix: dict[str, int] = Field(description="steps per arm since the previous sample")
+    samples: list[m.Sample]
+
+
+class SamplesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["andrea-samples/1"] = "andrea-samples/1"
+    kept: int
+    records: list[SampleRecord]
+
+
+def now_utc() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def configured_arms(cfg: RunConfig, run_dir: Path) -> list[ConfiguredArm]:
+    """Each configured source with its identity and whether it is available right now."""
+    out = []
+    for spec in cfg.data.arms:
+        try:
+            (arm,) = load_arms(DataConfig(arms=[spec], cache_dir=cfg.data.cache_dir), run_dir, cfg.model.vocab_size)
+            out.append(ConfiguredArm(spec.name, arm.identity, True))
+        except DataError as e:
+            log.warning("arm %r is not available: %s", spec.name, e)
+            out.append(ConfiguredArm(spec.name, "", False))
+    return out
+
+
+@dataclass
+class ProxyOptions:
+    run_dir: Path
+    cfg: RunConfig
+    policy: Policy
+
+
+class Proxy:
+    def __init__(self, opts: ProxyOptions, flags: SignalFlags, notifier: Notifier | None = None) -> None:
+        self.opts = opts
+        self.run_dir = opts.run_dir
+        self.flags = flags
+        self.notifier = notifier or Notifier()
+        self.segments: dict[bytes, int] = {}
+
+    # ---- setup ------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        self._lock = claim(self.run_dir, "proxy")
+        self.configured = configured_arms(self.opts.cfg, self.run_dir)
+        self.losslog = LossLog.open(self.run_dir / LOSS_FILE)
+        entries = read_entries(self.run_dir / LOSS_FILE)
+        bandit, self.max_segment = self._restore_bandit()
+        self.book = AssignmentBook(bandit, self.configured)
+        for e in entries:
+            self.book.record(e.step, e.arm, e.loss)
+            self.max_segment = max(self.max_segment, e.segment)
+        self.durable_step = max((e.step for e in entries), default=0)
+        self.steps_since_state = 0
+        self.mix_since_sample: dict[str, int] = {}
+        self.samples = self._load_samples()
+        self.ctx = zmq.Context.instance()
+        self.sock = bind_router(self.ctx, endpoint(self.run_dir, "proxy"))
+        self._write_state()
+        log.info("proxy ready: %d logged entries, up to step %d", len(entries), self.durable_step)
+
+    def _restore_bandit(self) -> tuple[Bandit, int]:
+        """The bandit from .state.json, or a fresh one that replays .loss.json.
+
+        The fresh bandit is not a reset: assignments are a pure function of the logged losses, so
+        replaying them from the phase start rebuilds exactly the bandit the state file held. That
+        is also the documented recovery from a damaged state file (moved aside, never deleted).
+        """
+        path = self.run_dir / STATE_FILE
+        if path.exists():
+            try:
+                state = parse_state_file(path)
+            except ValueError as e:
+                bad = path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
+                path.rename(bad)
+                log.warning("%s; moved to %s and rebuilding the bandit from .loss.json", e, bad.name)
+            else:
+                if state.bandit.policy_fingerprint != self.opts.policy.fingerprint():
+                    raise ValueError(
+                        f"{path.name} was written under another policy; a policy change is a pivot "
+                        "(a new phase): use `andreactl pivot --policy FILE`"
+                    )
+                bandit = Bandit.from_state(state.bandit, self.configured)
+                log.info("bandit restored from %s at step %d (phase %d)", path.name, bandit.last_step, bandit.phase)
+                return bandit, state.max_segment
+        bandit = Bandit(self.configured, self.opts.policy, seed=self.opts.cfg.seed)
+        log.info("bandit for phase 0 over arms %s; logged losses are replayed as needed", ", ".join(bandit.live_arms))
+        return bandit, 0
+
+    def _load_samples(self) -> SamplesFile:
+        path = self.run_dir / SAMPLES_FILE
+        if path.exists():
+            try:
+                return SamplesFile.model_validate_json(path.read_bytes())
+            except ValidationError as e:
+                bad = path.with_name(f"{SAMPLES_FILE}.corrupt-{int(time.time())}")
+                path.rename(bad)
+                log.warning("%s is not valid (%s); moved to %s, starting a new one", path.name, e.errors()[0]["msg"], bad.name)
+        return SamplesFile(kept=SAMPLES_KEPT, records=[])
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def _write_state(self) -> None:
+        bandit = self.book.bandit
+        state = ProxyState(
+            written_utc=now_utc(), durable_step=self.durable_step, max_segment=self.max_segment,
+            bandit=self.book.persistable(self.durable_step), live_counters=bandit.counters(),
+            live_probabilities=bandit.probabilities(), zombies=bandit.zombies,
+        )
+        atomic_write_bytes(self.run_dir / STATE_FILE, state.model_dump_json(indent=1).encode())
+        self.steps_since_state = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def handle(self, peer: bytes, msg: m.Message) -> m.Message | None:
+        if isinstance(msg, m.Hello):
+            return self._hello(peer, msg)
+        if isinstance(msg, m.AssignRequest):
+            return self._assign(msg)
+        if isinstance(msg, m.LossReport):
+            return self._losses(msg)
+        if isinstance(msg, m.SampleReport):
+            return self._samples(msg)
+        if isinstance(msg, m.StatusRequest):
+            return m.Reply(id=msg.id, ok=True, data=self.status())
+        if isinstance(msg, (m.CheckpointRequest, m.StopRequest)):
+            return m.Reply(id=msg.id, ok=False, error=f"'{msg.type}' is a trainer command; send it to the trainer")
+        return m.Reply(id=msg.id, ok=False, error=f"unexpected message type {msg.type!r}")
+
+    def _hello(self, peer: bytes, msg: m.Hello) -> m.Message:
+        if msg.seed != self.opts.cfg.seed:
+            return m.Reply(id=msg.id, ok=False, error=f"trainer seed {msg.seed} differs from run.toml's {self.opts.cfg.seed}")
+        missing = sorted(set(self.book.bandit.live_arms) - set(msg.arms))
+        if missing:
+            return m.Reply(id=msg.id, ok=False, error=f"the trainer lacks live arms {missing}")
+        if msg.segment is None:
+            self.max_segment += 1
+            segment = self.max_segment
+            log.info("trainer segment %d connected, resuming after step %d", segment, msg.resume_step)
+        else:
+            segment = msg.segment
+            self.max_segment = max(self.max_segment, segment)
+            log.info("trainer segment %d reconnected", segment)
+        self.segments[peer] = segment
+        b = self.book.bandit
+        return m.Welcome(id=msg.id, segment=segment, phase=b.phase, phase_start_step=b.phase_start_step, lag=self.book.lag)
+
+    def _assign(self, msg: m.AssignRequest) -> m.Message:
+        items, waiting = [], None
+        for step in range(msg.from_step, msg.from_step + msg.count):
+            arm = self.book.assign(step)
+            if arm is None:
+                waiting = self.book.waiting_for(step)
+                break
+            items.append(m.Assignment(step=step, arm=arm, phase=self.book.bandit.phase))
+        return m.Assignments(id=msg.id, items=items, waiting_for_step=waiting)
+
+    def _losses(self, msg: m.LossReport) -> m.Message:
+        written = self.losslog.append_many(msg.entries)
+        self.losslog.sync()  # acknowledged means durable
+        for e in msg.entries:
+            self.book.record(e.step, e.arm, e.loss)
+            self.max_segment = max(self.max_segment, e.segment)
+            self.mix_since_sample[e.arm] = self.mix_since_sample.get(e.arm, 0) + 1
+        if msg.entries:
+            self.durable_step = max(self.durable_step, max(e.step for e in msg.entries))
+        self.steps_since_state += written
+        if self.steps_since_state >= STATE_EVERY:
+            self._write_state()
+        return m.LossAck(id=msg.id, keys=[(e.segment, e.step) for e in msg.entries])
+
+    def _samples(self, msg: m.SampleReport) -> m.Message:
+        if not any(r.step == msg.step and r.segment == msg.segment for r in self.samples.records):
+            rec = SampleRecord(
+                step=msg.step, segment=msg.segment, phase=msg.phase, received_utc=now_utc(),
+                arm_mix=dict(sorted(self.mix_since_sample.items())), samples=msg.samples,
+            )
+            self.mix_since_sample = {}
+            self.samples.records = (self.samples.records + [rec])[-self.samples.kept :]
+            atomic_write_bytes(self.run_dir / SAMPLES_FILE, self.samples.model_dump_json(indent=1).encode())
+        return m.Reply(id=msg.id, ok=True)
+
+    def status(self) -> dict:
+        b = self.book.bandit
+        return {
+            "role": "proxy", "durable_step": self.durable_step, "max_segment": self.max_segment,
+            "phase": b.phase, "phase_start_step": b.phase_start_step, "lag": self.book.lag,
+            "probabilities": b.probabilities(), "zombies": [z.model_dump() for z in b.zombies],
+            "policy_fingerprint": b.policy.fingerprint(),
+        }
+
+    # ---- loop -------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self.notifier.ready(f"serving, logged up to step {self.durable_step}")
+        while not self.flags.stop_requested():
+            self.notifier.tick()
+            if not self.sock.poll(100):
+                continue
+            frames = self.sock.recv_multipart()
+            peer, payload = frames[0], frames[-1]
+            try:
+                msg = m.decode(payload)
+            except (ValidationError, ValueError) as e:
+                log.warning("rejected an invalid message (%d bytes): %s", len(payload), str(e).splitlines()[0])
+                self.sock.send_multipart([peer, b"", m.encode(m.Reply(id="?", ok=False, error=f"invalid message: {e}"))])
+                continue
+            reply = self.handle(peer, msg)
+            if reply is not None:
+                self.sock.send_multipart([peer, b"", m.encode(reply)])
+        log.info("stop requested (%s)", self.flags.stop_reason)
+
+    def close(self) -> None:
+        self._write_state()
+        self.losslog.close()
+        self.sock.close(linger=0)
+        log.info("proxy stopped; state written at durable step %d", self.durable_step)
+
+
+def parse_state_file(path: Path) -> ProxyState:
+    """Read `.state.json`; raises ValueError naming the first problem."""
+    try:
+        return ProxyState.model_validate_json(path.read_bytes())
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "(file)"
+        raise ValueError(f"{path.name}: not a valid proxy state ({loc}: {first['msg']})") from None

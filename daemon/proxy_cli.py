@@ -1,0 +1,82 @@
+"""`andrea-proxy`: the command line of the companion process (bandit, loss history, samples)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from .exitcodes import ExitCode
+from .signals import SignalFlags
+from .trainer_cli import setup_logging
+
+log = logging.getLogger("andrea.proxy")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="andrea-proxy", description="Data-mixing bandit and audit trail of an ANDREA run.")
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--config", type=Path, help="run config (default: RUN_DIR/run.toml, written by the trainer's first start)")
+    p.add_argument("--policy", type=Path, help="mixing policy TOML (default: RUN_DIR/policy.toml, else no caps or floors)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    flags = SignalFlags()
+    flags.install()
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, "andrea-proxy")
+    sys.exit(int(run(args, flags)))
+
+
+def _wait_for(path: Path, flags: SignalFlags) -> bool:
+    if not path.exists():
+        log.info("waiting for %s (the trainer's first start writes it)", path)
+    while not path.exists():
+        if flags.stop_requested():
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
+    from andrea.control.transport import AlreadyRunning
+
+    from .config import ConfigError, build_config, load_toml
+    from .losslog import LossLogError
+    from .policy import Policy, PolicyError, load_policy
+    from .proxy import Proxy, ProxyOptions
+
+    run_dir: Path = args.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = args.config or run_dir / "run.toml"
+    if not _wait_for(cfg_path, flags):
+        return ExitCode.OK
+    try:
+        cfg = build_config(load_toml(cfg_path), source=str(cfg_path))
+        policy_path = args.policy or run_dir / "policy.toml"
+        policy = load_policy(policy_path) if (args.policy or policy_path.exists()) else Policy()
+    except (ConfigError, PolicyError, OSError) as e:
+        log.error("%s", e)
+        return ExitCode.CONFIG_ERROR
+    proxy = Proxy(ProxyOptions(run_dir, cfg, policy), flags)
+    try:
+        proxy.setup()
+    except (AlreadyRunning, PolicyError, ValueError) as e:
+        log.error("%s", e)
+        return ExitCode.CONFIG_ERROR
+    except LossLogError as e:
+        log.error("%s: %s", run_dir / ".loss.json", e)
+        return ExitCode.RESUME_REFUSED
+    try:
+        proxy.serve()
+    finally:
+        proxy.close()
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    main()
