@@ -223,3 +223,19 @@ def test_damaged_state_is_rebuilt_from_the_loss_log(tmp_path: Path, cache_dir: P
     assert list(tmp_path.glob(".state.json.corrupt-*")), "the damaged file is kept for inspection"
     assert curve(tmp_path) == curve(reference)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
+
+
+def test_one_command_run_and_ctrl_c_stop_both_cleanly(tmp_path: Path, cache_dir: Path) -> None:
+    """The README's main job: trainer and proxy from one command; Ctrl-C (SIGINT to the trainer,
+    as a terminal sends it) checkpoints, lets the proxy log every record, and stops both."""
+    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"))
+    t.wait_for(r"step 15/")
+    t.signal(signal.SIGINT)
+    assert t.wait() == ExitCode.OK, t.log
+    assert "proxy stopped; state written" in t.log
+    (man,) = [json.loads(p.read_text()) for p in tmp_path.glob("step_*.json")]
+    assert man["trigger"] == "sigint"
+    steps = [e.step for e in read_entries(tmp_path / ".loss.json")]
+    assert steps == list(range(1, man["step"] + 1))
+    lock = (tmp_path / ".proxy.lock").read_text()
+    assert subprocess.run(["kill", "-0", lock], capture_output=True).returncode != 0, "the proxy is gone"
