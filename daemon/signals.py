@@ -27,6 +27,7 @@ class SignalFlags:
         self._lock = threading.Lock()
         self.stop_reason: str | None = None  # "sigterm", "sigint", "control"
         self.checkpoint_reason: str | None = None  # "sigusr1", "control"
+        self.boundary_requested = False  # checkpoint at the next cadence boundary (control)
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -56,6 +57,15 @@ class SignalFlags:
         with self._lock:
             if self.checkpoint_reason is None:
                 self.checkpoint_reason = reason  # repeated requests coalesce into one checkpoint
+
+    def request_boundary_checkpoint(self) -> None:
+        with self._lock:
+            self.boundary_requested = True
+
+    def take_boundary_request(self) -> bool:
+        with self._lock:
+            requested, self.boundary_requested = self.boundary_requested, False
+            return requested
 
     def take_checkpoint_request(self) -> str | None:
         with self._lock:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from andrea.control import messages as m
 from andrea.control.transport import claim, endpoint, new_id
 
 from . import rngstate
+from .ckpt_format import bin_name
 from .checkpoint import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
 from .config import RunConfig
 from .data import ArmStream, DataError, FixedMixture, load_arms
@@ -33,6 +35,7 @@ from .manifest import Environment, Manifest, MixingState, OptimizerState, Progre
 from .model import GPT
 from .notify import Notifier
 from .proxy_link import ProxyLink
+from .control_server import ControlServer
 from .schedule import lr_at, scheduler_state
 from .signals import SignalFlags
 
@@ -86,6 +89,9 @@ class Trainer:
         Raises StopRequested-like InterruptedError, DataError or ResumeRefused."""
         cfg = self.cfg
         self._lock = claim(self.run_dir, "trainer")
+        self.activity = "starting"
+        self.loss_ema: float | None = None
+        self.control = ControlServer(endpoint(self.run_dir, "trainer"), self.flags, self.status)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = self._device()
@@ -267,11 +273,17 @@ class Trainer:
     def _on_checkpoint_request(self, reason: str) -> None:
         if self.step == 0:
             log.warning("checkpoint requested (%s) before the first step: there is nothing to save yet", reason)
-        elif self.last_saved == self.step:
+            self.control.checkpoint_served({"step": 0}, error="nothing trained yet: there is no step to checkpoint")
+            return
+        if self.last_saved == self.step:
             self.ckpt.mark_requested(self.step, reason)  # type: ignore[arg-type]
             log.info("checkpoint of step %d already exists; kept as requested (%s)", self.step, reason)
         else:
             self._checkpoint_and_continue(reason)  # type: ignore[arg-type]
+        if self.last_saved == self.step:
+            self.control.checkpoint_served({"step": self.step, "checkpoint": bin_name(self.step)})
+        else:
+            self.control.checkpoint_served({"step": self.step}, error=f"checkpoint of step {self.step} failed (see the trainer's log)")
 
     # ---- samples ----------------------------------------------------------------------------
 
@@ -286,6 +298,18 @@ class Trainer:
             toks = self.model.generate(idx, self.cfg.sample_tokens, g, should_stop=self.flags.stop_requested)
             out.append(bytes(toks[0].tolist()).decode("utf-8", errors="replace"))
         return out
+
+    # ---- status -----------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        """What `andreactl status` shows; read from the control thread, so only plain values."""
+        return {
+            "role": "trainer", "pid": os.getpid(), "activity": self.activity, "step": self.step,
+            "max_steps": self.cfg.max_steps, "loss_ema": self.loss_ema, "last_checkpoint": self.last_saved or None,
+            "segment": getattr(self, "segment", None), "phase": getattr(self, "phase", None),
+            "mixing": self.cfg.mixing, "proxy_connected": self.link.connected() if getattr(self, "link", None) else None,
+            "preset": self.cfg.preset, "run_dir": str(self.run_dir),
+        }
 
     # ---- mixing -----------------------------------------------------------------------------
 
@@ -302,6 +326,7 @@ class Trainer:
                 self.segment = self.link.segment
                 self.phase = a.phase
                 return self.arm_index[a.arm]
+            self.activity = "waiting for proxy"
             if time.monotonic() >= next_report:
                 waited = time.monotonic() - since
                 log.warning("waiting for the proxy to assign step %d (%.0f s so far)", step, waited)
@@ -339,10 +364,15 @@ class Trainer:
             else:
                 self.link.submit_loss(entry)
             loss_ema = entry.loss if loss_ema is None else 0.9 * loss_ema + 0.1 * entry.loss
+            self.loss_ema = loss_ema
+            self.activity = "training"
             self.notifier.tick()
 
             if self.ckpt.due(self.step):
-                self._checkpoint_and_continue("cadence")
+                if self.flags.take_boundary_request():
+                    self._on_checkpoint_request("boundary")
+                else:
+                    self._checkpoint_and_continue("cadence")
             if (reason := self.flags.take_checkpoint_request()) is not None:
                 self._on_checkpoint_request(reason)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
@@ -369,6 +399,7 @@ class Trainer:
 
     def finish(self) -> ExitCode:
         """Final checkpoint (if the newest step has none yet), then a clean exit."""
+        self.activity = "stopping"
         reason = self.flags.stop_reason
         trigger: Trigger = reason if reason in ("sigterm", "sigint", "control") else "end"  # type: ignore[assignment]
         # A checkpoint request that came with the stop is served by the final checkpoint, which
@@ -394,6 +425,7 @@ class Trainer:
             log.info("step %d is already checkpointed; nothing to write", self.step)
         self.close()
         log.info("stopped at step %d (%s)", self.step, reason or "max_steps reached")
+        self.control.close({"step": self.step, "exit_code": int(code), "checkpoint": bin_name(self.last_saved) if self.last_saved else None})
         return code
 
     def close(self) -> None:

@@ -1,0 +1,103 @@
+"""The trainer's control socket: status, checkpoint and stop as ZeroMQ requests (andreactl, units).
+
+A thread owns the ROUTER socket so that status answers while a long step runs. Requests only set
+the same flags the signals set; the training loop acts on them at the next step boundary. A request
+with `wait` gets its reply once the work is durable (checkpoint) or done (stop), which is what makes
+`systemctl reload` synchronous — a bare `kill -USR1` returns before anything happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+from pydantic import ValidationError
+
+from andrea.control import messages as m
+from andrea.control.transport import bind_router
+
+from .signals import SignalFlags
+
+log = logging.getLogger(__name__)
+
+
+class ControlServer:
+    def __init__(self, ep: str, flags: SignalFlags, status: Callable[[], dict[str, Any]]) -> None:
+        self.flags = flags
+        self.status = status
+        self._sock = bind_router(zmq.Context.instance(), ep)
+        self._outbox: queue.Queue[tuple[bytes, m.Reply]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._checkpoint_waiters: list[tuple[bytes, str]] = []
+        self._stop_waiters: list[tuple[bytes, str]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="control", daemon=True)
+        self._thread.start()
+
+    # ---- training-loop side -----------------------------------------------------------------
+
+    def checkpoint_served(self, data: dict[str, Any], error: str | None = None) -> None:
+        """A requested checkpoint is durable (or could not be written): answer those waiting."""
+        with self._lock:
+            waiters, self._checkpoint_waiters = self._checkpoint_waiters, []
+        for peer, rid in waiters:
+            self._outbox.put((peer, m.Reply(id=rid, ok=error is None, error=error, data=data)))
+
+    def close(self, final: dict[str, Any]) -> None:
+        """Answer `stop --wait` (and any checkpoint still waiting) with the final result, then stop."""
+        with self._lock:
+            waiters = self._stop_waiters + self._checkpoint_waiters
+            self._stop_waiters, self._checkpoint_waiters = [], []
+        for peer, rid in waiters:
+            self._outbox.put((peer, m.Reply(id=rid, ok=final.get("exit_code", 0) == 0, data=final)))
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    # ---- socket thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not (self._done.is_set() and self._outbox.empty()):
+                while not self._outbox.empty():
+                    peer, reply = self._outbox.get_nowait()
+                    self._sock.send_multipart([peer, b"", m.encode(reply)])
+                if self._done.is_set() or not self._sock.poll(100):
+                    continue
+                frames = self._sock.recv_multipart()
+                reply = self._handle(frames[0], frames[-1])
+                if reply is not None:
+                    self._sock.send_multipart([frames[0], b"", m.encode(reply)])
+        except Exception:
+            log.exception("control socket thread failed; signals still work")
+        finally:
+            self._sock.close(linger=0)
+
+    def _handle(self, peer: bytes, payload: bytes) -> m.Reply | None:
+        try:
+            msg = m.decode(payload)
+        except (ValidationError, ValueError) as e:
+            return m.Reply(id="?", ok=False, error=f"invalid message: {str(e).splitlines()[0]}")
+        if isinstance(msg, m.StatusRequest):
+            return m.Reply(id=msg.id, ok=True, data=self.status())
+        if isinstance(msg, m.CheckpointRequest):
+            if msg.boundary:
+                self.flags.request_boundary_checkpoint()
+            else:
+                self.flags.request_checkpoint("control")
+            if msg.wait:
+                with self._lock:
+                    self._checkpoint_waiters.append((peer, msg.id))
+                return None
+            return m.Reply(id=msg.id, ok=True, data={"accepted": "boundary" if msg.boundary else "next step"})
+        if isinstance(msg, m.StopRequest):
+            self.flags.request_stop("control")
+            if msg.wait:
+                with self._lock:
+                    self._stop_waiters.append((peer, msg.id))
+                return None
+            return m.Reply(id=msg.id, ok=True, data={"accepted": "stop"})
+        return m.Reply(id=msg.id, ok=False, error=f"the trainer does not serve {msg.type!r} requests")

@@ -1,0 +1,71 @@
+"""The trainer's control socket: real ZeroMQ requests to a real trainer process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+from pathlib import Path
+
+import zmq
+
+from andrea.control import messages as m
+from andrea.control.transport import endpoint, new_id, request, socket_dir
+from andrea.daemon.exitcodes import ExitCode
+
+from .conftest import Trainer, trainer_cmd
+
+
+def test_status_checkpoint_wait_and_stop_wait(tmp_path: Path, cache_dir: Path) -> None:
+    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
+    t.wait_for(r"step 3/")
+    ep = endpoint(tmp_path, "trainer")
+
+    status = request(ep, m.StatusRequest(id=new_id()), timeout=5)
+    assert status.ok and status.data["activity"] == "training" and status.data["step"] >= 3
+
+    reply = request(ep, m.CheckpointRequest(id=new_id(), wait=True), timeout=30, retries=1)
+    assert reply.ok, reply
+    name = reply.data["checkpoint"]
+    # The reply means durable: payload and manifest are both there when it arrives.
+    manifest = json.loads((tmp_path / name.replace(".bin", ".json")).read_text())
+    assert manifest["trigger"] == "control" and (tmp_path / name).stat().st_size == manifest["bin_size"]
+
+    # Garbage and wrong types are answered with an error and change nothing.
+    bad = request_raw(ep, b'{"type": "checkpoint", "id": "x", "boundary": "maybe"}')
+    assert bad["ok"] is False and "invalid message" in bad["error"]
+    assert request(ep, m.StatusRequest(id=new_id()), timeout=5).data["activity"] == "training"
+
+    reply = request(ep, m.StopRequest(id=new_id(), wait=True), timeout=30, retries=1)
+    assert reply.ok and reply.data["exit_code"] == 0
+    assert t.wait() == ExitCode.OK, t.log
+    assert (tmp_path / reply.data["checkpoint"]).exists()
+
+
+def request_raw(ep: str, payload: bytes) -> dict:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(ep)
+    try:
+        sock.send_multipart([b"", payload])
+        assert sock.poll(5000), "no reply to an invalid message"
+        return json.loads(sock.recv_multipart()[-1])
+    finally:
+        sock.close()
+
+
+def test_socket_is_owner_only_and_one_trainer_per_run(tmp_path: Path, cache_dir: Path) -> None:
+    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
+    t.wait_for(r"step 2/")
+    d = socket_dir(tmp_path)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    sock_mode = stat.S_IMODE(os.stat(d / "trainer.sock").st_mode)
+    assert sock_mode & 0o077 == 0, oct(sock_mode)
+
+    second = subprocess.run(trainer_cmd(tmp_path, cache_dir, "--max-steps", "5"), capture_output=True, text=True, timeout=60)
+    assert second.returncode == ExitCode.CONFIG_ERROR
+    assert f"pid {t.proc.pid}" in second.stderr and "is running on" in second.stderr
+    t.signal(signal.SIGTERM)
+    assert t.wait() == ExitCode.OK, t.log

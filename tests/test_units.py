@@ -1,0 +1,60 @@
+"""The systemd units: valid for systemd itself, and in agreement with the daemons' contracts."""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from andrea.daemon.exitcodes import NO_RESTART, ExitCode
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def installed(tmp_path: Path) -> Path:
+    subprocess.run([str(REPO / "scripts/install-units.sh"), str(tmp_path)], check=True, capture_output=True)
+    return tmp_path
+
+
+def unit(path: Path) -> configparser.ConfigParser:
+    cp = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    cp.optionxform = str  # systemd keys are case-sensitive
+    cp.read(path)
+    return cp
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_accepts_the_units(tmp_path: Path) -> None:
+    d = installed(tmp_path)
+    for template, instance in [
+        ("andrea-trainer@.service", "andrea-trainer@demo.service"),
+        ("andrea-proxy@.service", "andrea-proxy@demo.service"),
+        ("andrea@.target", "andrea@demo.target"),
+    ]:
+        shutil.copy(d / template, d / instance)
+    res = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *(str(d / n) for n in ("andrea-trainer@demo.service", "andrea-proxy@demo.service", "andrea@demo.target"))],
+        capture_output=True, text=True,
+    )
+    assert res.returncode == 0 and res.stderr.strip() == "", res.stderr
+
+
+def test_units_follow_the_daemons_contracts(tmp_path: Path) -> None:
+    d = installed(tmp_path)
+    trainer = unit(d / "andrea-trainer@.service")["Service"]
+    proxy = unit(d / "andrea-proxy@.service")["Service"]
+    assert "@ANDREA_HOME@" not in (d / "andrea-trainer@.service").read_text()
+    for svc in (trainer, proxy):
+        assert svc["Type"] == "notify"
+        assert svc["KillMode"] == "mixed"
+        assert "PrivateDevices" not in svc, "it hides /dev/nvidia* and breaks CUDA"
+        assert svc["RuntimeDirectoryMode"] == "0700"
+    # The codes after which a restart can only repeat the failure are exactly the documented ones.
+    assert {int(c) for c in trainer["RestartPreventExitStatus"].split()} == {int(c) for c in NO_RESTART}
+    assert ExitCode.CHECKPOINT_FAILED not in NO_RESTART  # a full disk may be freed: restart
+    # Reload must wait for the checkpoint; a bare kill -USR1 returns before it is durable.
+    assert "checkpoint --wait" in trainer["ExecReload"] and "kill" not in trainer["ExecReload"]
+    assert "--mixing proxy" in trainer["ExecStart"]
