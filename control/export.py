@@ -1,0 +1,678 @@
+"""Export a verified checkpoint: a folder that restores the model without the run directory.
+
+    python -m andrea.control.export --run-dir RUN --to DEST [--step N]      (or: andreactl export)
+
+The newest intact checkpoint of RUN (or exactly step N) is verified against its manifest, then copied
+into DEST with its manifest, the run's ``run.toml``, ``metrics.json`` (loss at that step, a loss EMA,
+data identifiers) and a ``README.md`` with the load procedure. The export is then proved, not assumed:
+every file is fsynced and re-read at the destination (size and sha256), the checkpoint there is verified
+again, and a fresh process rebuilds the model from DEST alone and evaluates one fixed batch, whose loss
+must equal, bit for bit, the loss computed at export time from the source. ``export.json`` is written
+last, only when all of that holds: an export without it is not verified.
+
+Exit codes: 0 exported and verified; 1 written but the verification failed (DEST is left for
+inspection, without export.json); 2 refused, nothing written (DEST not empty, no intact checkpoint,
+bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from andrea.daemon import ckpt_format as fmt
+from andrea.daemon.checkpoint import CheckpointManager
+from andrea.daemon.config import ModelConfig
+from andrea.daemon.data import CursorState
+from andrea.daemon.durable import atomic_write_bytes, fsync_dir
+from andrea.daemon.losslog import LossLogError, canonical_curve, read_entries
+from andrea.daemon.manifest import Environment, Manifest, MixingState
+from andrea.daemon.model import GPT
+from andrea.daemon.trainer import LOSS_FILE, code_version
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_REFUSED = 2
+
+REPORT_NAME = "export.json"
+METRICS_NAME = "metrics.json"
+README_NAME = "README.md"
+CONFIG_NAME = "run.toml"
+
+#: The evaluation batch: a fixed byte string, so that the check needs neither the corpus nor its cache
+#: and reads the same on any machine. Rows are consecutive windows of the text repeated cyclically.
+EVAL_TEXT = (
+    b'"""Resume from the newest intact checkpoint, bit for bit."""\n'
+    b"def resume(run_dir):\n"
+    b"    manifest = json.load(open(newest(run_dir)))  # the manifest is the commit marker\n"
+    b"    return restore(manifest, np.fromfile(manifest['bin_file'], dtype='<f4', offset=8))\n"
+)
+EVAL_ROWS = 4
+#: The loss EMA of metrics.json, the same rule as the trainer's progress line but over the canonical
+#: curve from step 1, so that it does not depend on where the run was stopped and resumed.
+EMA_DECAY = 0.9
+RELOAD_TIMEOUT_S = 300
+_COPY_CHUNK = 8 << 20
+
+
+class ExportRefused(Exception):
+    """Nothing was exported: the destination is not empty, or no intact checkpoint is available."""
+
+
+class ExportFailed(Exception):
+    """The export was written but did not verify; the destination has no export.json."""
+
+
+class _Record(BaseModel):
+    # A diverged model's NaN loss is still a faithful export; keep the file strict JSON anyway.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+class ExportedFile(_Record):
+    name: str
+    size: int
+    sha256: str
+    source: str | None = None
+
+
+class ExportMetrics(_Record):
+    """``metrics.json``: what the checkpoint is, in training terms."""
+
+    step: int
+    loss: float | None
+    loss_ema: float | None
+    loss_ema_rule: str = (
+        f"ema_1 = loss_1; ema_s = {EMA_DECAY} * ema_(s-1) + {1 - EMA_DECAY:.1f} * loss_s (canonical curve)"
+    )
+    lr: float | None
+    arm: str | None
+    loss_history: str
+    tokens_seen: int
+    train_seconds: float
+    data: list[CursorState]
+    mixing: MixingState
+    config_hash: str
+    environment: Environment
+
+
+class ReloadCheck(_Record):
+    """What the fresh process found in the export folder (printed by ``--reload-check``)."""
+
+    pid: int
+    step: int
+    bin_sha256: str
+    n_params: int
+    eval_loss: float
+    eval_loss_hex: str
+    seconds: float
+
+
+class Evaluation(_Record):
+    tokens: str
+    tokens_sha256: str
+    rows: int
+    seq_len: int
+    loss_at_export: float
+    loss_at_export_hex: str
+    reload: ReloadCheck
+    bitwise_equal: bool
+
+
+class ExportCheck(_Record):
+    name: str
+    detail: str
+
+
+class ExportReport(_Record):
+    """``export.json``: the export and everything that was verified about it."""
+
+    format: Literal["andrea-export/1"] = "andrea-export/1"
+    run_dir: str
+    dest: str
+    step: int
+    trigger: str
+    skipped: list[str]
+    files: list[ExportedFile]
+    metrics: ExportMetrics
+    evaluation: Evaluation
+    checks: list[ExportCheck]
+    timings_s: dict[str, float]
+    code_version: str
+    torch_version: str
+    created_utc: str
+
+
+# --- reading checkpoints without disturbing a live trainer ------------------------------------------
+
+
+class _Inspector(CheckpointManager):
+    """The manager's discovery and verification, without its constructor.
+
+    ``CheckpointManager.__init__`` deletes ``step_*.tmp`` files and starts a retention thread: right for
+    the trainer that owns the directory, wrong for a reader next to a trainer that may be writing a
+    checkpoint at this very moment (its temporary file would vanish under it).
+    """
+
+    def __init__(self, run_dir: Path) -> None:  # deliberately not calling super().__init__
+        self.run_dir = run_dir
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps that have a manifest in ``run_dir``, newest first (intact or not)."""
+    return _Inspector(run_dir).candidates()
+
+
+def verify_checkpoint(run_dir: Path, step: int) -> tuple[Manifest, fmt.Payload]:
+    """``CheckpointManager.verify`` without side effects on the directory; raises ValueError if not intact."""
+    try:
+        return _Inspector(run_dir).verify(step)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{exc.filename}: missing") from None
+    except OSError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# --- the model and its evaluation ---------------------------------------------------------------------
+
+
+@contextmanager
+def _single_thread() -> Iterator[None]:
+    # Bit-equality across processes holds at a fixed thread count; restore the caller's afterwards.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def eval_tokens(model: ModelConfig) -> np.ndarray:
+    """The fixed evaluation batch, ``(EVAL_ROWS, block_size + 1)`` int64 token ids."""
+    text = np.frombuffer(EVAL_TEXT, dtype=np.uint8).astype(np.int64) % model.vocab_size
+    return np.resize(text, (EVAL_ROWS, model.block_size + 1))
+
+
+def build_model(manifest: Manifest, weights: np.ndarray) -> GPT:
+    """A CPU GPT in eval mode (no dropout) holding ``weights`` (the payload's first flat array)."""
+    # The constructor's random init is overwritten at once; it must not move the caller's generator.
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(manifest.model)
+    tensors = fmt.unflatten(weights, [(e.name, tuple(e.shape), e.offset) for e in manifest.layout])
+    model.load_state_dict({name: torch.from_numpy(np.array(t)) for name, t in tensors.items()}, strict=True)
+    return model.eval()
+
+
+def eval_loss(model: GPT) -> float:
+    """Mean cross-entropy of ``model`` on the fixed evaluation batch, one thread, no gradient."""
+    tokens = torch.from_numpy(eval_tokens(model.cfg))
+    with _single_thread(), torch.no_grad():
+        _, loss = model(tokens[:, :-1], tokens[:, 1:])
+    assert loss is not None
+    return loss.item()
+
+
+def load_model(export_dir: Path) -> tuple[GPT, Manifest]:
+    """Load an export folder (or any directory with one checkpoint) into a fresh GPT, after verifying
+    the payload against its manifest. This is the procedure the export's README documents."""
+    steps = checkpoint_steps(export_dir)
+    if len(steps) != 1:
+        raise ValueError(f"{export_dir}: expected one checkpoint manifest, found steps {steps}")
+    manifest, payload = verify_checkpoint(export_dir, steps[0])
+    return build_model(manifest, payload.weights), manifest
+
+
+def reload_check(export_dir: Path) -> ReloadCheck:
+    """Run in a fresh process by the exporter: load ``export_dir`` alone and evaluate the fixed batch."""
+    started = time.monotonic()
+    model, manifest = load_model(export_dir)
+    loss = eval_loss(model)
+    return ReloadCheck(
+        pid=os.getpid(),
+        step=manifest.step,
+        bin_sha256=manifest.bin_sha256,
+        n_params=model.n_params(),
+        eval_loss=loss,
+        eval_loss_hex=loss.hex(),
+        seconds=round(time.monotonic() - started, 3),
+    )
+
+
+# --- metrics ------------------------------------------------------------------------------------------
+
+
+def _metrics(run_dir: Path, manifest: Manifest) -> ExportMetrics:
+    step = manifest.step
+    loss = ema = lr = None
+    arm = None
+    try:
+        curve = [e for e in canonical_curve(read_entries(run_dir / LOSS_FILE)) if e.step <= step]
+    except FileNotFoundError:
+        note = f"no {LOSS_FILE} in the run directory"
+    except LossLogError as exc:
+        note = f"{LOSS_FILE} unreadable: {exc}"
+    else:
+        if curve and curve[-1].step == step:
+            last = curve[-1]
+            loss, lr, arm = last.loss, last.lr, last.arm
+            for entry in curve:
+                ema = entry.loss if ema is None else EMA_DECAY * ema + (1 - EMA_DECAY) * entry.loss
+            gaps = step - len(curve)
+            note = f"{LOSS_FILE}: {len(curve)} canonical entries up to step {step}" + (
+                f" ({gaps} steps missing: the EMA skips them)" if gaps else ""
+            )
+        else:
+            note = f"{LOSS_FILE} has no entry for step {step}"
+    return ExportMetrics(
+        step=step,
+        loss=loss,
+        loss_ema=ema,
+        lr=lr,
+        arm=arm,
+        loss_history=note,
+        tokens_seen=manifest.progress.tokens_seen,
+        train_seconds=manifest.progress.train_seconds,
+        data=manifest.data,
+        mixing=manifest.mixing,
+        config_hash=manifest.config_hash,
+        environment=manifest.environment,
+    )
+
+
+# --- files --------------------------------------------------------------------------------------------
+
+
+def _copy_hashed(src: Path, dst: Path) -> ExportedFile:
+    """Copy and fsync, hashing the bytes as they pass (a source that changes mid-copy shows in the hash)."""
+    sha = hashlib.sha256()
+    size = 0
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        while chunk := fin.read(_COPY_CHUNK):
+            sha.update(chunk)
+            fout.write(chunk)
+            size += len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return ExportedFile(name=dst.name, size=size, sha256=sha.hexdigest(), source=str(src))
+
+
+def _write_new(dst: Path, data: bytes, source: str | None = None) -> ExportedFile:
+    with open(dst, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return ExportedFile(name=dst.name, size=len(data), sha256=hashlib.sha256(data).hexdigest(), source=source)
+
+
+def _reread(path: Path) -> tuple[int, str]:
+    """Size and sha256 as read back from ``path``, its cached pages dropped first.
+
+    After the fsync the pages are clean, so the kernel may drop them and the bytes then come from the
+    storage rather than from the copy's own memory (best effort: the kernel may keep them).
+    """
+    sha = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        while chunk := f.read(_COPY_CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return size, sha.hexdigest()
+
+
+def _write_export(
+    run_dir: Path,
+    dest: Path,
+    manifest: Manifest,
+    manifest_bytes: bytes,
+    metrics: ExportMetrics,
+    readme: str,
+    progress: Callable[[str], None],
+) -> list[ExportedFile]:
+    """Write every file of the export durably; what was written, with sizes and sha256."""
+    created_dest = not dest.exists()
+    dest.mkdir(parents=True, exist_ok=True)
+    payload = _copy_hashed(run_dir / manifest.bin_file, dest / manifest.bin_file)
+    if payload.sha256 != manifest.bin_sha256 or payload.size != manifest.bin_size:
+        raise ExportFailed(f"{manifest.bin_file} changed while it was copied (sha256 {payload.sha256[:16]}…)")
+    name = fmt.manifest_name(manifest.step)
+    files = [payload, _write_new(dest / name, manifest_bytes, str(run_dir / name))]
+    if (run_dir / CONFIG_NAME).is_file():
+        files.append(_copy_hashed(run_dir / CONFIG_NAME, dest / CONFIG_NAME))
+    else:
+        progress(f"      WARNING: {run_dir / CONFIG_NAME} is missing; the manifest's config is the only record")
+    files.append(_write_new(dest / METRICS_NAME, metrics.model_dump_json(indent=2).encode()))
+    files.append(_write_new(dest / README_NAME, readme.encode()))
+    fsync_dir(dest)
+    if created_dest:
+        fsync_dir(dest.parent)
+    return files
+
+
+def _check_destination(dest: Path) -> None:
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise ExportRefused(f"{dest} exists and is not a directory")
+    if dest.is_dir() and any(dest.iterdir()):
+        raise ExportRefused(f"{dest} is not empty; choose a new or empty directory (an export never overwrites)")
+
+
+def _select(run_dir: Path, step: int | None) -> tuple[Manifest, fmt.Payload, list[str]]:
+    """The requested checkpoint, or the newest intact one; damaged newer ones are listed as skipped."""
+    if not run_dir.is_dir():
+        raise ExportRefused(f"{run_dir}: not a run directory")
+    steps = checkpoint_steps(run_dir)
+    if step is not None:
+        if step not in steps:
+            raise ExportRefused(f"{run_dir} has no checkpoint of step {step} (steps with a manifest: {steps})")
+        steps = [step]
+    skipped: list[str] = []
+    for s in steps:
+        try:
+            manifest, payload = verify_checkpoint(run_dir, s)
+        except ValueError as exc:
+            if step is not None:
+                raise ExportRefused(f"checkpoint {fmt.bin_name(s)} is not intact: {exc}") from None
+            skipped.append(f"{fmt.manifest_name(s)}: {exc}")
+            continue
+        return manifest, payload, skipped
+    raise ExportRefused(
+        f"no intact checkpoint in {run_dir}" + ("".join(f"\n  skipped {s}" for s in skipped) if skipped else "")
+    )
+
+
+def _readme(report_step: int, manifest: Manifest, run_dir: Path, created: str, loss_hex: str) -> str:
+    stem = f"step_{report_step:06d}"
+    n = manifest.n_params
+    m = manifest.model
+    arms = "\n".join(
+        f"| `{c.name}` | `{c.identity}` | {c.n_tokens:,} | {c.epoch}:{c.position} |" for c in manifest.data
+    )
+    return f"""# ANDREA checkpoint export: step {report_step}
+
+Exported {created} from `{run_dir}` (`andreactl export`). The files were fsynced and re-read here
+(size and sha256), the checkpoint was verified against its manifest here, and a fresh process rebuilt
+the model from this folder alone and evaluated one fixed batch: its loss equals, bit for bit, the loss
+computed at export time (`{loss_hex}`). `export.json` records all of it and is written last: a folder
+without it is not a verified export.
+
+| file | what |
+|---|---|
+| `{stem}.bin` | payload, little-endian, no padding: `int32 step, int32 n_params, float32 weights[n], float32 m[n], float32 v[n]` ({manifest.bin_size:,} bytes = 8 + 12 × {n:,}) |
+| `{stem}.json` | manifest: parameter layout (name, shape, offset), model config, AdamW state, LR schedule, RNG states, data cursors, versions, hashes |
+| `run.toml` | the run's config file at export time; the manifest's `config` is the resolved config that produced this step |
+| `metrics.json` | loss at step {report_step}, a loss EMA, the learning rate, tokens seen, data identifiers |
+| `export.json` | what was verified: every file's size and sha256, the evaluation losses, timings |
+
+Check the payload: `sha256sum {stem}.bin` must print `{manifest.bin_sha256}`.
+
+Model: vocabulary {m.vocab_size}, context {m.block_size}, {m.n_layer} layers, {m.n_head} heads, width
+{m.n_embd}, dropout {m.dropout} (training only), bias {m.bias}; {n:,} parameters, byte-level tokens.
+
+Data it was trained on (identity = sha256 of the arm's source listing; cursor = epoch:position):
+
+| arm | identity | tokens | cursor |
+|---|---|---|---|
+{arms}
+
+## Reading it with numpy alone
+
+```python
+import json, numpy as np
+
+manifest = json.load(open("{stem}.json"))
+step, n = (int(x) for x in np.fromfile("{stem}.bin", dtype="<i4", count=2))
+flat = np.fromfile("{stem}.bin", dtype="<f4", offset=8)
+assert flat.size == 3 * n == 3 * manifest["n_params"], "truncated or padded payload"
+weights, m, v = flat[:n], flat[n:2 * n], flat[2 * n:]          # AdamW moments in the same order
+tensors = {{e["name"]: weights[e["offset"]:e["offset"] + int(np.prod(e["shape"]))].reshape(e["shape"])
+           for e in manifest["layout"]}}                      # PyTorch names and shapes
+```
+
+## Loading it into `andrea.daemon.model.GPT`
+
+With the `andrea` package installed, in one call (verifies size and sha256 against the manifest first):
+
+```python
+from pathlib import Path
+from andrea.control.export import eval_loss, load_model
+
+model, manifest = load_model(Path("."))      # this folder; a CPU model in eval mode
+print(eval_loss(model))                      # {float.fromhex(loss_hex)!r}: the batch export.json checked
+```
+
+or step by step, which is what `load_model` does:
+
+```python
+import torch
+from andrea.daemon.ckpt_format import read_payload, unflatten
+from andrea.daemon.manifest import Manifest
+from andrea.daemon.model import GPT
+
+manifest = Manifest.model_validate_json(open("{stem}.json", "rb").read())
+payload = read_payload("{stem}.bin")        # checks the header and exact size, not the sha256
+tensors = unflatten(payload.weights, [(e.name, tuple(e.shape), e.offset) for e in manifest.layout])
+model = GPT(manifest.model)
+model.load_state_dict({{k: torch.from_numpy(t.copy()) for k, t in tensors.items()}}, strict=True)
+model.eval()                                 # no dropout
+logits, _ = model(torch.tensor([list(b"def ")]))
+```
+
+## Resuming training from it
+
+Copy `{stem}.bin`, `{stem}.json` and `run.toml` into an empty directory and start
+`andrea-trainer --run-dir DIR`: it verifies the checkpoint, checks the model, the data identities above
+and the training config, and continues at step {report_step + 1} with the weights, AdamW's moments and step count,
+the RNG states and the data cursors. The same data must be available (for the default corpus: the same
+Python standard library); a bit-exact continuation also needs the same device, dtype, thread count
+({manifest.environment.threads}) and torch version ({manifest.environment.torch_version}).
+"""
+
+
+# --- the export ---------------------------------------------------------------------------------------
+
+
+def export_checkpoint(
+    run_dir: Path, dest: Path, step: int | None = None, progress: Callable[[str], None] = print
+) -> ExportReport:
+    """Export the newest intact checkpoint of ``run_dir`` (or exactly ``step``) into ``dest`` and prove it.
+
+    Raises :class:`ExportRefused` before writing anything when ``dest`` is not empty or no intact
+    checkpoint is available (an explicitly requested ``step`` that is damaged is refused, never replaced
+    by another one), and :class:`ExportFailed` when the written export does not verify. ``progress``
+    receives one line per phase.
+    """
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+
+    def phase(name: str, since: float) -> float:
+        now = time.monotonic()
+        timings[name] = round(now - since, 3)
+        return now
+
+    _check_destination(dest)
+    progress(f"[1/5] verifying the checkpoint in {run_dir}")
+    manifest, payload, skipped = _select(run_dir, step)
+    for reason in skipped:
+        progress(f"      WARNING: skipped damaged checkpoint {reason}")
+    step = manifest.step
+    stem = f"step_{step:06d}"
+    manifest_bytes = (run_dir / fmt.manifest_name(step)).read_bytes()
+    if Manifest.model_validate_json(manifest_bytes) != manifest:
+        raise ExportRefused(f"{fmt.manifest_name(step)} changed while it was being verified; try again")
+    t = phase("verify_source", started)
+    progress(
+        f"      {stem} intact: {manifest.bin_size:,} bytes, sha256 {manifest.bin_sha256[:16]}…, "
+        f"trigger {manifest.trigger}"
+    )
+
+    progress("[2/5] evaluating the fixed batch at export time")
+    loss = eval_loss(build_model(manifest, payload.weights))
+    t = phase("eval_at_export", t)
+    progress(f"      loss {loss!r} ({loss.hex()})")
+
+    progress(f"[3/5] copying into {dest}")
+    created = datetime.now(UTC).isoformat(timespec="milliseconds")
+    metrics = _metrics(run_dir, manifest)
+    readme = _readme(step, manifest, run_dir, created, loss.hex())
+    try:
+        files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
+    except OSError as exc:
+        raise ExportFailed(f"writing {dest} failed: {exc}") from exc
+    intact = f"{stem}: size, header and sha256 match its manifest"
+    checks = [ExportCheck(name="source checkpoint intact", detail=intact)]
+    if skipped:
+        checks.append(ExportCheck(name="newer damaged checkpoints skipped", detail="; ".join(skipped)))
+    t = phase("copy", t)
+    progress(f"      {len(files)} files, {sum(f.size for f in files):,} bytes, fsynced")
+
+    progress("[4/5] re-reading at the destination")
+    for f in files:
+        try:
+            size, digest = _reread(dest / f.name)
+        except OSError as exc:
+            raise ExportFailed(f"{dest / f.name}: cannot be read back: {exc}") from exc
+        if (size, digest) != (f.size, f.sha256):
+            raise ExportFailed(
+                f"{dest / f.name}: reads back as {size} bytes, sha256 {digest[:16]}…; "
+                f"wrote {f.size}, {f.sha256[:16]}…"
+            )
+    try:
+        copied, _ = verify_checkpoint(dest, step)
+    except ValueError as exc:
+        raise ExportFailed(f"the copied checkpoint does not verify at {dest}: {exc}") from None
+    if copied != manifest:
+        raise ExportFailed(f"the manifest at {dest} differs from the source's")
+    checks.append(
+        ExportCheck(name="files re-read at the destination", detail=f"{len(files)} files: sizes and sha256 as written")
+    )
+    checks.append(ExportCheck(name="checkpoint intact at the destination", detail=intact))
+    t = phase("verify_destination", t)
+
+    progress("[5/5] reloading in a fresh process")
+    reload = _reload_in_fresh_process(dest)
+    t = phase("reload", t)
+    tokens = eval_tokens(manifest.model)
+    evaluation = Evaluation(
+        tokens=(
+            f"EVAL_TEXT of andrea.control.export, cyclic, {EVAL_ROWS} rows x {tokens.shape[1]} tokens, "
+            "token = byte % vocab_size"
+        ),
+        tokens_sha256=hashlib.sha256(tokens.tobytes()).hexdigest(),
+        rows=EVAL_ROWS,
+        seq_len=tokens.shape[1] - 1,
+        loss_at_export=loss,
+        loss_at_export_hex=loss.hex(),
+        reload=reload,
+        bitwise_equal=reload.eval_loss_hex == loss.hex(),
+    )
+    if not evaluation.bitwise_equal or reload.step != step or reload.bin_sha256 != manifest.bin_sha256:
+        raise ExportFailed(
+            f"the fresh process (pid {reload.pid}) loaded step {reload.step} and computed loss "
+            f"{reload.eval_loss_hex}; export time: step {step}, loss {loss.hex()}"
+        )
+    checks.append(
+        ExportCheck(
+            name="reloaded in a fresh process",
+            detail=(
+                f"pid {reload.pid}: GPT rebuilt from {dest} alone, "
+                f"eval loss {reload.eval_loss_hex} = export time, bit for bit"
+            ),
+        )
+    )
+    progress(
+        f"      pid {reload.pid}: loss {reload.eval_loss!r}, identical bits ({reload.seconds:.2f} s in the process)"
+    )
+    timings["total"] = round(time.monotonic() - started, 3)
+    report = ExportReport(
+        run_dir=str(run_dir),
+        dest=str(dest),
+        step=step,
+        trigger=manifest.trigger,
+        skipped=skipped,
+        files=files,
+        metrics=metrics,
+        evaluation=evaluation,
+        checks=checks,
+        timings_s=timings,
+        code_version=code_version(),
+        torch_version=torch.__version__,
+        created_utc=created,
+    )
+    # Last, and atomically: its presence is what marks the folder as a verified export.
+    atomic_write_bytes(dest / REPORT_NAME, report.model_dump_json(indent=2).encode())
+    progress(f"exported step {step} to {dest} in {timings['total']:.1f} s; report: {dest / REPORT_NAME}")
+    return report
+
+
+def _reload_in_fresh_process(dest: Path) -> ReloadCheck:
+    argv = [sys.executable, "-B", "-m", "andrea.control.export", "--reload-check", str(dest)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=RELOAD_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise ExportFailed(f"the fresh-process reload did not finish within {RELOAD_TIMEOUT_S} s") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise ExportFailed(f"the fresh-process reload exited with {done.returncode}:\n{done.stderr.strip()[-2000:]}")
+    try:
+        return ReloadCheck.model_validate_json(lines[-1])
+    except ValidationError as exc:
+        raise ExportFailed(f"the fresh-process reload printed no usable result: {exc}") from None
+
+
+def run_export(run_dir: Path, dest: Path, step: int | None, as_json: bool) -> int:
+    """Export and return the exit code; ``as_json`` prints export.json on stdout (progress on stderr)."""
+
+    def to_stderr(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def to_stdout(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        report = export_checkpoint(run_dir, dest, step, progress=to_stderr if as_json else to_stdout)
+    except ExportRefused as exc:
+        print(f"export refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except ExportFailed as exc:
+        print(
+            f"EXPORT NOT VERIFIED: {exc}\n{dest} has no {REPORT_NAME}; remove it before exporting again",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    if as_json:
+        print(report.model_dump_json(indent=2))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m andrea.control.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", type=Path, help="the run directory holding the checkpoints")
+    parser.add_argument("--to", type=Path, dest="dest", help="new or empty directory for the export")
+    parser.add_argument("--step", type=int, help="export this step (default: the newest intact checkpoint)")
+    parser.add_argument("--json", action="store_true", help="print export.json on stdout, progress on stderr")
+    # The fresh process of the export's own verification.
+    parser.add_argument("--reload-check", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.reload_check is not None:
+        print(reload_check(args.reload_check).model_dump_json())
+        return EXIT_OK
+    if args.run_dir is None or args.dest is None:
+        parser.error("--run-dir and --to are required")
+    return run_export(args.run_dir, args.dest, args.step, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Export: a verified copy of a checkpoint, reloaded in a fresh process, and what is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from andrea.control import andreactl
+from andrea.control import export as ex
+from andrea.daemon.ckpt_format import bin_name
+
+from .conftest import run_trainer
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A 12-step run with checkpoints at 5, 10 and 12."""
+    run = tmp_path_factory.mktemp("run")
+    res = run_trainer(run, cache_dir, "--max-steps", "12", "--checkpoint-every", "5")
+    assert res.returncode == 0, res.stderr
+    return run
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def test_export_round_trip(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dest = tmp_path / "export"
+    assert andreactl.main(["--run-dir", str(run_dir), "--json", "export", "--to", str(dest)]) == ex.EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads((dest / ex.REPORT_NAME).read_text())
+
+    assert report["step"] == 12 and report["skipped"] == []
+    assert sorted(p.name for p in dest.iterdir()) == sorted(
+        [bin_name(12), "step_000012.json", "run.toml", "metrics.json", "README.md", "export.json"]
+    )
+    for name in (bin_name(12), "step_000012.json", "run.toml"):
+        assert (dest / name).read_bytes() == (run_dir / name).read_bytes()
+    for f in report["files"]:
+        assert (dest / f["name"]).stat().st_size == f["size"]
+
+    evaluation = report["evaluation"]
+    assert evaluation["bitwise_equal"] and evaluation["reload"]["pid"] != os.getpid()
+    assert evaluation["reload"]["eval_loss_hex"] == evaluation["loss_at_export_hex"]
+    # The documented loader gives the same bits here too.
+    model, manifest = ex.load_model(dest)
+    assert ex.eval_loss(model).hex() == evaluation["loss_at_export_hex"]
+    assert manifest.step == 12 and model.n_params() == manifest.n_params
+
+    # The payload reads with numpy alone, as the README says.
+    flat = np.fromfile(dest / bin_name(12), dtype="<f4", offset=8)
+    assert flat.size == 3 * manifest.n_params
+    first = manifest.layout[0]
+    wte = flat[first.offset : first.offset + int(np.prod(first.shape))].reshape(first.shape)
+    assert np.array_equal(wte, model.wte.weight.detach().numpy())
+
+    metrics = json.loads((dest / "metrics.json").read_text())
+    losses = {e["step"]: e["loss"] for e in json.loads((run_dir / ".loss.json").read_text())}
+    assert metrics["loss"] == losses[12]
+    ema = losses[1]
+    for step in range(2, 13):
+        ema = 0.9 * ema + 0.1 * losses[step]
+    assert metrics["loss_ema"] == pytest.approx(ema, rel=1e-12)
+    assert [a["name"] for a in metrics["data"]] == ["docstrings", "code", "comments"]
+    assert all(len(a["identity"]) == 64 for a in metrics["data"])
+
+
+def test_a_damaged_checkpoint_is_refused(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    damaged = tmp_path / "run"
+    shutil.copytree(run_dir, damaged, ignore=shutil.ignore_patterns(".sock"))  # the trainer's stale socket
+    payload = damaged / bin_name(12)
+    data = bytearray(payload.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    payload.write_bytes(bytes(data))
+
+    dest = tmp_path / "refused"
+    assert ex.main(["--run-dir", str(damaged), "--to", str(dest), "--step", "12"]) == ex.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert "step_000012.bin is not intact" in err and "sha256" in err
+    assert not dest.exists()
+
+    # Without --step, the newest intact checkpoint is exported and the damaged one named.
+    report = ex.export_checkpoint(damaged, tmp_path / "fallback", progress=_quiet)
+    assert report.step == 10 and report.evaluation.bitwise_equal
+    assert len(report.skipped) == 1 and report.skipped[0].startswith("step_000012.json")
+
+
+def test_an_existing_destination_is_refused(run_dir: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("earlier export")
+    assert ex.main(["--run-dir", str(run_dir), "--to", str(dest)]) == ex.EXIT_REFUSED
+    assert [p.name for p in dest.iterdir()] == ["keep.txt"]
+    assert (dest / "keep.txt").read_text() == "earlier export"
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ex.ExportRefused, match="not a directory"):
+        ex.export_checkpoint(run_dir, tmp_path / "file", progress=_quiet)
