@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,216 @@ class Command:
     run: Callable[[argparse.Namespace, argparse.ArgumentParser], int]
     #: Whether the command acts on a run and so needs the global --run-dir.
     needs_run_dir: bool = True
+
+
+# --- talking to the daemons -----------------------------------------------------------------------------
+
+
+def _ask(run_dir: Path, role: str, msg: object, timeout: float = 3.0, retries: int = 2) -> object | None:
+    """The daemon's reply, or None when it does not answer (not running, or wedged)."""
+    from andrea.control.transport import Unreachable, endpoint, request
+
+    try:
+        return request(endpoint(run_dir, role), msg, timeout=timeout, retries=retries)  # type: ignore[arg-type]
+    except Unreachable:
+        return None
+
+
+def _emit(args: argparse.Namespace, data: object, text: str) -> None:
+    if args.json:
+        print(json.dumps(data, indent=1, default=str))
+    else:
+        print(text)
+
+
+# --- status ---------------------------------------------------------------------------------------------
+
+
+def _no_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _status_data(run_dir: Path) -> dict[str, object]:
+    from andrea.control import messages as m
+    from andrea.control.transport import new_id
+
+    out: dict[str, object] = {}
+    for role in ("trainer", "proxy"):
+        reply = _ask(run_dir, role, m.StatusRequest(id=new_id()), timeout=1.5)
+        out[role] = reply.data if reply is not None and reply.ok else None
+    return out
+
+
+def _status_text(data: dict[str, object]) -> str:
+    lines = []
+    t = data["trainer"]
+    if t is None:
+        lines.append("trainer: not running (no answer on its control socket)")
+    else:
+        loss = f"{t['loss_ema']:.4f}" if t.get("loss_ema") is not None else "-"
+        lines.append(
+            f"trainer: {t['activity']}, step {t['step']}/{t['max_steps']}, loss EMA {loss}, "
+            f"last checkpoint {t['last_checkpoint'] or 'none'}, segment {t['segment']}, pid {t['pid']}"
+        )
+    p = data["proxy"]
+    if p is None:
+        lines.append("proxy:   not running (no answer on its socket)")
+    else:
+        probs = ", ".join(f"{k} {v:.3f}" for k, v in p["probabilities"].items())
+        lines.append(f"proxy:   phase {p['phase']} (from step {p['phase_start_step']}), logged up to step {p['durable_step']}")
+        lines.append(f"         probabilities: {probs}")
+        for z in p["zombies"]:
+            lines.append(f"         ZOMBIE arm {z['name']!r}: {z['reason']} (never draws)")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """What the trainer and the proxy are doing. Exit 1 when neither answers."""
+    data = _status_data(args.run_dir)
+    _emit(args, data, _status_text(data))
+    return 0 if any(v is not None for v in data.values()) else 1
+
+
+def _watch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between updates")
+
+
+def cmd_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Status every --interval seconds until Ctrl-C."""
+    try:
+        while True:
+            data = _status_data(args.run_dir)
+            stamp = time.strftime("%H:%M:%S")
+            if args.json:
+                print(json.dumps({"time": stamp, **data}, default=str), flush=True)
+            else:
+                print(f"[{stamp}] " + _status_text(data).replace("\n", "\n           "), flush=True)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+# --- checkpoint, stop -----------------------------------------------------------------------------------
+
+
+def _checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--boundary", action="store_true", help="at the next cadence boundary instead of the next step")
+    parser.add_argument("--wait", action="store_true", help="return once the checkpoint is durable")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="with --wait: give up after this many seconds")
+
+
+def _stop_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait", action="store_true", help="return once the trainer has checkpointed and exited")
+    parser.add_argument("--timeout", type=float, default=3600.0)
+
+
+def _send_trainer(args: argparse.Namespace, msg: object, wait: bool) -> int:
+    # One long try for a waiting request: re-sending it would only coalesce, but a retry loop of
+    # short timeouts would print nothing useful while a slow checkpoint is written.
+    reply = _ask(args.run_dir, "trainer", msg, timeout=args.timeout if wait else 3.0, retries=1 if wait else 2)
+    if reply is None:
+        print(f"andreactl: the trainer of {args.run_dir} does not answer (not running?)", file=sys.stderr)
+        return 1
+    _emit(args, reply.model_dump(), (
+        f"ok: {', '.join(f'{k} {v}' for k, v in reply.data.items())}" if reply.ok else f"error: {reply.error}"
+    ))
+    return 0 if reply.ok else 1
+
+
+def cmd_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Ask the trainer for a checkpoint (an audit point, kept by retention)."""
+    from andrea.control import messages as m
+    from andrea.control.transport import new_id
+
+    return _send_trainer(args, m.CheckpointRequest(id=new_id(), boundary=args.boundary, wait=args.wait), args.wait)
+
+
+def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Ask the trainer to finish its step, checkpoint and exit."""
+    from andrea.control import messages as m
+    from andrea.control.transport import new_id
+
+    return _send_trainer(args, m.StopRequest(id=new_id(), wait=args.wait), args.wait)
+
+
+# --- history, samples, plot, size ----------------------------------------------------------------------
+
+
+def _history_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--last", type=int, default=20, help="how many of the newest steps (0: all)")
+
+
+def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The canonical loss curve (newest entry per step) from .loss.json."""
+    from andrea.daemon.losslog import canonical_curve, read_entries
+
+    curve = canonical_curve(read_entries(args.run_dir / ".loss.json"))
+    shown = curve[-args.last :] if args.last else curve
+    text = "\n".join(
+        [f"{'step':>8} {'loss':>9} {'lr':>9}  {'arm':<14} seg phase"]
+        + [f"{e.step:>8} {e.loss:>9.4f} {e.lr:>9.2e}  {e.arm:<14} {e.segment:>3} {e.phase:>5}" for e in shown]
+    )
+    _emit(args, [e.model_dump() for e in shown], text)
+    return 0
+
+
+def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The most recent generated samples, from .samples.json."""
+    path = args.run_dir / ".samples.json"
+    if not path.exists():
+        print(f"andreactl: {path} does not exist yet (samples come every sample_every steps)", file=sys.stderr)
+        return 1
+    data = json.loads(path.read_text())
+    records = data["records"][-args.last :] if args.last else data["records"]
+    text = "\n\n".join(
+        f"step {r['step']} (segment {r['segment']}, phase {r['phase']}, arms {r['arm_mix']}):\n"
+        + "\n".join(f"  {s['text']!r}" for s in r["samples"])
+        for r in records
+    )
+    _emit(args, records, text)
+    return 0
+
+
+def _plot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="SVG file to write")
+
+
+def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The canonical loss curve as an SVG (no plotting library needed)."""
+    from andrea.control.plot import loss_svg
+    from andrea.daemon.losslog import canonical_curve, read_entries
+
+    curve = canonical_curve(read_entries(args.run_dir / ".loss.json"))
+    if not curve:
+        print("andreactl: .loss.json has no entries yet", file=sys.stderr)
+        return 1
+    args.out.write_text(loss_svg([e.step for e in curve], [e.loss for e in curve], title=str(args.run_dir)))
+    _emit(args, {"out": str(args.out), "steps": len(curve)}, f"wrote {args.out} ({len(curve)} steps)")
+    return 0
+
+
+def _size_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", required=True, help="andrea-tiny | andrea-12m | andrea-120m")
+
+
+def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Parameter count and checkpoint size of a preset (8 + 12 bytes per parameter)."""
+    import torch
+
+    from andrea.daemon.ckpt_format import payload_size
+    from andrea.daemon.config import ConfigError, build_config
+    from andrea.daemon.model import GPT
+
+    try:
+        cfg = build_config(overrides={"preset": args.preset})
+    except ConfigError as e:
+        parser.error(str(e))
+    with torch.device("meta"):
+        n = GPT(cfg.model).n_params()
+    size = payload_size(n)
+    _emit(args, {"preset": args.preset, "n_params": n, "checkpoint_bytes": size},
+          f"{args.preset}: {n:,} parameters, checkpoint {size:,} bytes ({size / 1e6:.1f} MB)")
+    return 0
 
 
 # --- export ---------------------------------------------------------------------------------------------
@@ -78,6 +290,14 @@ def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 #: Every subcommand, in the order `andreactl --help` lists them.
 COMMANDS: tuple[Command, ...] = (
+    Command("status", "what the trainer and the proxy are doing", _no_arguments, cmd_status),
+    Command("checkpoint", "checkpoint after the current step (or at the next boundary) and continue", _checkpoint_arguments, cmd_checkpoint),
+    Command("stop", "finish the current step, checkpoint and exit", _stop_arguments, cmd_stop),
+    Command("history", "the canonical loss curve from .loss.json", _history_arguments, cmd_history),
+    Command("samples", "the most recent generated samples", _history_arguments, cmd_samples),
+    Command("watch", "status every few seconds until Ctrl-C", _watch_arguments, cmd_watch),
+    Command("plot", "the loss curve as an SVG file", _plot_arguments, cmd_plot),
+    Command("size", "parameters and checkpoint bytes of a preset", _size_arguments, cmd_size, needs_run_dir=False),
     Command(
         "export",
         "copy a verified checkpoint with its config, metrics and load procedure",
