@@ -88,6 +88,14 @@ def bind_router(ctx: zmq.Context, ep: str) -> zmq.Socket:
     return sock
 
 
+def close_router(sock: zmq.Socket, ep: str) -> None:
+    """Close a server socket and remove its ipc file, so that a stopped daemon leaves no socket
+    behind in the run directory (copying a run with shutil.copytree fails on one)."""
+    sock.close(linger=0)
+    if ep.startswith("ipc://"):
+        Path(ep[len("ipc://") :]).unlink(missing_ok=True)
+
+
 def new_id() -> str:
     return uuid.uuid4().hex[:16]
 

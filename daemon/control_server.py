@@ -18,7 +18,7 @@ import zmq
 from pydantic import ValidationError
 
 from andrea.control import messages as m
-from andrea.control.transport import bind_router
+from andrea.control.transport import bind_router, close_router
 
 from .signals import SignalFlags
 
@@ -29,6 +29,7 @@ class ControlServer:
     def __init__(self, ep: str, flags: SignalFlags, status: Callable[[], dict[str, Any]]) -> None:
         self.flags = flags
         self.status = status
+        self._ep = ep
         self._sock = bind_router(zmq.Context.instance(), ep)
         self._outbox: queue.Queue[tuple[bytes, m.Reply]] = queue.Queue()
         self._lock = threading.Lock()
@@ -74,7 +75,7 @@ class ControlServer:
         except Exception:
             log.exception("control socket thread failed; signals still work")
         finally:
-            self._sock.close(linger=0)
+            close_router(self._sock, self._ep)
 
     def _handle(self, peer: bytes, payload: bytes) -> m.Reply | None:
         try:

@@ -26,7 +26,7 @@ import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.control import messages as m
-from andrea.control.transport import bind_router, claim, endpoint
+from andrea.control.transport import bind_router, claim, close_router, endpoint
 
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
@@ -129,7 +129,8 @@ class Proxy:
         self.mix_since_sample: dict[str, int] = {}
         self.samples = self._load_samples()
         self.ctx = zmq.Context.instance()
-        self.sock = bind_router(self.ctx, endpoint(self.run_dir, "proxy"))
+        self.endpoint = endpoint(self.run_dir, "proxy")
+        self.sock = bind_router(self.ctx, self.endpoint)
         self._write_state()
         log.info("proxy ready: %d logged entries, up to step %d", len(entries), self.durable_step)
 
@@ -287,7 +288,7 @@ class Proxy:
     def close(self) -> None:
         self._write_state()
         self.losslog.close()
-        self.sock.close(linger=0)
+        close_router(self.sock, self.endpoint)
         log.info("proxy stopped; state written at durable step %d", self.durable_step)
 
 
