@@ -3,21 +3,24 @@
 Public surface: `save(snapshot, trigger)` and `load(expect)`, plus `due(step)` for the cadence.
 
 Write protocol (each step durable before the next):
-  payload `.bin.<pid>.tmp` (hashed while written) → fsync → rename → fsync dir
+  payload `.bin.<pid>.tmp` (hashed on a second thread while written) → fsync → rename → fsync dir
   → manifest `.json.<pid>.tmp` → fsync → rename → fsync dir.
 The manifest is the commit marker: a payload without one is an interrupted write, never loaded.
 Older checkpoints are deleted only after the new one is committed, on a background thread.
+
+`save` writes synchronously; `save_async` hands the same work to one background writer thread
+(`ckpt_writer.BackgroundWriter`): at most one write is in flight, a new one waits for it, and the
+writes commit in the order they were submitted.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import queue
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,13 +30,12 @@ import numpy as np
 from pydantic import ValidationError
 
 from . import ckpt_format as fmt
+from .ckpt_writer import BackgroundWriter, read_payload_into, write_payload
 from .config import CheckpointConfig, ModelConfig
-from .durable import atomic_write, atomic_write_bytes
+from .durable import atomic_write_bytes
 from .manifest import REQUESTED_TRIGGERS, LayoutEntry, Manifest, Trigger
 
 log = logging.getLogger(__name__)
-
-_READ_CHUNK = 8 << 20
 
 
 class ResumeRefused(RuntimeError):
@@ -44,8 +46,11 @@ class ResumeRefused(RuntimeError):
 class Snapshot:
     """The state to save at one optimizer-step boundary.
 
-    `weights`, `m` and `v` are float32 arrays in parameter order; `fields` holds every manifest
-    field except those the manager computes (file name, size, sha256, trigger, creation time).
+    Either `payload` holds the whole `.bin` already (a uint8 array: header, weights, m, v — the
+    trainer stages it in a preallocated buffer), or `weights`, `m` and `v` are float32 arrays in
+    parameter order, packed by the manager. `ready`, if given, blocks until the payload's bytes have
+    landed (asynchronous device-to-host copies). `fields` holds every manifest field except those the
+    manager computes (file name, size, sha256, trigger, creation time).
     """
 
     step: int
@@ -53,10 +58,43 @@ class Snapshot:
     m: list[np.ndarray]
     v: list[np.ndarray]
     fields: dict[str, Any]
+    payload: np.ndarray | None = None
+    ready: Callable[[], None] | None = None
 
     @property
     def n_params(self) -> int:
+        if self.payload is not None:
+            return (self.payload.size - fmt.HEADER.size) // (3 * fmt.DTYPE.itemsize)
         return sum(a.size for a in self.weights)
+
+    def payload_bytes(self) -> np.ndarray:
+        """The complete payload as one contiguous uint8 array."""
+        if self.ready is not None:
+            self.ready()
+        if self.payload is not None:
+            step, n = fmt.HEADER.unpack_from(self.payload)
+            if (step, n) != (self.step, self.n_params) or self.payload.size != fmt.payload_size(n):
+                raise fmt.PayloadError(f"staged payload header (step={step}, n={n}) does not match step {self.step}")
+            return self.payload
+        n = self.n_params
+        if not (0 <= self.step <= fmt.INT32_MAX and 0 <= n <= fmt.INT32_MAX):
+            raise fmt.PayloadError(f"step={self.step} or n_params={n} does not fit the int32 header")
+        out = np.empty(fmt.payload_size(n), dtype=np.uint8)
+        out[: fmt.HEADER.size] = np.frombuffer(fmt.HEADER.pack(self.step, n), dtype=np.uint8)
+        flat = out[fmt.HEADER.size :].view(fmt.DTYPE)
+        off = 0
+        for group in (self.weights, self.m, self.v):
+            for arr in group:
+                if arr.dtype != fmt.DTYPE:
+                    raise fmt.PayloadError(f"payload arrays must be little-endian float32, got {arr.dtype}")
+                flat[off : off + arr.size] = arr.reshape(-1)
+                off += arr.size
+        return out
+
+
+#: Called by a background write when it has finished: (manifest, None, seconds) on success,
+#: (None, error, seconds) on failure.
+DoneCallback = Callable[["Manifest | None", "BaseException | None", float], None]
 
 
 @dataclass
@@ -80,13 +118,18 @@ class Loaded:
 class CheckpointManager:
     """Saves, verifies, discovers and retires the checkpoints of one run directory."""
 
-    def __init__(self, run_dir: Path, policy: CheckpointConfig) -> None:
+    def __init__(self, run_dir: Path, policy: CheckpointConfig, read_buffer: np.ndarray | None = None) -> None:
+        """`read_buffer`: a preallocated uint8 array that `load` reads a payload into when it fits
+        (the trainer's staging buffer), instead of allocating and faulting in a new one."""
         self.run_dir = run_dir
         self.policy = policy
+        self.read_buffer = read_buffer
         self._triggers: dict[int, str] = {}
+        self._lock = threading.Lock()  # _triggers: the writer thread commits, the main thread marks
         self._deletions: queue.Queue[int | None] = queue.Queue()
         self._deleter = threading.Thread(target=self._delete_loop, name="ckpt-retention", daemon=True)
         self._deleter.start()
+        self._writer: BackgroundWriter | None = None
         self._remove_stale_temporaries()
 
     # ---- policy ----------------------------------------------------------------------------
@@ -96,45 +139,80 @@ class CheckpointManager:
 
     # ---- save ------------------------------------------------------------------------------
 
-    def save(self, snap: Snapshot, trigger: Trigger) -> Manifest:
+    def save(self, snap: Snapshot, trigger: Trigger, before_commit: Callable[[], None] | None = None) -> Manifest:
         """Write one checkpoint durably and return its manifest. Raises OSError on failure, in which
-        case every earlier checkpoint is untouched and no partial file remains."""
+        case every earlier checkpoint is untouched and no partial file remains.
+
+        `before_commit` runs after the payload is durable and before the manifest (the commit) is
+        written: whatever must reach the disk no later than the checkpoint (the loss log)."""
         bin_path = self.run_dir / fmt.bin_name(snap.step)
         man_path = self.run_dir / fmt.manifest_name(snap.step)
-        digest = ""
-
-        def fill(f) -> None:
-            nonlocal digest
-            w = fmt.PayloadWriter(f, snap.step, snap.n_params)
-            for group in (snap.weights, snap.m, snap.v):
-                for arr in group:
-                    w.write_array(arr)
-            digest = w.finish()
-
+        payload = snap.payload_bytes()
         # A checkpoint of the same step from an earlier life is retired first, so that no moment
         # exists where its manifest describes the new payload's bytes.
         man_path.unlink(missing_ok=True)
-        atomic_write(bin_path, fill)
+        digest = write_payload(bin_path, payload)
         size = bin_path.stat().st_size
         if size != fmt.payload_size(snap.n_params) or fmt.read_header(bin_path) != (snap.step, snap.n_params):
             raise OSError(f"{bin_path}: re-read does not match what was written")
+        if before_commit is not None:
+            before_commit()
         manifest = Manifest(
             step=snap.step, n_params=snap.n_params, bin_file=bin_path.name, bin_size=size,
             bin_sha256=digest, trigger=trigger,
             created_utc=datetime.now(UTC).isoformat(timespec="milliseconds"), **snap.fields,
         )
         atomic_write_bytes(man_path, manifest.model_dump_json(indent=1).encode())
-        self._triggers[snap.step] = trigger
-        self._retire()
+        with self._lock:
+            self._triggers[snap.step] = trigger
+            self._retire()
         return manifest
+
+    # ---- background writes -----------------------------------------------------------------
+
+    def save_async(
+        self, snap: Snapshot, trigger: Trigger, on_done: DoneCallback,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """`save` on the writer thread. Waits first for a write in flight (never skips one); the
+        snapshot's arrays must stay unchanged until `on_done` has been called. `on_done` receives
+        the manifest, or the exception (OSError: the write failed and every earlier checkpoint is
+        intact; anything else is re-raised by the next `wait`, after `on_done`)."""
+        if self._writer is None:
+            self._writer = BackgroundWriter()
+
+        def job() -> None:
+            t0 = time.perf_counter()
+            try:
+                manifest = self.save(snap, trigger, before_commit)
+            except BaseException as e:
+                on_done(None, e, time.perf_counter() - t0)
+                if not isinstance(e, OSError):
+                    raise
+                return
+            on_done(manifest, None, time.perf_counter() - t0)
+
+        self._writer.submit(job, label=snap.step)
+
+    def in_flight(self) -> int | None:
+        """The step whose background write has not finished yet, if any."""
+        w = self._writer
+        return w.label if w is not None and w.busy else None  # type: ignore[return-value]
+
+    def wait(self) -> None:
+        """Block until no background write is in flight. Re-raises a write's unexpected error
+        (not an OSError: those were reported to its callback)."""
+        if self._writer is not None:
+            self._writer.wait()
 
     def mark_requested(self, step: int, trigger: Trigger) -> None:
         """Turn an existing checkpoint into an operator-requested one (kept as an audit point)."""
         man_path = self.run_dir / fmt.manifest_name(step)
-        manifest = Manifest.model_validate_json(man_path.read_bytes())
-        updated = manifest.model_copy(update={"trigger": trigger})
-        atomic_write_bytes(man_path, updated.model_dump_json(indent=1).encode())
-        self._triggers[step] = trigger
+        with self._lock:
+            manifest = Manifest.model_validate_json(man_path.read_bytes())
+            updated = manifest.model_copy(update={"trigger": trigger})
+            atomic_write_bytes(man_path, updated.model_dump_json(indent=1).encode())
+            self._triggers[step] = trigger
 
     # ---- retention -------------------------------------------------------------------------
 
@@ -158,7 +236,10 @@ class CheckpointManager:
             log.debug("retired checkpoint %d", step)
 
     def close(self) -> None:
-        """Finish pending deletions and stop the background thread."""
+        """Finish the write in flight and pending deletions, and stop the background threads.
+        A write's unexpected error is not re-raised here (the owner's `wait` does that)."""
+        if self._writer is not None:
+            self._writer.close()
         self._deletions.put(None)
         self._deleter.join()
 
@@ -186,9 +267,12 @@ class CheckpointManager:
             if (parsed := fmt.parse_name(p.name)) and parsed[1] == "bin" and parsed[0] not in have
         )
 
-    def verify(self, step: int) -> tuple[Manifest, fmt.Payload]:
+    def verify(self, step: int, out: np.ndarray | None = None) -> tuple[Manifest, fmt.Payload]:
         """Parse the manifest of `step` and check its payload's size, header and sha256.
-        Raises ValueError with the reason when the checkpoint is not intact."""
+        Raises ValueError with the reason when the checkpoint is not intact.
+
+        The payload is read once, hashed on a second thread as it arrives, into `out` (a uint8
+        array, reused when large enough) or a new buffer; the returned arrays are views of it."""
         man_path = self.run_dir / fmt.manifest_name(step)
         try:
             manifest = Manifest.model_validate_json(man_path.read_bytes())
@@ -204,14 +288,14 @@ class CheckpointManager:
         size = bin_path.stat().st_size
         if size != manifest.bin_size or size != fmt.payload_size(manifest.n_params):
             raise ValueError(f"payload is {size} bytes, manifest says {manifest.bin_size}")
-        buf, digest = _read_hashed(bin_path, size)
+        buf, digest = read_payload_into(bin_path, size, out)
         if digest != manifest.bin_sha256:
             raise ValueError(f"payload sha256 {digest[:12]}… does not match manifest {manifest.bin_sha256[:12]}…")
         step_h, n_h = fmt.HEADER.unpack_from(buf)
         if (step_h, n_h) != (manifest.step, manifest.n_params):
             raise ValueError(f"payload header (step={step_h}, n={n_h}) disagrees with manifest")
         n = manifest.n_params
-        flat = np.frombuffer(buf, dtype=fmt.DTYPE, offset=fmt.HEADER.size)
+        flat = buf[fmt.HEADER.size :].view(fmt.DTYPE)
         return manifest, fmt.Payload(step_h, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
 
     def load(self, expect: Expectation, step: int = -1) -> Loaded | None:
@@ -232,7 +316,7 @@ class CheckpointManager:
         skipped: list[str] = []
         for s in steps:
             try:
-                manifest, payload = self.verify(s)
+                manifest, payload = self.verify(s, getattr(self, "read_buffer", None))
             except (ValueError, OSError) as e:
                 skipped.append(f"{fmt.manifest_name(s)}: {e}")
                 log.warning("skipping checkpoint %d: %s", s, e)
@@ -264,23 +348,14 @@ class CheckpointManager:
 
 
 def _first_line(e: Exception) -> str:
+    if isinstance(e, ValidationError) and e.errors():
+        # Name the field and the reason ("rng.torch_cpu: Value error, … bytes, expected …"), not
+        # just pydantic's headline "1 validation error for Manifest".
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        return f"{where + ': ' if where else ''}{first['msg']}{more}"
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
-def _read_hashed(path: Path, size: int) -> tuple[bytearray, str]:
-    """Read a whole file into memory, hashing it in the same pass."""
-    buf = bytearray(size)
-    view = memoryview(buf)
-    sha = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        pos = 0
-        while pos < size:
-            n = f.readinto(view[pos : pos + _READ_CHUNK])
-            if not n:
-                raise ValueError(f"payload shrank while reading ({pos} of {size} bytes)")
-            sha.update(view[pos : pos + n])
-            pos += n
-    return buf, sha.hexdigest()
 
 
 def _mismatches(m: Manifest, expect: Expectation) -> list[str]:

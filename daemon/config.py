@@ -119,6 +119,12 @@ class CheckpointConfig(_Strict):
     # Two at least: the newest may be the one being written when the machine dies.
     keep_latest: int = Field(3, ge=2)
     keep_requested: bool = Field(True, description="keep every SIGUSR1/control checkpoint (audit points)")
+    async_write: bool = Field(
+        True,
+        description="cadence checkpoints: copy the state into a host buffer at the step boundary, then write "
+        "and fsync it on a background thread while training continues (requested and final ones are always "
+        "synchronous)",
+    )
 
 
 class RunConfig(_Strict):

@@ -4,6 +4,18 @@ and a separate output head.
 The order in which modules are declared IS the checkpoint format's parameter order (token and
 position embeddings, then per layer: norm, attention, norm, MLP, then the final norm and the head),
 so `named_parameters()` can be written to and read from `step_NNNNNN.bin` without a name map.
+
+Speed on CPU (measured, see docs/performance.md): training with dropout > 0 makes PyTorch's
+`scaled_dot_product_attention` fall back to its generic math path, and `nn.Dropout`'s CPU kernel
+(`native_dropout`: a Bernoulli draw per element from the Mersenne Twister) costs about 5x what the
+mask needs. So on CPU, in training, a dropout mask is drawn as 32-bit integers from NumPy's PCG64
+(two per 64-bit output, kept where >= round(p * 2**32)), seeded by one 63-bit draw from torch's
+global generator per call: the same Bernoulli(1 - p) keep / scale 1 / (1 - p), a pure function of
+torch's RNG state (which every checkpoint saves and restores, so resume stays bit-exact) and
+independent of the thread count. Attention with dropout is written out (matmul, causal mask,
+softmax, dropout, matmul) since SDPA would draw its own mask. Everywhere else — CUDA, evaluation,
+dropout 0 — PyTorch's fused kernels are used. `torch.compile` was measured too and made a CPU step
+slower here (0.93x), so it is not used.
 """
 
 from __future__ import annotations
@@ -11,11 +23,59 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+
+
+def _cpu_training_dropout(x: torch.Tensor, p: float) -> bool:
+    return p > 0.0 and x.device.type == "cpu"
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Inverted dropout. On CPU, from one uniform draw per element (see the module docstring)."""
+    if not training or p == 0.0:
+        return x
+    if not _cpu_training_dropout(x, p):
+        return F.dropout(x, p, True)
+    return x * _keep_mask(x, p)
+
+
+def _keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """0 where dropped (probability p, resolution 2**-32), 1 / (1 - p) where kept; shaped like x."""
+    seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())  # one draw from torch's RNG
+    n = x.numel()
+    bits = np.random.PCG64(seed).random_raw((n + 1) // 2).view(np.uint32)[:n]
+    keep = torch.from_numpy(bits >= np.uint32(min(round(p * 2**32), 2**32 - 1)))
+    return keep.view(x.shape).to(x.dtype).mul_(1.0 / (1.0 - p))
+
+
+class Dropout(nn.Module):
+    """`nn.Dropout` with the CPU fast path above; holds no parameters (the format is unchanged)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+_CAUSAL_MASKS: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _causal_mask(t: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(t, t) additive mask: 0 on and below the diagonal, -inf above. Cached (not a buffer, so the
+    module's state_dict is its parameters alone)."""
+    key = (t, device, dtype)
+    mask = _CAUSAL_MASKS.get(key)
+    if mask is None:
+        mask = torch.full((t, t), float("-inf"), device=device, dtype=dtype).triu_(1)
+        _CAUSAL_MASKS[key] = mask
+    return mask
 
 
 class SelfAttention(nn.Module):
@@ -26,15 +86,22 @@ class SelfAttention(nn.Module):
         # One fused projection for q, k, v: one matmul instead of three.
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.resid_drop = nn.Dropout(cfg.dropout)
+        self.resid_drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+        if self.training and _cpu_training_dropout(x, self.dropout):
+            # What SDPA's math path computes, without its per-call mask building and checks, and
+            # with the cheaper dropout draw.
+            att = torch.matmul(q * (1.0 / math.sqrt(c // self.n_head)), k.transpose(-2, -1))
+            att = torch.softmax(att.add_(_causal_mask(t, x.device, att.dtype)), dim=-1)
+            y = torch.matmul(dropout(att, self.dropout, True), v)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            )
         y = y.transpose(1, 2).contiguous().view(b, t, c)
         return self.resid_drop(self.c_proj(y))
 
@@ -44,7 +111,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.c_proj(F.gelu(self.c_fc(x))))
@@ -71,7 +138,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         # Not tied to wte: the checkpoint format stores the head as its own array.

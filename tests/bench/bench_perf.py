@@ -1,0 +1,615 @@
+"""The performance suite: every comparison of docs/performance.md, side by side, in one run.
+
+    .venv/bin/python tests/bench/bench_perf.py [--quick] [--rounds 7] [--only write,stall,throughput,cadence,sigterm,losslog]
+                                                [--out-dir DIR] [--cache-dir DIR]
+
+Writes DIR/perf.json and DIR/perf.md (default DIR: $TMPDIR/andrea-bench). Not collected by pytest.
+Methods are interleaved (A B C A B C …, the order rotated every round) and medians compared, because
+the disk and the two cores of a shared machine are noisy.
+
+- write: checkpoint write (`CheckpointManager.save`: .bin + manifest, fsync'd) against `dd conv=fsync`
+  of the same byte count, a plain raw write of the three arrays, `torch.save` and safetensors of the
+  same three tensors (each fsync'd), at andrea-12m and andrea-120m size; then the read-back with
+  sha256 verification (`CheckpointManager.verify`) against a cold sequential read of the same file.
+- stall: a real `Trainer` (andrea-12m and andrea-120m): the time the training loop is held by a
+  cadence checkpoint (`_checkpoint_in_background`) against the snapshot copy alone
+  (`StagingBuffer.fill`), and the background write's duration.
+- throughput: the reference GPT (tests/bench/reference_gpt.py, built like nanoGPT's model.py) against
+  ours, same config (andrea-12m: dropout 0.1), batch, threads and precision, fresh processes; and the
+  real `andrea-trainer` (checkpoints off) against the bare loop: what the machinery costs per step.
+- cadence: `andrea-trainer` with cadence checkpoints against checkpoints off (throughput ratio).
+- sigterm: SIGTERM-to-exit against one step + one synchronous checkpoint write + 0.5 s (bench_stop.py).
+- losslog: `.loss.json` append at entry 200,000 against entry 1, and load + plot of 200,000 entries
+  (bench_losslog.py, plus a load-and-render here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from andrea.daemon import ckpt_format as fmt  # noqa: E402
+from andrea.daemon.checkpoint import CheckpointManager, Snapshot, layout_of  # noqa: E402
+from andrea.daemon.ckpt_writer import StagingBuffer  # noqa: E402
+from andrea.daemon.config import CheckpointConfig, build_config  # noqa: E402
+
+THREADS = 2
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def interleave(methods: dict[str, Callable[[], object]], rounds: int, before: Callable[[str], None] | None = None,
+               label: str = "") -> dict[str, list[float]]:
+    """Time each method once per round, rotating the order every round."""
+    names = list(methods)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for k in order:
+            if before is not None:
+                before(k)
+            t0 = time.perf_counter()
+            methods[k]()
+            times[k].append(time.perf_counter() - t0)
+        print(f"  {label} round {r + 1}/{rounds}: " + ", ".join(f"{k}={times[k][-1]:.3f}" for k in names), flush=True)
+    return times
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, dict]:
+    return {k: {"median_s": med(v), "min_s": min(v), "max_s": max(v), "runs": v} for k, v in times.items()}
+
+
+def drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- manifest fields as the trainer writes them ----------------------------------------------------
+
+
+def manifest_fields(preset: str) -> tuple[int, dict]:
+    from andrea.daemon import rngstate
+    from andrea.daemon.manifest import Environment, Manifest, MixingState, OptimizerState, Progress
+    from andrea.daemon.model import GPT
+    from andrea.daemon.schedule import scheduler_state
+
+    cfg = build_config({}, {"preset": preset})
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    layout = layout_of((n, tuple(p.shape)) for n, p in model.named_parameters())
+    n = sum(p.numel() for p in model.parameters())
+    o = cfg.optim
+    fields = dict(
+        layout=layout, model=cfg.model,
+        optimizer=OptimizerState(betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                                 grad_clip=o.grad_clip, fused=True, adam_step=1),
+        scheduler=scheduler_state(1, o), rng=rngstate.capture(), data=[],
+        mixing=MixingState(mode="fixed", arms=[]),
+        progress=Progress(step=1, tokens_seen=0, segment=1, train_seconds=0.0),
+        environment=Environment(device="cpu", dtype="float32", threads=THREADS, torch_version=torch.__version__,
+                                numpy_version=np.__version__, python_version=platform.python_version(),
+                                code_version="bench"),
+        config_hash="0" * 64, config=cfg.model_dump(mode="json"),
+    )
+    if "pending_losses" in Manifest.model_fields:
+        fields["pending_losses"] = []
+    return n, fields
+
+
+# ---- 1. checkpoint write and read ------------------------------------------------------------------
+
+
+def bench_io(preset: str, rounds: int, work: Path) -> dict:
+    n, fields = manifest_fields(preset)
+    size = fmt.payload_size(n)
+    d = work / preset
+    shutil.rmtree(d, ignore_errors=True)
+    (d / "ours").mkdir(parents=True)
+    print(f"[write] {preset}: n={n:,}, {size / 1e6:.1f} MB", flush=True)
+    t0 = time.perf_counter()
+    staging = StagingBuffer(n)
+    alloc_s = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(0)
+    w, m, v = torch.randn(n, generator=g), torch.randn(n, generator=g) * 1e-3, torch.rand(n, generator=g) * 1e-6
+    t0 = time.perf_counter()
+    staging.fill(1, [w], [m], [v])
+    copy_s = time.perf_counter() - t0
+    snap = Snapshot(step=1, weights=[], m=[], v=[], fields=fields, payload=staging.array)
+    mgr = CheckpointManager(d / "ours", CheckpointConfig(keep_latest=2))
+    arrays = [w.numpy(), m.numpy(), v.numpy()]
+
+    def dd() -> None:
+        subprocess.run(["dd", "if=/dev/zero", f"of={d / 'dd.bin'}", "bs=8M", f"count={size}", "iflag=count_bytes",
+                        "conv=fsync"], check=True, capture_output=True)
+
+    def raw() -> None:
+        fd = os.open(d / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, fmt.HEADER.pack(1, n))
+            for a in arrays:
+                mv = memoryview(a).cast("B")
+                for i in range(0, len(mv), 8 << 20):
+                    os.write(fd, mv[i:i + (8 << 20)])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def tsave() -> None:
+        with open(d / "t.pt", "wb") as f:
+            torch.save({"weights": w, "m": m, "v": v}, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    methods: dict[str, Callable[[], object]] = {"dd conv=fsync": dd, "raw write": raw, "torch.save": tsave}
+    try:
+        import safetensors.torch as st
+
+        def ssave() -> None:
+            st.save_file({"weights": w, "m": m, "v": v}, str(d / "s.safetensors"))
+            fsync_path(d / "s.safetensors")
+
+        methods["safetensors"] = ssave
+    except ImportError:
+        st = None
+        print("  (safetensors not installed: skipped; pip install safetensors)")
+    methods["ours (.bin + manifest)"] = lambda: mgr.save(snap, "cadence")
+    outputs = {"dd conv=fsync": ["dd.bin"], "raw write": ["raw.bin"], "torch.save": ["t.pt"],
+               "safetensors": ["s.safetensors"], "ours (.bin + manifest)": ["ours/step_000001.bin", "ours/step_000001.json"]}
+
+    def clean(k: str) -> None:  # every method writes a new file, like a new checkpoint; not timed
+        for name in outputs[k]:
+            (d / name).unlink(missing_ok=True)
+        os.sync()
+
+    write = summarize(interleave(methods, rounds, clean, f"write {preset}"))
+    ours_w = write["ours (.bin + manifest)"]["median_s"]
+    out: dict = {
+        "n_params": n, "bytes": size, "staging_alloc_s": alloc_s, "snapshot_copy_s": copy_s, "write": write,
+        "write_ratio_vs_dd": ours_w / write["dd conv=fsync"]["median_s"],
+        "write_ratio_vs_torch_save": ours_w / write["torch.save"]["median_s"],
+        "write_ratio_vs_raw": ours_w / write["raw write"]["median_s"],
+    }
+    if "safetensors" in write:
+        out["write_ratio_vs_safetensors"] = ours_w / write["safetensors"]["median_s"]
+
+    # Read-back: every file written once more, then read cold (its pages dropped from the cache).
+    for k in methods:
+        clean(k)
+        methods[k]()
+    read_buf = StagingBuffer(n).array  # the trainer reads into its (pre-faulted) staging buffer
+    bin_path = d / "ours" / fmt.bin_name(1)
+
+    def dd_read() -> None:
+        subprocess.run(["dd", f"if={bin_path}", "of=/dev/null", "bs=8M"], check=True, capture_output=True)
+
+    def py_read() -> None:
+        mv = memoryview(read_buf)
+        fd = os.open(bin_path, os.O_RDONLY)
+        try:
+            pos = 0
+            while pos < size:
+                pos += os.readv(fd, [mv[pos:min(pos + (8 << 20), size)]])
+        finally:
+            os.close(fd)
+
+    def verify() -> None:
+        man, payload = mgr.verify(1, read_buf)
+        assert payload.step == 1
+
+    def tload() -> None:
+        torch.load(d / "t.pt", weights_only=True)
+
+    reads: dict[str, Callable[[], object]] = {
+        "dd read (cold)": dd_read, "sequential read, no hash (cold)": py_read, "ours verify, sha256 (cold)": verify,
+        "torch.load (cold)": tload,
+    }
+    files = {"dd read (cold)": bin_path, "sequential read, no hash (cold)": bin_path,
+             "ours verify, sha256 (cold)": bin_path, "torch.load (cold)": d / "t.pt"}
+    # (safetensors' load_file is left out: it maps the file and reads pages lazily, so its time is
+    # not a read of the data.)
+    read = summarize(interleave(reads, rounds, lambda k: drop_cache(files[k]), f"read {preset}"))
+    ours_r = read["ours verify, sha256 (cold)"]["median_s"]
+    out |= {
+        "read": read,
+        "verify_ratio_vs_dd_read": ours_r / read["dd read (cold)"]["median_s"],
+        "verify_ratio_vs_sequential_read": ours_r / read["sequential read, no hash (cold)"]["median_s"],
+        "sha256_alone_s": _sha256_time(read_buf[:size]),
+    }
+    mgr.close()
+    shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
+def _sha256_time(buf: np.ndarray) -> float:
+    import hashlib
+
+    mv = memoryview(buf)
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        h = hashlib.sha256()
+        for i in range(0, len(mv), 8 << 20):
+            h.update(mv[i:i + (8 << 20)])
+        times.append(time.perf_counter() - t0)
+    return med(times)
+
+
+# ---- 2. stall of a cadence checkpoint, in a real Trainer ------------------------------------------
+
+
+def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
+    from andrea.daemon.signals import SignalFlags
+    from andrea.daemon.trainer import Trainer, TrainerOptions
+
+    run_dir = work / f"stall-{preset}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    cfg = build_config({}, {"preset": preset, "threads": THREADS, "data": {"cache_dir": str(cache)},
+                            "checkpoint": {"every": 0, "keep_latest": 2}})
+    print(f"[stall] {preset}: building a real Trainer", flush=True)
+    tr = Trainer(TrainerOptions(run_dir, cfg), SignalFlags())
+    tr.setup()
+    # Adam's state exists after one update; a real step of andrea-120m takes a minute on two cores,
+    # and what a snapshot copies does not depend on the values, so one update with random gradients.
+    for p in tr.params:
+        p.grad = torch.randn_like(p) * 1e-3
+    tr.optimizer.step()
+    tr.optimizer.zero_grad(set_to_none=True)
+    tr.step = 1
+    states = [tr.optimizer.state[p] for p in tr.params]
+    ms, vs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+    writes: list[float] = []
+    orig_save = tr.ckpt.save
+
+    def timed_save(*a, **k):
+        t0 = time.perf_counter()
+        r = orig_save(*a, **k)
+        writes.append(time.perf_counter() - t0)
+        return r
+
+    tr.ckpt.save = timed_save  # type: ignore[method-assign]
+
+    def copy_alone() -> None:
+        tr._staging.fill(tr.step, tr.params, ms, vs)
+
+    def stall() -> None:
+        tr._checkpoint_in_background("cadence")
+
+    def before(k: str) -> None:
+        tr.ckpt.wait()  # both measured with no write in flight (the cadence is far longer than a write)
+        if k == "stall":
+            tr.step += 1
+            tr.last_saved = 0
+
+    times = summarize(interleave({"snapshot copy alone": copy_alone, "stall (snapshot + submit)": stall},
+                                 rounds, before, f"stall {preset}"))
+    tr.ckpt.wait()
+    t0 = time.perf_counter()
+    tr.checkpoint("end")  # synchronous, for the record
+    sync_s = time.perf_counter() - t0
+    tr.flags.request_stop("bench")
+    tr.last_saved = tr.step
+    tr.finish()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {
+        "n_params": sum(p.numel() for p in tr.params), **times,
+        "stall_ratio_vs_copy": times["stall (snapshot + submit)"]["median_s"] / times["snapshot copy alone"]["median_s"],
+        "background_write_s": med(writes) if writes else None, "synchronous_checkpoint_s": sync_s,
+    }
+
+
+# ---- 3. throughput: reference GPT vs ours vs andrea-trainer ---------------------------------------
+
+
+def _worker(model: str, steps: int, warmup: int, preset: str) -> list[float]:
+    res = subprocess.run([sys.executable, str(HERE / "perf_worker.py"), "throughput", "--model", model, "--preset", preset,
+                          "--threads", str(THREADS), "--steps", str(steps), "--warmup", str(warmup)],
+                         check=True, capture_output=True, text=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])["step_s"]
+
+
+def _trainer_steps(preset: str, steps: int, warmup: int, cache: Path, every: int, stalls: list[float] | None = None) -> list[float]:
+    """Per-step wall times of a real andrea-trainer (its own progress lines, one per step: each covers
+    the whole loop iteration, checkpoint stall included)."""
+    with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
+        cmd = [sys.executable, "-m", "andrea.daemon.trainer_cli", "--run-dir", d, "--preset", preset, "--threads", str(THREADS),
+               "--max-steps", str(warmup + steps), "--checkpoint-every", str(every), "--sample-every", "0",
+               "--log-every", "1", "--cache-dir", str(cache), "--log-level", "DEBUG"]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = []
+    for m in re.finditer(r"step (\d+)/\d+ .*\| ([\d.]+) ms/step", res.stderr):
+        if int(m.group(1)) > warmup:
+            out.append(float(m.group(2)) / 1000)
+    if stalls is not None:
+        stalls.extend(float(x) for x in re.findall(r"staged in ([\d.]+) s", res.stderr))
+    return out
+
+
+def bench_throughput(preset: str, rounds: int, steps: int, warmup: int, cache: Path) -> dict:
+    per: dict[str, list[float]] = {"reference GPT": [], "ours (bare loop)": [], "andrea-trainer": []}
+    runs = {
+        "reference GPT": lambda: _worker("ref", steps, warmup, preset),
+        "ours (bare loop)": lambda: _worker("ours", steps, warmup, preset),
+        "andrea-trainer": lambda: _trainer_steps(preset, steps, warmup, cache, every=0),
+    }
+    names = list(runs)
+    for r in range(rounds):
+        for k in names[r % 3:] + names[: r % 3]:
+            per[k].append(med(runs[k]()))
+        print(f"  throughput round {r + 1}/{rounds}: " + ", ".join(f"{k}={per[k][-1]:.3f} s/step" for k in names), flush=True)
+    tokens = build_config({}, {"preset": preset}).batch_size * build_config({}, {"preset": preset}).model.block_size
+    res = {k: {"median_step_s": med(v), "tokens_per_s": tokens / med(v), "rounds": v} for k, v in per.items()}
+    # Paired ratios (same round) are less noisy than ratios of medians on a shared machine.
+    speed = [a / b for a, b in zip(per["reference GPT"], per["ours (bare loop)"])]
+    machinery = [a / b for a, b in zip(per["andrea-trainer"], per["ours (bare loop)"])]
+    return {"preset": preset, "threads": THREADS, "tokens_per_step": tokens, **res,
+            "speedup_vs_reference": med(per["reference GPT"]) / med(per["ours (bare loop)"]),
+            "speedup_vs_reference_paired": med(speed),
+            "machinery_overhead": med(per["andrea-trainer"]) / med(per["ours (bare loop)"]) - 1,
+            "machinery_overhead_paired": med(machinery) - 1,
+            "bookkeeping_per_step_s": _bookkeeping_cost(cache)}
+
+
+def _bookkeeping_cost(cache: Path) -> float:
+    """What the loop does per step besides the model's math, timed directly (in-process, tiny preset):
+    the arm, the batch and its hash, the loss entry and its append, the watchdog tick, the flag checks."""
+    import hashlib
+
+    from andrea.daemon.losslog import LossEntry
+    from andrea.daemon.signals import SignalFlags
+    from andrea.daemon.trainer import Trainer, TrainerOptions
+
+    with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
+        cfg = build_config({}, {"preset": "andrea-12m", "threads": THREADS, "data": {"cache_dir": str(cache)},
+                                "checkpoint": {"every": 100}})
+        tr = Trainer(TrainerOptions(Path(d), cfg), SignalFlags())
+        tr.setup()
+        n = 200
+        t0 = time.perf_counter()
+        for s in range(1, n + 1):
+            arm = tr._arm_for(s)
+            batch = tr.streams[arm].next_batch(cfg.batch_size)
+            digest = hashlib.sha256(batch.tobytes()).hexdigest()
+            torch.from_numpy(batch)
+            entry = LossEntry(step=s, loss=1.0, arm=tr.arms[arm].name, lr=1e-3, tokens=2048, wall_time=time.time(),
+                              segment=tr.segment, phase=0, batch_sha256=digest)
+            if tr.losslog is not None:
+                tr.losslog.append(entry)
+            tr.notifier.tick()
+            tr.ckpt.due(s)
+            tr.flags.take_checkpoint_request()
+        per_step = (time.perf_counter() - t0) / n
+        tr.finish()  # step 0: nothing to write
+    return per_step
+
+
+def bench_cadence(preset: str, rounds: int, steps: int, warmup: int, every: int, cache: Path) -> dict:
+    per: dict[str, list[float]] = {"checkpoints off": [], f"checkpoint every {every}": []}
+    stalls: list[float] = []
+    for r in range(rounds):
+        for k in (list(per) if r % 2 == 0 else list(per)[::-1]):
+            ts = _trainer_steps(preset, steps, warmup, cache, every=0 if k == "checkpoints off" else every, stalls=stalls)
+            per[k].append(statistics.fmean(ts))  # mean: the checkpoint steps must count
+        print(f"  cadence round {r + 1}/{rounds}: " + ", ".join(f"{k}={v[-1]:.3f} s/step" for k, v in per.items()), flush=True)
+    off, on = med(per["checkpoints off"]), med(per[f"checkpoint every {every}"])
+    paired = [a / b for a, b in zip(per["checkpoints off"], per[f"checkpoint every {every}"])]
+    return {"preset": preset, "every": every, "steps": steps, **{k: {"mean_step_s": v} for k, v in per.items()},
+            "throughput_ratio": off / on, "throughput_ratio_paired": med(paired),
+            "stall_s": {"median": med(stalls), "max": max(stalls), "samples": len(stalls)} if stalls else None}
+
+
+# ---- 4. SIGTERM to exit ---------------------------------------------------------------------------
+
+
+def bench_sigterm(presets: list[str], rounds: int, cache: Path) -> dict:
+    import bench_stop
+
+    rng = random.Random(0)
+    out = {}
+    for preset in presets:
+        rs = []
+        for i in range(rounds):
+            rs.append(bench_stop.one_round(preset, str(cache), rng))
+            print(f"  sigterm {preset} round {i + 1}/{rounds}: exit {rs[-1]['sigterm_to_exit_s']:.2f} s, "
+                  f"budget {rs[-1]['budget_s']:.2f} s", flush=True)
+        out[preset] = {k: med([r[k] for r in rs]) for k in rs[0]} | {"max_exit_over_budget": max(r["exit_over_budget"] for r in rs),
+                                                                   "rounds": rs}
+    return out
+
+
+# ---- 5. .loss.json ---------------------------------------------------------------------------------
+
+
+def bench_losslog(entries: int, work: Path) -> dict:
+    out_json = work / "losslog.json"
+    subprocess.run([sys.executable, str(HERE / "bench_losslog.py"), "--entries", str(entries), "--out", str(out_json),
+                    "--dir", str(work)], check=True, capture_output=True, text=True)
+    res = json.loads(out_json.read_text())
+    # Load and plot: json.load of the whole file and a rendered SVG of the canonical curve.
+    from andrea.daemon.losslog import LossLog, canonical_curve, read_entries
+    from bench_losslog import make_entries
+
+    path = work / "plot.json"
+    path.unlink(missing_ok=True)
+    with LossLog.open(path) as log:
+        for first in range(1, entries + 1, 10_000):
+            log.append_many(make_entries(first, min(10_000, entries + 1 - first)))
+    loads, plots = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        raw = json.loads(path.read_bytes())
+        loads.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        curve = canonical_curve(read_entries(path))
+        svg = _render_svg(curve)
+        plots.append(time.perf_counter() - t0)
+    assert len(raw) == entries and svg.startswith("<svg")
+    path.unlink()
+    res["load_json_s"] = med(loads)
+    res["read_and_plot_s"] = med(plots)
+    return res
+
+
+def _render_svg(curve) -> str:
+    """A loss curve as SVG (min/max per pixel column), the way `andreactl plot` would draw it."""
+    steps = np.fromiter((e.step for e in curve), dtype=np.int64, count=len(curve))
+    losses = np.fromiter((e.loss for e in curve), dtype=np.float64, count=len(curve))
+    width, height = 1000, 300
+    cols = np.minimum((steps - steps.min()) * width // max(1, steps.max() - steps.min() + 1), width - 1)
+    lo, hi = np.full(width, np.inf), np.full(width, -np.inf)
+    np.minimum.at(lo, cols, losses)
+    np.maximum.at(hi, cols, losses)
+    ok = np.isfinite(lo)
+    span = max(1e-9, hi[ok].max() - lo[ok].min())
+    y = lambda v: height - (v - lo[ok].min()) / span * height  # noqa: E731
+    pts = " ".join(f"{x},{y(a):.1f} {x},{y(b):.1f}" for x, a, b in zip(np.nonzero(ok)[0], lo[ok], hi[ok]))
+    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"><polyline fill="none" stroke="black" points="{pts}"/></svg>'
+
+
+# ---- report -----------------------------------------------------------------------------------------
+
+
+def markdown(r: dict) -> str:
+    L = [f"# Performance report ({r['created_utc']})", "",
+         f"{r['machine']['cpus']} CPUs, torch {r['machine']['torch']}, {THREADS} threads, rounds {r['rounds']}; "
+         f"medians of interleaved runs. Generated by `tests/bench/bench_perf.py`.", ""]
+    if "io" in r:
+        L += ["## 1. Checkpoint write and read-back", "",
+              "| size | method | median s | min s |", "|---|---|---:|---:|"]
+        for preset, x in r["io"].items():
+            for k, v in x["write"].items():
+                L.append(f"| {preset} ({x['bytes'] / 1e6:.0f} MB) | write: {k} | {v['median_s']:.3f} | {v['min_s']:.3f} |")
+            for k, v in x["read"].items():
+                L.append(f"| {preset} | read: {k} | {v['median_s']:.3f} | {v['min_s']:.3f} |")
+        L += ["", "| size | ours ÷ dd (≤ 1.1) | ours ÷ torch.save (≤ 0.8 at 120M) | ours ÷ safetensors | ours ÷ raw | verify ÷ dd read (≤ 1.2) | verify ÷ sequential read | sha256 alone s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for preset, x in r["io"].items():
+            L.append(f"| {preset} | {x['write_ratio_vs_dd']:.2f} | {x['write_ratio_vs_torch_save']:.2f} | "
+                     f"{x.get('write_ratio_vs_safetensors', float('nan')):.2f} | {x['write_ratio_vs_raw']:.2f} | "
+                     f"{x['verify_ratio_vs_dd_read']:.2f} | {x['verify_ratio_vs_sequential_read']:.2f} | {x['sha256_alone_s']:.3f} |")
+        L.append("")
+    if "stall" in r:
+        L += ["## 2. Training stall of a cadence checkpoint (real Trainer)", "",
+              "| preset | snapshot copy alone s | stall seen by the loop s | ratio (≤ 1.5) | background write s | synchronous checkpoint s |",
+              "|---|---:|---:|---:|---:|---:|"]
+        for preset, x in r["stall"].items():
+            L.append(f"| {preset} | {x['snapshot copy alone']['median_s']:.4f} | {x['stall (snapshot + submit)']['median_s']:.4f} | "
+                     f"{x['stall_ratio_vs_copy']:.2f} | {x['background_write_s'] or float('nan'):.3f} | {x['synchronous_checkpoint_s']:.3f} |")
+        L.append("")
+    if "cadence" in r:
+        x = r["cadence"]
+        L += [f"Throughput with a checkpoint every {x['every']} steps ÷ checkpoints off ({x['preset']}, mean over {x['steps']} steps): "
+              f"**{x['throughput_ratio']:.3f}** (paired {x['throughput_ratio_paired']:.3f}; target ≥ 0.98 at every 100)"
+              + (f"; stall in the real loop: median {x['stall_s']['median']:.4f} s, max {x['stall_s']['max']:.4f} s." if x["stall_s"] else "."), ""]
+    if "throughput" in r:
+        x = r["throughput"]
+        L += [f"## 3. Training throughput ({x['preset']}, {x['tokens_per_step']} tokens/step, {x['threads']} threads, fp32)", "",
+              "| implementation | s/step | tokens/s |", "|---|---:|---:|"]
+        for k in ("reference GPT", "ours (bare loop)", "andrea-trainer"):
+            L.append(f"| {k} | {x[k]['median_step_s']:.3f} | {x[k]['tokens_per_s']:.0f} |")
+        L += ["", f"Ours ÷ reference speed: **{x['speedup_vs_reference']:.3f}×** (paired {x['speedup_vs_reference_paired']:.3f}×; target ≥ 1.15). "
+              f"Trainer machinery over the bare loop: {100 * x['machinery_overhead']:+.1f}% (paired {100 * x['machinery_overhead_paired']:+.1f}%; "
+              f"bookkeeping timed directly: {1000 * x['bookkeeping_per_step_s']:.2f} ms/step = "
+              f"{100 * x['bookkeeping_per_step_s'] / x['ours (bare loop)']['median_step_s']:.2f}% of a step; target ≤ 1%).", ""]
+    if "sigterm" in r:
+        L += ["## 4. SIGTERM to exit", "", "| preset | step s | sync write s | exit s | budget s | exit ÷ budget (≤ 1) | worst |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for p, x in r["sigterm"].items():
+            L.append(f"| {p} | {x['step_s']:.3f} | {x['checkpoint_write_s']:.3f} | {x['sigterm_to_exit_s']:.2f} | {x['budget_s']:.2f} | "
+                     f"{x['exit_over_budget']:.2f} | {x['max_exit_over_budget']:.2f} |")
+        L.append("")
+    if "losslog" in r:
+        x = r["losslog"]
+        L += [f"## 5. `.loss.json` at {x['entries']:,} entries ({x['file_bytes'] / 1e6:.1f} MB)", "",
+              "| append mode | at 1 µs | at N µs | ratio (≤ 1.2) |", "|---|---:|---:|---:|"]
+        for mode, a in x["append"].items():
+            L.append(f"| {mode} | {a['at_1']['median_us']:.1f} | {a['at_far']['median_us']:.1f} | {a['ratio']:.2f} |")
+        L += ["", f"Load (`json.load`): {x['load_json_s']:.3f} s; read + canonical curve + SVG plot: {x['read_and_plot_s']:.3f} s; "
+              f"`LossLog.open`: {x['open']['median_s']:.3f} s.", ""]
+    return "\n".join(L) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3 rounds, andrea-12m sizes only, fewer steps (a smoke run)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--only", default="write,stall,throughput,cadence,sigterm,losslog")
+    ap.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "andrea-bench")
+    ap.add_argument("--work-dir", type=Path, default=None, help="where files are written (default: inside --out-dir)")
+    ap.add_argument("--cache-dir", type=Path, default=Path(os.path.expanduser("~/.cache/andrea")))
+    ap.add_argument("--cadence-every", type=int, default=10, help="cadence of the throughput-with-checkpoints run (stricter than 100)")
+    args = ap.parse_args()
+    torch.set_num_threads(THREADS)
+    only = set(args.only.split(","))
+    rounds = 3 if args.quick else args.rounds
+    sizes = ["andrea-12m"] if args.quick else ["andrea-12m", "andrea-120m"]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    work = args.work_dir or (args.out_dir / "work")
+    work.mkdir(parents=True, exist_ok=True)
+    report: dict = {"created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "rounds": rounds,
+                    "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "platform": platform.platform(),
+                                "load_average_1min_start": os.getloadavg()[0]}}
+
+    def save() -> None:
+        report["machine"]["load_average_1min_end"] = os.getloadavg()[0]
+        (args.out_dir / "perf.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (args.out_dir / "perf.md").write_text(markdown(report))
+
+    if "write" in only:
+        report["io"] = {p: bench_io(p, rounds, work) for p in sizes}
+        save()
+    if "stall" in only:
+        report["stall"] = {p: bench_stall(p, rounds, work, args.cache_dir) for p in sizes}
+        save()
+    if "throughput" in only:
+        report["throughput"] = bench_throughput("andrea-12m", rounds, 3 if args.quick else 5, 2, args.cache_dir)
+        save()
+    if "cadence" in only:
+        report["cadence"] = bench_cadence("andrea-12m", 2 if args.quick else 3, 20 if args.quick else 30, 2,
+                                          args.cadence_every, args.cache_dir)
+        save()
+    if "sigterm" in only:
+        report["sigterm"] = bench_sigterm(["andrea-tiny", "andrea-12m"], 2 if args.quick else 3, args.cache_dir)
+        save()
+    if "losslog" in only:
+        report["losslog"] = bench_losslog(200_000, work)
+        save()
+    shutil.rmtree(work, ignore_errors=True)
+    print(markdown(report))
+    print(f"written: {args.out_dir / 'perf.json'}, {args.out_dir / 'perf.md'}")
+
+
+if __name__ == "__main__":
+    main()

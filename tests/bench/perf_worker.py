@@ -1,0 +1,94 @@
+"""One measurement in a fresh process, for bench_perf.py (which interleaves them): training steps of
+the reference GPT or of ours, on the same config, batch, threads and precision.
+
+    python tests/bench/perf_worker.py throughput --model ref|ours [--preset andrea-12m] [--threads 2]
+                                      [--steps 6] [--warmup 2] [--dropout X] [--compile]
+
+Prints one JSON line: {"step_s": [...], "tokens_per_step": N}. Random tokens stand in for data (the
+cost of a step does not depend on which bytes it trains on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def build(kind: str, preset: str, dropout: float | None, compile_: bool):
+    from andrea.daemon.config import build_config
+
+    cfg = build_config({}, {"preset": preset})
+    mc = cfg.model if dropout is None else cfg.model.model_copy(update={"dropout": dropout})
+    torch.manual_seed(0)
+    if kind == "ref":
+        from reference_gpt import ReferenceGPT, train_step
+
+        model = ReferenceGPT(mc.vocab_size, mc.block_size, mc.n_layer, mc.n_head, mc.n_embd, mc.dropout, mc.bias)
+        opt = model.make_optimizer(cfg.optim.lr, cfg.optim.weight_decay)
+        fwd = torch.compile(model) if compile_ else model
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> float:
+            return train_step(fwd, opt, x, y)  # type: ignore[arg-type]
+    else:
+        from andrea.daemon.model import GPT
+
+        model = GPT(mc)
+        o = cfg.optim
+        opt = torch.optim.AdamW(model.decay_groups(o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=True)
+        params = list(model.parameters())
+        fwd = torch.compile(model) if compile_ else model
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> float:
+            # Exactly the math of Trainer.train_step, without the data pipeline and bookkeeping.
+            _, loss = fwd(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, o.grad_clip, foreach=True)
+            opt.step()
+            return loss.item()
+
+    model.train()
+    return cfg, mc, step
+
+
+def throughput(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    cfg, mc, step = build(args.model, args.preset, args.dropout, args.compile)
+    g = torch.Generator().manual_seed(1)
+    batch = cfg.batch_size if args.batch_size is None else args.batch_size
+    xy = torch.randint(0, mc.vocab_size, (batch, mc.block_size + 1), generator=g)
+    x, y = xy[:, :-1], xy[:, 1:]
+    times = []
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        step(x, y)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    return {"step_s": times, "tokens_per_step": batch * mc.block_size, "threads": torch.get_num_threads()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("throughput")
+    t.add_argument("--model", choices=["ref", "ours"], required=True)
+    t.add_argument("--preset", default="andrea-12m")
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--steps", type=int, default=6)
+    t.add_argument("--warmup", type=int, default=2)
+    t.add_argument("--batch-size", type=int)
+    t.add_argument("--dropout", type=float)
+    t.add_argument("--compile", action="store_true")
+    args = ap.parse_args()
+    print(json.dumps(throughput(args)))
+
+
+if __name__ == "__main__":
+    main()
