@@ -164,6 +164,67 @@ def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return _send_trainer(args, m.StopRequest(id=new_id(), wait=args.wait), args.wait)
 
 
+# --- pivot ---------------------------------------------------------------------------------------------
+
+
+def _pivot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", type=Path, required=True, help="the new policy (caps and floors) as TOML")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="give up waiting for the boundary after this many seconds")
+
+
+def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The seed's polish pivot as one command: the trainer checkpoints at the next cadence boundary
+    and holds; the proxy archives .samples.json and .state.json with the old policy and starts a
+    fresh bandit under the new one; the trainer continues from exactly that step."""
+    from andrea.control import messages as m
+    from andrea.control.transport import new_id
+    from andrea.daemon.policy import PolicyError, load_policy
+
+    try:
+        load_policy(args.policy)
+        text = args.policy.read_text(encoding="utf-8")
+    except PolicyError as e:
+        print(f"andreactl: {e}", file=sys.stderr)
+        return 2
+    status = _status_data(args.run_dir)
+    trainer, proxy = status["trainer"], status["proxy"]
+    if trainer is None or proxy is None:
+        print("andreactl: a pivot needs the trainer and the proxy running and answering", file=sys.stderr)
+        return 1
+    if trainer["mixing"] != "proxy":
+        print("andreactl: the trainer uses a fixed mixture; there is no bandit to pivot", file=sys.stderr)
+        return 1
+    reply = _ask(args.run_dir, "trainer", m.CheckpointRequest(id=new_id(), boundary=True, hold=True))
+    if reply is None or not reply.ok:
+        print(f"andreactl: the trainer did not accept the boundary checkpoint: {reply and reply.error}", file=sys.stderr)
+        return 1
+    print(f"pivot: the trainer will checkpoint at its next boundary and hold (now at step {trainer['step']})", file=sys.stderr)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        t = _status_data(args.run_dir)["trainer"]
+        if t is not None and str(t["activity"]).startswith("holding"):
+            boundary = t["step"]
+            break
+        if time.monotonic() > deadline or (t is not None and t["activity"] == "stopping"):
+            print("andreactl: the trainer did not reach a boundary; nothing was changed", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    print(f"pivot: trainer holding after step {boundary}; starting the new phase in the proxy", file=sys.stderr)
+    result = _ask(args.run_dir, "proxy", m.PivotRequest(id=new_id(), policy_toml=text, boundary_step=boundary), timeout=30, retries=1)
+    released = _ask(args.run_dir, "trainer", m.ResumeRequest(id=new_id()))
+    if result is None or not result.ok:
+        why = "no answer" if result is None else result.error
+        print(f"andreactl: the proxy did not pivot ({why}); the trainer continues under the old policy", file=sys.stderr)
+        return 1
+    if released is None:
+        print("andreactl: the proxy pivoted but the trainer did not answer the resume; run `andreactl checkpoint` "
+              "or restart the trainer (it resumes from the boundary checkpoint)", file=sys.stderr)
+        return 1
+    _emit(args, result.data, f"pivot done: phase {result.data['phase']} starts after step {boundary}; "
+                              f"the ended phase is archived in {result.data['archive']}")
+    return 0
+
+
 # --- history, samples, plot, size ----------------------------------------------------------------------
 
 
@@ -293,6 +354,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("status", "what the trainer and the proxy are doing", _no_arguments, cmd_status),
     Command("checkpoint", "checkpoint after the current step (or at the next boundary) and continue", _checkpoint_arguments, cmd_checkpoint),
     Command("stop", "finish the current step, checkpoint and exit", _stop_arguments, cmd_stop),
+    Command("pivot", "start a new bandit phase under a new policy at the next boundary", _pivot_arguments, cmd_pivot),
     Command("history", "the canonical loss curve from .loss.json", _history_arguments, cmd_history),
     Command("samples", "the most recent generated samples", _history_arguments, cmd_samples),
     Command("watch", "status every few seconds until Ctrl-C", _watch_arguments, cmd_watch),

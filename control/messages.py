@@ -109,11 +109,28 @@ class StatusRequest(_Msg):
 
 class CheckpointRequest(_Msg):
     """Checkpoint after the current step (or at the next cadence boundary); with `wait`, the reply
-    comes once the checkpoint is durable."""
+    comes once the checkpoint is durable. With `hold` the trainer then waits for `resume` (the
+    first half of a pivot)."""
 
     type: Literal["checkpoint"] = "checkpoint"
     boundary: bool = False
     wait: bool = False
+    hold: bool = False
+
+
+class ResumeRequest(_Msg):
+    """Release a trainer held after a boundary checkpoint; it drops its prefetched arms and asks
+    the proxy again (the phase may have changed)."""
+
+    type: Literal["resume"] = "resume"
+
+
+class PivotRequest(_Msg):
+    """Start a new bandit phase after `boundary_step` under the policy given as TOML text."""
+
+    type: Literal["pivot"] = "pivot"
+    policy_toml: str = Field(max_length=65536)
+    boundary_step: int = Field(ge=1)
 
 
 class StopRequest(_Msg):
@@ -132,7 +149,7 @@ class Reply(_Msg):
 
 Message = Annotated[
     Hello | Welcome | AssignRequest | Assignments | LossReport | LossAck | SampleReport
-    | StatusRequest | CheckpointRequest | StopRequest | Reply,
+    | StatusRequest | CheckpointRequest | ResumeRequest | PivotRequest | StopRequest | Reply,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)

@@ -25,10 +25,14 @@ SNAPSHOT_EVERY = 32
 
 
 class AssignmentBook:
-    def __init__(self, bandit: Bandit, configured: Sequence[ConfiguredArm]) -> None:
+    def __init__(
+        self, bandit: Bandit, configured: Sequence[ConfiguredArm], past: dict[int, str] | None = None
+    ) -> None:
         self.bandit = bandit
         self.configured = list(configured)
         self.lag = bandit.policy.lag
+        #: Arms of steps of earlier phases, re-served to a trainer that resumes before the pivot.
+        self.past: dict[int, str] = dict(past or {})
         self.arm_of: dict[int, str] = {}
         self.loss_of: dict[int, float] = {}
         self.snapshots: list[BanditState] = [bandit.state_dict()]
@@ -40,7 +44,10 @@ class AssignmentBook:
     def record(self, step: int, arm: str, loss: float) -> None:
         """A trained step's loss. The first one recorded per step is canonical for the bandit
         (later segments re-training the step produce the same value in a bit-exact run)."""
-        if step <= self.phase_start or step in self.loss_of:
+        if step <= self.phase_start:
+            self.past.setdefault(step, arm)
+            return
+        if step in self.loss_of:
             return
         self.loss_of[step] = loss
         self.arm_of.setdefault(step, arm)
@@ -48,7 +55,9 @@ class AssignmentBook:
     def assign(self, step: int) -> str | None:
         """The arm for `step`, or None while the loss it depends on has not arrived yet."""
         if step <= self.phase_start:
-            raise ValueError(f"step {step} belongs to an earlier phase (this one starts after {self.phase_start})")
+            if step not in self.past:
+                raise ValueError(f"step {step} belongs to an earlier phase and was never trained")
+            return self.past[step]
         if step in self.arm_of:
             return self.arm_of[step]
         need = max(self.phase_start, step - self.lag)
@@ -67,6 +76,12 @@ class AssignmentBook:
         arm = self.bandit.assign(step)
         self.arm_of[step] = arm
         return arm
+
+    def next_phase(self, bandit: Bandit) -> AssignmentBook:
+        """The book of the phase that starts after `bandit.phase_start_step`: every assignment past
+        that step is forgotten (it was made under the old policy), the trained ones are kept."""
+        past = {**self.past, **{s: a for s, a in self.arm_of.items() if s <= bandit.phase_start_step}}
+        return AssignmentBook(bandit, self.configured, past)
 
     def waiting_for(self, step: int) -> int | None:
         """The step whose loss `assign(step)` is waiting for, if any."""

@@ -85,8 +85,8 @@ class ControlServer:
         if isinstance(msg, m.StatusRequest):
             return m.Reply(id=msg.id, ok=True, data=self.status())
         if isinstance(msg, m.CheckpointRequest):
-            if msg.boundary:
-                self.flags.request_boundary_checkpoint()
+            if msg.boundary or msg.hold:
+                self.flags.request_boundary_checkpoint(hold=msg.hold)
             else:
                 self.flags.request_checkpoint("control")
             if msg.wait:
@@ -94,6 +94,9 @@ class ControlServer:
                     self._checkpoint_waiters.append((peer, msg.id))
                 return None
             return m.Reply(id=msg.id, ok=True, data={"accepted": "boundary" if msg.boundary else "next step"})
+        if isinstance(msg, m.ResumeRequest):
+            self.flags.request_resume()
+            return m.Reply(id=msg.id, ok=True, data={"accepted": "resume"})
         if isinstance(msg, m.StopRequest):
             self.flags.request_stop("control")
             if msg.wait:

@@ -15,6 +15,7 @@ identically (see `assignbook`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+import tomli_w
 import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -31,11 +33,12 @@ from andrea.control.transport import bind_router, claim, close_router, endpoint
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
 from .config import DataConfig, RunConfig
+from .ckpt_format import parse_name
 from .data import DataError, load_arms
 from .durable import atomic_write_bytes
 from .losslog import LossLog, read_entries
 from .notify import Notifier
-from .policy import Policy
+from .policy import Policy, PolicyError, parse_policy
 from .signals import SignalFlags
 
 log = logging.getLogger(__name__)
@@ -116,6 +119,7 @@ class Proxy:
 
     def setup(self) -> None:
         self._lock = claim(self.run_dir, "proxy")
+        self._policy_changed = False
         self.configured = configured_arms(self.opts.cfg, self.run_dir)
         self.losslog = LossLog.open(self.run_dir / LOSS_FILE)
         entries = read_entries(self.run_dir / LOSS_FILE)
@@ -125,9 +129,21 @@ class Proxy:
             self.book.record(e.step, e.arm, e.loss)
             self.max_segment = max(self.max_segment, e.segment)
         self.durable_step = max((e.step for e in entries), default=0)
+        self.samples = self._load_samples()
+        if self._policy_changed:
+            # The policy file changed while the proxy was stopped: the manual pivot. Its boundary
+            # is the trainer's newest checkpoint, exactly where `andreactl pivot` would have held it.
+            boundary = newest_checkpoint_step(self.run_dir)
+            if boundary is None or self.durable_step > boundary or boundary < self.book.phase_start:
+                raise ValueError(
+                    f"the policy differs from the running phase's, but the newest checkpoint ({boundary}) "
+                    f"is not a possible pivot point (steps logged up to {self.durable_step}, phase from "
+                    f"{self.book.phase_start}); stop the trainer first (its final checkpoint is the boundary) "
+                    "or use `andreactl pivot --policy FILE` while it runs"
+                )
+            self._pivot(boundary, self.opts.policy)
         self.steps_since_state = 0
         self.mix_since_sample: dict[str, int] = {}
-        self.samples = self._load_samples()
         self.ctx = zmq.Context.instance()
         self.endpoint = endpoint(self.run_dir, "proxy")
         self.sock = bind_router(self.ctx, self.endpoint)
@@ -150,16 +166,14 @@ class Proxy:
                 path.rename(bad)
                 log.warning("%s; moved to %s and rebuilding the bandit from .loss.json", e, bad.name)
             else:
-                if state.bandit.policy_fingerprint != self.opts.policy.fingerprint():
-                    raise ValueError(
-                        f"{path.name} was written under another policy; a policy change is a pivot "
-                        "(a new phase): use `andreactl pivot --policy FILE`"
-                    )
                 bandit = Bandit.from_state(state.bandit, self.configured)
                 log.info("bandit restored from %s at step %d (phase %d)", path.name, bandit.last_step, bandit.phase)
+                self._policy_changed = state.bandit.policy_fingerprint != self.opts.policy.fingerprint()
                 return bandit, state.max_segment
-        bandit = Bandit(self.configured, self.opts.policy, seed=self.opts.cfg.seed)
-        log.info("bandit for phase 0 over arms %s; logged losses are replayed as needed", ", ".join(bandit.live_arms))
+        phase, start = last_pivot(self.run_dir)
+        bandit = Bandit(self.configured, self.opts.policy, seed=self.opts.cfg.seed, phase=phase, start_step=start)
+        log.info("bandit for phase %d (after step %d) over arms %s; logged losses are replayed as needed",
+                 phase, start, ", ".join(bandit.live_arms))
         return bandit, 0
 
     def _load_samples(self) -> SamplesFile:
@@ -198,7 +212,9 @@ class Proxy:
             return self._samples(msg)
         if isinstance(msg, m.StatusRequest):
             return m.Reply(id=msg.id, ok=True, data=self.status())
-        if isinstance(msg, (m.CheckpointRequest, m.StopRequest)):
+        if isinstance(msg, m.PivotRequest):
+            return self._pivot_request(msg)
+        if isinstance(msg, (m.CheckpointRequest, m.StopRequest, m.ResumeRequest)):
             return m.Reply(id=msg.id, ok=False, error=f"'{msg.type}' is a trainer command; send it to the trainer")
         return m.Reply(id=msg.id, ok=False, error=f"unexpected message type {msg.type!r}")
 
@@ -255,6 +271,55 @@ class Proxy:
             atomic_write_bytes(self.run_dir / SAMPLES_FILE, self.samples.model_dump_json(indent=1).encode())
         return m.Reply(id=msg.id, ok=True)
 
+    def _pivot(self, boundary: int, policy: Policy) -> Path:
+        """Archive the ending phase, then start a fresh bandit for the steps after `boundary`.
+
+        Crash-safe in this order: the archive is written from memory (the live files are not
+        moved), then the new .state.json is the commit. A crash before it leaves the old state
+        beside the new policy file, which the next start completes as a manual pivot at the same
+        boundary (the trainer's newest checkpoint).
+        """
+        old = self.book.bandit
+        self._write_state()
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        archive = self.run_dir / "archive" / f"pivot-{boundary:06d}-{stamp}"
+        archive.mkdir(parents=True)
+        for name in (STATE_FILE, SAMPLES_FILE):
+            if (self.run_dir / name).exists():
+                atomic_write_bytes(archive / name, (self.run_dir / name).read_bytes())
+        atomic_write_bytes(archive / "policy.toml", tomli_w.dumps(old.policy.model_dump(mode="json")).encode())
+        record = {"boundary_step": boundary, "old_phase": old.phase, "new_phase": old.phase + 1,
+                  "old_policy": old.policy.fingerprint(), "new_policy": policy.fingerprint(), "utc": now_utc()}
+        atomic_write_bytes(archive / "pivot.json", json.dumps(record, indent=1).encode())
+        bandit = Bandit(self.configured, policy, seed=self.opts.cfg.seed, phase=old.phase + 1, start_step=boundary)
+        self.book = self.book.next_phase(bandit)
+        self.opts.policy = policy
+        self._write_state()  # the commit point of the pivot
+        self.samples = SamplesFile(kept=SAMPLES_KEPT, records=[])
+        atomic_write_bytes(self.run_dir / SAMPLES_FILE, self.samples.model_dump_json(indent=1).encode())
+        self.mix_since_sample = {}
+        log.info("pivot: phase %d starts after step %d under policy %s; phase %d archived in %s",
+                 bandit.phase, boundary, policy.fingerprint()[:12], old.phase, archive.relative_to(self.run_dir))
+        return archive
+
+    def _pivot_request(self, msg: m.PivotRequest) -> m.Message:
+        try:
+            policy = parse_policy(msg.policy_toml, source="pivot policy")
+            policy.check_feasible([c.name for c in self.configured if c.available])
+        except PolicyError as e:
+            return m.Reply(id=msg.id, ok=False, error=str(e))
+        b = msg.boundary_step
+        if b < self.book.phase_start or self.durable_step > b:
+            return m.Reply(id=msg.id, ok=False, error=(
+                f"cannot pivot after step {b}: the phase starts after {self.book.phase_start} and steps up to "
+                f"{self.durable_step} are already logged under the current policy"))
+        # The policy file first: if the proxy dies before the new state is written, its next start
+        # sees the changed policy and completes the same pivot.
+        atomic_write_bytes(self.run_dir / "policy.toml", msg.policy_toml.encode())
+        archive = self._pivot(b, policy)
+        return m.Reply(id=msg.id, ok=True, data={"phase": self.book.bandit.phase, "boundary_step": b,
+                                                  "archive": str(archive.relative_to(self.run_dir))})
+
     def status(self) -> dict:
         b = self.book.bandit
         return {
@@ -290,6 +355,21 @@ class Proxy:
         self.losslog.close()
         close_router(self.sock, self.endpoint)
         log.info("proxy stopped; state written at durable step %d", self.durable_step)
+
+
+def last_pivot(run_dir: Path) -> tuple[int, int]:
+    """(phase, boundary step) of the newest pivot recorded under archive/, or (0, 0)."""
+    best = (0, 0)
+    for record in run_dir.glob("archive/pivot-*/pivot.json"):
+        data = json.loads(record.read_text())
+        best = max(best, (int(data["new_phase"]), int(data["boundary_step"])))
+    return best
+
+
+def newest_checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the newest checkpoint manifest in the run directory (the trainer's resume point)."""
+    steps = [p[0] for f in run_dir.iterdir() if (p := parse_name(f.name)) and p[1] == "json"]
+    return max(steps, default=None)
 
 
 def parse_state_file(path: Path) -> ProxyState:

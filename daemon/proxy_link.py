@@ -78,6 +78,15 @@ class ProxyLink:
                 raise ProxyRefused(self.refused)
             return self._assigned.get(step)
 
+    def restart_after(self, step: int) -> None:
+        """Forget every prefetched arm and say hello again: after a pivot the proxy answers with
+        the new phase, and the arms of steps after `step` must come from it."""
+        with self._cv:
+            self._assigned.clear()
+            self._want = step + 1
+            self.welcome = None
+            self._hello_pending = self._assign_pending = None
+
     def submit_loss(self, entry: LossEntry) -> None:
         with self._cv:
             self._losses[(entry.segment, entry.step)] = entry

@@ -13,7 +13,13 @@ import random
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
+
+
+#: Sizes of the generators' states, checked when a manifest is read so that a damaged RNG state
+#: makes the checkpoint damaged (skipped with its reason) instead of failing after the resume began.
+_MT_WORDS = 624
+_TORCH_CPU_STATE_BYTES = 5056
 
 
 class RngState(BaseModel):
@@ -22,6 +28,32 @@ class RngState(BaseModel):
     numpy_global: dict
     torch_cpu: str  # base64 of torch.get_rng_state()
     torch_cuda: list[str]  # base64 per device, empty without CUDA
+
+    @field_validator("python")
+    @classmethod
+    def _python_state(cls, v: list) -> list:
+        if len(v) != 3 or not isinstance(v[1], list) or len(v[1]) != _MT_WORDS + 1 or not all(isinstance(x, int) for x in v[1]):
+            raise ValueError("not a Python random state (version, 625 words, gauss)")
+        return v
+
+    @field_validator("numpy_global")
+    @classmethod
+    def _numpy_state(cls, v: dict) -> dict:
+        key = v.get("state", {}).get("key")
+        if v.get("bit_generator") != "MT19937" or not isinstance(key, list) or len(key) != _MT_WORDS:
+            raise ValueError("not a NumPy MT19937 state of 624 words")
+        return v
+
+    @field_validator("torch_cpu")
+    @classmethod
+    def _torch_state(cls, v: str) -> str:
+        try:
+            n = len(base64.b64decode(v, validate=True))
+        except ValueError:
+            raise ValueError("torch CPU RNG state is not base64") from None
+        if n != _TORCH_CPU_STATE_BYTES:
+            raise ValueError(f"torch CPU RNG state is {n} bytes, expected {_TORCH_CPU_STATE_BYTES}")
+        return v
 
 
 def _b64(t: torch.Tensor) -> str:

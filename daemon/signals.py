@@ -28,6 +28,8 @@ class SignalFlags:
         self.stop_reason: str | None = None  # "sigterm", "sigint", "control"
         self.checkpoint_reason: str | None = None  # "sigusr1", "control"
         self.boundary_requested = False  # checkpoint at the next cadence boundary (control)
+        self.hold_requested = False  # ...and then hold until resumed (a pivot)
+        self.resume_requested = False
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -58,14 +60,27 @@ class SignalFlags:
             if self.checkpoint_reason is None:
                 self.checkpoint_reason = reason  # repeated requests coalesce into one checkpoint
 
-    def request_boundary_checkpoint(self) -> None:
+    def request_boundary_checkpoint(self, hold: bool = False) -> None:
         with self._lock:
             self.boundary_requested = True
+            self.hold_requested = self.hold_requested or hold
+            self.resume_requested = False
 
-    def take_boundary_request(self) -> bool:
+    def take_boundary_request(self) -> tuple[bool, bool]:
+        """(checkpoint at this boundary?, hold after it?)"""
         with self._lock:
-            requested, self.boundary_requested = self.boundary_requested, False
-            return requested
+            out = (self.boundary_requested, self.hold_requested)
+            self.boundary_requested = self.hold_requested = False
+            return out
+
+    def request_resume(self) -> None:
+        with self._lock:
+            self.resume_requested = True
+
+    def take_resume(self) -> bool:
+        with self._lock:
+            resumed, self.resume_requested = self.resume_requested, False
+            return resumed
 
     def take_checkpoint_request(self) -> str | None:
         with self._lock:

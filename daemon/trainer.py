@@ -27,6 +27,7 @@ from andrea.control.transport import claim, endpoint, new_id
 from . import rngstate
 from .ckpt_format import bin_name
 from .checkpoint import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
+from .ckpt_writer import StagingBuffer
 from .config import RunConfig
 from .data import ArmStream, DataError, FixedMixture, load_arms
 from .exitcodes import ExitCode
@@ -114,7 +115,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.decay_groups(o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=True
         )
-        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint)
+        self._staging = StagingBuffer(sum(p.numel() for p in self.params), self.device)
+        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint, read_buffer=self._staging.array)
         loaded = self.ckpt.load(
             Expectation(
                 model=cfg.model, layout=self.layout,
@@ -221,14 +223,21 @@ class Trainer:
     # ---- checkpoints ------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        def host(t: torch.Tensor) -> np.ndarray:
-            return t.detach().to("cpu", torch.float32).contiguous().numpy()
+        """The state after the current step, copied into the preallocated host buffer (pinned on
+        CUDA, where the copies are asynchronous and `Snapshot.ready` waits for them).
 
+        Waits first for a background write in flight: it is reading that buffer."""
+        self._wait_for_write()
         states = [self.optimizer.state[p] for p in self.params]
-        adam_steps = {int(s["step"].item()) for s in states}
+        adam_steps = {int(x) for x in torch.stack([s["step"] for s in states]).tolist()}  # one sync
         if len(adam_steps) != 1:
             raise RuntimeError(f"parameters disagree on Adam's step count: {sorted(adam_steps)}")
+        payload = self._staging.fill(
+            self.step, self.params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        )
         o = self.cfg.optim
+        if getattr(self, "_snapshot_env", None) is None:
+            self._snapshot_env = self._environment()  # fixed for the life of the process
         fields = dict(
             layout=self.layout, model=self.cfg.model,
             optimizer=OptimizerState(
@@ -240,20 +249,29 @@ class Trainer:
             mixing=MixingState(mode=self.cfg.mixing, phase=self.phase, arms=[a.name for a in self.arms]),
             pending_losses=[e for e in self.link.unacknowledged() if e.step <= self.step] if self.link else [],
             progress=Progress(step=self.step, tokens_seen=self.tokens_seen, segment=self.segment, train_seconds=self.train_seconds),
-            environment=self._environment(), config_hash=self.cfg.trajectory_hash(),
+            environment=self._snapshot_env, config_hash=self.cfg.trajectory_hash(),
             config=self.cfg.model_dump(mode="json"),
         )
         return Snapshot(
-            step=self.step, weights=[host(p) for p in self.params],
-            m=[host(s["exp_avg"]) for s in states], v=[host(s["exp_avg_sq"]) for s in states], fields=fields,
+            step=self.step, weights=[], m=[], v=[], fields=fields, payload=payload, ready=self._staging.ready,
         )
 
-    def checkpoint(self, trigger: Trigger) -> None:
-        """Write a checkpoint of the current step, durably, before returning."""
-        t0 = time.perf_counter()
+    def _sync_losses(self) -> None:
+        # The loss history reaches the disk no later than the weights: called by the checkpoint
+        # manager between the payload and the manifest (the commit), on the writer's thread for a
+        # background write (an fsync of the log's descriptor; the main thread only appends).
         if self.losslog is not None:
-            self.losslog.sync()  # the loss history reaches the disk no later than the weights
-        manifest = self.ckpt.save(self.snapshot(), trigger)
+            self.losslog.sync()
+
+    def _wait_for_write(self) -> None:
+        """Block until no background checkpoint write is in flight."""
+        self.ckpt.wait()
+
+    def checkpoint(self, trigger: Trigger) -> None:
+        """Write a checkpoint of the current step, durably, before returning (after a background
+        write in flight, if any, has finished)."""
+        t0 = time.perf_counter()
+        manifest = self.ckpt.save(self.snapshot(), trigger, before_commit=self._sync_losses)
         self.last_saved = self.step
         self.last_write_seconds = time.perf_counter() - t0
         log.info(
@@ -261,9 +279,46 @@ class Trainer:
             manifest.bin_file, trigger, manifest.bin_size / 1e6, self.last_write_seconds,
         )
 
+    def _checkpoint_in_background(self, trigger: Trigger) -> None:
+        """Stage the current step's state (the only part training waits for), then write and fsync
+        it on the writer thread while training continues. A write still in flight is waited for
+        first: a cadence checkpoint is delayed, never skipped."""
+        t0 = time.perf_counter()
+        snap = self.snapshot()
+        step = snap.step
+
+        def done(manifest: Manifest | None, error: BaseException | None, seconds: float) -> None:
+            # On the writer's thread. last_saved moves only once the manifest is committed.
+            if manifest is not None:
+                self.last_saved = max(self.last_saved, step)
+                self.last_write_seconds = seconds
+                log.info(
+                    "checkpoint %s written (%s, %.1f MB, %.2f s in the background)",
+                    manifest.bin_file, trigger, manifest.bin_size / 1e6, seconds,
+                )
+            elif isinstance(error, OSError):
+                log.error("checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
+                          step, trigger, error, self.last_saved or "none")
+            else:
+                log.error("checkpoint of step %d (%s) FAILED unexpectedly: %r", step, trigger, error)
+
+        self.ckpt.save_async(snap, trigger, on_done=done, before_commit=self._sync_losses)
+        self.last_stall_seconds = time.perf_counter() - t0
+        log.debug("checkpoint of step %d staged in %.4f s; writing in the background", step, self.last_stall_seconds)
+
     def _checkpoint_and_continue(self, trigger: Trigger) -> None:
         # A failed write mid-run (disk full, say) must not end a multi-day run: the previous
         # checkpoint stays valid, the error is logged, and the next cadence point tries again.
+        if trigger == "cadence" and self.cfg.checkpoint.async_write:
+            self._checkpoint_in_background(trigger)
+            return
+        # Requested checkpoints are synchronous: whoever asked is told once it is durable. A
+        # background write of this very step that was in flight serves the request.
+        self._wait_for_write()
+        if self.last_saved == self.step:
+            self.ckpt.mark_requested(self.step, trigger)
+            log.info("checkpoint of step %d just written in the background; kept as requested (%s)", self.step, trigger)
+            return
         try:
             self.checkpoint(trigger)
         except OSError as e:
@@ -339,6 +394,21 @@ class Trainer:
                 self._on_checkpoint_request(reason)
                 return None
 
+    def _hold(self) -> None:
+        """Wait at a boundary checkpoint until resumed (the proxy pivots meanwhile), honouring stop
+        requests. On resume every prefetched arm is dropped: it was drawn under the old policy."""
+        self.activity = f"holding after step {self.step}"
+        self.notifier.status(f"step {self.step}: holding at a boundary checkpoint")
+        log.info("holding after the checkpoint of step %d until resumed", self.step)
+        while not self.flags.stop_requested():
+            if self.flags.take_resume():
+                if self.link is not None:
+                    self.link.restart_after(self.step)
+                log.info("resumed after step %d", self.step)
+                return
+            self.notifier.tick()
+            time.sleep(0.05)
+
     # ---- the loop ---------------------------------------------------------------------------
 
     def run(self) -> ExitCode:
@@ -368,11 +438,14 @@ class Trainer:
             self.activity = "training"
             self.notifier.tick()
 
-            if self.ckpt.due(self.step):
-                if self.flags.take_boundary_request():
-                    self._on_checkpoint_request("boundary")
-                else:
-                    self._checkpoint_and_continue("cadence")
+            at_boundary = self.ckpt.due(self.step) or self.cfg.checkpoint.every == 0
+            boundary, hold = self.flags.take_boundary_request() if at_boundary else (False, False)
+            if boundary:
+                self._on_checkpoint_request("boundary")
+                if hold:
+                    self._hold()
+            elif self.ckpt.due(self.step):
+                self._checkpoint_and_continue("cadence")
             if (reason := self.flags.take_checkpoint_request()) is not None:
                 self._on_checkpoint_request(reason)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
@@ -400,6 +473,12 @@ class Trainer:
     def finish(self) -> ExitCode:
         """Final checkpoint (if the newest step has none yet), then a clean exit."""
         self.activity = "stopping"
+        if (writing := self.ckpt.in_flight()) is not None:
+            # A stop during a background write waits for it (it is never abandoned half-way), then
+            # writes its own final checkpoint unless that write already holds the newest step.
+            log.info("waiting for the checkpoint of step %d being written", writing)
+            self.notifier.extend_timeout(max(30.0, 4 * self.last_write_seconds))
+        self._wait_for_write()
         reason = self.flags.stop_reason
         trigger: Trigger = reason if reason in ("sigterm", "sigint", "control") else "end"  # type: ignore[assignment]
         # A checkpoint request that came with the stop is served by the final checkpoint, which
@@ -429,10 +508,10 @@ class Trainer:
         return code
 
     def close(self) -> None:
+        self.ckpt.close()  # finishes a write in flight first: it syncs the loss log before committing
         if self.losslog is not None:
             self.losslog.close()
         if self.link is not None:
             # Unacknowledged records are in the final manifest; waiting briefly just saves a resend.
             self.link.wait_acknowledged(timeout=1.0)
             self.link.close()
-        self.ckpt.close()

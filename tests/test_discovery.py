@@ -44,7 +44,16 @@ def _tear_manifest(p: Path) -> None:
     p.write_text(p.read_text()[:200])
 
 
+def _damage_rng(p: Path) -> None:
+    # A manifest whose bytes parse but whose RNG state cannot be restored: found when the
+    # checkpoint is checked, not after the resume has begun (Accelerate #3960 swallowed this).
+    man = json.loads(p.read_text())
+    man["rng"]["torch_cpu"] = man["rng"]["torch_cpu"][:400]
+    p.write_text(json.dumps(man))
+
+
 DAMAGE: dict[str, tuple[str, Callable[[Path], None], str]] = {
+    "rng-state": ("json", _damage_rng, r"manifest unreadable: .*rng\.torch_cpu.*RNG state"),
     "truncated": ("bin", _truncate, r"payload is \d+ bytes, manifest says"),
     "wrong-size": ("bin", _extend, r"payload is \d+ bytes, manifest says"),
     "hash-mismatch": ("bin", _flip, r"sha256 .* does not match manifest"),

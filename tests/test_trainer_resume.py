@@ -181,3 +181,22 @@ def test_failed_final_checkpoint_keeps_previous_and_exits_3(tmp_path: Path, cach
     # And the run resumes from it.
     res = run_trainer(tmp_path, cache_dir, "--max-steps", "12", "--checkpoint-every", "0")
     assert res.returncode == 0 and "resumed from step_000010.bin" in res.stderr, res.stderr
+
+
+def test_sigkill_during_checkpoint_writes_never_loads_a_torn_checkpoint(tmp_path: Path, cache_dir: Path, continuous: Path) -> None:
+    """A checkpoint every step, so that SIGKILLs at random moments land inside writes: every
+    restart must resume from an intact checkpoint, and the run must still end bit-exact."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(4):
+        t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "1"))
+        t.wait_for(r"checkpoint step_\d+\.bin written")
+        time.sleep(rng.uniform(0.0, 0.3))
+        t.signal(signal.SIGKILL)
+        t.wait()
+    res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "1")
+    assert res.returncode == 0, res.stderr
+    assert "resumed from" in res.stderr
+    assert losses(tmp_path) == losses(continuous)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
