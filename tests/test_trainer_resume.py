@@ -7,6 +7,7 @@ bytes (the final .bin: weights, m, v) and of every step's loss, read back from .
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -109,12 +110,14 @@ def test_sigkill_then_restart_is_bit_exact(tmp_path: Path, cache_dir: Path, cont
     t.wait()
     res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
     assert res.returncode == 0, res.stderr
-    assert "resumed from step_000020.bin" in res.stderr
-    # Steps 21..25 were trained twice (two segments); the newest entry per step is canonical and
+    # Cadence checkpoints are written in the background: the kill may land before step 20's commits.
+    resumed = int(re.search(r"resumed from step_(\d+)\.bin", res.stderr).group(1))
+    assert resumed in (10, 20)
+    # Steps after it were trained twice (two segments); the newest entry per step is canonical and
     # equal to the first life's, because the trajectory is the same.
     first = {e["step"]: e["loss"] for e in entries(tmp_path) if e["segment"] == 1}
     second = {e["step"]: e["loss"] for e in entries(tmp_path) if e["segment"] == 2}
-    assert min(second) == 21
+    assert min(second) == resumed + 1
     assert all(first[s] == second[s] for s in first if s in second)
     assert losses(tmp_path) == losses(continuous)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
