@@ -133,7 +133,16 @@ def _spawn_proxy(run_dir: Path, args: argparse.Namespace) -> subprocess.Popen:
     if args.policy:
         cmd += ["--policy", str(args.policy)]
     log.info("starting andrea-proxy for %s", run_dir)
-    return subprocess.Popen(cmd, start_new_session=True)
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_terminate_with_parent)
+
+
+def _terminate_with_parent() -> None:
+    # If the trainer is SIGKILLed (OOM killer, say), its proxy must not live on as an orphan
+    # holding the run's proxy lock: the kernel sends it SIGTERM, and it stops cleanly.
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _stop_proxy(proc: subprocess.Popen) -> None:

@@ -32,8 +32,22 @@ def trainer_cmd(run_dir: Path, cache: Path, *extra: str) -> list[str]:
     ]
 
 
+_LIVE: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes():
+    """A failing test must not leave a daemon running into the next test (or past CI)."""
+    yield
+    while _LIVE:
+        proc = _LIVE.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 class Trainer:
-    """A trainer subprocess whose log lines can be awaited while it runs."""
+    """A daemon subprocess (trainer or proxy) whose log lines can be awaited while it runs."""
 
     def __init__(self, cmd: list[str], env: dict[str, str] | None = None, **popen) -> None:
         self.lines: list[str] = []
@@ -42,6 +56,7 @@ class Trainer:
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})}, **popen,
         )
+        _LIVE.append(self.proc)
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:

@@ -241,3 +241,16 @@ def test_one_command_run_and_ctrl_c_stop_both_cleanly(tmp_path: Path, cache_dir:
     assert steps == list(range(1, man["step"] + 1))
     lock = (tmp_path / ".proxy.lock").read_text()
     assert subprocess.run(["kill", "-0", lock], capture_output=True).returncode != 0, "the proxy is gone"
+
+
+def test_one_command_proxy_does_not_outlive_a_killed_trainer(tmp_path: Path, cache_dir: Path) -> None:
+    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"))
+    t.wait_for(r"step 5/")
+    pid = int((tmp_path / ".proxy.lock").read_text())
+    t.signal(signal.SIGKILL)
+    t.wait()
+    deadline = time.monotonic() + 20
+    while subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the proxy outlived its trainer"
+        time.sleep(0.2)
+    json.loads((tmp_path / ".state.json").read_text())  # it stopped cleanly, writing its state
