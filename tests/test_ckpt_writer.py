@@ -172,6 +172,23 @@ def test_async_saves_commit_in_order_and_verify(tmp_path: Path, manifest_fields:
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_list_snapshot_and_staged_snapshot_write_the_same_bytes(tmp_path: Path, manifest_fields: dict) -> None:
+    g = torch.Generator().manual_seed(3)
+    ws, ms, vs = ([torch.randn(600, generator=g), torch.randn(20, 20, generator=g)] for _ in range(3))
+    staging = StagingBuffer(1000)
+    staged = Snapshot(step=4, weights=[], m=[], v=[], fields=manifest_fields, payload=staging.fill(4, ws, ms, vs))
+    listed = Snapshot(step=4, weights=[t.numpy() for t in ws], m=[t.numpy() for t in ms], v=[t.numpy() for t in vs],
+                      fields=manifest_fields)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = CheckpointManager(tmp_path / "a", CheckpointConfig()), CheckpointManager(tmp_path / "b", CheckpointConfig())
+    ma, mb = a.save(staged, "cadence"), b.save(listed, "cadence")
+    a.close()
+    b.close()
+    assert ma.bin_sha256 == mb.bin_sha256
+    assert (tmp_path / "a" / fmt.bin_name(4)).read_bytes() == (tmp_path / "b" / fmt.bin_name(4)).read_bytes()
+
+
 def test_failed_async_save_is_reported_and_keeps_previous(tmp_path: Path, manifest_fields: dict) -> None:
     mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_latest=2))
     staging = StagingBuffer(1000)
