@@ -36,7 +36,7 @@ def _cpu_training_dropout(x: torch.Tensor, p: float) -> bool:
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Inverted dropout. On CPU, from one uniform draw per element (see the module docstring)."""
+    """Inverted dropout. On CPU, the mask comes from a PCG64 stream seeded by torch's RNG (see the module docstring)."""
     if not training or p == 0.0:
         return x
     if not _cpu_training_dropout(x, p):
