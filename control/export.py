@@ -34,7 +34,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from andrea.daemon import ckpt_format as fmt
-from andrea.daemon.checkpoint import CheckpointManager
+from andrea.daemon.checkpoint import checkpoint_steps, verify_checkpoint
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
 from andrea.daemon.durable import atomic_write_bytes, fsync_dir
@@ -153,36 +153,6 @@ class ExportReport(_Record):
     code_version: str
     torch_version: str
     created_utc: str
-
-
-# --- reading checkpoints without disturbing a live trainer ------------------------------------------
-
-
-class _Inspector(CheckpointManager):
-    """The manager's discovery and verification, without its constructor.
-
-    ``CheckpointManager.__init__`` deletes ``step_*.tmp`` files and starts a retention thread: right for
-    the trainer that owns the directory, wrong for a reader next to a trainer that may be writing a
-    checkpoint at this very moment (its temporary file would vanish under it).
-    """
-
-    def __init__(self, run_dir: Path) -> None:  # deliberately not calling super().__init__
-        self.run_dir = run_dir
-
-
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    """Steps that have a manifest in ``run_dir``, newest first (intact or not)."""
-    return _Inspector(run_dir).candidates()
-
-
-def verify_checkpoint(run_dir: Path, step: int) -> tuple[Manifest, fmt.Payload]:
-    """``CheckpointManager.verify`` without side effects on the directory; raises ValueError if not intact."""
-    try:
-        return _Inspector(run_dir).verify(step)
-    except FileNotFoundError as exc:
-        raise ValueError(f"{exc.filename}: missing") from None
-    except OSError as exc:
-        raise ValueError(str(exc)) from None
 
 
 # --- the model and its evaluation ---------------------------------------------------------------------

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.control import mini_problem as mini
 from andrea.control.compare import MAX_ISSUES_KEPT, Comparison, Issue, IssueKind, compare_all
-from andrea.control.export import checkpoint_steps, verify_checkpoint
+from andrea.daemon.checkpoint import checkpoint_steps, verify_checkpoint
 from andrea.daemon import ckpt_format as fmt
 from andrea.daemon.durable import atomic_write_bytes
 from andrea.daemon.losslog import LossEntry, LossLogError, canonical_curve, read_entries

@@ -251,13 +251,7 @@ class CheckpointManager:
             p.unlink(missing_ok=True)
 
     def candidates(self) -> list[int]:
-        """Steps that have a manifest, newest first."""
-        steps = []
-        for p in self.run_dir.iterdir():
-            parsed = fmt.parse_name(p.name)
-            if parsed and parsed[1] == "json":
-                steps.append(parsed[0])
-        return sorted(steps, reverse=True)
+        return checkpoint_steps(self.run_dir)
 
     def orphans(self) -> list[str]:
         """Payloads without a manifest: writes interrupted between the two renames."""
@@ -268,35 +262,7 @@ class CheckpointManager:
         )
 
     def verify(self, step: int, out: np.ndarray | None = None) -> tuple[Manifest, fmt.Payload]:
-        """Parse the manifest of `step` and check its payload's size, header and sha256.
-        Raises ValueError with the reason when the checkpoint is not intact.
-
-        The payload is read once, hashed on a second thread as it arrives, into `out` (a uint8
-        array, reused when large enough) or a new buffer; the returned arrays are views of it."""
-        man_path = self.run_dir / fmt.manifest_name(step)
-        try:
-            manifest = Manifest.model_validate_json(man_path.read_bytes())
-        except (ValidationError, ValueError) as e:
-            raise ValueError(f"manifest unreadable: {_first_line(e)}") from None
-        if manifest.step != step:
-            raise ValueError(f"manifest says step {manifest.step}, file name says {step}")
-        bin_path = self.run_dir / manifest.bin_file
-        if bin_path.name != fmt.bin_name(step):
-            raise ValueError(f"manifest points at {manifest.bin_file!r}, expected {fmt.bin_name(step)}")
-        if not bin_path.exists():
-            raise ValueError("payload missing")
-        size = bin_path.stat().st_size
-        if size != manifest.bin_size or size != fmt.payload_size(manifest.n_params):
-            raise ValueError(f"payload is {size} bytes, manifest says {manifest.bin_size}")
-        buf, digest = read_payload_into(bin_path, size, out)
-        if digest != manifest.bin_sha256:
-            raise ValueError(f"payload sha256 {digest[:12]}… does not match manifest {manifest.bin_sha256[:12]}…")
-        step_h, n_h = fmt.HEADER.unpack_from(buf)
-        if (step_h, n_h) != (manifest.step, manifest.n_params):
-            raise ValueError(f"payload header (step={step_h}, n={n_h}) disagrees with manifest")
-        n = manifest.n_params
-        flat = buf[fmt.HEADER.size :].view(fmt.DTYPE)
-        return manifest, fmt.Payload(step_h, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
+        return verify_checkpoint(self.run_dir, step, out)
 
     def load(self, expect: Expectation, step: int = -1) -> Loaded | None:
         """The newest intact checkpoint (or exactly `step`), checked against `expect`.
@@ -345,6 +311,56 @@ class CheckpointManager:
             return json.loads((self.run_dir / fmt.manifest_name(step)).read_bytes())["trigger"]
         except (OSError, ValueError, KeyError):
             return "cadence"
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps that have a manifest, newest first. Read-only: safe beside a running trainer."""
+    steps = []
+    for p in run_dir.iterdir():
+        parsed = fmt.parse_name(p.name)
+        if parsed and parsed[1] == "json":
+            steps.append(parsed[0])
+    return sorted(steps, reverse=True)
+
+
+def _verify(run_dir: Path, step: int, out: np.ndarray | None) -> tuple[Manifest, fmt.Payload]:
+    """The payload is read once, hashed on a second thread as it arrives, into `out` (a uint8
+    array, reused when large enough) or a new buffer; the returned arrays are views of it."""
+    man_path = run_dir / fmt.manifest_name(step)
+    try:
+        manifest = Manifest.model_validate_json(man_path.read_bytes())
+    except (ValidationError, ValueError) as e:
+        raise ValueError(f"manifest unreadable: {_first_line(e)}") from None
+    if manifest.step != step:
+        raise ValueError(f"manifest says step {manifest.step}, file name says {step}")
+    bin_path = run_dir / manifest.bin_file
+    if bin_path.name != fmt.bin_name(step):
+        raise ValueError(f"manifest points at {manifest.bin_file!r}, expected {fmt.bin_name(step)}")
+    if not bin_path.exists():
+        raise ValueError("payload missing")
+    size = bin_path.stat().st_size
+    if size != manifest.bin_size or size != fmt.payload_size(manifest.n_params):
+        raise ValueError(f"payload is {size} bytes, manifest says {manifest.bin_size}")
+    buf, digest = read_payload_into(bin_path, size, out)
+    if digest != manifest.bin_sha256:
+        raise ValueError(f"payload sha256 {digest[:12]}… does not match manifest {manifest.bin_sha256[:12]}…")
+    step_h, n_h = fmt.HEADER.unpack_from(buf)
+    if (step_h, n_h) != (manifest.step, manifest.n_params):
+        raise ValueError(f"payload header (step={step_h}, n={n_h}) disagrees with manifest")
+    n = manifest.n_params
+    flat = buf[fmt.HEADER.size :].view(fmt.DTYPE)
+    return manifest, fmt.Payload(step_h, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
+
+
+def verify_checkpoint(run_dir: Path, step: int, out: np.ndarray | None = None) -> tuple[Manifest, fmt.Payload]:
+    """Parse the manifest of `step` and check its payload's size, header and sha256; ValueError
+    with the reason when the checkpoint is not intact (a file that cannot be read included).
+    Read-only, so safe beside a running trainer (unlike building a CheckpointManager, which
+    removes stale temporary files)."""
+    try:
+        return _verify(run_dir, step, out)
+    except OSError as e:
+        raise ValueError(f"{e.filename or run_dir}: {e.strerror or e}") from None
 
 
 def _first_line(e: Exception) -> str:

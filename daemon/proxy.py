@@ -33,7 +33,7 @@ from andrea.control.transport import bind_router, claim, close_router, endpoint
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
 from .config import DataConfig, RunConfig
-from .ckpt_format import parse_name
+from .checkpoint import checkpoint_steps
 from .data import DataError, load_arms
 from .durable import atomic_write_bytes
 from .losslog import LossLog, read_entries
@@ -133,7 +133,7 @@ class Proxy:
         if self._policy_changed:
             # The policy file changed while the proxy was stopped: the manual pivot. Its boundary
             # is the trainer's newest checkpoint, exactly where `andreactl pivot` would have held it.
-            boundary = newest_checkpoint_step(self.run_dir)
+            boundary = max(checkpoint_steps(self.run_dir), default=None)
             if boundary is None or self.durable_step > boundary or boundary < self.book.phase_start:
                 raise ValueError(
                     f"the policy differs from the running phase's, but the newest checkpoint ({boundary}) "
@@ -364,12 +364,6 @@ def last_pivot(run_dir: Path) -> tuple[int, int]:
         data = json.loads(record.read_text())
         best = max(best, (int(data["new_phase"]), int(data["boundary_step"])))
     return best
-
-
-def newest_checkpoint_step(run_dir: Path) -> int | None:
-    """The step of the newest checkpoint manifest in the run directory (the trainer's resume point)."""
-    steps = [p[0] for f in run_dir.iterdir() if (p := parse_name(f.name)) and p[1] == "json"]
-    return max(steps, default=None)
 
 
 def parse_state_file(path: Path) -> ProxyState:
