@@ -3,8 +3,8 @@
 The config is split by what a change would do to the run:
 - *trajectory* settings (model, optimizer, batch, seed, data, mixing) decide every bit the run will
   produce; resuming under different ones is refused unless the operator says so;
-- *operational* settings (max_steps, checkpoint policy, logging cadence, device, threads) may change
-  at any restart. The LR schedule has its own horizon (`decay_steps`) precisely so that extending
+- *operational* settings (max_steps, checkpoint policy, logging cadence, device, precision, threads)
+  may change at any restart (a change of device, precision or threads is announced as not bit-exact). The LR schedule has its own horizon (`decay_steps`) precisely so that extending
   `max_steps` never changes the learning rates of steps already planned.
 """
 
@@ -19,6 +19,9 @@ from typing import Any, ClassVar, Literal
 import tomli_w
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+Precision = Literal["auto", "fp32", "tf32", "bf16"]
 
 
 class ConfigError(ValueError):
@@ -140,6 +143,11 @@ class RunConfig(_Strict):
     mixing: Literal["fixed", "proxy"] = "fixed"
     max_steps: int = Field(1000, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Precision = Field(
+        "auto",
+        description="arithmetic of the training step (daemon/precision.py): auto = bf16 autocast on a CUDA GPU "
+        "that supports it (else tf32), fp32 on CPU",
+    )
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: torch's choice")
     log_every: int = Field(10, ge=1)
     sample_every: int = Field(100, ge=0, description="0 disables periodic samples")

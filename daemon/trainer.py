@@ -35,6 +35,7 @@ from .losslog import LossEntry, LossLog, last_entry
 from .manifest import Environment, Manifest, MixingState, OptimizerState, Progress, Trigger
 from .model import GPT
 from .notify import Notifier
+from .precision import resolve as resolve_precision
 from .proxy_link import ProxyLink
 from .control_server import ControlServer
 from .schedule import lr_at, scheduler_state
@@ -96,6 +97,8 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = self._device()
+        self.numerics = resolve_precision(cfg.precision, self.device)
+        self.numerics.apply()
         self.arms = load_arms(cfg.data, self.run_dir, cfg.model.vocab_size, self.flags.stop_requested)
         self.streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in self.arms]
         self.mixture = FixedMixture([a.name for a in self.arms], [s.weight for s in cfg.data.arms], cfg.seed)
@@ -145,8 +148,9 @@ class Trainer:
             self.link.start()
         self._pending_rng = loaded.manifest.rng if loaded is not None else None
         log.info(
-            "model %s: %s parameters on %s, %d threads; %s mixing; starting at step %d",
-            cfg.preset, f"{self.model.n_params():,}", self.device, torch.get_num_threads(), cfg.mixing, self.step,
+            "model %s: %s parameters on %s, %s, %d threads; %s mixing; starting at step %d",
+            cfg.preset, f"{self.model.n_params():,}", self.device, self.numerics.recorded, torch.get_num_threads(),
+            cfg.mixing, self.step,
         )
 
     def _restore(self, loaded: Loaded) -> None:
@@ -185,7 +189,7 @@ class Trainer:
 
     def _environment(self) -> Environment:
         return Environment(
-            device=str(self.device), dtype="float32", threads=torch.get_num_threads(),
+            device=str(self.device), dtype=self.numerics.recorded, threads=torch.get_num_threads(),
             torch_version=torch.__version__, numpy_version=np.__version__,
             python_version=platform.python_version(), code_version=code_version(),
         )
@@ -206,7 +210,8 @@ class Trainer:
         lr = lr_at(step, self.cfg.optim)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        _, loss = self.model(xy[:, :-1], xy[:, 1:])
+        with self.numerics.autocast(self.device):
+            _, loss = self.model(xy[:, :-1], xy[:, 1:])
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.optim.grad_clip > 0:
@@ -350,7 +355,8 @@ class Trainer:
         out = []
         for prompt in SAMPLE_PROMPTS:
             idx = torch.tensor([list(prompt.encode())], dtype=torch.long, device=self.device)
-            toks = self.model.generate(idx, self.cfg.sample_tokens, g, should_stop=self.flags.stop_requested)
+            with self.numerics.autocast(self.device):
+                toks = self.model.generate(idx, self.cfg.sample_tokens, g, should_stop=self.flags.stop_requested)
             out.append(bytes(toks[0].tolist()).decode("utf-8", errors="replace"))
         return out
 

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, help="cadence of checkpoints in steps (0: only on request/exit)")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--precision", choices=["auto", "fp32", "tf32", "bf16"],
+                   help="arithmetic of the step: auto = bf16 autocast on CUDA, fp32 on CPU (see docs/performance.md)")
     p.add_argument("--mixing", choices=["fixed", "proxy"], help="fixed mixture (default) or the proxy's bandit")
     p.add_argument("--with-proxy", action="store_true",
                    help="also start andrea-proxy for this run (implies --mixing proxy); both stop together")
@@ -96,6 +98,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         data_overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
         overrides = {
             "preset": args.preset, "max_steps": args.max_steps, "seed": args.seed, "device": args.device,
+            "precision": args.precision,
             "mixing": "proxy" if args.with_proxy else args.mixing, "threads": args.threads, "batch_size": args.batch_size,
             "log_every": args.log_every, "sample_every": args.sample_every,
         }
@@ -158,6 +161,7 @@ def _stop_proxy(proc: subprocess.Popen) -> None:
 
 def _train(run_dir: Path, cfg: RunConfig, args: argparse.Namespace, flags: SignalFlags, skip: frozenset[str]) -> ExitCode:
     from .checkpoint import ResumeRefused
+    from .config import ConfigError
     from .data import DataError
     from .proxy_link import ProxyRefused
     from .trainer import Trainer, TrainerOptions
@@ -170,6 +174,9 @@ def _train(run_dir: Path, cfg: RunConfig, args: argparse.Namespace, flags: Signa
     except InterruptedError:
         log.info("stop requested during start-up; nothing was trained, exiting")
         return ExitCode.OK
+    except ConfigError as e:
+        log.error("%s", e)
+        return ExitCode.CONFIG_ERROR
     except ResumeRefused as e:
         log.error("%s", e)
         return ExitCode.RESUME_REFUSED
