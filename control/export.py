@@ -38,7 +38,7 @@ from andrea.daemon.checkpoint import checkpoint_steps, verify_checkpoint
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
 from andrea.daemon.durable import atomic_write_bytes, fsync_dir
-from andrea.daemon.losslog import LossLogError, canonical_curve, read_entries
+from andrea.daemon.losslog import LossLogError, read_curve
 from andrea.daemon.manifest import Environment, Manifest, MixingState
 from andrea.daemon.model import GPT
 from andrea.daemon.trainer import LOSS_FILE, code_version
@@ -228,19 +228,20 @@ def _metrics(run_dir: Path, manifest: Manifest) -> ExportMetrics:
     loss = ema = lr = None
     arm = None
     try:
-        curve = [e for e in canonical_curve(read_entries(run_dir / LOSS_FILE)) if e.step <= step]
+        curve = read_curve(run_dir / LOSS_FILE)
     except FileNotFoundError:
         note = f"no {LOSS_FILE} in the run directory"
     except LossLogError as exc:
         note = f"{LOSS_FILE} unreadable: {exc}"
     else:
-        if curve and curve[-1].step == step:
-            last = curve[-1]
+        n = int(np.searchsorted(curve.step, step, side="right"))  # the canonical entries up to `step`
+        if n and curve.step[n - 1] == step:
+            last = curve.entry(n - 1)
             loss, lr, arm = last.loss, last.lr, last.arm
-            for entry in curve:
-                ema = entry.loss if ema is None else EMA_DECAY * ema + (1 - EMA_DECAY) * entry.loss
-            gaps = step - len(curve)
-            note = f"{LOSS_FILE}: {len(curve)} canonical entries up to step {step}" + (
+            for value in curve.loss[:n].tolist():
+                ema = value if ema is None else EMA_DECAY * ema + (1 - EMA_DECAY) * value
+            gaps = step - n
+            note = f"{LOSS_FILE}: {n} canonical entries up to step {step}" + (
                 f" ({gaps} steps missing: the EMA skips them)" if gaps else ""
             )
         else:

@@ -7,6 +7,7 @@ every spike visible (a plain stride would drop them) while the file stays small.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from html import escape
 
 import numpy as np
@@ -28,7 +29,7 @@ def _buckets(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarr
     return np.asarray(xs), np.asarray(ys)
 
 
-def loss_svg(steps: list[int], losses: list[float], title: str = "") -> str:
+def loss_svg(steps: Sequence[int] | np.ndarray, losses: Sequence[float] | np.ndarray, title: str = "") -> str:
     """An SVG of loss against step. Non-finite losses are drawn as red ticks on the x axis."""
     x = np.asarray(steps, dtype=np.float64)
     y = np.asarray(losses, dtype=np.float64)

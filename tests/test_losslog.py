@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import random
+import re
 import signal
 import shutil
 import subprocess
@@ -15,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +25,7 @@ from pydantic import ValidationError
 
 from andrea.daemon import losslog
 from andrea.daemon.losslog import (
+    LossCurve,
     LossEntry,
     LossLog,
     LossLogCorrupt,
@@ -29,6 +33,7 @@ from andrea.daemon.losslog import (
     LossLogLocked,
     canonical_curve,
     last_entry,
+    read_curve,
     read_entries,
 )
 
@@ -276,7 +281,7 @@ def test_garbage_in_the_middle_is_refused_with_offset(tmp_path: Path, name: str,
     path, raw = _lines_file(tmp_path)
     bad = edit(raw, _line_offset(raw, 2))
     path.write_bytes(bad)
-    for action in (LossLog.open, read_entries):
+    for action in (LossLog.open, read_entries, read_curve):
         with pytest.raises(LossLogCorrupt) as info:
             action(path)
         assert info.value.offset == _line_offset(bad, bad_line), str(info.value)
@@ -321,7 +326,184 @@ def test_foreign_files_are_refused_untouched(tmp_path: Path, name: str, content)
         LossLog.open(path)
     with pytest.raises(LossLogCorrupt):
         read_entries(path)
+    with pytest.raises(LossLogCorrupt):
+        read_curve(path)
     assert path.read_bytes() == raw
+
+
+# ---------------------------------------------------------------- read_curve: the canonical curve as columns
+
+
+COLUMN_TYPES = {"step": np.int64, "loss": np.float64, "arm": object, "lr": np.float64, "tokens": np.int64,
+                "wall_time": np.float64, "segment": np.int64, "phase": np.int64, "batch_sha256": object}
+
+
+def assert_curve_of_entries(path: Path) -> LossCurve:
+    """read_curve(path) is canonical_curve(read_entries(path)), field by field, and leaves the file as it was."""
+    before = path.read_bytes()
+    entries = read_entries(path)
+    expected = canonical_curve(entries)
+    curve = read_curve(path)
+    assert path.read_bytes() == before
+    assert curve.entries_read == len(entries) and len(curve) == len(expected)
+    for name, dtype in COLUMN_TYPES.items():
+        column = getattr(curve, name)
+        want = [getattr(e, name) for e in expected]
+        assert column.dtype == dtype and column.shape == (len(expected),), name
+        if dtype is np.float64:  # NaN equals NaN here, and -0.0 is told from 0.0
+            assert np.array_equal(column, want, equal_nan=True) and (np.signbit(column) == np.signbit(want)).all(), name
+        else:
+            assert column.tolist() == want, name
+    assert dumps([curve.entry(i) for i in range(len(curve))]) == dumps(expected)
+    return curve
+
+
+def test_read_curve_two_segments_and_repeated_pairs(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    # LossLog refuses a repeated (segment, step), so the file is written by hand: segment 1 trains 1-10,
+    # segment 2 resumes from step 6, an older segment's entries come later in the file, and pairs repeat
+    # (the last in file order wins among equals)
+    entries = ([entry(s, segment=1) for s in range(1, 11)] + [entry(s, segment=2, loss=float(s)) for s in range(7, 13)]
+               + [entry(11, segment=1, loss=-1.0), entry(13, segment=1), entry(8, segment=2, loss=80.0),
+                  entry(3, segment=1, loss=30.0), entry(8, segment=2, loss=88.0), entry(2, segment=3, arm="other")])
+    path.write_bytes(clean_bytes(entries))
+    curve = assert_curve_of_entries(path)
+    assert curve.entries_read == len(entries) and curve.step.tolist() == list(range(1, 14))
+    assert curve.segment.tolist() == [1, 3, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 1]
+    assert curve.loss[[2, 7]].tolist() == [30.0, 88.0] and curve.arm[1] == "other"
+    assert curve.entry(-1) == entry(13, segment=1) and curve.entry(7) == entry(8, segment=2, loss=88.0)
+    with pytest.raises(IndexError):
+        curve.entry(13)
+
+
+def test_read_curve_values_the_model_takes(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    entries = [entry(1), entry(2, loss=math.nan), entry(3, loss=math.inf), entry(4, loss=-math.inf),
+               entry(5, loss=-0.0), entry(6, loss=5e-324), entry(7, arm='données "x}\n{"'), entry(8, phase=3)]
+    raw = clean_bytes(entries)
+    path.write_bytes(raw)
+    curve = assert_curve_of_entries(path)
+    assert math.isnan(curve.loss[1]) and curve.loss[2:4].tolist() == [math.inf, -math.inf]
+    assert curve.batch_sha256.tolist() == [SHA if s % 2 else None for s in range(1, 9)]
+    # hand-edited but valid: integers for float fields, fields in another order
+    edited = raw.replace(b'"lr":0.0003', b'"lr":0', 1).replace(b'"wall_time":1750000002.0', b'"wall_time":1750000002')
+    start = _line_offset(edited, 2)
+    end = edited.index(b",\n", start)
+    fields = json.loads(edited[start:end])
+    fields["step"] = fields.pop("step")  # now the last field
+    edited = edited[:start] + json.dumps(fields, separators=(",", ":")).encode() + edited[end:]
+    path.write_bytes(edited)
+    assert isinstance(losslog._fast_curve(edited), LossCurve)  # still the fast path
+    curve = assert_curve_of_entries(path)
+    assert curve.lr[0] == 0.0 and curve.wall_time[1] == 1_750_000_002.0 and curve.step[2] == 3
+    # a bare NaN literal is not strict JSON, but the model's parser takes it: so does read_curve
+    path.write_bytes(raw.replace(b'"loss":"NaN"', b'"loss":NaN'))
+    assert math.isnan(assert_curve_of_entries(path).loss[1])
+
+
+def test_read_curve_empty_logs(tmp_path: Path) -> None:
+    path = tmp_path / ".loss.json"
+    for content in (b"", b"[", b"[\n]\n", b'[\n{"st'):
+        path.write_bytes(content)
+        curve = assert_curve_of_entries(path)
+        assert len(curve) == 0 and not curve and curve.entries_read == 0
+    with pytest.raises(FileNotFoundError):
+        read_curve(tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize("n_before,batch", [
+    (0, [entry(1, arm="données")]),
+    (3, [entry(4), entry(2, segment=2, loss=math.nan), entry(4, segment=2)]),  # the torn batch replaces steps
+], ids=["first-entry", "batch"])
+def test_read_curve_torn_tail_at_every_byte(fast_dir: Path, n_before: int, batch: list[LossEntry]) -> None:
+    path = fast_dir / ".loss.json"
+    for state, complete in _torn_states(n_before, batch):
+        path.write_bytes(state)
+        assert len(assert_curve_of_entries(path)) == len({e.step for e in complete}), state[-80:]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.builds(
+    LossEntry, step=st.integers(1, 30), loss=st.floats(), arm=st.text(min_size=1, max_size=5),
+    lr=st.floats(min_value=0, allow_infinity=False), tokens=st.integers(1, 2**63 - 1),
+    wall_time=st.floats(min_value=0, allow_infinity=False), segment=st.integers(1, 4), phase=st.integers(0, 5),
+    batch_sha256=st.none() | st.binary(min_size=1).map(lambda b: hashlib.sha256(b).hexdigest())), max_size=40))
+def test_read_curve_matches_canonical_curve(entries: list[LossEntry]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / ".loss.json"
+        raw = clean_bytes(entries)
+        path.write_bytes(raw)
+        assert_curve_of_entries(path)
+        if entries:  # every file the writer can write takes the fast path, not the models
+            assert isinstance(losslog._fast_curve(raw), LossCurve)
+
+
+def _with_value(raw: bytes, index: int, field: str, value: bytes) -> bytes:
+    """`raw` with the value of `field` in entry line `index` replaced by the JSON text `value`."""
+    start = _line_offset(raw, index)
+    end = raw.index(b"\n", start)
+    line, count = re.subn(rb'"%s":("[^"]*"|[^,}]*)' % field.encode(), b'"%s":%s' % (field.encode(), value), raw[start:end])
+    assert count == 1
+    return raw[:start] + line + raw[end:]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("step", b"0"), ("step", b"3.0"), ("step", b"true"), ("step", b'"3"'), ("step", b"null"),
+    ("loss", b'"nan"'), ("loss", b'"inf"'), ("loss", b'"1.5"'), ("loss", b"true"), ("loss", b"null"), ("loss", b"[1]"),
+    ("loss", b"{}"), ("arm", b'""'), ("arm", b"1"), ("arm", b"null"),
+    ("lr", b"-0.001"), ("lr", b"1e999"), ("lr", b'"NaN"'), ("lr", b"false"),
+    ("tokens", b"0"), ("tokens", b"true"), ("tokens", b"4096.0"), ("tokens", b"-5"),
+    ("wall_time", b"-1"), ("wall_time", b"-1e999"), ("segment", b"0"), ("segment", b'"1"'), ("phase", b"-1"), ("phase", b"0.5"),
+    ("batch_sha256", b'"%s"' % SHA.upper().encode()), ("batch_sha256", b'"%s"' % SHA[:63].encode()),
+    ("batch_sha256", b'"%sg"' % SHA[:63].encode()), ("batch_sha256", b'"%s0"' % SHA.encode()), ("batch_sha256", b'""'),
+    ("batch_sha256", b"0"), ("batch_sha256", b"false"), ("batch_sha256", b'"%s"' % ("é" * 64).encode()),
+])
+def test_read_curve_reports_a_bad_value_as_read_entries_does(tmp_path: Path, field: str, value: bytes) -> None:
+    path, raw = _lines_file(tmp_path)
+    bad = _with_value(raw, 2, field, value)
+    path.write_bytes(bad)
+    with pytest.raises(LossLogCorrupt) as expected:
+        read_entries(path)
+    assert expected.value.offset == _line_offset(raw, 2) and field in str(expected.value)
+    with pytest.raises(LossLogCorrupt) as info:
+        read_curve(path)
+    assert (info.value.offset, info.value.reason, str(info.value)) == (
+        expected.value.offset, expected.value.reason, str(expected.value))
+    assert path.read_bytes() == bad
+
+
+@pytest.mark.parametrize("name,edit", [
+    ("renamed", lambda line: line.replace(b'"phase"', b'"Phase"')),
+    ("extra", lambda line: line.replace(b"{", b'{"note":"x",')),
+    ("missing", lambda line: line.replace(b',"phase":0', b"")),
+    ("duplicate", lambda line: line.replace(b',"phase":0', b',"phase":0,"phase":0')),
+    ("not an object", lambda line: b"[3]"),
+])
+def test_read_curve_reports_other_fields_as_read_entries_does(tmp_path: Path, name: str, edit) -> None:
+    path, raw = _lines_file(tmp_path)
+    start = _line_offset(raw, 1)
+    end = raw.index(b",\n", start)
+    bad = raw[:start] + edit(raw[start:end]) + raw[end:]
+    path.write_bytes(bad)
+    if name == "duplicate":  # JSON keeps the last of a repeated key: both readers take it
+        assert_curve_of_entries(path)
+        return
+    with pytest.raises(LossLogCorrupt) as expected:
+        read_entries(path)
+    with pytest.raises(LossLogCorrupt) as info:
+        read_curve(path)
+    assert str(info.value) == str(expected.value) and info.value.offset == start
+
+
+def test_read_curve_integers_are_int64(tmp_path: Path) -> None:
+    """LossEntry takes any int; the columns are int64, so a larger one (no run gets there) is an OverflowError."""
+    path, raw = _lines_file(tmp_path)
+    path.write_bytes(_with_value(raw, 2, "tokens", b"%d" % 2**63))
+    assert read_entries(path)[2].tokens == 2**63
+    with pytest.raises(OverflowError):
+        read_curve(path)
+    path.write_bytes(_with_value(raw, 2, "tokens", b"%d" % (2**63 - 1)))
+    assert assert_curve_of_entries(path).tokens[2] == 2**63 - 1
 
 
 # ---------------------------------------------------------------- locking and failed writes

@@ -1,4 +1,4 @@
-"""Benchmark of `.loss.json`: append cost at entry 1 and at entry N, open, read and canonical curve at N.
+"""Benchmark of `.loss.json`: append cost at entry 1 and at entry N; open, reads and canonical curve at N.
 
     python tests/bench/bench_losslog.py [--entries 200000] [--out FILE.json] [--dir DIR]
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pydantic
 
-from andrea.daemon.losslog import LossEntry, LossLog, canonical_curve, last_entry, read_entries
+from andrea.daemon.losslog import LossEntry, LossLog, canonical_curve, last_entry, read_curve, read_entries
 
 BATCH = 100
 ARMS = ("stdlib-code", "stdlib-docstrings", "stdlib-comments")
@@ -152,8 +152,9 @@ def main() -> None:
         open_t, count = timed(open_close, 5)
         read_t, entries = timed(lambda: read_entries(big), 3)
         curve_t, curve = timed(lambda: canonical_curve(entries), 3)
+        read_curve_t, columns = timed(lambda: read_curve(big), 3)
         last_t, _ = timed(lambda: last_entry(big), 200)
-        assert count == n and len(entries) == n and len(curve) == n
+        assert count == n and len(entries) == n and len(curve) == n and len(columns) == n
 
     results = {
         "machine": {"python": sys.version.split()[0], "pydantic": pydantic.VERSION, "platform": platform.platform(),
@@ -165,6 +166,7 @@ def main() -> None:
         "open": open_t,
         "read_entries": read_t,
         "canonical_curve": curve_t,
+        "read_curve": read_curve_t,
         "last_entry": last_t,
     }
     print(f"`.loss.json` benchmark, {n:,} entries, {size / 1e6:.1f} MB, Python {results['machine']['python']}, "
@@ -176,7 +178,9 @@ def main() -> None:
     print(f"\n| at {n:,} entries (median of runs; min) | time |\n|---|---:|")
     for label, t, unit, scale in [("`LossLog.open` (index + checks)", open_t, "ms", 1e3),
                                   ("`read_entries` (all as LossEntry)", read_t, "ms", 1e3),
-                                  ("`canonical_curve`", curve_t, "ms", 1e3), ("`last_entry`", last_t, "µs", 1e6)]:
+                                  ("`canonical_curve`", curve_t, "ms", 1e3),
+                                  ("`read_curve` (canonical curve as columns)", read_curve_t, "ms", 1e3),
+                                  ("`last_entry`", last_t, "µs", 1e6)]:
         print(f"| {label} | {t['median_s'] * scale:.0f} {unit} (min {t['min_s'] * scale:.0f}) |")
     print(f"\n1-minute load average during the run: {results['machine']['load_average_1min']:.2f}")
     if args.out:
