@@ -82,6 +82,7 @@ def _status_text(data: dict[str, object]) -> str:
         lines.append(
             f"trainer: {t['activity']}, step {t['step']}/{t['max_steps']}, loss EMA {loss}, "
             f"last checkpoint {t['last_checkpoint'] or 'none'}, segment {t['segment']}, pid {t['pid']}"
+            + (f", {t['device']} {t['dtype']}" if t.get("device") else "")
         )
     p = data["proxy"]
     if p is None:
@@ -234,10 +235,11 @@ def _history_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The canonical loss curve (newest entry per step) from .loss.json."""
-    from andrea.daemon.losslog import canonical_curve, read_entries
+    from andrea.daemon.losslog import read_curve
 
-    curve = canonical_curve(read_entries(args.run_dir / ".loss.json"))
-    shown = curve[-args.last :] if args.last else curve
+    curve = read_curve(args.run_dir / ".loss.json")
+    rows = range(len(curve))
+    shown = [curve.entry(i) for i in (rows[-args.last :] if args.last else rows)]  # models only for these
     text = "\n".join(
         [f"{'step':>8} {'loss':>9} {'lr':>9}  {'arm':<14} seg phase"]
         + [f"{e.step:>8} {e.loss:>9.4f} {e.lr:>9.2e}  {e.arm:<14} {e.segment:>3} {e.phase:>5}" for e in shown]
@@ -270,13 +272,13 @@ def _plot_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The canonical loss curve as an SVG (no plotting library needed)."""
     from andrea.control.plot import loss_svg
-    from andrea.daemon.losslog import canonical_curve, read_entries
+    from andrea.daemon.losslog import read_curve
 
-    curve = canonical_curve(read_entries(args.run_dir / ".loss.json"))
+    curve = read_curve(args.run_dir / ".loss.json")
     if not curve:
         print("andreactl: .loss.json has no entries yet", file=sys.stderr)
         return 1
-    args.out.write_text(loss_svg([e.step for e in curve], [e.loss for e in curve], title=str(args.run_dir)))
+    args.out.write_text(loss_svg(curve.step, curve.loss, title=str(args.run_dir)))
     _emit(args, {"out": str(args.out), "steps": len(curve)}, f"wrote {args.out} ({len(curve)} steps)")
     return 0
 

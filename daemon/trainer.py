@@ -370,6 +370,8 @@ class Trainer:
             "segment": getattr(self, "segment", None), "phase": getattr(self, "phase", None),
             "mixing": self.cfg.mixing, "proxy_connected": self.link.connected() if getattr(self, "link", None) else None,
             "preset": self.cfg.preset, "run_dir": str(self.run_dir),
+            "device": str(self.device) if hasattr(self, "device") else None,
+            "dtype": self.numerics.recorded if hasattr(self, "numerics") else None,
         }
 
     # ---- mixing -----------------------------------------------------------------------------

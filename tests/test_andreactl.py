@@ -26,9 +26,10 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
     assert res.returncode == 0, res.stderr
     status = json.loads(res.stdout)
     assert status["trainer"]["activity"] == "training" and status["proxy"]["phase"] == 0
+    assert (status["trainer"]["device"], status["trainer"]["dtype"]) == ("cpu", "float32")
     assert abs(sum(status["proxy"]["probabilities"].values()) - 1) < 1e-12
     human = ctl(tmp_path, "status").stdout
-    assert "trainer: training, step" in human and "probabilities:" in human
+    assert "trainer: training, step" in human and "cpu float32" in human and "probabilities:" in human
 
     res = ctl(tmp_path, "checkpoint", "--wait")
     assert res.returncode == 0 and "checkpoint step_" in res.stdout, res.stderr
