@@ -19,8 +19,9 @@ the disk and the two cores of a shared machine are noisy.
   real `andrea-trainer` (checkpoints off) against the bare loop: what the machinery costs per step.
 - cadence: `andrea-trainer` with cadence checkpoints against checkpoints off (throughput ratio).
 - sigterm: SIGTERM-to-exit against one step + one synchronous checkpoint write + 0.5 s (bench_stop.py).
-- losslog: `.loss.json` append at entry 200,000 against entry 1, and load + plot of 200,000 entries
-  (bench_losslog.py, plus a load-and-render here).
+- losslog: `.loss.json` append at entry 200,000 against entry 1 (bench_losslog.py), and the load
+  (`read_curve`) and load + plot (`read_curve` + `loss_svg`, what `andreactl plot` does) of 200,000
+  entries against `read_entries` + `canonical_curve`.
 """
 
 from __future__ import annotations
@@ -417,6 +418,10 @@ def _bookkeeping_cost(cache: Path) -> float:
 
 
 def bench_cadence(preset: str, rounds: int, steps: int, warmup: int, every: int, cache: Path) -> dict:
+    """Mean step time with cadence checkpoints against none. The timed window is at least one whole
+    cadence period and starts half a period in, so that a checkpoint and everything it costs
+    afterwards (the background write, retention) fall inside it."""
+    steps, warmup = max(steps, every), max(warmup, every // 2)
     per: dict[str, list[float]] = {"checkpoints off": [], f"checkpoint every {every}": []}
     stalls: list[float] = []
     for r in range(rounds):
@@ -458,8 +463,10 @@ def bench_losslog(entries: int, work: Path) -> dict:
     subprocess.run([sys.executable, str(HERE / "bench_losslog.py"), "--entries", str(entries), "--out", str(out_json),
                     "--dir", str(work)], check=True, capture_output=True, text=True)
     res = json.loads(out_json.read_text())
-    # Load and plot: json.load of the whole file and a rendered SVG of the canonical curve.
-    from andrea.daemon.losslog import LossLog, canonical_curve, read_entries
+    # Load and plot as `andreactl plot` does them (read_curve, then loss_svg of its columns), against the
+    # load it did before read_curve (every entry a LossEntry, then canonical_curve), interleaved.
+    from andrea.control.plot import loss_svg
+    from andrea.daemon.losslog import LossLog, canonical_curve, read_curve, read_entries
     from bench_losslog import make_entries
 
     path = work / "plot.json"
@@ -467,36 +474,25 @@ def bench_losslog(entries: int, work: Path) -> dict:
     with LossLog.open(path) as log:
         for first in range(1, entries + 1, 10_000):
             log.append_many(make_entries(first, min(10_000, entries + 1 - first)))
-    loads, plots = [], []
-    for _ in range(3):
+    loads, plots, baselines = [], [], []
+    for _ in range(5):
         t0 = time.perf_counter()
-        raw = json.loads(path.read_bytes())
-        loads.append(time.perf_counter() - t0)
+        curve = read_curve(path)
+        t1 = time.perf_counter()
+        svg = loss_svg(curve.step, curve.loss)
+        t2 = time.perf_counter()
+        loads.append(t1 - t0)
+        plots.append(t2 - t0)
         t0 = time.perf_counter()
-        curve = canonical_curve(read_entries(path))
-        svg = _render_svg(curve)
-        plots.append(time.perf_counter() - t0)
-    assert len(raw) == entries and svg.startswith("<svg")
+        baseline = canonical_curve(read_entries(path))
+        baselines.append(time.perf_counter() - t0)
+    assert len(curve) == len(baseline) == entries and svg.startswith("<svg")
     path.unlink()
-    res["load_json_s"] = med(loads)
-    res["read_and_plot_s"] = med(plots)
+    res["read_curve_s"] = med(loads)
+    res["read_curve_and_plot_s"] = med(plots)
+    res["read_entries_canonical_s"] = med(baselines)
+    res["read_curve_vs_read_entries"] = res["read_curve_s"] / res["read_entries_canonical_s"]
     return res
-
-
-def _render_svg(curve) -> str:
-    """A loss curve as SVG (min/max per pixel column), the way `andreactl plot` would draw it."""
-    steps = np.fromiter((e.step for e in curve), dtype=np.int64, count=len(curve))
-    losses = np.fromiter((e.loss for e in curve), dtype=np.float64, count=len(curve))
-    width, height = 1000, 300
-    cols = np.minimum((steps - steps.min()) * width // max(1, steps.max() - steps.min() + 1), width - 1)
-    lo, hi = np.full(width, np.inf), np.full(width, -np.inf)
-    np.minimum.at(lo, cols, losses)
-    np.maximum.at(hi, cols, losses)
-    ok = np.isfinite(lo)
-    span = max(1e-9, hi[ok].max() - lo[ok].min())
-    y = lambda v: height - (v - lo[ok].min()) / span * height  # noqa: E731
-    pts = " ".join(f"{x},{y(a):.1f} {x},{y(b):.1f}" for x, a, b in zip(np.nonzero(ok)[0], lo[ok], hi[ok]))
-    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"><polyline fill="none" stroke="black" points="{pts}"/></svg>'
 
 
 # ---- report -----------------------------------------------------------------------------------------
@@ -556,8 +552,9 @@ def markdown(r: dict) -> str:
               "| append mode | at 1 µs | at N µs | ratio (≤ 1.2) |", "|---|---:|---:|---:|"]
         for mode, a in x["append"].items():
             L.append(f"| {mode} | {a['at_1']['median_us']:.1f} | {a['at_far']['median_us']:.1f} | {a['ratio']:.2f} |")
-        L += ["", f"Load (`json.load`): {x['load_json_s']:.3f} s; read + canonical curve + SVG plot: {x['read_and_plot_s']:.3f} s; "
-              f"`LossLog.open`: {x['open']['median_s']:.3f} s.", ""]
+        L += ["", f"Load (`read_curve`): {x['read_curve_s']:.3f} s, against {x['read_entries_canonical_s']:.3f} s for "
+              f"`read_entries` + `canonical_curve` ({x['read_curve_vs_read_entries']:.2f}×); load + SVG plot "
+              f"(`andreactl plot`): {x['read_curve_and_plot_s']:.3f} s; `LossLog.open`: {x['open']['median_s']:.3f} s.", ""]
     return "\n".join(L) + "\n"
 
 
