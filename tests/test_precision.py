@@ -47,18 +47,6 @@ def test_resolve_on_cpu() -> None:
         resolve("tf32", cpu)
 
 
-def test_bf16_changes_the_arithmetic_and_is_recorded(tmp_path: Path, cache_dir: Path, bf16_reference: Path) -> None:
-    res = run_trainer(tmp_path, cache_dir, "--max-steps", "3", "--checkpoint-every", "0")
-    assert res.returncode == 0, res.stderr
-    fp32, bf16 = curve(tmp_path), curve(bf16_reference)
-    # Same batches and initial weights; only the arithmetic differs, from the very first loss on.
-    assert all(fp32[s] != bf16[s] for s in (1, 2, 3)), (fp32, bf16)
-    assert abs(fp32[1] - bf16[1]) < 0.05  # ... and only in the low bits
-    assert recorded_dtype(tmp_path, 3) == "float32"
-    assert recorded_dtype(bf16_reference, STEPS) == "bfloat16-autocast"
-    assert "parameters on cpu, float32, 1 threads" in res.stderr
-
-
 def test_bf16_sigterm_then_restart_is_bit_exact(tmp_path: Path, cache_dir: Path, bf16_reference: Path) -> None:
     args = ("--max-steps", str(STEPS), "--checkpoint-every", "10", "--precision", "bf16")
     t = Trainer(trainer_cmd(tmp_path, cache_dir, *args))
@@ -72,9 +60,17 @@ def test_bf16_sigterm_then_restart_is_bit_exact(tmp_path: Path, cache_dir: Path,
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (bf16_reference / bin_name(STEPS)).read_bytes()
 
 
-def test_precision_change_on_resume_is_announced(tmp_path: Path, cache_dir: Path) -> None:
+def test_bf16_changes_the_arithmetic_and_a_switch_is_announced(tmp_path: Path, cache_dir: Path, bf16_reference: Path) -> None:
     res = run_trainer(tmp_path, cache_dir, "--max-steps", "4", "--checkpoint-every", "0")
     assert res.returncode == 0, res.stderr
+    assert "parameters on cpu, float32, 1 threads" in res.stderr
+    fp32, bf16 = curve(tmp_path), curve(bf16_reference)
+    # Same batches and initial weights; only the arithmetic differs, from the very first loss on ...
+    assert all(fp32[s] != bf16[s] for s in (1, 2, 3, 4)), (fp32, bf16)
+    assert abs(fp32[1] - bf16[1]) < 0.05  # ... and only in the low bits
+    assert recorded_dtype(tmp_path, 4) == "float32"
+    assert recorded_dtype(bf16_reference, STEPS) == "bfloat16-autocast"
+
     res = run_trainer(tmp_path, cache_dir, "--max-steps", "6", "--checkpoint-every", "0", "--precision", "bf16")
     assert res.returncode == 0, res.stderr
     assert "will NOT be bit-exact" in res.stderr and "dtype: float32 → bfloat16-autocast" in res.stderr, res.stderr
