@@ -4,7 +4,8 @@ The config is split by what a change would do to the run:
 - *trajectory* settings (model, optimizer, batch, seed, data, mixing) decide every bit the run will
   produce; resuming under different ones is refused unless the operator says so;
 - *operational* settings (max_steps, checkpoint policy, logging cadence, device, precision, threads)
-  may change at any restart (a change of device, precision or threads is announced as not bit-exact). The LR schedule has its own horizon (`decay_steps`) precisely so that extending
+  may change at any restart (a change of device, precision or threads is announced as not
+  bit-exact). The LR schedule has its own horizon (`decay_steps`) precisely so that extending
   `max_steps` never changes the learning rates of steps already planned.
 """
 
