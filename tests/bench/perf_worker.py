@@ -1,11 +1,17 @@
-"""One measurement in a fresh process, for bench_perf.py (which interleaves them): training steps of
-the reference GPT or of ours, on the same config, batch, threads and precision.
+"""One measurement in a fresh process, for bench_perf.py (which interleaves them).
 
     python tests/bench/perf_worker.py throughput --model ref|ours [--preset andrea-12m] [--threads 2]
                                       [--steps 6] [--warmup 2] [--dropout X] [--compile]
+    python tests/bench/perf_worker.py load --path RUN/.loss.json --how curve|entries
 
-Prints one JSON line: {"step_s": [...], "tokens_per_step": N}. Random tokens stand in for data (the
-cost of a step does not depend on which bytes it trains on).
+`throughput`: training steps of the reference GPT or of ours, on the same config, batch, threads and
+precision; prints {"step_s": [...], "tokens_per_step": N}. Random tokens stand in for data (the cost
+of a step does not depend on which bytes it trains on).
+
+`load`: the canonical loss curve read the way `andreactl plot` reads it (`read_curve`), or as
+`LossEntry` models (`read_entries` + `canonical_curve`), then drawn with `loss_svg`; prints
+{"load_s": ..., "load_and_plot_s": ..., "steps": N}. A fresh process, like the command: every page
+the load touches is a first touch, which a loop inside one process would hide.
 """
 
 from __future__ import annotations
@@ -74,6 +80,24 @@ def throughput(args: argparse.Namespace) -> dict:
     return {"step_s": times, "tokens_per_step": batch * mc.block_size, "threads": torch.get_num_threads()}
 
 
+def load(args: argparse.Namespace) -> dict:
+    from andrea.control.plot import loss_svg
+    from andrea.daemon.losslog import canonical_curve, read_curve, read_entries
+
+    t0 = time.perf_counter()
+    if args.how == "curve":
+        curve = read_curve(args.path)
+        steps, losses = curve.step, curve.loss
+    else:
+        entries = canonical_curve(read_entries(args.path))
+        steps, losses = [e.step for e in entries], [e.loss for e in entries]
+    t1 = time.perf_counter()
+    svg = loss_svg(steps, losses)
+    t2 = time.perf_counter()
+    assert svg.startswith("<svg")
+    return {"load_s": t1 - t0, "load_and_plot_s": t2 - t0, "steps": len(steps)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -86,8 +110,11 @@ def main() -> None:
     t.add_argument("--batch-size", type=int)
     t.add_argument("--dropout", type=float)
     t.add_argument("--compile", action="store_true")
+    ld = sub.add_parser("load")
+    ld.add_argument("--path", type=Path, required=True)
+    ld.add_argument("--how", choices=["curve", "entries"], required=True)
     args = ap.parse_args()
-    print(json.dumps(throughput(args)))
+    print(json.dumps(throughput(args) if args.cmd == "throughput" else load(args)))
 
 
 if __name__ == "__main__":
