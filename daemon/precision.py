@@ -1,4 +1,4 @@
-"""Numeric precision of the training step: what the `precision` setting means on each device.
+"""Device and numeric precision of the training step: what the `device` and `precision` settings mean.
 
 The master weights and Adam's m and v are always float32 (the checkpoint format stores nothing else);
 what changes is the arithmetic of the forward and backward passes:
@@ -54,6 +54,13 @@ BF16_CUDA = NumericMode("bfloat16-autocast", torch.bfloat16, "high")
 # On CPU "high" may let oneDNN use reduced-precision kernels for the float32 ops autocast leaves
 # alone; keep those exact so that CPU bf16 means exactly "autocast, nothing else".
 BF16_CPU = NumericMode("bfloat16-autocast", torch.bfloat16, "highest")
+
+
+def resolve_device(want: str) -> torch.device:
+    """The device the `device` setting (auto|cpu|cuda) means here; ConfigError if it cannot be had."""
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but CUDA is not available (torch sees no GPU); use auto or cpu")
+    return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 def resolve(precision: Precision, device: torch.device) -> NumericMode:

@@ -29,13 +29,14 @@ from .ckpt_format import bin_name
 from .checkpoint import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
 from .ckpt_writer import StagingBuffer
 from .config import RunConfig
-from .data import ArmStream, DataError, FixedMixture, load_arms
+from .data import ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
 from .losslog import LossEntry, LossLog, last_entry
 from .manifest import Environment, Manifest, MixingState, OptimizerState, Progress, Trigger
 from .model import GPT
 from .notify import Notifier
 from .precision import resolve as resolve_precision
+from .precision import resolve_device
 from .proxy_link import ProxyLink
 from .control_server import ControlServer
 from .schedule import lr_at, scheduler_state
@@ -80,12 +81,6 @@ class Trainer:
 
     # ---- setup ------------------------------------------------------------------------------
 
-    def _device(self) -> torch.device:
-        want = self.cfg.device
-        if want == "cuda" and not torch.cuda.is_available():
-            raise DataError("device 'cuda' requested but CUDA is not available")
-        return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
-
     def setup(self) -> None:
         """Build data, model and optimizer, then resume from the newest valid checkpoint.
         Raises StopRequested-like InterruptedError, DataError or ResumeRefused."""
@@ -96,7 +91,7 @@ class Trainer:
         self.control = ControlServer(endpoint(self.run_dir, "trainer"), self.flags, self.status)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.device = self._device()
+        self.device = resolve_device(cfg.device)
         self.numerics = resolve_precision(cfg.precision, self.device)
         self.numerics.apply()
         self.arms = load_arms(cfg.data, self.run_dir, cfg.model.vocab_size, self.flags.stop_requested)

@@ -107,6 +107,10 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         if data_overrides:
             overrides["data"] = data_overrides
         cfg = build_config(file_values, overrides, source=str(cfg_path))
+        # A device or precision this machine cannot run is refused before run.toml records it.
+        from .precision import resolve, resolve_device
+
+        resolve(cfg.precision, resolve_device(cfg.device))
         if not (run_dir / "run.toml").exists():
             save_config(cfg, run_dir / "run.toml")
         skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
@@ -161,7 +165,6 @@ def _stop_proxy(proc: subprocess.Popen) -> None:
 
 def _train(run_dir: Path, cfg: RunConfig, args: argparse.Namespace, flags: SignalFlags, skip: frozenset[str]) -> ExitCode:
     from .checkpoint import ResumeRefused
-    from .config import ConfigError
     from .data import DataError
     from .proxy_link import ProxyRefused
     from .trainer import Trainer, TrainerOptions
@@ -174,9 +177,6 @@ def _train(run_dir: Path, cfg: RunConfig, args: argparse.Namespace, flags: Signa
     except InterruptedError:
         log.info("stop requested during start-up; nothing was trained, exiting")
         return ExitCode.OK
-    except ConfigError as e:
-        log.error("%s", e)
-        return ExitCode.CONFIG_ERROR
     except ResumeRefused as e:
         log.error("%s", e)
         return ExitCode.RESUME_REFUSED

@@ -82,3 +82,13 @@ def test_tf32_on_cpu_is_a_config_error_that_trains_nothing(tmp_path: Path, cache
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "precision 'tf32' needs a CUDA device" in res.stderr
     assert not list(tmp_path.glob("step_*")) and not (tmp_path / ".loss.json").exists()
+    assert not (tmp_path / "run.toml").exists()  # a config this machine cannot run is not recorded
+
+
+def test_cuda_device_without_cuda_is_a_config_error(tmp_path: Path, cache_dir: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    res = run_trainer(tmp_path, cache_dir, "--max-steps", "4", "--device", "cuda")
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
+    assert "device 'cuda' requested but CUDA is not available" in res.stderr
+    assert not (tmp_path / "run.toml").exists()
