@@ -37,7 +37,9 @@ class Command:
 # --- talking to the daemons -----------------------------------------------------------------------------
 
 
-def _ask(run_dir: Path, role: str, msg: object, timeout: float = 3.0, retries: int = 2) -> object | None:
+def _ask(
+    run_dir: Path, role: str, msg: object, timeout: float = 3.0, retries: int = 2
+) -> object | None:
     """The daemon's reply, or None when it does not answer (not running, or wedged)."""
     from andrea.control.transport import Unreachable, endpoint, request
 
@@ -89,7 +91,9 @@ def _status_text(data: dict[str, object]) -> str:
         lines.append("proxy:   not running (no answer on its socket)")
     else:
         probs = ", ".join(f"{k} {v:.3f}" for k, v in p["probabilities"].items())
-        lines.append(f"proxy:   phase {p['phase']} (from step {p['phase_start_step']}), logged up to step {p['durable_step']}")
+        lines.append(
+            f"proxy:   phase {p['phase']} (from step {p['phase_start_step']}), logged up to step {p['durable_step']}"
+        )
         lines.append(f"         probabilities: {probs}")
         for z in p["zombies"]:
             lines.append(f"         ZOMBIE arm {z['name']!r}: {z['reason']} (never draws)")
@@ -126,26 +130,49 @@ def cmd_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--boundary", action="store_true", help="at the next cadence boundary instead of the next step")
+    parser.add_argument(
+        "--boundary",
+        action="store_true",
+        help="at the next cadence boundary instead of the next step",
+    )
     parser.add_argument("--wait", action="store_true", help="return once the checkpoint is durable")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="with --wait: give up after this many seconds")
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="with --wait: give up after this many seconds"
+    )
 
 
 def _stop_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--wait", action="store_true", help="return once the trainer has checkpointed and exited")
+    parser.add_argument(
+        "--wait", action="store_true", help="return once the trainer has checkpointed and exited"
+    )
     parser.add_argument("--timeout", type=float, default=3600.0)
 
 
 def _send_trainer(args: argparse.Namespace, msg: object, wait: bool) -> int:
     # One long try for a waiting request: re-sending it would only coalesce, but a retry loop of
     # short timeouts would print nothing useful while a slow checkpoint is written.
-    reply = _ask(args.run_dir, "trainer", msg, timeout=args.timeout if wait else 3.0, retries=1 if wait else 2)
+    reply = _ask(
+        args.run_dir,
+        "trainer",
+        msg,
+        timeout=args.timeout if wait else 3.0,
+        retries=1 if wait else 2,
+    )
     if reply is None:
-        print(f"andreactl: the trainer of {args.run_dir} does not answer (not running?)", file=sys.stderr)
+        print(
+            f"andreactl: the trainer of {args.run_dir} does not answer (not running?)",
+            file=sys.stderr,
+        )
         return 1
-    _emit(args, reply.model_dump(), (
-        f"ok: {', '.join(f'{k} {v}' for k, v in reply.data.items())}" if reply.ok else f"error: {reply.error}"
-    ))
+    _emit(
+        args,
+        reply.model_dump(),
+        (
+            f"ok: {', '.join(f'{k} {v}' for k, v in reply.data.items())}"
+            if reply.ok
+            else f"error: {reply.error}"
+        ),
+    )
     return 0 if reply.ok else 1
 
 
@@ -154,7 +181,9 @@ def cmd_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     from andrea.control import messages as m
     from andrea.control.transport import new_id
 
-    return _send_trainer(args, m.CheckpointRequest(id=new_id(), boundary=args.boundary, wait=args.wait), args.wait)
+    return _send_trainer(
+        args, m.CheckpointRequest(id=new_id(), boundary=args.boundary, wait=args.wait), args.wait
+    )
 
 
 def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -169,8 +198,15 @@ def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _pivot_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", type=Path, required=True, help="the new policy (caps and floors) as TOML")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="give up waiting for the boundary after this many seconds")
+    parser.add_argument(
+        "--policy", type=Path, required=True, help="the new policy (caps and floors) as TOML"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="give up waiting for the boundary after this many seconds",
+    )
 
 
 def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -190,16 +226,30 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     status = _status_data(args.run_dir)
     trainer, proxy = status["trainer"], status["proxy"]
     if trainer is None or proxy is None:
-        print("andreactl: a pivot needs the trainer and the proxy running and answering", file=sys.stderr)
+        print(
+            "andreactl: a pivot needs the trainer and the proxy running and answering",
+            file=sys.stderr,
+        )
         return 1
     if trainer["mixing"] != "proxy":
-        print("andreactl: the trainer uses a fixed mixture; there is no bandit to pivot", file=sys.stderr)
+        print(
+            "andreactl: the trainer uses a fixed mixture; there is no bandit to pivot",
+            file=sys.stderr,
+        )
         return 1
-    reply = _ask(args.run_dir, "trainer", m.CheckpointRequest(id=new_id(), boundary=True, hold=True))
+    reply = _ask(
+        args.run_dir, "trainer", m.CheckpointRequest(id=new_id(), boundary=True, hold=True)
+    )
     if reply is None or not reply.ok:
-        print(f"andreactl: the trainer did not accept the boundary checkpoint: {reply and reply.error}", file=sys.stderr)
+        print(
+            f"andreactl: the trainer did not accept the boundary checkpoint: {reply and reply.error}",
+            file=sys.stderr,
+        )
         return 1
-    print(f"pivot: the trainer will checkpoint at its next boundary and hold (now at step {trainer['step']})", file=sys.stderr)
+    print(
+        f"pivot: the trainer will checkpoint at its next boundary and hold (now at step {trainer['step']})",
+        file=sys.stderr,
+    )
     deadline = time.monotonic() + args.timeout
     while True:
         t = _status_data(args.run_dir)["trainer"]
@@ -207,22 +257,44 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             boundary = t["step"]
             break
         if time.monotonic() > deadline or (t is not None and t["activity"] == "stopping"):
-            print("andreactl: the trainer did not reach a boundary; nothing was changed", file=sys.stderr)
+            print(
+                "andreactl: the trainer did not reach a boundary; nothing was changed",
+                file=sys.stderr,
+            )
             return 1
         time.sleep(0.2)
-    print(f"pivot: trainer holding after step {boundary}; starting the new phase in the proxy", file=sys.stderr)
-    result = _ask(args.run_dir, "proxy", m.PivotRequest(id=new_id(), policy_toml=text, boundary_step=boundary), timeout=30, retries=1)
+    print(
+        f"pivot: trainer holding after step {boundary}; starting the new phase in the proxy",
+        file=sys.stderr,
+    )
+    result = _ask(
+        args.run_dir,
+        "proxy",
+        m.PivotRequest(id=new_id(), policy_toml=text, boundary_step=boundary),
+        timeout=30,
+        retries=1,
+    )
     released = _ask(args.run_dir, "trainer", m.ResumeRequest(id=new_id()))
     if result is None or not result.ok:
         why = "no answer" if result is None else result.error
-        print(f"andreactl: the proxy did not pivot ({why}); the trainer continues under the old policy", file=sys.stderr)
+        print(
+            f"andreactl: the proxy did not pivot ({why}); the trainer continues under the old policy",
+            file=sys.stderr,
+        )
         return 1
     if released is None:
-        print("andreactl: the proxy pivoted but the trainer did not answer the resume; run `andreactl checkpoint` "
-              "or restart the trainer (it resumes from the boundary checkpoint)", file=sys.stderr)
+        print(
+            "andreactl: the proxy pivoted but the trainer did not answer the resume; run `andreactl checkpoint` "
+            "or restart the trainer (it resumes from the boundary checkpoint)",
+            file=sys.stderr,
+        )
         return 1
-    _emit(args, result.data, f"pivot done: phase {result.data['phase']} starts after step {boundary}; "
-                              f"the ended phase is archived in {result.data['archive']}")
+    _emit(
+        args,
+        result.data,
+        f"pivot done: phase {result.data['phase']} starts after step {boundary}; "
+        f"the ended phase is archived in {result.data['archive']}",
+    )
     return 0
 
 
@@ -230,7 +302,9 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _history_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--last", type=int, default=20, help="how many of the newest steps (0: all)")
+    parser.add_argument(
+        "--last", type=int, default=20, help="how many of the newest steps (0: all)"
+    )
 
 
 def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -239,10 +313,15 @@ def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
     curve = read_curve(args.run_dir / ".loss.json")
     rows = range(len(curve))
-    shown = [curve.entry(i) for i in (rows[-args.last :] if args.last else rows)]  # models only for these
+    shown = [
+        curve.entry(i) for i in (rows[-args.last :] if args.last else rows)
+    ]  # models only for these
     text = "\n".join(
         [f"{'step':>8} {'loss':>9} {'lr':>9}  {'arm':<14} seg phase"]
-        + [f"{e.step:>8} {e.loss:>9.4f} {e.lr:>9.2e}  {e.arm:<14} {e.segment:>3} {e.phase:>5}" for e in shown]
+        + [
+            f"{e.step:>8} {e.loss:>9.4f} {e.lr:>9.2e}  {e.arm:<14} {e.segment:>3} {e.phase:>5}"
+            for e in shown
+        ]
     )
     _emit(args, [e.model_dump() for e in shown], text)
     return 0
@@ -252,7 +331,10 @@ def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     """The most recent generated samples, from .samples.json."""
     path = args.run_dir / ".samples.json"
     if not path.exists():
-        print(f"andreactl: {path} does not exist yet (samples come every sample_every steps)", file=sys.stderr)
+        print(
+            f"andreactl: {path} does not exist yet (samples come every sample_every steps)",
+            file=sys.stderr,
+        )
         return 1
     data = json.loads(path.read_text())
     records = data["records"][-args.last :] if args.last else data["records"]
@@ -279,7 +361,9 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print("andreactl: .loss.json has no entries yet", file=sys.stderr)
         return 1
     args.out.write_text(loss_svg(curve.step, curve.loss, title=str(args.run_dir)))
-    _emit(args, {"out": str(args.out), "steps": len(curve)}, f"wrote {args.out} ({len(curve)} steps)")
+    _emit(
+        args, {"out": str(args.out), "steps": len(curve)}, f"wrote {args.out} ({len(curve)} steps)"
+    )
     return 0
 
 
@@ -302,8 +386,11 @@ def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     with torch.device("meta"):
         n = GPT(cfg.model).n_params()
     size = payload_size(n)
-    _emit(args, {"preset": args.preset, "n_params": n, "checkpoint_bytes": size},
-          f"{args.preset}: {n:,} parameters, checkpoint {size:,} bytes ({size / 1e6:.1f} MB)")
+    _emit(
+        args,
+        {"preset": args.preset, "n_params": n, "checkpoint_bytes": size},
+        f"{args.preset}: {n:,} parameters, checkpoint {size:,} bytes ({size / 1e6:.1f} MB)",
+    )
     return 0
 
 
@@ -311,8 +398,12 @@ def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--step", type=int, help="export this step (default: the newest intact checkpoint)")
-    parser.add_argument("--to", type=Path, required=True, dest="dest", help="new or empty directory for the export")
+    parser.add_argument(
+        "--step", type=int, help="export this step (default: the newest intact checkpoint)"
+    )
+    parser.add_argument(
+        "--to", type=Path, required=True, dest="dest", help="new or empty directory for the export"
+    )
 
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -329,11 +420,22 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 def _verify_resume_arguments(parser: argparse.ArgumentParser) -> None:
     # The same options as `python -m andrea.control.verify_resume`, declared here rather than imported:
     # building the parser must not import torch, or every andreactl command would pay seconds for it.
-    parser.add_argument("--output", type=Path, required=True, help="new directory for the paths and verification.json")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        help="new directory for the paths and verification.json",
+    )
     parser.add_argument("--problem", choices=("mini", "trainer"), default="mini")
-    parser.add_argument("--sabotage", help="break the full resume on purpose, so the verification must fail")
-    parser.add_argument("--reuse", type=Path, help="earlier passed verification whose reference paths are reused")
-    parser.add_argument("--cache-dir", type=Path, help="the trainer's tokenized-corpus cache (trainer problem)")
+    parser.add_argument(
+        "--sabotage", help="break the full resume on purpose, so the verification must fail"
+    )
+    parser.add_argument(
+        "--reuse", type=Path, help="earlier passed verification whose reference paths are reused"
+    )
+    parser.add_argument(
+        "--cache-dir", type=Path, help="the trainer's tokenized-corpus cache (trainer problem)"
+    )
 
 
 def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -354,14 +456,30 @@ def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser)
 #: Every subcommand, in the order `andreactl --help` lists them.
 COMMANDS: tuple[Command, ...] = (
     Command("status", "what the trainer and the proxy are doing", _no_arguments, cmd_status),
-    Command("checkpoint", "checkpoint after the current step (or at the next boundary) and continue", _checkpoint_arguments, cmd_checkpoint),
+    Command(
+        "checkpoint",
+        "checkpoint after the current step (or at the next boundary) and continue",
+        _checkpoint_arguments,
+        cmd_checkpoint,
+    ),
     Command("stop", "finish the current step, checkpoint and exit", _stop_arguments, cmd_stop),
-    Command("pivot", "start a new bandit phase under a new policy at the next boundary", _pivot_arguments, cmd_pivot),
+    Command(
+        "pivot",
+        "start a new bandit phase under a new policy at the next boundary",
+        _pivot_arguments,
+        cmd_pivot,
+    ),
     Command("history", "the canonical loss curve from .loss.json", _history_arguments, cmd_history),
     Command("samples", "the most recent generated samples", _history_arguments, cmd_samples),
     Command("watch", "status every few seconds until Ctrl-C", _watch_arguments, cmd_watch),
     Command("plot", "the loss curve as an SVG file", _plot_arguments, cmd_plot),
-    Command("size", "parameters and checkpoint bytes of a preset", _size_arguments, cmd_size, needs_run_dir=False),
+    Command(
+        "size",
+        "parameters and checkpoint bytes of a preset",
+        _size_arguments,
+        cmd_size,
+        needs_run_dir=False,
+    ),
     Command(
         "export",
         "copy a verified checkpoint with its config, metrics and load procedure",
@@ -379,9 +497,13 @@ COMMANDS: tuple[Command, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="andreactl", description="Operate an ANDREA training run.")
+    parser = argparse.ArgumentParser(
+        prog="andreactl", description="Operate an ANDREA training run."
+    )
     parser.add_argument("--run-dir", type=Path, help="the run directory")
-    parser.add_argument("--json", action="store_true", help="print the command's report as JSON on stdout")
+    parser.add_argument(
+        "--json", action="store_true", help="print the command's report as JSON on stdout"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         sub = commands.add_parser(command.name, help=command.help, description=command.help)

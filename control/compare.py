@@ -60,7 +60,9 @@ class Issue(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     kind: IssueKind
-    path: str = Field(description="Location, e.g. `$.state.0.exp_avg[3][1]`; `$` is the compared value.")
+    path: str = Field(
+        description="Location, e.g. `$.state.0.exp_avg[3][1]`; `$` is the compared value."
+    )
     left: str | None = Field(default=None, description="Short rendering of the reference value.")
     right: str | None = Field(default=None, description="Short rendering of the candidate value.")
     abs_diff: float | None = Field(default=None, description="|left - right| for numbers.")
@@ -73,12 +75,17 @@ class Comparison(BaseModel):
 
     name: str
     atol: float = Field(ge=0.0, description="Absolute tolerance for floats; 0 means bit-for-bit.")
-    leaves_compared: int = Field(ge=0, description="Leaf values present on both sides with the same type.")
+    leaves_compared: int = Field(
+        ge=0, description="Leaf values present on both sides with the same type."
+    )
     numbers_compared: int = Field(ge=0, description="Finite numeric leaves among them.")
     max_abs_diff: float = Field(
-        ge=0.0, description="Largest |left - right| over the finite numeric leaves present on both sides."
+        ge=0.0,
+        description="Largest |left - right| over the finite numeric leaves present on both sides.",
     )
-    counts: dict[IssueKind, int] = Field(description="Number of issues of each kind (all of them, kept or not).")
+    counts: dict[IssueKind, int] = Field(
+        description="Number of issues of each kind (all of them, kept or not)."
+    )
     issues: list[Issue] = Field(description=f"The first {MAX_ISSUES_KEPT} issues of each kind.")
 
     @computed_field  # type: ignore[prop-decorator]
@@ -180,7 +187,12 @@ class _Walk:
         self.issues: list[Issue] = []
 
     def report(
-        self, kind: IssueKind, path: str, left: Any = None, right: Any = None, diff: float | None = None
+        self,
+        kind: IssueKind,
+        path: str,
+        left: Any = None,
+        right: Any = None,
+        diff: float | None = None,
     ) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if self.counts[kind] <= MAX_ISSUES_KEPT:
@@ -228,7 +240,9 @@ class _Walk:
 
     def visit_array(self, path: str, left: Sequence[Any], right: Sequence[Any]) -> None:
         if len(left) != len(right):
-            self.report(IssueKind.LENGTH_MISMATCH, path, f"length {len(left)}", f"length {len(right)}")
+            self.report(
+                IssueKind.LENGTH_MISMATCH, path, f"length {len(left)}", f"length {len(right)}"
+            )
         # The common prefix is still compared so that the report shows how far the values agree.
         for index, (a, b) in enumerate(zip(left, right, strict=False)):
             self.visit(f"{path}[{index}]", a, b)

@@ -95,7 +95,8 @@ class ExportMetrics(_Record):
     loss: float | None
     loss_ema: float | None
     loss_ema_rule: str = (
-        f"ema_1 = loss_1; ema_s = {EMA_DECAY} * ema_(s-1) + {1 - EMA_DECAY:.1f} * loss_s (canonical curve)"
+        f"ema_1 = loss_1; ema_s = {EMA_DECAY} * ema_(s-1) + {1 - EMA_DECAY:.1f} * loss_s"
+        " (canonical curve)"
     )
     lr: float | None
     arm: str | None
@@ -181,7 +182,9 @@ def build_model(manifest: Manifest, weights: np.ndarray) -> GPT:
     with torch.random.fork_rng(devices=[]):
         model = GPT(manifest.model)
     tensors = fmt.unflatten(weights, [(e.name, tuple(e.shape), e.offset) for e in manifest.layout])
-    model.load_state_dict({name: torch.from_numpy(np.array(t)) for name, t in tensors.items()}, strict=True)
+    model.load_state_dict(
+        {name: torch.from_numpy(np.array(t)) for name, t in tensors.items()}, strict=True
+    )
     return model.eval()
 
 
@@ -234,7 +237,9 @@ def _metrics(run_dir: Path, manifest: Manifest) -> ExportMetrics:
     except LossLogError as exc:
         note = f"{LOSS_FILE} unreadable: {exc}"
     else:
-        n = int(np.searchsorted(curve.step, step, side="right"))  # the canonical entries up to `step`
+        n = int(
+            np.searchsorted(curve.step, step, side="right")
+        )  # the canonical entries up to `step`
         if n and curve.step[n - 1] == step:
             last = curve.entry(n - 1)
             loss, lr, arm = last.loss, last.lr, last.arm
@@ -284,7 +289,9 @@ def _write_new(dst: Path, data: bytes, source: str | None = None) -> ExportedFil
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    return ExportedFile(name=dst.name, size=len(data), sha256=hashlib.sha256(data).hexdigest(), source=source)
+    return ExportedFile(
+        name=dst.name, size=len(data), sha256=hashlib.sha256(data).hexdigest(), source=source
+    )
 
 
 def _reread(path: Path) -> tuple[int, str]:
@@ -317,13 +324,17 @@ def _write_export(
     dest.mkdir(parents=True, exist_ok=True)
     payload = _copy_hashed(run_dir / manifest.bin_file, dest / manifest.bin_file)
     if payload.sha256 != manifest.bin_sha256 or payload.size != manifest.bin_size:
-        raise ExportFailed(f"{manifest.bin_file} changed while it was copied (sha256 {payload.sha256[:16]}…)")
+        raise ExportFailed(
+            f"{manifest.bin_file} changed while it was copied (sha256 {payload.sha256[:16]}…)"
+        )
     name = fmt.manifest_name(manifest.step)
     files = [payload, _write_new(dest / name, manifest_bytes, str(run_dir / name))]
     if (run_dir / CONFIG_NAME).is_file():
         files.append(_copy_hashed(run_dir / CONFIG_NAME, dest / CONFIG_NAME))
     else:
-        progress(f"      WARNING: {run_dir / CONFIG_NAME} is missing; the manifest's config is the only record")
+        progress(
+            f"      WARNING: {run_dir / CONFIG_NAME} is missing; the manifest's config is the only record"
+        )
     files.append(_write_new(dest / METRICS_NAME, metrics.model_dump_json(indent=2).encode()))
     files.append(_write_new(dest / README_NAME, readme.encode()))
     fsync_dir(dest)
@@ -336,7 +347,9 @@ def _check_destination(dest: Path) -> None:
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise ExportRefused(f"{dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()):
-        raise ExportRefused(f"{dest} is not empty; choose a new or empty directory (an export never overwrites)")
+        raise ExportRefused(
+            f"{dest} is not empty; choose a new or empty directory (an export never overwrites)"
+        )
 
 
 def _select(run_dir: Path, step: int | None) -> tuple[Manifest, fmt.Payload, list[str]]:
@@ -346,7 +359,9 @@ def _select(run_dir: Path, step: int | None) -> tuple[Manifest, fmt.Payload, lis
     steps = checkpoint_steps(run_dir)
     if step is not None:
         if step not in steps:
-            raise ExportRefused(f"{run_dir} has no checkpoint of step {step} (steps with a manifest: {steps})")
+            raise ExportRefused(
+                f"{run_dir} has no checkpoint of step {step} (steps with a manifest: {steps})"
+            )
         steps = [step]
     skipped: list[str] = []
     for s in steps:
@@ -359,16 +374,20 @@ def _select(run_dir: Path, step: int | None) -> tuple[Manifest, fmt.Payload, lis
             continue
         return manifest, payload, skipped
     raise ExportRefused(
-        f"no intact checkpoint in {run_dir}" + ("".join(f"\n  skipped {s}" for s in skipped) if skipped else "")
+        f"no intact checkpoint in {run_dir}"
+        + ("".join(f"\n  skipped {s}" for s in skipped) if skipped else "")
     )
 
 
-def _readme(report_step: int, manifest: Manifest, run_dir: Path, created: str, loss_hex: str) -> str:
+def _readme(
+    report_step: int, manifest: Manifest, run_dir: Path, created: str, loss_hex: str
+) -> str:
     stem = f"step_{report_step:06d}"
     n = manifest.n_params
     m = manifest.model
     arms = "\n".join(
-        f"| `{c.name}` | `{c.identity}` | {c.n_tokens:,} | {c.epoch}:{c.position} |" for c in manifest.data
+        f"| `{c.name}` | `{c.identity}` | {c.n_tokens:,} | {c.epoch}:{c.position} |"
+        for c in manifest.data
     )
     return f"""# ANDREA checkpoint export: step {report_step}
 
@@ -481,7 +500,9 @@ def export_checkpoint(
     stem = f"step_{step:06d}"
     manifest_bytes = (run_dir / fmt.manifest_name(step)).read_bytes()
     if Manifest.model_validate_json(manifest_bytes) != manifest:
-        raise ExportRefused(f"{fmt.manifest_name(step)} changed while it was being verified; try again")
+        raise ExportRefused(
+            f"{fmt.manifest_name(step)} changed while it was being verified; try again"
+        )
     t = phase("verify_source", started)
     progress(
         f"      {stem} intact: {manifest.bin_size:,} bytes, sha256 {manifest.bin_sha256[:16]}…, "
@@ -504,7 +525,9 @@ def export_checkpoint(
     intact = f"{stem}: size, header and sha256 match its manifest"
     checks = [ExportCheck(name="source checkpoint intact", detail=intact)]
     if skipped:
-        checks.append(ExportCheck(name="newer damaged checkpoints skipped", detail="; ".join(skipped)))
+        checks.append(
+            ExportCheck(name="newer damaged checkpoints skipped", detail="; ".join(skipped))
+        )
     t = phase("copy", t)
     progress(f"      {len(files)} files, {sum(f.size for f in files):,} bytes, fsynced")
 
@@ -526,7 +549,10 @@ def export_checkpoint(
     if copied != manifest:
         raise ExportFailed(f"the manifest at {dest} differs from the source's")
     checks.append(
-        ExportCheck(name="files re-read at the destination", detail=f"{len(files)} files: sizes and sha256 as written")
+        ExportCheck(
+            name="files re-read at the destination",
+            detail=f"{len(files)} files: sizes and sha256 as written",
+        )
     )
     checks.append(ExportCheck(name="checkpoint intact at the destination", detail=intact))
     t = phase("verify_destination", t)
@@ -548,7 +574,11 @@ def export_checkpoint(
         reload=reload,
         bitwise_equal=reload.eval_loss_hex == loss.hex(),
     )
-    if not evaluation.bitwise_equal or reload.step != step or reload.bin_sha256 != manifest.bin_sha256:
+    if (
+        not evaluation.bitwise_equal
+        or reload.step != step
+        or reload.bin_sha256 != manifest.bin_sha256
+    ):
         raise ExportFailed(
             f"the fresh process (pid {reload.pid}) loaded step {reload.step} and computed loss "
             f"{reload.eval_loss_hex}; export time: step {step}, loss {loss.hex()}"
@@ -583,19 +613,27 @@ def export_checkpoint(
     )
     # Last, and atomically: its presence is what marks the folder as a verified export.
     atomic_write_bytes(dest / REPORT_NAME, report.model_dump_json(indent=2).encode())
-    progress(f"exported step {step} to {dest} in {timings['total']:.1f} s; report: {dest / REPORT_NAME}")
+    progress(
+        f"exported step {step} to {dest} in {timings['total']:.1f} s; report: {dest / REPORT_NAME}"
+    )
     return report
 
 
 def _reload_in_fresh_process(dest: Path) -> ReloadCheck:
     argv = [sys.executable, "-B", "-m", "andrea.control.export", "--reload-check", str(dest)]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=RELOAD_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=RELOAD_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
-        raise ExportFailed(f"the fresh-process reload did not finish within {RELOAD_TIMEOUT_S} s") from None
+        raise ExportFailed(
+            f"the fresh-process reload did not finish within {RELOAD_TIMEOUT_S} s"
+        ) from None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise ExportFailed(f"the fresh-process reload exited with {done.returncode}:\n{done.stderr.strip()[-2000:]}")
+        raise ExportFailed(
+            f"the fresh-process reload exited with {done.returncode}:\n{done.stderr.strip()[-2000:]}"
+        )
     try:
         return ReloadCheck.model_validate_json(lines[-1])
     except ValidationError as exc:
@@ -612,7 +650,9 @@ def run_export(run_dir: Path, dest: Path, step: int | None, as_json: bool) -> in
         print(line, flush=True)
 
     try:
-        report = export_checkpoint(run_dir, dest, step, progress=to_stderr if as_json else to_stdout)
+        report = export_checkpoint(
+            run_dir, dest, step, progress=to_stderr if as_json else to_stdout
+        )
     except ExportRefused as exc:
         print(f"export refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
@@ -629,11 +669,19 @@ def run_export(run_dir: Path, dest: Path, step: int | None, as_json: bool) -> in
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m andrea.control.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m andrea.control.export", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--run-dir", type=Path, help="the run directory holding the checkpoints")
-    parser.add_argument("--to", type=Path, dest="dest", help="new or empty directory for the export")
-    parser.add_argument("--step", type=int, help="export this step (default: the newest intact checkpoint)")
-    parser.add_argument("--json", action="store_true", help="print export.json on stdout, progress on stderr")
+    parser.add_argument(
+        "--to", type=Path, dest="dest", help="new or empty directory for the export"
+    )
+    parser.add_argument(
+        "--step", type=int, help="export this step (default: the newest intact checkpoint)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print export.json on stdout, progress on stderr"
+    )
     # The fresh process of the export's own verification.
     parser.add_argument("--reload-check", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -148,8 +148,19 @@ class Reply(_Msg):
 
 
 Message = Annotated[
-    Hello | Welcome | AssignRequest | Assignments | LossReport | LossAck | SampleReport
-    | StatusRequest | CheckpointRequest | ResumeRequest | PivotRequest | StopRequest | Reply,
+    Hello
+    | Welcome
+    | AssignRequest
+    | Assignments
+    | LossReport
+    | LossAck
+    | SampleReport
+    | StatusRequest
+    | CheckpointRequest
+    | ResumeRequest
+    | PivotRequest
+    | StopRequest
+    | Reply,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)

@@ -74,7 +74,9 @@ class CheckpointError(Refused):
 class _Strict(BaseModel):
     # Strict: a checkpoint or summary whose fields changed type is inconsistent, not something to coerce.
     # NaN is written as NaN (not null) so that a comparison sees it and fails on it.
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, ser_json_inf_nan="constants")
+    model_config = ConfigDict(
+        strict=True, extra="forbid", frozen=True, ser_json_inf_nan="constants"
+    )
 
 
 class MiniConfig(_Strict):
@@ -298,8 +300,12 @@ def build_optimizer(model: torch.nn.Module, config: MiniConfig) -> torch.optim.A
     return torch.optim.Adam(model.parameters(), lr=config.lr)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: MiniConfig) -> torch.optim.lr_scheduler.StepLR:
-    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=config.step_size, gamma=config.gamma)
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, config: MiniConfig
+) -> torch.optim.lr_scheduler.StepLR:
+    return torch.optim.lr_scheduler.StepLR(
+        optimizer, step_size=config.step_size, gamma=config.gamma
+    )
 
 
 def seed_generators(config: MiniConfig) -> np.random.Generator:
@@ -347,7 +353,14 @@ def _train_step(run: _Run) -> None:
         parameters_after=_flat_parameters(run.model),
     )
     run.history.append(record)
-    log.info("step %d  epoch %d  rows %s  lr %.6g  loss %.6g", record.step, record.epoch, rows, lr, record.loss)
+    log.info(
+        "step %d  epoch %d  rows %s  lr %.6g  loss %.6g",
+        record.step,
+        record.epoch,
+        rows,
+        lr,
+        record.loss,
+    )
 
 
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -426,7 +439,9 @@ def _resumed_run(
     progress = checkpoint.progress
     cursor = progress.cursor
     if sabotage == SKIP_DATA_CURSOR:
-        log.warning("SABOTAGE %s: the epoch restarts at row 0 of its order instead of %d", sabotage, cursor)
+        log.warning(
+            "SABOTAGE %s: the epoch restarts at row 0 of its order instead of %d", sabotage, cursor
+        )
         cursor = 0
     if restore_rng:
         _restore_generators(checkpoint, generator, skip_numpy=sabotage == SKIP_NUMPY_RNG)
@@ -480,7 +495,9 @@ def _generator_states(generator: np.random.Generator) -> dict[str, Any]:
     }
 
 
-def _restore_generators(checkpoint: LoadedCheckpoint, generator: np.random.Generator, skip_numpy: bool) -> None:
+def _restore_generators(
+    checkpoint: LoadedCheckpoint, generator: np.random.Generator, skip_numpy: bool
+) -> None:
     state = checkpoint.python_rng
     random.setstate((state.version, tuple(state.internal), state.gauss_next))
     if skip_numpy:
@@ -504,7 +521,12 @@ def _payload(run: _Run, identity: Identity) -> dict[str, Any]:
         "optimizer": run.optimizer.state_dict(),
         "scheduler": run.scheduler.state_dict(),
         "rng": _generator_states(run.generator),
-        "progress": {"step": run.step, "epoch": run.epoch, "cursor": run.cursor, "permutation": list(run.permutation)},
+        "progress": {
+            "step": run.step,
+            "epoch": run.epoch,
+            "cursor": run.cursor,
+            "permutation": list(run.permutation),
+        },
         "history": [record.model_dump() for record in run.history],
     }
 
@@ -526,7 +548,12 @@ def save_checkpoint(path: Path, payload: Mapping[str, Any], identity: Identity) 
         raise OSError(f"{path}: the bytes read back differ from the bytes written")
     digest = hashlib.sha256(data).hexdigest()
     _check_identity(
-        _parse(torch.load(io.BytesIO(reread), map_location="cpu", weights_only=True), identity.config, digest), identity
+        _parse(
+            torch.load(io.BytesIO(reread), map_location="cpu", weights_only=True),
+            identity.config,
+            digest,
+        ),
+        identity,
     )
     fingerprint = f"# {CHECKPOINT_FORMAT}, {len(data)} bytes\n{digest}  {path.name}\n"
     atomic_write_bytes(_fingerprint_path(path), fingerprint.encode())
@@ -544,7 +571,9 @@ _HASH_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 def _read_fingerprint(path: Path) -> tuple[str, int]:
     fingerprint = _fingerprint_path(path)
     if not fingerprint.is_file():
-        raise CheckpointError(f"{fingerprint}: missing; a checkpoint without its fingerprint was never marked usable")
+        raise CheckpointError(
+            f"{fingerprint}: missing; a checkpoint without its fingerprint was never marked usable"
+        )
     sizes: list[int] = []
     hashes: list[tuple[str, str]] = []
     for line in fingerprint.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -575,7 +604,9 @@ def load_checkpoint(path: Path, identity: Identity) -> LoadedCheckpoint:
     # Hash and load the same bytes, so that the file cannot change between the check and the use.
     data = path.read_bytes()
     if len(data) != size:
-        raise CheckpointError(f"{path}: {len(data)} bytes, its fingerprint says {size} (truncated or replaced)")
+        raise CheckpointError(
+            f"{path}: {len(data)} bytes, its fingerprint says {size} (truncated or replaced)"
+        )
     actual = hashlib.sha256(data).hexdigest()
     if actual != digest:
         raise CheckpointError(
@@ -651,7 +682,10 @@ def _parse(obj: Any, config: MiniConfig, digest: str) -> LoadedCheckpoint:
         keys == _TOP_LEVEL_KEYS,
         f"checkpoint keys: missing {sorted(_TOP_LEVEL_KEYS - keys)}, unexpected {sorted(keys - _TOP_LEVEL_KEYS)}",
     )
-    _require(obj["format"] == CHECKPOINT_FORMAT, f"checkpoint format {obj['format']!r}, expected {CHECKPOINT_FORMAT!r}")
+    _require(
+        obj["format"] == CHECKPOINT_FORMAT,
+        f"checkpoint format {obj['format']!r}, expected {CHECKPOINT_FORMAT!r}",
+    )
     for key in ("code_version", "data_identity"):
         _require(
             isinstance(obj[key], str) and re.fullmatch(r"[0-9a-f]{64}", obj[key]) is not None,
@@ -669,7 +703,9 @@ def _parse(obj: Any, config: MiniConfig, digest: str) -> LoadedCheckpoint:
         _require(type(scheduler[key]) is int, f"scheduler {key} is not an int")
     for key in ("base_lrs", "_last_lr"):
         _require(
-            isinstance(scheduler[key], list) and len(scheduler[key]) == 1 and type(scheduler[key][0]) is float,
+            isinstance(scheduler[key], list)
+            and len(scheduler[key]) == 1
+            and type(scheduler[key][0]) is float,
             f"scheduler {key} must be one float",
         )
     _require(type(scheduler["gamma"]) is float, "scheduler gamma is not a float")
@@ -681,15 +717,23 @@ def _parse(obj: Any, config: MiniConfig, digest: str) -> LoadedCheckpoint:
     )
     python_rng = _validated(PythonRngState, rng["python"], "Python rng state")
     _require(
-        python_rng.version == 3 and len(python_rng.internal) == 625, "Python rng state is not a Mersenne Twister state"
+        python_rng.version == 3 and len(python_rng.internal) == 625,
+        "Python rng state is not a Mersenne Twister state",
     )
     _require(
-        all(0 <= v < 2**32 for v in python_rng.internal[:624]) and 0 <= python_rng.internal[624] <= 624,
+        all(0 <= v < 2**32 for v in python_rng.internal[:624])
+        and 0 <= python_rng.internal[624] <= 624,
         "Python rng state out of range",
     )
     numpy_rng = _validated(NumpyRngState, rng["numpy"], "NumPy rng state")
-    _require(0 <= numpy_rng.state.state < 2**128 and 0 <= numpy_rng.state.inc < 2**128, "PCG64 state out of range")
-    _require(numpy_rng.has_uint32 in (0, 1) and 0 <= numpy_rng.uinteger < 2**32, "PCG64 buffered word out of range")
+    _require(
+        0 <= numpy_rng.state.state < 2**128 and 0 <= numpy_rng.state.inc < 2**128,
+        "PCG64 state out of range",
+    )
+    _require(
+        numpy_rng.has_uint32 in (0, 1) and 0 <= numpy_rng.uinteger < 2**32,
+        "PCG64 buffered word out of range",
+    )
     torch_rng = rng["torch_cpu"]
     expected_bytes = torch.get_rng_state().numel()
     _require(
@@ -727,7 +771,9 @@ def _check_model_schema(model: Any, template: _Template) -> None:
     for name, shape in template.parameter_shapes.items():
         tensor = model[name]
         _require(
-            isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float64 and tuple(tensor.shape) == shape,
+            isinstance(tensor, torch.Tensor)
+            and tensor.dtype == torch.float64
+            and tuple(tensor.shape) == shape,
             f"model {name} must be a float64 tensor of shape {shape}",
         )
 
@@ -745,7 +791,10 @@ def _check_optimizer_schema(optimizer: Any, template: _Template) -> None:
     group = groups[0]
     # The scheduler adds initial_lr to the group; a checkpoint without it was saved without a scheduler.
     expected_keys = set(template.param_group) | {"initial_lr"}
-    _require(set(group) == expected_keys, f"optimizer param group keys {sorted(group)} != {sorted(expected_keys)}")
+    _require(
+        set(group) == expected_keys,
+        f"optimizer param group keys {sorted(group)} != {sorted(expected_keys)}",
+    )
     for key, value in template.param_group.items():
         if key != "lr":
             _require(
@@ -774,7 +823,9 @@ def _check_optimizer_schema(optimizer: Any, template: _Template) -> None:
         for key in ("exp_avg", "exp_avg_sq"):
             tensor = entry[key]
             _require(
-                isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float64 and tuple(tensor.shape) == shape,
+                isinstance(tensor, torch.Tensor)
+                and tensor.dtype == torch.float64
+                and tuple(tensor.shape) == shape,
                 f"optimizer state {index} {key} must be a float64 tensor of shape {shape}",
             )
 
@@ -826,7 +877,8 @@ def _check_consistency(checkpoint: LoadedCheckpoint, config: MiniConfig) -> None
     )
     last = history[-1]
     _require(
-        last.epoch == epoch and last.row_ids == progress.permutation[cursor - config.batch_size : cursor],
+        last.epoch == epoch
+        and last.row_ids == progress.permutation[cursor - config.batch_size : cursor],
         "history's last batch is not the one before the progress cursor",
     )
     for record in history:
@@ -835,17 +887,25 @@ def _check_consistency(checkpoint: LoadedCheckpoint, config: MiniConfig) -> None
             f"history step {record.step} is not one batch",
         )
         numbers = [record.gain, record.lr, record.loss, *record.noise, *record.parameters_after]
-        _require(all(math.isfinite(v) for v in numbers), f"history step {record.step} holds non-finite values")
+        _require(
+            all(math.isfinite(v) for v in numbers),
+            f"history step {record.step} holds non-finite values",
+        )
     weights = torch.cat([checkpoint.model[name].reshape(-1) for name in checkpoint.model])
     _require(bool(torch.isfinite(weights).all()), "model weights are not finite")
-    _require(weights.tolist() == last.parameters_after, f"model weights are not the weights recorded after step {step}")
+    _require(
+        weights.tolist() == last.parameters_after,
+        f"model weights are not the weights recorded after step {step}",
+    )
     for index, entry in checkpoint.optimizer["state"].items():
         _require(
             entry["step"].item() == step,
             f"optimizer state {index} counts {entry['step'].item():g} updates, progress says {step}",
         )
         _require(
-            bool(torch.isfinite(entry["exp_avg"]).all() and torch.isfinite(entry["exp_avg_sq"]).all()),
+            bool(
+                torch.isfinite(entry["exp_avg"]).all() and torch.isfinite(entry["exp_avg_sq"]).all()
+            ),
             f"optimizer state {index} is not finite",
         )
     scheduler = checkpoint.scheduler
@@ -887,7 +947,11 @@ def _jsonable(value: Any) -> JsonValue:
 
 
 def _summary(
-    run: _Run, identity: Identity, checkpoint: CheckpointInfo, resumed: ResumeInfo | None, steps_run: list[int]
+    run: _Run,
+    identity: Identity,
+    checkpoint: CheckpointInfo,
+    resumed: ResumeInfo | None,
+    steps_run: list[int],
 ) -> MiniSummary:
     return MiniSummary(
         format=SUMMARY_FORMAT,
@@ -898,7 +962,9 @@ def _summary(
         final_parameters={name: tensor.tolist() for name, tensor in run.model.state_dict().items()},
         optimizer_state=_jsonable(run.optimizer.state_dict()),
         scheduler_state=_jsonable(run.scheduler.state_dict()),
-        progress=Progress(step=run.step, epoch=run.epoch, cursor=run.cursor, permutation=list(run.permutation)),
+        progress=Progress(
+            step=run.step, epoch=run.epoch, cursor=run.cursor, permutation=list(run.permutation)
+        ),
         eval_mse=evaluate(run.model, run.x, run.y),
         next_lr=float(run.optimizer.param_groups[0]["lr"]),
         next_draws=peek_next_draws(run.generator),
@@ -933,14 +999,21 @@ def train(
     try:
         output.mkdir(parents=True)
     except FileExistsError as exc:
-        raise Refused(f"output directory {output} appeared meanwhile; refusing to share it") from exc
+        raise Refused(
+            f"output directory {output} appeared meanwhile; refusing to share it"
+        ) from exc
 
     x, y = torch.from_numpy(x_rows), torch.from_numpy(y_rows)
     resumed: ResumeInfo | None = None
     if checkpoint is None:
         run = _fresh_run(config, x, y)
     else:
-        log.info("resuming from %s (step %d, sha256 %s)", resume, checkpoint.progress.step, checkpoint.sha256)
+        log.info(
+            "resuming from %s (step %d, sha256 %s)",
+            resume,
+            checkpoint.progress.step,
+            checkpoint.sha256,
+        )
         run = _resumed_run(checkpoint, config, x, y, restore_rng, sabotage)
         resumed = ResumeInfo(
             checkpoint=str(resume),
@@ -959,14 +1032,19 @@ def train(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m andrea.control.mini_problem", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m andrea.control.mini_problem", description=__doc__.split("\n\n")[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     train_parser = commands.add_parser("train", help="train, checkpoint and summarise one path")
     train_parser.add_argument(
         "--steps", type=int, required=True, help="updates to run (in addition to the resumed ones)"
     )
     train_parser.add_argument(
-        "--output", type=Path, required=True, help="new directory for checkpoint.pt, its .sha256 and summary.json"
+        "--output",
+        type=Path,
+        required=True,
+        help="new directory for checkpoint.pt, its .sha256 and summary.json",
     )
     train_parser.add_argument("--resume", type=Path, help="checkpoint.pt to continue from")
     train_parser.add_argument(
@@ -975,7 +1053,9 @@ def _parser() -> argparse.ArgumentParser:
         help="negative control: resume without restoring the random generators",
     )
     train_parser.add_argument(
-        "--sabotage", choices=SABOTAGES, help="deliberately break the resume (tests of the verifier only)"
+        "--sabotage",
+        choices=SABOTAGES,
+        help="deliberately break the resume (tests of the verifier only)",
     )
     return parser
 
@@ -990,7 +1070,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.resume is None and (args.omit_rng_restore or args.sabotage):
         parser.error("--omit-rng-restore and --sabotage only apply with --resume")
     try:
-        summary = train(args.steps, args.output, args.resume, not args.omit_rng_restore, args.sabotage)
+        summary = train(
+            args.steps, args.output, args.resume, not args.omit_rng_restore, args.sabotage
+        )
     except Refused as exc:
         log.error("refused: %s", exc)
         return EXIT_REFUSED

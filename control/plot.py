@@ -29,7 +29,9 @@ def _buckets(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarr
     return np.asarray(xs), np.asarray(ys)
 
 
-def loss_svg(steps: Sequence[int] | np.ndarray, losses: Sequence[float] | np.ndarray, title: str = "") -> str:
+def loss_svg(
+    steps: Sequence[int] | np.ndarray, losses: Sequence[float] | np.ndarray, title: str = ""
+) -> str:
     """An SVG of loss against step. Non-finite losses are drawn as red ticks on the x axis."""
     x = np.asarray(steps, dtype=np.float64)
     y = np.asarray(losses, dtype=np.float64)
@@ -59,9 +61,14 @@ def loss_svg(steps: Sequence[int] | np.ndarray, losses: Sequence[float] | np.nda
         f'<line x1="{px(v):.1f}" x2="{px(v):.1f}" y1="{HEIGHT - PAD}" y2="{HEIGHT - PAD - 8}" stroke="red"/>'
         for v in x[bad][:1000]
     )
-    label = escape(f"{title} — {len(steps)} steps, last loss {losses[-1]:.4f}" if math.isfinite(losses[-1]) else title)
+    label = escape(
+        f"{title} — {len(steps)} steps, last loss {losses[-1]:.4f}"
+        if math.isfinite(losses[-1])
+        else title
+    )
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" font-size="11">'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}"'
+        ' font-family="sans-serif" font-size="11">'
         f'<rect width="100%" height="100%" fill="white"/>'
         f'<text x="{PAD}" y="20" font-size="13">{label}</text>'
         f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="black"/>'

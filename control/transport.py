@@ -68,7 +68,9 @@ def claim(run_dir: Path, role: str) -> IO[bytes]:
         f.seek(0)
         holder = f.read().decode(errors="replace").strip() or "?"
         f.close()
-        raise AlreadyRunning(f"another andrea-{role} (pid {holder}) is running on {run_dir}") from None
+        raise AlreadyRunning(
+            f"another andrea-{role} (pid {holder}) is running on {run_dir}"
+        ) from None
     f.seek(0)
     f.truncate()
     f.write(str(os.getpid()).encode())

@@ -46,8 +46,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.control import mini_problem as mini
 from andrea.control.compare import MAX_ISSUES_KEPT, Comparison, Issue, IssueKind, compare_all
-from andrea.daemon.checkpoint import checkpoint_steps, verify_checkpoint
 from andrea.daemon import ckpt_format as fmt
+from andrea.daemon.checkpoint import checkpoint_steps, verify_checkpoint
 from andrea.daemon.durable import atomic_write_bytes
 from andrea.daemon.losslog import LossEntry, LossLogError, canonical_curve, read_entries
 from andrea.daemon.manifest import LayoutEntry, Manifest
@@ -114,7 +114,9 @@ class PathRecord(_Record):
     seconds: float | None
     log_file: str | None
     reused_from: str | None = None
-    signal_sent: str | None = Field(default=None, description="The signal the verifier sent to the path, and when.")
+    signal_sent: str | None = Field(
+        default=None, description="The signal the verifier sent to the path, and when."
+    )
 
 
 class Check(_Record):
@@ -171,17 +173,23 @@ class VerificationReport(_Record):
     completed: bool
     error: str | None = None
     all_checks_passed: bool = False
-    positive: bool = Field(default=False, description="The stop path and the full resume reproduce the continuous run.")
+    positive: bool = Field(
+        default=False, description="The stop path and the full resume reproduce the continuous run."
+    )
     negative_divergence_detected: bool = Field(
         default=False, description="The no-RNG resume diverges, with a usable output."
     )
     tolerance: Tolerance
     sabotage: str | None
-    stop_step: int | None = Field(description="The step the stop path stopped at; None if it never did.")
+    stop_step: int | None = Field(
+        description="The step the stop path stopped at; None if it never did."
+    )
     final_step: int
     paths: list[PathRecord] = []
     checks: list[Check] = []
-    stop_path: list[Comparison] = Field(default=[], description="Steps up to the stop, stop path vs continuous.")
+    stop_path: list[Comparison] = Field(
+        default=[], description="Steps up to the stop, stop path vs continuous."
+    )
     full_resume: list[Comparison] = Field(default=[], description="Full resume vs continuous.")
     no_rng_resume: list[Comparison] = Field(default=[], description="No-RNG resume vs continuous.")
     no_cursor_resume: list[Comparison] = Field(
@@ -231,7 +239,11 @@ def run_path(
         reader.start()
         try:
             if pattern is not None:
-                while not matched.wait(0.02) and process.poll() is None and time.monotonic() < deadline:
+                while (
+                    not matched.wait(0.02)
+                    and process.poll() is None
+                    and time.monotonic() < deadline
+                ):
                     pass
                 # Only this thread reaps the child, so a None poll() means the pid is still ours.
                 if matched.is_set() and process.poll() is None:
@@ -249,8 +261,13 @@ def run_path(
     seconds = time.monotonic() - started
     if returncode != 0:
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-10:])
-        raise VerificationIncomplete(f"path {name} exited with {returncode} (log: {log_file}):\n{tail}")
-    print(f"      {name:<16} ok ({seconds:.1f} s){'  [' + signal_sent + ']' if signal_sent else ''}", flush=True)
+        raise VerificationIncomplete(
+            f"path {name} exited with {returncode} (log: {log_file}):\n{tail}"
+        )
+    print(
+        f"      {name:<16} ok ({seconds:.1f} s){'  [' + signal_sent + ']' if signal_sent else ''}",
+        flush=True,
+    )
     return PathRecord(
         name=name,
         command=list(argv),
@@ -305,7 +322,10 @@ def finish(report: VerificationReport, output: Path) -> int:
 
 
 def _verify(
-    output: Path, report: VerificationReport, sabotages: Sequence[str], body: Callable[[VerificationReport], None]
+    output: Path,
+    report: VerificationReport,
+    sabotages: Sequence[str],
+    body: Callable[[VerificationReport], None],
 ) -> int:
     """Refuse an existing output or an unknown sabotage, run ``body`` (which fills in the report) and
     finish: what every problem shares around its own paths and comparisons."""
@@ -345,9 +365,13 @@ def print_table(report: VerificationReport) -> None:
     if report.stop_path:
         print(f"{'stop path vs continuous':<{width}}  {'max |diff|':>12}  ok")
         for c in report.stop_path:
-            print(f"{c.name:<{width}}  {_fmt(c.max_abs_diff):>12}  {'yes' if c.passed else 'NO ' + _problems(c)}")
+            print(
+                f"{c.name:<{width}}  {_fmt(c.max_abs_diff):>12}  {'yes' if c.passed else 'NO ' + _problems(c)}"
+            )
         print()
-    negatives = [(label, {c.name: c for c in comparisons}) for label, comparisons in _negatives(report)]
+    negatives = [
+        (label, {c.name: c for c in comparisons}) for label, comparisons in _negatives(report)
+    ]
     if report.full_resume:
         print(
             f"{'quantity':<{width}}  {'full resume':>12}  {'match':<5}"
@@ -358,7 +382,11 @@ def print_table(report: VerificationReport) -> None:
             for _, by_name in negatives:
                 n = by_name.get(c.name)
                 differs = (
-                    "-" if n is None else ("yes" if n.diverged else ("no" if n.passed else "UNUSABLE " + _problems(n)))
+                    "-"
+                    if n is None
+                    else (
+                        "yes" if n.diverged else ("no" if n.passed else "UNUSABLE " + _problems(n))
+                    )
                 )
                 row += f"  {'-' if n is None else _fmt(n.max_abs_diff):>12}  {differs:<7}"
             print(row.rstrip())
@@ -369,7 +397,9 @@ def print_table(report: VerificationReport) -> None:
     print(f"protocol checks: {len(report.checks) - len(failed)}/{len(report.checks)} passed")
     for c in failed:
         print(f"  FAILED {c.path}: {c.name}: {c.detail}")
-    within = "bit for bit" if report.tolerance.absolute == 0 else f"within {report.tolerance.absolute:g}"
+    within = (
+        "bit for bit" if report.tolerance.absolute == 0 else f"within {report.tolerance.absolute:g}"
+    )
     print(
         f"positive (full resume matches {within}): {'yes' if report.positive else 'NO'}; "
         f"negative divergence detected: {'yes' if report.negative_divergence_detected else 'NO'}; "
@@ -398,7 +428,9 @@ def _load_json(path: Path) -> Any:
 # --- the mini problem ---------------------------------------------------------------------------------
 
 
-def _mini_command(steps: int, output_dir: Path, resume: Path | None = None, *extra: str) -> list[str]:
+def _mini_command(
+    steps: int, output_dir: Path, resume: Path | None = None, *extra: str
+) -> list[str]:
     argv = [
         sys.executable,
         "-B",
@@ -421,17 +453,24 @@ def _load_mini_summary(path_dir: Path) -> dict[str, Any]:
     try:
         summary = mini.MiniSummary.model_validate(raw)
     except ValidationError as exc:
-        raise VerificationIncomplete(f"{path_dir / mini.SUMMARY_NAME}: not a mini summary: {exc}") from exc
+        raise VerificationIncomplete(
+            f"{path_dir / mini.SUMMARY_NAME}: not a mini summary: {exc}"
+        ) from exc
     checkpoint = path_dir / summary.checkpoint.file
     fingerprint = path_dir / (summary.checkpoint.file + ".sha256")
     if not (checkpoint.is_file() and fingerprint.is_file()):
-        raise VerificationIncomplete(f"{checkpoint}: missing, or its fingerprint {fingerprint.name} is")
+        raise VerificationIncomplete(
+            f"{checkpoint}: missing, or its fingerprint {fingerprint.name} is"
+        )
     actual = _sha256_file(checkpoint)
     if (
         actual != summary.checkpoint.sha256
-        or f"{actual}  {checkpoint.name}" not in fingerprint.read_text(errors="replace").splitlines()
+        or f"{actual}  {checkpoint.name}"
+        not in fingerprint.read_text(errors="replace").splitlines()
     ):
-        raise VerificationIncomplete(f"{checkpoint}: sha256 {actual} does not match its summary and fingerprint file")
+        raise VerificationIncomplete(
+            f"{checkpoint}: sha256 {actual} does not match its summary and fingerprint file"
+        )
     return raw
 
 
@@ -457,9 +496,18 @@ def _mini_paths(
     if reuse is None:
         source = output
         records.append(
-            run_path(CONTINUOUS, _mini_command(MINI_TOTAL_STEPS, output / CONTINUOUS), output / CONTINUOUS, logs, 1, 4)
+            run_path(
+                CONTINUOUS,
+                _mini_command(MINI_TOTAL_STEPS, output / CONTINUOUS),
+                output / CONTINUOUS,
+                logs,
+                1,
+                4,
+            )
         )
-        records.append(run_path(STOP, _mini_command(MINI_STOP_STEP, output / STOP), output / STOP, logs, 2, 4))
+        records.append(
+            run_path(STOP, _mini_command(MINI_STOP_STEP, output / STOP), output / STOP, logs, 2, 4)
+        )
     else:
         source = reuse
         earlier = {record.name: record for record in _reused_report(reuse, "mini").paths}
@@ -480,7 +528,9 @@ def _mini_paths(
         )
     )
     if reuse is None:
-        command = _mini_command(resume_steps, output / NO_RNG_RESUME, stop_checkpoint, "--omit-rng-restore")
+        command = _mini_command(
+            resume_steps, output / NO_RNG_RESUME, stop_checkpoint, "--omit-rng-restore"
+        )
         records.append(run_path(NO_RNG_RESUME, command, output / NO_RNG_RESUME, logs, 4, 4))
     summaries = {
         CONTINUOUS: _load_mini_summary(source / CONTINUOUS),
@@ -518,7 +568,9 @@ def _per_step_quantities(
 
 
 def _identity(summary: dict[str, Any]) -> dict[str, Any]:
-    return {key: summary.get(key) for key in ("config", "code_version", "data_identity", "versions")}
+    return {
+        key: summary.get(key) for key in ("config", "code_version", "data_identity", "versions")
+    }
 
 
 def _mini_resume_quantities(
@@ -544,8 +596,14 @@ def _mini_resume_quantities(
                 continuous["next_draws"]["python_random"],
                 resumed["next_draws"]["python_random"],
             ),
-            "next draws: NumPy PCG64": (continuous["next_draws"]["numpy_pcg64"], resumed["next_draws"]["numpy_pcg64"]),
-            "next draws: torch CPU": (continuous["next_draws"]["torch_cpu"], resumed["next_draws"]["torch_cpu"]),
+            "next draws: NumPy PCG64": (
+                continuous["next_draws"]["numpy_pcg64"],
+                resumed["next_draws"]["numpy_pcg64"],
+            ),
+            "next draws: torch CPU": (
+                continuous["next_draws"]["torch_cpu"],
+                resumed["next_draws"]["torch_cpu"],
+            ),
             "config, code, data, versions": (_identity(continuous), _identity(resumed)),
         }
     )
@@ -566,7 +624,12 @@ def _mini_checks(summaries: dict[str, dict[str, Any]], stop_sha256: str) -> list
         epoch = (rows - 1) // config.n_rows
         expected = (step, epoch, rows - epoch * config.n_rows)
         actual = (progress["step"], progress["epoch"], progress["cursor"])
-        check(path, "progress (step, epoch, cursor)", actual == expected, f"{actual}, expected {expected}")
+        check(
+            path,
+            "progress (step, epoch, cursor)",
+            actual == expected,
+            f"{actual}, expected {expected}",
+        )
 
     def rows_once_per_epoch(path: str) -> None:
         history = summaries[path]["history"]
@@ -574,7 +637,9 @@ def _mini_checks(summaries: dict[str, dict[str, Any]], stop_sha256: str) -> list
         for record in history:
             by_epoch.setdefault(record["epoch"], []).extend(record["row_ids"])
         repeated = {
-            epoch: len(rows) - len(set(rows)) for epoch, rows in by_epoch.items() if len(rows) != len(set(rows))
+            epoch: len(rows) - len(set(rows))
+            for epoch, rows in by_epoch.items()
+            if len(rows) != len(set(rows))
         }
         steps = [record["step"] for record in history]
         passed = not repeated and steps == list(range(1, len(steps) + 1))
@@ -621,7 +686,9 @@ def _mini_checks(summaries: dict[str, dict[str, Any]], stop_sha256: str) -> list
         )
         check(
             path,
-            "random generators restored" if rng_restored else "random generators deliberately not restored",
+            "random generators restored"
+            if rng_restored
+            else "random generators deliberately not restored",
             resumed.get("rng_restored") is rng_restored,
             f"rng_restored={resumed.get('rng_restored')}",
         )
@@ -634,7 +701,9 @@ def _mini_figures(
     reference_mse = summaries[CONTINUOUS]["eval_mse"]
     figures = {}
     for path in (CONTINUOUS, FULL_RESUME, NO_RNG_RESUME):
-        weights = next((c.max_abs_diff for c in comparisons.get(path, []) if c.name == "final parameters"), 0.0)
+        weights = next(
+            (c.max_abs_diff for c in comparisons.get(path, []) if c.name == "final parameters"), 0.0
+        )
         mse = summaries[path]["eval_mse"]
         figures[path] = PathFigures(
             eval_mse=mse,
@@ -661,19 +730,27 @@ def run_mini(output: Path, sabotage: str | None = None, reuse: Path | None = Non
         stop_label = f"steps 1-{MINI_STOP_STEP}"
         report.stop_path = compare_all(
             _per_step_quantities(
-                summaries[CONTINUOUS]["history"][:MINI_STOP_STEP], summaries[STOP]["history"], stop_label
+                summaries[CONTINUOUS]["history"][:MINI_STOP_STEP],
+                summaries[STOP]["history"],
+                stop_label,
             ),
             MINI_ATOL,
         )
         report.full_resume = compare_all(
-            _mini_resume_quantities(summaries[CONTINUOUS], summaries[STOP], summaries[FULL_RESUME]), MINI_ATOL
+            _mini_resume_quantities(summaries[CONTINUOUS], summaries[STOP], summaries[FULL_RESUME]),
+            MINI_ATOL,
         )
         report.no_rng_resume = compare_all(
-            _mini_resume_quantities(summaries[CONTINUOUS], summaries[STOP], summaries[NO_RNG_RESUME]), MINI_ATOL
+            _mini_resume_quantities(
+                summaries[CONTINUOUS], summaries[STOP], summaries[NO_RNG_RESUME]
+            ),
+            MINI_ATOL,
         )
         report.checks = _mini_checks(summaries, stop_sha256)
         report.figures = {
-            **_mini_figures(summaries, {FULL_RESUME: report.full_resume, NO_RNG_RESUME: report.no_rng_resume})
+            **_mini_figures(
+                summaries, {FULL_RESUME: report.full_resume, NO_RNG_RESUME: report.no_rng_resume}
+            )
         }
 
     report = VerificationReport(
@@ -738,7 +815,9 @@ def _verified(run_dir: Path, step: int) -> tuple[Manifest, fmt.Payload]:
     try:
         return verify_checkpoint(run_dir, step)
     except ValueError as exc:
-        raise VerificationIncomplete(f"{run_dir / fmt.bin_name(step)}: not an intact checkpoint: {exc}") from exc
+        raise VerificationIncomplete(
+            f"{run_dir / fmt.bin_name(step)}: not an intact checkpoint: {exc}"
+        ) from exc
 
 
 def _load_trainer_run(run_dir: Path, record: PathRecord) -> _TrainerRun:
@@ -759,14 +838,25 @@ def _load_trainer_run(run_dir: Path, record: PathRecord) -> _TrainerRun:
     except OSError as exc:
         raise VerificationIncomplete(f"{record.log_file}: unreadable: {exc}") from exc
     return _TrainerRun(
-        run_dir, entries, canonical_curve(entries), manifest, payload.weights, payload.m, payload.v, log
+        run_dir,
+        entries,
+        canonical_curve(entries),
+        manifest,
+        payload.weights,
+        payload.m,
+        payload.v,
+        log,
     )
 
 
 def _special_files(directory: str, names: list[str]) -> list[str]:
     # A control socket left by the stopped trainer is process state, not run state, and cannot be copied.
     paths = (os.path.join(directory, name) for name in names)
-    return [name for name, path in zip(names, paths) if not (os.path.isfile(path) or os.path.isdir(path))]
+    return [
+        name
+        for name, path in zip(names, paths)
+        if not (os.path.isfile(path) or os.path.isdir(path))
+    ]
 
 
 def _copy_stop(stop_dir: Path, target: Path, stop: Manifest) -> None:
@@ -774,7 +864,9 @@ def _copy_stop(stop_dir: Path, target: Path, stop: Manifest) -> None:
     shutil.copytree(stop_dir, target, ignore=_special_files)
     copied, _ = _verified(target, stop.step)
     if copied.bin_sha256 != stop.bin_sha256:
-        raise VerificationIncomplete(f"{target}: the copied stop checkpoint differs from {stop_dir}")
+        raise VerificationIncomplete(
+            f"{target}: the copied stop checkpoint differs from {stop_dir}"
+        )
 
 
 def _trainer_stop_step(stop_dir: Path, record: PathRecord) -> int:
@@ -804,7 +896,12 @@ def _trainer_paths(
     if reuse is None:
         source = output
         records[CONTINUOUS] = run_path(
-            CONTINUOUS, _trainer_command(output / CONTINUOUS, cache_dir), output / CONTINUOUS, logs, 1, 5
+            CONTINUOUS,
+            _trainer_command(output / CONTINUOUS, cache_dir),
+            output / CONTINUOUS,
+            logs,
+            1,
+            5,
         )
         records[STOP] = run_path(
             STOP,
@@ -825,7 +922,9 @@ def _trainer_paths(
         earlier_paths = {record.name: record for record in earlier.paths}
         for name in (CONTINUOUS, STOP, *TRAINER_NEGATIVES):
             print(f"[-/5] {name:<16} reused from {reuse / name}", flush=True)
-            records[name] = earlier_paths[name].model_copy(update={"reused_from": str(reuse / name)})
+            records[name] = earlier_paths[name].model_copy(
+                update={"reused_from": str(reuse / name)}
+            )
     stop_manifest, _ = _verified(source / STOP, stop_step)
     resumes = {FULL_RESUME: TRAINER_SABOTAGES.get(sabotage or "")}
     if reuse is None:
@@ -881,12 +980,18 @@ def compare_arrays(
         index = np.unravel_index(flat_index - entry.offset, tuple(entry.shape))
         return f"$.{label}.{entry.name}" + "".join(f"[{int(i)}]" for i in index)
 
-    def report(kind: IssueKind, found: np.ndarray, label: str, left: np.ndarray, right: np.ndarray) -> None:
+    def report(
+        kind: IssueKind, found: np.ndarray, label: str, left: np.ndarray, right: np.ndarray
+    ) -> None:
         counts[kind] = counts.get(kind, 0) + int(found.size)
         for i in found[: max(0, MAX_ISSUES_KEPT - (counts[kind] - int(found.size)))]:
             a, b = float(left[i]), float(right[i])
             diff = abs(a - b) if kind is IssueKind.VALUE_MISMATCH else None
-            issues.append(Issue(kind=kind, path=where(label, int(i)), left=repr(a), right=repr(b), abs_diff=diff))
+            issues.append(
+                Issue(
+                    kind=kind, path=where(label, int(i)), left=repr(a), right=repr(b), abs_diff=diff
+                )
+            )
 
     for label, left, right in groups:
         if left.shape != right.shape:
@@ -922,9 +1027,10 @@ def compare_arrays(
 
 def _trainer_identity(manifest: Manifest) -> dict[str, Any]:
     dump = manifest.model_dump(mode="json")
-    return {key: dump[key] for key in ("model", "layout", "config_hash", "config", "mixing", "environment")} | {
-        "data identities": [[c.name, c.identity, c.n_tokens, c.n_chunks] for c in manifest.data]
-    }
+    return {
+        key: dump[key]
+        for key in ("model", "layout", "config_hash", "config", "mixing", "environment")
+    } | {"data identities": [[c.name, c.identity, c.n_tokens, c.n_chunks] for c in manifest.data]}
 
 
 def _trainer_resume_comparisons(
@@ -956,7 +1062,9 @@ def _trainer_resume_comparisons(
                 )
             )
     comparisons += [
-        compare_arrays("final weights", ref.layout, [("weights", continuous.weights, resumed.weights)]),
+        compare_arrays(
+            "final weights", ref.layout, [("weights", continuous.weights, resumed.weights)]
+        ),
         compare_arrays("final Adam m", ref.layout, [("m", continuous.m, resumed.m)]),
         compare_arrays("final Adam v", ref.layout, [("v", continuous.v, resumed.v)]),
     ]
@@ -986,7 +1094,10 @@ def _trainer_resume_comparisons(
                 ref.rng.model_dump(mode="json"),
                 new.rng.model_dump(mode="json"),
             ),
-            "model, layout, config, data identity, environment": (_trainer_identity(ref), _trainer_identity(new)),
+            "model, layout, config, data identity, environment": (
+                _trainer_identity(ref),
+                _trainer_identity(new),
+            ),
         },
         TRAINER_ATOL,
     )
@@ -997,7 +1108,9 @@ def _cursors(manifest: Manifest) -> str:
     return ", ".join(f"{c.name} {c.epoch}:{c.position}/{c.n_chunks}" for c in manifest.data)
 
 
-def _trainer_checks(runs: dict[str, _TrainerRun], records: list[PathRecord], stop_step: int) -> list[Check]:
+def _trainer_checks(
+    runs: dict[str, _TrainerRun], records: list[PathRecord], stop_step: int
+) -> list[Check]:
     checks: list[Check] = []
     last = TRAINER_TOTAL_STEPS
 
@@ -1053,7 +1166,12 @@ def _trainer_checks(runs: dict[str, _TrainerRun], records: list[PathRecord], sto
         )
         unsafe = re.search(r"UNSAFE: skipping restore of (\S+)", run.log)
         if skipped is None:
-            check(path, "complete restore", unsafe is None, unsafe.group(0) if unsafe else "nothing skipped")
+            check(
+                path,
+                "complete restore",
+                unsafe is None,
+                unsafe.group(0) if unsafe else "nothing skipped",
+            )
         else:
             check(
                 path,
@@ -1086,7 +1204,10 @@ def _trainer_figures(
 
 
 def run_trainer(
-    output: Path, sabotage: str | None = None, reuse: Path | None = None, cache_dir: Path | None = None
+    output: Path,
+    sabotage: str | None = None,
+    reuse: Path | None = None,
+    cache_dir: Path | None = None,
 ) -> int:
     """Verify the real trainer's resume into the new directory ``output``; returns the exit code.
 
@@ -1104,7 +1225,9 @@ def run_trainer(
         report.stop_step = stop_step
         report.stop_path = compare_all(
             _trainer_step_quantities(
-                _between(runs[CONTINUOUS].curve, 1, stop_step), runs[STOP].curve, f"steps 1-{stop_step}"
+                _between(runs[CONTINUOUS].curve, 1, stop_step),
+                runs[STOP].curve,
+                f"steps 1-{stop_step}",
             ),
             TRAINER_ATOL,
         )
@@ -1134,13 +1257,17 @@ class ProblemOptions(BaseModel):
 
     sabotage: str | None = None
     reuse: Path | None = None
-    cache_dir: Path | None = Field(default=None, description="The trainer's corpus cache (trainer problem only).")
+    cache_dir: Path | None = Field(
+        default=None, description="The trainer's corpus cache (trainer problem only)."
+    )
 
 
 #: Problem name → runner. A runner takes (output, options) and returns the exit code.
 PROBLEMS: dict[str, Callable[[Path, ProblemOptions], int]] = {
     "mini": lambda output, options: run_mini(output, options.sabotage, options.reuse),
-    "trainer": lambda output, options: run_trainer(output, options.sabotage, options.reuse, options.cache_dir),
+    "trainer": lambda output, options: run_trainer(
+        output, options.sabotage, options.reuse, options.cache_dir
+    ),
 }
 
 
@@ -1156,7 +1283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The verifier's options, shared with ``andreactl verify-resume``."""
-    parser.add_argument("--output", type=Path, required=True, help="new directory for the paths and verification.json")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        help="new directory for the paths and verification.json",
+    )
     parser.add_argument("--problem", choices=sorted(PROBLEMS), default="mini")
     parser.add_argument(
         "--sabotage",
@@ -1166,8 +1298,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         + ", ".join(TRAINER_SABOTAGES)
         + ")",
     )
-    parser.add_argument("--reuse", type=Path, help="earlier passed verification whose reference paths are reused")
-    parser.add_argument("--cache-dir", type=Path, help="the trainer's tokenized-corpus cache (trainer problem)")
+    parser.add_argument(
+        "--reuse", type=Path, help="earlier passed verification whose reference paths are reused"
+    )
+    parser.add_argument(
+        "--cache-dir", type=Path, help="the trainer's tokenized-corpus cache (trainer problem)"
+    )
 
 
 def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

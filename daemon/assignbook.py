@@ -26,7 +26,10 @@ SNAPSHOT_EVERY = 32
 
 class AssignmentBook:
     def __init__(
-        self, bandit: Bandit, configured: Sequence[ConfiguredArm], past: dict[int, str] | None = None
+        self,
+        bandit: Bandit,
+        configured: Sequence[ConfiguredArm],
+        past: dict[int, str] | None = None,
     ) -> None:
         self.bandit = bandit
         self.configured = list(configured)
@@ -80,7 +83,10 @@ class AssignmentBook:
     def next_phase(self, bandit: Bandit) -> AssignmentBook:
         """The book of the phase that starts after `bandit.phase_start_step`: every assignment past
         that step is forgotten (it was made under the old policy), the trained ones are kept."""
-        past = {**self.past, **{s: a for s, a in self.arm_of.items() if s <= bandit.phase_start_step}}
+        past = {
+            **self.past,
+            **{s: a for s, a in self.arm_of.items() if s <= bandit.phase_start_step},
+        }
         return AssignmentBook(bandit, self.configured, past)
 
     def waiting_for(self, step: int) -> int | None:

@@ -91,7 +91,9 @@ class ArmState(_StateModel):
     """One arm in the saved state. Zombies keep their numbers as history."""
 
     name: str = Field(pattern=ARM_NAME_PATTERN)
-    identity: str = Field(description="identity (listing hash) of the source this arm's history belongs to")
+    identity: str = Field(
+        description="identity (listing hash) of the source this arm's history belongs to"
+    )
     live: bool
     zombie_reason: str | None = None
     pulls: int = Field(ge=0, description="steps of the current phase trained on this arm")
@@ -102,7 +104,9 @@ class ArmState(_StateModel):
     @model_validator(mode="after")
     def _reason_iff_zombie(self) -> ArmState:
         if self.live == (self.zombie_reason is not None):
-            raise ValueError(f"arm {self.name!r}: a zombie_reason is required exactly when live is false")
+            raise ValueError(
+                f"arm {self.name!r}: a zombie_reason is required exactly when live is false"
+            )
         return self
 
 
@@ -118,8 +122,12 @@ class BanditState(_StateModel):
     version: Literal[1] = 1
     seed: int = Field(ge=0, lt=2**63)
     phase: int = Field(ge=0)
-    phase_start_step: int = Field(ge=0, description="last step of the previous phase (0 for the first)")
-    last_step: int = Field(ge=0, description="last incorporated step (total steps seen by the bandit)")
+    phase_start_step: int = Field(
+        ge=0, description="last step of the previous phase (0 for the first)"
+    )
+    last_step: int = Field(
+        ge=0, description="last incorporated step (total steps seen by the bandit)"
+    )
     steps_in_phase: int = Field(ge=0)
     policy: Policy
     policy_fingerprint: str
@@ -133,7 +141,9 @@ class BanditState(_StateModel):
         if dup:
             raise ValueError(f"duplicate arm names: {dup}")
         if self.last_step < self.phase_start_step:
-            raise ValueError(f"last_step {self.last_step} is before phase_start_step {self.phase_start_step}")
+            raise ValueError(
+                f"last_step {self.last_step} is before phase_start_step {self.phase_start_step}"
+            )
         if self.steps_in_phase != self.last_step - self.phase_start_step:
             raise ValueError(
                 f"steps_in_phase {self.steps_in_phase} != last_step - phase_start_step "
@@ -141,7 +151,9 @@ class BanditState(_StateModel):
             )
         pulls = sum(a.pulls for a in self.arms)
         if pulls != self.steps_in_phase:
-            raise ValueError(f"the arms' pulls sum to {pulls}, but steps_in_phase is {self.steps_in_phase}")
+            raise ValueError(
+                f"the arms' pulls sum to {pulls}, but steps_in_phase is {self.steps_in_phase}"
+            )
         if self.policy_fingerprint != self.policy.fingerprint():
             raise ValueError(
                 f"policy_fingerprint {self.policy_fingerprint} does not match the policy "
@@ -149,9 +161,13 @@ class BanditState(_StateModel):
             )
         obs = self.last_observation
         if (obs is None) != (self.steps_in_phase == 0):
-            raise ValueError("last_observation must be present exactly when the phase has incorporated steps")
+            raise ValueError(
+                "last_observation must be present exactly when the phase has incorporated steps"
+            )
         if obs is not None and (obs.step != self.last_step or obs.arm not in names):
-            raise ValueError(f"last_observation {obs} does not match last_step {self.last_step} and the arms")
+            raise ValueError(
+                f"last_observation {obs} does not match last_step {self.last_step} and the arms"
+            )
         return self
 
 
@@ -163,7 +179,11 @@ def parse_state(data: str | bytes, origin: str = ".state.json") -> BanditState:
         lines = [f"unusable bandit state ({origin}):"]
         for err in e.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+            msg = (
+                "unknown key"
+                if err["type"] == "extra_forbidden"
+                else err["msg"].removeprefix("Value error, ")
+            )
             lines.append(f"  {loc}: {msg}")
         raise BanditStateError("\n".join(lines)) from e
 
@@ -183,7 +203,9 @@ class PhaseCounters(_StateModel):
     phase: int
     phase_start_step: int
     steps_in_phase: int
-    total_steps: int = Field(description="last incorporated step; steps count from 1 over the whole run")
+    total_steps: int = Field(
+        description="last incorporated step; steps count from 1 over the whole run"
+    )
     pulls: dict[str, int]
 
 
@@ -228,7 +250,9 @@ def project_capped_simplex(y: np.ndarray, floor: np.ndarray, cap: np.ndarray) ->
     lo = np.asarray(floor, dtype=np.float64)
     hi = np.asarray(cap, dtype=np.float64)
     if not (y.shape == lo.shape == hi.shape and y.ndim == 1 and y.size >= 1):
-        raise ValueError(f"project_capped_simplex: shapes differ or empty: {y.shape}, {lo.shape}, {hi.shape}")
+        raise ValueError(
+            f"project_capped_simplex: shapes differ or empty: {y.shape}, {lo.shape}, {hi.shape}"
+        )
     if not np.all(y > 0) or not np.all(np.isfinite(y)):
         raise ValueError(f"project_capped_simplex needs finite positive weights, got {y.tolist()}")
     if np.any(lo > hi):
@@ -283,7 +307,9 @@ class _Arm:
         return self.zombie_reason is None
 
 
-def _index_configured(arms: Sequence[ConfiguredArm | tuple[str, str, bool]]) -> dict[str, ConfiguredArm]:
+def _index_configured(
+    arms: Sequence[ConfiguredArm | tuple[str, str, bool]],
+) -> dict[str, ConfiguredArm]:
     out: dict[str, ConfiguredArm] = {}
     for a in arms:
         c = ConfiguredArm(*a)
@@ -315,11 +341,25 @@ class Bandit:
         """A fresh bandit for a new phase whose first step is `start_step + 1`. Configured arms that
         are not available join as zombies (reported, never drawn)."""
         records = [
-            _Arm(c.name, c.identity, None if c.available else "source not available", 0, 0.0, 0.0, 0.0)
+            _Arm(
+                c.name,
+                c.identity,
+                None if c.available else "source not available",
+                0,
+                0.0,
+                0.0,
+                0.0,
+            )
             for c in _index_configured(arms).values()
         ]
         self._setup(
-            records, policy, seed=seed, phase=phase, start_step=start_step, last_step=start_step, last=None
+            records,
+            policy,
+            seed=seed,
+            phase=phase,
+            start_step=start_step,
+            last_step=start_step,
+            last=None,
         )
 
     @classmethod
@@ -349,14 +389,28 @@ class Bandit:
             else:
                 reason = None
                 if not a.live:
-                    log.info("arm %r: its source is back (identity %s); it draws again", a.name, a.identity)
-            records.append(_Arm(a.name, a.identity, reason, a.pulls, a.ema_reward, a.weight, a.probability))
+                    log.info(
+                        "arm %r: its source is back (identity %s); it draws again",
+                        a.name,
+                        a.identity,
+                    )
+            records.append(
+                _Arm(a.name, a.identity, reason, a.pulls, a.ema_reward, a.weight, a.probability)
+            )
         known = {a.name for a in state.arms}
         for c in configured.values():
             if c.name not in known:
                 log.info("arm %r joins phase %d with a fresh reward", c.name, state.phase)
                 records.append(
-                    _Arm(c.name, c.identity, None if c.available else "source not available", 0, 0.0, 0.0, 0.0)
+                    _Arm(
+                        c.name,
+                        c.identity,
+                        None if c.available else "source not available",
+                        0,
+                        0.0,
+                        0.0,
+                        0.0,
+                    )
                 )
         obj = cls.__new__(cls)
         obj._setup(
@@ -397,7 +451,9 @@ class Bandit:
         policy.check_feasible(live)
         unknown = sorted(set(policy.arms) - set(live))
         if unknown:
-            log.warning("policy bounds for arms that are not live are ignored: %s", ", ".join(unknown))
+            log.warning(
+                "policy bounds for arms that are not live are ignored: %s", ", ".join(unknown)
+            )
         self._zombies = [
             ZombieReport(
                 name=a.name,
@@ -414,7 +470,11 @@ class Bandit:
             log.warning(
                 "zombie arm %r: %s; it will never draw, and its history stays in the state "
                 "(pulls=%d, ema_reward=%r, weight=%r)",
-                z.name, z.reason, z.pulls, z.ema_reward, z.weight,
+                z.name,
+                z.reason,
+                z.pulls,
+                z.ema_reward,
+                z.weight,
             )
         self._refresh()
 

@@ -74,11 +74,15 @@ class Snapshot:
         if self.payload is not None:
             step, n = fmt.HEADER.unpack_from(self.payload)
             if (step, n) != (self.step, self.n_params) or self.payload.size != fmt.payload_size(n):
-                raise fmt.PayloadError(f"staged payload header (step={step}, n={n}) does not match step {self.step}")
+                raise fmt.PayloadError(
+                    f"staged payload header (step={step}, n={n}) does not match step {self.step}"
+                )
             return self.payload
         n = self.n_params
         if not (0 <= self.step <= fmt.INT32_MAX and 0 <= n <= fmt.INT32_MAX):
-            raise fmt.PayloadError(f"step={self.step} or n_params={n} does not fit the int32 header")
+            raise fmt.PayloadError(
+                f"step={self.step} or n_params={n} does not fit the int32 header"
+            )
         out = np.empty(fmt.payload_size(n), dtype=np.uint8)
         out[: fmt.HEADER.size] = np.frombuffer(fmt.HEADER.pack(self.step, n), dtype=np.uint8)
         flat = out[fmt.HEADER.size :].view(fmt.DTYPE)
@@ -86,7 +90,9 @@ class Snapshot:
         for group in (self.weights, self.m, self.v):
             for arr in group:
                 if arr.dtype != fmt.DTYPE:
-                    raise fmt.PayloadError(f"payload arrays must be little-endian float32, got {arr.dtype}")
+                    raise fmt.PayloadError(
+                        f"payload arrays must be little-endian float32, got {arr.dtype}"
+                    )
                 flat[off : off + arr.size] = arr.reshape(-1)
                 off += arr.size
         return out
@@ -118,7 +124,9 @@ class Loaded:
 class CheckpointManager:
     """Saves, verifies, discovers and retires the checkpoints of one run directory."""
 
-    def __init__(self, run_dir: Path, policy: CheckpointConfig, read_buffer: np.ndarray | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, policy: CheckpointConfig, read_buffer: np.ndarray | None = None
+    ) -> None:
         """`read_buffer`: a preallocated uint8 array that `load` reads a payload into when it fits
         (the trainer's staging buffer), instead of allocating and faulting in a new one."""
         self.run_dir = run_dir
@@ -127,7 +135,9 @@ class CheckpointManager:
         self._triggers: dict[int, str] = {}
         self._lock = threading.Lock()  # _triggers: the writer thread commits, the main thread marks
         self._deletions: queue.Queue[int | None] = queue.Queue()
-        self._deleter = threading.Thread(target=self._delete_loop, name="ckpt-retention", daemon=True)
+        self._deleter = threading.Thread(
+            target=self._delete_loop, name="ckpt-retention", daemon=True
+        )
         self._deleter.start()
         self._writer: BackgroundWriter | None = None
         self._remove_stale_temporaries()
@@ -139,7 +149,9 @@ class CheckpointManager:
 
     # ---- save ------------------------------------------------------------------------------
 
-    def save(self, snap: Snapshot, trigger: Trigger, before_commit: Callable[[], None] | None = None) -> Manifest:
+    def save(
+        self, snap: Snapshot, trigger: Trigger, before_commit: Callable[[], None] | None = None
+    ) -> Manifest:
         """Write one checkpoint durably and return its manifest. Raises OSError on failure, in which
         case every earlier checkpoint is untouched and no partial file remains.
 
@@ -153,14 +165,22 @@ class CheckpointManager:
         man_path.unlink(missing_ok=True)
         digest = write_payload(bin_path, payload)
         size = bin_path.stat().st_size
-        if size != fmt.payload_size(snap.n_params) or fmt.read_header(bin_path) != (snap.step, snap.n_params):
+        if size != fmt.payload_size(snap.n_params) or fmt.read_header(bin_path) != (
+            snap.step,
+            snap.n_params,
+        ):
             raise OSError(f"{bin_path}: re-read does not match what was written")
         if before_commit is not None:
             before_commit()
         manifest = Manifest(
-            step=snap.step, n_params=snap.n_params, bin_file=bin_path.name, bin_size=size,
-            bin_sha256=digest, trigger=trigger,
-            created_utc=datetime.now(UTC).isoformat(timespec="milliseconds"), **snap.fields,
+            step=snap.step,
+            n_params=snap.n_params,
+            bin_file=bin_path.name,
+            bin_size=size,
+            bin_sha256=digest,
+            trigger=trigger,
+            created_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
+            **snap.fields,
         )
         atomic_write_bytes(man_path, manifest.model_dump_json(indent=1).encode())
         with self._lock:
@@ -171,7 +191,10 @@ class CheckpointManager:
     # ---- background writes -----------------------------------------------------------------
 
     def save_async(
-        self, snap: Snapshot, trigger: Trigger, on_done: DoneCallback,
+        self,
+        snap: Snapshot,
+        trigger: Trigger,
+        on_done: DoneCallback,
         before_commit: Callable[[], None] | None = None,
     ) -> None:
         """`save` on the writer thread. Waits first for a write in flight (never skips one); the
@@ -218,7 +241,8 @@ class CheckpointManager:
 
     def _retire(self) -> None:
         rolling = sorted(
-            s for s, t in self._triggers.items()
+            s
+            for s, t in self._triggers.items()
             if not (self.policy.keep_requested and t in REQUESTED_TRIGGERS)
         )
         for step in rolling[: -self.policy.keep_latest]:
@@ -257,7 +281,8 @@ class CheckpointManager:
         """Payloads without a manifest: writes interrupted between the two renames."""
         have = set(self.candidates())
         return sorted(
-            p.name for p in self.run_dir.iterdir()
+            p.name
+            for p in self.run_dir.iterdir()
             if (parsed := fmt.parse_name(p.name)) and parsed[1] == "bin" and parsed[0] not in have
         )
 
@@ -343,7 +368,9 @@ def _verify(run_dir: Path, step: int, out: np.ndarray | None) -> tuple[Manifest,
         raise ValueError(f"payload is {size} bytes, manifest says {manifest.bin_size}")
     buf, digest = read_payload_into(bin_path, size, out)
     if digest != manifest.bin_sha256:
-        raise ValueError(f"payload sha256 {digest[:12]}… does not match manifest {manifest.bin_sha256[:12]}…")
+        raise ValueError(
+            f"payload sha256 {digest[:12]}… does not match manifest {manifest.bin_sha256[:12]}…"
+        )
     step_h, n_h = fmt.HEADER.unpack_from(buf)
     if (step_h, n_h) != (manifest.step, manifest.n_params):
         raise ValueError(f"payload header (step={step_h}, n={n_h}) disagrees with manifest")
@@ -352,7 +379,9 @@ def _verify(run_dir: Path, step: int, out: np.ndarray | None) -> tuple[Manifest,
     return manifest, fmt.Payload(step_h, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
 
 
-def verify_checkpoint(run_dir: Path, step: int, out: np.ndarray | None = None) -> tuple[Manifest, fmt.Payload]:
+def verify_checkpoint(
+    run_dir: Path, step: int, out: np.ndarray | None = None
+) -> tuple[Manifest, fmt.Payload]:
     """Parse the manifest of `step` and check its payload's size, header and sha256; ValueError
     with the reason when the checkpoint is not intact (a file that cannot be read included).
     Read-only, so safe beside a running trainer (unlike building a CheckpointManager, which
@@ -379,9 +408,13 @@ def _mismatches(m: Manifest, expect: Expectation) -> list[str]:
     if m.model != expect.model:
         diff = {
             k: (getattr(m.model, k), getattr(expect.model, k))
-            for k in ModelConfig.model_fields if getattr(m.model, k) != getattr(expect.model, k)
+            for k in ModelConfig.model_fields
+            if getattr(m.model, k) != getattr(expect.model, k)
         }
-        out.append("model config differs (checkpoint → this run): " + ", ".join(f"{k}: {a} → {b}" for k, (a, b) in diff.items()))
+        out.append(
+            "model config differs (checkpoint → this run): "
+            + ", ".join(f"{k}: {a} → {b}" for k, (a, b) in diff.items())
+        )
     elif m.layout != expect.layout:
         out.append("parameter layout differs (same config, different code?)")
     saved = {c.name: c.identity for c in m.data}

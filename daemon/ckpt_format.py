@@ -88,7 +88,9 @@ def read_payload(path: str | os.PathLike[str], mmap: bool = True) -> Payload:
     return Payload(step, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
 
 
-def unflatten(flat: np.ndarray, layout: Iterable[tuple[str, tuple[int, ...], int]]) -> dict[str, np.ndarray]:
+def unflatten(
+    flat: np.ndarray, layout: Iterable[tuple[str, tuple[int, ...], int]]
+) -> dict[str, np.ndarray]:
     """Split one of the three flat arrays into named tensors with the manifest's layout
     (name, shape, element offset)."""
     out = {}

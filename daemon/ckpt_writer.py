@@ -154,7 +154,9 @@ def write_payload(path: Path, payload) -> str:
     return digest
 
 
-def read_payload_into(path: Path, size: int, out: np.ndarray | None = None) -> tuple[np.ndarray, str]:
+def read_payload_into(
+    path: Path, size: int, out: np.ndarray | None = None
+) -> tuple[np.ndarray, str]:
     """Read exactly `size` bytes of `path` into `out` (a uint8 array of at least `size` bytes, or a
     new one), hashing them on a second thread while the next chunk is read. Returns the filled
     ``uint8[size]`` array and the SHA-256 hex digest. Raises ValueError if the file is shorter."""
@@ -223,7 +225,9 @@ class StagingBuffer:
         src = [t.detach() for t in (*weights, *m, *v)]
         if any(t.dtype != torch.float32 for t in src):
             raise fmt.PayloadError("payload tensors must be float32")
-        self.array[: fmt.HEADER.size] = np.frombuffer(fmt.HEADER.pack(step, self.n_params), dtype=np.uint8)
+        self.array[: fmt.HEADER.size] = np.frombuffer(
+            fmt.HEADER.pack(step, self.n_params), dtype=np.uint8
+        )
         dst = self._destinations(src)
         with torch.no_grad():
             torch._foreach_copy_(dst, src, non_blocking=self.device.type == "cuda")
@@ -292,7 +296,9 @@ class BackgroundWriter:
         # 12.8M-parameter step ~0.1-0.3 s; at nice 19 it runs in the loop's idle moments instead and
         # costs ~0.04 s, taking about one step longer to finish — far inside any cadence.
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), int(os.environ.get(_NICE_ENV, "19")))
+            os.setpriority(
+                os.PRIO_PROCESS, threading.get_native_id(), int(os.environ.get(_NICE_ENV, "19"))
+            )
         except (AttributeError, OSError, ValueError):
             pass
         while True:

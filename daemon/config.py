@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import tomli_w
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
 
@@ -85,7 +83,9 @@ class ArmSpec(_Strict):
     @model_validator(mode="after")
     def _fields_match_kind(self) -> ArmSpec:
         if self.kind == "stdlib" and self.part is None:
-            raise ValueError(f"arm {self.name!r}: kind 'stdlib' needs part = docstrings|code|comments")
+            raise ValueError(
+                f"arm {self.name!r}: kind 'stdlib' needs part = docstrings|code|comments"
+            )
         if self.kind == "text" and not self.paths:
             raise ValueError(f"arm {self.name!r}: kind 'text' needs paths = [glob, ...]")
         if self.kind == "tokens" and not self.path:
@@ -104,7 +104,8 @@ def default_arms() -> list[ArmSpec]:
 class DataConfig(_Strict):
     arms: list[ArmSpec] = Field(default_factory=default_arms, min_length=1)
     cache_dir: str | None = Field(
-        None, description="where tokenized arms are cached; default $CACHE_DIRECTORY or ~/.cache/andrea"
+        None,
+        description="where tokenized arms are cached; default $CACHE_DIRECTORY or ~/.cache/andrea",
     )
 
     @model_validator(mode="after")
@@ -122,7 +123,9 @@ class CheckpointConfig(_Strict):
     every: int = Field(100, ge=0, description="cadence in steps; 0 disables cadence checkpoints")
     # Two at least: the newest may be the one being written when the machine dies.
     keep_latest: int = Field(3, ge=2)
-    keep_requested: bool = Field(True, description="keep every SIGUSR1/control checkpoint (audit points)")
+    keep_requested: bool = Field(
+        True, description="keep every SIGUSR1/control checkpoint (audit points)"
+    )
     async_write: bool = Field(
         True,
         description="cadence checkpoints: copy the state into a host buffer at the step boundary, then write "
@@ -149,12 +152,21 @@ class RunConfig(_Strict):
         description="arithmetic of the training step (daemon/precision.py): auto = bf16 autocast on a CUDA GPU "
         "that supports it (else tf32), fp32 on CPU",
     )
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads; default: torch's choice")
+    threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads; default: torch's choice"
+    )
     log_every: int = Field(10, ge=1)
     sample_every: int = Field(100, ge=0, description="0 disables periodic samples")
     sample_tokens: int = Field(120, ge=1)
 
-    TRAJECTORY_FIELDS: ClassVar[tuple[str, ...]] = ("model", "optim", "data", "batch_size", "seed", "mixing")
+    TRAJECTORY_FIELDS: ClassVar[tuple[str, ...]] = (
+        "model",
+        "optim",
+        "data",
+        "batch_size",
+        "seed",
+        "mixing",
+    )
 
     def trajectory(self) -> dict[str, Any]:
         """The settings that decide the training trajectory, as plain JSON data."""

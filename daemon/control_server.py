@@ -93,7 +93,9 @@ class ControlServer:
                 with self._lock:
                     self._checkpoint_waiters.append((peer, msg.id))
                 return None
-            return m.Reply(id=msg.id, ok=True, data={"accepted": "boundary" if msg.boundary else "next step"})
+            return m.Reply(
+                id=msg.id, ok=True, data={"accepted": "boundary" if msg.boundary else "next step"}
+            )
         if isinstance(msg, m.ResumeRequest):
             self.flags.request_resume()
             return m.Reply(id=msg.id, ok=True, data={"accepted": "resume"})
@@ -104,4 +106,6 @@ class ControlServer:
                     self._stop_waiters.append((peer, msg.id))
                 return None
             return m.Reply(id=msg.id, ok=True, data={"accepted": "stop"})
-        return m.Reply(id=msg.id, ok=False, error=f"the trainer does not serve {msg.type!r} requests")
+        return m.Reply(
+            id=msg.id, ok=False, error=f"the trainer does not serve {msg.type!r} requests"
+        )

@@ -23,7 +23,15 @@ from pathlib import Path
 PARTS = ("docstrings", "code", "comments")
 #: Bump when the extraction rules change: it is part of every stdlib arm's identity.
 EXTRACTOR_VERSION = 1
-_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3"}
+_SKIP_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idle_test",
+    "__pycache__",
+    "lib2to3",
+}
 
 
 def stdlib_root() -> Path:
@@ -107,7 +115,9 @@ def _literal_text(s: str) -> str:
     return body[len(q) : len(body) - len(q)].strip()
 
 
-def extract_stdlib(files: list[Path], should_stop: Callable[[], bool] | None = None) -> dict[str, bytes]:
+def extract_stdlib(
+    files: list[Path], should_stop: Callable[[], bool] | None = None
+) -> dict[str, bytes]:
     """Run `split_source` over every file and join each part into one UTF-8 byte stream.
 
     Checks `should_stop` between files so that a stop request during a first start (which can

@@ -63,7 +63,9 @@ def _load_u8(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r")
 
 
-def _stdlib_arms(specs: list[ArmSpec], cache: Path, should_stop: Callable[[], bool] | None) -> dict[str, Arm]:
+def _stdlib_arms(
+    specs: list[ArmSpec], cache: Path, should_stop: Callable[[], bool] | None
+) -> dict[str, Arm]:
     root = corpus.stdlib_root()
     files = corpus.stdlib_files(root)
     if not files:
@@ -71,15 +73,29 @@ def _stdlib_arms(specs: list[ArmSpec], cache: Path, should_stop: Callable[[], bo
     ids = {p: corpus.stdlib_identity(p, files, root) for p in corpus.PARTS}
     missing = [p for p in corpus.PARTS if not (cache / f"{ids[p]}.u8").exists()]
     if missing:
-        log.info("building the default corpus from %d files under %s (once; cached in %s)", len(files), root, cache)
+        log.info(
+            "building the default corpus from %d files under %s (once; cached in %s)",
+            len(files),
+            root,
+            cache,
+        )
         extracted = corpus.extract_stdlib(files, should_stop)
         for p in missing:
             atomic_write_bytes(cache / f"{ids[p]}.u8", extracted[p])
     return {s.name: Arm(s.name, ids[s.part], _load_u8(cache / f"{ids[s.part]}.u8")) for s in specs}
 
 
-def _text_arm(spec: ArmSpec, base: Path, cache: Path, should_stop: Callable[[], bool] | None) -> Arm:
-    files = sorted({Path(p) for pat in spec.paths for p in glob(str(base / pat), recursive=True) if Path(p).is_file()})
+def _text_arm(
+    spec: ArmSpec, base: Path, cache: Path, should_stop: Callable[[], bool] | None
+) -> Arm:
+    files = sorted(
+        {
+            Path(p)
+            for pat in spec.paths
+            for p in glob(str(base / pat), recursive=True)
+            if Path(p).is_file()
+        }
+    )
     if not files:
         raise DataError(f"arm {spec.name!r}: no files match {spec.paths} (relative to {base})")
     common = Path(os.path.commonpath([f.parent for f in files]))
@@ -102,7 +118,9 @@ def _tokens_arm(spec: ArmSpec, base: Path, cache: Path, vocab_size: int) -> Arm:
     dtype = np.dtype(spec.dtype).newbyteorder("<")
     st = path.stat()
     if st.st_size % dtype.itemsize:
-        raise DataError(f"arm {spec.name!r}: {path} is {st.st_size} bytes, not a whole number of {spec.dtype}")
+        raise DataError(
+            f"arm {spec.name!r}: {path} is {st.st_size} bytes, not a whole number of {spec.dtype}"
+        )
     # Hashing a large token file takes a while: remember the digest per (path, size, mtime, inode).
     memo = cache / f"tokens-{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
     key = [st.st_size, st.st_mtime_ns, st.st_ino]
@@ -118,9 +136,13 @@ def _tokens_arm(spec: ArmSpec, base: Path, cache: Path, vocab_size: int) -> Arm:
             h.update(block.tobytes())
             max_id = max(max_id, int(block.max(initial=0)))
         identity = h.hexdigest()
-        atomic_write_bytes(memo, json.dumps({"key": key, "identity": identity, "max_id": max_id}).encode())
+        atomic_write_bytes(
+            memo, json.dumps({"key": key, "identity": identity, "max_id": max_id}).encode()
+        )
     if max_id >= vocab_size:
-        raise DataError(f"arm {spec.name!r}: token id {max_id} in {path} exceeds vocab_size {vocab_size}")
+        raise DataError(
+            f"arm {spec.name!r}: token id {max_id} in {path} exceeds vocab_size {vocab_size}"
+        )
     return Arm(spec.name, identity, np.memmap(path, dtype=dtype, mode="r"))
 
 
@@ -165,7 +187,9 @@ class ArmStream:
         self.stride = block_size
         self.n_chunks = max(0, (arm.n_tokens - 1) // block_size)
         if self.n_chunks < 1:
-            raise DataError(f"arm {arm.name!r} has {arm.n_tokens} tokens, fewer than one chunk of {self.chunk}")
+            raise DataError(
+                f"arm {arm.name!r} has {arm.n_tokens} tokens, fewer than one chunk of {self.chunk}"
+            )
         self.epoch = 0
         self.position = 0
         self._perm_epoch = -1
@@ -203,8 +227,12 @@ class ArmStream:
 
     def state_dict(self) -> CursorState:
         return CursorState(
-            name=self.arm.name, identity=self.arm.identity, n_tokens=self.arm.n_tokens,
-            n_chunks=self.n_chunks, epoch=self.epoch, position=self.position,
+            name=self.arm.name,
+            identity=self.arm.identity,
+            n_tokens=self.arm.n_tokens,
+            n_chunks=self.n_chunks,
+            epoch=self.epoch,
+            position=self.position,
         )
 
     def load_state_dict(self, state: CursorState) -> None:
@@ -214,7 +242,9 @@ class ArmStream:
                 f"({state.n_chunks} chunks), this run has {self.arm.identity[:12]} ({self.n_chunks} chunks)"
             )
         if not 0 <= state.position < self.n_chunks or state.epoch < 0:
-            raise DataError(f"arm {self.arm.name!r}: cursor {state.epoch}:{state.position} out of range")
+            raise DataError(
+                f"arm {self.arm.name!r}: cursor {state.epoch}:{state.position} out of range"
+            )
         self.epoch, self.position = state.epoch, state.position
 
 

@@ -66,12 +66,12 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
-from typing import Annotated, Any, Self, Sized, TypeVar
+from typing import Annotated, Any, Self, TypeVar
 
 import numpy as np
 import pydantic_core
@@ -114,7 +114,9 @@ def _decode_loss(value: Any) -> Any:
         try:
             return _NON_FINITE[value]
         except KeyError:
-            raise ValueError(f"loss must be a number or one of {sorted(_NON_FINITE)}, got {value!r}") from None
+            raise ValueError(
+                f"loss must be a number or one of {sorted(_NON_FINITE)}, got {value!r}"
+            ) from None
     return value
 
 
@@ -128,15 +130,23 @@ class LossEntry(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, ser_json_inf_nan="strings")
 
-    step: int = Field(ge=1, description="optimizer update this loss belongs to (the loss of update `step`)")
-    loss: Annotated[float, BeforeValidator(_decode_loss)] = Field(description="training loss; may be non-finite")
+    step: int = Field(
+        ge=1, description="optimizer update this loss belongs to (the loss of update `step`)"
+    )
+    loss: Annotated[float, BeforeValidator(_decode_loss)] = Field(
+        description="training loss; may be non-finite"
+    )
     arm: str = Field(min_length=1, description="data source (bandit arm) of this step's batch")
     lr: float = Field(ge=0.0, allow_inf_nan=False, description="learning rate used by this update")
     tokens: int = Field(ge=1, description="tokens in this step's batch")
-    wall_time: float = Field(ge=0.0, allow_inf_nan=False, description="unix seconds when the step finished")
+    wall_time: float = Field(
+        ge=0.0, allow_inf_nan=False, description="unix seconds when the step finished"
+    )
     segment: int = Field(ge=1, description="trainer process life that trained this step")
     phase: int = Field(ge=0, description="bandit policy (pivot counter) this step trained under")
-    batch_sha256: str | None = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the batch tokens, or null")
+    batch_sha256: str | None = Field(
+        pattern=r"^[0-9a-f]{64}$", description="sha256 of the batch tokens, or null"
+    )
 
 
 _ENTRIES = TypeAdapter(list[LossEntry])
@@ -144,11 +154,29 @@ _FIELD_NAMES = LossEntry.model_fields.keys()
 # What LossEntry takes for each field, in JSON, as whole-column checks for read_curve: the Python types
 # (strict: an int is not a bool or a float; a float may be an int; loss strings are decoded before this
 # check), the ge= bound of each integer field, and the column type in a LossCurve.
-_TYPES = {"step": {int}, "loss": {int, float}, "arm": {str}, "lr": {int, float}, "tokens": {int},
-          "wall_time": {int, float}, "segment": {int}, "phase": {int}, "batch_sha256": {str, type(None)}}
+_TYPES = {
+    "step": {int},
+    "loss": {int, float},
+    "arm": {str},
+    "lr": {int, float},
+    "tokens": {int},
+    "wall_time": {int, float},
+    "segment": {int},
+    "phase": {int},
+    "batch_sha256": {str, type(None)},
+}
 _INT_MINIMA = {"step": 1, "tokens": 1, "segment": 1, "phase": 0}
-_DTYPES = {"step": np.int64, "loss": np.float64, "arm": object, "lr": np.float64, "tokens": np.int64,
-           "wall_time": np.float64, "segment": np.int64, "phase": np.int64, "batch_sha256": object}
+_DTYPES = {
+    "step": np.int64,
+    "loss": np.float64,
+    "arm": object,
+    "lr": np.float64,
+    "tokens": np.int64,
+    "wall_time": np.float64,
+    "segment": np.int64,
+    "phase": np.int64,
+    "batch_sha256": object,
+}
 _S = TypeVar("_S", bound=Sized)
 
 
@@ -213,9 +241,13 @@ def _analyse_tail(path: Path, data: bytes, base: int) -> _Tail | None:
     if entry is None:
         # ... or the file ends inside an entry line: the torn start of the next entry.
         last_line = text[line_start:]
-        plausible = last_line.startswith(_ENTRY_HEAD) or (last_line != b"" and _ENTRY_HEAD.startswith(last_line))
+        plausible = last_line.startswith(_ENTRY_HEAD) or (
+            last_line != b"" and _ENTRY_HEAD.startswith(last_line)
+        )
         if not plausible or b"\0" in last_line:
-            raise LossLogCorrupt(path, base + line_start, "unrecognised bytes at the end of the log")
+            raise LossLogCorrupt(
+                path, base + line_start, "unrecognised bytes at the end of the log"
+            )
         if base + line_start == 2 and text[:2] == b"[\n":
             return _Tail(end=1, last=None, clean=False)
         end = line_start - len(_SEP)
@@ -230,7 +262,9 @@ def _analyse_tail(path: Path, data: bytes, base: int) -> _Tail | None:
 
     before = text[entry_start - 2 : entry_start]
     if before != _SEP and not (before == b"[\n" and base + entry_start == 2):
-        raise LossLogCorrupt(path, max(0, base + entry_start - 2), "entry not preceded by '[\\n' or ',\\n'")
+        raise LossLogCorrupt(
+            path, max(0, base + entry_start - 2), "entry not preceded by '[\\n' or ',\\n'"
+        )
     return _Tail(end=base + end, last=entry, clean=data[end:] == _TERM)
 
 
@@ -253,7 +287,9 @@ def _first_error(exc: ValidationError) -> str:
     return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
 
 
-def _parse_body(path: Path, buf: bytes, tail: _Tail, parse: Callable[[bytes], _S]) -> _S | list[Any]:
+def _parse_body(
+    path: Path, buf: bytes, tail: _Tail, parse: Callable[[bytes], _S]
+) -> _S | list[Any]:
     """``parse`` the entries before ``tail.end``, checking the layout; any deviation names its byte offset.
 
     ``parse`` returns one item per entry (``len`` is all this needs); a log with no entry gives ``[]``.
@@ -264,7 +300,9 @@ def _parse_body(path: Path, buf: bytes, tail: _Tail, parse: Callable[[bytes], _S
     doc = buf if tail.clean else buf[: tail.end] + _TERM
     try:
         items = parse(doc)
-    except ValueError:  # invalid JSON or a failed validation (pydantic's ValidationError is a ValueError)
+    except (
+        ValueError
+    ):  # invalid JSON or a failed validation (pydantic's ValidationError is a ValueError)
         items = None
     # Valid JSON is not enough: the tail logic relies on one entry per line, each but the last ending
     # "},". With n entries that is n - 1 separators "},\n" and n + 2 newlines in all.
@@ -360,8 +398,15 @@ class LossLog:
     says whether that pair is present.
     """
 
-    def __init__(self, path: Path, fd: int, end: int, keys: set[tuple[int, int]], count: int,
-                 last: LossEntry | None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        fd: int,
+        end: int,
+        keys: set[tuple[int, int]],
+        count: int,
+        last: LossEntry | None,
+    ) -> None:
         self._path = path
         self._fd: int | None = fd
         self._end = end
@@ -386,14 +431,19 @@ class LossLog:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise LossLogLocked(f"{path} is already open for writing (flock held by another writer)") from None
+                raise LossLogLocked(
+                    f"{path} is already open for writing (flock held by another writer)"
+                ) from None
             buf = _read_all(fd)
             tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
             listed = _parse_body(path, buf, tail, _index_keys)
             keys = set(listed)
             if len(keys) != len(listed):
-                log.warning("%s: %d entries repeat a (segment, step) pair; canonical_curve keeps the last",
-                            path, len(listed) - len(keys))
+                log.warning(
+                    "%s: %d entries repeat a (segment, step) pair; canonical_curve keeps the last",
+                    path,
+                    len(listed) - len(keys),
+                )
             if not tail.clean:
                 _repair(path, fd, tail, len(buf), len(listed))
         except BaseException:
@@ -496,8 +546,13 @@ def _repair(path: Path, fd: int, tail: _Tail, size: int, count: int) -> None:
         fsync_dir(path.parent)  # a new file: make its directory entry durable too
         log.info("%s: created an empty loss log", path)
     else:
-        log.warning("%s: repaired a torn tail: dropped %d bytes after byte %d, kept %d complete entries",
-                    path, size - tail.end, tail.end, count)
+        log.warning(
+            "%s: repaired a torn tail: dropped %d bytes after byte %d, kept %d complete entries",
+            path,
+            size - tail.end,
+            tail.end,
+            count,
+        )
 
 
 @contextmanager
@@ -568,7 +623,9 @@ def _curve(columns: dict[str, Any]) -> LossCurve:
     """A LossCurve in file order (not canonical) of the given field columns (lists of equal length)."""
     n = len(columns["step"])
     # fromiter: a third to a half faster than np.array on a list; OverflowError for an integer beyond int64.
-    arrays = {name: np.fromiter(columns[name], dtype=_DTYPES[name], count=n) for name in _FIELD_NAMES}
+    arrays = {
+        name: np.fromiter(columns[name], dtype=_DTYPES[name], count=n) for name in _FIELD_NAMES
+    }
     return LossCurve(**arrays, entries_read=n)
 
 
@@ -594,8 +651,11 @@ def _fast_curve(doc: bytes) -> LossCurve:
     given = list(filter(None, hashes))  # the strings (None and "" dropped)
     # One pass over all hashes together: deleting the lowercase hex digits must leave nothing (a regular
     # expression over the joined hashes takes four times as long).
-    if ("" in hashes or not set(map(len, given)) <= {64}
-            or "".join(given).encode().translate(None, _HEX_DIGITS)):
+    if (
+        "" in hashes
+        or not set(map(len, given)) <= {64}
+        or "".join(given).encode().translate(None, _HEX_DIGITS)
+    ):
         raise ValueError("batch_sha256 must be null or 64 lowercase hex digits")
     curve = _curve(columns)
     for name, least in _INT_MINIMA.items():
@@ -631,8 +691,11 @@ def read_curve(path: str | os.PathLike[str]) -> LossCurve:
     buf = path.read_bytes()
     tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
     parsed = _parse_body(path, buf, tail, _parse_curve)
-    read = parsed if isinstance(parsed, LossCurve) else _curve(
-        {name: [getattr(e, name) for e in parsed] for name in _FIELD_NAMES})
+    read = (
+        parsed
+        if isinstance(parsed, LossCurve)
+        else _curve({name: [getattr(e, name) for e in parsed] for name in _FIELD_NAMES})
+    )
     # canonical_curve vectorised: order by step, then segment; the sort is stable, so among equal
     # (step, segment) file order is kept, and the last row of each step is the one to keep.
     order = np.lexsort((read.segment, read.step))
@@ -640,7 +703,9 @@ def read_curve(path: str | os.PathLike[str]) -> LossCurve:
     last = np.ones(len(steps), dtype=bool)
     last[:-1] = steps[1:] != steps[:-1]
     keep = order[last]
-    return LossCurve(**{name: getattr(read, name)[keep] for name in _FIELD_NAMES}, entries_read=read.entries_read)
+    return LossCurve(
+        **{name: getattr(read, name)[keep] for name in _FIELD_NAMES}, entries_read=read.entries_read
+    )
 
 
 def canonical_curve(entries: Iterable[LossEntry]) -> list[LossEntry]:

@@ -39,7 +39,9 @@ class OptimizerState(_M):
     weight_decay: float
     grad_clip: float
     fused: bool
-    adam_step: int = Field(ge=0, description="Adam's bias-correction step count, same for every parameter")
+    adam_step: int = Field(
+        ge=0, description="Adam's bias-correction step count, same for every parameter"
+    )
 
 
 class SchedulerState(_M):

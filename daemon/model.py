@@ -46,7 +46,9 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 def _keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     """0 where dropped (probability p, resolution 2**-32), 1 / (1 - p) where kept; shaped like x."""
-    seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())  # one draw from torch's RNG
+    seed = int(
+        torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item()
+    )  # one draw from torch's RNG
     n = x.numel()
     bits = np.random.PCG64(seed).random_raw((n + 1) // 2).view(np.uint32)[:n]
     keep = torch.from_numpy(bits >= np.uint32(min(round(p * 2**32), 2**32 - 1)))
@@ -160,7 +162,9 @@ class GPT(nn.Module):
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits for every position, and the mean cross-entropy when targets are given."""
         t = idx.shape[1]
         if t > self.cfg.block_size:
@@ -177,8 +181,12 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, idx: torch.Tensor, max_new_tokens: int, generator: torch.Generator,
-        temperature: float = 0.8, should_stop: Callable[[], bool] | None = None,
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        generator: torch.Generator,
+        temperature: float = 0.8,
+        should_stop: Callable[[], bool] | None = None,
     ) -> torch.Tensor:
         """Sample continuations with a caller-owned generator, so that sampling for audit never
         touches the global RNG that dropout draws from (and so never changes training)."""
@@ -188,7 +196,7 @@ class GPT(nn.Module):
             for _ in range(max_new_tokens):
                 if should_stop is not None and should_stop():
                     break
-                logits, _ = self(idx[:, -self.cfg.block_size:])
+                logits, _ = self(idx[:, -self.cfg.block_size :])
                 probs = F.softmax(logits[:, -1, :] / temperature, dim=-1)
                 nxt = torch.multinomial(probs, 1, generator=generator)
                 idx = torch.cat([idx, nxt], dim=1)

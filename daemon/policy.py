@@ -73,11 +73,16 @@ class ArmBounds(_Strict):
 class Policy(_Strict):
     """One phase's mixing rules. See the module docstring for the file format."""
 
-    alpha: float = Field(0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last")
-    lag: int = Field(8, ge=1, description="W: steps between a step and the first draw its loss can influence")
+    alpha: float = Field(
+        0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last"
+    )
+    lag: int = Field(
+        8, ge=1, description="W: steps between a step and the first draw its loss can influence"
+    )
     arms: dict[str, ArmBounds] = Field(default_factory=dict)
     initial_weights: dict[str, float] = Field(
-        default_factory=dict, description="relative weights of the first W draws; unlisted arms weigh 1"
+        default_factory=dict,
+        description="relative weights of the first W draws; unlisted arms weigh 1",
     )
 
     @model_validator(mode="after")
@@ -97,7 +102,9 @@ class Policy(_Strict):
         # file can only be a mistake, whatever the configuration.
         floors = math.fsum(b.floor for b in self.arms.values())
         if floors > 1.0 + FEASIBILITY_TOLERANCE:
-            listing = ", ".join(f"{n}={b.floor}" for n, b in sorted(self.arms.items()) if b.floor > 0)
+            listing = ", ".join(
+                f"{n}={b.floor}" for n, b in sorted(self.arms.items()) if b.floor > 0
+            )
             raise ValueError(f"infeasible policy: the floors sum to {floors!r} > 1 ({listing})")
         return self
 
@@ -134,7 +141,9 @@ class Policy(_Strict):
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the policy (defaults included, keys sorted)."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(
+            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False
+        )
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -147,7 +156,11 @@ def describe_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid policy ({source}):"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        msg = (
+            "unknown key"
+            if e["type"] == "extra_forbidden"
+            else e["msg"].removeprefix("Value error, ")
+        )
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 

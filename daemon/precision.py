@@ -59,8 +59,12 @@ BF16_CPU = NumericMode("bfloat16-autocast", torch.bfloat16, "highest")
 def resolve_device(want: str) -> torch.device:
     """The device the `device` setting (auto|cpu|cuda) means here; ConfigError if it cannot be had."""
     if want == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device 'cuda' requested but CUDA is not available (torch sees no GPU); use auto or cpu")
-    return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
+        raise ConfigError(
+            "device 'cuda' requested but CUDA is not available (torch sees no GPU); use auto or cpu"
+        )
+    return torch.device(
+        "cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu"
+    )
 
 
 def resolve(precision: Precision, device: torch.device) -> NumericMode:
@@ -74,8 +78,12 @@ def resolve(precision: Precision, device: torch.device) -> NumericMode:
         return FP32
     if precision == "tf32":
         if not cuda:
-            raise ConfigError("precision 'tf32' needs a CUDA device (TF32 is a tensor-core format); use fp32 or bf16 on CPU")
+            raise ConfigError(
+                "precision 'tf32' needs a CUDA device (TF32 is a tensor-core format); use fp32 or bf16 on CPU"
+            )
         return TF32
     if cuda and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"precision 'bf16': {torch.cuda.get_device_name(device)} does not support bfloat16; use tf32")
+        raise ConfigError(
+            f"precision 'bf16': {torch.cuda.get_device_name(device)} does not support bfloat16; use tf32"
+        )
     return BF16_CUDA if cuda else BF16_CPU

@@ -32,8 +32,8 @@ from andrea.control.transport import bind_router, claim, close_router, endpoint
 
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
-from .config import DataConfig, RunConfig
 from .checkpoint import checkpoint_steps
+from .config import DataConfig, RunConfig
 from .data import DataError, load_arms
 from .durable import atomic_write_bytes
 from .losslog import LossLog, read_entries
@@ -92,7 +92,9 @@ def configured_arms(cfg: RunConfig, run_dir: Path) -> list[ConfiguredArm]:
     out = []
     for spec in cfg.data.arms:
         try:
-            (arm,) = load_arms(DataConfig(arms=[spec], cache_dir=cfg.data.cache_dir), run_dir, cfg.model.vocab_size)
+            (arm,) = load_arms(
+                DataConfig(arms=[spec], cache_dir=cfg.data.cache_dir), run_dir, cfg.model.vocab_size
+            )
             out.append(ConfiguredArm(spec.name, arm.identity, True))
         except DataError as e:
             log.warning("arm %r is not available: %s", spec.name, e)
@@ -108,7 +110,9 @@ class ProxyOptions:
 
 
 class Proxy:
-    def __init__(self, opts: ProxyOptions, flags: SignalFlags, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self, opts: ProxyOptions, flags: SignalFlags, notifier: Notifier | None = None
+    ) -> None:
         self.opts = opts
         self.run_dir = opts.run_dir
         self.flags = flags
@@ -164,16 +168,35 @@ class Proxy:
             except ValueError as e:
                 bad = path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
                 path.rename(bad)
-                log.warning("%s; moved to %s and rebuilding the bandit from .loss.json", e, bad.name)
+                log.warning(
+                    "%s; moved to %s and rebuilding the bandit from .loss.json", e, bad.name
+                )
             else:
                 bandit = Bandit.from_state(state.bandit, self.configured)
-                log.info("bandit restored from %s at step %d (phase %d)", path.name, bandit.last_step, bandit.phase)
-                self._policy_changed = state.bandit.policy_fingerprint != self.opts.policy.fingerprint()
+                log.info(
+                    "bandit restored from %s at step %d (phase %d)",
+                    path.name,
+                    bandit.last_step,
+                    bandit.phase,
+                )
+                self._policy_changed = (
+                    state.bandit.policy_fingerprint != self.opts.policy.fingerprint()
+                )
                 return bandit, state.max_segment
         phase, start = last_pivot(self.run_dir)
-        bandit = Bandit(self.configured, self.opts.policy, seed=self.opts.cfg.seed, phase=phase, start_step=start)
-        log.info("bandit for phase %d (after step %d) over arms %s; logged losses are replayed as needed",
-                 phase, start, ", ".join(bandit.live_arms))
+        bandit = Bandit(
+            self.configured,
+            self.opts.policy,
+            seed=self.opts.cfg.seed,
+            phase=phase,
+            start_step=start,
+        )
+        log.info(
+            "bandit for phase %d (after step %d) over arms %s; logged losses are replayed as needed",
+            phase,
+            start,
+            ", ".join(bandit.live_arms),
+        )
         return bandit, 0
 
     def _load_samples(self) -> SamplesFile:
@@ -184,7 +207,12 @@ class Proxy:
             except ValidationError as e:
                 bad = path.with_name(f"{SAMPLES_FILE}.corrupt-{int(time.time())}")
                 path.rename(bad)
-                log.warning("%s is not valid (%s); moved to %s, starting a new one", path.name, e.errors()[0]["msg"], bad.name)
+                log.warning(
+                    "%s is not valid (%s); moved to %s, starting a new one",
+                    path.name,
+                    e.errors()[0]["msg"],
+                    bad.name,
+                )
         return SamplesFile(kept=SAMPLES_KEPT, records=[])
 
     # ---- files ------------------------------------------------------------------------------
@@ -192,9 +220,13 @@ class Proxy:
     def _write_state(self) -> None:
         bandit = self.book.bandit
         state = ProxyState(
-            written_utc=now_utc(), durable_step=self.durable_step, max_segment=self.max_segment,
-            bandit=self.book.persistable(self.durable_step), live_counters=bandit.counters(),
-            live_probabilities=bandit.probabilities(), zombies=bandit.zombies,
+            written_utc=now_utc(),
+            durable_step=self.durable_step,
+            max_segment=self.max_segment,
+            bandit=self.book.persistable(self.durable_step),
+            live_counters=bandit.counters(),
+            live_probabilities=bandit.probabilities(),
+            zombies=bandit.zombies,
         )
         atomic_write_bytes(self.run_dir / STATE_FILE, state.model_dump_json(indent=1).encode())
         self.steps_since_state = 0
@@ -215,26 +247,42 @@ class Proxy:
         if isinstance(msg, m.PivotRequest):
             return self._pivot_request(msg)
         if isinstance(msg, (m.CheckpointRequest, m.StopRequest, m.ResumeRequest)):
-            return m.Reply(id=msg.id, ok=False, error=f"'{msg.type}' is a trainer command; send it to the trainer")
+            return m.Reply(
+                id=msg.id,
+                ok=False,
+                error=f"'{msg.type}' is a trainer command; send it to the trainer",
+            )
         return m.Reply(id=msg.id, ok=False, error=f"unexpected message type {msg.type!r}")
 
     def _hello(self, peer: bytes, msg: m.Hello) -> m.Message:
         if msg.seed != self.opts.cfg.seed:
-            return m.Reply(id=msg.id, ok=False, error=f"trainer seed {msg.seed} differs from run.toml's {self.opts.cfg.seed}")
+            return m.Reply(
+                id=msg.id,
+                ok=False,
+                error=f"trainer seed {msg.seed} differs from run.toml's {self.opts.cfg.seed}",
+            )
         missing = sorted(set(self.book.bandit.live_arms) - set(msg.arms))
         if missing:
             return m.Reply(id=msg.id, ok=False, error=f"the trainer lacks live arms {missing}")
         if msg.segment is None:
             self.max_segment += 1
             segment = self.max_segment
-            log.info("trainer segment %d connected, resuming after step %d", segment, msg.resume_step)
+            log.info(
+                "trainer segment %d connected, resuming after step %d", segment, msg.resume_step
+            )
         else:
             segment = msg.segment
             self.max_segment = max(self.max_segment, segment)
             log.info("trainer segment %d reconnected", segment)
         self.segments[peer] = segment
         b = self.book.bandit
-        return m.Welcome(id=msg.id, segment=segment, phase=b.phase, phase_start_step=b.phase_start_step, lag=self.book.lag)
+        return m.Welcome(
+            id=msg.id,
+            segment=segment,
+            phase=b.phase,
+            phase_start_step=b.phase_start_step,
+            lag=self.book.lag,
+        )
 
     def _assign(self, msg: m.AssignRequest) -> m.Message:
         items, waiting = [], None
@@ -263,12 +311,18 @@ class Proxy:
     def _samples(self, msg: m.SampleReport) -> m.Message:
         if not any(r.step == msg.step and r.segment == msg.segment for r in self.samples.records):
             rec = SampleRecord(
-                step=msg.step, segment=msg.segment, phase=msg.phase, received_utc=now_utc(),
-                arm_mix=dict(sorted(self.mix_since_sample.items())), samples=msg.samples,
+                step=msg.step,
+                segment=msg.segment,
+                phase=msg.phase,
+                received_utc=now_utc(),
+                arm_mix=dict(sorted(self.mix_since_sample.items())),
+                samples=msg.samples,
             )
             self.mix_since_sample = {}
             self.samples.records = (self.samples.records + [rec])[-self.samples.kept :]
-            atomic_write_bytes(self.run_dir / SAMPLES_FILE, self.samples.model_dump_json(indent=1).encode())
+            atomic_write_bytes(
+                self.run_dir / SAMPLES_FILE, self.samples.model_dump_json(indent=1).encode()
+            )
         return m.Reply(id=msg.id, ok=True)
 
     def _pivot(self, boundary: int, policy: Policy) -> Path:
@@ -287,19 +341,41 @@ class Proxy:
         for name in (STATE_FILE, SAMPLES_FILE):
             if (self.run_dir / name).exists():
                 atomic_write_bytes(archive / name, (self.run_dir / name).read_bytes())
-        atomic_write_bytes(archive / "policy.toml", tomli_w.dumps(old.policy.model_dump(mode="json")).encode())
-        record = {"boundary_step": boundary, "old_phase": old.phase, "new_phase": old.phase + 1,
-                  "old_policy": old.policy.fingerprint(), "new_policy": policy.fingerprint(), "utc": now_utc()}
+        atomic_write_bytes(
+            archive / "policy.toml", tomli_w.dumps(old.policy.model_dump(mode="json")).encode()
+        )
+        record = {
+            "boundary_step": boundary,
+            "old_phase": old.phase,
+            "new_phase": old.phase + 1,
+            "old_policy": old.policy.fingerprint(),
+            "new_policy": policy.fingerprint(),
+            "utc": now_utc(),
+        }
         atomic_write_bytes(archive / "pivot.json", json.dumps(record, indent=1).encode())
-        bandit = Bandit(self.configured, policy, seed=self.opts.cfg.seed, phase=old.phase + 1, start_step=boundary)
+        bandit = Bandit(
+            self.configured,
+            policy,
+            seed=self.opts.cfg.seed,
+            phase=old.phase + 1,
+            start_step=boundary,
+        )
         self.book = self.book.next_phase(bandit)
         self.opts.policy = policy
         self._write_state()  # the commit point of the pivot
         self.samples = SamplesFile(kept=SAMPLES_KEPT, records=[])
-        atomic_write_bytes(self.run_dir / SAMPLES_FILE, self.samples.model_dump_json(indent=1).encode())
+        atomic_write_bytes(
+            self.run_dir / SAMPLES_FILE, self.samples.model_dump_json(indent=1).encode()
+        )
         self.mix_since_sample = {}
-        log.info("pivot: phase %d starts after step %d under policy %s; phase %d archived in %s",
-                 bandit.phase, boundary, policy.fingerprint()[:12], old.phase, archive.relative_to(self.run_dir))
+        log.info(
+            "pivot: phase %d starts after step %d under policy %s; phase %d archived in %s",
+            bandit.phase,
+            boundary,
+            policy.fingerprint()[:12],
+            old.phase,
+            archive.relative_to(self.run_dir),
+        )
         return archive
 
     def _pivot_request(self, msg: m.PivotRequest) -> m.Message:
@@ -310,22 +386,39 @@ class Proxy:
             return m.Reply(id=msg.id, ok=False, error=str(e))
         b = msg.boundary_step
         if b < self.book.phase_start or self.durable_step > b:
-            return m.Reply(id=msg.id, ok=False, error=(
-                f"cannot pivot after step {b}: the phase starts after {self.book.phase_start} and steps up to "
-                f"{self.durable_step} are already logged under the current policy"))
+            return m.Reply(
+                id=msg.id,
+                ok=False,
+                error=(
+                    f"cannot pivot after step {b}: the phase starts after {self.book.phase_start} and steps up to "
+                    f"{self.durable_step} are already logged under the current policy"
+                ),
+            )
         # The policy file first: if the proxy dies before the new state is written, its next start
         # sees the changed policy and completes the same pivot.
         atomic_write_bytes(self.run_dir / "policy.toml", msg.policy_toml.encode())
         archive = self._pivot(b, policy)
-        return m.Reply(id=msg.id, ok=True, data={"phase": self.book.bandit.phase, "boundary_step": b,
-                                                  "archive": str(archive.relative_to(self.run_dir))})
+        return m.Reply(
+            id=msg.id,
+            ok=True,
+            data={
+                "phase": self.book.bandit.phase,
+                "boundary_step": b,
+                "archive": str(archive.relative_to(self.run_dir)),
+            },
+        )
 
     def status(self) -> dict:
         b = self.book.bandit
         return {
-            "role": "proxy", "durable_step": self.durable_step, "max_segment": self.max_segment,
-            "phase": b.phase, "phase_start_step": b.phase_start_step, "lag": self.book.lag,
-            "probabilities": b.probabilities(), "zombies": [z.model_dump() for z in b.zombies],
+            "role": "proxy",
+            "durable_step": self.durable_step,
+            "max_segment": self.max_segment,
+            "phase": b.phase,
+            "phase_start_step": b.phase_start_step,
+            "lag": self.book.lag,
+            "probabilities": b.probabilities(),
+            "zombies": [z.model_dump() for z in b.zombies],
             "policy_fingerprint": b.policy.fingerprint(),
         }
 
@@ -342,8 +435,14 @@ class Proxy:
             try:
                 msg = m.decode(payload)
             except (ValidationError, ValueError) as e:
-                log.warning("rejected an invalid message (%d bytes): %s", len(payload), str(e).splitlines()[0])
-                self.sock.send_multipart([peer, b"", m.encode(m.Reply(id="?", ok=False, error=f"invalid message: {e}"))])
+                log.warning(
+                    "rejected an invalid message (%d bytes): %s",
+                    len(payload),
+                    str(e).splitlines()[0],
+                )
+                self.sock.send_multipart(
+                    [peer, b"", m.encode(m.Reply(id="?", ok=False, error=f"invalid message: {e}"))]
+                )
                 continue
             reply = self.handle(peer, msg)
             if reply is not None:

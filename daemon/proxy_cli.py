@@ -16,10 +16,20 @@ log = logging.getLogger("andrea.proxy")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="andrea-proxy", description="Data-mixing bandit and audit trail of an ANDREA run.")
+    p = argparse.ArgumentParser(
+        prog="andrea-proxy", description="Data-mixing bandit and audit trail of an ANDREA run."
+    )
     p.add_argument("--run-dir", type=Path, required=True)
-    p.add_argument("--config", type=Path, help="run config (default: RUN_DIR/run.toml, written by the trainer's first start)")
-    p.add_argument("--policy", type=Path, help="mixing policy TOML (default: RUN_DIR/policy.toml, else no caps or floors)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="run config (default: RUN_DIR/run.toml, written by the trainer's first start)",
+    )
+    p.add_argument(
+        "--policy",
+        type=Path,
+        help="mixing policy TOML (default: RUN_DIR/policy.toml, else no caps or floors)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 

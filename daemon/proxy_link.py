@@ -160,15 +160,29 @@ class ProxyLink:
         with self._cv:
             if self.welcome is None:
                 if self._hello_pending is None:
-                    hello = m.Hello(id=new_id(), segment=self.segment, resume_step=self.resume_step, seed=self.seed, arms=self.arms)
+                    hello = m.Hello(
+                        id=new_id(),
+                        segment=self.segment,
+                        resume_step=self.resume_step,
+                        seed=self.seed,
+                        arms=self.arms,
+                    )
                     self._hello_pending = (hello.id, now)
                     out.append(hello)
                 return out
             if self._assign_pending is None and now >= self._assign_after:
                 lag = self.welcome.lag
-                first = next((s for s in range(self._want, self._want + lag) if s not in self._assigned), None)
+                first = next(
+                    (s for s in range(self._want, self._want + lag) if s not in self._assigned),
+                    None,
+                )
                 if first is not None:
-                    req = m.AssignRequest(id=new_id(), segment=self.welcome.segment, from_step=first, count=self._want + lag - first)
+                    req = m.AssignRequest(
+                        id=new_id(),
+                        segment=self.welcome.segment,
+                        from_step=first,
+                        count=self._want + lag - first,
+                    )
                     self._assign_pending = (req.id, now)
                     out.append(req)
             unsent = [e for k, e in self._losses.items() if k not in self._sent_at][:MAX_BATCH]
@@ -190,9 +204,18 @@ class ProxyLink:
                     self._hello_pending = None
                     self.welcome = msg
                     if self.segment is None:
-                        log.info("proxy connected: segment %d, phase %d, lag %d", msg.segment, msg.phase, msg.lag)
+                        log.info(
+                            "proxy connected: segment %d, phase %d, lag %d",
+                            msg.segment,
+                            msg.phase,
+                            msg.lag,
+                        )
                     else:
-                        log.info("proxy reconnected (segment %d); re-sending %d unacknowledged records", msg.segment, len(self._losses))
+                        log.info(
+                            "proxy reconnected (segment %d); re-sending %d unacknowledged records",
+                            msg.segment,
+                            len(self._losses),
+                        )
                     self.segment = msg.segment
             elif isinstance(msg, m.Assignments):
                 if self._assign_pending and msg.id == self._assign_pending[0]:

@@ -23,6 +23,11 @@ def lr_at(step: int, cfg: OptimConfig) -> float:
 
 def scheduler_state(step: int, cfg: OptimConfig) -> SchedulerState:
     return SchedulerState(
-        lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, decay_steps=cfg.decay_steps,
-        last_step=step, last_lr=lr_at(step, cfg), next_lr=lr_at(step + 1, cfg),
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        warmup_steps=cfg.warmup_steps,
+        decay_steps=cfg.decay_steps,
+        last_step=step,
+        last_lr=lr_at(step, cfg),
+        next_lr=lr_at(step + 1, cfg),
     )

@@ -34,7 +34,11 @@ class SignalFlags:
 
     def install(self) -> None:
         """Install handlers for SIGTERM, SIGINT and SIGUSR1 (main thread only)."""
-        for sig, fn in ((signal.SIGTERM, self._on_stop), (signal.SIGINT, self._on_stop), (signal.SIGUSR1, self._on_checkpoint)):
+        for sig, fn in (
+            (signal.SIGTERM, self._on_stop),
+            (signal.SIGINT, self._on_stop),
+            (signal.SIGUSR1, self._on_checkpoint),
+        ):
             self._previous[sig] = signal.signal(sig, fn)
 
     def uninstall(self) -> None:

@@ -25,10 +25,11 @@ from andrea.control import messages as m
 from andrea.control.transport import claim, endpoint, new_id
 
 from . import rngstate
-from .ckpt_format import bin_name
 from .checkpoint import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
+from .ckpt_format import bin_name
 from .ckpt_writer import StagingBuffer
 from .config import RunConfig
+from .control_server import ControlServer
 from .data import ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
 from .losslog import LossEntry, LossLog, last_entry
@@ -38,7 +39,6 @@ from .notify import Notifier
 from .precision import resolve as resolve_precision
 from .precision import resolve_device
 from .proxy_link import ProxyLink
-from .control_server import ControlServer
 from .schedule import lr_at, scheduler_state
 from .signals import SignalFlags
 
@@ -67,7 +67,9 @@ class TrainerOptions:
 class Trainer:
     """One life ("segment") of the trainer process over one run directory."""
 
-    def __init__(self, opts: TrainerOptions, flags: SignalFlags, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self, opts: TrainerOptions, flags: SignalFlags, notifier: Notifier | None = None
+    ) -> None:
         self.opts = opts
         self.cfg = opts.cfg
         self.run_dir = opts.run_dir
@@ -94,9 +96,13 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.numerics = resolve_precision(cfg.precision, self.device)
         self.numerics.apply()
-        self.arms = load_arms(cfg.data, self.run_dir, cfg.model.vocab_size, self.flags.stop_requested)
+        self.arms = load_arms(
+            cfg.data, self.run_dir, cfg.model.vocab_size, self.flags.stop_requested
+        )
         self.streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in self.arms]
-        self.mixture = FixedMixture([a.name for a in self.arms], [s.weight for s in cfg.data.arms], cfg.seed)
+        self.mixture = FixedMixture(
+            [a.name for a in self.arms], [s.weight for s in cfg.data.arms], cfg.seed
+        )
         self.arm_index = {a.name: i for i, a in enumerate(self.arms)}
 
         # Seed everything for a fresh run; a resumed run overwrites all of it from the manifest.
@@ -111,15 +117,21 @@ class Trainer:
         o = cfg.optim
         self.fused = True
         self.optimizer = torch.optim.AdamW(
-            self.model.decay_groups(o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=True
+            self.model.decay_groups(o.weight_decay),
+            lr=o.lr,
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+            fused=True,
         )
         self._staging = StagingBuffer(sum(p.numel() for p in self.params), self.device)
         self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint, read_buffer=self._staging.array)
         loaded = self.ckpt.load(
             Expectation(
-                model=cfg.model, layout=self.layout,
+                model=cfg.model,
+                layout=self.layout,
                 data_identities={a.name: a.identity for a in self.arms},
-                config_hash=cfg.trajectory_hash(), allow_config_change=self.opts.allow_config_change,
+                config_hash=cfg.trajectory_hash(),
+                allow_config_change=self.opts.allow_config_change,
             )
         )
         prior_segment = 0
@@ -137,15 +149,22 @@ class Trainer:
         else:
             # The proxy owns .loss.json and numbers the segments (it sees every life's records).
             self.segment = 0
-            self.link = ProxyLink(endpoint(self.run_dir, "proxy"), self.step, cfg.seed, [a.name for a in self.arms])
+            self.link = ProxyLink(
+                endpoint(self.run_dir, "proxy"), self.step, cfg.seed, [a.name for a in self.arms]
+            )
             for entry in loaded.manifest.pending_losses if loaded is not None else []:
                 self.link.submit_loss(entry)
             self.link.start()
         self._pending_rng = loaded.manifest.rng if loaded is not None else None
         log.info(
             "model %s: %s parameters on %s, %s, %d threads; %s mixing; starting at step %d",
-            cfg.preset, f"{self.model.n_params():,}", self.device, self.numerics.recorded, torch.get_num_threads(),
-            cfg.mixing, self.step,
+            cfg.preset,
+            f"{self.model.n_params():,}",
+            self.device,
+            self.numerics.recorded,
+            torch.get_num_threads(),
+            cfg.mixing,
+            self.step,
         )
 
     def _restore(self, loaded: Loaded) -> None:
@@ -155,10 +174,17 @@ class Trainer:
         with torch.no_grad():
             for entry, param in zip(m.layout, self.params):
                 n = int(np.prod(entry.shape, dtype=np.int64))
-                param.copy_(torch.from_numpy(p.weights[entry.offset : entry.offset + n].reshape(entry.shape)))
+                param.copy_(
+                    torch.from_numpy(
+                        p.weights[entry.offset : entry.offset + n].reshape(entry.shape)
+                    )
+                )
         # Adam's moments are created lazily on the first step; a resume must create them from the
         # checkpoint explicitly, or the first resumed step runs with m = v = 0 (KempnerForge #115).
-        index = {id(q): i for i, q in enumerate(q for g in self.optimizer.param_groups for q in g["params"])}
+        index = {
+            id(q): i
+            for i, q in enumerate(q for g in self.optimizer.param_groups for q in g["params"])
+        }
         state = {}
         for entry, param in zip(m.layout, self.params):
             n = int(np.prod(entry.shape, dtype=np.int64))
@@ -184,16 +210,26 @@ class Trainer:
 
     def _environment(self) -> Environment:
         return Environment(
-            device=str(self.device), dtype=self.numerics.recorded, threads=torch.get_num_threads(),
-            torch_version=torch.__version__, numpy_version=np.__version__,
-            python_version=platform.python_version(), code_version=code_version(),
+            device=str(self.device),
+            dtype=self.numerics.recorded,
+            threads=torch.get_num_threads(),
+            torch_version=torch.__version__,
+            numpy_version=np.__version__,
+            python_version=platform.python_version(),
+            code_version=code_version(),
         )
 
     def _warn_if_inexact(self, m: Manifest) -> None:
         then, now = m.environment.model_dump(), self._environment().model_dump()
-        changed = [f"{k}: {then[k]} → {now[k]}" for k in ("device", "dtype", "threads", "torch_version") if then[k] != now[k]]
+        changed = [
+            f"{k}: {then[k]} → {now[k]}"
+            for k in ("device", "dtype", "threads", "torch_version")
+            if then[k] != now[k]
+        ]
         if changed:
-            log.warning("this resume will NOT be bit-exact with the run so far (%s)", "; ".join(changed))
+            log.warning(
+                "this resume will NOT be bit-exact with the run so far (%s)", "; ".join(changed)
+            )
 
     # ---- one step ---------------------------------------------------------------------------
 
@@ -216,8 +252,15 @@ class Trainer:
         n_tokens = batch.shape[0] * (batch.shape[1] - 1)
         self.tokens_seen += n_tokens
         return LossEntry(
-            step=step, loss=loss.item(), arm=self.arms[arm].name, lr=lr, tokens=n_tokens,
-            wall_time=time.time(), segment=self.segment, phase=self.phase, batch_sha256=digest,
+            step=step,
+            loss=loss.item(),
+            arm=self.arms[arm].name,
+            lr=lr,
+            tokens=n_tokens,
+            wall_time=time.time(),
+            segment=self.segment,
+            phase=self.phase,
+            batch_sha256=digest,
         )
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -233,27 +276,52 @@ class Trainer:
         if len(adam_steps) != 1:
             raise RuntimeError(f"parameters disagree on Adam's step count: {sorted(adam_steps)}")
         payload = self._staging.fill(
-            self.step, self.params, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+            self.step,
+            self.params,
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
         )
         o = self.cfg.optim
         if getattr(self, "_snapshot_env", None) is None:
             self._snapshot_env = self._environment()  # fixed for the life of the process
         fields = dict(
-            layout=self.layout, model=self.cfg.model,
+            layout=self.layout,
+            model=self.cfg.model,
             optimizer=OptimizerState(
-                betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                grad_clip=o.grad_clip, fused=self.fused, adam_step=adam_steps.pop(),
+                betas=(o.beta1, o.beta2),
+                eps=o.eps,
+                weight_decay=o.weight_decay,
+                grad_clip=o.grad_clip,
+                fused=self.fused,
+                adam_step=adam_steps.pop(),
             ),
-            scheduler=scheduler_state(self.step, o), rng=rngstate.capture(),
+            scheduler=scheduler_state(self.step, o),
+            rng=rngstate.capture(),
             data=[s.state_dict() for s in self.streams],
-            mixing=MixingState(mode=self.cfg.mixing, phase=self.phase, arms=[a.name for a in self.arms]),
-            pending_losses=[e for e in self.link.unacknowledged() if e.step <= self.step] if self.link else [],
-            progress=Progress(step=self.step, tokens_seen=self.tokens_seen, segment=self.segment, train_seconds=self.train_seconds),
-            environment=self._snapshot_env, config_hash=self.cfg.trajectory_hash(),
+            mixing=MixingState(
+                mode=self.cfg.mixing, phase=self.phase, arms=[a.name for a in self.arms]
+            ),
+            pending_losses=[e for e in self.link.unacknowledged() if e.step <= self.step]
+            if self.link
+            else [],
+            progress=Progress(
+                step=self.step,
+                tokens_seen=self.tokens_seen,
+                segment=self.segment,
+                train_seconds=self.train_seconds,
+            ),
+            environment=self._snapshot_env,
+            config_hash=self.cfg.trajectory_hash(),
             config=self.cfg.model_dump(mode="json"),
         )
         return Snapshot(
-            step=self.step, weights=[], m=[], v=[], fields=fields, payload=payload, ready=self._staging.ready,
+            step=self.step,
+            weights=[],
+            m=[],
+            v=[],
+            fields=fields,
+            payload=payload,
+            ready=self._staging.ready,
         )
 
     def _sync_losses(self) -> None:
@@ -276,7 +344,10 @@ class Trainer:
         self.last_write_seconds = time.perf_counter() - t0
         log.info(
             "checkpoint %s written (%s, %.1f MB, %.2f s)",
-            manifest.bin_file, trigger, manifest.bin_size / 1e6, self.last_write_seconds,
+            manifest.bin_file,
+            trigger,
+            manifest.bin_size / 1e6,
+            self.last_write_seconds,
         )
 
     def _checkpoint_in_background(self, trigger: Trigger) -> None:
@@ -294,17 +365,31 @@ class Trainer:
                 self.last_write_seconds = seconds
                 log.info(
                     "checkpoint %s written (%s, %.1f MB, %.2f s in the background)",
-                    manifest.bin_file, trigger, manifest.bin_size / 1e6, seconds,
+                    manifest.bin_file,
+                    trigger,
+                    manifest.bin_size / 1e6,
+                    seconds,
                 )
             elif isinstance(error, OSError):
-                log.error("checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
-                          step, trigger, error, self.last_saved or "none")
+                log.error(
+                    "checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
+                    step,
+                    trigger,
+                    error,
+                    self.last_saved or "none",
+                )
             else:
-                log.error("checkpoint of step %d (%s) FAILED unexpectedly: %r", step, trigger, error)
+                log.error(
+                    "checkpoint of step %d (%s) FAILED unexpectedly: %r", step, trigger, error
+                )
 
         self.ckpt.save_async(snap, trigger, on_done=done, before_commit=self._sync_losses)
         self.last_stall_seconds = time.perf_counter() - t0
-        log.debug("checkpoint of step %d staged in %.4f s; writing in the background", step, self.last_stall_seconds)
+        log.debug(
+            "checkpoint of step %d staged in %.4f s; writing in the background",
+            step,
+            self.last_stall_seconds,
+        )
 
     def _checkpoint_and_continue(self, trigger: Trigger) -> None:
         # A failed write mid-run (disk full, say) must not end a multi-day run: the previous
@@ -317,28 +402,47 @@ class Trainer:
         self._wait_for_write()
         if self.last_saved == self.step:
             self.ckpt.mark_requested(self.step, trigger)
-            log.info("checkpoint of step %d just written in the background; kept as requested (%s)", self.step, trigger)
+            log.info(
+                "checkpoint of step %d just written in the background; kept as requested (%s)",
+                self.step,
+                trigger,
+            )
             return
         try:
             self.checkpoint(trigger)
         except OSError as e:
-            log.error("checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
-                      self.step, trigger, e, self.last_saved or "none")
+            log.error(
+                "checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
+                self.step,
+                trigger,
+                e,
+                self.last_saved or "none",
+            )
 
     def _on_checkpoint_request(self, reason: str) -> None:
         if self.step == 0:
-            log.warning("checkpoint requested (%s) before the first step: there is nothing to save yet", reason)
-            self.control.checkpoint_served({"step": 0}, error="nothing trained yet: there is no step to checkpoint")
+            log.warning(
+                "checkpoint requested (%s) before the first step: there is nothing to save yet",
+                reason,
+            )
+            self.control.checkpoint_served(
+                {"step": 0}, error="nothing trained yet: there is no step to checkpoint"
+            )
             return
         if self.last_saved == self.step:
             self.ckpt.mark_requested(self.step, reason)  # type: ignore[arg-type]
-            log.info("checkpoint of step %d already exists; kept as requested (%s)", self.step, reason)
+            log.info(
+                "checkpoint of step %d already exists; kept as requested (%s)", self.step, reason
+            )
         else:
             self._checkpoint_and_continue(reason)  # type: ignore[arg-type]
         if self.last_saved == self.step:
             self.control.checkpoint_served({"step": self.step, "checkpoint": bin_name(self.step)})
         else:
-            self.control.checkpoint_served({"step": self.step}, error=f"checkpoint of step {self.step} failed (see the trainer's log)")
+            self.control.checkpoint_served(
+                {"step": self.step},
+                error=f"checkpoint of step {self.step} failed (see the trainer's log)",
+            )
 
     # ---- samples ----------------------------------------------------------------------------
 
@@ -351,7 +455,9 @@ class Trainer:
         for prompt in SAMPLE_PROMPTS:
             idx = torch.tensor([list(prompt.encode())], dtype=torch.long, device=self.device)
             with self.numerics.autocast(self.device):
-                toks = self.model.generate(idx, self.cfg.sample_tokens, g, should_stop=self.flags.stop_requested)
+                toks = self.model.generate(
+                    idx, self.cfg.sample_tokens, g, should_stop=self.flags.stop_requested
+                )
             out.append(bytes(toks[0].tolist()).decode("utf-8", errors="replace"))
         return out
 
@@ -360,11 +466,19 @@ class Trainer:
     def status(self) -> dict:
         """What `andreactl status` shows; read from the control thread, so only plain values."""
         return {
-            "role": "trainer", "pid": os.getpid(), "activity": self.activity, "step": self.step,
-            "max_steps": self.cfg.max_steps, "loss_ema": self.loss_ema, "last_checkpoint": self.last_saved or None,
-            "segment": getattr(self, "segment", None), "phase": getattr(self, "phase", None),
-            "mixing": self.cfg.mixing, "proxy_connected": self.link.connected() if getattr(self, "link", None) else None,
-            "preset": self.cfg.preset, "run_dir": str(self.run_dir),
+            "role": "trainer",
+            "pid": os.getpid(),
+            "activity": self.activity,
+            "step": self.step,
+            "max_steps": self.cfg.max_steps,
+            "loss_ema": self.loss_ema,
+            "last_checkpoint": self.last_saved or None,
+            "segment": getattr(self, "segment", None),
+            "phase": getattr(self, "phase", None),
+            "mixing": self.cfg.mixing,
+            "proxy_connected": self.link.connected() if getattr(self, "link", None) else None,
+            "preset": self.cfg.preset,
+            "run_dir": str(self.run_dir),
             "device": str(self.device) if hasattr(self, "device") else None,
             "dtype": self.numerics.recorded if hasattr(self, "numerics") else None,
         }
@@ -455,21 +569,39 @@ class Trainer:
                 elapsed = time.perf_counter() - window_t
                 log.info(
                     "step %d/%d | loss %.4f (ema %.4f) | lr %.2e | %s | %.0f tok/s | %.1f ms/step | last ckpt %s",
-                    self.step, cfg.max_steps, entry.loss, loss_ema, entry.lr, entry.arm,
-                    window_tokens / elapsed, 1000 * elapsed / window_steps, self.last_saved or "none",
+                    self.step,
+                    cfg.max_steps,
+                    entry.loss,
+                    loss_ema,
+                    entry.lr,
+                    entry.arm,
+                    window_tokens / elapsed,
+                    1000 * elapsed / window_steps,
+                    self.last_saved or "none",
                 )
                 self.notifier.status(f"step {self.step}/{cfg.max_steps} loss {loss_ema:.4f}")
                 window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
-            if cfg.sample_every and self.step % cfg.sample_every == 0 and not self.flags.stop_requested():
+            if (
+                cfg.sample_every
+                and self.step % cfg.sample_every == 0
+                and not self.flags.stop_requested()
+            ):
                 log.info("generating samples at step %d", self.step)
                 texts = self.sample()
                 for text in texts:
                     log.info("sample at step %d: %r", self.step, text)
                 if self.link is not None:
-                    self.link.submit_samples(m.SampleReport(
-                        id=new_id(), step=self.step, segment=self.segment, phase=self.phase,
-                        samples=[m.Sample(prompt=p, text=t) for p, t in zip(SAMPLE_PROMPTS, texts)],
-                    ))
+                    self.link.submit_samples(
+                        m.SampleReport(
+                            id=new_id(),
+                            step=self.step,
+                            segment=self.segment,
+                            phase=self.phase,
+                            samples=[
+                                m.Sample(prompt=p, text=t) for p, t in zip(SAMPLE_PROMPTS, texts)
+                            ],
+                        )
+                    )
                 window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
         return self.finish()
 
@@ -500,14 +632,22 @@ class Trainer:
             except OSError as e:
                 log.error(
                     "final checkpoint of step %d FAILED (%s); the newest valid checkpoint is step %s",
-                    self.step, e, self.last_saved or "none",
+                    self.step,
+                    e,
+                    self.last_saved or "none",
                 )
                 code = ExitCode.CHECKPOINT_FAILED
         else:
             log.info("step %d is already checkpointed; nothing to write", self.step)
         self.close()
         log.info("stopped at step %d (%s)", self.step, reason or "max_steps reached")
-        self.control.close({"step": self.step, "exit_code": int(code), "checkpoint": bin_name(self.last_saved) if self.last_saved else None})
+        self.control.close(
+            {
+                "step": self.step,
+                "exit_code": int(code),
+                "checkpoint": bin_name(self.last_saved) if self.last_saved else None,
+            }
+        )
         return code
 
     def close(self) -> None:

@@ -27,29 +27,57 @@ log = logging.getLogger("andrea.trainer")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="andrea-trainer",
-        description="Train an ANDREA GPT in a run directory; SIGTERM/SIGINT checkpoint and exit, SIGUSR1 checkpoints and continues.",
+        description=(
+            "Train an ANDREA GPT in a run directory; SIGTERM/SIGINT checkpoint and exit,"
+            " SIGUSR1 checkpoints and continues."
+        ),
     )
-    p.add_argument("--run-dir", type=Path, required=True, help="the run's directory (created if missing)")
-    p.add_argument("--config", type=Path, help="run config TOML (default: RUN_DIR/run.toml if present)")
+    p.add_argument(
+        "--run-dir", type=Path, required=True, help="the run's directory (created if missing)"
+    )
+    p.add_argument(
+        "--config", type=Path, help="run config TOML (default: RUN_DIR/run.toml if present)"
+    )
     p.add_argument("--preset", help="andrea-tiny | andrea-12m | andrea-120m")
-    p.add_argument("--max-steps", type=int, help="stop (with a checkpoint) after this many optimizer steps")
-    p.add_argument("--checkpoint-every", type=int, help="cadence of checkpoints in steps (0: only on request/exit)")
+    p.add_argument(
+        "--max-steps", type=int, help="stop (with a checkpoint) after this many optimizer steps"
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        help="cadence of checkpoints in steps (0: only on request/exit)",
+    )
     p.add_argument("--seed", type=int)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--precision", choices=["auto", "fp32", "tf32", "bf16"],
-                   help="arithmetic of the step: auto = bf16 autocast on CUDA, fp32 on CPU (see docs/performance.md)")
-    p.add_argument("--mixing", choices=["fixed", "proxy"], help="fixed mixture (default) or the proxy's bandit")
-    p.add_argument("--with-proxy", action="store_true",
-                   help="also start andrea-proxy for this run (implies --mixing proxy); both stop together")
+    p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "tf32", "bf16"],
+        help="arithmetic of the step: auto = bf16 autocast on CUDA, fp32 on CPU (see docs/performance.md)",
+    )
+    p.add_argument(
+        "--mixing", choices=["fixed", "proxy"], help="fixed mixture (default) or the proxy's bandit"
+    )
+    p.add_argument(
+        "--with-proxy",
+        action="store_true",
+        help="also start andrea-proxy for this run (implies --mixing proxy); both stop together",
+    )
     p.add_argument("--policy", type=Path, help="with --with-proxy: the proxy's mixing policy TOML")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (bit-exact resume needs the same count)")
+    p.add_argument(
+        "--threads", type=int, help="torch intra-op threads (bit-exact resume needs the same count)"
+    )
     p.add_argument("--batch-size", type=int)
     p.add_argument("--log-every", type=int)
     p.add_argument("--sample-every", type=int, help="steps between generated samples (0: never)")
     p.add_argument("--cache-dir", help="where tokenized data is cached")
-    p.add_argument("--allow-config-change", action="store_true",
-                   help="resume even though the training config changed since the checkpoint (on purpose)")
-    p.add_argument("--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume even though the training config changed since the checkpoint (on purpose)",
+    )
+    p.add_argument(
+        "--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -97,10 +125,16 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
         data_overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
         overrides = {
-            "preset": args.preset, "max_steps": args.max_steps, "seed": args.seed, "device": args.device,
+            "preset": args.preset,
+            "max_steps": args.max_steps,
+            "seed": args.seed,
+            "device": args.device,
             "precision": args.precision,
-            "mixing": "proxy" if args.with_proxy else args.mixing, "threads": args.threads, "batch_size": args.batch_size,
-            "log_every": args.log_every, "sample_every": args.sample_every,
+            "mixing": "proxy" if args.with_proxy else args.mixing,
+            "threads": args.threads,
+            "batch_size": args.batch_size,
+            "log_every": args.log_every,
+            "sample_every": args.sample_every,
         }
         if args.checkpoint_every is not None:
             overrides["checkpoint"] = {"every": args.checkpoint_every}
@@ -136,7 +170,15 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
 def _spawn_proxy(run_dir: Path, args: argparse.Namespace) -> subprocess.Popen:
     """The companion for a one-command run. In its own session, so that a terminal's Ctrl-C
     reaches only the trainer: the proxy must outlive the trainer's final records, then stop."""
-    cmd = [sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir), "--log-level", args.log_level]
+    cmd = [
+        sys.executable,
+        "-m",
+        "andrea.daemon.proxy_cli",
+        "--run-dir",
+        str(run_dir),
+        "--log-level",
+        args.log_level,
+    ]
     if args.policy:
         cmd += ["--policy", str(args.policy)]
     log.info("starting andrea-proxy for %s", run_dir)
@@ -163,7 +205,13 @@ def _stop_proxy(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def _train(run_dir: Path, cfg: RunConfig, args: argparse.Namespace, flags: SignalFlags, skip: frozenset[str]) -> ExitCode:
+def _train(
+    run_dir: Path,
+    cfg: RunConfig,
+    args: argparse.Namespace,
+    flags: SignalFlags,
+    skip: frozenset[str],
+) -> ExitCode:
     from .checkpoint import ResumeRefused
     from .data import DataError
     from .proxy_link import ProxyRefused
@@ -171,7 +219,10 @@ def _train(run_dir: Path, cfg: RunConfig, args: argparse.Namespace, flags: Signa
 
     trainer = Trainer(TrainerOptions(run_dir, cfg, args.allow_config_change, skip), flags)
     if skip:
-        log.warning("UNSAFE: skipping restore of %s — this run is a negative control and will diverge", ",".join(sorted(skip)))
+        log.warning(
+            "UNSAFE: skipping restore of %s — this run is a negative control and will diverge",
+            ",".join(sorted(skip)),
+        )
     try:
         trainer.setup()
     except InterruptedError:

@@ -26,9 +26,22 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def trainer_cmd(run_dir: Path, cache: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "andrea.daemon.trainer_cli", "--run-dir", str(run_dir),
-        "--preset", "andrea-tiny", "--threads", "1", "--cache-dir", str(cache),
-        "--log-every", "1", "--sample-every", "0", *extra,
+        sys.executable,
+        "-m",
+        "andrea.daemon.trainer_cli",
+        "--run-dir",
+        str(run_dir),
+        "--preset",
+        "andrea-tiny",
+        "--threads",
+        "1",
+        "--cache-dir",
+        str(cache),
+        "--log-every",
+        "1",
+        "--sample-every",
+        "0",
+        *extra,
     ]
 
 
@@ -53,8 +66,12 @@ class Trainer:
         self.lines: list[str] = []
         self._q: queue.Queue[str | None] = queue.Queue()
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {})}, **popen,
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+            **popen,
         )
         _LIVE.append(self.proc)
         threading.Thread(target=self._pump, daemon=True).start()
@@ -93,5 +110,9 @@ class Trainer:
         return "".join(self.lines)
 
 
-def run_trainer(run_dir: Path, cache: Path, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(trainer_cmd(run_dir, cache, *extra), capture_output=True, text=True, timeout=timeout)
+def run_trainer(
+    run_dir: Path, cache: Path, *extra: str, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        trainer_cmd(run_dir, cache, *extra), capture_output=True, text=True, timeout=timeout
+    )

@@ -15,11 +15,20 @@ from .conftest import Trainer, trainer_cmd
 
 def ctl(run_dir: Path | None, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     pre = ["--run-dir", str(run_dir)] if run_dir else []
-    return subprocess.run([sys.executable, "-m", "andrea.control.andreactl", *pre, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", *pre, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"))
+    t = Trainer(
+        trainer_cmd(
+            tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"
+        )
+    )
     t.wait_for(r"step 10/")
 
     res = ctl(tmp_path, "--json", "status")
@@ -29,12 +38,16 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
     assert (status["trainer"]["device"], status["trainer"]["dtype"]) == ("cpu", "float32")
     assert abs(sum(status["proxy"]["probabilities"].values()) - 1) < 1e-12
     human = ctl(tmp_path, "status").stdout
-    assert "trainer: training, step" in human and "cpu float32" in human and "probabilities:" in human
+    assert (
+        "trainer: training, step" in human and "cpu float32" in human and "probabilities:" in human
+    )
 
     res = ctl(tmp_path, "checkpoint", "--wait")
     assert res.returncode == 0 and "checkpoint step_" in res.stdout, res.stderr
     name = res.stdout.split("checkpoint ")[1].split()[0].rstrip(",")
-    assert json.loads((tmp_path / name.replace(".bin", ".json")).read_text())["trigger"] == "control"
+    assert (
+        json.loads((tmp_path / name.replace(".bin", ".json")).read_text())["trigger"] == "control"
+    )
 
     res = ctl(tmp_path, "stop", "--wait")
     assert res.returncode == 0 and "exit_code 0" in res.stdout, res.stdout + res.stderr
@@ -54,6 +67,10 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
 
 def test_size_and_unreachable_trainer(tmp_path: Path) -> None:
     res = ctl(None, "--json", "size", "--preset", "andrea-12m")
-    assert json.loads(res.stdout) == {"preset": "andrea-12m", "n_params": 12_812_800, "checkpoint_bytes": 8 + 12 * 12_812_800}
+    assert json.loads(res.stdout) == {
+        "preset": "andrea-12m",
+        "n_params": 12_812_800,
+        "checkpoint_bytes": 8 + 12 * 12_812_800,
+    }
     res = ctl(tmp_path, "checkpoint", "--timeout", "1")
     assert res.returncode == 1 and "does not answer" in res.stderr

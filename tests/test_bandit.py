@@ -32,7 +32,11 @@ from andrea.daemon.bandit import (
 from andrea.daemon.policy import Policy, PolicyError, load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[1]
-ABC = [ConfiguredArm("a", "id-a", True), ConfiguredArm("b", "id-b", True), ConfiguredArm("c", "id-c", True)]
+ABC = [
+    ConfiguredArm("a", "id-a", True),
+    ConfiguredArm("b", "id-b", True),
+    ConfiguredArm("c", "id-c", True),
+]
 
 
 def synthetic_loss(step: int, arm: str) -> float:
@@ -253,7 +257,10 @@ def test_feasibility_edges() -> None:
     with pytest.raises(ValidationError, match="floors sum to"):
         Policy(arms={"a": {"floor": 0.5}, "b": {"floor": 0.5 + 2e-12}})
     exact = Policy(arms={"a": {"cap": 0.25}, "b": {"cap": 0.75}})
-    assert Bandit([("a", "a", True), ("b", "b", True)], exact, seed=0).probabilities() == {"a": 0.25, "b": 0.75}
+    assert Bandit([("a", "a", True), ("b", "b", True)], exact, seed=0).probabilities() == {
+        "a": 0.25,
+        "b": 0.75,
+    }
 
 
 @settings(max_examples=60, deadline=None)
@@ -278,7 +285,9 @@ def test_floors_of_zombies_do_not_count() -> None:
 
 def test_huge_and_tiny_losses_stay_finite() -> None:
     b = Bandit(ABC, Policy(lag=1, arms={"a": {"cap": 0.5}}), seed=3)
-    for step, (arm, loss) in enumerate([("a", 1e300), ("b", 710.0), ("c", -1e300), ("a", 5e-324)] * 5, 1):
+    for step, (arm, loss) in enumerate(
+        [("a", 1e300), ("b", 710.0), ("c", -1e300), ("a", 5e-324)] * 5, 1
+    ):
         b.observe(step, arm, loss)
     assert all(math.isfinite(v) for v in b.rewards().values())
     p = b.probabilities()
@@ -304,7 +313,9 @@ def test_same_inputs_same_arm_sequence() -> None:
 
 @pytest.mark.parametrize("k", [0, 3, 4, 57, 200])
 def test_restart_from_state_continues_bit_for_bit(k: int) -> None:
-    policy = Policy(lag=4, arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}}, initial_weights={"b": 3.0})
+    policy = Policy(
+        lag=4, arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}}, initial_weights={"b": 3.0}
+    )
     reference = drive(Bandit(ABC, policy, seed=9, phase=2, start_step=100), 101, 400, {})
 
     first = Bandit(ABC, policy, seed=9, phase=2, start_step=100)
@@ -325,7 +336,17 @@ def test_draw_is_independent_of_call_history() -> None:
         b.draw(s)
     assert [b.draw(s) for s in (7, 3, 1000, 7)] == before
     assert draw_uniform(5, 0, 7) == draw_uniform(5, 0, 7)
-    assert len({draw_uniform(5, 0, 7), draw_uniform(5, 1, 7), draw_uniform(6, 0, 7), draw_uniform(5, 0, 8)}) == 4
+    assert (
+        len(
+            {
+                draw_uniform(5, 0, 7),
+                draw_uniform(5, 1, 7),
+                draw_uniform(6, 0, 7),
+                draw_uniform(5, 0, 8),
+            }
+        )
+        == 4
+    )
     us = [draw_uniform(1, 0, s) for s in range(20000)]
     assert all(0.0 <= u < 1.0 for u in us)
     assert abs(np.mean(us) - 0.5) < 0.01
@@ -404,12 +425,36 @@ def _seed_state() -> str:
             "policy": policy.model_dump(mode="json"),
             "policy_fingerprint": policy.fingerprint(),
             "arms": [
-                {"name": "code", "identity": "id-code", "live": True, "zombie_reason": None, "pulls": 400,
-                 "ema_reward": 40.0, "weight": 0.4, "probability": 0.5},
-                {"name": "comments", "identity": "id-comments", "live": True, "zombie_reason": None,
-                 "pulls": 119, "ema_reward": 30.0, "weight": 0.3, "probability": 0.3},
-                {"name": "repo-docstrings", "identity": "id-repo", "live": True, "zombie_reason": None,
-                 "pulls": 100, "ema_reward": 55.0, "weight": 1.546, "probability": 0.2},
+                {
+                    "name": "code",
+                    "identity": "id-code",
+                    "live": True,
+                    "zombie_reason": None,
+                    "pulls": 400,
+                    "ema_reward": 40.0,
+                    "weight": 0.4,
+                    "probability": 0.5,
+                },
+                {
+                    "name": "comments",
+                    "identity": "id-comments",
+                    "live": True,
+                    "zombie_reason": None,
+                    "pulls": 119,
+                    "ema_reward": 30.0,
+                    "weight": 0.3,
+                    "probability": 0.3,
+                },
+                {
+                    "name": "repo-docstrings",
+                    "identity": "id-repo",
+                    "live": True,
+                    "zombie_reason": None,
+                    "pulls": 100,
+                    "ema_reward": 55.0,
+                    "weight": 1.546,
+                    "probability": 0.2,
+                },
             ],
             "last_observation": {"step": 112619, "arm": "code", "loss": 3.7},
         }
@@ -417,18 +462,27 @@ def _seed_state() -> str:
 
 
 def test_zombie_arm_lesson(caplog: pytest.LogCaptureFixture) -> None:
-    configured = [ConfiguredArm("code", "id-code", True), ConfiguredArm("comments", "id-comments", True)]
+    configured = [
+        ConfiguredArm("code", "id-code", True),
+        ConfiguredArm("comments", "id-comments", True),
+    ]
     with caplog.at_level(logging.WARNING, logger="andrea.daemon.bandit"):
         b = Bandit.from_state(parse_state(_seed_state()), configured)
     # Reported: on the bandit and in the log.
     assert [z.name for z in b.zombies] == ["repo-docstrings"]
     z = b.zombies[0]
     assert (z.reason, z.weight, z.pulls) == ("source not configured", 1.546, 100)
-    assert any("repo-docstrings" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    assert any(
+        "repo-docstrings" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records
+    )
     # Never draws; its floor of 0.5 is not counted.
     p = b.probabilities()
-    assert p["repo-docstrings"] == 0.0 and p["code"] >= 0.3 and abs(math.fsum(p.values()) - 1) <= 1e-12
-    drawn = drive(b, 112620 + b.policy.lag, 114000, {s: "code" for s in range(112620, 112620 + b.policy.lag)})
+    assert (
+        p["repo-docstrings"] == 0.0 and p["code"] >= 0.3 and abs(math.fsum(p.values()) - 1) <= 1e-12
+    )
+    drawn = drive(
+        b, 112620 + b.policy.lag, 114000, {s: "code" for s in range(112620, 112620 + b.policy.lag)}
+    )
     assert "repo-docstrings" not in set(drawn.values())
     # Stays in the state with its history.
     kept = {a.name: a for a in b.state_dict().arms}["repo-docstrings"]
@@ -436,7 +490,9 @@ def test_zombie_arm_lesson(caplog: pytest.LogCaptureFixture) -> None:
     assert kept.identity == "id-repo"
     assert kept.zombie_reason == "source not configured"
     # ... across further restarts too, and it comes back when its source does.
-    again = Bandit.from_state(b.state_dict(), [*configured, ConfiguredArm("repo-docstrings", "id-repo", True)])
+    again = Bandit.from_state(
+        b.state_dict(), [*configured, ConfiguredArm("repo-docstrings", "id-repo", True)]
+    )
     assert again.zombies == [] and again.probabilities()["repo-docstrings"] >= 0.5
 
 
@@ -447,8 +503,12 @@ def test_zombie_reasons_and_new_arms() -> None:
     state = b.state_dict()
     b2 = Bandit.from_state(
         state,
-        [ConfiguredArm("a", "id-a", False), ConfiguredArm("b", "CHANGED", True), ConfiguredArm("c", "id-c", True),
-         ConfiguredArm("d", "id-d", True)],
+        [
+            ConfiguredArm("a", "id-a", False),
+            ConfiguredArm("b", "CHANGED", True),
+            ConfiguredArm("c", "id-c", True),
+            ConfiguredArm("d", "id-d", True),
+        ],
     )
     reasons = {z.name: z.reason for z in b2.zombies}
     assert reasons["a"] == "source not available"

@@ -25,7 +25,12 @@ import torch
 
 from andrea.daemon import ckpt_format as fmt
 from andrea.daemon.checkpoint import CheckpointManager, Snapshot
-from andrea.daemon.ckpt_writer import BackgroundWriter, StagingBuffer, read_payload_into, write_payload
+from andrea.daemon.ckpt_writer import (
+    BackgroundWriter,
+    StagingBuffer,
+    read_payload_into,
+    write_payload,
+)
 from andrea.daemon.config import CheckpointConfig
 from andrea.daemon.exitcodes import ExitCode
 
@@ -39,13 +44,21 @@ DELAY = {"ANDREA_CKPT_TEST_WRITE_DELAY": "1.0"}
 
 
 def test_write_payload_hash_is_the_files_sha256(tmp_path: Path) -> None:
-    data = np.random.default_rng(0).integers(0, 256, 3 * (8 << 20) + 12345, dtype=np.uint8)  # not chunk-aligned
+    data = np.random.default_rng(0).integers(
+        0, 256, 3 * (8 << 20) + 12345, dtype=np.uint8
+    )  # not chunk-aligned
     digest = write_payload(tmp_path / "x.bin", data)
-    assert digest == hashlib.sha256((tmp_path / "x.bin").read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert (
+        digest
+        == hashlib.sha256((tmp_path / "x.bin").read_bytes()).hexdigest()
+        == hashlib.sha256(data).hexdigest()
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
 
 
-def test_failed_write_leaves_old_file_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_write_leaves_old_file_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / "x.bin"
     target.write_bytes(b"old")
     data = np.zeros(20 << 20, dtype=np.uint8)
@@ -105,6 +118,7 @@ def test_background_writer_runs_one_job_at_a_time_in_order() -> None:
             time.sleep(0.05)
             events.append(f"end {i}")
             active.release()
+
         return run
 
     for i in range(4):
@@ -127,7 +141,9 @@ def _snapshot(step: int, staging: StagingBuffer, fields: dict) -> Snapshot:
     g = torch.Generator().manual_seed(step)
     w, m, v = (torch.randn(n, generator=g) for _ in range(3))
     payload = staging.fill(step, [w], [m], [v])
-    return Snapshot(step=step, weights=[], m=[], v=[], fields=fields, payload=payload, ready=staging.ready)
+    return Snapshot(
+        step=step, weights=[], m=[], v=[], fields=fields, payload=payload, ready=staging.ready
+    )
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +153,16 @@ def manifest_fields(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -
     res = run_trainer(run_dir, cache_dir, "--max-steps", "1", "--checkpoint-every", "0")
     assert res.returncode == 0, res.stderr
     man = json.loads((run_dir / fmt.manifest_name(1)).read_text())
-    for k in ("format_version", "step", "n_params", "bin_file", "bin_size", "bin_sha256", "trigger", "created_utc"):
+    for k in (
+        "format_version",
+        "step",
+        "n_params",
+        "bin_file",
+        "bin_size",
+        "bin_sha256",
+        "trigger",
+        "created_utc",
+    ):
         man.pop(k)
     man["layout"] = [{"name": "flat", "shape": [1000], "offset": 0}]
     return man
@@ -159,7 +184,9 @@ def test_async_saves_commit_in_order_and_verify(tmp_path: Path, manifest_fields:
             done.append(man.step)
             assert (tmp_path / fmt.bin_name(step)).read_bytes() == expected
 
-        mgr.save_async(snap, "cadence", on_done=on_done, before_commit=lambda step=step: synced.append(step))
+        mgr.save_async(
+            snap, "cadence", on_done=on_done, before_commit=lambda step=step: synced.append(step)
+        )
         # The next snapshot may only be staged once this write no longer reads the buffer.
         mgr.wait()
         assert mgr.in_flight() is None
@@ -172,35 +199,61 @@ def test_async_saves_commit_in_order_and_verify(tmp_path: Path, manifest_fields:
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_list_snapshot_and_staged_snapshot_write_the_same_bytes(tmp_path: Path, manifest_fields: dict) -> None:
+def test_list_snapshot_and_staged_snapshot_write_the_same_bytes(
+    tmp_path: Path, manifest_fields: dict
+) -> None:
     g = torch.Generator().manual_seed(3)
-    ws, ms, vs = ([torch.randn(600, generator=g), torch.randn(20, 20, generator=g)] for _ in range(3))
+    ws, ms, vs = (
+        [torch.randn(600, generator=g), torch.randn(20, 20, generator=g)] for _ in range(3)
+    )
     staging = StagingBuffer(1000)
-    staged = Snapshot(step=4, weights=[], m=[], v=[], fields=manifest_fields, payload=staging.fill(4, ws, ms, vs))
-    listed = Snapshot(step=4, weights=[t.numpy() for t in ws], m=[t.numpy() for t in ms], v=[t.numpy() for t in vs],
-                      fields=manifest_fields)
+    staged = Snapshot(
+        step=4, weights=[], m=[], v=[], fields=manifest_fields, payload=staging.fill(4, ws, ms, vs)
+    )
+    listed = Snapshot(
+        step=4,
+        weights=[t.numpy() for t in ws],
+        m=[t.numpy() for t in ms],
+        v=[t.numpy() for t in vs],
+        fields=manifest_fields,
+    )
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a, b = CheckpointManager(tmp_path / "a", CheckpointConfig()), CheckpointManager(tmp_path / "b", CheckpointConfig())
+    a, b = (
+        CheckpointManager(tmp_path / "a", CheckpointConfig()),
+        CheckpointManager(tmp_path / "b", CheckpointConfig()),
+    )
     ma, mb = a.save(staged, "cadence"), b.save(listed, "cadence")
     a.close()
     b.close()
     assert ma.bin_sha256 == mb.bin_sha256
-    assert (tmp_path / "a" / fmt.bin_name(4)).read_bytes() == (tmp_path / "b" / fmt.bin_name(4)).read_bytes()
+    assert (tmp_path / "a" / fmt.bin_name(4)).read_bytes() == (
+        tmp_path / "b" / fmt.bin_name(4)
+    ).read_bytes()
 
 
-def test_failed_async_save_is_reported_and_keeps_previous(tmp_path: Path, manifest_fields: dict) -> None:
+def test_failed_async_save_is_reported_and_keeps_previous(
+    tmp_path: Path, manifest_fields: dict
+) -> None:
     mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_latest=2))
     staging = StagingBuffer(1000)
     results: list = []
-    mgr.save_async(_snapshot(1, staging, manifest_fields), "cadence", on_done=lambda m, e, s: results.append((m, e)))
+    mgr.save_async(
+        _snapshot(1, staging, manifest_fields),
+        "cadence",
+        on_done=lambda m, e, s: results.append((m, e)),
+    )
     mgr.wait()
 
     def disk_full() -> None:
         raise OSError(28, "No space left on device")
 
-    mgr.save_async(_snapshot(2, staging, manifest_fields), "cadence",
-                   on_done=lambda m, e, s: results.append((m, e)), before_commit=disk_full)
+    mgr.save_async(
+        _snapshot(2, staging, manifest_fields),
+        "cadence",
+        on_done=lambda m, e, s: results.append((m, e)),
+        before_commit=disk_full,
+    )
     mgr.wait()  # an OSError is the callback's to report, not re-raised
     mgr.close()
     assert results[0][0].step == 1 and results[0][1] is None
@@ -233,8 +286,22 @@ def _intact(run_dir: Path) -> list[int]:
     return sorted(steps)
 
 
-def test_sigterm_during_background_write_waits_then_writes_final(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", "1000", "--checkpoint-every", "5", "--log-level", "DEBUG"), env=DELAY)
+def test_sigterm_during_background_write_waits_then_writes_final(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
+    t = Trainer(
+        trainer_cmd(
+            tmp_path,
+            cache_dir,
+            "--max-steps",
+            "1000",
+            "--checkpoint-every",
+            "5",
+            "--log-level",
+            "DEBUG",
+        ),
+        env=DELAY,
+    )
     t.wait_for(r"checkpoint of step 5 staged")
     t.wait_for(r"step 6/")  # training went on; the write of step 5 (1 s) is still in flight
     t.signal(signal.SIGTERM)
@@ -243,7 +310,9 @@ def test_sigterm_during_background_write_waits_then_writes_final(tmp_path: Path,
     assert "waiting for the checkpoint of step 5 being written" in log, log
     final = int(re.search(r"checkpoint step_(\d+)\.bin written \(sigterm", log).group(1))
     # The in-flight write finished (committed) before the final one started, which is synchronous.
-    assert log.index("step_000005.bin written (cadence") < log.index(f"step_{final:06d}.bin written (sigterm")
+    assert log.index("step_000005.bin written (cadence") < log.index(
+        f"step_{final:06d}.bin written (sigterm"
+    )
     assert 5 < final < 10
     assert _intact(tmp_path) == [5, final]
     assert not list(tmp_path.glob("*.tmp"))
@@ -251,39 +320,83 @@ def test_sigterm_during_background_write_waits_then_writes_final(tmp_path: Path,
     res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "5")
     assert res.returncode == 0 and f"resumed from step_{final:06d}.bin" in res.stderr, res.stderr
     assert _losses(tmp_path) == _losses(reference)
-    assert (tmp_path / fmt.bin_name(STEPS)).read_bytes() == (reference / fmt.bin_name(STEPS)).read_bytes()
+    assert (tmp_path / fmt.bin_name(STEPS)).read_bytes() == (
+        reference / fmt.bin_name(STEPS)
+    ).read_bytes()
 
 
-def test_sigkill_during_background_write_leaves_no_torn_checkpoint(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", "1000", "--checkpoint-every", "5", "--log-level", "DEBUG"), env=DELAY)
+def test_sigkill_during_background_write_leaves_no_torn_checkpoint(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
+    t = Trainer(
+        trainer_cmd(
+            tmp_path,
+            cache_dir,
+            "--max-steps",
+            "1000",
+            "--checkpoint-every",
+            "5",
+            "--log-level",
+            "DEBUG",
+        ),
+        env=DELAY,
+    )
     t.wait_for(r"checkpoint step_000005.bin written \(cadence")
     t.wait_for(r"checkpoint of step 10 staged")
-    time.sleep(0.3)  # inside the write of step 10: its payload is written, not yet synced or renamed
+    time.sleep(
+        0.3
+    )  # inside the write of step 10: its payload is written, not yet synced or renamed
     t.signal(signal.SIGKILL)
     t.wait()
-    assert list(tmp_path.glob("step_000010.bin.*.tmp")), "the kill should have landed inside the write"
+    assert list(tmp_path.glob("step_000010.bin.*.tmp")), (
+        "the kill should have landed inside the write"
+    )
     assert _intact(tmp_path) == [5]  # step 10 does not exist: no manifest, no half-valid file
     res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "5")
     assert res.returncode == 0, res.stderr
-    assert "removing step_000010.bin" in res.stderr and "resumed from step_000005.bin" in res.stderr, res.stderr
+    assert (
+        "removing step_000010.bin" in res.stderr and "resumed from step_000005.bin" in res.stderr
+    ), res.stderr
     assert _losses(tmp_path) == _losses(reference)
-    assert (tmp_path / fmt.bin_name(STEPS)).read_bytes() == (reference / fmt.bin_name(STEPS)).read_bytes()
+    assert (tmp_path / fmt.bin_name(STEPS)).read_bytes() == (
+        reference / fmt.bin_name(STEPS)
+    ).read_bytes()
 
 
-def test_cadence_points_during_a_write_wait_and_are_never_skipped(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
+def test_cadence_points_during_a_write_wait_and_are_never_skipped(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
     """Writes slower than the cadence: every cadence checkpoint is still written, in step order."""
-    (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\n[checkpoint]\nevery = 2\nkeep_latest = 100\n')
+    (tmp_path / "run.toml").write_text(
+        'preset = "andrea-tiny"\n[checkpoint]\nevery = 2\nkeep_latest = 100\n'
+    )
     res = run_trainer(tmp_path, cache_dir, "--max-steps", "12")  # instant writes: the baseline
     assert res.returncode == 0, res.stderr
     slow = tmp_path / "slow"
     slow.mkdir()
     (slow / "run.toml").write_text((tmp_path / "run.toml").read_text())
     env = {**os.environ, "ANDREA_CKPT_TEST_WRITE_DELAY": "0.3"}
-    res = subprocess.run(trainer_cmd(slow, cache_dir, "--max-steps", "12"), capture_output=True, text=True, env=env, timeout=180)
+    res = subprocess.run(
+        trainer_cmd(slow, cache_dir, "--max-steps", "12"),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stderr
-    written = [int(s) for s in re.findall(r"checkpoint step_(\d+)\.bin written \((?:cadence|end)", res.stderr)]
+    written = [
+        int(s)
+        for s in re.findall(r"checkpoint step_(\d+)\.bin written \((?:cadence|end)", res.stderr)
+    ]
     assert written == [2, 4, 6, 8, 10, 12], res.stderr
     assert _intact(slow) == [2, 4, 6, 8, 10, 12]
-    for s in (2, 4, 6, 8, 10, 12):  # same bytes as with instant writes: the snapshot is of its own step
+    for s in (
+        2,
+        4,
+        6,
+        8,
+        10,
+        12,
+    ):  # same bytes as with instant writes: the snapshot is of its own step
         assert (slow / fmt.bin_name(s)).read_bytes() == (tmp_path / fmt.bin_name(s)).read_bytes()
     assert _losses(slow) == _losses(tmp_path)

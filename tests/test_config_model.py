@@ -24,9 +24,18 @@ def test_parameter_order_follows_the_format_spec() -> None:
     cfg = build_config(overrides={"preset": "andrea-tiny"})
     names = [n for n, _ in GPT(cfg.model).named_parameters()]
     per_layer = [
-        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-        "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-        "mlp.c_proj.weight", "mlp.c_proj.bias",
+        "ln_1.weight",
+        "ln_1.bias",
+        "attn.c_attn.weight",
+        "attn.c_attn.bias",
+        "attn.c_proj.weight",
+        "attn.c_proj.bias",
+        "ln_2.weight",
+        "ln_2.bias",
+        "mlp.c_fc.weight",
+        "mlp.c_fc.bias",
+        "mlp.c_proj.weight",
+        "mlp.c_proj.bias",
     ]
     expected = ["wte.weight", "wpe.weight"]
     for i in range(cfg.model.n_layer):
@@ -45,7 +54,9 @@ def test_unknown_key_is_named() -> None:
 
 
 def test_file_then_flags_override_the_preset() -> None:
-    cfg = build_config({"preset": "andrea-12m", "batch_size": 4, "optim": {"lr": 0.01}}, {"batch_size": 2})
+    cfg = build_config(
+        {"preset": "andrea-12m", "batch_size": 4, "optim": {"lr": 0.01}}, {"batch_size": 2}
+    )
     assert cfg.model.n_embd == 416 and cfg.batch_size == 2 and cfg.optim.lr == 0.01
     assert cfg.optim.warmup_steps == 200  # untouched preset value survives the partial override
 

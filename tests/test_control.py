@@ -19,7 +19,9 @@ from .conftest import Trainer, trainer_cmd
 
 
 def test_status_checkpoint_wait_and_stop_wait(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
+    t = Trainer(
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
+    )
     t.wait_for(r"step 3/")
     ep = endpoint(tmp_path, "trainer")
 
@@ -31,7 +33,10 @@ def test_status_checkpoint_wait_and_stop_wait(tmp_path: Path, cache_dir: Path) -
     name = reply.data["checkpoint"]
     # The reply means durable: payload and manifest are both there when it arrives.
     manifest = json.loads((tmp_path / name.replace(".bin", ".json")).read_text())
-    assert manifest["trigger"] == "control" and (tmp_path / name).stat().st_size == manifest["bin_size"]
+    assert (
+        manifest["trigger"] == "control"
+        and (tmp_path / name).stat().st_size == manifest["bin_size"]
+    )
 
     # Garbage and wrong types are answered with an error and change nothing.
     bad = request_raw(ep, b'{"type": "checkpoint", "id": "x", "boundary": "maybe"}')
@@ -57,14 +62,21 @@ def request_raw(ep: str, payload: bytes) -> dict:
 
 
 def test_socket_is_owner_only_and_one_trainer_per_run(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
+    t = Trainer(
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
+    )
     t.wait_for(r"step 2/")
     d = socket_dir(tmp_path)
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
     sock_mode = stat.S_IMODE(os.stat(d / "trainer.sock").st_mode)
     assert sock_mode & 0o077 == 0, oct(sock_mode)
 
-    second = subprocess.run(trainer_cmd(tmp_path, cache_dir, "--max-steps", "5"), capture_output=True, text=True, timeout=60)
+    second = subprocess.run(
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", "5"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert second.returncode == ExitCode.CONFIG_ERROR
     assert f"pid {t.proc.pid}" in second.stderr and "is running on" in second.stderr
     t.signal(signal.SIGTERM)

@@ -19,10 +19,14 @@ from .conftest import run_trainer
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     run_dir = tmp_path_factory.mktemp("base")
-    (run_dir / "run.toml").write_text('preset = "andrea-tiny"\n[checkpoint]\nevery = 5\nkeep_latest = 10\n')
+    (run_dir / "run.toml").write_text(
+        'preset = "andrea-tiny"\n[checkpoint]\nevery = 5\nkeep_latest = 10\n'
+    )
     res = run_trainer(run_dir, cache_dir, "--max-steps", "20")
     assert res.returncode == 0, res.stderr
-    assert sorted(p.name for p in run_dir.glob("step_*.bin")) == [bin_name(s) for s in (5, 10, 15, 20)]
+    assert sorted(p.name for p in run_dir.glob("step_*.bin")) == [
+        bin_name(s) for s in (5, 10, 15, 20)
+    ]
     return run_dir
 
 
@@ -63,7 +67,9 @@ DAMAGE: dict[str, tuple[str, Callable[[Path], None], str]] = {
 
 
 @pytest.mark.parametrize("case", sorted(DAMAGE))
-def test_damaged_newest_is_skipped_with_its_reason(case: str, tmp_path: Path, base_run: Path, cache_dir: Path) -> None:
+def test_damaged_newest_is_skipped_with_its_reason(
+    case: str, tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(base_run, run_dir)
     kind, damage, reason = DAMAGE[case]
@@ -80,7 +86,9 @@ def test_damaged_newest_is_skipped_with_its_reason(case: str, tmp_path: Path, ba
     assert (run_dir / bin_name(20)).stat().st_size == man["bin_size"]
 
 
-def test_payload_without_manifest_is_an_interrupted_write(tmp_path: Path, base_run: Path, cache_dir: Path) -> None:
+def test_payload_without_manifest_is_an_interrupted_write(
+    tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(base_run, run_dir)
     (run_dir / manifest_name(20)).unlink()
@@ -104,7 +112,9 @@ def test_all_damaged_is_refused_not_reset(tmp_path: Path, base_run: Path, cache_
     assert not (run_dir / bin_name(25)).exists()
 
 
-def test_different_preset_is_refused_with_the_difference_named(tmp_path: Path, base_run: Path, cache_dir: Path) -> None:
+def test_different_preset_is_refused_with_the_difference_named(
+    tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(base_run, run_dir)
     (run_dir / "run.toml").write_text('preset = "andrea-tiny"\n[model]\nn_layer = 3\n')
@@ -113,7 +123,9 @@ def test_different_preset_is_refused_with_the_difference_named(tmp_path: Path, b
     assert "model config differs" in res.stderr and "n_layer: 2 → 3" in res.stderr
 
 
-def test_changed_data_is_refused_with_the_arm_named(tmp_path: Path, base_run: Path, cache_dir: Path) -> None:
+def test_changed_data_is_refused_with_the_arm_named(
+    tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(base_run, run_dir)
     (run_dir / "notes").mkdir()
@@ -128,14 +140,22 @@ def test_changed_data_is_refused_with_the_arm_named(tmp_path: Path, base_run: Pa
     assert "data arm 'notes'" in res.stderr and "data arm 'docstrings'" in res.stderr
 
 
-def test_changed_hyperparameters_need_explicit_consent(tmp_path: Path, base_run: Path, cache_dir: Path) -> None:
+def test_changed_hyperparameters_need_explicit_consent(
+    tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(base_run, run_dir)
-    (run_dir / "run.toml").write_text('preset = "andrea-tiny"\n[optim]\nlr = 0.002\n[checkpoint]\nevery = 5\nkeep_latest = 10\n')
+    (run_dir / "run.toml").write_text(
+        'preset = "andrea-tiny"\n[optim]\nlr = 0.002\n[checkpoint]\nevery = 5\nkeep_latest = 10\n'
+    )
     res = run_trainer(run_dir, cache_dir, "--max-steps", "22")
-    assert res.returncode == ExitCode.RESUME_REFUSED and "--allow-config-change" in res.stderr, res.stderr
+    assert res.returncode == ExitCode.RESUME_REFUSED and "--allow-config-change" in res.stderr, (
+        res.stderr
+    )
     res = run_trainer(run_dir, cache_dir, "--max-steps", "22", "--allow-config-change")
-    assert res.returncode == ExitCode.OK and "resumed from step_000020.bin" in res.stderr, res.stderr
+    assert res.returncode == ExitCode.OK and "resumed from step_000020.bin" in res.stderr, (
+        res.stderr
+    )
 
 
 def test_bad_config_is_a_config_error(tmp_path: Path, cache_dir: Path) -> None:

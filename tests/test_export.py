@@ -30,9 +30,14 @@ def _quiet(_: str) -> None:
     pass
 
 
-def test_export_round_trip(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_round_trip(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     dest = tmp_path / "export"
-    assert andreactl.main(["--run-dir", str(run_dir), "--json", "export", "--to", str(dest)]) == ex.EXIT_OK
+    assert (
+        andreactl.main(["--run-dir", str(run_dir), "--json", "export", "--to", str(dest)])
+        == ex.EXIT_OK
+    )
     report = json.loads(capsys.readouterr().out)
     assert report == json.loads((dest / ex.REPORT_NAME).read_text())
 
@@ -71,16 +76,22 @@ def test_export_round_trip(run_dir: Path, tmp_path: Path, capsys: pytest.Capture
     assert all(len(a["identity"]) == 64 for a in metrics["data"])
 
 
-def test_a_damaged_checkpoint_is_refused(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_damaged_checkpoint_is_refused(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     damaged = tmp_path / "run"
-    shutil.copytree(run_dir, damaged, ignore=shutil.ignore_patterns(".sock"))  # the trainer's stale socket
+    shutil.copytree(
+        run_dir, damaged, ignore=shutil.ignore_patterns(".sock")
+    )  # the trainer's stale socket
     payload = damaged / bin_name(12)
     data = bytearray(payload.read_bytes())
     data[len(data) // 2] ^= 0x01
     payload.write_bytes(bytes(data))
 
     dest = tmp_path / "refused"
-    assert ex.main(["--run-dir", str(damaged), "--to", str(dest), "--step", "12"]) == ex.EXIT_REFUSED
+    assert (
+        ex.main(["--run-dir", str(damaged), "--to", str(dest), "--step", "12"]) == ex.EXIT_REFUSED
+    )
     err = capsys.readouterr().err
     assert "step_000012.bin is not intact" in err and "sha256" in err
     assert not dest.exists()

@@ -38,7 +38,10 @@ def test_third_party_reader(tmp_path: Path, cache_dir: Path) -> None:
         assert e["offset"] == offset
         offset += int(np.prod(e["shape"]))
     assert offset == n
-    assert manifest["layout"][0]["name"] == "wte.weight" and manifest["layout"][-1]["name"] == "lm_head.weight"
+    assert (
+        manifest["layout"][0]["name"] == "wte.weight"
+        and manifest["layout"][-1]["name"] == "lm_head.weight"
+    )
     # Adam's moments are real state after 3 updates: v is a non-negative EMA of squares, m is not zero.
     assert np.all(v >= 0) and np.any(v > 0) and np.any(m != 0)
     assert np.all(np.isfinite(w))
@@ -50,6 +53,12 @@ def test_third_party_reader(tmp_path: Path, cache_dir: Path) -> None:
     # The project's reader agrees with the independent one, bit for bit.
     p = ckpt_format.read_payload(path)
     assert (p.step, p.n_params) == (step, n)
-    assert p.weights.tobytes() == w.tobytes() and p.m.tobytes() == m.tobytes() and p.v.tobytes() == v.tobytes()
-    named = ckpt_format.unflatten(p.weights, [(e["name"], tuple(e["shape"]), e["offset"]) for e in manifest["layout"]])
+    assert (
+        p.weights.tobytes() == w.tobytes()
+        and p.m.tobytes() == m.tobytes()
+        and p.v.tobytes() == v.tobytes()
+    )
+    named = ckpt_format.unflatten(
+        p.weights, [(e["name"], tuple(e["shape"]), e["offset"]) for e in manifest["layout"]]
+    )
     assert named["wpe.weight"].shape == (64, 64)

@@ -8,8 +8,8 @@ import math
 import os
 import random
 import re
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,10 +40,20 @@ from andrea.daemon.losslog import (
 SHA = "0123456789abcdef" * 4
 
 
-def entry(step: int, segment: int = 1, loss: float | None = None, arm: str = "code", phase: int = 0) -> LossEntry:
-    return LossEntry(step=step, loss=2.0 + 1.0 / step if loss is None else loss, arm=arm, lr=3e-4, tokens=4096,
-                     wall_time=1_750_000_000.0 + step, segment=segment, phase=phase,
-                     batch_sha256=SHA if step % 2 else None)
+def entry(
+    step: int, segment: int = 1, loss: float | None = None, arm: str = "code", phase: int = 0
+) -> LossEntry:
+    return LossEntry(
+        step=step,
+        loss=2.0 + 1.0 / step if loss is None else loss,
+        arm=arm,
+        lr=3e-4,
+        tokens=4096,
+        wall_time=1_750_000_000.0 + step,
+        segment=segment,
+        phase=phase,
+        batch_sha256=SHA if step % 2 else None,
+    )
 
 
 def clean_bytes(entries: list[LossEntry]) -> bytes:
@@ -62,8 +72,10 @@ def dumps(entries: list[LossEntry] | LossEntry | None) -> object:
 
 def strict_json(raw: bytes) -> object:
     """json.loads that rejects NaN/Infinity literals, as jq and every non-Python parser do."""
+
     def reject(token: str) -> object:
         raise ValueError(f"non-standard JSON literal {token}")
+
     return json.loads(raw, parse_constant=reject)
 
 
@@ -72,19 +84,32 @@ def strict_json(raw: bytes) -> object:
 
 def test_entry_model_is_strict() -> None:
     good = entry(1).model_dump()
-    for field, bad in [("step", 0), ("segment", 0), ("phase", -1), ("tokens", 0), ("arm", ""),
-                       ("lr", math.nan), ("wall_time", math.inf), ("batch_sha256", "XYZ"), ("step", "3")]:
+    for field, bad in [
+        ("step", 0),
+        ("segment", 0),
+        ("phase", -1),
+        ("tokens", 0),
+        ("arm", ""),
+        ("lr", math.nan),
+        ("wall_time", math.inf),
+        ("batch_sha256", "XYZ"),
+        ("step", "3"),
+    ]:
         with pytest.raises(ValidationError):
             LossEntry(**{**good, field: bad})
     with pytest.raises(ValidationError):
         LossEntry(**good, extra=1)
     with pytest.raises(ValidationError):  # only the three spellings the writer emits
-        LossEntry.model_validate_json(entry(1).model_dump_json().replace('"loss":3.0', '"loss":"nan"'))
+        LossEntry.model_validate_json(
+            entry(1).model_dump_json().replace('"loss":3.0', '"loss":"nan"')
+        )
     with pytest.raises(ValidationError):
         entry(1).step = 2  # frozen
 
 
-@pytest.mark.parametrize("value,spelling", [(math.nan, "NaN"), (math.inf, "Infinity"), (-math.inf, "-Infinity")])
+@pytest.mark.parametrize(
+    "value,spelling", [(math.nan, "NaN"), (math.inf, "Infinity"), (-math.inf, "-Infinity")]
+)
 def test_non_finite_loss_message_round_trip(value: float, spelling: str) -> None:
     e = entry(5, loss=value)
     text = e.model_dump_json()
@@ -95,10 +120,26 @@ def test_non_finite_loss_message_round_trip(value: float, spelling: str) -> None
 
 
 @settings(max_examples=100, deadline=None)
-@given(loss=st.floats(), lr=st.floats(min_value=0, allow_infinity=False),
-       wall=st.floats(min_value=0, allow_infinity=False), arm=st.text(min_size=1))
-def test_floats_and_strings_round_trip_exactly(loss: float, lr: float, wall: float, arm: str) -> None:
-    e = LossEntry(step=1, loss=loss, arm=arm, lr=lr, tokens=1, wall_time=wall, segment=1, phase=0, batch_sha256=None)
+@given(
+    loss=st.floats(),
+    lr=st.floats(min_value=0, allow_infinity=False),
+    wall=st.floats(min_value=0, allow_infinity=False),
+    arm=st.text(min_size=1),
+)
+def test_floats_and_strings_round_trip_exactly(
+    loss: float, lr: float, wall: float, arm: str
+) -> None:
+    e = LossEntry(
+        step=1,
+        loss=loss,
+        arm=arm,
+        lr=lr,
+        tokens=1,
+        wall_time=wall,
+        segment=1,
+        phase=0,
+        batch_sha256=None,
+    )
     line = e.model_dump_json().encode()
     assert b"\n" not in line  # one entry per line, whatever the arm name
     back = LossEntry.model_validate_json(line)
@@ -113,8 +154,15 @@ def test_floats_and_strings_round_trip_exactly(loss: float, lr: float, wall: flo
 
 def test_exact_bytes_and_json_load_after_every_append(tmp_path: Path) -> None:
     path = tmp_path / ".loss.json"
-    entries = [entry(1), entry(2, loss=math.nan), entry(3, arm='données "x}\n{"'), entry(4, loss=5e-324),
-               entry(5, loss=-math.inf), entry(6, loss=1.7976931348623157e308), entry(7, loss=-0.0)]
+    entries = [
+        entry(1),
+        entry(2, loss=math.nan),
+        entry(3, arm='données "x}\n{"'),
+        entry(4, loss=5e-324),
+        entry(5, loss=-math.inf),
+        entry(6, loss=1.7976931348623157e308),
+        entry(7, loss=-0.0),
+    ]
     with LossLog.open(path) as log:
         assert path.read_bytes() == b"[\n]\n"
         assert json.loads(path.read_bytes()) == []
@@ -129,7 +177,9 @@ def test_exact_bytes_and_json_load_after_every_append(tmp_path: Path) -> None:
     assert strict_json(path.read_bytes())[1]["loss"] == "NaN"
     got = read_entries(path)
     assert [e.model_dump_json() for e in got] == [e.model_dump_json() for e in entries]
-    assert math.isnan(got[1].loss) and got[4].loss == -math.inf and math.copysign(1, got[6].loss) == -1
+    assert (
+        math.isnan(got[1].loss) and got[4].loss == -math.inf and math.copysign(1, got[6].loss) == -1
+    )
     assert last_entry(path) == entries[-1]
     with LossLog.open(path) as log:  # reopen: index and position rebuilt from the file
         assert len(log) == 7 and log.last == entries[-1]
@@ -164,7 +214,13 @@ def test_duplicate_segment_step_is_a_no_op(tmp_path: Path) -> None:
     with LossLog.open(path) as log:  # the index is rebuilt from the file
         assert len(log) == 5
         assert log.append(entry(3)) is False and log.append(entry(2, segment=2)) is False
-    assert [(e.segment, e.step) for e in read_entries(path)] == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 2)]
+    assert [(e.segment, e.step) for e in read_entries(path)] == [
+        (1, 1),
+        (1, 2),
+        (1, 3),
+        (1, 4),
+        (2, 2),
+    ]
 
 
 def test_canonical_curve_two_segments(tmp_path: Path) -> None:
@@ -212,19 +268,25 @@ def _torn_states(n_before: int, batch: list[LossEntry]):
     for j in range(len(written) + 1):
         complete = base + [e for e, end in zip(batch, ends) if end <= pos + j]
         # SIGKILL inside pwrite: a prefix of the new bytes over the old terminator
-        states.append((before[:pos] + written[:j] + before[pos + j:], complete))
+        states.append((before[:pos] + written[:j] + before[pos + j :], complete))
         # the file cut at that byte (the brief's truncation model), and with zeroed blocks after it
         states.append((after[: pos + j], complete))
         states.append((after[: pos + j] + b"\0" * 700, complete))
     return states
 
 
-@pytest.mark.parametrize("n_before,batch", [
-    (4, [entry(5, arm='x}"\n{"step":1}')]),       # a "}" inside a string must not fool the scan
-    (0, [entry(1, arm="données")]),               # torn first entry -> empty log; torn UTF-8
-    (3, [entry(4), entry(5, loss=math.nan), entry(6)]),  # append_many torn inside the batch
-], ids=["last-entry", "first-entry", "batch"])
-def test_torn_tail_repaired_at_every_byte(fast_dir: Path, n_before: int, batch: list[LossEntry]) -> None:
+@pytest.mark.parametrize(
+    "n_before,batch",
+    [
+        (4, [entry(5, arm='x}"\n{"step":1}')]),  # a "}" inside a string must not fool the scan
+        (0, [entry(1, arm="données")]),  # torn first entry -> empty log; torn UTF-8
+        (3, [entry(4), entry(5, loss=math.nan), entry(6)]),  # append_many torn inside the batch
+    ],
+    ids=["last-entry", "first-entry", "batch"],
+)
+def test_torn_tail_repaired_at_every_byte(
+    fast_dir: Path, n_before: int, batch: list[LossEntry]
+) -> None:
     path = fast_dir / ".loss.json"
     for state, complete in _torn_states(n_before, batch):
         path.write_bytes(state)
@@ -234,7 +296,9 @@ def test_torn_tail_repaired_at_every_byte(fast_dir: Path, n_before: int, batch: 
         assert path.read_bytes() == state
         with LossLog.open(path) as log:
             assert path.read_bytes() == clean_bytes(complete), state[-80:]
-            assert len(log) == len(complete) and dumps(log.last) == dumps(complete[-1] if complete else None)
+            assert len(log) == len(complete) and dumps(log.last) == dumps(
+                complete[-1] if complete else None
+            )
             assert log.append(entry(99, segment=2)) is True
         assert strict_json(path.read_bytes())[-1]["step"] == 99
         assert path.read_bytes() == clean_bytes([*complete, entry(99, segment=2)])
@@ -243,7 +307,9 @@ def test_torn_tail_repaired_at_every_byte(fast_dir: Path, n_before: int, batch: 
 def test_all_zero_tail_far_from_the_last_entry(tmp_path: Path) -> None:
     path = tmp_path / ".loss.json"
     entries = [entry(s) for s in range(1, 51)]
-    path.write_bytes(clean_bytes(entries)[:-3] + b",\n{\"st" + b"\0" * 100_000)  # tail scan must read back past it
+    path.write_bytes(
+        clean_bytes(entries)[:-3] + b',\n{"st' + b"\0" * 100_000
+    )  # tail scan must read back past it
     with LossLog.open(path):
         pass
     assert path.read_bytes() == clean_bytes(entries)
@@ -267,17 +333,26 @@ def _line_offset(raw: bytes, index: int) -> int:
     return offset
 
 
-@pytest.mark.parametrize("name,edit,bad_line", [
-    ("garbage", lambda r, o: r[:o] + b"garbage,\n" + r[o:], 2),
-    ("schema", lambda r, o: r[:o] + b'{"step":3,"extra":1},\n' + r[o:], 2),
-    ("missing comma", lambda r, o: r[: o - 2] + r[o - 1:], 1),
-    ("nul in middle", lambda r, o: r[:o] + b"\0" * 5 + r[o + 5:], 2),
-    ("torn tail too", lambda r, o: (r[:o] + b"xx" + r[o:])[:-10], 2),  # no repair before the whole file is valid
-    # valid JSON, but not one entry per line: the tail scan could not rely on it
-    ("joined lines", lambda r, o: r[: o - 1] + r[o:], 1),
-    ("split entry", lambda r, o: r[:o] + r[o:].replace(b',"loss"', b',\n"loss"', 1), 2),
-])
-def test_garbage_in_the_middle_is_refused_with_offset(tmp_path: Path, name: str, edit, bad_line: int) -> None:
+@pytest.mark.parametrize(
+    "name,edit,bad_line",
+    [
+        ("garbage", lambda r, o: r[:o] + b"garbage,\n" + r[o:], 2),
+        ("schema", lambda r, o: r[:o] + b'{"step":3,"extra":1},\n' + r[o:], 2),
+        ("missing comma", lambda r, o: r[: o - 2] + r[o - 1 :], 1),
+        ("nul in middle", lambda r, o: r[:o] + b"\0" * 5 + r[o + 5 :], 2),
+        (
+            "torn tail too",
+            lambda r, o: (r[:o] + b"xx" + r[o:])[:-10],
+            2,
+        ),  # no repair before the whole file is valid
+        # valid JSON, but not one entry per line: the tail scan could not rely on it
+        ("joined lines", lambda r, o: r[: o - 1] + r[o:], 1),
+        ("split entry", lambda r, o: r[:o] + r[o:].replace(b',"loss"', b',\n"loss"', 1), 2),
+    ],
+)
+def test_garbage_in_the_middle_is_refused_with_offset(
+    tmp_path: Path, name: str, edit, bad_line: int
+) -> None:
     path, raw = _lines_file(tmp_path)
     bad = edit(raw, _line_offset(raw, 2))
     path.write_bytes(bad)
@@ -309,15 +384,26 @@ def test_field_error_in_the_middle(tmp_path: Path) -> None:
         assert info.value.offset == offset
 
 
-@pytest.mark.parametrize("name,content", [
-    ("pretty-printed", lambda entries: json.dumps([e.model_dump(mode="json") for e in entries], indent=2).encode()),
-    ("one line", lambda entries: json.dumps([e.model_dump(mode="json") for e in entries]).encode()),
-    ("after terminator", lambda entries: clean_bytes(entries) + b"more\n"),
-    ("double terminator", lambda entries: clean_bytes(entries) + b"]\n"),
-    ("invalid last entry", lambda entries: clean_bytes(entries)[:-3] + b',\n{"step":9}\n]\n'),
-    ("no header", lambda entries: clean_bytes(entries)[2:]),
-    ("text", lambda entries: b"hello world\n"),
-])
+@pytest.mark.parametrize(
+    "name,content",
+    [
+        (
+            "pretty-printed",
+            lambda entries: json.dumps(
+                [e.model_dump(mode="json") for e in entries], indent=2
+            ).encode(),
+        ),
+        (
+            "one line",
+            lambda entries: json.dumps([e.model_dump(mode="json") for e in entries]).encode(),
+        ),
+        ("after terminator", lambda entries: clean_bytes(entries) + b"more\n"),
+        ("double terminator", lambda entries: clean_bytes(entries) + b"]\n"),
+        ("invalid last entry", lambda entries: clean_bytes(entries)[:-3] + b',\n{"step":9}\n]\n'),
+        ("no header", lambda entries: clean_bytes(entries)[2:]),
+        ("text", lambda entries: b"hello world\n"),
+    ],
+)
 def test_foreign_files_are_refused_untouched(tmp_path: Path, name: str, content) -> None:
     path = tmp_path / ".loss.json"
     raw = content([entry(s) for s in range(1, 4)])
@@ -334,8 +420,17 @@ def test_foreign_files_are_refused_untouched(tmp_path: Path, name: str, content)
 # ---------------------------------------------------------------- read_curve: the canonical curve as columns
 
 
-COLUMN_TYPES = {"step": np.int64, "loss": np.float64, "arm": object, "lr": np.float64, "tokens": np.int64,
-                "wall_time": np.float64, "segment": np.int64, "phase": np.int64, "batch_sha256": object}
+COLUMN_TYPES = {
+    "step": np.int64,
+    "loss": np.float64,
+    "arm": object,
+    "lr": np.float64,
+    "tokens": np.int64,
+    "wall_time": np.float64,
+    "segment": np.int64,
+    "phase": np.int64,
+    "batch_sha256": object,
+}
 
 
 def assert_curve_of_entries(path: Path) -> LossCurve:
@@ -351,7 +446,10 @@ def assert_curve_of_entries(path: Path) -> LossCurve:
         want = [getattr(e, name) for e in expected]
         assert column.dtype == dtype and column.shape == (len(expected),), name
         if dtype is np.float64:  # NaN equals NaN here, and -0.0 is told from 0.0
-            assert np.array_equal(column, want, equal_nan=True) and (np.signbit(column) == np.signbit(want)).all(), name
+            assert (
+                np.array_equal(column, want, equal_nan=True)
+                and (np.signbit(column) == np.signbit(want)).all()
+            ), name
         else:
             assert column.tolist() == want, name
     assert dumps([curve.entry(i) for i in range(len(curve))]) == dumps(expected)
@@ -363,30 +461,51 @@ def test_read_curve_two_segments_and_repeated_pairs(tmp_path: Path) -> None:
     # LossLog refuses a repeated (segment, step), so the file is written by hand: segment 1 trains 1-10,
     # segment 2 resumes from step 6, an older segment's entries come later in the file, and pairs repeat
     # (the last in file order wins among equals)
-    entries = ([entry(s, segment=1) for s in range(1, 11)] + [entry(s, segment=2, loss=float(s)) for s in range(7, 13)]
-               + [entry(11, segment=1, loss=-1.0), entry(13, segment=1), entry(8, segment=2, loss=80.0),
-                  entry(3, segment=1, loss=30.0), entry(8, segment=2, loss=88.0), entry(2, segment=3, arm="other")])
+    entries = (
+        [entry(s, segment=1) for s in range(1, 11)]
+        + [entry(s, segment=2, loss=float(s)) for s in range(7, 13)]
+        + [
+            entry(11, segment=1, loss=-1.0),
+            entry(13, segment=1),
+            entry(8, segment=2, loss=80.0),
+            entry(3, segment=1, loss=30.0),
+            entry(8, segment=2, loss=88.0),
+            entry(2, segment=3, arm="other"),
+        ]
+    )
     path.write_bytes(clean_bytes(entries))
     curve = assert_curve_of_entries(path)
     assert curve.entries_read == len(entries) and curve.step.tolist() == list(range(1, 14))
     assert curve.segment.tolist() == [1, 3, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 1]
     assert curve.loss[[2, 7]].tolist() == [30.0, 88.0] and curve.arm[1] == "other"
-    assert curve.entry(-1) == entry(13, segment=1) and curve.entry(7) == entry(8, segment=2, loss=88.0)
+    assert curve.entry(-1) == entry(13, segment=1) and curve.entry(7) == entry(
+        8, segment=2, loss=88.0
+    )
     with pytest.raises(IndexError):
         curve.entry(13)
 
 
 def test_read_curve_values_the_model_takes(tmp_path: Path) -> None:
     path = tmp_path / ".loss.json"
-    entries = [entry(1), entry(2, loss=math.nan), entry(3, loss=math.inf), entry(4, loss=-math.inf),
-               entry(5, loss=-0.0), entry(6, loss=5e-324), entry(7, arm='données "x}\n{"'), entry(8, phase=3)]
+    entries = [
+        entry(1),
+        entry(2, loss=math.nan),
+        entry(3, loss=math.inf),
+        entry(4, loss=-math.inf),
+        entry(5, loss=-0.0),
+        entry(6, loss=5e-324),
+        entry(7, arm='données "x}\n{"'),
+        entry(8, phase=3),
+    ]
     raw = clean_bytes(entries)
     path.write_bytes(raw)
     curve = assert_curve_of_entries(path)
     assert math.isnan(curve.loss[1]) and curve.loss[2:4].tolist() == [math.inf, -math.inf]
     assert curve.batch_sha256.tolist() == [SHA if s % 2 else None for s in range(1, 9)]
     # hand-edited but valid: integers for float fields, fields in another order
-    edited = raw.replace(b'"lr":0.0003', b'"lr":0', 1).replace(b'"wall_time":1750000002.0', b'"wall_time":1750000002')
+    edited = raw.replace(b'"lr":0.0003', b'"lr":0', 1).replace(
+        b'"wall_time":1750000002.0', b'"wall_time":1750000002'
+    )
     start = _line_offset(edited, 2)
     end = edited.index(b",\n", start)
     fields = json.loads(edited[start:end])
@@ -411,11 +530,20 @@ def test_read_curve_empty_logs(tmp_path: Path) -> None:
         read_curve(tmp_path / "absent.json")
 
 
-@pytest.mark.parametrize("n_before,batch", [
-    (0, [entry(1, arm="données")]),
-    (3, [entry(4), entry(2, segment=2, loss=math.nan), entry(4, segment=2)]),  # the torn batch replaces steps
-], ids=["first-entry", "batch"])
-def test_read_curve_torn_tail_at_every_byte(fast_dir: Path, n_before: int, batch: list[LossEntry]) -> None:
+@pytest.mark.parametrize(
+    "n_before,batch",
+    [
+        (0, [entry(1, arm="données")]),
+        (
+            3,
+            [entry(4), entry(2, segment=2, loss=math.nan), entry(4, segment=2)],
+        ),  # the torn batch replaces steps
+    ],
+    ids=["first-entry", "batch"],
+)
+def test_read_curve_torn_tail_at_every_byte(
+    fast_dir: Path, n_before: int, batch: list[LossEntry]
+) -> None:
     path = fast_dir / ".loss.json"
     for state, complete in _torn_states(n_before, batch):
         path.write_bytes(state)
@@ -423,11 +551,24 @@ def test_read_curve_torn_tail_at_every_byte(fast_dir: Path, n_before: int, batch
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.builds(
-    LossEntry, step=st.integers(1, 30), loss=st.floats(), arm=st.text(min_size=1, max_size=5),
-    lr=st.floats(min_value=0, allow_infinity=False), tokens=st.integers(1, 2**63 - 1),
-    wall_time=st.floats(min_value=0, allow_infinity=False), segment=st.integers(1, 4), phase=st.integers(0, 5),
-    batch_sha256=st.none() | st.binary(min_size=1).map(lambda b: hashlib.sha256(b).hexdigest())), max_size=40))
+@given(
+    st.lists(
+        st.builds(
+            LossEntry,
+            step=st.integers(1, 30),
+            loss=st.floats(),
+            arm=st.text(min_size=1, max_size=5),
+            lr=st.floats(min_value=0, allow_infinity=False),
+            tokens=st.integers(1, 2**63 - 1),
+            wall_time=st.floats(min_value=0, allow_infinity=False),
+            segment=st.integers(1, 4),
+            phase=st.integers(0, 5),
+            batch_sha256=st.none()
+            | st.binary(min_size=1).map(lambda b: hashlib.sha256(b).hexdigest()),
+        ),
+        max_size=40,
+    )
+)
 def test_read_curve_matches_canonical_curve(entries: list[LossEntry]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / ".loss.json"
@@ -442,23 +583,60 @@ def _with_value(raw: bytes, index: int, field: str, value: bytes) -> bytes:
     """`raw` with the value of `field` in entry line `index` replaced by the JSON text `value`."""
     start = _line_offset(raw, index)
     end = raw.index(b"\n", start)
-    line, count = re.subn(rb'"%s":("[^"]*"|[^,}]*)' % field.encode(), b'"%s":%s' % (field.encode(), value), raw[start:end])
+    line, count = re.subn(
+        rb'"%s":("[^"]*"|[^,}]*)' % field.encode(),
+        b'"%s":%s' % (field.encode(), value),
+        raw[start:end],
+    )
     assert count == 1
     return raw[:start] + line + raw[end:]
 
 
-@pytest.mark.parametrize("field,value", [
-    ("step", b"0"), ("step", b"3.0"), ("step", b"true"), ("step", b'"3"'), ("step", b"null"),
-    ("loss", b'"nan"'), ("loss", b'"inf"'), ("loss", b'"1.5"'), ("loss", b"true"), ("loss", b"null"), ("loss", b"[1]"),
-    ("loss", b"{}"), ("arm", b'""'), ("arm", b"1"), ("arm", b"null"),
-    ("lr", b"-0.001"), ("lr", b"1e999"), ("lr", b'"NaN"'), ("lr", b"false"),
-    ("tokens", b"0"), ("tokens", b"true"), ("tokens", b"4096.0"), ("tokens", b"-5"),
-    ("wall_time", b"-1"), ("wall_time", b"-1e999"), ("segment", b"0"), ("segment", b'"1"'), ("phase", b"-1"), ("phase", b"0.5"),
-    ("batch_sha256", b'"%s"' % SHA.upper().encode()), ("batch_sha256", b'"%s"' % SHA[:63].encode()),
-    ("batch_sha256", b'"%sg"' % SHA[:63].encode()), ("batch_sha256", b'"%s0"' % SHA.encode()), ("batch_sha256", b'""'),
-    ("batch_sha256", b"0"), ("batch_sha256", b"false"), ("batch_sha256", b'"%s"' % ("é" * 64).encode()),
-])
-def test_read_curve_reports_a_bad_value_as_read_entries_does(tmp_path: Path, field: str, value: bytes) -> None:
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("step", b"0"),
+        ("step", b"3.0"),
+        ("step", b"true"),
+        ("step", b'"3"'),
+        ("step", b"null"),
+        ("loss", b'"nan"'),
+        ("loss", b'"inf"'),
+        ("loss", b'"1.5"'),
+        ("loss", b"true"),
+        ("loss", b"null"),
+        ("loss", b"[1]"),
+        ("loss", b"{}"),
+        ("arm", b'""'),
+        ("arm", b"1"),
+        ("arm", b"null"),
+        ("lr", b"-0.001"),
+        ("lr", b"1e999"),
+        ("lr", b'"NaN"'),
+        ("lr", b"false"),
+        ("tokens", b"0"),
+        ("tokens", b"true"),
+        ("tokens", b"4096.0"),
+        ("tokens", b"-5"),
+        ("wall_time", b"-1"),
+        ("wall_time", b"-1e999"),
+        ("segment", b"0"),
+        ("segment", b'"1"'),
+        ("phase", b"-1"),
+        ("phase", b"0.5"),
+        ("batch_sha256", b'"%s"' % SHA.upper().encode()),
+        ("batch_sha256", b'"%s"' % SHA[:63].encode()),
+        ("batch_sha256", b'"%sg"' % SHA[:63].encode()),
+        ("batch_sha256", b'"%s0"' % SHA.encode()),
+        ("batch_sha256", b'""'),
+        ("batch_sha256", b"0"),
+        ("batch_sha256", b"false"),
+        ("batch_sha256", b'"%s"' % ("é" * 64).encode()),
+    ],
+)
+def test_read_curve_reports_a_bad_value_as_read_entries_does(
+    tmp_path: Path, field: str, value: bytes
+) -> None:
     path, raw = _lines_file(tmp_path)
     bad = _with_value(raw, 2, field, value)
     path.write_bytes(bad)
@@ -468,18 +646,26 @@ def test_read_curve_reports_a_bad_value_as_read_entries_does(tmp_path: Path, fie
     with pytest.raises(LossLogCorrupt) as info:
         read_curve(path)
     assert (info.value.offset, info.value.reason, str(info.value)) == (
-        expected.value.offset, expected.value.reason, str(expected.value))
+        expected.value.offset,
+        expected.value.reason,
+        str(expected.value),
+    )
     assert path.read_bytes() == bad
 
 
-@pytest.mark.parametrize("name,edit", [
-    ("renamed", lambda line: line.replace(b'"phase"', b'"Phase"')),
-    ("extra", lambda line: line.replace(b"{", b'{"note":"x",')),
-    ("missing", lambda line: line.replace(b',"phase":0', b"")),
-    ("duplicate", lambda line: line.replace(b',"phase":0', b',"phase":0,"phase":0')),
-    ("not an object", lambda line: b"[3]"),
-])
-def test_read_curve_reports_other_fields_as_read_entries_does(tmp_path: Path, name: str, edit) -> None:
+@pytest.mark.parametrize(
+    "name,edit",
+    [
+        ("renamed", lambda line: line.replace(b'"phase"', b'"Phase"')),
+        ("extra", lambda line: line.replace(b"{", b'{"note":"x",')),
+        ("missing", lambda line: line.replace(b',"phase":0', b"")),
+        ("duplicate", lambda line: line.replace(b',"phase":0', b',"phase":0,"phase":0')),
+        ("not an object", lambda line: b"[3]"),
+    ],
+)
+def test_read_curve_reports_other_fields_as_read_entries_does(
+    tmp_path: Path, name: str, edit
+) -> None:
     path, raw = _lines_file(tmp_path)
     start = _line_offset(raw, 1)
     end = raw.index(b",\n", start)
@@ -516,7 +702,9 @@ def test_second_writer_refused_readers_allowed(tmp_path: Path) -> None:
         with pytest.raises(LossLogLocked, match="already open for writing"):
             LossLog.open(path)
         code = "import sys; from andrea.daemon.losslog import LossLog; LossLog.open(sys.argv[1])"
-        child = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+        child = subprocess.run(
+            [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
+        )
         assert child.returncode != 0 and "LossLogLocked" in child.stderr
         assert read_entries(path) == [entry(1)] and last_entry(path) == entry(1)
     with LossLog.open(path) as log:  # the lock goes with the writer
@@ -526,7 +714,9 @@ def test_second_writer_refused_readers_allowed(tmp_path: Path) -> None:
         log.append(entry(2))
 
 
-def test_failed_write_poisons_the_handle_and_reopen_repairs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_write_poisons_the_handle_and_reopen_repairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / ".loss.json"
     log = LossLog.open(path)
     log.append_many(entry(s) for s in range(1, 4))
@@ -586,8 +776,11 @@ def test_sigkill_at_a_random_moment_keeps_every_synced_entry(tmp_path: Path) -> 
     for life in range(1, 4):
         previous = last_entry(path) if path.exists() else None
         first = 1 if previous is None else previous.step + 1
-        child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(rng.choice([1, 7, 100]))],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(path), str(rng.choice([1, 7, 100]))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert child.stdout is not None
         assert child.stdout.readline() == b"ready\n", child.stderr.read() if child.stderr else b""
         time.sleep(rng.uniform(0.05, 0.5))

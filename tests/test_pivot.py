@@ -25,11 +25,27 @@ def proxy(run_dir: Path) -> Trainer:
 
 
 def trainer(run_dir: Path, cache: Path, steps: int) -> Trainer:
-    return Trainer(trainer_cmd(run_dir, cache, "--mixing", "proxy", "--max-steps", str(steps), "--checkpoint-every", str(EVERY), "--sample-every", "10"))
+    return Trainer(
+        trainer_cmd(
+            run_dir,
+            cache,
+            "--mixing",
+            "proxy",
+            "--max-steps",
+            str(steps),
+            "--checkpoint-every",
+            str(EVERY),
+            "--sample-every",
+            "10",
+        )
+    )
 
 
 def curve(run_dir: Path) -> list[tuple[int, float, str, int]]:
-    return [(e.step, e.loss, e.arm, e.phase) for e in canonical_curve(read_entries(run_dir / ".loss.json"))]
+    return [
+        (e.step, e.loss, e.arm, e.phase)
+        for e in canonical_curve(read_entries(run_dir / ".loss.json"))
+    ]
 
 
 def stop(p: Trainer) -> int:
@@ -45,8 +61,22 @@ def test_pivot_command_and_manual_path_agree(tmp_path: Path, cache_dir: Path) ->
     a = tmp_path / "a"
     p, t = proxy(a), trainer(a, cache_dir, STEPS)
     t.wait_for(r"step 3/")
-    res = subprocess.run([sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(a), "--json", "pivot", "--policy", str(policy)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "andrea.control.andreactl",
+            "--run-dir",
+            str(a),
+            "--json",
+            "pivot",
+            "--policy",
+            str(policy),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr + t.log
     result = json.loads(res.stdout)
     assert result["boundary_step"] == EVERY and result["phase"] == 1
@@ -56,10 +86,17 @@ def test_pivot_command_and_manual_path_agree(tmp_path: Path, cache_dir: Path) ->
     man = json.loads((a / f"step_{EVERY:06d}.json").read_text())
     assert man["trigger"] == "boundary"
     archive = a / result["archive"]
-    assert {f.name for f in archive.iterdir()} == {".state.json", ".samples.json", "policy.toml", "pivot.json"}
+    assert {f.name for f in archive.iterdir()} == {
+        ".state.json",
+        ".samples.json",
+        "policy.toml",
+        "pivot.json",
+    }
     assert json.loads((archive / ".state.json").read_text())["bandit"]["phase"] == 0
     c = curve(a)
-    assert [s for s, *_ in c] == list(range(1, STEPS + 1)), "the loss history continues across the pivot"
+    assert [s for s, *_ in c] == list(range(1, STEPS + 1)), (
+        "the loss history continues across the pivot"
+    )
     assert {arm for s, _, arm, ph in c if s > EVERY} == {"docstrings"}
     assert all(ph == (0 if s <= EVERY else 1) for s, _, _, ph in c)
     assert len({arm for s, _, arm, _ in c if s <= EVERY}) == 3
@@ -85,15 +122,30 @@ def test_bad_pivot_policy_changes_nothing(tmp_path: Path, cache_dir: Path) -> No
     bad.write_text("[arms.code]\nfloor = 0.7\n[arms.comments]\nfloor = 0.7\n")
     p, t = proxy(tmp_path / "r"), trainer(tmp_path / "r", cache_dir, 100000)
     t.wait_for(r"step 3/")
-    res = subprocess.run([sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(tmp_path / "r"), "pivot", "--policy", str(bad)],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "andrea.control.andreactl",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "pivot",
+            "--policy",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "floor" in res.stderr
     assert "holding" not in t.log
     assert stop(t) == ExitCode.OK and stop(p) == ExitCode.OK
     assert not (tmp_path / "r" / "archive").exists()
 
 
-def test_damaged_state_after_a_pivot_is_rebuilt_in_the_right_phase(tmp_path: Path, cache_dir: Path) -> None:
+def test_damaged_state_after_a_pivot_is_rebuilt_in_the_right_phase(
+    tmp_path: Path, cache_dir: Path
+) -> None:
     """The recovery replays .loss.json from the newest pivot's boundary, under the current policy."""
     (tmp_path / "policy.toml").write_text(POLICY)
     p, t = proxy(tmp_path), trainer(tmp_path, cache_dir, EVERY)

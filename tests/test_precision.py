@@ -34,7 +34,16 @@ def recorded_dtype(run_dir: Path, step: int) -> str:
 @pytest.fixture(scope="module")
 def bf16_reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     run_dir = tmp_path_factory.mktemp("bf16")
-    res = run_trainer(run_dir, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10", "--precision", "bf16")
+    res = run_trainer(
+        run_dir,
+        cache_dir,
+        "--max-steps",
+        str(STEPS),
+        "--checkpoint-every",
+        "10",
+        "--precision",
+        "bf16",
+    )
     assert res.returncode == 0, res.stderr
     return run_dir
 
@@ -47,7 +56,9 @@ def test_resolve_on_cpu() -> None:
         resolve("tf32", cpu)
 
 
-def test_bf16_sigterm_then_restart_is_bit_exact(tmp_path: Path, cache_dir: Path, bf16_reference: Path) -> None:
+def test_bf16_sigterm_then_restart_is_bit_exact(
+    tmp_path: Path, cache_dir: Path, bf16_reference: Path
+) -> None:
     args = ("--max-steps", str(STEPS), "--checkpoint-every", "10", "--precision", "bf16")
     t = Trainer(trainer_cmd(tmp_path, cache_dir, *args))
     t.wait_for(rf"step 13/{STEPS} ")
@@ -57,10 +68,14 @@ def test_bf16_sigterm_then_restart_is_bit_exact(tmp_path: Path, cache_dir: Path,
     assert res.returncode == 0, res.stderr
     assert "NOT be bit-exact" not in res.stderr
     assert curve(tmp_path) == curve(bf16_reference)
-    assert (tmp_path / bin_name(STEPS)).read_bytes() == (bf16_reference / bin_name(STEPS)).read_bytes()
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (
+        bf16_reference / bin_name(STEPS)
+    ).read_bytes()
 
 
-def test_bf16_changes_the_arithmetic_and_a_switch_is_announced(tmp_path: Path, cache_dir: Path, bf16_reference: Path) -> None:
+def test_bf16_changes_the_arithmetic_and_a_switch_is_announced(
+    tmp_path: Path, cache_dir: Path, bf16_reference: Path
+) -> None:
     res = run_trainer(tmp_path, cache_dir, "--max-steps", "4", "--checkpoint-every", "0")
     assert res.returncode == 0, res.stderr
     assert "parameters on cpu, float32, 1 threads" in res.stderr
@@ -71,14 +86,20 @@ def test_bf16_changes_the_arithmetic_and_a_switch_is_announced(tmp_path: Path, c
     assert recorded_dtype(tmp_path, 4) == "float32"
     assert recorded_dtype(bf16_reference, STEPS) == "bfloat16-autocast"
 
-    res = run_trainer(tmp_path, cache_dir, "--max-steps", "6", "--checkpoint-every", "0", "--precision", "bf16")
+    res = run_trainer(
+        tmp_path, cache_dir, "--max-steps", "6", "--checkpoint-every", "0", "--precision", "bf16"
+    )
     assert res.returncode == 0, res.stderr
-    assert "will NOT be bit-exact" in res.stderr and "dtype: float32 → bfloat16-autocast" in res.stderr, res.stderr
+    assert (
+        "will NOT be bit-exact" in res.stderr and "dtype: float32 → bfloat16-autocast" in res.stderr
+    ), res.stderr
     assert recorded_dtype(tmp_path, 6) == "bfloat16-autocast"
 
 
 def test_tf32_on_cpu_is_a_config_error_that_trains_nothing(tmp_path: Path, cache_dir: Path) -> None:
-    res = run_trainer(tmp_path, cache_dir, "--max-steps", "4", "--device", "cpu", "--precision", "tf32")
+    res = run_trainer(
+        tmp_path, cache_dir, "--max-steps", "4", "--device", "cpu", "--precision", "tf32"
+    )
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "precision 'tf32' needs a CUDA device" in res.stderr
     assert not list(tmp_path.glob("step_*")) and not (tmp_path / ".loss.json").exists()

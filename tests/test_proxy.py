@@ -38,7 +38,19 @@ def start_proxy(run_dir: Path, *extra: str) -> Trainer:
 
 
 def proxy_trainer(run_dir: Path, cache: Path, *extra: str) -> Trainer:
-    return Trainer(trainer_cmd(run_dir, cache, "--mixing", "proxy", "--max-steps", str(STEPS), "--checkpoint-every", "10", *extra))
+    return Trainer(
+        trainer_cmd(
+            run_dir,
+            cache,
+            "--mixing",
+            "proxy",
+            "--max-steps",
+            str(STEPS),
+            "--checkpoint-every",
+            "10",
+            *extra,
+        )
+    )
 
 
 def curve(run_dir: Path) -> list[tuple[int, float, str]]:
@@ -86,12 +98,16 @@ def test_proxy_sigkill_is_invisible(tmp_path: Path, cache_dir: Path, reference: 
     assert stop(proxy) == ExitCode.OK, proxy.log
     entries = read_entries(tmp_path / ".loss.json")
     assert len({e.segment for e in entries}) == 1, "the trainer never restarted"
-    assert sorted(e.step for e in entries) == list(range(1, STEPS + 1)), "one entry per step, none lost, none twice"
+    assert sorted(e.step for e in entries) == list(range(1, STEPS + 1)), (
+        "one entry per step, none lost, none twice"
+    )
     assert curve(tmp_path) == curve(reference)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
 
 
-def test_trainer_sigkill_starts_a_new_segment_at_the_checkpoint(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
+def test_trainer_sigkill_starts_a_new_segment_at_the_checkpoint(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
     proxy = start_proxy(tmp_path)
     t = proxy_trainer(tmp_path, cache_dir)
     t.wait_for(r"step 35/")
@@ -107,14 +123,22 @@ def test_trainer_sigkill_starts_a_new_segment_at_the_checkpoint(tmp_path: Path, 
     first = {e.step: e for e in entries if e.segment == 1}
     second = {e.step: e for e in entries if e.segment == 2}
     assert min(second) == resumed + 1, "the new segment starts right after the checkpoint"
-    assert max(first) > resumed + 1, "steps after the checkpoint were trained twice (the kill landed at step 35)"
+    assert max(first) > resumed + 1, (
+        "steps after the checkpoint were trained twice (the kill landed at step 35)"
+    )
     for s in set(first) & set(second):
-        assert (first[s].loss, first[s].arm, first[s].batch_sha256) == (second[s].loss, second[s].arm, second[s].batch_sha256)
+        assert (first[s].loss, first[s].arm, first[s].batch_sha256) == (
+            second[s].loss,
+            second[s].arm,
+            second[s].batch_sha256,
+        )
     assert curve(tmp_path) == curve(reference)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
 
 
-def test_random_sigkills_of_both_are_invisible(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
+def test_random_sigkills_of_both_are_invisible(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
     rng = random.Random(20261129)
     proxy = start_proxy(tmp_path)
     t = proxy_trainer(tmp_path, cache_dir)
@@ -146,7 +170,9 @@ def test_random_sigkills_of_both_are_invisible(tmp_path: Path, cache_dir: Path, 
     json.loads((tmp_path / ".state.json").read_text())
 
 
-def test_sigterm_while_waiting_for_the_proxy_checkpoints_and_exits(tmp_path: Path, cache_dir: Path) -> None:
+def test_sigterm_while_waiting_for_the_proxy_checkpoints_and_exits(
+    tmp_path: Path, cache_dir: Path
+) -> None:
     proxy = start_proxy(tmp_path)
     t = proxy_trainer(tmp_path, cache_dir, "--max-steps", "100000")
     t.wait_for(r"step 12/")
@@ -167,8 +193,19 @@ def test_sigterm_while_waiting_for_the_proxy_checkpoints_and_exits(tmp_path: Pat
 def test_samples_never_change_the_trajectory(tmp_path: Path, cache_dir: Path) -> None:
     def run(d: Path, every: str) -> list[tuple[int, float, str]]:
         res = subprocess.run(
-            trainer_cmd(d, cache_dir, "--max-steps", "25", "--checkpoint-every", "0", "--sample-every", every),
-            capture_output=True, text=True, timeout=120,
+            trainer_cmd(
+                d,
+                cache_dir,
+                "--max-steps",
+                "25",
+                "--checkpoint-every",
+                "0",
+                "--sample-every",
+                every,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert res.returncode == 0, res.stderr
         return curve(d)
@@ -176,15 +213,26 @@ def test_samples_never_change_the_trajectory(tmp_path: Path, cache_dir: Path) ->
     with_samples = run(tmp_path / "a", "5")
     without = run(tmp_path / "b", "0")
     assert with_samples == without
-    assert (tmp_path / "a" / bin_name(25)).read_bytes() == (tmp_path / "b" / bin_name(25)).read_bytes()
+    assert (tmp_path / "a" / bin_name(25)).read_bytes() == (
+        tmp_path / "b" / bin_name(25)
+    ).read_bytes()
 
 
-def test_zombie_arm_never_draws_and_is_reported(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
+def test_zombie_arm_never_draws_and_is_reported(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
     """The seed's lesson: a state carrying weight for an arm whose source is gone."""
     state = json.loads((reference / ".state.json").read_text())
     arm = dict(state["bandit"]["arms"][0])
     # Pulls stay 0 so that the phase counters of the doctored state remain consistent.
-    arm.update(name="repo-docstrings", identity="f" * 64, weight=1.546, pulls=0, ema_reward=40.0, probability=0.5)
+    arm.update(
+        name="repo-docstrings",
+        identity="f" * 64,
+        weight=1.546,
+        pulls=0,
+        ema_reward=40.0,
+        probability=0.5,
+    )
     state["bandit"]["arms"].append(arm)
     state["bandit"]["arms"].sort(key=lambda a: a["name"])
 
@@ -200,18 +248,24 @@ def test_zombie_arm_never_draws_and_is_reported(tmp_path: Path, cache_dir: Path,
     assert [z["name"] for z in reply.data["zombies"]] == ["repo-docstrings"]
     saved = json.loads((tmp_path / ".state.json").read_text())
     assert [z["name"] for z in saved["zombies"]] == ["repo-docstrings"]
-    assert any(a["name"] == "repo-docstrings" and a["weight"] == 1.546 for a in saved["bandit"]["arms"])
+    assert any(
+        a["name"] == "repo-docstrings" and a["weight"] == 1.546 for a in saved["bandit"]["arms"]
+    )
 
 
 def test_infeasible_policy_is_refused(tmp_path: Path, reference: Path) -> None:
     shutil.copy(reference / "run.toml", tmp_path / "run.toml")
-    (tmp_path / "policy.toml").write_text("[arms.code]\nfloor = 0.6\n[arms.comments]\nfloor = 0.6\n")
+    (tmp_path / "policy.toml").write_text(
+        "[arms.code]\nfloor = 0.6\n[arms.comments]\nfloor = 0.6\n"
+    )
     res = subprocess.run(proxy_cmd(tmp_path), capture_output=True, text=True, timeout=60)
     assert res.returncode == ExitCode.CONFIG_ERROR
     assert "floor" in res.stderr and "1.2" in res.stderr
 
 
-def test_damaged_state_is_rebuilt_from_the_loss_log(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
+def test_damaged_state_is_rebuilt_from_the_loss_log(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
     proxy = start_proxy(tmp_path)
     t = proxy_trainer(tmp_path, cache_dir)
     t.wait_for(r"step 30/")
@@ -230,7 +284,11 @@ def test_damaged_state_is_rebuilt_from_the_loss_log(tmp_path: Path, cache_dir: P
 def test_one_command_run_and_ctrl_c_stop_both_cleanly(tmp_path: Path, cache_dir: Path) -> None:
     """The README's main job: trainer and proxy from one command; Ctrl-C (SIGINT to the trainer,
     as a terminal sends it) checkpoints, lets the proxy log every record, and stops both."""
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"))
+    t = Trainer(
+        trainer_cmd(
+            tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"
+        )
+    )
     t.wait_for(r"step 15/")
     t.signal(signal.SIGINT)
     assert t.wait() == ExitCode.OK, t.log
@@ -240,11 +298,19 @@ def test_one_command_run_and_ctrl_c_stop_both_cleanly(tmp_path: Path, cache_dir:
     steps = [e.step for e in read_entries(tmp_path / ".loss.json")]
     assert steps == list(range(1, man["step"] + 1))
     lock = (tmp_path / ".proxy.lock").read_text()
-    assert subprocess.run(["kill", "-0", lock], capture_output=True).returncode != 0, "the proxy is gone"
+    assert subprocess.run(["kill", "-0", lock], capture_output=True).returncode != 0, (
+        "the proxy is gone"
+    )
 
 
-def test_one_command_proxy_does_not_outlive_a_killed_trainer(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"))
+def test_one_command_proxy_does_not_outlive_a_killed_trainer(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    t = Trainer(
+        trainer_cmd(
+            tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"
+        )
+    )
     t.wait_for(r"step 5/")
     pid = int((tmp_path / ".proxy.lock").read_text())
     t.signal(signal.SIGKILL)

@@ -18,13 +18,22 @@ from hypothesis import strategies as st
 
 from andrea.control import mini_problem as mini
 from andrea.control.compare import IssueKind, compare
-from andrea.control.verify_resume import EXIT_INCOMPLETE, EXIT_MISMATCH, EXIT_OK, REPORT_NAME, main, run_mini
+from andrea.control.verify_resume import (
+    EXIT_INCOMPLETE,
+    EXIT_MISMATCH,
+    EXIT_OK,
+    REPORT_NAME,
+    main,
+    run_mini,
+)
 
 ATOL = 1e-12
 
 
 def _python(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-B", *args], capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-B", *args], capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +49,9 @@ def _comparison(report: dict[str, Any], section: str, name: str) -> dict[str, An
     return next(c for c in report[section] if c["name"] == name)
 
 
-def test_full_resume_matches_and_negative_diverges(verified: tuple[int, dict[str, Any], Path]) -> None:
+def test_full_resume_matches_and_negative_diverges(
+    verified: tuple[int, dict[str, Any], Path],
+) -> None:
     returncode, report, _ = verified
     assert returncode == EXIT_OK, report.get("error")
     assert report["completed"] and report["all_checks_passed"]
@@ -55,10 +66,19 @@ def test_full_resume_matches_and_negative_diverges(verified: tuple[int, dict[str
     assert negative["max_weight_diff_vs_continuous"] > 1e-6
     assert negative["eval_mse_diff_vs_continuous"] > 0.0
     # StepLR(3, 0.5) from 0.03: after 10 updates the next lr is 0.03 * 0.5**3 on both paths.
-    assert full["next_lr"] == negative["next_lr"] == report["figures"]["continuous"]["next_lr"] == 0.00375
+    assert (
+        full["next_lr"]
+        == negative["next_lr"]
+        == report["figures"]["continuous"]["next_lr"]
+        == 0.00375
+    )
 
     # The negative case keeps weights-only bookkeeping right, and still diverges where the RNGs matter.
-    for same in ("scheduler state", "learning rates (steps 6-10)", "step numbers and epochs (steps 6-10)"):
+    for same in (
+        "scheduler state",
+        "learning rates (steps 6-10)",
+        "step numbers and epochs (steps 6-10)",
+    ):
         assert _comparison(report, "no_rng_resume", same)["passed"]
     for drifted in (
         "row ids consumed (steps 6-10)",
@@ -69,11 +89,17 @@ def test_full_resume_matches_and_negative_diverges(verified: tuple[int, dict[str
         assert _comparison(report, "no_rng_resume", drifted)["diverged"]
 
 
-def test_the_stop_is_mid_epoch_and_the_resume_crosses_a_new_order(verified: tuple[int, dict[str, Any], Path]) -> None:
+def test_the_stop_is_mid_epoch_and_the_resume_crosses_a_new_order(
+    verified: tuple[int, dict[str, Any], Path],
+) -> None:
     _, _, output = verified
     stop = json.loads((output / "stop" / mini.SUMMARY_NAME).read_text())
     continuous = json.loads((output / "continuous" / mini.SUMMARY_NAME).read_text())
-    assert (stop["progress"]["step"], stop["progress"]["epoch"], stop["progress"]["cursor"]) == (5, 0, 20)
+    assert (stop["progress"]["step"], stop["progress"]["epoch"], stop["progress"]["cursor"]) == (
+        5,
+        0,
+        20,
+    )
     assert [r["epoch"] for r in continuous["history"]] == [0] * 6 + [1] * 4
     assert sum(p.numel() for p in mini.build_model(mini.MiniConfig()).parameters()) == 33
 
@@ -84,8 +110,15 @@ def test_every_sabotage_fails_the_verification(
 ) -> None:
     # The reference paths come from the verified run; the sabotaged resume runs fresh.
     expected_failures = {
-        mini.SCHEDULER_AFTER_OPTIMIZER: {"learning rates (steps 6-10)", "next lr after step 10", "scheduler state"},
-        mini.SKIP_DATA_CURSOR: {"row ids consumed (steps 6-10)", "progress (step, epoch, cursor, order)"},
+        mini.SCHEDULER_AFTER_OPTIMIZER: {
+            "learning rates (steps 6-10)",
+            "next lr after step 10",
+            "scheduler state",
+        },
+        mini.SKIP_DATA_CURSOR: {
+            "row ids consumed (steps 6-10)",
+            "progress (step, epoch, cursor, order)",
+        },
         mini.SKIP_OPTIMIZER_STATE: {"optimizer state", "final parameters"},
         mini.SKIP_NUMPY_RNG: {"next draws: NumPy PCG64", "random gains and noise (steps 6-10)"},
     }[sabotage]
@@ -102,7 +135,9 @@ def test_every_sabotage_fails_the_verification(
         assert {"next draws: Python random", "next draws: torch CPU"}.isdisjoint(failed)
 
 
-def test_a_corrupted_checkpoint_is_refused(verified: tuple[int, dict[str, Any], Path], tmp_path: Path) -> None:
+def test_a_corrupted_checkpoint_is_refused(
+    verified: tuple[int, dict[str, Any], Path], tmp_path: Path
+) -> None:
     for name in (mini.CHECKPOINT_NAME, mini.CHECKPOINT_NAME + ".sha256"):
         shutil.copy(verified[2] / "stop" / name, tmp_path / name)
     checkpoint = tmp_path / mini.CHECKPOINT_NAME
@@ -128,7 +163,9 @@ def test_a_corrupted_checkpoint_is_refused(verified: tuple[int, dict[str, Any], 
     assert not output.exists()
 
 
-def test_an_existing_output_directory_is_refused(verified: tuple[int, dict[str, Any], Path], tmp_path: Path) -> None:
+def test_an_existing_output_directory_is_refused(
+    verified: tuple[int, dict[str, Any], Path], tmp_path: Path
+) -> None:
     evidence = tmp_path / "evidence.txt"
     evidence.write_text("earlier run")
 
@@ -140,17 +177,24 @@ def test_an_existing_output_directory_is_refused(verified: tuple[int, dict[str, 
     assert evidence.read_text() == "earlier run"
 
     # Reuse takes only a passed, unsabotaged verification as its reference.
-    failed_report = json.loads((verified[2] / REPORT_NAME).read_text()) | {"all_checks_passed": False}
+    failed_report = json.loads((verified[2] / REPORT_NAME).read_text()) | {
+        "all_checks_passed": False
+    }
     (tmp_path / "failed").mkdir()
     (tmp_path / "failed" / REPORT_NAME).write_text(json.dumps(failed_report))
-    assert run_mini(tmp_path / "again", sabotage=mini.SKIP_NUMPY_RNG, reuse=tmp_path / "failed") == EXIT_INCOMPLETE
+    assert (
+        run_mini(tmp_path / "again", sabotage=mini.SKIP_NUMPY_RNG, reuse=tmp_path / "failed")
+        == EXIT_INCOMPLETE
+    )
 
 
 def _refingerprint(path: Path, payload: dict[str, Any]) -> None:
     torch.save(payload, path)
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    path.with_name(path.name + ".sha256").write_text(f"# tampered, {len(data)} bytes\n{digest}  {path.name}\n")
+    path.with_name(path.name + ".sha256").write_text(
+        f"# tampered, {len(data)} bytes\n{digest}  {path.name}\n"
+    )
 
 
 def _tamper_progress(c: dict[str, Any]) -> None:
@@ -215,7 +259,9 @@ def test_compare_never_accepts_non_finite_values() -> None:
 
 
 def test_compare_reports_missing_and_extra_keys() -> None:
-    result = compare("optimizer", {"lr": 0.1, "betas": [0.9, 0.999]}, {"lr": 0.1, "eps": 1e-8}, ATOL)
+    result = compare(
+        "optimizer", {"lr": 0.1, "betas": [0.9, 0.999]}, {"lr": 0.1, "eps": 1e-8}, ATOL
+    )
     assert not result.passed and not result.sound
     assert {(i.kind, i.path) for i in result.issues} == {
         (IssueKind.MISSING_KEY, "$.betas"),
@@ -249,8 +295,14 @@ def test_compare_at_zero_tolerance_is_bitwise() -> None:
 
 
 _json_like = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4)
+    ),
     max_leaves=20,
 )
 

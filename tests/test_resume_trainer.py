@@ -28,7 +28,9 @@ FINAL = bin_name(TRAINER_TOTAL_STEPS)
 
 
 @pytest.fixture(scope="module")
-def proof(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[int, dict[str, Any], Path]:
+def proof(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path
+) -> tuple[int, dict[str, Any], Path]:
     output = tmp_path_factory.mktemp("proof") / "trainer"
     code = run_trainer(output, cache_dir=cache_dir)
     return code, json.loads((output / REPORT_NAME).read_text()), output
@@ -38,7 +40,9 @@ def _comparison(report: dict[str, Any], section: str, prefix: str) -> dict[str, 
     return next(c for c in report[section] if c["name"].startswith(prefix))
 
 
-def test_full_resume_is_bit_exact_and_both_negatives_diverge(proof: tuple[int, dict[str, Any], Path]) -> None:
+def test_full_resume_is_bit_exact_and_both_negatives_diverge(
+    proof: tuple[int, dict[str, Any], Path],
+) -> None:
     code, report, output = proof
     failed = [c["name"] for c in report["full_resume"] + report["checks"] if not c["passed"]]
     assert code == EXIT_OK, (report["error"], failed)
@@ -54,7 +58,10 @@ def test_full_resume_is_bit_exact_and_both_negatives_diverge(proof: tuple[int, d
 
     continuous = (output / "continuous" / FINAL).read_bytes()
     full = report["figures"]["full_resume"]
-    assert full["bin_identical_to_continuous"] and (output / "full_resume" / FINAL).read_bytes() == continuous
+    assert (
+        full["bin_identical_to_continuous"]
+        and (output / "full_resume" / FINAL).read_bytes() == continuous
+    )
     assert full["max_weight_diff_vs_continuous"] == full["max_m_diff_vs_continuous"] == 0.0
     assert full["max_v_diff_vs_continuous"] == full["final_loss_diff_vs_continuous"] == 0.0
     for negative in ("no_rng_resume", "no_cursor_resume"):
@@ -78,12 +85,27 @@ def test_full_resume_is_bit_exact_and_both_negatives_diverge(proof: tuple[int, d
 
 
 def test_a_sabotaged_resume_fails_the_verification(
-    proof: tuple[int, dict[str, Any], Path], tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+    proof: tuple[int, dict[str, Any], Path],
+    tmp_path: Path,
+    cache_dir: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     output = tmp_path / "sabotaged"
     code = andreactl.main(
-        ["--json", "verify-resume", "--output", str(output), "--problem", "trainer", "--sabotage", "skip-cursor",
-         "--reuse", str(proof[2]), "--cache-dir", str(cache_dir)]
+        [
+            "--json",
+            "verify-resume",
+            "--output",
+            str(output),
+            "--problem",
+            "trainer",
+            "--sabotage",
+            "skip-cursor",
+            "--reuse",
+            str(proof[2]),
+            "--cache-dir",
+            str(cache_dir),
+        ]
     )
     assert code == EXIT_MISMATCH
     report = json.loads(capsys.readouterr().out)

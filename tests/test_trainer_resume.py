@@ -45,18 +45,24 @@ def continuous(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Pat
 
 
 def stop_at(run_dir: Path, cache: Path, step: int, sig: signal.Signals, *extra: str) -> Trainer:
-    t = Trainer(trainer_cmd(run_dir, cache, "--max-steps", str(STEPS), "--checkpoint-every", "10", *extra))
+    t = Trainer(
+        trainer_cmd(run_dir, cache, "--max-steps", str(STEPS), "--checkpoint-every", "10", *extra)
+    )
     t.wait_for(rf"step {step}/{STEPS} ")
     t.signal(sig)
     return t
 
 
-def test_sigterm_then_restart_is_bit_exact(tmp_path: Path, cache_dir: Path, continuous: Path) -> None:
+def test_sigterm_then_restart_is_bit_exact(
+    tmp_path: Path, cache_dir: Path, continuous: Path
+) -> None:
     t = stop_at(tmp_path, cache_dir, 13, signal.SIGTERM)
     assert t.wait() == ExitCode.OK, t.log
     saved = sorted(int(p.stem[5:]) for p in tmp_path.glob("step_*.json"))
     stopped = saved[-1]
-    assert stopped not in (10, 20, STEPS), f"stop landed on a cadence point {stopped}; test needs mid-interval"
+    assert stopped not in (10, 20, STEPS), (
+        f"stop landed on a cadence point {stopped}; test needs mid-interval"
+    )
     man = json.loads((tmp_path / manifest_name(stopped)).read_text())
     assert man["trigger"] == "sigterm"
 
@@ -77,7 +83,9 @@ def test_sigint_behaves_like_sigterm(tmp_path: Path, cache_dir: Path) -> None:
     assert man["trigger"] == "sigint"
 
 
-def test_sigusr1_checkpoints_and_continues(tmp_path: Path, cache_dir: Path, continuous: Path) -> None:
+def test_sigusr1_checkpoints_and_continues(
+    tmp_path: Path, cache_dir: Path, continuous: Path
+) -> None:
     t = stop_at(tmp_path, cache_dir, 14, signal.SIGUSR1)
     m = t.wait_for(r"checkpoint (step_\d+\.bin) written \(sigusr1")
     assert t.wait() == ExitCode.OK, t.log
@@ -89,8 +97,12 @@ def test_sigusr1_checkpoints_and_continues(tmp_path: Path, cache_dir: Path, cont
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
 
 
-def test_repeated_sigusr1_coalesce_and_sigterm_after_it_writes_once(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
+def test_repeated_sigusr1_coalesce_and_sigterm_after_it_writes_once(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    t = Trainer(
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
+    )
     t.wait_for(r"step 5/")
     for _ in range(3):
         t.signal(signal.SIGUSR1)
@@ -103,8 +115,12 @@ def test_repeated_sigusr1_coalesce_and_sigterm_after_it_writes_once(tmp_path: Pa
     assert man["trigger"] == "sigusr1"
 
 
-def test_sigkill_then_restart_is_bit_exact(tmp_path: Path, cache_dir: Path, continuous: Path) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10"))
+def test_sigkill_then_restart_is_bit_exact(
+    tmp_path: Path, cache_dir: Path, continuous: Path
+) -> None:
+    t = Trainer(
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
+    )
     t.wait_for(rf"step 25/{STEPS} ")
     t.signal(signal.SIGKILL)
     t.wait()
@@ -124,11 +140,22 @@ def test_sigkill_then_restart_is_bit_exact(tmp_path: Path, cache_dir: Path, cont
 
 
 @pytest.mark.parametrize("skipped", ["rng", "cursor"])
-def test_negative_control_incomplete_restore_is_caught(tmp_path: Path, cache_dir: Path, continuous: Path, skipped: str) -> None:
+def test_negative_control_incomplete_restore_is_caught(
+    tmp_path: Path, cache_dir: Path, continuous: Path, skipped: str
+) -> None:
     """The same comparison must FAIL when the resume skips a piece of state."""
     t = stop_at(tmp_path, cache_dir, 13, signal.SIGTERM)
     assert t.wait() == ExitCode.OK, t.log
-    res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10", "--unsafe-skip-restore", skipped)
+    res = run_trainer(
+        tmp_path,
+        cache_dir,
+        "--max-steps",
+        str(STEPS),
+        "--checkpoint-every",
+        "10",
+        "--unsafe-skip-restore",
+        skipped,
+    )
     assert res.returncode == 0, res.stderr
     assert losses(tmp_path) != losses(continuous)
     assert (tmp_path / bin_name(STEPS)).read_bytes() != (continuous / bin_name(STEPS)).read_bytes()
@@ -150,7 +177,18 @@ def test_sigterm_during_startup_exits_cleanly(tmp_path: Path) -> None:
 def test_sigterm_during_sampling_checkpoints_promptly(tmp_path: Path, cache_dir: Path) -> None:
     # Samples of 60,000 tokens take far longer than the 3 s allowed below.
     (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\nsample_tokens = 60000\n')
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", "1000", "--checkpoint-every", "0", "--sample-every", "7"))
+    t = Trainer(
+        trainer_cmd(
+            tmp_path,
+            cache_dir,
+            "--max-steps",
+            "1000",
+            "--checkpoint-every",
+            "0",
+            "--sample-every",
+            "7",
+        )
+    )
     t.wait_for(r"generating samples at step 7")
     time.sleep(0.3)
     t0 = time.monotonic()
@@ -160,7 +198,9 @@ def test_sigterm_during_sampling_checkpoints_promptly(tmp_path: Path, cache_dir:
     assert (tmp_path / bin_name(7)).exists(), t.log
 
 
-def test_failed_final_checkpoint_keeps_previous_and_exits_3(tmp_path: Path, cache_dir: Path) -> None:
+def test_failed_final_checkpoint_keeps_previous_and_exits_3(
+    tmp_path: Path, cache_dir: Path
+) -> None:
     """A real write failure: the process may not create files larger than 64 KiB (RLIMIT_FSIZE),
     less than one tiny-preset payload, so its final checkpoint fails like on a full disk."""
     res = run_trainer(tmp_path, cache_dir, "--max-steps", "10", "--checkpoint-every", "10")
@@ -173,7 +213,10 @@ def test_failed_final_checkpoint_keeps_previous_and_exits_3(tmp_path: Path, cach
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
 
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", "1000", "--checkpoint-every", "0"), preexec_fn=limit_file_size)
+    t = Trainer(
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", "1000", "--checkpoint-every", "0"),
+        preexec_fn=limit_file_size,
+    )
     t.wait_for(r"step 14/")
     t.signal(signal.SIGTERM)
     assert t.wait() == ExitCode.CHECKPOINT_FAILED, t.log
@@ -186,14 +229,18 @@ def test_failed_final_checkpoint_keeps_previous_and_exits_3(tmp_path: Path, cach
     assert res.returncode == 0 and "resumed from step_000010.bin" in res.stderr, res.stderr
 
 
-def test_sigkill_during_checkpoint_writes_never_loads_a_torn_checkpoint(tmp_path: Path, cache_dir: Path, continuous: Path) -> None:
+def test_sigkill_during_checkpoint_writes_never_loads_a_torn_checkpoint(
+    tmp_path: Path, cache_dir: Path, continuous: Path
+) -> None:
     """A checkpoint every step, so that SIGKILLs at random moments land inside writes: every
     restart must resume from an intact checkpoint, and the run must still end bit-exact."""
     import random
 
     rng = random.Random(7)
     for _ in range(4):
-        t = Trainer(trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "1"))
+        t = Trainer(
+            trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "1")
+        )
         t.wait_for(r"checkpoint step_\d+\.bin written")
         time.sleep(rng.uniform(0.0, 0.3))
         t.signal(signal.SIGKILL)

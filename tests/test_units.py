@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def installed(tmp_path: Path) -> Path:
-    subprocess.run([str(REPO / "scripts/install-units.sh"), str(tmp_path)], check=True, capture_output=True)
+    subprocess.run(
+        [str(REPO / "scripts/install-units.sh"), str(tmp_path)], check=True, capture_output=True
+    )
     return tmp_path
 
 
@@ -26,7 +28,9 @@ def unit(path: Path) -> configparser.ConfigParser:
     return cp
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
+)
 def test_systemd_accepts_the_units(tmp_path: Path) -> None:
     d = installed(tmp_path)
     for template, instance in [
@@ -36,8 +40,21 @@ def test_systemd_accepts_the_units(tmp_path: Path) -> None:
     ]:
         shutil.copy(d / template, d / instance)
     res = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", *(str(d / n) for n in ("andrea-trainer@demo.service", "andrea-proxy@demo.service", "andrea@demo.target"))],
-        capture_output=True, text=True,
+        [
+            "systemd-analyze",
+            "verify",
+            "--man=no",
+            *(
+                str(d / n)
+                for n in (
+                    "andrea-trainer@demo.service",
+                    "andrea-proxy@demo.service",
+                    "andrea@demo.target",
+                )
+            ),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert res.returncode == 0 and res.stderr.strip() == "", res.stderr
 
@@ -53,7 +70,9 @@ def test_units_follow_the_daemons_contracts(tmp_path: Path) -> None:
         assert "PrivateDevices" not in svc, "it hides /dev/nvidia* and breaks CUDA"
         assert svc["RuntimeDirectoryMode"] == "0700"
     # The codes after which a restart can only repeat the failure are exactly the documented ones.
-    assert {int(c) for c in trainer["RestartPreventExitStatus"].split()} == {int(c) for c in NO_RESTART}
+    assert {int(c) for c in trainer["RestartPreventExitStatus"].split()} == {
+        int(c) for c in NO_RESTART
+    }
     assert ExitCode.CHECKPOINT_FAILED not in NO_RESTART  # a full disk may be freed: restart
     # Reload must wait for the checkpoint; a bare kill -USR1 returns before it is durable.
     assert "checkpoint --wait" in trainer["ExecReload"] and "kill" not in trainer["ExecReload"]

@@ -26,7 +26,14 @@ from pathlib import Path
 
 import pydantic
 
-from andrea.daemon.losslog import LossEntry, LossLog, canonical_curve, last_entry, read_curve, read_entries
+from andrea.daemon.losslog import (
+    LossEntry,
+    LossLog,
+    canonical_curve,
+    last_entry,
+    read_curve,
+    read_entries,
+)
 
 BATCH = 100
 ARMS = ("stdlib-code", "stdlib-docstrings", "stdlib-comments")
@@ -35,9 +42,17 @@ ARMS = ("stdlib-code", "stdlib-docstrings", "stdlib-comments")
 def make_entries(first: int, count: int) -> list[LossEntry]:
     rng = random.Random(first)
     return [
-        LossEntry(step=s, loss=rng.uniform(2.0, 4.0), arm=ARMS[s % 3], lr=3e-4 * rng.random(), tokens=16384,
-                  wall_time=1_750_000_000.0 + 0.37 * s, segment=1, phase=0,
-                  batch_sha256=hashlib.sha256(s.to_bytes(8, "little")).hexdigest())
+        LossEntry(
+            step=s,
+            loss=rng.uniform(2.0, 4.0),
+            arm=ARMS[s % 3],
+            lr=3e-4 * rng.random(),
+            tokens=16384,
+            wall_time=1_750_000_000.0 + 0.37 * s,
+            segment=1,
+            phase=0,
+            batch_sha256=hashlib.sha256(s.to_bytes(8, "little")).hexdigest(),
+        )
         for s in range(first, first + count)
     ]
 
@@ -87,8 +102,11 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[dict[str, float], obje
 
 def summary(ns: list[float]) -> dict[str, float]:
     ordered = sorted(ns)
-    return {"median_us": statistics.median(ordered) / 1e3, "p90_us": ordered[int(0.9 * (len(ordered) - 1))] / 1e3,
-            "samples": len(ordered)}
+    return {
+        "median_us": statistics.median(ordered) / 1e3,
+        "p90_us": ordered[int(0.9 * (len(ordered) - 1))] / 1e3,
+        "samples": len(ordered),
+    }
 
 
 def fresh_copy(source: Path, target: Path) -> Path:
@@ -98,8 +116,9 @@ def fresh_copy(source: Path, target: Path) -> Path:
     return target
 
 
-def compare_modes(directory: Path, big: Path, big_entries: int, window: int,
-                  batches: int) -> dict[str, dict[str, dict[str, float]]]:
+def compare_modes(
+    directory: Path, big: Path, big_entries: int, window: int, batches: int
+) -> dict[str, dict[str, dict[str, float]]]:
     """Append cost from entry 1 (fresh log) and right after the last entry of `big` (a copy), per mode."""
     modes: dict[str, Callable[[LossLog, list[LossEntry]], Iterator[float]]] = {
         "append, no fsync": per_append_ns,
@@ -109,23 +128,40 @@ def compare_modes(directory: Path, big: Path, big_entries: int, window: int,
     results = {}
     for i, (mode, measure) in enumerate(modes.items()):
         count = window if i == 0 else batches * BATCH
-        with LossLog.open(directory / f"one-{i}.json") as near, \
-                LossLog.open(fresh_copy(big, directory / f"far-{i}.json")) as distant:
-            at_one, at_far = interleaved(measure(near, make_entries(1, count)),
-                                         measure(distant, make_entries(big_entries + 1, count)))
-            assert len(near) == count and len(distant) == big_entries + count  # no append was a no-op
-        results[mode] = {"at_1": summary(at_one), "at_far": summary(at_far),
-                         "ratio": statistics.median(at_far) / statistics.median(at_one)}
+        with (
+            LossLog.open(directory / f"one-{i}.json") as near,
+            LossLog.open(fresh_copy(big, directory / f"far-{i}.json")) as distant,
+        ):
+            at_one, at_far = interleaved(
+                measure(near, make_entries(1, count)),
+                measure(distant, make_entries(big_entries + 1, count)),
+            )
+            assert (
+                len(near) == count and len(distant) == big_entries + count
+            )  # no append was a no-op
+        results[mode] = {
+            "at_1": summary(at_one),
+            "at_far": summary(at_far),
+            "ratio": statistics.median(at_far) / statistics.median(at_one),
+        }
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", type=int, default=200_000, help="the far point N (default 200000)")
-    parser.add_argument("--window", type=int, default=1000, help="appends timed around each point, no fsync")
-    parser.add_argument("--batches", type=int, default=20, help=f"batches of {BATCH} (+ sync) around each point")
+    parser.add_argument(
+        "--entries", type=int, default=200_000, help="the far point N (default 200000)"
+    )
+    parser.add_argument(
+        "--window", type=int, default=1000, help="appends timed around each point, no fsync"
+    )
+    parser.add_argument(
+        "--batches", type=int, default=20, help=f"batches of {BATCH} (+ sync) around each point"
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--dir", type=Path, default=None, help="where the logs are written (default: system temp)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the logs are written (default: system temp)"
+    )
     args = parser.parse_args()
     n, window = args.entries, args.window
 
@@ -157,9 +193,14 @@ def main() -> None:
         assert count == n and len(entries) == n and len(curve) == n and len(columns) == n
 
     results = {
-        "machine": {"python": sys.version.split()[0], "pydantic": pydantic.VERSION, "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
-                    "dir": str(args.dir or tempfile.gettempdir())},
+        "machine": {
+            "python": sys.version.split()[0],
+            "pydantic": pydantic.VERSION,
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_1min": os.getloadavg()[0],
+            "dir": str(args.dir or tempfile.gettempdir()),
+        },
         "entries": n,
         "file_bytes": size,
         "append": append,
@@ -169,18 +210,24 @@ def main() -> None:
         "read_curve": read_curve_t,
         "last_entry": last_t,
     }
-    print(f"`.loss.json` benchmark, {n:,} entries, {size / 1e6:.1f} MB, Python {results['machine']['python']}, "
-          f"pydantic {pydantic.VERSION}, {os.cpu_count()} CPUs, {results['machine']['dir']}\n")
+    print(
+        f"`.loss.json` benchmark, {n:,} entries, {size / 1e6:.1f} MB, Python {results['machine']['python']}, "
+        f"pydantic {pydantic.VERSION}, {os.cpu_count()} CPUs, {results['machine']['dir']}\n"
+    )
     print(f"| append mode (per entry, median) | at entry 1 | at entry {n:,} | ratio |")
     print("|---|---:|---:|---:|")
     for mode, r in append.items():
-        print(f"| {mode} | {r['at_1']['median_us']:.1f} µs | {r['at_far']['median_us']:.1f} µs | {r['ratio']:.2f}× |")
+        print(
+            f"| {mode} | {r['at_1']['median_us']:.1f} µs | {r['at_far']['median_us']:.1f} µs | {r['ratio']:.2f}× |"
+        )
     print(f"\n| at {n:,} entries (median of runs; min) | time |\n|---|---:|")
-    for label, t, unit, scale in [("`LossLog.open` (index + checks)", open_t, "ms", 1e3),
-                                  ("`read_entries` (all as LossEntry)", read_t, "ms", 1e3),
-                                  ("`canonical_curve`", curve_t, "ms", 1e3),
-                                  ("`read_curve` (canonical curve as columns)", read_curve_t, "ms", 1e3),
-                                  ("`last_entry`", last_t, "µs", 1e6)]:
+    for label, t, unit, scale in [
+        ("`LossLog.open` (index + checks)", open_t, "ms", 1e3),
+        ("`read_entries` (all as LossEntry)", read_t, "ms", 1e3),
+        ("`canonical_curve`", curve_t, "ms", 1e3),
+        ("`read_curve` (canonical curve as columns)", read_curve_t, "ms", 1e3),
+        ("`last_entry`", last_t, "µs", 1e6),
+    ]:
         print(f"| {label} | {t['median_s'] * scale:.0f} {unit} (min {t['min_s'] * scale:.0f}) |")
     print(f"\n1-minute load average during the run: {results['machine']['load_average_1min']:.2f}")
     if args.out:

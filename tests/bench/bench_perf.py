@@ -60,25 +60,36 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def interleave(methods: dict[str, Callable[[], object]], rounds: int, before: Callable[[str], None] | None = None,
-               label: str = "") -> dict[str, list[float]]:
+def interleave(
+    methods: dict[str, Callable[[], object]],
+    rounds: int,
+    before: Callable[[str], None] | None = None,
+    label: str = "",
+) -> dict[str, list[float]]:
     """Time each method once per round, rotating the order every round."""
     names = list(methods)
     times: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for k in order:
             if before is not None:
                 before(k)
             t0 = time.perf_counter()
             methods[k]()
             times[k].append(time.perf_counter() - t0)
-        print(f"  {label} round {r + 1}/{rounds}: " + ", ".join(f"{k}={times[k][-1]:.3f}" for k in names), flush=True)
+        print(
+            f"  {label} round {r + 1}/{rounds}: "
+            + ", ".join(f"{k}={times[k][-1]:.3f}" for k in names),
+            flush=True,
+        )
     return times
 
 
 def summarize(times: dict[str, list[float]]) -> dict[str, dict]:
-    return {k: {"median_s": med(v), "min_s": min(v), "max_s": max(v), "runs": v} for k, v in times.items()}
+    return {
+        k: {"median_s": med(v), "min_s": min(v), "max_s": max(v), "runs": v}
+        for k, v in times.items()
+    }
 
 
 def drop_cache(path: Path) -> None:
@@ -114,16 +125,32 @@ def manifest_fields(preset: str) -> tuple[int, dict]:
     n = sum(p.numel() for p in model.parameters())
     o = cfg.optim
     fields = dict(
-        layout=layout, model=cfg.model,
-        optimizer=OptimizerState(betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                                 grad_clip=o.grad_clip, fused=True, adam_step=1),
-        scheduler=scheduler_state(1, o), rng=rngstate.capture(), data=[],
+        layout=layout,
+        model=cfg.model,
+        optimizer=OptimizerState(
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            grad_clip=o.grad_clip,
+            fused=True,
+            adam_step=1,
+        ),
+        scheduler=scheduler_state(1, o),
+        rng=rngstate.capture(),
+        data=[],
         mixing=MixingState(mode="fixed", arms=[]),
         progress=Progress(step=1, tokens_seen=0, segment=1, train_seconds=0.0),
-        environment=Environment(device="cpu", dtype="float32", threads=THREADS, torch_version=torch.__version__,
-                                numpy_version=np.__version__, python_version=platform.python_version(),
-                                code_version="bench"),
-        config_hash="0" * 64, config=cfg.model_dump(mode="json"),
+        environment=Environment(
+            device="cpu",
+            dtype="float32",
+            threads=THREADS,
+            torch_version=torch.__version__,
+            numpy_version=np.__version__,
+            python_version=platform.python_version(),
+            code_version="bench",
+        ),
+        config_hash="0" * 64,
+        config=cfg.model_dump(mode="json"),
     )
     if "pending_losses" in Manifest.model_fields:
         fields["pending_losses"] = []
@@ -144,7 +171,11 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
     staging = StagingBuffer(n)
     alloc_s = time.perf_counter() - t0
     g = torch.Generator().manual_seed(0)
-    w, m, v = torch.randn(n, generator=g), torch.randn(n, generator=g) * 1e-3, torch.rand(n, generator=g) * 1e-6
+    w, m, v = (
+        torch.randn(n, generator=g),
+        torch.randn(n, generator=g) * 1e-3,
+        torch.rand(n, generator=g) * 1e-6,
+    )
     t0 = time.perf_counter()
     staging.fill(1, [w], [m], [v])
     copy_s = time.perf_counter() - t0
@@ -153,8 +184,19 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
     arrays = [w.numpy(), m.numpy(), v.numpy()]
 
     def dd() -> None:
-        subprocess.run(["dd", "if=/dev/zero", f"of={d / 'dd.bin'}", "bs=8M", f"count={size}", "iflag=count_bytes",
-                        "conv=fsync"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "dd",
+                "if=/dev/zero",
+                f"of={d / 'dd.bin'}",
+                "bs=8M",
+                f"count={size}",
+                "iflag=count_bytes",
+                "conv=fsync",
+            ],
+            check=True,
+            capture_output=True,
+        )
 
     def raw() -> None:
         fd = os.open(d / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -163,7 +205,7 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
             for a in arrays:
                 mv = memoryview(a).cast("B")
                 for i in range(0, len(mv), 8 << 20):
-                    os.write(fd, mv[i:i + (8 << 20)])
+                    os.write(fd, mv[i : i + (8 << 20)])
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -174,7 +216,11 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
             f.flush()
             os.fsync(f.fileno())
 
-    methods: dict[str, Callable[[], object]] = {"dd conv=fsync": dd, "raw write": raw, "torch.save": tsave}
+    methods: dict[str, Callable[[], object]] = {
+        "dd conv=fsync": dd,
+        "raw write": raw,
+        "torch.save": tsave,
+    }
     try:
         import safetensors.torch as st
 
@@ -187,8 +233,13 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
         st = None
         print("  (safetensors not installed: skipped; pip install safetensors)")
     methods["ours (.bin + manifest)"] = lambda: mgr.save(snap, "cadence")
-    outputs = {"dd conv=fsync": ["dd.bin"], "raw write": ["raw.bin"], "torch.save": ["t.pt"],
-               "safetensors": ["s.safetensors"], "ours (.bin + manifest)": ["ours/step_000001.bin", "ours/step_000001.json"]}
+    outputs = {
+        "dd conv=fsync": ["dd.bin"],
+        "raw write": ["raw.bin"],
+        "torch.save": ["t.pt"],
+        "safetensors": ["s.safetensors"],
+        "ours (.bin + manifest)": ["ours/step_000001.bin", "ours/step_000001.json"],
+    }
 
     def clean(k: str) -> None:  # every method writes a new file, like a new checkpoint; not timed
         for name in outputs[k]:
@@ -198,7 +249,11 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
     write = summarize(interleave(methods, rounds, clean, f"write {preset}"))
     ours_w = write["ours (.bin + manifest)"]["median_s"]
     out: dict = {
-        "n_params": n, "bytes": size, "staging_alloc_s": alloc_s, "snapshot_copy_s": copy_s, "write": write,
+        "n_params": n,
+        "bytes": size,
+        "staging_alloc_s": alloc_s,
+        "snapshot_copy_s": copy_s,
+        "write": write,
         "write_ratio_vs_dd": ours_w / write["dd conv=fsync"]["median_s"],
         "write_ratio_vs_torch_save": ours_w / write["torch.save"]["median_s"],
         "write_ratio_vs_raw": ours_w / write["raw write"]["median_s"],
@@ -214,7 +269,9 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
     bin_path = d / "ours" / fmt.bin_name(1)
 
     def dd_read() -> None:
-        subprocess.run(["dd", f"if={bin_path}", "of=/dev/null", "bs=8M"], check=True, capture_output=True)
+        subprocess.run(
+            ["dd", f"if={bin_path}", "of=/dev/null", "bs=8M"], check=True, capture_output=True
+        )
 
     def py_read() -> None:
         mv = memoryview(read_buf)
@@ -222,7 +279,7 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
         try:
             pos = 0
             while pos < size:
-                pos += os.readv(fd, [mv[pos:min(pos + (8 << 20), size)]])
+                pos += os.readv(fd, [mv[pos : min(pos + (8 << 20), size)]])
         finally:
             os.close(fd)
 
@@ -234,11 +291,17 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
         torch.load(d / "t.pt", weights_only=True)
 
     reads: dict[str, Callable[[], object]] = {
-        "dd read (cold)": dd_read, "sequential read, no hash (cold)": py_read, "ours verify, sha256 (cold)": verify,
+        "dd read (cold)": dd_read,
+        "sequential read, no hash (cold)": py_read,
+        "ours verify, sha256 (cold)": verify,
         "torch.load (cold)": tload,
     }
-    files = {"dd read (cold)": bin_path, "sequential read, no hash (cold)": bin_path,
-             "ours verify, sha256 (cold)": bin_path, "torch.load (cold)": d / "t.pt"}
+    files = {
+        "dd read (cold)": bin_path,
+        "sequential read, no hash (cold)": bin_path,
+        "ours verify, sha256 (cold)": bin_path,
+        "torch.load (cold)": d / "t.pt",
+    }
     # (safetensors' load_file is left out: it maps the file and reads pages lazily, so its time is
     # not a read of the data.)
     read = summarize(interleave(reads, rounds, lambda k: drop_cache(files[k]), f"read {preset}"))
@@ -246,7 +309,8 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
     out |= {
         "read": read,
         "verify_ratio_vs_dd_read": ours_r / read["dd read (cold)"]["median_s"],
-        "verify_ratio_vs_sequential_read": ours_r / read["sequential read, no hash (cold)"]["median_s"],
+        "verify_ratio_vs_sequential_read": ours_r
+        / read["sequential read, no hash (cold)"]["median_s"],
         "sha256_alone_s": _sha256_time(read_buf[:size]),
     }
     mgr.close()
@@ -263,7 +327,7 @@ def _sha256_time(buf: np.ndarray) -> float:
         t0 = time.perf_counter()
         h = hashlib.sha256()
         for i in range(0, len(mv), 8 << 20):
-            h.update(mv[i:i + (8 << 20)])
+            h.update(mv[i : i + (8 << 20)])
         times.append(time.perf_counter() - t0)
     return med(times)
 
@@ -278,8 +342,15 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
     run_dir = work / f"stall-{preset}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    cfg = build_config({}, {"preset": preset, "threads": THREADS, "data": {"cache_dir": str(cache)},
-                            "checkpoint": {"every": 0, "keep_latest": 2}})
+    cfg = build_config(
+        {},
+        {
+            "preset": preset,
+            "threads": THREADS,
+            "data": {"cache_dir": str(cache)},
+            "checkpoint": {"every": 0, "keep_latest": 2},
+        },
+    )
     print(f"[stall] {preset}: building a real Trainer", flush=True)
     tr = Trainer(TrainerOptions(run_dir, cfg), SignalFlags())
     tr.setup()
@@ -315,8 +386,14 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
             tr.step += 1
             tr.last_saved = 0
 
-    times = summarize(interleave({"snapshot copy alone": copy_alone, "stall (snapshot + submit)": stall},
-                                 rounds, before, f"stall {preset}"))
+    times = summarize(
+        interleave(
+            {"snapshot copy alone": copy_alone, "stall (snapshot + submit)": stall},
+            rounds,
+            before,
+            f"stall {preset}",
+        )
+    )
     tr.ckpt.wait()
     t0 = time.perf_counter()
     tr.checkpoint("end")  # synchronous, for the record
@@ -326,9 +403,12 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
     tr.finish()
     shutil.rmtree(run_dir, ignore_errors=True)
     return {
-        "n_params": sum(p.numel() for p in tr.params), **times,
-        "stall_ratio_vs_copy": times["stall (snapshot + submit)"]["median_s"] / times["snapshot copy alone"]["median_s"],
-        "background_write_s": med(writes) if writes else None, "synchronous_checkpoint_s": sync_s,
+        "n_params": sum(p.numel() for p in tr.params),
+        **times,
+        "stall_ratio_vs_copy": times["stall (snapshot + submit)"]["median_s"]
+        / times["snapshot copy alone"]["median_s"],
+        "background_write_s": med(writes) if writes else None,
+        "synchronous_checkpoint_s": sync_s,
     }
 
 
@@ -336,19 +416,58 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
 
 
 def _worker(model: str, steps: int, warmup: int, preset: str) -> list[float]:
-    res = subprocess.run([sys.executable, str(HERE / "perf_worker.py"), "throughput", "--model", model, "--preset", preset,
-                          "--threads", str(THREADS), "--steps", str(steps), "--warmup", str(warmup)],
-                         check=True, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "perf_worker.py"),
+            "throughput",
+            "--model",
+            model,
+            "--preset",
+            preset,
+            "--threads",
+            str(THREADS),
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(res.stdout.strip().splitlines()[-1])["step_s"]
 
 
-def _trainer_steps(preset: str, steps: int, warmup: int, cache: Path, every: int, stalls: list[float] | None = None) -> list[float]:
+def _trainer_steps(
+    preset: str, steps: int, warmup: int, cache: Path, every: int, stalls: list[float] | None = None
+) -> list[float]:
     """Per-step wall times of a real andrea-trainer (its own progress lines, one per step: each covers
     the whole loop iteration, checkpoint stall included)."""
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
-        cmd = [sys.executable, "-m", "andrea.daemon.trainer_cli", "--run-dir", d, "--preset", preset, "--threads", str(THREADS),
-               "--max-steps", str(warmup + steps), "--checkpoint-every", str(every), "--sample-every", "0",
-               "--log-every", "1", "--cache-dir", str(cache), "--log-level", "DEBUG"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "andrea.daemon.trainer_cli",
+            "--run-dir",
+            d,
+            "--preset",
+            preset,
+            "--threads",
+            str(THREADS),
+            "--max-steps",
+            str(warmup + steps),
+            "--checkpoint-every",
+            str(every),
+            "--sample-every",
+            "0",
+            "--log-every",
+            "1",
+            "--cache-dir",
+            str(cache),
+            "--log-level",
+            "DEBUG",
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     out = []
     for m in re.finditer(r"step (\d+)/\d+ .*\| ([\d.]+) ms/step", res.stderr):
@@ -360,7 +479,11 @@ def _trainer_steps(preset: str, steps: int, warmup: int, cache: Path, every: int
 
 
 def bench_throughput(preset: str, rounds: int, steps: int, warmup: int, cache: Path) -> dict:
-    per: dict[str, list[float]] = {"reference GPT": [], "ours (bare loop)": [], "andrea-trainer": []}
+    per: dict[str, list[float]] = {
+        "reference GPT": [],
+        "ours (bare loop)": [],
+        "andrea-trainer": [],
+    }
     runs = {
         "reference GPT": lambda: _worker("ref", steps, warmup, preset),
         "ours (bare loop)": lambda: _worker("ours", steps, warmup, preset),
@@ -368,20 +491,35 @@ def bench_throughput(preset: str, rounds: int, steps: int, warmup: int, cache: P
     }
     names = list(runs)
     for r in range(rounds):
-        for k in names[r % 3:] + names[: r % 3]:
+        for k in names[r % 3 :] + names[: r % 3]:
             per[k].append(med(runs[k]()))
-        print(f"  throughput round {r + 1}/{rounds}: " + ", ".join(f"{k}={per[k][-1]:.3f} s/step" for k in names), flush=True)
-    tokens = build_config({}, {"preset": preset}).batch_size * build_config({}, {"preset": preset}).model.block_size
-    res = {k: {"median_step_s": med(v), "tokens_per_s": tokens / med(v), "rounds": v} for k, v in per.items()}
+        print(
+            f"  throughput round {r + 1}/{rounds}: "
+            + ", ".join(f"{k}={per[k][-1]:.3f} s/step" for k in names),
+            flush=True,
+        )
+    tokens = (
+        build_config({}, {"preset": preset}).batch_size
+        * build_config({}, {"preset": preset}).model.block_size
+    )
+    res = {
+        k: {"median_step_s": med(v), "tokens_per_s": tokens / med(v), "rounds": v}
+        for k, v in per.items()
+    }
     # Paired ratios (same round) are less noisy than ratios of medians on a shared machine.
     speed = [a / b for a, b in zip(per["reference GPT"], per["ours (bare loop)"])]
     machinery = [a / b for a, b in zip(per["andrea-trainer"], per["ours (bare loop)"])]
-    return {"preset": preset, "threads": THREADS, "tokens_per_step": tokens, **res,
-            "speedup_vs_reference": med(per["reference GPT"]) / med(per["ours (bare loop)"]),
-            "speedup_vs_reference_paired": med(speed),
-            "machinery_overhead": med(per["andrea-trainer"]) / med(per["ours (bare loop)"]) - 1,
-            "machinery_overhead_paired": med(machinery) - 1,
-            "bookkeeping_per_step_s": _bookkeeping_cost(cache)}
+    return {
+        "preset": preset,
+        "threads": THREADS,
+        "tokens_per_step": tokens,
+        **res,
+        "speedup_vs_reference": med(per["reference GPT"]) / med(per["ours (bare loop)"]),
+        "speedup_vs_reference_paired": med(speed),
+        "machinery_overhead": med(per["andrea-trainer"]) / med(per["ours (bare loop)"]) - 1,
+        "machinery_overhead_paired": med(machinery) - 1,
+        "bookkeeping_per_step_s": _bookkeeping_cost(cache),
+    }
 
 
 def _bookkeeping_cost(cache: Path) -> float:
@@ -394,8 +532,15 @@ def _bookkeeping_cost(cache: Path) -> float:
     from andrea.daemon.trainer import Trainer, TrainerOptions
 
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
-        cfg = build_config({}, {"preset": "andrea-12m", "threads": THREADS, "data": {"cache_dir": str(cache)},
-                                "checkpoint": {"every": 100}})
+        cfg = build_config(
+            {},
+            {
+                "preset": "andrea-12m",
+                "threads": THREADS,
+                "data": {"cache_dir": str(cache)},
+                "checkpoint": {"every": 100},
+            },
+        )
         tr = Trainer(TrainerOptions(Path(d), cfg), SignalFlags())
         tr.setup()
         n = 200
@@ -405,8 +550,17 @@ def _bookkeeping_cost(cache: Path) -> float:
             batch = tr.streams[arm].next_batch(cfg.batch_size)
             digest = hashlib.sha256(batch.tobytes()).hexdigest()
             torch.from_numpy(batch)
-            entry = LossEntry(step=s, loss=1.0, arm=tr.arms[arm].name, lr=1e-3, tokens=2048, wall_time=time.time(),
-                              segment=tr.segment, phase=0, batch_sha256=digest)
+            entry = LossEntry(
+                step=s,
+                loss=1.0,
+                arm=tr.arms[arm].name,
+                lr=1e-3,
+                tokens=2048,
+                wall_time=time.time(),
+                segment=tr.segment,
+                phase=0,
+                batch_sha256=digest,
+            )
             if tr.losslog is not None:
                 tr.losslog.append(entry)
             tr.notifier.tick()
@@ -417,7 +571,9 @@ def _bookkeeping_cost(cache: Path) -> float:
     return per_step
 
 
-def bench_cadence(preset: str, rounds: int, steps: int, warmup: int, every: int, cache: Path) -> dict:
+def bench_cadence(
+    preset: str, rounds: int, steps: int, warmup: int, every: int, cache: Path
+) -> dict:
     """Mean step time with cadence checkpoints against none. The timed window is at least one whole
     cadence period and starts half a period in, so that a checkpoint and everything it costs
     afterwards (the background write, retention) fall inside it.
@@ -432,23 +588,45 @@ def bench_cadence(preset: str, rounds: int, steps: int, warmup: int, every: int,
     typical: list[float] = []
     stalls: list[float] = []
     for r in range(rounds):
-        for k in (list(per) if r % 2 == 0 else list(per)[::-1]):
-            ts = _trainer_steps(preset, steps, warmup, cache, every=0 if k == "checkpoints off" else every, stalls=stalls)
+        for k in list(per) if r % 2 == 0 else list(per)[::-1]:
+            ts = _trainer_steps(
+                preset,
+                steps,
+                warmup,
+                cache,
+                every=0 if k == "checkpoints off" else every,
+                stalls=stalls,
+            )
             per[k].append(statistics.fmean(ts))  # mean: the checkpoint steps must count
             typical.append(med(ts))
-            excess[k].append(sum(t - typical[-1] for t in ts) * every / len(ts))  # per cadence period
-        print(f"  cadence round {r + 1}/{rounds}: " + ", ".join(
-            f"{k}={v[-1]:.3f} s/step (excess {excess[k][-1]:.2f} s)" for k, v in per.items()), flush=True)
+            excess[k].append(
+                sum(t - typical[-1] for t in ts) * every / len(ts)
+            )  # per cadence period
+        print(
+            f"  cadence round {r + 1}/{rounds}: "
+            + ", ".join(
+                f"{k}={v[-1]:.3f} s/step (excess {excess[k][-1]:.2f} s)" for k, v in per.items()
+            ),
+            flush=True,
+        )
     off, on = med(per["checkpoints off"]), med(per[f"checkpoint every {every}"])
     paired = [a / b for a, b in zip(per["checkpoints off"], per[f"checkpoint every {every}"])]
     cost = med(excess[f"checkpoint every {every}"]) - med(excess["checkpoints off"])
     period = every * med(typical)
-    return {"preset": preset, "every": every, "steps": steps,
-            **{k: {"mean_step_s": v, "excess_per_period_s": excess[k]} for k, v in per.items()},
-            "throughput_ratio": off / on, "throughput_ratio_paired": med(paired),
-            "checkpoint_cost_per_period_s": cost, "period_s": period,
-            "throughput_ratio_within_runs": period / (period + cost),
-            "stall_s": {"median": med(stalls), "max": max(stalls), "samples": len(stalls)} if stalls else None}
+    return {
+        "preset": preset,
+        "every": every,
+        "steps": steps,
+        **{k: {"mean_step_s": v, "excess_per_period_s": excess[k]} for k, v in per.items()},
+        "throughput_ratio": off / on,
+        "throughput_ratio_paired": med(paired),
+        "checkpoint_cost_per_period_s": cost,
+        "period_s": period,
+        "throughput_ratio_within_runs": period / (period + cost),
+        "stall_s": {"median": med(stalls), "max": max(stalls), "samples": len(stalls)}
+        if stalls
+        else None,
+    }
 
 
 # ---- 4. SIGTERM to exit ---------------------------------------------------------------------------
@@ -463,10 +641,15 @@ def bench_sigterm(presets: list[str], rounds: int, cache: Path) -> dict:
         rs = []
         for i in range(rounds):
             rs.append(bench_stop.one_round(preset, str(cache), rng))
-            print(f"  sigterm {preset} round {i + 1}/{rounds}: exit {rs[-1]['sigterm_to_exit_s']:.2f} s, "
-                  f"budget {rs[-1]['budget_s']:.2f} s", flush=True)
-        out[preset] = {k: med([r[k] for r in rs]) for k in rs[0]} | {"max_exit_over_budget": max(r["exit_over_budget"] for r in rs),
-                                                                   "rounds": rs}
+            print(
+                f"  sigterm {preset} round {i + 1}/{rounds}: exit {rs[-1]['sigterm_to_exit_s']:.2f} s, "
+                f"budget {rs[-1]['budget_s']:.2f} s",
+                flush=True,
+            )
+        out[preset] = {k: med([r[k] for r in rs]) for k in rs[0]} | {
+            "max_exit_over_budget": max(r["exit_over_budget"] for r in rs),
+            "rounds": rs,
+        }
     return out
 
 
@@ -475,14 +658,28 @@ def bench_sigterm(presets: list[str], rounds: int, cache: Path) -> dict:
 
 def bench_losslog(entries: int, work: Path) -> dict:
     out_json = work / "losslog.json"
-    subprocess.run([sys.executable, str(HERE / "bench_losslog.py"), "--entries", str(entries), "--out", str(out_json),
-                    "--dir", str(work)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "bench_losslog.py"),
+            "--entries",
+            str(entries),
+            "--out",
+            str(out_json),
+            "--dir",
+            str(work),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     res = json.loads(out_json.read_text())
     # Load and plot as `andreactl plot` does them (read_curve, then loss_svg of its columns), against the
     # load it did before read_curve (every entry a LossEntry, then canonical_curve): each in a fresh
     # process, like the command, alternated.
-    from andrea.daemon.losslog import LossLog
     from bench_losslog import make_entries
+
+    from andrea.daemon.losslog import LossLog
 
     path = work / "plot.json"
     path.unlink(missing_ok=True)
@@ -491,16 +688,30 @@ def bench_losslog(entries: int, work: Path) -> dict:
             log.append_many(make_entries(first, min(10_000, entries + 1 - first)))
     runs: dict[str, list[dict]] = {"curve": [], "entries": []}
     for r in range(7):
-        for how in (("curve", "entries") if r % 2 == 0 else ("entries", "curve")):
-            out = subprocess.run([sys.executable, str(HERE / "perf_worker.py"), "load", "--path", str(path), "--how", how],
-                                 check=True, capture_output=True, text=True).stdout
+        for how in ("curve", "entries") if r % 2 == 0 else ("entries", "curve"):
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    str(HERE / "perf_worker.py"),
+                    "load",
+                    "--path",
+                    str(path),
+                    "--how",
+                    how,
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             runs[how].append(json.loads(out.strip().splitlines()[-1]))
     assert all(x["steps"] == entries for v in runs.values() for x in v)
     path.unlink()
     res["read_curve_s"] = med([x["load_s"] for x in runs["curve"]])
     res["read_curve_and_plot_s"] = med([x["load_and_plot_s"] for x in runs["curve"]])
     res["read_entries_canonical_s"] = med([x["load_s"] for x in runs["entries"]])
-    res["read_curve_vs_read_entries"] = med([a["load_s"] / b["load_s"] for a, b in zip(runs["curve"], runs["entries"])])
+    res["read_curve_vs_read_entries"] = med(
+        [a["load_s"] / b["load_s"] for a, b in zip(runs["curve"], runs["entries"])]
+    )
     return res
 
 
@@ -508,76 +719,142 @@ def bench_losslog(entries: int, work: Path) -> dict:
 
 
 def markdown(r: dict) -> str:
-    L = [f"# Performance report ({r['created_utc']})", "",
-         f"{r['machine']['cpus']} CPUs, torch {r['machine']['torch']}, {THREADS} threads, rounds {r['rounds']}; "
-         f"medians of interleaved runs. Generated by `tests/bench/bench_perf.py`.", ""]
+    L = [
+        f"# Performance report ({r['created_utc']})",
+        "",
+        f"{r['machine']['cpus']} CPUs, torch {r['machine']['torch']}, {THREADS} threads, rounds {r['rounds']}; "
+        f"medians of interleaved runs. Generated by `tests/bench/bench_perf.py`.",
+        "",
+    ]
     if "io" in r:
-        L += ["## 1. Checkpoint write and read-back", "",
-              "| size | method | median s | min s |", "|---|---|---:|---:|"]
+        L += [
+            "## 1. Checkpoint write and read-back",
+            "",
+            "| size | method | median s | min s |",
+            "|---|---|---:|---:|",
+        ]
         for preset, x in r["io"].items():
             for k, v in x["write"].items():
-                L.append(f"| {preset} ({x['bytes'] / 1e6:.0f} MB) | write: {k} | {v['median_s']:.3f} | {v['min_s']:.3f} |")
+                L.append(
+                    f"| {preset} ({x['bytes'] / 1e6:.0f} MB) | write: {k} | {v['median_s']:.3f} | {v['min_s']:.3f} |"
+                )
             for k, v in x["read"].items():
                 L.append(f"| {preset} | read: {k} | {v['median_s']:.3f} | {v['min_s']:.3f} |")
-        L += ["", "| size | ours ÷ dd (≤ 1.1) | ours ÷ torch.save (≤ 0.8 at 120M) | ours ÷ safetensors | ours ÷ raw | verify ÷ dd read (≤ 1.2) | verify ÷ sequential read | sha256 alone s |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        L += [
+            "",
+            "| size | ours ÷ dd (≤ 1.1) | ours ÷ torch.save (≤ 0.8 at 120M) | ours ÷ safetensors | ours ÷ raw | verify ÷ dd read (≤ 1.2) | verify ÷ sequential read | sha256 alone s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for preset, x in r["io"].items():
-            L.append(f"| {preset} | {x['write_ratio_vs_dd']:.2f} | {x['write_ratio_vs_torch_save']:.2f} | "
-                     f"{x.get('write_ratio_vs_safetensors', float('nan')):.2f} | {x['write_ratio_vs_raw']:.2f} | "
-                     f"{x['verify_ratio_vs_dd_read']:.2f} | {x['verify_ratio_vs_sequential_read']:.2f} | {x['sha256_alone_s']:.3f} |")
+            L.append(
+                f"| {preset} | {x['write_ratio_vs_dd']:.2f} | {x['write_ratio_vs_torch_save']:.2f} | "
+                f"{x.get('write_ratio_vs_safetensors', float('nan')):.2f} | {x['write_ratio_vs_raw']:.2f} | "
+                f"{x['verify_ratio_vs_dd_read']:.2f} | {x['verify_ratio_vs_sequential_read']:.2f} | {x['sha256_alone_s']:.3f} |"
+            )
         L.append("")
     if "stall" in r:
-        L += ["## 2. Training stall of a cadence checkpoint (real Trainer)", "",
-              "| preset | snapshot copy alone s | stall seen by the loop s | ratio (≤ 1.5) | background write s | synchronous checkpoint s |",
-              "|---|---:|---:|---:|---:|---:|"]
+        L += [
+            "## 2. Training stall of a cadence checkpoint (real Trainer)",
+            "",
+            "| preset | snapshot copy alone s | stall seen by the loop s | ratio (≤ 1.5) | background write s | synchronous checkpoint s |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for preset, x in r["stall"].items():
-            L.append(f"| {preset} | {x['snapshot copy alone']['median_s']:.4f} | {x['stall (snapshot + submit)']['median_s']:.4f} | "
-                     f"{x['stall_ratio_vs_copy']:.2f} | {x['background_write_s'] or float('nan'):.3f} | {x['synchronous_checkpoint_s']:.3f} |")
+            L.append(
+                f"| {preset} | {x['snapshot copy alone']['median_s']:.4f} | {x['stall (snapshot + submit)']['median_s']:.4f} | "
+                f"{x['stall_ratio_vs_copy']:.2f} | {x['background_write_s'] or float('nan'):.3f} | {x['synchronous_checkpoint_s']:.3f} |"
+            )
         L.append("")
     if "cadence" in r:
         x = r["cadence"]
-        L += [f"Throughput with a checkpoint every {x['every']} steps ÷ checkpoints off ({x['preset']}, mean over {x['steps']} steps): "
-              f"**{x['throughput_ratio']:.3f}** (paired {x['throughput_ratio_paired']:.3f}; within runs "
-              f"{x['throughput_ratio_within_runs']:.3f}: {x['checkpoint_cost_per_period_s']:.2f} s per {x['period_s']:.0f} s period; "
-              "target ≥ 0.98 at every 100)"
-              + (f"; stall in the real loop: median {x['stall_s']['median']:.4f} s, max {x['stall_s']['max']:.4f} s." if x["stall_s"] else "."), ""]
+        L += [
+            f"Throughput with a checkpoint every {x['every']} steps ÷ checkpoints off ({x['preset']}, mean over {x['steps']} steps): "
+            f"**{x['throughput_ratio']:.3f}** (paired {x['throughput_ratio_paired']:.3f}; within runs "
+            f"{x['throughput_ratio_within_runs']:.3f}: {x['checkpoint_cost_per_period_s']:.2f} s per {x['period_s']:.0f} s period; "
+            "target ≥ 0.98 at every 100)"
+            + (
+                f"; stall in the real loop: median {x['stall_s']['median']:.4f} s, max {x['stall_s']['max']:.4f} s."
+                if x["stall_s"]
+                else "."
+            ),
+            "",
+        ]
     if "throughput" in r:
         x = r["throughput"]
-        L += [f"## 3. Training throughput ({x['preset']}, {x['tokens_per_step']} tokens/step, {x['threads']} threads, fp32)", "",
-              "| implementation | s/step | tokens/s |", "|---|---:|---:|"]
+        L += [
+            f"## 3. Training throughput ({x['preset']}, {x['tokens_per_step']} tokens/step, {x['threads']} threads, fp32)",
+            "",
+            "| implementation | s/step | tokens/s |",
+            "|---|---:|---:|",
+        ]
         for k in ("reference GPT", "ours (bare loop)", "andrea-trainer"):
             L.append(f"| {k} | {x[k]['median_step_s']:.3f} | {x[k]['tokens_per_s']:.0f} |")
-        L += ["", f"Ours ÷ reference speed: **{x['speedup_vs_reference']:.3f}×** (paired {x['speedup_vs_reference_paired']:.3f}×; target ≥ 1.15). "
-              f"Trainer machinery over the bare loop: {100 * x['machinery_overhead']:+.1f}% (paired {100 * x['machinery_overhead_paired']:+.1f}%; "
-              f"bookkeeping timed directly: {1000 * x['bookkeeping_per_step_s']:.2f} ms/step = "
-              f"{100 * x['bookkeeping_per_step_s'] / x['ours (bare loop)']['median_step_s']:.2f}% of a step; target ≤ 1%).", ""]
+        L += [
+            "",
+            f"Ours ÷ reference speed: **{x['speedup_vs_reference']:.3f}×** (paired {x['speedup_vs_reference_paired']:.3f}×; target ≥ 1.15). "
+            f"Trainer machinery over the bare loop: {100 * x['machinery_overhead']:+.1f}% (paired {100 * x['machinery_overhead_paired']:+.1f}%; "
+            f"bookkeeping timed directly: {1000 * x['bookkeeping_per_step_s']:.2f} ms/step = "
+            f"{100 * x['bookkeeping_per_step_s'] / x['ours (bare loop)']['median_step_s']:.2f}% of a step; target ≤ 1%).",
+            "",
+        ]
     if "sigterm" in r:
-        L += ["## 4. SIGTERM to exit", "", "| preset | step s | sync write s | exit s | budget s | exit ÷ budget (≤ 1) | worst |", "|---|---:|---:|---:|---:|---:|---:|"]
+        L += [
+            "## 4. SIGTERM to exit",
+            "",
+            "| preset | step s | sync write s | exit s | budget s | exit ÷ budget (≤ 1) | worst |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for p, x in r["sigterm"].items():
-            L.append(f"| {p} | {x['step_s']:.3f} | {x['checkpoint_write_s']:.3f} | {x['sigterm_to_exit_s']:.2f} | {x['budget_s']:.2f} | "
-                     f"{x['exit_over_budget']:.2f} | {x['max_exit_over_budget']:.2f} |")
+            L.append(
+                f"| {p} | {x['step_s']:.3f} | {x['checkpoint_write_s']:.3f} | {x['sigterm_to_exit_s']:.2f} | {x['budget_s']:.2f} | "
+                f"{x['exit_over_budget']:.2f} | {x['max_exit_over_budget']:.2f} |"
+            )
         L.append("")
     if "losslog" in r:
         x = r["losslog"]
-        L += [f"## 5. `.loss.json` at {x['entries']:,} entries ({x['file_bytes'] / 1e6:.1f} MB)", "",
-              "| append mode | at 1 µs | at N µs | ratio (≤ 1.2) |", "|---|---:|---:|---:|"]
+        L += [
+            f"## 5. `.loss.json` at {x['entries']:,} entries ({x['file_bytes'] / 1e6:.1f} MB)",
+            "",
+            "| append mode | at 1 µs | at N µs | ratio (≤ 1.2) |",
+            "|---|---:|---:|---:|",
+        ]
         for mode, a in x["append"].items():
-            L.append(f"| {mode} | {a['at_1']['median_us']:.1f} | {a['at_far']['median_us']:.1f} | {a['ratio']:.2f} |")
-        L += ["", f"Load (`read_curve`): {x['read_curve_s']:.3f} s, against {x['read_entries_canonical_s']:.3f} s for "
-              f"`read_entries` + `canonical_curve` (paired ratio {x['read_curve_vs_read_entries']:.2f}), each in a fresh process; load + SVG plot "
-              f"(`andreactl plot`): {x['read_curve_and_plot_s']:.3f} s; `LossLog.open`: {x['open']['median_s']:.3f} s.", ""]
+            L.append(
+                f"| {mode} | {a['at_1']['median_us']:.1f} | {a['at_far']['median_us']:.1f} | {a['ratio']:.2f} |"
+            )
+        L += [
+            "",
+            f"Load (`read_curve`): {x['read_curve_s']:.3f} s, against {x['read_entries_canonical_s']:.3f} s for "
+            f"`read_entries` + `canonical_curve` (paired ratio {x['read_curve_vs_read_entries']:.2f}), each in a fresh process; load + SVG plot "
+            f"(`andreactl plot`): {x['read_curve_and_plot_s']:.3f} s; `LossLog.open`: {x['open']['median_s']:.3f} s.",
+            "",
+        ]
     return "\n".join(L) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="3 rounds, andrea-12m sizes only, fewer steps (a smoke run)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="3 rounds, andrea-12m sizes only, fewer steps (a smoke run)",
+    )
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--only", default="write,stall,throughput,cadence,sigterm,losslog")
     ap.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "andrea-bench")
-    ap.add_argument("--work-dir", type=Path, default=None, help="where files are written (default: inside --out-dir)")
+    ap.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="where files are written (default: inside --out-dir)",
+    )
     ap.add_argument("--cache-dir", type=Path, default=Path(os.path.expanduser("~/.cache/andrea")))
-    ap.add_argument("--cadence-every", type=int, default=10, help="cadence of the throughput-with-checkpoints run (stricter than 100)")
+    ap.add_argument(
+        "--cadence-every",
+        type=int,
+        default=10,
+        help="cadence of the throughput-with-checkpoints run (stricter than 100)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     only = set(args.only.split(","))
@@ -586,9 +863,16 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     work = args.work_dir or (args.out_dir / "work")
     work.mkdir(parents=True, exist_ok=True)
-    report: dict = {"created_utc": datetime.now(UTC).isoformat(timespec="seconds"), "rounds": rounds,
-                    "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "platform": platform.platform(),
-                                "load_average_1min_start": os.getloadavg()[0]}}
+    report: dict = {
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "rounds": rounds,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+            "load_average_1min_start": os.getloadavg()[0],
+        },
+    }
 
     def save() -> None:
         report["machine"]["load_average_1min_end"] = os.getloadavg()[0]
@@ -602,14 +886,24 @@ def main() -> None:
         report["stall"] = {p: bench_stall(p, rounds, work, args.cache_dir) for p in sizes}
         save()
     if "throughput" in only:
-        report["throughput"] = bench_throughput("andrea-12m", rounds, 3 if args.quick else 5, 2, args.cache_dir)
+        report["throughput"] = bench_throughput(
+            "andrea-12m", rounds, 3 if args.quick else 5, 2, args.cache_dir
+        )
         save()
     if "cadence" in only:
-        report["cadence"] = bench_cadence("andrea-12m", 2 if args.quick else 3, 20 if args.quick else 30, 2,
-                                          args.cadence_every, args.cache_dir)
+        report["cadence"] = bench_cadence(
+            "andrea-12m",
+            2 if args.quick else 3,
+            20 if args.quick else 30,
+            2,
+            args.cadence_every,
+            args.cache_dir,
+        )
         save()
     if "sigterm" in only:
-        report["sigterm"] = bench_sigterm(["andrea-tiny", "andrea-12m"], 2 if args.quick else 3, args.cache_dir)
+        report["sigterm"] = bench_sigterm(
+            ["andrea-tiny", "andrea-12m"], 2 if args.quick else 3, args.cache_dir
+        )
         save()
     if "losslog" in only:
         report["losslog"] = bench_losslog(200_000, work)

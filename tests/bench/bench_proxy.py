@@ -26,10 +26,29 @@ def step_ms(preset: str, steps: int, mode: str, cache: str) -> float:
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
         extra = ["--with-proxy"] if mode == "proxy" else ["--mixing", "fixed"]
         res = subprocess.run(
-            [sys.executable, "-m", "andrea.daemon.trainer_cli", "--run-dir", d, "--preset", preset,
-             "--max-steps", str(steps), "--checkpoint-every", "0", "--sample-every", "0", "--log-every", "10",
-             "--cache-dir", cache, *extra],
-            capture_output=True, text=True, check=True,
+            [
+                sys.executable,
+                "-m",
+                "andrea.daemon.trainer_cli",
+                "--run-dir",
+                d,
+                "--preset",
+                preset,
+                "--max-steps",
+                str(steps),
+                "--checkpoint-every",
+                "0",
+                "--sample-every",
+                "0",
+                "--log-every",
+                "10",
+                "--cache-dir",
+                cache,
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         ms = [float(x) for x in re.findall(r"\| ([\d.]+) ms/step", res.stderr)]
         return statistics.median(ms[1:])  # the first window pays for warm-up
@@ -47,12 +66,24 @@ def main() -> None:
     for i in range(args.rounds):
         order = ("fixed", "proxy") if i % 2 == 0 else ("proxy", "fixed")
         for mode in order:
-            (fixed if mode == "fixed" else proxy).append(step_ms(args.preset, args.steps, mode, args.cache_dir))
-        print(f"round {i + 1}: fixed {fixed[-1]:.2f} ms/step, proxy {proxy[-1]:.2f} ms/step", flush=True)
+            (fixed if mode == "fixed" else proxy).append(
+                step_ms(args.preset, args.steps, mode, args.cache_dir)
+            )
+        print(
+            f"round {i + 1}: fixed {fixed[-1]:.2f} ms/step, proxy {proxy[-1]:.2f} ms/step",
+            flush=True,
+        )
     f, p = statistics.median(fixed), statistics.median(proxy)
-    print(f"\n| preset | fixed ms/step | proxy ms/step | proxy ÷ fixed |\n|---|---|---|---|\n| {args.preset} | {f:.2f} | {p:.2f} | {p / f:.3f} |")
+    print(
+        f"\n| preset | fixed ms/step | proxy ms/step | proxy ÷ fixed |\n|---|---|---|---|\n| {args.preset} | {f:.2f} | {p:.2f} | {p / f:.3f} |"
+    )
     if args.out:
-        args.out.write_text(json.dumps({"preset": args.preset, "fixed_ms": fixed, "proxy_ms": proxy, "ratio": p / f}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {"preset": args.preset, "fixed_ms": fixed, "proxy_ms": proxy, "ratio": p / f},
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

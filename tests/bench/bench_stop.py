@@ -30,9 +30,23 @@ STEPS_BEFORE_STOP = {"andrea-tiny": 30, "andrea-12m": 4, "andrea-120m": 2}
 def one_round(preset: str, cache: str, rng: random.Random) -> dict:
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
         cmd = [
-            sys.executable, "-m", "andrea.daemon.trainer_cli", "--run-dir", d, "--preset", preset,
-            "--max-steps", "1000000", "--checkpoint-every", "0", "--sample-every", "0", "--log-every", "1",
-            "--cache-dir", cache,
+            sys.executable,
+            "-m",
+            "andrea.daemon.trainer_cli",
+            "--run-dir",
+            d,
+            "--preset",
+            preset,
+            "--max-steps",
+            "1000000",
+            "--checkpoint-every",
+            "0",
+            "--sample-every",
+            "0",
+            "--log-every",
+            "1",
+            "--cache-dir",
+            cache,
         ]
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         step_ms: list[float] = []
@@ -57,9 +71,13 @@ def one_round(preset: str, cache: str, rng: random.Random) -> dict:
         write_s = float(m.group(2))
         budget = statistics.median(step_ms) / 1000 + write_s + 0.5
         return {
-            "tokens_per_s": statistics.median(tok_s), "step_s": statistics.median(step_ms) / 1000,
-            "checkpoint_mb": float(m.group(1)), "checkpoint_write_s": write_s,
-            "sigterm_to_exit_s": exit_s, "budget_s": budget, "exit_over_budget": exit_s / budget,
+            "tokens_per_s": statistics.median(tok_s),
+            "step_s": statistics.median(step_ms) / 1000,
+            "checkpoint_mb": float(m.group(1)),
+            "checkpoint_write_s": write_s,
+            "sigterm_to_exit_s": exit_s,
+            "budget_s": budget,
+            "exit_over_budget": exit_s / budget,
         }
 
 
@@ -76,14 +94,21 @@ def main() -> None:
         rounds = []
         for i in range(args.rounds):
             r = one_round(preset, args.cache_dir, rng)
-            print(f"{preset} round {i + 1}: " + ", ".join(f"{k}={v:.3f}" for k, v in r.items()), flush=True)
+            print(
+                f"{preset} round {i + 1}: " + ", ".join(f"{k}={v:.3f}" for k, v in r.items()),
+                flush=True,
+            )
             rounds.append(r)
-        report["presets"][preset] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]} | {"rounds": rounds}
+        report["presets"][preset] = {
+            k: statistics.median(r[k] for r in rounds) for k in rounds[0]
+        } | {"rounds": rounds}
     print("\n| preset | tokens/s | s/step | checkpoint MB | write s | SIGTERM→exit s | ÷ budget |")
     print("|---|---|---|---|---|---|---|")
     for p, r in report["presets"].items():
-        print(f"| {p} | {r['tokens_per_s']:.0f} | {r['step_s']:.3f} | {r['checkpoint_mb']:.1f} | "
-              f"{r['checkpoint_write_s']:.3f} | {r['sigterm_to_exit_s']:.2f} | {r['exit_over_budget']:.2f} |")
+        print(
+            f"| {p} | {r['tokens_per_s']:.0f} | {r['step_s']:.3f} | {r['checkpoint_mb']:.1f} | "
+            f"{r['checkpoint_write_s']:.3f} | {r['sigterm_to_exit_s']:.2f} | {r['exit_over_budget']:.2f} |"
+        )
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
 

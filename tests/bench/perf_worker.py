@@ -36,7 +36,9 @@ def build(kind: str, preset: str, dropout: float | None, compile_: bool):
     if kind == "ref":
         from reference_gpt import ReferenceGPT, train_step
 
-        model = ReferenceGPT(mc.vocab_size, mc.block_size, mc.n_layer, mc.n_head, mc.n_embd, mc.dropout, mc.bias)
+        model = ReferenceGPT(
+            mc.vocab_size, mc.block_size, mc.n_layer, mc.n_head, mc.n_embd, mc.dropout, mc.bias
+        )
         opt = model.make_optimizer(cfg.optim.lr, cfg.optim.weight_decay)
         fwd = torch.compile(model) if compile_ else model
 
@@ -47,7 +49,13 @@ def build(kind: str, preset: str, dropout: float | None, compile_: bool):
 
         model = GPT(mc)
         o = cfg.optim
-        opt = torch.optim.AdamW(model.decay_groups(o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=True)
+        opt = torch.optim.AdamW(
+            model.decay_groups(o.weight_decay),
+            lr=o.lr,
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+            fused=True,
+        )
         params = list(model.parameters())
         fwd = torch.compile(model) if compile_ else model
 
@@ -77,7 +85,11 @@ def throughput(args: argparse.Namespace) -> dict:
         step(x, y)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    return {"step_s": times, "tokens_per_step": batch * mc.block_size, "threads": torch.get_num_threads()}
+    return {
+        "step_s": times,
+        "tokens_per_step": batch * mc.block_size,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def load(args: argparse.Namespace) -> dict:

@@ -32,7 +32,9 @@ class Attention(nn.Module):
         q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
         k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
         v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c)))
 
 
@@ -43,7 +45,10 @@ class Block(nn.Module):
         self.attn = Attention(n_embd, n_head, dropout, bias)
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = nn.Sequential(
-            nn.Linear(n_embd, 4 * n_embd, bias=bias), nn.GELU(), nn.Linear(4 * n_embd, n_embd, bias=bias), nn.Dropout(dropout)
+            nn.Linear(n_embd, 4 * n_embd, bias=bias),
+            nn.GELU(),
+            nn.Linear(4 * n_embd, n_embd, bias=bias),
+            nn.Dropout(dropout),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,8 +57,16 @@ class Block(nn.Module):
 
 
 class ReferenceGPT(nn.Module):
-    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
-                 dropout: float, bias: bool = True) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int,
+        n_layer: int,
+        n_head: int,
+        n_embd: int,
+        dropout: float,
+        bias: bool = True,
+    ) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
@@ -88,7 +101,9 @@ class ReferenceGPT(nn.Module):
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999))
 
 
-def train_step(model: ReferenceGPT, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
+def train_step(
+    model: ReferenceGPT, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> float:
     loss = model(x, y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
