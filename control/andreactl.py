@@ -41,7 +41,7 @@ def _ask(
     run_dir: Path, role: str, msg: object, timeout: float = 3.0, retries: int = 2
 ) -> object | None:
     """The daemon's reply, or None when it does not answer (not running, or wedged)."""
-    from andrea.control.transport import Unreachable, endpoint, request
+    from andrea.protocol.transport import Unreachable, endpoint, request
 
     try:
         return request(endpoint(run_dir, role), msg, timeout=timeout, retries=retries)  # type: ignore[arg-type]
@@ -64,8 +64,8 @@ def _no_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _status_data(run_dir: Path) -> dict[str, object]:
-    from andrea.control import messages as m
-    from andrea.control.transport import new_id
+    from andrea.protocol import messages as m
+    from andrea.protocol.transport import new_id
 
     out: dict[str, object] = {}
     for role in ("trainer", "proxy"):
@@ -178,8 +178,8 @@ def _send_trainer(args: argparse.Namespace, msg: object, wait: bool) -> int:
 
 def cmd_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Ask the trainer for a checkpoint (an audit point, kept by retention)."""
-    from andrea.control import messages as m
-    from andrea.control.transport import new_id
+    from andrea.protocol import messages as m
+    from andrea.protocol.transport import new_id
 
     return _send_trainer(
         args, m.CheckpointRequest(id=new_id(), boundary=args.boundary, wait=args.wait), args.wait
@@ -188,8 +188,8 @@ def cmd_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
 def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Ask the trainer to finish its step, checkpoint and exit."""
-    from andrea.control import messages as m
-    from andrea.control.transport import new_id
+    from andrea.protocol import messages as m
+    from andrea.protocol.transport import new_id
 
     return _send_trainer(args, m.StopRequest(id=new_id(), wait=args.wait), args.wait)
 
@@ -213,9 +213,9 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The seed's polish pivot as one command: the trainer checkpoints at the next cadence boundary
     and holds; the proxy archives .samples.json and .state.json with the old policy and starts a
     fresh bandit under the new one; the trainer continues from exactly that step."""
-    from andrea.control import messages as m
-    from andrea.control.transport import new_id
-    from andrea.daemon.policy import PolicyError, load_policy
+    from andrea.daemon.mixing.policy import PolicyError, load_policy
+    from andrea.protocol import messages as m
+    from andrea.protocol.transport import new_id
 
     try:
         load_policy(args.policy)
@@ -375,7 +375,7 @@ def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Parameter count and checkpoint size of a preset (8 + 12 bytes per parameter)."""
     import torch
 
-    from andrea.daemon.ckpt_format import payload_size
+    from andrea.daemon.checkpoint.format import payload_size
     from andrea.daemon.config import ConfigError, build_config
     from andrea.daemon.model import GPT
 

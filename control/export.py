@@ -33,13 +33,13 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from andrea.daemon import ckpt_format as fmt
-from andrea.daemon.checkpoint import checkpoint_steps, verify_checkpoint
+from andrea.daemon.checkpoint import format as fmt
+from andrea.daemon.checkpoint.durable import atomic_write_bytes, fsync_dir
+from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
+from andrea.daemon.checkpoint.manifest import Environment, Manifest, MixingState
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
-from andrea.daemon.durable import atomic_write_bytes, fsync_dir
 from andrea.daemon.losslog import LossLogError, read_curve
-from andrea.daemon.manifest import Environment, Manifest, MixingState
 from andrea.daemon.model import GPT
 from andrea.daemon.trainer import LOSS_FILE, code_version
 
@@ -446,8 +446,8 @@ or step by step, which is what `load_model` does:
 
 ```python
 import torch
-from andrea.daemon.ckpt_format import read_payload, unflatten
-from andrea.daemon.manifest import Manifest
+from andrea.daemon.checkpoint.format import read_payload, unflatten
+from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.model import GPT
 
 manifest = Manifest.model_validate_json(open("{stem}.json", "rb").read())

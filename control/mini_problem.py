@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
-from andrea.daemon.durable import atomic_write_bytes
+from andrea.daemon.checkpoint.durable import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

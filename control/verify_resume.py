@@ -46,11 +46,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.control import mini_problem as mini
 from andrea.control.compare import MAX_ISSUES_KEPT, Comparison, Issue, IssueKind, compare_all
-from andrea.daemon import ckpt_format as fmt
-from andrea.daemon.checkpoint import checkpoint_steps, verify_checkpoint
-from andrea.daemon.durable import atomic_write_bytes
+from andrea.daemon.checkpoint import format as fmt
+from andrea.daemon.checkpoint.durable import atomic_write_bytes
+from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
+from andrea.daemon.checkpoint.manifest import LayoutEntry, Manifest
 from andrea.daemon.losslog import LossEntry, LossLogError, canonical_curve, read_entries
-from andrea.daemon.manifest import LayoutEntry, Manifest
 from andrea.daemon.trainer import LOSS_FILE
 
 EXIT_OK = 0

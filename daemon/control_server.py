@@ -17,8 +17,8 @@ from typing import Any
 import zmq
 from pydantic import ValidationError
 
-from andrea.control import messages as m
-from andrea.control.transport import bind_router, close_router
+from andrea.protocol import messages as m
+from andrea.protocol.transport import bind_router, close_router
 
 from .signals import SignalFlags
 

@@ -77,7 +77,7 @@ import numpy as np
 import pydantic_core
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .durable import fsync_dir
+from .checkpoint.durable import fsync_dir
 
 __all__ = [
     "LossCurve",

@@ -53,12 +53,12 @@ def _wait_for(path: Path, flags: SignalFlags) -> bool:
 
 
 def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
-    from andrea.control.transport import AlreadyRunning
+    from andrea.protocol.transport import AlreadyRunning
 
     from .config import ConfigError, build_config, load_toml
     from .losslog import LossLogError
-    from .policy import Policy, PolicyError, load_policy
-    from .proxy import Proxy, ProxyOptions
+    from .mixing.policy import Policy, PolicyError, load_policy
+    from .mixing.proxy import Proxy, ProxyOptions
 
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

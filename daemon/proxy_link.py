@@ -17,8 +17,8 @@ from collections import OrderedDict
 
 import zmq
 
-from andrea.control import messages as m
-from andrea.control.transport import new_id
+from andrea.protocol import messages as m
+from andrea.protocol.transport import new_id
 
 from .losslog import LossEntry
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
+from .checkpoint.manifest import SchedulerState
 from .config import OptimConfig
-from .manifest import SchedulerState
 
 
 def lr_at(step: int, cfg: OptimConfig) -> float:

@@ -21,19 +21,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea.control import messages as m
-from andrea.control.transport import claim, endpoint, new_id
+from andrea.protocol import messages as m
+from andrea.protocol.transport import claim, endpoint, new_id
 
-from . import rngstate
-from .checkpoint import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
-from .ckpt_format import bin_name
-from .ckpt_writer import StagingBuffer
+from .checkpoint import rngstate
+from .checkpoint.format import bin_name
+from .checkpoint.manager import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
+from .checkpoint.manifest import (
+    Environment,
+    Manifest,
+    MixingState,
+    OptimizerState,
+    Progress,
+    Trigger,
+)
+from .checkpoint.writer import StagingBuffer
 from .config import RunConfig
 from .control_server import ControlServer
 from .data import ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
 from .losslog import LossEntry, LossLog, last_entry
-from .manifest import Environment, Manifest, MixingState, OptimizerState, Progress, Trigger
 from .model import GPT
 from .notify import Notifier
 from .precision import resolve as resolve_precision

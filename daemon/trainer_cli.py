@@ -154,7 +154,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
 
-    from andrea.control.transport import AlreadyRunning
+    from andrea.protocol.transport import AlreadyRunning
 
     proxy = _spawn_proxy(run_dir, args) if args.with_proxy else None
     try:
@@ -212,7 +212,7 @@ def _train(
     flags: SignalFlags,
     skip: frozenset[str],
 ) -> ExitCode:
-    from .checkpoint import ResumeRefused
+    from .checkpoint.manager import ResumeRefused
     from .data import DataError
     from .proxy_link import ProxyRefused
     from .trainer import Trainer, TrainerOptions

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from andrea.daemon import bandit as bandit_mod
-from andrea.daemon import policy as policy_mod
-from andrea.daemon.bandit import (
+from andrea.daemon.mixing import bandit as bandit_mod
+from andrea.daemon.mixing import policy as policy_mod
+from andrea.daemon.mixing.bandit import (
     Bandit,
     BanditState,
     BanditStateError,
@@ -29,7 +29,7 @@ from andrea.daemon.bandit import (
     parse_state,
     project_capped_simplex,
 )
-from andrea.daemon.policy import Policy, PolicyError, load_policy, parse_policy
+from andrea.daemon.mixing.policy import Policy, PolicyError, load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 ABC = [
@@ -466,7 +466,7 @@ def test_zombie_arm_lesson(caplog: pytest.LogCaptureFixture) -> None:
         ConfiguredArm("code", "id-code", True),
         ConfiguredArm("comments", "id-comments", True),
     ]
-    with caplog.at_level(logging.WARNING, logger="andrea.daemon.bandit"):
+    with caplog.at_level(logging.WARNING, logger="andrea.daemon.mixing.bandit"):
         b = Bandit.from_state(parse_state(_seed_state()), configured)
     # Reported: on the bandit and in the log.
     assert [z.name for z in b.zombies] == ["repo-docstrings"]

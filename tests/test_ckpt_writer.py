@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import torch
 
-from andrea.daemon import ckpt_format as fmt
-from andrea.daemon.checkpoint import CheckpointManager, Snapshot
-from andrea.daemon.ckpt_writer import (
+from andrea.daemon.checkpoint import format as fmt
+from andrea.daemon.checkpoint.manager import CheckpointManager, Snapshot
+from andrea.daemon.checkpoint.writer import (
     BackgroundWriter,
     StagingBuffer,
     read_payload_into,

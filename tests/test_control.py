@@ -11,9 +11,9 @@ from pathlib import Path
 
 import zmq
 
-from andrea.control import messages as m
-from andrea.control.transport import endpoint, new_id, request, socket_dir
 from andrea.daemon.exitcodes import ExitCode
+from andrea.protocol import messages as m
+from andrea.protocol.transport import endpoint, new_id, request, socket_dir
 
 from .conftest import Trainer, trainer_cmd
 

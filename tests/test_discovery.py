@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.ckpt_format import bin_name, manifest_name
+from andrea.daemon.checkpoint.format import bin_name, manifest_name
 from andrea.daemon.exitcodes import ExitCode
 
 from .conftest import run_trainer

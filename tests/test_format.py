@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.daemon import ckpt_format
+from andrea.daemon.checkpoint import format as ckpt_format
 
 from .conftest import run_trainer
 

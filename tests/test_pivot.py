@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from andrea.daemon.ckpt_format import bin_name
+from andrea.daemon.checkpoint.format import bin_name
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
 

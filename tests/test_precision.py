@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from andrea.daemon.ckpt_format import bin_name, manifest_name
+from andrea.daemon.checkpoint.format import bin_name, manifest_name
 from andrea.daemon.config import ConfigError
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.precision import BF16_CPU, FP32, resolve

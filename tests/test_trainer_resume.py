@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.ckpt_format import bin_name, manifest_name
+from andrea.daemon.checkpoint.format import bin_name, manifest_name
 from andrea.daemon.exitcodes import ExitCode
 
 from .conftest import Trainer, run_trainer, trainer_cmd

@@ -48,9 +48,9 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from andrea.daemon import ckpt_format as fmt  # noqa: E402
-from andrea.daemon.checkpoint import CheckpointManager, Snapshot, layout_of  # noqa: E402
-from andrea.daemon.ckpt_writer import StagingBuffer  # noqa: E402
+from andrea.daemon.checkpoint import format as fmt  # noqa: E402
+from andrea.daemon.checkpoint.manager import CheckpointManager, Snapshot, layout_of  # noqa: E402
+from andrea.daemon.checkpoint.writer import StagingBuffer  # noqa: E402
 from andrea.daemon.config import CheckpointConfig, build_config  # noqa: E402
 
 THREADS = 2
@@ -113,8 +113,14 @@ def fsync_path(path: Path) -> None:
 
 
 def manifest_fields(preset: str) -> tuple[int, dict]:
-    from andrea.daemon import rngstate
-    from andrea.daemon.manifest import Environment, Manifest, MixingState, OptimizerState, Progress
+    from andrea.daemon.checkpoint import rngstate
+    from andrea.daemon.checkpoint.manifest import (
+        Environment,
+        Manifest,
+        MixingState,
+        OptimizerState,
+        Progress,
+    )
     from andrea.daemon.model import GPT
     from andrea.daemon.schedule import scheduler_state
 

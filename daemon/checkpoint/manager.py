@@ -9,7 +9,7 @@ The manifest is the commit marker: a payload without one is an interrupted write
 Older checkpoints are deleted only after the new one is committed, on a background thread.
 
 `save` writes synchronously; `save_async` hands the same work to one background writer thread
-(`ckpt_writer.BackgroundWriter`): at most one write is in flight, a new one waits for it, and the
+(`checkpoint.writer.BackgroundWriter`): at most one write is in flight, a new one waits for it, and the
 writes commit in the order they were submitted.
 """
 
@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from . import ckpt_format as fmt
-from .ckpt_writer import BackgroundWriter, read_payload_into, write_payload
-from .config import CheckpointConfig, ModelConfig
+from ..config import CheckpointConfig, ModelConfig
+from . import format as fmt
 from .durable import atomic_write_bytes
 from .manifest import REQUESTED_TRIGGERS, LayoutEntry, Manifest, Trigger
+from .writer import BackgroundWriter, read_payload_into, write_payload
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from andrea.daemon.policy import ARM_NAME_PATTERN, Policy
+from andrea.daemon.mixing.policy import ARM_NAME_PATTERN, Policy
 
 log = logging.getLogger(__name__)
 

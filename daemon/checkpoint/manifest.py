@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .config import ModelConfig
-from .data import CursorState
-from .losslog import LossEntry
+from ..config import ModelConfig
+from ..data import CursorState
+from ..losslog import LossEntry
 from .rngstate import RngState
 
 FORMAT_VERSION = 1

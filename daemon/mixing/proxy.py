@@ -27,19 +27,19 @@ import tomli_w
 import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from andrea.control import messages as m
-from andrea.control.transport import bind_router, claim, close_router, endpoint
+from andrea.protocol import messages as m
+from andrea.protocol.transport import bind_router, claim, close_router, endpoint
 
+from ..checkpoint.durable import atomic_write_bytes
+from ..checkpoint.manager import checkpoint_steps
+from ..config import DataConfig, RunConfig
+from ..data import DataError, load_arms
+from ..losslog import LossLog, read_entries
+from ..notify import Notifier
+from ..signals import SignalFlags
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
-from .checkpoint import checkpoint_steps
-from .config import DataConfig, RunConfig
-from .data import DataError, load_arms
-from .durable import atomic_write_bytes
-from .losslog import LossLog, read_entries
-from .notify import Notifier
 from .policy import Policy, PolicyError, parse_policy
-from .signals import SignalFlags
 
 log = logging.getLogger(__name__)
 

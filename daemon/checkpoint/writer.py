@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import ckpt_format as fmt
+from . import format as fmt
 from .durable import fsync_dir, tmp_path
 
 log = logging.getLogger(__name__)

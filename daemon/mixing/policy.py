@@ -1,6 +1,6 @@
 """The data-mixing policy: per-arm floors and caps, the reward smoothing and the reward lag.
 
-A policy is one phase's rules for the bandit (`andrea.daemon.bandit`). It is read from TOML, validated
+A policy is one phase's rules for the bandit (`andrea.daemon.mixing.bandit`). It is read from TOML, validated
 by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
 recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
 
