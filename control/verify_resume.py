@@ -50,8 +50,9 @@ from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint.durable import atomic_write_bytes
 from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
 from andrea.daemon.checkpoint.manifest import LayoutEntry, Manifest
-from andrea.daemon.losslog import LossEntry, LossLogError, canonical_curve, read_entries
+from andrea.daemon.losslog import LossLogError, canonical_curve, read_entries
 from andrea.daemon.trainer import LOSS_FILE
+from andrea.protocol.lossentry import LossEntry
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1

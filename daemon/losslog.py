@@ -64,18 +64,20 @@ import fcntl
 import gc
 import json
 import logging
-import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
-from typing import Annotated, Any, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import numpy as np
 import pydantic_core
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
+
+from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
+from andrea.protocol.lossentry import LossEntry
 
 from .checkpoint.durable import fsync_dir
 
@@ -102,51 +104,8 @@ _EMPTY_FORMS = frozenset({b"", b"[", b"[\n", b"[\n]", _EMPTY, b"[\n{\n"})
 # What may follow the last complete entry: the terminator, or an append cut within its first bytes.
 _TAIL_FORMS = (b"\n]\n", b",]\n", b",\n\n", b"\n]", b",\n", b"\n", b",", b"")
 _ENTRY_HEAD = b'{"step":'
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _HEX_DIGITS = b"0123456789abcdef"
 _FIRST_TAIL_READ = 4096
-
-
-def _decode_loss(value: Any) -> Any:
-    # Only the three spellings the writer emits: a lax float parse would also take "nan" or "1.5",
-    # and a hand-edited file should fail loudly rather than be half-understood.
-    if isinstance(value, str):
-        try:
-            return _NON_FINITE[value]
-        except KeyError:
-            raise ValueError(
-                f"loss must be a number or one of {sorted(_NON_FINITE)}, got {value!r}"
-            ) from None
-    return value
-
-
-class LossEntry(BaseModel):
-    """One trained step, as written in ``.loss.json`` and sent from the trainer to the proxy.
-
-    Strict: numbers must be plain Python ``int``/``float`` (use ``tensor.item()``, ``int(x)``).
-    In JSON a non-finite ``loss`` is the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``; in Python
-    it is always a ``float``.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, ser_json_inf_nan="strings")
-
-    step: int = Field(
-        ge=1, description="optimizer update this loss belongs to (the loss of update `step`)"
-    )
-    loss: Annotated[float, BeforeValidator(_decode_loss)] = Field(
-        description="training loss; may be non-finite"
-    )
-    arm: str = Field(min_length=1, description="data source (bandit arm) of this step's batch")
-    lr: float = Field(ge=0.0, allow_inf_nan=False, description="learning rate used by this update")
-    tokens: int = Field(ge=1, description="tokens in this step's batch")
-    wall_time: float = Field(
-        ge=0.0, allow_inf_nan=False, description="unix seconds when the step finished"
-    )
-    segment: int = Field(ge=1, description="trainer process life that trained this step")
-    phase: int = Field(ge=0, description="bandit policy (pivot counter) this step trained under")
-    batch_sha256: str | None = Field(
-        pattern=r"^[0-9a-f]{64}$", description="sha256 of the batch tokens, or null"
-    )
 
 
 _ENTRIES = TypeAdapter(list[LossEntry])

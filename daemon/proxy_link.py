@@ -18,9 +18,8 @@ from collections import OrderedDict
 import zmq
 
 from andrea.protocol import messages as m
+from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import new_id
-
-from .losslog import LossEntry
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from andrea.protocol import messages as m
+from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import claim, endpoint, new_id
 
 from .checkpoint import rngstate
@@ -40,7 +41,7 @@ from .config import RunConfig
 from .control_server import ControlServer
 from .data import ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
-from .losslog import LossEntry, LossLog, last_entry
+from .losslog import LossLog, last_entry
 from .model import GPT
 from .notify import Notifier
 from .precision import resolve as resolve_precision

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from andrea.daemon.losslog import LossEntry
+from .lossentry import LossEntry
 
 MAX_MESSAGE_BYTES = 4 << 20
 PROTOCOL = 1

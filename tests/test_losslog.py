@@ -744,7 +744,8 @@ def test_failed_write_poisons_the_handle_and_reopen_repairs(
 
 CHILD = r"""
 import sys
-from andrea.daemon.losslog import LossEntry, LossLog, last_entry
+from andrea.daemon.losslog import LossLog, last_entry
+from andrea.protocol.lossentry import LossEntry
 path, every = sys.argv[1], int(sys.argv[2])
 previous = last_entry(path) if __import__("os").path.exists(path) else None
 segment = 1 if previous is None else previous.segment + 1

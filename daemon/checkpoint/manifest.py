@@ -10,9 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from andrea.protocol.lossentry import LossEntry
+
 from ..config import ModelConfig
 from ..data import CursorState
-from ..losslog import LossEntry
 from .rngstate import RngState
 
 FORMAT_VERSION = 1

@@ -533,9 +533,9 @@ def _bookkeeping_cost(cache: Path) -> float:
     the arm, the batch and its hash, the loss entry and its append, the watchdog tick, the flag checks."""
     import hashlib
 
-    from andrea.daemon.losslog import LossEntry
     from andrea.daemon.signals import SignalFlags
     from andrea.daemon.trainer import Trainer, TrainerOptions
+    from andrea.protocol.lossentry import LossEntry
 
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
         cfg = build_config(

@@ -1,0 +1,54 @@
+"""The LossEntry record: one trained step, as the trainer sends it to the proxy and as the proxy
+writes it, one per line, in the run's ``.loss.json`` (byte grammar in :mod:`andrea.daemon.losslog`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+#: The JSON spellings of a non-finite loss, and the values they stand for.
+NON_FINITE_LOSSES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _decode_loss(value: Any) -> Any:
+    # Only the three spellings the writer emits: a lax float parse would also take "nan" or "1.5",
+    # and a hand-edited file should fail loudly rather than be half-understood.
+    if isinstance(value, str):
+        try:
+            return NON_FINITE_LOSSES[value]
+        except KeyError:
+            raise ValueError(
+                f"loss must be a number or one of {sorted(NON_FINITE_LOSSES)}, got {value!r}"
+            ) from None
+    return value
+
+
+class LossEntry(BaseModel):
+    """One trained step, as written in ``.loss.json`` and sent from the trainer to the proxy.
+
+    Strict: numbers must be plain Python ``int``/``float`` (use ``tensor.item()``, ``int(x)``).
+    In JSON a non-finite ``loss`` is the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``; in Python
+    it is always a ``float``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, ser_json_inf_nan="strings")
+
+    step: int = Field(
+        ge=1, description="optimizer update this loss belongs to (the loss of update `step`)"
+    )
+    loss: Annotated[float, BeforeValidator(_decode_loss)] = Field(
+        description="training loss; may be non-finite"
+    )
+    arm: str = Field(min_length=1, description="data source (bandit arm) of this step's batch")
+    lr: float = Field(ge=0.0, allow_inf_nan=False, description="learning rate used by this update")
+    tokens: int = Field(ge=1, description="tokens in this step's batch")
+    wall_time: float = Field(
+        ge=0.0, allow_inf_nan=False, description="unix seconds when the step finished"
+    )
+    segment: int = Field(ge=1, description="trainer process life that trained this step")
+    phase: int = Field(ge=0, description="bandit policy (pivot counter) this step trained under")
+    batch_sha256: str | None = Field(
+        pattern=r"^[0-9a-f]{64}$", description="sha256 of the batch tokens, or null"
+    )
