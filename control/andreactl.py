@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from andrea.daemon.rundir import LOSS_FILE, SAMPLES_FILE
+
 
 @dataclass(frozen=True)
 class Command:
@@ -41,7 +43,8 @@ def _ask(
     run_dir: Path, role: str, msg: object, timeout: float = 3.0, retries: int = 2
 ) -> object | None:
     """The daemon's reply, or None when it does not answer (not running, or wedged)."""
-    from andrea.protocol.transport import Unreachable, endpoint, request
+    from andrea.daemon.rundir import endpoint
+    from andrea.protocol.transport import Unreachable, request
 
     try:
         return request(endpoint(run_dir, role), msg, timeout=timeout, retries=retries)  # type: ignore[arg-type]
@@ -311,7 +314,7 @@ def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     """The canonical loss curve (newest entry per step) from .loss.json."""
     from andrea.daemon.losslog import read_curve
 
-    curve = read_curve(args.run_dir / ".loss.json")
+    curve = read_curve(args.run_dir / LOSS_FILE)
     rows = range(len(curve))
     shown = [
         curve.entry(i) for i in (rows[-args.last :] if args.last else rows)
@@ -329,7 +332,7 @@ def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The most recent generated samples, from .samples.json."""
-    path = args.run_dir / ".samples.json"
+    path = args.run_dir / SAMPLES_FILE
     if not path.exists():
         print(
             f"andreactl: {path} does not exist yet (samples come every sample_every steps)",
@@ -356,7 +359,7 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from andrea.control.plot import loss_svg
     from andrea.daemon.losslog import read_curve
 
-    curve = read_curve(args.run_dir / ".loss.json")
+    curve = read_curve(args.run_dir / LOSS_FILE)
     if not curve:
         print("andreactl: .loss.json has no entries yet", file=sys.stderr)
         return 1

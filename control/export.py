@@ -33,15 +33,16 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from andrea.daemon import rundir
 from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint.durable import atomic_write_bytes, fsync_dir
 from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
-from andrea.daemon.checkpoint.manifest import Environment, Manifest, MixingState
+from andrea.daemon.checkpoint.manifest import Environment, Manifest, MixingState, code_version
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
 from andrea.daemon.losslog import LossLogError, read_curve
 from andrea.daemon.model import GPT
-from andrea.daemon.trainer import LOSS_FILE, code_version
+from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -50,7 +51,6 @@ EXIT_REFUSED = 2
 REPORT_NAME = "export.json"
 METRICS_NAME = "metrics.json"
 README_NAME = "README.md"
-CONFIG_NAME = "run.toml"
 
 #: The evaluation batch: a fixed byte string, so that the check needs neither the corpus nor its cache
 #: and reads the same on any machine. Rows are consecutive windows of the text repeated cyclically.
@@ -327,13 +327,13 @@ def _write_export(
         raise ExportFailed(
             f"{manifest.bin_file} changed while it was copied (sha256 {payload.sha256[:16]}…)"
         )
-    name = fmt.manifest_name(manifest.step)
+    name = rundir.manifest_name(manifest.step)
     files = [payload, _write_new(dest / name, manifest_bytes, str(run_dir / name))]
-    if (run_dir / CONFIG_NAME).is_file():
-        files.append(_copy_hashed(run_dir / CONFIG_NAME, dest / CONFIG_NAME))
+    if (run_dir / CONFIG_FILE).is_file():
+        files.append(_copy_hashed(run_dir / CONFIG_FILE, dest / CONFIG_FILE))
     else:
         progress(
-            f"      WARNING: {run_dir / CONFIG_NAME} is missing; the manifest's config is the only record"
+            f"      WARNING: {run_dir / CONFIG_FILE} is missing; the manifest's config is the only record"
         )
     files.append(_write_new(dest / METRICS_NAME, metrics.model_dump_json(indent=2).encode()))
     files.append(_write_new(dest / README_NAME, readme.encode()))
@@ -369,8 +369,10 @@ def _select(run_dir: Path, step: int | None) -> tuple[Manifest, fmt.Payload, lis
             manifest, payload = verify_checkpoint(run_dir, s)
         except ValueError as exc:
             if step is not None:
-                raise ExportRefused(f"checkpoint {fmt.bin_name(s)} is not intact: {exc}") from None
-            skipped.append(f"{fmt.manifest_name(s)}: {exc}")
+                raise ExportRefused(
+                    f"checkpoint {rundir.bin_name(s)} is not intact: {exc}"
+                ) from None
+            skipped.append(f"{rundir.manifest_name(s)}: {exc}")
             continue
         return manifest, payload, skipped
     raise ExportRefused(
@@ -382,7 +384,7 @@ def _select(run_dir: Path, step: int | None) -> tuple[Manifest, fmt.Payload, lis
 def _readme(
     report_step: int, manifest: Manifest, run_dir: Path, created: str, loss_hex: str
 ) -> str:
-    stem = f"step_{report_step:06d}"
+    stem = rundir.checkpoint_stem(report_step)
     n = manifest.n_params
     m = manifest.model
     arms = "\n".join(
@@ -497,11 +499,11 @@ def export_checkpoint(
     for reason in skipped:
         progress(f"      WARNING: skipped damaged checkpoint {reason}")
     step = manifest.step
-    stem = f"step_{step:06d}"
-    manifest_bytes = (run_dir / fmt.manifest_name(step)).read_bytes()
+    stem = rundir.checkpoint_stem(step)
+    manifest_bytes = (run_dir / rundir.manifest_name(step)).read_bytes()
     if Manifest.model_validate_json(manifest_bytes) != manifest:
         raise ExportRefused(
-            f"{fmt.manifest_name(step)} changed while it was being verified; try again"
+            f"{rundir.manifest_name(step)} changed while it was being verified; try again"
         )
     t = phase("verify_source", started)
     progress(

@@ -51,7 +51,7 @@ from andrea.daemon.checkpoint.durable import atomic_write_bytes
 from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
 from andrea.daemon.checkpoint.manifest import LayoutEntry, Manifest
 from andrea.daemon.losslog import LossLogError, canonical_curve, read_entries
-from andrea.daemon.trainer import LOSS_FILE
+from andrea.daemon.rundir import LOSS_FILE, bin_name
 from andrea.protocol.lossentry import LossEntry
 
 EXIT_OK = 0
@@ -817,7 +817,7 @@ def _verified(run_dir: Path, step: int) -> tuple[Manifest, fmt.Payload]:
         return verify_checkpoint(run_dir, step)
     except ValueError as exc:
         raise VerificationIncomplete(
-            f"{run_dir / fmt.bin_name(step)}: not an intact checkpoint: {exc}"
+            f"{run_dir / bin_name(step)}: not an intact checkpoint: {exc}"
         ) from exc
 
 
@@ -1157,7 +1157,7 @@ def _trainer_checks(
         check(
             path,
             f"resumed from the stop checkpoint, trained exactly steps {stop_step + 1}-{last} in a second life",
-            f"resumed from {fmt.bin_name(stop_step)}" in run.log
+            f"resumed from {bin_name(stop_step)}" in run.log
             and steps_of(path, 1) == list(range(1, stop_step + 1))
             and steps_of(path, 2) == list(range(stop_step + 1, last + 1))
             and len(run.entries) == last

@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .rundir import CONFIG_FILE
+
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
 
 
@@ -63,6 +65,10 @@ class OptimConfig(_Strict):
     grad_clip: float = Field(1.0, ge=0, description="0 disables clipping")
 
 
+#: The rule for an arm's name, wherever one is written (run config, policy, bandit state).
+ARM_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
 class ArmSpec(_Strict):
     """One data source ("arm").
 
@@ -72,7 +78,7 @@ class ArmSpec(_Strict):
     - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped.
     """
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    name: str = Field(pattern=ARM_NAME_PATTERN)
     kind: Literal["stdlib", "text", "tokens"]
     part: Literal["docstrings", "code", "comments"] | None = None
     paths: list[str] = Field(default_factory=list)
@@ -236,7 +242,7 @@ def load_toml(path: Path) -> dict[str, Any]:
 def build_config(
     file_values: dict[str, Any] | None = None,
     overrides: dict[str, Any] | None = None,
-    source: str = "run.toml",
+    source: str = CONFIG_FILE,
 ) -> RunConfig:
     """Resolve preset ← file ← overrides into a validated RunConfig.
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from .exitcodes import ExitCode
+from .rundir import CONFIG_FILE, LOSS_FILE, POLICY_FILE, AlreadyRunning
 from .signals import SignalFlags
 from .trainer_cli import setup_logging
 
@@ -53,8 +54,6 @@ def _wait_for(path: Path, flags: SignalFlags) -> bool:
 
 
 def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
-    from andrea.protocol.transport import AlreadyRunning
-
     from .config import ConfigError, build_config, load_toml
     from .losslog import LossLogError
     from .mixing.policy import Policy, PolicyError, load_policy
@@ -62,12 +61,12 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
 
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = args.config or run_dir / "run.toml"
+    cfg_path = args.config or run_dir / CONFIG_FILE
     if not _wait_for(cfg_path, flags):
         return ExitCode.OK
     try:
         cfg = build_config(load_toml(cfg_path), source=str(cfg_path))
-        policy_path = args.policy or run_dir / "policy.toml"
+        policy_path = args.policy or run_dir / POLICY_FILE
         policy = load_policy(policy_path) if (args.policy or policy_path.exists()) else Policy()
     except (ConfigError, PolicyError, OSError) as e:
         log.error("%s", e)
@@ -79,7 +78,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
     except LossLogError as e:
-        log.error("%s: %s", run_dir / ".loss.json", e)
+        log.error("%s: %s", run_dir / LOSS_FILE, e)
         return ExitCode.RESUME_REFUSED
     try:
         proxy.serve()

@@ -15,7 +15,6 @@ import os
 import platform
 import time
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +22,9 @@ import torch
 
 from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
-from andrea.protocol.transport import claim, endpoint, new_id
+from andrea.protocol.transport import new_id
 
 from .checkpoint import rngstate
-from .checkpoint.format import bin_name
 from .checkpoint.manager import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
 from .checkpoint.manifest import (
     Environment,
@@ -35,6 +33,7 @@ from .checkpoint.manifest import (
     OptimizerState,
     Progress,
     Trigger,
+    code_version,
 )
 from .checkpoint.writer import StagingBuffer
 from .config import RunConfig
@@ -47,20 +46,13 @@ from .notify import Notifier
 from .precision import resolve as resolve_precision
 from .precision import resolve_device
 from .proxy_link import ProxyLink
+from .rundir import LOSS_FILE, bin_name, claim, endpoint
 from .schedule import lr_at, scheduler_state
 from .signals import SignalFlags
 
 log = logging.getLogger(__name__)
 
-LOSS_FILE = ".loss.json"
 SAMPLE_PROMPTS = ("def ", "The ", "# ")
-
-
-def code_version() -> str:
-    try:
-        return "andrea " + version("andrea")
-    except PackageNotFoundError:
-        return "andrea (not installed)"
 
 
 @dataclass

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .exitcodes import ExitCode
+from .rundir import CONFIG_FILE
 from .signals import SignalFlags
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     run_dir: Path = args.run_dir
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        cfg_path = args.config or (run_dir / "run.toml")
+        cfg_path = args.config or (run_dir / CONFIG_FILE)
         file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
         data_overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
         overrides = {
@@ -145,8 +146,8 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         from .precision import resolve, resolve_device
 
         resolve(cfg.precision, resolve_device(cfg.device))
-        if not (run_dir / "run.toml").exists():
-            save_config(cfg, run_dir / "run.toml")
+        if not (run_dir / CONFIG_FILE).exists():
+            save_config(cfg, run_dir / CONFIG_FILE)
         skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
         if skip - {"rng", "cursor"}:
             raise ConfigError(f"--unsafe-skip-restore takes rng and/or cursor, not {sorted(skip)}")
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
 
-    from andrea.protocol.transport import AlreadyRunning
+    from .rundir import AlreadyRunning
 
     proxy = _spawn_proxy(run_dir, args) if args.with_proxy else None
     try:

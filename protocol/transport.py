@@ -1,5 +1,5 @@
-"""ZeroMQ plumbing shared by the daemons and andreactl: where sockets live, how servers bind, and a
-client that cannot wedge.
+"""ZeroMQ plumbing shared by the daemons and andreactl: how servers bind, and a client that cannot
+wedge. Where the sockets live is the run directory's business (`andrea.daemon.rundir.endpoint`).
 
 - Servers bind ROUTER sockets: a client that dies mid-request cannot block them (a REP socket
   would wait forever for the reply it owes).
@@ -12,70 +12,18 @@ client that cannot wedge.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import time
 import uuid
 from pathlib import Path
-from typing import IO
 
 import zmq
 
 from .messages import MAX_MESSAGE_BYTES, Message, _Msg, decode, encode
 
-#: sun_path holds 108 bytes; keep a margin for the socket's own name.
-_MAX_IPC_PATH = 100
-
 
 class Unreachable(RuntimeError):
     """No reply from the peer after every retry."""
-
-
-class AlreadyRunning(RuntimeError):
-    """Another process of the same role holds this run directory."""
-
-
-def socket_dir(run_dir: Path) -> Path:
-    """Directory of the run's control sockets, created owner-only.
-
-    $ANDREA_SOCKET_DIR wins (the units point it at the RuntimeDirectory); otherwise RUN_DIR/.sock,
-    or a per-run directory under /tmp when that path is too long for a unix socket.
-    """
-    if os.environ.get("ANDREA_SOCKET_DIR"):
-        d = Path(os.environ["ANDREA_SOCKET_DIR"])
-    else:
-        d = run_dir.resolve() / ".sock"
-        if len(str(d)) + len("/trainer.sock") > _MAX_IPC_PATH:
-            digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
-            d = Path(f"/tmp/andrea-{os.getuid()}") / digest
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(d, 0o700)
-    return d
-
-
-def endpoint(run_dir: Path, role: str) -> str:
-    return f"ipc://{socket_dir(run_dir)}/{role}.sock"
-
-
-def claim(run_dir: Path, role: str) -> IO[bytes]:
-    """Hold `RUN_DIR/.ROLE.lock` for the life of the process: two trainers (or two proxies) on one
-    run directory would interleave checkpoints and steal each other's socket."""
-    f = open(run_dir / f".{role}.lock", "a+b")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().decode(errors="replace").strip() or "?"
-        f.close()
-        raise AlreadyRunning(
-            f"another andrea-{role} (pid {holder}) is running on {run_dir}"
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()).encode())
-    f.flush()
-    return f
 
 
 def bind_router(ctx: zmq.Context, ep: str) -> zmq.Socket:

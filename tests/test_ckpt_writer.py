@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from andrea.daemon import rundir
 from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint.manager import CheckpointManager, Snapshot
 from andrea.daemon.checkpoint.writer import (
@@ -152,7 +153,7 @@ def manifest_fields(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -
     run_dir = tmp_path_factory.mktemp("fields")
     res = run_trainer(run_dir, cache_dir, "--max-steps", "1", "--checkpoint-every", "0")
     assert res.returncode == 0, res.stderr
-    man = json.loads((run_dir / fmt.manifest_name(1)).read_text())
+    man = json.loads((run_dir / rundir.manifest_name(1)).read_text())
     for k in (
         "format_version",
         "step",
@@ -182,7 +183,7 @@ def test_async_saves_commit_in_order_and_verify(tmp_path: Path, manifest_fields:
         def on_done(man, err, seconds, step=step, expected=expected) -> None:
             assert err is None, err
             done.append(man.step)
-            assert (tmp_path / fmt.bin_name(step)).read_bytes() == expected
+            assert (tmp_path / rundir.bin_name(step)).read_bytes() == expected
 
         mgr.save_async(
             snap, "cadence", on_done=on_done, before_commit=lambda step=step: synced.append(step)
@@ -227,8 +228,8 @@ def test_list_snapshot_and_staged_snapshot_write_the_same_bytes(
     a.close()
     b.close()
     assert ma.bin_sha256 == mb.bin_sha256
-    assert (tmp_path / "a" / fmt.bin_name(4)).read_bytes() == (
-        tmp_path / "b" / fmt.bin_name(4)
+    assert (tmp_path / "a" / rundir.bin_name(4)).read_bytes() == (
+        tmp_path / "b" / rundir.bin_name(4)
     ).read_bytes()
 
 
@@ -320,8 +321,8 @@ def test_sigterm_during_background_write_waits_then_writes_final(
     res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "5")
     assert res.returncode == 0 and f"resumed from step_{final:06d}.bin" in res.stderr, res.stderr
     assert _losses(tmp_path) == _losses(reference)
-    assert (tmp_path / fmt.bin_name(STEPS)).read_bytes() == (
-        reference / fmt.bin_name(STEPS)
+    assert (tmp_path / rundir.bin_name(STEPS)).read_bytes() == (
+        reference / rundir.bin_name(STEPS)
     ).read_bytes()
 
 
@@ -358,8 +359,8 @@ def test_sigkill_during_background_write_leaves_no_torn_checkpoint(
         "removing step_000010.bin" in res.stderr and "resumed from step_000005.bin" in res.stderr
     ), res.stderr
     assert _losses(tmp_path) == _losses(reference)
-    assert (tmp_path / fmt.bin_name(STEPS)).read_bytes() == (
-        reference / fmt.bin_name(STEPS)
+    assert (tmp_path / rundir.bin_name(STEPS)).read_bytes() == (
+        reference / rundir.bin_name(STEPS)
     ).read_bytes()
 
 
@@ -398,5 +399,7 @@ def test_cadence_points_during_a_write_wait_and_are_never_skipped(
         10,
         12,
     ):  # same bytes as with instant writes: the snapshot is of its own step
-        assert (slow / fmt.bin_name(s)).read_bytes() == (tmp_path / fmt.bin_name(s)).read_bytes()
+        assert (slow / rundir.bin_name(s)).read_bytes() == (
+            tmp_path / rundir.bin_name(s)
+        ).read_bytes()
     assert _losses(slow) == _losses(tmp_path)

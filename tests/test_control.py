@@ -12,8 +12,9 @@ from pathlib import Path
 import zmq
 
 from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.rundir import endpoint, socket_dir
 from andrea.protocol import messages as m
-from andrea.protocol.transport import endpoint, new_id, request, socket_dir
+from andrea.protocol.transport import new_id, request
 
 from .conftest import Trainer, trainer_cmd
 

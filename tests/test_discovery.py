@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.checkpoint.format import bin_name, manifest_name
 from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.rundir import bin_name, manifest_name
 
 from .conftest import run_trainer
 

@@ -12,7 +12,7 @@ import pytest
 
 from andrea.control import andreactl
 from andrea.control import export as ex
-from andrea.daemon.checkpoint.format import bin_name
+from andrea.daemon.rundir import bin_name
 
 from .conftest import run_trainer
 

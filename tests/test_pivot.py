@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from andrea.daemon.checkpoint.format import bin_name
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
+from andrea.daemon.rundir import bin_name
 
 from .conftest import Trainer, trainer_cmd
 

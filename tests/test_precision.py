@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from andrea.daemon.checkpoint.format import bin_name, manifest_name
 from andrea.daemon.config import ConfigError
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.precision import BF16_CPU, FP32, resolve
+from andrea.daemon.rundir import bin_name, manifest_name
 
 from .conftest import Trainer, run_trainer, trainer_cmd
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.checkpoint.format import bin_name
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
+from andrea.daemon.rundir import bin_name, endpoint
 from andrea.protocol import messages as m
-from andrea.protocol.transport import endpoint, new_id, request
+from andrea.protocol.transport import new_id, request
 
 from .conftest import Trainer, trainer_cmd
 

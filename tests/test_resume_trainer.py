@@ -22,7 +22,7 @@ from andrea.control.verify_resume import (
     TRAINER_TOTAL_STEPS,
     run_trainer,
 )
-from andrea.daemon.checkpoint.format import bin_name, manifest_name
+from andrea.daemon.rundir import bin_name, manifest_name
 
 FINAL = bin_name(TRAINER_TOTAL_STEPS)
 

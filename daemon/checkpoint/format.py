@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,25 +25,10 @@ import numpy as np
 HEADER = struct.Struct("<ii")
 DTYPE = np.dtype("<f4")
 INT32_MAX = 2**31 - 1
-_NAME_RE = re.compile(r"^step_(\d{6,})\.(bin|json)$")
 
 
 class PayloadError(ValueError):
     """A file that is not a well-formed checkpoint payload."""
-
-
-def bin_name(step: int) -> str:
-    return f"step_{step:06d}.bin"
-
-
-def manifest_name(step: int) -> str:
-    return f"step_{step:06d}.json"
-
-
-def parse_name(name: str) -> tuple[int, str] | None:
-    """(step, "bin"|"json") for a checkpoint file name, None for anything else."""
-    m = _NAME_RE.match(name)
-    return (int(m.group(1)), m.group(2)) if m else None
 
 
 def payload_size(n_params: int) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from .. import rundir
 from ..config import CheckpointConfig, ModelConfig
 from . import format as fmt
 from .durable import atomic_write_bytes
@@ -157,8 +158,8 @@ class CheckpointManager:
 
         `before_commit` runs after the payload is durable and before the manifest (the commit) is
         written: whatever must reach the disk no later than the checkpoint (the loss log)."""
-        bin_path = self.run_dir / fmt.bin_name(snap.step)
-        man_path = self.run_dir / fmt.manifest_name(snap.step)
+        bin_path = self.run_dir / rundir.bin_name(snap.step)
+        man_path = self.run_dir / rundir.manifest_name(snap.step)
         payload = snap.payload_bytes()
         # A checkpoint of the same step from an earlier life is retired first, so that no moment
         # exists where its manifest describes the new payload's bytes.
@@ -230,7 +231,7 @@ class CheckpointManager:
 
     def mark_requested(self, step: int, trigger: Trigger) -> None:
         """Turn an existing checkpoint into an operator-requested one (kept as an audit point)."""
-        man_path = self.run_dir / fmt.manifest_name(step)
+        man_path = self.run_dir / rundir.manifest_name(step)
         with self._lock:
             manifest = Manifest.model_validate_json(man_path.read_bytes())
             updated = manifest.model_copy(update={"trigger": trigger})
@@ -252,7 +253,7 @@ class CheckpointManager:
     def _delete_loop(self) -> None:
         while (step := self._deletions.get()) is not None:
             # Manifest first: a half-deleted checkpoint must look absent, never valid.
-            for name in (fmt.manifest_name(step), fmt.bin_name(step)):
+            for name in (rundir.manifest_name(step), rundir.bin_name(step)):
                 try:
                     (self.run_dir / name).unlink(missing_ok=True)
                 except OSError as e:
@@ -270,7 +271,7 @@ class CheckpointManager:
     # ---- discovery and load ----------------------------------------------------------------
 
     def _remove_stale_temporaries(self) -> None:
-        for p in self.run_dir.glob("step_*.tmp"):
+        for p in self.run_dir.glob(rundir.CHECKPOINT_TEMPORARIES):
             log.warning("removing %s: left by a write that did not finish", p.name)
             p.unlink(missing_ok=True)
 
@@ -283,7 +284,9 @@ class CheckpointManager:
         return sorted(
             p.name
             for p in self.run_dir.iterdir()
-            if (parsed := fmt.parse_name(p.name)) and parsed[1] == "bin" and parsed[0] not in have
+            if (parsed := rundir.parse_checkpoint_name(p.name))
+            and parsed[1] == "bin"
+            and parsed[0] not in have
         )
 
     def verify(self, step: int, out: np.ndarray | None = None) -> tuple[Manifest, fmt.Payload]:
@@ -309,13 +312,13 @@ class CheckpointManager:
             try:
                 manifest, payload = self.verify(s, getattr(self, "read_buffer", None))
             except (ValueError, OSError) as e:
-                skipped.append(f"{fmt.manifest_name(s)}: {e}")
+                skipped.append(f"{rundir.manifest_name(s)}: {e}")
                 log.warning("skipping checkpoint %d: %s", s, e)
                 continue
             problems = _mismatches(manifest, expect)
             if problems:
                 raise ResumeRefused(
-                    f"checkpoint {fmt.bin_name(s)} cannot resume this run exactly:\n  "
+                    f"checkpoint {rundir.bin_name(s)} cannot resume this run exactly:\n  "
                     + "\n  ".join(problems)
                     + "\nStart with the configuration it was written with, or use a new run directory."
                 )
@@ -333,7 +336,7 @@ class CheckpointManager:
 
     def _read_trigger(self, step: int) -> str:
         try:
-            return json.loads((self.run_dir / fmt.manifest_name(step)).read_bytes())["trigger"]
+            return json.loads((self.run_dir / rundir.manifest_name(step)).read_bytes())["trigger"]
         except (OSError, ValueError, KeyError):
             return "cadence"
 
@@ -342,7 +345,7 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     """Steps that have a manifest, newest first. Read-only: safe beside a running trainer."""
     steps = []
     for p in run_dir.iterdir():
-        parsed = fmt.parse_name(p.name)
+        parsed = rundir.parse_checkpoint_name(p.name)
         if parsed and parsed[1] == "json":
             steps.append(parsed[0])
     return sorted(steps, reverse=True)
@@ -351,7 +354,7 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 def _verify(run_dir: Path, step: int, out: np.ndarray | None) -> tuple[Manifest, fmt.Payload]:
     """The payload is read once, hashed on a second thread as it arrives, into `out` (a uint8
     array, reused when large enough) or a new buffer; the returned arrays are views of it."""
-    man_path = run_dir / fmt.manifest_name(step)
+    man_path = run_dir / rundir.manifest_name(step)
     try:
         manifest = Manifest.model_validate_json(man_path.read_bytes())
     except (ValidationError, ValueError) as e:
@@ -359,8 +362,10 @@ def _verify(run_dir: Path, step: int, out: np.ndarray | None) -> tuple[Manifest,
     if manifest.step != step:
         raise ValueError(f"manifest says step {manifest.step}, file name says {step}")
     bin_path = run_dir / manifest.bin_file
-    if bin_path.name != fmt.bin_name(step):
-        raise ValueError(f"manifest points at {manifest.bin_file!r}, expected {fmt.bin_name(step)}")
+    if bin_path.name != rundir.bin_name(step):
+        raise ValueError(
+            f"manifest points at {manifest.bin_file!r}, expected {rundir.bin_name(step)}"
+        )
     if not bin_path.exists():
         raise ValueError("payload missing")
     size = bin_path.stat().st_size

@@ -6,6 +6,7 @@ sha256). The manifest is written after the payload is durable, so it is the comm
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +22,14 @@ FORMAT_VERSION = 1
 Trigger = Literal["cadence", "sigusr1", "sigterm", "sigint", "control", "end", "boundary"]
 #: Checkpoints an operator asked for: audit points, kept by default (see CheckpointConfig).
 REQUESTED_TRIGGERS = frozenset({"sigusr1", "control", "boundary"})
+
+
+def code_version() -> str:
+    """The installed andrea's version, as manifests record it."""
+    try:
+        return "andrea " + version("andrea")
+    except PackageNotFoundError:
+        return "andrea (not installed)"
 
 
 class _M(BaseModel):

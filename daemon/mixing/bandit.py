@@ -41,7 +41,9 @@ from typing import Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from andrea.daemon.mixing.policy import ARM_NAME_PATTERN, Policy
+from ..config import ARM_NAME_PATTERN
+from ..rundir import STATE_FILE
+from .policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +173,7 @@ class BanditState(_StateModel):
         return self
 
 
-def parse_state(data: str | bytes, origin: str = ".state.json") -> BanditState:
+def parse_state(data: str | bytes, origin: str = STATE_FILE) -> BanditState:
     """Validate saved state JSON. Raises `BanditStateError` naming `origin` and each bad field."""
     try:
         return BanditState.model_validate_json(data)

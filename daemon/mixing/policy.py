@@ -38,8 +38,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-#: Same rule as the arm names of the run config, so that every configured arm can be named here.
-ARM_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+# The run config's rule, so that every configured arm can be named here.
+from ..config import ARM_NAME_PATTERN
+from ..rundir import POLICY_FILE
 
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9
@@ -165,7 +166,7 @@ def describe_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_policy(text: str, source: str = "policy.toml") -> Policy:
+def parse_policy(text: str, source: str = POLICY_FILE) -> Policy:
     """Parse and validate policy TOML text; `source` names it in error messages."""
     try:
         data = tomllib.loads(text)

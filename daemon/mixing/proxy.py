@@ -28,7 +28,7 @@ import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.protocol import messages as m
-from andrea.protocol.transport import bind_router, claim, close_router, endpoint
+from andrea.protocol.transport import bind_router, close_router
 
 from ..checkpoint.durable import atomic_write_bytes
 from ..checkpoint.manager import checkpoint_steps
@@ -36,6 +36,18 @@ from ..config import DataConfig, RunConfig
 from ..data import DataError, load_arms
 from ..losslog import LossLog, read_entries
 from ..notify import Notifier
+from ..rundir import (
+    LOSS_FILE,
+    PIVOT_RECORD,
+    POLICY_FILE,
+    SAMPLES_FILE,
+    STATE_FILE,
+    claim,
+    corrupt_name,
+    endpoint,
+    pivot_archive,
+    pivot_records,
+)
 from ..signals import SignalFlags
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
@@ -43,9 +55,6 @@ from .policy import Policy, PolicyError, parse_policy
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = ".state.json"
-SAMPLES_FILE = ".samples.json"
-LOSS_FILE = ".loss.json"
 STATE_EVERY = 100
 SAMPLES_KEPT = 20
 
@@ -166,7 +175,7 @@ class Proxy:
             try:
                 state = parse_state_file(path)
             except ValueError as e:
-                bad = path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
+                bad = path.with_name(corrupt_name(STATE_FILE, int(time.time())))
                 path.rename(bad)
                 log.warning(
                     "%s; moved to %s and rebuilding the bandit from .loss.json", e, bad.name
@@ -205,7 +214,7 @@ class Proxy:
             try:
                 return SamplesFile.model_validate_json(path.read_bytes())
             except ValidationError as e:
-                bad = path.with_name(f"{SAMPLES_FILE}.corrupt-{int(time.time())}")
+                bad = path.with_name(corrupt_name(SAMPLES_FILE, int(time.time())))
                 path.rename(bad)
                 log.warning(
                     "%s is not valid (%s); moved to %s, starting a new one",
@@ -336,13 +345,13 @@ class Proxy:
         old = self.book.bandit
         self._write_state()
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        archive = self.run_dir / "archive" / f"pivot-{boundary:06d}-{stamp}"
+        archive = pivot_archive(self.run_dir, boundary, stamp)
         archive.mkdir(parents=True)
         for name in (STATE_FILE, SAMPLES_FILE):
             if (self.run_dir / name).exists():
                 atomic_write_bytes(archive / name, (self.run_dir / name).read_bytes())
         atomic_write_bytes(
-            archive / "policy.toml", tomli_w.dumps(old.policy.model_dump(mode="json")).encode()
+            archive / POLICY_FILE, tomli_w.dumps(old.policy.model_dump(mode="json")).encode()
         )
         record = {
             "boundary_step": boundary,
@@ -352,7 +361,7 @@ class Proxy:
             "new_policy": policy.fingerprint(),
             "utc": now_utc(),
         }
-        atomic_write_bytes(archive / "pivot.json", json.dumps(record, indent=1).encode())
+        atomic_write_bytes(archive / PIVOT_RECORD, json.dumps(record, indent=1).encode())
         bandit = Bandit(
             self.configured,
             policy,
@@ -396,7 +405,7 @@ class Proxy:
             )
         # The policy file first: if the proxy dies before the new state is written, its next start
         # sees the changed policy and completes the same pivot.
-        atomic_write_bytes(self.run_dir / "policy.toml", msg.policy_toml.encode())
+        atomic_write_bytes(self.run_dir / POLICY_FILE, msg.policy_toml.encode())
         archive = self._pivot(b, policy)
         return m.Reply(
             id=msg.id,
@@ -459,7 +468,7 @@ class Proxy:
 def last_pivot(run_dir: Path) -> tuple[int, int]:
     """(phase, boundary step) of the newest pivot recorded under archive/, or (0, 0)."""
     best = (0, 0)
-    for record in run_dir.glob("archive/pivot-*/pivot.json"):
+    for record in pivot_records(run_dir):
         data = json.loads(record.read_text())
         best = max(best, (int(data["new_phase"]), int(data["boundary_step"])))
     return best

@@ -48,6 +48,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from andrea.daemon import rundir  # noqa: E402
 from andrea.daemon.checkpoint import format as fmt  # noqa: E402
 from andrea.daemon.checkpoint.manager import CheckpointManager, Snapshot, layout_of  # noqa: E402
 from andrea.daemon.checkpoint.writer import StagingBuffer  # noqa: E402
@@ -272,7 +273,7 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
         clean(k)
         methods[k]()
     read_buf = StagingBuffer(n).array  # the trainer reads into its (pre-faulted) staging buffer
-    bin_path = d / "ours" / fmt.bin_name(1)
+    bin_path = d / "ours" / rundir.bin_name(1)
 
     def dd_read() -> None:
         subprocess.run(
