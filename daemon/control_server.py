@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from andrea.protocol import messages as m
 from andrea.protocol.transport import bind_router, close_router
 
-from .signals import SignalFlags
+from .process import SignalFlags
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 
 from .exitcodes import ExitCode
+from .process import SignalFlags, setup_logging
 from .rundir import CONFIG_FILE, LOSS_FILE, POLICY_FILE, AlreadyRunning
-from .signals import SignalFlags
-from .trainer_cli import setup_logging
 
 log = logging.getLogger("andrea.proxy")
 

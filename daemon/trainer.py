@@ -42,13 +42,12 @@ from .data import ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
 from .losslog import LossLog, last_entry
 from .model import GPT
-from .notify import Notifier
 from .precision import resolve as resolve_precision
 from .precision import resolve_device
+from .process import Notifier, SignalFlags
 from .proxy_link import ProxyLink
 from .rundir import LOSS_FILE, bin_name, claim, endpoint
 from .schedule import lr_at, scheduler_state
-from .signals import SignalFlags
 
 log = logging.getLogger(__name__)
 

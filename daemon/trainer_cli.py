@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .exitcodes import ExitCode
+from .process import Notifier, SignalFlags, setup_logging
 from .rundir import CONFIG_FILE
-from .signals import SignalFlags
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -83,30 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def setup_logging(level: str, identifier: str = "andrea-trainer") -> None:
-    """journald with structured fields under systemd, plain stderr lines elsewhere."""
-    handler: logging.Handler
-    if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
-        try:
-            from systemd.journal import JournalHandler
-
-            handler = JournalHandler(SYSLOG_IDENTIFIER=identifier)
-        except ImportError:
-            handler = logging.StreamHandler()
-    else:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
-
-
 def main(argv: list[str] | None = None) -> None:
     flags = SignalFlags()
     flags.install()
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     code = run(args, flags)
-    from .notify import Notifier
-
     Notifier().stopping()
     # Everything that matters is durable now. Tearing down torch's interpreter state takes
     # 0.5–0.8 s here, time a stop budget (TimeoutStopSec, a preemption notice) should not pay.

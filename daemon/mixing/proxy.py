@@ -35,7 +35,7 @@ from ..checkpoint.manager import checkpoint_steps
 from ..config import DataConfig, RunConfig
 from ..data import DataError, load_arms
 from ..losslog import LossLog, read_entries
-from ..notify import Notifier
+from ..process import Notifier, SignalFlags
 from ..rundir import (
     LOSS_FILE,
     PIVOT_RECORD,
@@ -48,7 +48,6 @@ from ..rundir import (
     pivot_archive,
     pivot_records,
 )
-from ..signals import SignalFlags
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
 from .policy import Policy, PolicyError, parse_policy

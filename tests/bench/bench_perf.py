@@ -343,7 +343,7 @@ def _sha256_time(buf: np.ndarray) -> float:
 
 
 def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
-    from andrea.daemon.signals import SignalFlags
+    from andrea.daemon.process import SignalFlags
     from andrea.daemon.trainer import Trainer, TrainerOptions
 
     run_dir = work / f"stall-{preset}"
@@ -534,7 +534,7 @@ def _bookkeeping_cost(cache: Path) -> float:
     the arm, the batch and its hash, the loss entry and its append, the watchdog tick, the flag checks."""
     import hashlib
 
-    from andrea.daemon.signals import SignalFlags
+    from andrea.daemon.process import SignalFlags
     from andrea.daemon.trainer import Trainer, TrainerOptions
     from andrea.protocol.lossentry import LossEntry
 

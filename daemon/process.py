@@ -1,19 +1,34 @@
-"""Signals become flags; the training loop acts on them at the next safe point.
+"""Process plumbing both daemons share: signal flags, systemd notification, logging setup.
+
+Signals become flags; the training loop acts on them at the next safe point.
 
 Work inside a handler (a checkpoint write, say) can hang or corrupt state when the signal lands
 in the middle of a step or of another write (Lightning #21406); so handlers only record what was
 asked. Long operations that are not training steps (data preparation, sampling, waiting) poll
 `stop_requested` so that a SIGTERM there is honoured at once, not at some later step boundary.
+
+systemd notification (Type=notify): readiness, status, watchdog, stop-timeout extension. It does
+nothing when not started by systemd (no NOTIFY_SOCKET), so the daemons run the same way in a
+terminal, in tests and under a unit.
+
+Nothing here imports torch: the entry points install their handlers before anything slow.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+import time
 from types import FrameType
 
 log = logging.getLogger(__name__)
+
+try:
+    from systemd import daemon as _sd
+except ImportError:  # systemd-python is optional off Linux
+    _sd = None
 
 
 class StopRequested(Exception):
@@ -97,3 +112,54 @@ class SignalFlags:
     def raise_if_stopping(self) -> None:
         if self.stop_reason is not None:
             raise StopRequested(self.stop_reason)
+
+
+class Notifier:
+    def __init__(self) -> None:
+        self.enabled = bool(_sd is not None and os.environ.get("NOTIFY_SOCKET"))
+        usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
+        # Ping at half the watchdog interval, as sd_watchdog_enabled(3) recommends.
+        self._watchdog_every = usec / 2e6 if usec else 0.0
+        self._last_ping = 0.0
+
+    def _send(self, *fields: str) -> None:
+        if self.enabled:
+            _sd.notify("\n".join(fields))
+
+    def ready(self, status: str) -> None:
+        self._send("READY=1", f"STATUS={status}")
+
+    def status(self, status: str) -> None:
+        self._send(f"STATUS={status}")
+
+    def tick(self) -> None:
+        """Watchdog keep-alive; cheap to call often, sends at most every WATCHDOG_USEC/2."""
+        if self._watchdog_every:
+            now = time.monotonic()
+            if now - self._last_ping >= self._watchdog_every:
+                self._last_ping = now
+                self._send("WATCHDOG=1")
+
+    def extend_timeout(self, seconds: float) -> None:
+        """Ask systemd for more time to finish stopping (resent while the final checkpoint is written)."""
+        self._send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}")
+
+    def stopping(self) -> None:
+        # Final from systemd 259 on: only at the real exit, never for checkpoint-and-continue.
+        self._send("STOPPING=1")
+
+
+def setup_logging(level: str, identifier: str = "andrea-trainer") -> None:
+    """journald with structured fields under systemd, plain stderr lines elsewhere."""
+    handler: logging.Handler
+    if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
+        try:
+            from systemd.journal import JournalHandler
+
+            handler = JournalHandler(SYSLOG_IDENTIFIER=identifier)
+        except ImportError:
+            handler = logging.StreamHandler()
+    else:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
