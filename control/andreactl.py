@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from andrea.daemon.rundir import LOSS_FILE, SAMPLES_FILE
+from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 
 
 @dataclass(frozen=True)
@@ -66,48 +67,74 @@ def _no_arguments(parser: argparse.ArgumentParser) -> None:
     pass
 
 
-def _status_data(run_dir: Path) -> dict[str, object]:
+@dataclass(frozen=True)
+class RunStatus:
+    """What each daemon of a run answered; None for one that does not answer."""
+
+    trainer: TrainerStatus | None
+    proxy: ProxyStatus | None
+
+    def answered(self) -> bool:
+        return self.trainer is not None or self.proxy is not None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "trainer": self.trainer.model_dump(mode="json") if self.trainer else None,
+            "proxy": self.proxy.model_dump(mode="json") if self.proxy else None,
+        }
+
+
+def _status_data(run_dir: Path) -> RunStatus:
     from andrea.protocol import messages as m
     from andrea.protocol.transport import new_id
 
-    out: dict[str, object] = {}
+    replies = {}
     for role in ("trainer", "proxy"):
         reply = _ask(run_dir, role, m.StatusRequest(id=new_id()), timeout=1.5)
-        out[role] = reply.data if reply is not None and reply.ok else None
-    return out
+        replies[role] = reply.data if reply is not None and reply.ok else None
+    return RunStatus(
+        trainer=TrainerStatus.model_validate(replies["trainer"]) if replies["trainer"] else None,
+        proxy=ProxyStatus.model_validate(replies["proxy"]) if replies["proxy"] else None,
+    )
 
 
-def _status_text(data: dict[str, object]) -> str:
+def _activity_text(t: TrainerStatus) -> str:
+    if t.activity is Activity.HOLDING:
+        return f"holding after step {t.step}"
+    return str(t.activity)
+
+
+def _status_text(data: RunStatus) -> str:
     lines = []
-    t = data["trainer"]
+    t = data.trainer
     if t is None:
         lines.append("trainer: not running (no answer on its control socket)")
     else:
-        loss = f"{t['loss_ema']:.4f}" if t.get("loss_ema") is not None else "-"
+        loss = f"{t.loss_ema:.4f}" if t.loss_ema is not None else "-"
         lines.append(
-            f"trainer: {t['activity']}, step {t['step']}/{t['max_steps']}, loss EMA {loss}, "
-            f"last checkpoint {t['last_checkpoint'] or 'none'}, segment {t['segment']}, pid {t['pid']}"
-            + (f", {t['device']} {t['dtype']}" if t.get("device") else "")
+            f"trainer: {_activity_text(t)}, step {t.step}/{t.max_steps}, loss EMA {loss}, "
+            f"last checkpoint {t.last_checkpoint or 'none'}, segment {t.segment}, pid {t.pid}"
+            + (f", {t.device} {t.dtype}" if t.device else "")
         )
-    p = data["proxy"]
+    p = data.proxy
     if p is None:
         lines.append("proxy:   not running (no answer on its socket)")
     else:
-        probs = ", ".join(f"{k} {v:.3f}" for k, v in p["probabilities"].items())
+        probs = ", ".join(f"{k} {v:.3f}" for k, v in p.probabilities.items())
         lines.append(
-            f"proxy:   phase {p['phase']} (from step {p['phase_start_step']}), logged up to step {p['durable_step']}"
+            f"proxy:   phase {p.phase} (from step {p.phase_start_step}), logged up to step {p.durable_step}"
         )
         lines.append(f"         probabilities: {probs}")
-        for z in p["zombies"]:
-            lines.append(f"         ZOMBIE arm {z['name']!r}: {z['reason']} (never draws)")
+        for z in p.zombies:
+            lines.append(f"         ZOMBIE arm {z.name!r}: {z.reason} (never draws)")
     return "\n".join(lines)
 
 
 def cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """What the trainer and the proxy are doing. Exit 1 when neither answers."""
     data = _status_data(args.run_dir)
-    _emit(args, data, _status_text(data))
-    return 0 if any(v is not None for v in data.values()) else 1
+    _emit(args, data.to_json(), _status_text(data))
+    return 0 if data.answered() else 1
 
 
 def _watch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,7 +148,7 @@ def cmd_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             data = _status_data(args.run_dir)
             stamp = time.strftime("%H:%M:%S")
             if args.json:
-                print(json.dumps({"time": stamp, **data}, default=str), flush=True)
+                print(json.dumps({"time": stamp, **data.to_json()}, default=str), flush=True)
             else:
                 print(f"[{stamp}] " + _status_text(data).replace("\n", "\n           "), flush=True)
             time.sleep(args.interval)
@@ -227,14 +254,14 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"andreactl: {e}", file=sys.stderr)
         return 2
     status = _status_data(args.run_dir)
-    trainer, proxy = status["trainer"], status["proxy"]
+    trainer, proxy = status.trainer, status.proxy
     if trainer is None or proxy is None:
         print(
             "andreactl: a pivot needs the trainer and the proxy running and answering",
             file=sys.stderr,
         )
         return 1
-    if trainer["mixing"] != "proxy":
+    if trainer.mixing != "proxy":
         print(
             "andreactl: the trainer uses a fixed mixture; there is no bandit to pivot",
             file=sys.stderr,
@@ -250,16 +277,16 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
         return 1
     print(
-        f"pivot: the trainer will checkpoint at its next boundary and hold (now at step {trainer['step']})",
+        f"pivot: the trainer will checkpoint at its next boundary and hold (now at step {trainer.step})",
         file=sys.stderr,
     )
     deadline = time.monotonic() + args.timeout
     while True:
-        t = _status_data(args.run_dir)["trainer"]
-        if t is not None and str(t["activity"]).startswith("holding"):
-            boundary = t["step"]
+        t = _status_data(args.run_dir).trainer
+        if t is not None and t.activity is Activity.HOLDING:
+            boundary = t.step
             break
-        if time.monotonic() > deadline or (t is not None and t["activity"] == "stopping"):
+        if time.monotonic() > deadline or (t is not None and t.activity is Activity.STOPPING):
             print(
                 "andreactl: the trainer did not reach a boundary; nothing was changed",
                 file=sys.stderr,

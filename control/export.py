@@ -38,6 +38,7 @@ from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint.durable import atomic_write_bytes, fsync_dir
 from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
 from andrea.daemon.checkpoint.manifest import Environment, Manifest, MixingState, code_version
+from andrea.daemon.checkpoint.state import load_weights
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
 from andrea.daemon.losslog import LossLogError, read_curve
@@ -181,10 +182,7 @@ def build_model(manifest: Manifest, weights: np.ndarray) -> GPT:
     # The constructor's random init is overwritten at once; it must not move the caller's generator.
     with torch.random.fork_rng(devices=[]):
         model = GPT(manifest.model)
-    tensors = fmt.unflatten(weights, [(e.name, tuple(e.shape), e.offset) for e in manifest.layout])
-    model.load_state_dict(
-        {name: torch.from_numpy(np.array(t)) for name, t in tensors.items()}, strict=True
-    )
+    load_weights(list(model.named_parameters()), manifest.layout, weights)
     return model.eval()
 
 

@@ -18,6 +18,7 @@ import zmq
 from pydantic import ValidationError
 
 from andrea.protocol import messages as m
+from andrea.protocol.status import TrainerStatus
 from andrea.protocol.transport import bind_router, close_router
 
 from .process import SignalFlags
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class ControlServer:
-    def __init__(self, ep: str, flags: SignalFlags, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, ep: str, flags: SignalFlags, status: Callable[[], TrainerStatus]) -> None:
         self.flags = flags
         self.status = status
         self._ep = ep
@@ -83,7 +84,7 @@ class ControlServer:
         except (ValidationError, ValueError) as e:
             return m.Reply(id="?", ok=False, error=f"invalid message: {str(e).splitlines()[0]}")
         if isinstance(msg, m.StatusRequest):
-            return m.Reply(id=msg.id, ok=True, data=self.status())
+            return m.Reply(id=msg.id, ok=True, data=self.status().model_dump(mode="json"))
         if isinstance(msg, m.CheckpointRequest):
             if msg.boundary or msg.hold:
                 self.flags.request_boundary_checkpoint(hold=msg.hold)

@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 from types import FrameType
+from typing import Literal
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,12 @@ try:
     from systemd import daemon as _sd
 except ImportError:  # systemd-python is optional off Linux
     _sd = None
+
+
+#: Why the daemon was asked to stop: a signal or a control request.
+StopReason = Literal["sigterm", "sigint", "control"]
+#: Who asked for a checkpoint now: SIGUSR1 or a control request.
+CheckpointReason = Literal["sigusr1", "control"]
 
 
 class StopRequested(Exception):
@@ -40,8 +47,8 @@ class SignalFlags:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.stop_reason: str | None = None  # "sigterm", "sigint", "control"
-        self.checkpoint_reason: str | None = None  # "sigusr1", "control"
+        self.stop_reason: StopReason | None = None
+        self.checkpoint_reason: CheckpointReason | None = None
         self.boundary_requested = False  # checkpoint at the next cadence boundary (control)
         self.hold_requested = False  # ...and then hold until resumed (a pivot)
         self.resume_requested = False
@@ -62,19 +69,19 @@ class SignalFlags:
         self._previous.clear()
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        self.request_stop(signal.Signals(signum).name.lower())
+        self.request_stop("sigint" if signum == signal.SIGINT else "sigterm")
 
     def _on_checkpoint(self, signum: int, frame: FrameType | None) -> None:
         self.request_checkpoint("sigusr1")
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: StopReason) -> None:
         # First reason wins: a second Ctrl-C while the final checkpoint is written must not
         # turn into anything harsher.
         with self._lock:
             if self.stop_reason is None:
                 self.stop_reason = reason
 
-    def request_checkpoint(self, reason: str) -> None:
+    def request_checkpoint(self, reason: CheckpointReason) -> None:
         with self._lock:
             if self.checkpoint_reason is None:
                 self.checkpoint_reason = reason  # repeated requests coalesce into one checkpoint
@@ -101,7 +108,7 @@ class SignalFlags:
             resumed, self.resume_requested = self.resume_requested, False
             return resumed
 
-    def take_checkpoint_request(self) -> str | None:
+    def take_checkpoint_request(self) -> CheckpointReason | None:
         with self._lock:
             reason, self.checkpoint_reason = self.checkpoint_reason, None
             return reason

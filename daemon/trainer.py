@@ -16,18 +16,21 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import torch
 
 from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
+from andrea.protocol.status import Activity, TrainerStatus
 from andrea.protocol.transport import new_id
 
 from .checkpoint import rngstate
 from .checkpoint.manager import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
 from .checkpoint.manifest import (
     Environment,
+    LayoutEntry,
     Manifest,
     MixingState,
     OptimizerState,
@@ -35,15 +38,17 @@ from .checkpoint.manifest import (
     Trigger,
     code_version,
 )
+from .checkpoint.rngstate import RngState
+from .checkpoint.state import load_adam_state, load_weights
 from .checkpoint.writer import StagingBuffer
 from .config import RunConfig
 from .control_server import ControlServer
-from .data import ArmStream, FixedMixture, load_arms
+from .data import Arm, ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
 from .losslog import LossLog, last_entry
 from .model import GPT
+from .precision import NumericMode, resolve_device
 from .precision import resolve as resolve_precision
-from .precision import resolve_device
 from .process import Notifier, SignalFlags
 from .proxy_link import ProxyLink
 from .rundir import LOSS_FILE, bin_name, claim, endpoint
@@ -74,21 +79,46 @@ class Trainer:
         self.run_dir = opts.run_dir
         self.flags = flags
         self.notifier = notifier or Notifier()
+        self.activity = Activity.STARTING
         self.step = 0
         self.tokens_seen = 0
         self.train_seconds = 0.0
+        self.loss_ema: float | None = None
+        #: The trainer process life; with the proxy, 0 until the proxy has numbered it.
+        self.segment = 0
+        self.phase = 0
         self.last_saved = 0
         self.last_write_seconds = 0.0
+        self.last_stall_seconds = 0.0
+        # Built by setup(); status() may run before (it is served as soon as the socket is bound).
+        self._lock: IO[bytes] | None = None
+        self.control: ControlServer | None = None
+        self.device: torch.device | None = None
+        self.numerics: NumericMode | None = None
+        self.arms: list[Arm] = []
+        self.streams: list[ArmStream] = []
+        self.mixture: FixedMixture | None = None
+        self.arm_index: dict[str, int] = {}
+        self.model: GPT | None = None
+        self.params: list[torch.nn.Parameter] = []
+        self.layout: list[LayoutEntry] = []
+        self.fused = True
+        self.optimizer: torch.optim.AdamW | None = None
+        self._staging: StagingBuffer | None = None
+        self.ckpt: CheckpointManager | None = None
+        self.losslog: LossLog | None = None
+        self.link: ProxyLink | None = None
+        self._pending_rng: RngState | None = None
+        self._snapshot_env: Environment | None = None  # fixed for the life of the process
 
     # ---- setup ------------------------------------------------------------------------------
 
     def setup(self) -> None:
         """Build data, model and optimizer, then resume from the newest valid checkpoint.
-        Raises StopRequested-like InterruptedError, DataError or ResumeRefused."""
+        Raises InterruptedError (a stop requested while the data was prepared), DataError or
+        ResumeRefused."""
         cfg = self.cfg
         self._lock = claim(self.run_dir, "trainer")
-        self.activity = "starting"
-        self.loss_ema: float | None = None
         self.control = ControlServer(endpoint(self.run_dir, "trainer"), self.flags, self.status)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -114,7 +144,6 @@ class Trainer:
         self.params = [p for _, p in self.model.named_parameters()]
         self.layout = layout_of((n, tuple(p.shape)) for n, p in self.model.named_parameters())
         o = cfg.optim
-        self.fused = True
         self.optimizer = torch.optim.AdamW(
             self.model.decay_groups(o.weight_decay),
             lr=o.lr,
@@ -138,8 +167,6 @@ class Trainer:
             self._restore(loaded)
             prior_segment = loaded.manifest.progress.segment
         self.phase = loaded.manifest.mixing.phase if loaded is not None else 0
-        self.losslog: LossLog | None = None
-        self.link: ProxyLink | None = None
         if cfg.mixing == "fixed":
             loss_path = self.run_dir / LOSS_FILE
             tail = last_entry(loss_path) if loss_path.exists() else None
@@ -170,32 +197,8 @@ class Trainer:
         m = loaded.manifest
         p = loaded.payload
         self._warn_if_inexact(m)
-        with torch.no_grad():
-            for entry, param in zip(m.layout, self.params):
-                n = int(np.prod(entry.shape, dtype=np.int64))
-                param.copy_(
-                    torch.from_numpy(
-                        p.weights[entry.offset : entry.offset + n].reshape(entry.shape)
-                    )
-                )
-        # Adam's moments are created lazily on the first step; a resume must create them from the
-        # checkpoint explicitly, or the first resumed step runs with m = v = 0 (KempnerForge #115).
-        index = {
-            id(q): i
-            for i, q in enumerate(q for g in self.optimizer.param_groups for q in g["params"])
-        }
-        state = {}
-        for entry, param in zip(m.layout, self.params):
-            n = int(np.prod(entry.shape, dtype=np.int64))
-            sl = slice(entry.offset, entry.offset + n)
-            state[index[id(param)]] = {
-                "step": torch.tensor(float(m.optimizer.adam_step), dtype=torch.float32),
-                "exp_avg": torch.from_numpy(p.m[sl].reshape(entry.shape).copy()),
-                "exp_avg_sq": torch.from_numpy(p.v[sl].reshape(entry.shape).copy()),
-            }
-        sd = self.optimizer.state_dict()
-        sd["state"] = state
-        self.optimizer.load_state_dict(sd)
+        load_weights(list(self.model.named_parameters()), m.layout, p.weights)
+        load_adam_state(self.optimizer, self.params, m.layout, p, m.optimizer.adam_step)
         if "cursor" not in self.opts.skip_restore:
             cursors = {c.name: c for c in m.data}
             for s in self.streams:
@@ -281,8 +284,8 @@ class Trainer:
             [s["exp_avg_sq"] for s in states],
         )
         o = self.cfg.optim
-        if getattr(self, "_snapshot_env", None) is None:
-            self._snapshot_env = self._environment()  # fixed for the life of the process
+        if self._snapshot_env is None:
+            self._snapshot_env = self._environment()
         fields = dict(
             layout=self.layout,
             model=self.cfg.model,
@@ -418,7 +421,7 @@ class Trainer:
                 self.last_saved or "none",
             )
 
-    def _on_checkpoint_request(self, reason: str) -> None:
+    def _on_checkpoint_request(self, reason: Trigger) -> None:
         if self.step == 0:
             log.warning(
                 "checkpoint requested (%s) before the first step: there is nothing to save yet",
@@ -429,12 +432,12 @@ class Trainer:
             )
             return
         if self.last_saved == self.step:
-            self.ckpt.mark_requested(self.step, reason)  # type: ignore[arg-type]
+            self.ckpt.mark_requested(self.step, reason)
             log.info(
                 "checkpoint of step %d already exists; kept as requested (%s)", self.step, reason
             )
         else:
-            self._checkpoint_and_continue(reason)  # type: ignore[arg-type]
+            self._checkpoint_and_continue(reason)
         if self.last_saved == self.step:
             self.control.checkpoint_served({"step": self.step, "checkpoint": bin_name(self.step)})
         else:
@@ -462,25 +465,24 @@ class Trainer:
 
     # ---- status -----------------------------------------------------------------------------
 
-    def status(self) -> dict:
+    def status(self) -> TrainerStatus:
         """What `andreactl status` shows; read from the control thread, so only plain values."""
-        return {
-            "role": "trainer",
-            "pid": os.getpid(),
-            "activity": self.activity,
-            "step": self.step,
-            "max_steps": self.cfg.max_steps,
-            "loss_ema": self.loss_ema,
-            "last_checkpoint": self.last_saved or None,
-            "segment": getattr(self, "segment", None),
-            "phase": getattr(self, "phase", None),
-            "mixing": self.cfg.mixing,
-            "proxy_connected": self.link.connected() if getattr(self, "link", None) else None,
-            "preset": self.cfg.preset,
-            "run_dir": str(self.run_dir),
-            "device": str(self.device) if hasattr(self, "device") else None,
-            "dtype": self.numerics.recorded if hasattr(self, "numerics") else None,
-        }
+        return TrainerStatus(
+            pid=os.getpid(),
+            activity=self.activity,
+            step=self.step,
+            max_steps=self.cfg.max_steps,
+            loss_ema=self.loss_ema,
+            last_checkpoint=self.last_saved or None,
+            segment=self.segment,
+            phase=self.phase,
+            mixing=self.cfg.mixing,
+            proxy_connected=self.link.connected() if self.link is not None else None,
+            preset=self.cfg.preset,
+            run_dir=str(self.run_dir),
+            device=str(self.device) if self.device is not None else None,
+            dtype=self.numerics.recorded if self.numerics is not None else None,
+        )
 
     # ---- mixing -----------------------------------------------------------------------------
 
@@ -497,7 +499,7 @@ class Trainer:
                 self.segment = self.link.segment
                 self.phase = a.phase
                 return self.arm_index[a.arm]
-            self.activity = "waiting for proxy"
+            self.activity = Activity.WAITING_FOR_PROXY
             if time.monotonic() >= next_report:
                 waited = time.monotonic() - since
                 log.warning("waiting for the proxy to assign step %d (%.0f s so far)", step, waited)
@@ -513,7 +515,7 @@ class Trainer:
     def _hold(self) -> None:
         """Wait at a boundary checkpoint until resumed (the proxy pivots meanwhile), honouring stop
         requests. On resume every prefetched arm is dropped: it was drawn under the old policy."""
-        self.activity = f"holding after step {self.step}"
+        self.activity = Activity.HOLDING
         self.notifier.status(f"step {self.step}: holding at a boundary checkpoint")
         log.info("holding after the checkpoint of step %d until resumed", self.step)
         while not self.flags.stop_requested():
@@ -551,7 +553,7 @@ class Trainer:
                 self.link.submit_loss(entry)
             loss_ema = entry.loss if loss_ema is None else 0.9 * loss_ema + 0.1 * entry.loss
             self.loss_ema = loss_ema
-            self.activity = "training"
+            self.activity = Activity.TRAINING
             self.notifier.tick()
 
             at_boundary = self.ckpt.due(self.step) or self.cfg.checkpoint.every == 0
@@ -606,7 +608,7 @@ class Trainer:
 
     def finish(self) -> ExitCode:
         """Final checkpoint (if the newest step has none yet), then a clean exit."""
-        self.activity = "stopping"
+        self.activity = Activity.STOPPING
         if (writing := self.ckpt.in_flight()) is not None:
             # A stop during a background write waits for it (it is never abandoned half-way), then
             # writes its own final checkpoint unless that write already holds the newest step.
@@ -614,15 +616,15 @@ class Trainer:
             self.notifier.extend_timeout(max(30.0, 4 * self.last_write_seconds))
         self._wait_for_write()
         reason = self.flags.stop_reason
-        trigger: Trigger = reason if reason in ("sigterm", "sigint", "control") else "end"  # type: ignore[assignment]
+        trigger: Trigger = reason if reason is not None else "end"
         # A checkpoint request that came with the stop is served by the final checkpoint, which
         # then counts as requested (an audit point kept by retention).
         requested = self.flags.take_checkpoint_request()
         code = ExitCode.OK
         if requested is not None and self.step > self.last_saved:
-            trigger = requested  # type: ignore[assignment]
+            trigger = requested
         elif requested is not None and self.step > 0:
-            self.ckpt.mark_requested(self.step, requested)  # type: ignore[arg-type]
+            self.ckpt.mark_requested(self.step, requested)
         if self.step > self.last_saved:
             self.notifier.status(f"writing final checkpoint of step {self.step}")
             self.notifier.extend_timeout(max(30.0, 4 * self.last_write_seconds))

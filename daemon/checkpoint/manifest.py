@@ -15,11 +15,14 @@ from andrea.protocol.lossentry import LossEntry
 
 from ..config import ModelConfig
 from ..data import CursorState
+from ..process import CheckpointReason, StopReason
 from .rngstate import RngState
 
 FORMAT_VERSION = 1
 
-Trigger = Literal["cadence", "sigusr1", "sigterm", "sigint", "control", "end", "boundary"]
+#: What made a checkpoint: a stop or checkpoint request (signal or control), the cadence, the end of
+#: training, or a pivot boundary.
+Trigger = Literal[StopReason, CheckpointReason, "cadence", "end", "boundary"]
 #: Checkpoints an operator asked for: audit points, kept by default (see CheckpointConfig).
 REQUESTED_TRIGGERS = frozenset({"sigusr1", "control", "boundary"})
 

@@ -28,6 +28,7 @@ import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.protocol import messages as m
+from andrea.protocol.status import ProxyStatus, Zombie
 from andrea.protocol.transport import bind_router, close_router
 
 from ..checkpoint.durable import atomic_write_bytes
@@ -251,7 +252,7 @@ class Proxy:
         if isinstance(msg, m.SampleReport):
             return self._samples(msg)
         if isinstance(msg, m.StatusRequest):
-            return m.Reply(id=msg.id, ok=True, data=self.status())
+            return m.Reply(id=msg.id, ok=True, data=self.status().model_dump(mode="json"))
         if isinstance(msg, m.PivotRequest):
             return self._pivot_request(msg)
         if isinstance(msg, (m.CheckpointRequest, m.StopRequest, m.ResumeRequest)):
@@ -416,19 +417,18 @@ class Proxy:
             },
         )
 
-    def status(self) -> dict:
+    def status(self) -> ProxyStatus:
         b = self.book.bandit
-        return {
-            "role": "proxy",
-            "durable_step": self.durable_step,
-            "max_segment": self.max_segment,
-            "phase": b.phase,
-            "phase_start_step": b.phase_start_step,
-            "lag": self.book.lag,
-            "probabilities": b.probabilities(),
-            "zombies": [z.model_dump() for z in b.zombies],
-            "policy_fingerprint": b.policy.fingerprint(),
-        }
+        return ProxyStatus(
+            durable_step=self.durable_step,
+            max_segment=self.max_segment,
+            phase=b.phase,
+            phase_start_step=b.phase_start_step,
+            lag=self.book.lag,
+            probabilities=b.probabilities(),
+            zombies=[Zombie(**z.model_dump()) for z in b.zombies],
+            policy_fingerprint=b.policy.fingerprint(),
+        )
 
     # ---- loop -------------------------------------------------------------------------------
 

@@ -1,0 +1,69 @@
+"""What a daemon answers to a `status` request: one typed model per role.
+
+The reply travels as ``Reply.data`` (a JSON object); the daemon builds it from the model below and
+andreactl validates it back into the same model, so a field is added in one line here and both
+sides see it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Activity(StrEnum):
+    """What the trainer is doing now."""
+
+    STARTING = "starting"
+    TRAINING = "training"
+    WAITING_FOR_PROXY = "waiting for proxy"
+    #: Held after a boundary checkpoint until resumed (the first half of a pivot).
+    HOLDING = "holding"
+    STOPPING = "stopping"
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainerStatus(_Status):
+    role: Literal["trainer"] = "trainer"
+    pid: int
+    activity: Activity
+    step: int
+    max_steps: int
+    loss_ema: float | None
+    last_checkpoint: int | None
+    segment: int  # with the proxy: 0 until the proxy has numbered this life
+    phase: int
+    mixing: str
+    proxy_connected: bool | None
+    preset: str
+    run_dir: str
+    device: str | None  # None until the trainer has resolved it
+    dtype: str | None
+
+
+class Zombie(_Status):
+    """An arm whose source is gone: it never draws (see docs/bandit.md)."""
+
+    name: str
+    identity: str
+    reason: str
+    pulls: int
+    ema_reward: float
+    weight: float
+
+
+class ProxyStatus(_Status):
+    role: Literal["proxy"] = "proxy"
+    durable_step: int
+    max_segment: int
+    phase: int
+    phase_start_step: int
+    lag: int
+    probabilities: dict[str, float]
+    zombies: list[Zombie]
+    policy_fingerprint: str

@@ -1,0 +1,85 @@
+"""The typed status replies: what crosses the control socket and how andreactl reads it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from andrea.control.andreactl import RunStatus, _status_text
+from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
+
+TRAINER = {
+    "role": "trainer",
+    "pid": 4242,
+    "activity": "holding",
+    "step": 30,
+    "max_steps": 100,
+    "loss_ema": 4.5,
+    "last_checkpoint": 30,
+    "segment": 2,
+    "phase": 1,
+    "mixing": "proxy",
+    "proxy_connected": True,
+    "preset": "andrea-tiny",
+    "run_dir": "/runs/a",
+    "device": "cpu",
+    "dtype": "float32",
+}
+PROXY = {
+    "role": "proxy",
+    "durable_step": 29,
+    "max_segment": 2,
+    "phase": 1,
+    "phase_start_step": 21,
+    "lag": 2,
+    "probabilities": {"code": 0.25, "prose": 0.75},
+    "zombies": [
+        {
+            "name": "gone",
+            "identity": "sha256:00",
+            "reason": "source missing",
+            "pulls": 3,
+            "ema_reward": 0.1,
+            "weight": 1.0,
+        }
+    ],
+    "policy_fingerprint": "abc",
+}
+
+
+def test_status_round_trips_as_the_json_the_daemons_send() -> None:
+    t = TrainerStatus.model_validate(json.loads(json.dumps(TRAINER)))
+    assert t.activity is Activity.HOLDING
+    assert t.model_dump(mode="json") == TRAINER
+    p = ProxyStatus.model_validate(PROXY)
+    assert p.model_dump(mode="json") == PROXY
+
+
+def test_unknown_activity_and_unknown_field_are_refused() -> None:
+    with pytest.raises(ValidationError, match="activity"):
+        TrainerStatus.model_validate({**TRAINER, "activity": "holding after step 30"})
+    with pytest.raises(ValidationError, match="surprise"):
+        ProxyStatus.model_validate({**PROXY, "surprise": 1})
+
+
+def test_andreactl_text_names_the_hold_step_and_zombies() -> None:
+    text = _status_text(
+        RunStatus(TrainerStatus.model_validate(TRAINER), ProxyStatus.model_validate(PROXY))
+    )
+    assert text.splitlines()[0] == (
+        "trainer: holding after step 30, step 30/100, loss EMA 4.5000, last checkpoint 30, "
+        "segment 2, pid 4242, cpu float32"
+    )
+    assert "probabilities: code 0.250, prose 0.750" in text
+    assert "ZOMBIE arm 'gone': source missing (never draws)" in text
+
+
+def test_a_trainer_still_starting_has_no_device_yet() -> None:
+    starting = {**TRAINER, "activity": "starting", "device": None, "dtype": None}
+    text = _status_text(RunStatus(TrainerStatus.model_validate(starting), None))
+    assert text.splitlines() == [
+        "trainer: starting, step 30/100, loss EMA 4.5000, last checkpoint 30, segment 2, pid 4242",
+        "proxy:   not running (no answer on its socket)",
+    ]
