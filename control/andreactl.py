@@ -44,11 +44,11 @@ def _ask(
     run_dir: Path, role: str, msg: object, timeout: float = 3.0, retries: int = 2
 ) -> object | None:
     """The daemon's reply, or None when it does not answer (not running, or wedged)."""
-    from andrea.daemon.rundir import endpoint
+    from andrea.daemon.rundir import peer_endpoint
     from andrea.protocol.transport import Unreachable, request
 
     try:
-        return request(endpoint(run_dir, role), msg, timeout=timeout, retries=retries)  # type: ignore[arg-type]
+        return request(peer_endpoint(run_dir, role), msg, timeout=timeout, retries=retries)  # type: ignore[arg-type]
     except Unreachable:
         return None
 
@@ -549,7 +549,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Command = args.command_entry
     if command.needs_run_dir and args.run_dir is None:
         parser.error(f"{command.name} needs --run-dir DIR")
-    return command.run(args, args.command_parser)
+    from andrea.daemon.rundir import SocketDirError
+
+    try:
+        return command.run(args, args.command_parser)
+    except SocketDirError as e:
+        print(f"andreactl: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

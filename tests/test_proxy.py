@@ -20,7 +20,7 @@ import pytest
 
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
-from andrea.daemon.rundir import bin_name, endpoint
+from andrea.daemon.rundir import bin_name, peer_endpoint
 from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id, request
 
@@ -242,7 +242,7 @@ def test_zombie_arm_never_draws_and_is_reported(
     proxy = start_proxy(tmp_path)
     proxy.wait_for(r"zombie arm 'repo-docstrings'")
     proxy.wait_for(r"proxy ready")
-    reply = request(endpoint(tmp_path, "proxy"), m.StatusRequest(id=new_id()), timeout=5)
+    reply = request(peer_endpoint(tmp_path, "proxy"), m.StatusRequest(id=new_id()), timeout=5)
     assert stop(proxy) == ExitCode.OK, proxy.log
     assert reply.ok and reply.data["probabilities"]["repo-docstrings"] == 0.0
     assert [z["name"] for z in reply.data["zombies"]] == ["repo-docstrings"]
