@@ -4,6 +4,7 @@ systemd restarts a unit on failure; codes that mean "a person must decide" are l
 units' RestartPreventExitStatus so that a bad config never becomes a crash loop.
 """
 
+import errno
 from enum import IntEnum
 
 
@@ -25,3 +26,31 @@ class ExitCode(IntEnum):
 
 #: Codes after which an automatic restart would only repeat the failure.
 NO_RESTART = (ExitCode.CONFIG_ERROR, ExitCode.RESUME_REFUSED, ExitCode.DATA_ERROR)
+
+
+#: Permission problems do not go away by themselves: a restart would only repeat them.
+_PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def for_unexpected(exc: BaseException) -> tuple[ExitCode, str]:
+    """The exit code for an exception nothing else handled, and a log line that says what
+    happens next (the journal's last lines are what `systemctl status` shows).
+
+    Only an error that a restart may cure exits FAILURE: systemd restarts the unit, and its start
+    limit ends a loop. Out of memory at a fixed model and batch size, or a permission the service
+    lacks, fails the same way on every start: those exit CONFIG_ERROR, never restarted.
+    """
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return ExitCode.CONFIG_ERROR, (
+            f"out of memory ({exc!r}); exit 2, not restarted: lower --batch-size or use a"
+            " smaller --preset"
+        )
+    if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
+        return ExitCode.CONFIG_ERROR, (
+            f"{exc}; exit 2, not restarted: give the service's user access to that path"
+        )
+    return ExitCode.FAILURE, (
+        f"unexpected error ({exc!r}); exit 1: under systemd the unit restarts and resumes from"
+        " the newest valid checkpoint, and 5 failed starts within 15 min stop it (start limit,"
+        " see docs/operations.md)"
+    )

@@ -16,15 +16,20 @@ Nothing here imports torch: the entry points install their handlers before anyth
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Literal
 
 log = logging.getLogger(__name__)
+
+#: How long the stop timeout is extended at most while one final checkpoint is being written.
+EXTEND_LIMIT = 3600.0
 
 try:
     from systemd import daemon as _sd
@@ -148,8 +153,47 @@ class Notifier:
                 self._send("WATCHDOG=1")
 
     def extend_timeout(self, seconds: float) -> None:
-        """Ask systemd for more time to finish stopping (resent while the final checkpoint is written)."""
+        """Ask systemd for `seconds` more from now to finish stopping."""
         self._send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}")
+
+    @contextlib.contextmanager
+    def keepalive(
+        self, what: str, extend: float | None = None, limit: float = EXTEND_LIMIT
+    ) -> Iterator[None]:
+        """While the body runs (a checkpoint write that blocks the main thread), keep systemd
+        informed from a helper thread: WATCHDOG=1, and with `extend` an EXTEND_TIMEOUT_USEC of
+        that many seconds, re-sent every `extend`/3 s for at most `limit` seconds. One extension
+        alone would lapse during a write slower than it, and systemd would SIGKILL a clean stop
+        half-way; the limit still lets systemd end a write that hangs for good (a dead disk)."""
+        if not self.enabled:
+            yield
+            return
+        period = min(x for x in (extend and extend / 3, self._watchdog_every or None, 10.0) if x)
+        done = threading.Event()
+        start = time.monotonic()
+
+        def beat() -> None:
+            next_log = 60.0
+            while True:
+                if extend and time.monotonic() - start < limit:
+                    self.extend_timeout(extend)
+                if self._watchdog_every:
+                    self._send("WATCHDOG=1")
+                if done.wait(period):
+                    return
+                waited = time.monotonic() - start
+                self._send(f"STATUS={what} ({waited:.0f} s so far)")
+                if waited >= next_log:
+                    log.info("%s: still in progress after %.0f s", what, waited)
+                    next_log += 60.0
+
+        t = threading.Thread(target=beat, name="sd-keepalive", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            done.set()
+            t.join()
 
     def stopping(self) -> None:
         # Final from systemd 259 on: only at the real exit, never for checkpoint-and-continue.

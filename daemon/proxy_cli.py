@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from .exitcodes import ExitCode
-from .process import SignalFlags, setup_logging
-from .rundir import CONFIG_FILE, LOSS_FILE, POLICY_FILE, AlreadyRunning
+from .exitcodes import ExitCode, for_unexpected
+from .process import Notifier, SignalFlags, setup_logging
+from .rundir import CONFIG_FILE, LOSS_FILE, POLICY_FILE, AlreadyRunning, SocketDirError
 
 log = logging.getLogger("andrea.proxy")
 
@@ -39,22 +39,34 @@ def main(argv: list[str] | None = None) -> None:
     flags.install()
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, "andrea-proxy")
-    sys.exit(int(run(args, flags)))
+    try:
+        code = run(args, flags)
+    except Exception as e:
+        code, advice = for_unexpected(e)
+        log.critical("%s", advice, exc_info=True)
+    sys.exit(int(code))
 
 
 def _wait_for(path: Path, flags: SignalFlags) -> bool:
-    if not path.exists():
-        log.info("waiting for %s (the trainer's first start writes it)", path)
+    """Wait for the run config, which the trainer's first start writes. The units start both
+    daemons at once (neither is ordered after the other), so this wait is short."""
+    if path.exists():
+        return True
+    notifier = Notifier()
+    log.info("waiting for %s (the trainer's first start writes it)", path)
+    notifier.status(f"waiting for {path.name} (written by the trainer's first start)")
     while not path.exists():
         if flags.stop_requested():
             return False
-        time.sleep(0.2)
+        notifier.tick()
+        time.sleep(0.1)
     return True
 
 
 def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     from .config import ConfigError, build_config, load_toml
     from .losslog import LossLogError
+    from .mixing.bandit import BanditError
     from .mixing.policy import Policy, PolicyError, load_policy
     from .mixing.proxy import Proxy, ProxyOptions
 
@@ -73,11 +85,16 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     proxy = Proxy(ProxyOptions(run_dir, cfg, policy), flags)
     try:
         proxy.setup()
-    except (AlreadyRunning, PolicyError, ValueError) as e:
+    except (AlreadyRunning, SocketDirError, PolicyError, ValueError) as e:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
     except LossLogError as e:
         log.error("%s: %s", run_dir / LOSS_FILE, e)
+        return ExitCode.RESUME_REFUSED
+    except BanditError as e:
+        # The run's own files contradict its config (a logged arm that is not configured):
+        # every start would fail the same way.
+        log.error("%s: %s", run_dir, e)
         return ExitCode.RESUME_REFUSED
     try:
         proxy.serve()

@@ -27,7 +27,14 @@ from andrea.protocol.status import Activity, TrainerStatus
 from andrea.protocol.transport import new_id
 
 from .checkpoint import rngstate
-from .checkpoint.manager import CheckpointManager, Expectation, Loaded, Snapshot, layout_of
+from .checkpoint.manager import (
+    CheckpointManager,
+    Expectation,
+    Loaded,
+    ResumeRefused,
+    Snapshot,
+    layout_of,
+)
 from .checkpoint.manifest import (
     Environment,
     LayoutEntry,
@@ -51,7 +58,7 @@ from .precision import NumericMode, resolve_device
 from .precision import resolve as resolve_precision
 from .process import Notifier, SignalFlags
 from .proxy_link import ProxyLink
-from .rundir import LOSS_FILE, bin_name, claim, endpoint
+from .rundir import LOSS_FILE, bin_name, claim, endpoint, peer_endpoint
 from .schedule import lr_at, scheduler_state
 
 log = logging.getLogger(__name__)
@@ -176,7 +183,10 @@ class Trainer:
             # The proxy owns .loss.json and numbers the segments (it sees every life's records).
             self.segment = 0
             self.link = ProxyLink(
-                endpoint(self.run_dir, "proxy"), self.step, cfg.seed, [a.name for a in self.arms]
+                peer_endpoint(self.run_dir, "proxy"),
+                self.step,
+                cfg.seed,
+                [a.name for a in self.arms],
             )
             for entry in loaded.manifest.pending_losses if loaded is not None else []:
                 self.link.submit_loss(entry)
@@ -411,7 +421,8 @@ class Trainer:
             )
             return
         try:
-            self.checkpoint(trigger)
+            with self.notifier.keepalive(f"writing checkpoint of step {self.step} ({trigger})"):
+                self.checkpoint(trigger)
         except OSError as e:
             log.error(
                 "checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
@@ -533,7 +544,14 @@ class Trainer:
         """Train until max_steps or a stop request; always leave the newest state checkpointed."""
         cfg = self.cfg
         if self._pending_rng is not None and "rng" not in self.opts.skip_restore:
-            rngstate.restore(self._pending_rng)
+            try:
+                rngstate.restore(self._pending_rng)
+            except (RuntimeError, ValueError) as e:
+                # The same checkpoint fails the same way at every start (another device count,
+                # say): the operator must decide, a restart cannot.
+                raise ResumeRefused(
+                    f"cannot restore the random generators of step {self.step}'s checkpoint: {e}"
+                ) from e
         self.notifier.ready(f"step {self.step}/{cfg.max_steps}")
         window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
         loss_ema: float | None = None
@@ -609,12 +627,13 @@ class Trainer:
     def finish(self) -> ExitCode:
         """Final checkpoint (if the newest step has none yet), then a clean exit."""
         self.activity = Activity.STOPPING
+        extend = max(30.0, 4 * self.last_write_seconds)
         if (writing := self.ckpt.in_flight()) is not None:
             # A stop during a background write waits for it (it is never abandoned half-way), then
             # writes its own final checkpoint unless that write already holds the newest step.
             log.info("waiting for the checkpoint of step %d being written", writing)
-            self.notifier.extend_timeout(max(30.0, 4 * self.last_write_seconds))
-        self._wait_for_write()
+            with self.notifier.keepalive(f"finishing the checkpoint of step {writing}", extend):
+                self._wait_for_write()
         reason = self.flags.stop_reason
         trigger: Trigger = reason if reason is not None else "end"
         # A checkpoint request that came with the stop is served by the final checkpoint, which
@@ -626,10 +645,11 @@ class Trainer:
         elif requested is not None and self.step > 0:
             self.ckpt.mark_requested(self.step, requested)
         if self.step > self.last_saved:
-            self.notifier.status(f"writing final checkpoint of step {self.step}")
-            self.notifier.extend_timeout(max(30.0, 4 * self.last_write_seconds))
             try:
-                self.checkpoint(trigger)
+                with self.notifier.keepalive(
+                    f"writing final checkpoint of step {self.step}", extend
+                ):
+                    self.checkpoint(trigger)
             except OSError as e:
                 log.error(
                     "final checkpoint of step %d FAILED (%s); the newest valid checkpoint is step %s",

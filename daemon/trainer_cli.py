@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .exitcodes import ExitCode
+from .exitcodes import ExitCode, for_unexpected
 from .process import Notifier, SignalFlags, setup_logging
 from .rundir import CONFIG_FILE
 
@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> None:
     flags.install()
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
-    code = run(args, flags)
+    try:
+        code = run(args, flags)
+    except Exception as e:
+        code, advice = for_unexpected(e)
+        log.critical("%s", advice, exc_info=True)
     Notifier().stopping()
     # Everything that matters is durable now. Tearing down torch's interpreter state takes
     # 0.5–0.8 s here, time a stop budget (TimeoutStopSec, a preemption notice) should not pay.
@@ -137,12 +141,12 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
 
-    from .rundir import AlreadyRunning
+    from .rundir import AlreadyRunning, SocketDirError
 
     proxy = _spawn_proxy(run_dir, args) if args.with_proxy else None
     try:
         return _train(run_dir, cfg, args, flags, skip)
-    except AlreadyRunning as e:
+    except (AlreadyRunning, SocketDirError) as e:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
     finally:
@@ -223,6 +227,10 @@ def _train(
         log.error("%s", e)
         trainer.close()
         return ExitCode.CONFIG_ERROR
+    except ResumeRefused as e:
+        log.error("%s", e)
+        trainer.close()
+        return ExitCode.RESUME_REFUSED
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""What an unexpected exception exits with: only what a restart may cure is exit 1 (restarted)."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from andrea.daemon.exitcodes import NO_RESTART, ExitCode, for_unexpected
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named as torch's is (torch.OutOfMemoryError): matched by name, torch is not imported."""
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        MemoryError(),
+        OutOfMemoryError("CUDA out of memory. Tried to allocate 48.00 GiB"),
+        PermissionError(errno.EACCES, "Permission denied", "/var/lib/andrea/r/.trainer.lock"),
+        OSError(errno.EROFS, "Read-only file system", "/var/lib/andrea/r"),
+    ],
+)
+def test_errors_a_restart_cannot_cure_are_not_restarted(exc: BaseException) -> None:
+    code, advice = for_unexpected(exc)
+    assert code in NO_RESTART and code != ExitCode.FAILURE
+    assert "not restarted" in advice
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),  # space may be freed
+        OSError(errno.EIO, "Input/output error"),
+        RuntimeError("something nobody foresaw"),
+    ],
+)
+def test_other_errors_exit_1_and_say_that_the_start_limit_ends_a_loop(exc: BaseException) -> None:
+    code, advice = for_unexpected(exc)
+    assert code == ExitCode.FAILURE
+    assert "start limit" in advice and repr(exc) in advice
