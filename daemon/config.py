@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .checkpoint.durable import atomic_write_bytes
 from .rundir import CONFIG_FILE
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
@@ -263,5 +264,6 @@ def build_config(
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config as run.toml, so the run directory describes itself."""
-    path.write_text(tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)))
+    """Write the resolved config as run.toml, so the run directory describes itself. Atomically:
+    the proxy, started at the same time, reads it as soon as it appears."""
+    atomic_write_bytes(path, tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)).encode())

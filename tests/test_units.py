@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def installed(tmp_path: Path) -> Path:
     subprocess.run(
-        [str(REPO / "scripts/install-units.sh"), str(tmp_path)], check=True, capture_output=True
+        [str(REPO / "scripts/install-units.sh"), "--files-only", str(tmp_path)],
+        check=True,
+        capture_output=True,
     )
     return tmp_path
 
@@ -77,3 +80,26 @@ def test_units_follow_the_daemons_contracts(tmp_path: Path) -> None:
     # Reload must wait for the checkpoint; a bare kill -USR1 returns before it is durable.
     assert "checkpoint --wait" in trainer["ExecReload"] and "kill" not in trainer["ExecReload"]
     assert "--mixing proxy" in trainer["ExecStart"]
+
+
+def seconds(span: str) -> float:
+    value, unit_ = re.fullmatch(r"(\d+)\s*(s|min|h)", span).groups()
+    return int(value) * {"s": 1, "min": 60, "h": 3600}[unit_]
+
+
+def test_units_run_unprivileged_start_together_and_stop_a_crash_loop(tmp_path: Path) -> None:
+    d = installed(tmp_path)
+    trainer = unit(d / "andrea-trainer@.service")
+    proxy = unit(d / "andrea-proxy@.service")
+    target = unit(d / "andrea@.target")["Unit"]
+    for u in (trainer, proxy):
+        assert u["Service"]["User"] == "andrea" and "DynamicUser" not in u["Service"]
+        # Neither waits for the other: the proxy waiting for run.toml while ordered before the
+        # trainer that writes it made a first start wait out the proxy's start timeout.
+        assert "After" not in u["Unit"] and "Before" not in u["Unit"]
+        # Restarts every RestartSec reach the burst well within the interval: the limit trips.
+        burst = int(u["Unit"]["StartLimitBurst"])
+        interval = seconds(u["Unit"]["StartLimitIntervalSec"])
+        assert burst > 1 and burst * seconds(u["Service"]["RestartSec"]) < interval / 2
+    # A start of the target returns once both daemons are ready.
+    assert set(target["After"].split()) == {"andrea-proxy@%i.service", "andrea-trainer@%i.service"}
