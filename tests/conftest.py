@@ -116,3 +116,20 @@ def run_trainer(
     return subprocess.run(
         trainer_cmd(run_dir, cache, *extra), capture_output=True, text=True, timeout=timeout
     )
+
+
+@pytest.fixture(scope="module")
+def real_systemd(tmp_path_factory: pytest.TempPathFactory):
+    """A real systemd booted once for the module, PID 1 of private namespaces, with the units
+    installed by scripts/install-units.sh (tests/realsystemd.py); killed at the end. Skips, with
+    the reason, where it cannot boot (no root, no unshare, no systemd)."""
+    from .realsystemd import SystemdMachine, unavailable
+
+    if why := unavailable():
+        pytest.skip(why)
+    machine = SystemdMachine(tmp_path_factory.mktemp("systemd"))
+    machine.boot()
+    try:
+        yield machine
+    finally:
+        machine.kill()
