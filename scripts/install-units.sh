@@ -17,7 +17,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --user) user=$2; shift 2 ;;
     --files-only) files_only=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "install-units.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) break ;;
   esac

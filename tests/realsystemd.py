@@ -156,6 +156,10 @@ class SystemdMachine:
     def daemon_reload(self) -> None:
         self.systemctl("daemon-reload")
 
+    def write_env(self, run: str, *lines: str) -> None:
+        """The run's /etc/andrea/RUN.env, e.g. 'ANDREA_TRAINER_ARGS="--preset andrea-tiny"'."""
+        self.path(f"/etc/andrea/{run}.env").write_text("".join(f"{line}\n" for line in lines))
+
     def write_dropin(self, unit: str, name: str, text: str) -> None:
         """A drop-in for `unit` in the machine's unit directory (daemon_reload to apply)."""
         d = self.path(f"/run/andrea-test/units/{unit}.d")

@@ -52,13 +52,9 @@ def sd(real_systemd: SystemdMachine, cache_dir: Path) -> SystemdMachine:
     for f in cache_dir.glob("*.u8"):
         shutil.copy(f, cache / f.name)
     m.sh("chown -R andrea:andrea /var/cache/andrea", check=True)
-    env(m, RUN, f'ANDREA_TRAINER_ARGS="{TINY} --max-steps 100000 --checkpoint-every 20"')
+    m.write_env(RUN, f'ANDREA_TRAINER_ARGS="{TINY} --max-steps 100000 --checkpoint-every 20"')
     m.daemon_reload()
     return m
-
-
-def env(m: SystemdMachine, run: str, *lines: str) -> None:
-    m.path(f"/etc/andrea/{run}.env").write_text("".join(f"{line}\n" for line in lines))
 
 
 def ctl(m: SystemdMachine, run: str, *args: str, timeout: float = 120):
@@ -245,7 +241,7 @@ def test_manual_pivot_with_systemctl_stop_and_start(sd: SystemdMachine) -> None:
 
 def test_config_error_is_not_restarted(sd: SystemdMachine) -> None:
     run = f"{RUN}c"
-    env(sd, run, 'ANDREA_TRAINER_ARGS="--preset andrea-nonexistent"')
+    sd.write_env(run, 'ANDREA_TRAINER_ARGS="--preset andrea-nonexistent"')
     sd.sh(f"systemctl start {trainer(run)}")
     sd.wait_until(lambda: sd.prop(trainer(run), "ActiveState") == "failed", 60, "the exit")
     time.sleep(3)  # three RestartSec: a restart would have happened by now
@@ -258,7 +254,7 @@ def test_crash_loop_stops_at_the_start_limit(sd: SystemdMachine) -> None:
     run = f"{RUN}l"
     # An interpreter that dies at once with exit 1, before any of the daemon's code runs: the
     # kind of crash no exit-code mapping can classify, so only the start limit ends it.
-    env(sd, run, "PYTHONHASHSEED=not-a-number")
+    sd.write_env(run, "PYTHONHASHSEED=not-a-number")
     sd.sh(f"systemctl start {trainer(run)}")
     refused = "Start request repeated too quickly"
     sd.wait_until(lambda: refused in sd.journal(trainer(run)), 90, "the start limit")
@@ -288,8 +284,7 @@ def test_watchdog_and_a_slow_final_checkpoint(sd: SystemdMachine) -> None:
         f"Environment=ANDREA_CKPT_TEST_WRITE_DELAY={delay}\n",
     )
     sd.daemon_reload()
-    env(
-        sd,
+    sd.write_env(
         run,
         f'ANDREA_TRAINER_ARGS="{TINY} --mixing fixed --max-steps 100000 --checkpoint-every 0"',
     )
