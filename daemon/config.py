@@ -141,6 +141,29 @@ class CheckpointConfig(_Strict):
     )
 
 
+class MetricsConfig(_Strict):
+    """Where the run's metrics go besides .loss.json (docs/metrics.md). Operational: any restart may
+    change it."""
+
+    tensorboard: bool = Field(
+        False, description="the proxy writes TensorBoard event files under RUN_DIR/tensorboard/"
+    )
+    prometheus_textfile_dir: str | None = Field(
+        None,
+        description="node_exporter's textfile-collector directory: each daemon keeps "
+        "andrea-ROLE-RUN.prom there (relative paths are resolved against the run directory)",
+    )
+    prometheus_port: int | None = Field(
+        None,
+        ge=1,
+        le=65534,
+        description="serve /metrics over HTTP: the trainer on this port, the proxy on the next",
+    )
+    prometheus_address: str = Field(
+        "127.0.0.1", description="address of the HTTP endpoint; localhost unless said otherwise"
+    )
+
+
 class RunConfig(_Strict):
     """Everything one run needs. Built from a preset, then run.toml, then command-line flags."""
 
@@ -149,6 +172,7 @@ class RunConfig(_Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     batch_size: int = Field(8, ge=1)
     seed: int = Field(1337, ge=0, lt=2**63)
     mixing: Literal["fixed", "proxy"] = "fixed"

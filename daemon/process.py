@@ -200,8 +200,14 @@ class Notifier:
         self._send("STOPPING=1")
 
 
-def setup_logging(level: str, identifier: str = "andrea-trainer") -> None:
-    """journald with structured fields under systemd, plain stderr lines elsewhere."""
+#: Set by `andrea-trainer --with-proxy` for its proxy: both write to one terminal, and every line
+#: says which process wrote it.
+LOG_TAG_ENV = "ANDREA_LOG_TAG"
+
+
+def setup_logging(level: str, identifier: str = "andrea-trainer", tag: str | None = None) -> None:
+    """journald with structured fields under systemd, plain stderr lines elsewhere, prefixed with
+    ``[tag]`` when ``tag`` (or $ANDREA_LOG_TAG) is set."""
     handler: logging.Handler
     if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
         try:
@@ -212,5 +218,9 @@ def setup_logging(level: str, identifier: str = "andrea-trainer") -> None:
             handler = logging.StreamHandler()
     else:
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        tag = tag or os.environ.get(LOG_TAG_ENV)
+        prefix = f"[{tag}] " if tag else ""
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S")
+        )
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

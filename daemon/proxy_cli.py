@@ -19,7 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="andrea-proxy", description="Data-mixing bandit and audit trail of an ANDREA run."
     )
-    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument(
+        "--run-dir", type=Path, required=True, help="the run's directory (created if missing)"
+    )
     p.add_argument(
         "--config",
         type=Path,
@@ -30,7 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="mixing policy TOML (default: RUN_DIR/policy.toml, else no caps or floors)",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="least severe level logged (default: INFO)",
+    )
     return p
 
 

@@ -12,6 +12,7 @@ A run directory holds (see docs/satellite-files.md and docs/checkpoint-format.md
     .sock/                       control sockets (unless $ANDREA_SOCKET_DIR says otherwise)
     .socket-dir                  where the control sockets are (written by each daemon)
     archive/pivot-<step>-<utc>/  what a pivot archived, with its pivot.json record
+    tensorboard/                 proxy: TensorBoard event files (only with [metrics] tensorboard)
 
 Any new name in a run directory is added here and imported from here. Standard library only, so
 that the checkpoint reader and the tools can import it cheaply.
@@ -34,6 +35,8 @@ LOSS_FILE = ".loss.json"
 SAMPLES_FILE = ".samples.json"
 STATE_FILE = ".state.json"
 ARCHIVE_DIR = "archive"
+#: TensorBoard event files the proxy writes when `[metrics] tensorboard = true`.
+TENSORBOARD_DIR = "tensorboard"
 PIVOT_RECORD = "pivot.json"
 
 #: Where the control sockets go when $ANDREA_SOCKET_DIR is unset: RUN_DIR/.sock.

@@ -53,10 +53,13 @@ from .control_server import ControlServer
 from .data import Arm, ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
 from .losslog import LossLog, last_entry
+from .metrics.prometheus import exposition_for
+from .metrics.series import ema_update
 from .model import GPT
 from .precision import NumericMode, resolve_device
 from .precision import resolve as resolve_precision
 from .process import Notifier, SignalFlags
+from .progress import RunSummary, eta_seconds, format_duration, journal_fields
 from .proxy_link import ProxyLink
 from .rundir import LOSS_FILE, bin_name, claim, endpoint, peer_endpoint
 from .schedule import lr_at, scheduler_state
@@ -95,6 +98,14 @@ class Trainer:
         self.segment = 0
         self.phase = 0
         self.last_saved = 0
+        self.last_saved_at: float | None = None  # unix time the newest checkpoint was committed
+        self.checkpoints_written = 0
+        # As of the last progress line (status, metrics); None until the first.
+        self.tokens_per_second: float | None = None
+        self.seconds_per_step: float | None = None
+        self.lr: float | None = None
+        # (step, monotonic time, tokens) when this life started: the summary's and ETA's baseline.
+        self._started = (0, time.monotonic(), 0)
         self.last_write_seconds = 0.0
         self.last_stall_seconds = 0.0
         # Built by setup(); status() may run before (it is served as soon as the socket is bound).
@@ -192,6 +203,8 @@ class Trainer:
                 self.link.submit_loss(entry)
             self.link.start()
         self._pending_rng = loaded.manifest.rng if loaded is not None else None
+        self._started = (self.step, time.monotonic(), self.tokens_seen)
+        self.prometheus = exposition_for(cfg.metrics, "trainer", self.run_dir)
         log.info(
             "model %s: %s parameters on %s, %s, %d threads; %s mixing; starting at step %d",
             cfg.preset,
@@ -214,6 +227,7 @@ class Trainer:
             for s in self.streams:
                 s.load_state_dict(cursors[s.arm.name])
         self.step = self.last_saved = m.step
+        self.last_saved_at = (self.run_dir / m.bin_file).stat().st_mtime
         self.tokens_seen = m.progress.tokens_seen
         self.train_seconds = m.progress.train_seconds
         log.info("resumed from %s (trigger %s, written %s)", m.bin_file, m.trigger, m.created_utc)
@@ -353,6 +367,8 @@ class Trainer:
         t0 = time.perf_counter()
         manifest = self.ckpt.save(self.snapshot(), trigger, before_commit=self._sync_losses)
         self.last_saved = self.step
+        self.last_saved_at = time.time()
+        self.checkpoints_written += 1
         self.last_write_seconds = time.perf_counter() - t0
         log.info(
             "checkpoint %s written (%s, %.1f MB, %.2f s)",
@@ -374,6 +390,8 @@ class Trainer:
             # On the writer's thread. last_saved moves only once the manifest is committed.
             if manifest is not None:
                 self.last_saved = max(self.last_saved, step)
+                self.last_saved_at = time.time()
+                self.checkpoints_written += 1
                 self.last_write_seconds = seconds
                 log.info(
                     "checkpoint %s written (%s, %.1f MB, %.2f s in the background)",
@@ -493,7 +511,21 @@ class Trainer:
             run_dir=str(self.run_dir),
             device=str(self.device) if self.device is not None else None,
             dtype=self.numerics.recorded if self.numerics is not None else None,
+            **self._progress_status(),
         )
+
+    def _progress_status(self) -> dict[str, float | None]:
+        """Throughput, LR, elapsed time, ETA and checkpoint age, as of the last progress line."""
+        spp = self.seconds_per_step
+        return {
+            "tokens_per_second": self.tokens_per_second,
+            "lr": self.lr,
+            "elapsed_seconds": time.monotonic() - self._started[1],
+            "eta_seconds": None if spp is None else eta_seconds(self.step, self.cfg.max_steps, spp),
+            "last_checkpoint_age_seconds": None
+            if self.last_saved_at is None
+            else time.time() - self.last_saved_at,
+        }
 
     # ---- mixing -----------------------------------------------------------------------------
 
@@ -527,6 +559,7 @@ class Trainer:
         """Wait at a boundary checkpoint until resumed (the proxy pivots meanwhile), honouring stop
         requests. On resume every prefetched arm is dropped: it was drawn under the old policy."""
         self.activity = Activity.HOLDING
+        self._publish_metrics(force=True)
         self.notifier.status(f"step {self.step}: holding at a boundary checkpoint")
         log.info("holding after the checkpoint of step %d until resumed", self.step)
         while not self.flags.stop_requested():
@@ -569,7 +602,7 @@ class Trainer:
                 self.losslog.append(entry)
             else:
                 self.link.submit_loss(entry)
-            loss_ema = entry.loss if loss_ema is None else 0.9 * loss_ema + 0.1 * entry.loss
+            loss_ema = ema_update(loss_ema, entry.loss)
             self.loss_ema = loss_ema
             self.activity = Activity.TRAINING
             self.notifier.tick()
@@ -586,19 +619,28 @@ class Trainer:
                 self._on_checkpoint_request(reason)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 elapsed = time.perf_counter() - window_t
+                self.tokens_per_second = window_tokens / elapsed
+                self.seconds_per_step = elapsed / window_steps
+                self.lr = entry.lr
+                eta = format_duration(eta_seconds(self.step, cfg.max_steps, self.seconds_per_step))
+                ema = float("nan") if loss_ema is None else loss_ema
                 log.info(
-                    "step %d/%d | loss %.4f (ema %.4f) | lr %.2e | %s | %.0f tok/s | %.1f ms/step | last ckpt %s",
+                    "step %d/%d | loss %.4f (ema %.4f) | lr %.2e | %s | %.0f tok/s | %.1f ms/step"
+                    " | ETA %s | last ckpt %s",
                     self.step,
                     cfg.max_steps,
                     entry.loss,
-                    loss_ema,
+                    ema,
                     entry.lr,
                     entry.arm,
-                    window_tokens / elapsed,
-                    1000 * elapsed / window_steps,
+                    self.tokens_per_second,
+                    1000 * self.seconds_per_step,
+                    eta,
                     self.last_saved or "none",
+                    extra=journal_fields(self.step, entry.loss, entry.lr, entry.arm, self.phase),
                 )
-                self.notifier.status(f"step {self.step}/{cfg.max_steps} loss {loss_ema:.4f}")
+                self.notifier.status(f"step {self.step}/{cfg.max_steps} loss {ema:.4f} ETA {eta}")
+                self._publish_metrics()
                 window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
             if (
                 cfg.sample_every
@@ -661,7 +703,21 @@ class Trainer:
         else:
             log.info("step %d is already checkpointed; nothing to write", self.step)
         self.close()
-        log.info("stopped at step %d (%s)", self.step, reason or "max_steps reached")
+        first, started, tokens = self._started
+        log.info(
+            "%s",
+            RunSummary(
+                first_step=first,
+                last_step=self.step,
+                wall_seconds=time.monotonic() - started,
+                tokens=self.tokens_seen - tokens,
+                loss_ema=self.loss_ema,
+                checkpoints_written=self.checkpoints_written,
+                segment=self.segment,
+                stopped_because=f"stopped at step {self.step} ({reason or 'max_steps reached'})",
+            ).text(),
+        )
+        self._publish_metrics(force=True)
         self.control.close(
             {
                 "step": self.step,
@@ -670,6 +726,29 @@ class Trainer:
             }
         )
         return code
+
+    def _publish_metrics(self, force: bool = False) -> None:
+        if self.prometheus is None:
+            return
+        holding = self.activity in (Activity.HOLDING, Activity.WAITING_FOR_PROXY)
+        self.prometheus.set(
+            {
+                "andrea_step": self.step,
+                "andrea_max_steps": self.cfg.max_steps,
+                "andrea_loss_ema": self.loss_ema,
+                "andrea_tokens_per_second": self.tokens_per_second,
+                "andrea_learning_rate": self.lr,
+                "andrea_checkpoint_age_seconds": (
+                    None if self.last_saved_at is None else time.time() - self.last_saved_at
+                ),
+                "andrea_holding": int(holding),
+                "andrea_proxy_link_lag_steps": (
+                    len(self.link.unacknowledged()) if self.link is not None else 0
+                ),
+                "andrea_segment": self.segment or None,
+            }
+        )
+        self.prometheus.publish(force)
 
     def close(self) -> None:
         self.ckpt.close()  # finishes a write in flight first: it syncs the loss log before committing

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .exitcodes import ExitCode, for_unexpected
-from .process import Notifier, SignalFlags, setup_logging
+from .process import LOG_TAG_ENV, Notifier, SignalFlags, setup_logging
 from .rundir import CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -48,8 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="cadence of checkpoints in steps (0: only on request/exit)",
     )
-    p.add_argument("--seed", type=int)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--seed", type=int, help="seed of every random stream of the run (preset default: 1337)"
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        help="auto: CUDA when available (default: auto)",
+    )
     p.add_argument(
         "--precision",
         choices=["auto", "fp32", "tf32", "bf16"],
@@ -67,8 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads", type=int, help="torch intra-op threads (bit-exact resume needs the same count)"
     )
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--log-every", type=int)
+    p.add_argument(
+        "--batch-size", type=int, help="sequences per optimizer step (preset default: 8)"
+    )
+    p.add_argument("--log-every", type=int, help="steps between progress lines (default: 10)")
     p.add_argument("--sample-every", type=int, help="steps between generated samples (0: never)")
     p.add_argument("--cache-dir", help="where tokenized data is cached")
     p.add_argument(
@@ -79,7 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="least severe level logged (default: INFO)",
+    )
     return p
 
 
@@ -87,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     flags = SignalFlags()
     flags.install()
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, tag="trainer" if args.with_proxy else None)
     try:
         code = run(args, flags)
     except Exception as e:
@@ -147,11 +161,24 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     try:
         return _train(run_dir, cfg, args, flags, skip)
     except (AlreadyRunning, SocketDirError) as e:
-        log.error("%s", e)
-        return ExitCode.CONFIG_ERROR
+        refused = StartRefused(str(e), ExitCode.CONFIG_ERROR)
+    except StartRefused as e:
+        refused = e
     finally:
         if proxy is not None:
             _stop_proxy(proxy)
+    # Last, after the proxy's closing lines: the end of the output is where a person looks.
+    log.error("%s", refused.message)
+    return refused.code
+
+
+class StartRefused(Exception):
+    """The trainer cannot start on this run directory; the message says why, the code tells systemd."""
+
+    def __init__(self, message: str, code: ExitCode) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
 
 
 def _spawn_proxy(run_dir: Path, args: argparse.Namespace) -> subprocess.Popen:
@@ -169,7 +196,12 @@ def _spawn_proxy(run_dir: Path, args: argparse.Namespace) -> subprocess.Popen:
     if args.policy:
         cmd += ["--policy", str(args.policy)]
     log.info("starting andrea-proxy for %s", run_dir)
-    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_terminate_with_parent)
+    return subprocess.Popen(
+        cmd,
+        start_new_session=True,
+        preexec_fn=_terminate_with_parent,
+        env={**os.environ, LOG_TAG_ENV: "proxy"},
+    )
 
 
 def _terminate_with_parent() -> None:
@@ -216,21 +248,17 @@ def _train(
         log.info("stop requested during start-up; nothing was trained, exiting")
         return ExitCode.OK
     except ResumeRefused as e:
-        log.error("%s", e)
-        return ExitCode.RESUME_REFUSED
+        raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
     except DataError as e:
-        log.error("data: %s", e)
-        return ExitCode.DATA_ERROR
+        raise StartRefused(f"data: {e}", ExitCode.DATA_ERROR) from None
     try:
         return trainer.run()
     except ProxyRefused as e:
-        log.error("%s", e)
         trainer.close()
-        return ExitCode.CONFIG_ERROR
+        raise StartRefused(str(e), ExitCode.CONFIG_ERROR) from None
     except ResumeRefused as e:
-        log.error("%s", e)
         trainer.close()
-        return ExitCode.RESUME_REFUSED
+        raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
 
 
 if __name__ == "__main__":

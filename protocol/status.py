@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Activity(StrEnum):
@@ -44,6 +44,12 @@ class TrainerStatus(_Status):
     run_dir: str
     device: str | None  # None until the trainer has resolved it
     dtype: str | None
+    # As of the last progress line; None until the first (and before any checkpoint, the age).
+    tokens_per_second: float | None = None
+    lr: float | None = None
+    elapsed_seconds: float | None = Field(None, description="since this trainer life started")
+    eta_seconds: float | None = Field(None, description="to max_steps at the recent step rate")
+    last_checkpoint_age_seconds: float | None = None
 
 
 class Zombie(_Status):

@@ -133,3 +133,12 @@ def real_systemd(tmp_path_factory: pytest.TempPathFactory):
         yield machine
     finally:
         machine.kill()
+
+
+@pytest.fixture(scope="session")
+def audited_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A finished real run with two restarts, a pivot, a zombie arm and an audit checkpoint
+    (tests/audited_run.py). Shared and read-only: a test that changes it copies it first."""
+    from .audited_run import make_audited_run
+
+    return make_audited_run(tmp_path_factory.mktemp("audited"), cache_dir)

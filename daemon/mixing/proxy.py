@@ -35,7 +35,8 @@ from ..checkpoint.durable import atomic_write_bytes
 from ..checkpoint.manager import checkpoint_steps
 from ..config import DataConfig, RunConfig
 from ..data import DataError, load_arms
-from ..losslog import LossLog, read_entries
+from ..losslog import LossLog, canonical_curve, read_entries
+from ..metrics.prometheus import exposition_for
 from ..process import Notifier, SignalFlags
 from ..rundir import (
     LOSS_FILE,
@@ -43,6 +44,7 @@ from ..rundir import (
     POLICY_FILE,
     SAMPLES_FILE,
     STATE_FILE,
+    TENSORBOARD_DIR,
     claim,
     corrupt_name,
     endpoint,
@@ -143,6 +145,12 @@ class Proxy:
             self.max_segment = max(self.max_segment, e.segment)
         self.durable_step = max((e.step for e in entries), default=0)
         self.samples = self._load_samples()
+        self.board = None
+        if self.opts.cfg.metrics.tensorboard:
+            from ..metrics.tensorboard import LiveBoard
+
+            self.board = LiveBoard(self.run_dir / TENSORBOARD_DIR, canonical_curve(entries))
+        self.prometheus = exposition_for(self.opts.cfg.metrics, "proxy", self.run_dir)
         if self._policy_changed:
             # The policy file changed while the proxy was stopped: the manual pivot. Its boundary
             # is the trainer's newest checkpoint, exactly where `andreactl pivot` would have held it.
@@ -276,9 +284,12 @@ class Proxy:
         if msg.segment is None:
             self.max_segment += 1
             segment = self.max_segment
-            log.info(
-                "trainer segment %d connected, resuming after step %d", segment, msg.resume_step
-            )
+            if msg.resume_step:
+                log.info(
+                    "trainer segment %d connected, resuming after step %d", segment, msg.resume_step
+                )
+            else:
+                log.info("trainer segment %d connected, starting a fresh run", segment)
         else:
             segment = msg.segment
             self.max_segment = max(self.max_segment, segment)
@@ -315,6 +326,9 @@ class Proxy:
         self.steps_since_state += written
         if self.steps_since_state >= STATE_EVERY:
             self._write_state()
+        if self.board is not None:
+            self.board.log(msg.entries, self.book.bandit.probabilities())
+        self._publish_metrics()
         return m.LossAck(id=msg.id, keys=[(e.segment, e.step) for e in msg.entries])
 
     def _samples(self, msg: m.SampleReport) -> m.Message:
@@ -372,6 +386,7 @@ class Proxy:
         self.book = self.book.next_phase(bandit)
         self.opts.policy = policy
         self._write_state()  # the commit point of the pivot
+        self._publish_metrics(force=True)
         self.samples = SamplesFile(kept=SAMPLES_KEPT, records=[])
         atomic_write_bytes(
             self.run_dir / SAMPLES_FILE, self.samples.model_dump_json(indent=1).encode()
@@ -457,7 +472,24 @@ class Proxy:
                 self.sock.send_multipart([peer, b"", m.encode(reply)])
         log.info("stop requested (%s)", self.flags.stop_reason)
 
+    def _publish_metrics(self, force: bool = False) -> None:
+        if self.prometheus is None:
+            return
+        b = self.book.bandit
+        self.prometheus.set(
+            {
+                "andrea_phase": b.phase,
+                "andrea_logged_step": self.durable_step,
+                "andrea_zombie_arms": len(b.zombies),
+            }
+        )
+        self.prometheus.set_arm_probabilities(b.probabilities())
+        self.prometheus.publish(force)
+
     def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+        self._publish_metrics(force=True)
         self._write_state()
         self.losslog.close()
         close_router(self.sock, self.endpoint)

@@ -1,0 +1,1 @@
+"""Metrics of a run for the tools people already use: derived series, TensorBoard, CSV/JSONL, Prometheus."""

@@ -1,0 +1,63 @@
+"""Series derived from the canonical loss curve, defined once for the plot, the exports and the daemons.
+
+Every function takes numpy columns of a :class:`~andrea.daemon.losslog.LossCurve` (one row per step,
+sorted by step) and returns one value per row, so that any claim a plot or a dashboard makes about a
+step can be recomputed from ``.loss.json`` alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Weight of the newest loss in the loss EMA: the trainer's progress line and status use the same.
+EMA_WEIGHT = 0.1
+
+
+def ema_update(previous: float | None, loss: float) -> float | None:
+    """One step of the loss EMA. A non-finite loss is a recorded event, not a value to average:
+    it leaves the EMA unchanged (the first finite loss starts it)."""
+    if not np.isfinite(loss):
+        return previous
+    return loss if previous is None else (1.0 - EMA_WEIGHT) * previous + EMA_WEIGHT * loss
+
+
+def loss_ema(loss: np.ndarray) -> np.ndarray:
+    """The loss EMA after each row (NaN before the first finite loss), as :func:`ema_update` defines it."""
+    out = np.empty(len(loss), dtype=np.float64)
+    value: float | None = None
+    # A plain loop: 200,000 rows take about 40 ms, and a recurrence has no faster numpy form
+    # that stays exact when non-finite rows must be skipped.
+    for i, x in enumerate(loss.tolist()):
+        value = ema_update(value, x)
+        out[i] = np.nan if value is None else value
+    return out
+
+
+def tokens_per_second(tokens: np.ndarray, wall_time: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Throughput of each step: its tokens over the wall time since the previous step of the same
+    segment. NaN for the first step of a segment (a restart's downtime is not training time) and
+    where the clock did not advance."""
+    out = np.full(len(tokens), np.nan)
+    if len(tokens) < 2:
+        return out
+    dt = np.diff(wall_time)
+    same = (segment[1:] == segment[:-1]) & (dt > 0)
+    out[1:][same] = tokens[1:][same] / dt[same]
+    return out
+
+
+def rolling_share(arm: np.ndarray, names: list[str], window: int) -> dict[str, np.ndarray]:
+    """For each arm name, the share of the last ``window`` rows (fewer at the start) that drew it."""
+    n = len(arm)
+    counted = np.minimum(np.arange(1, n + 1), window).astype(np.float64)
+    shares = {}
+    for name in names:
+        hits = np.concatenate(([0], np.cumsum(arm == name)))
+        lower = np.maximum(np.arange(1, n + 1) - window, 0)
+        shares[name] = (hits[1:] - hits[lower]) / counted
+    return shares
+
+
+def default_window(rows: int) -> int:
+    """The rolling window of the share panel: 1% of the rows shown, at least 20, at most 5,000."""
+    return int(min(5000, max(20, rows // 100)))

@@ -1,0 +1,205 @@
+"""Metrics where people look: TensorBoard event files (live from the proxy, and rebuilt by `andreactl
+metrics export`) read back with TensorBoard's own reader, CSV/JSON Lines exports, and the Prometheus
+exposition parsed with prometheus-client's parser. Expected values come from the raw .loss.json."""
+
+from __future__ import annotations
+
+import csv
+import json
+import socket
+import subprocess
+import sys
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from andrea.daemon.config import MetricsConfig
+from andrea.daemon.metrics.prometheus import Exposition, exposition_for, textfile_name
+from andrea.daemon.metrics.tensorboard import LiveBoard
+from andrea.protocol.lossentry import LossEntry
+
+from .audited_run import canonical_rows
+
+
+def ema_of(losses: list[float]) -> list[float]:
+    ema, out = None, []
+    for x in losses:
+        ema = x if ema is None else 0.9 * ema + 0.1 * x
+        out.append(ema)
+    return out
+
+
+def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def assert_matches_loss_json(tb: dict[str, list[tuple[int, float]]], rows: list[dict]) -> None:
+    steps = [r["step"] for r in rows]
+    for tag, field in (("loss/train", "loss"), ("optim/lr", "lr"), ("mixing/phase", "phase")):
+        assert [s for s, _ in tb[tag]] == steps, tag
+        # Event files store 32-bit floats.
+        np.testing.assert_array_equal(
+            [v for _, v in tb[tag]], np.float32([r[field] for r in rows]), err_msg=tag
+        )
+    assert [v for _, v in tb["run/segment"]] == [r["segment"] for r in rows]
+    np.testing.assert_allclose(
+        [v for _, v in tb["loss/ema"]], ema_of([r["loss"] for r in rows]), rtol=1e-6
+    )
+    rates = dict(tb["throughput/tokens_per_second"])
+    for prev, row in zip(rows, rows[1:]):
+        if prev["segment"] == row["segment"]:
+            expected = row["tokens"] / (row["wall_time"] - prev["wall_time"])
+            assert rates[row["step"]] == pytest.approx(expected, rel=1e-6)
+        else:
+            assert row["step"] not in rates, "a restart's downtime is not a throughput"
+
+
+def ctl(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.process
+def test_live_tensorboard_of_the_proxy(audited_run: Path) -> None:
+    rows = canonical_rows(audited_run)
+    tb = scalars(audited_run / "tensorboard")
+    assert_matches_loss_json(tb, rows)
+    final = json.loads((audited_run / ".state.json").read_text())["live_probabilities"]
+    for arm, p in final.items():
+        assert tb[f"mixing/probability/{arm}"][-1] == (rows[-1]["step"], pytest.approx(p))
+
+
+@pytest.mark.process
+def test_metrics_export_tensorboard_csv_jsonl(audited_run: Path, tmp_path: Path) -> None:
+    rows = canonical_rows(audited_run)
+    res = ctl(audited_run, "--json", "metrics", "export", "--format", "tensorboard", "--out",
+              str(tmp_path / "tb"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["steps"] == len(rows)
+    tb = scalars(tmp_path / "tb")
+    assert_matches_loss_json(tb, rows)
+    assert {"mixing/share/code", "mixing/share/comments", "mixing/share/docstrings"} <= set(tb)
+
+    for fmt in ("csv", "jsonl"):
+        out = tmp_path / f"curve.{fmt}"
+        res = ctl(audited_run, "metrics", "export", "--format", fmt, "--out", str(out))
+        assert res.returncode == 0, res.stderr
+        with out.open() as f:
+            got = list(csv.DictReader(f)) if fmt == "csv" else [json.loads(x) for x in f]
+        assert [int(g["step"]) for g in got] == [r["step"] for r in rows]
+        assert [float(g["loss"]) for g in got] == [r["loss"] for r in rows]
+        assert [g["arm"] for g in got] == [r["arm"] for r in rows]
+        assert [int(g["segment"]) for g in got] == [r["segment"] for r in rows]
+        assert [float(g["loss_ema"]) for g in got] == pytest.approx(
+            ema_of([r["loss"] for r in rows]), rel=1e-12
+        )
+        for g, r in zip(got, rows):
+            utc = datetime.fromisoformat(g["utc"])
+            assert utc.utcoffset().total_seconds() == 0
+            assert utc.timestamp() == pytest.approx(r["wall_time"], abs=1e-3)
+
+    again = ctl(audited_run, "metrics", "export", "--format", "csv", "--out", str(out))
+    assert again.returncode == 2 and "already exists" in again.stderr
+    assert "Traceback" not in again.stderr
+
+
+@pytest.mark.process
+def test_prometheus_textfiles_of_both_daemons(audited_run: Path) -> None:
+    run = audited_run.name
+    files = audited_run / "prometheus"
+    trainer = {
+        s.name: s.value
+        for fam in text_string_to_metric_families(
+            (files / textfile_name("trainer", run)).read_text()
+        )
+        for s in fam.samples
+        if s.labels["run"] == run
+    }
+    rows = canonical_rows(audited_run)
+    assert trainer["andrea_step"] == rows[-1]["step"] == trainer["andrea_max_steps"]
+    assert trainer["andrea_segment"] == rows[-1]["segment"]
+    assert trainer["andrea_holding"] == 0 and trainer["andrea_proxy_link_lag_steps"] == 0
+    assert trainer["andrea_learning_rate"] == pytest.approx(rows[-1]["lr"])
+    assert trainer["andrea_tokens_per_second"] > 0
+    assert 0 <= trainer["andrea_checkpoint_age_seconds"] < 600
+    proxy_samples = [
+        s
+        for fam in text_string_to_metric_families((files / textfile_name("proxy", run)).read_text())
+        for s in fam.samples
+    ]
+    proxy = {s.name: s.value for s in proxy_samples if "arm" not in s.labels}
+    state = json.loads((audited_run / ".state.json").read_text())
+    assert proxy["andrea_phase"] == 1 and proxy["andrea_logged_step"] == rows[-1]["step"]
+    assert proxy["andrea_zombie_arms"] == len(state["zombies"])
+    probabilities = {
+        s.labels["arm"]: s.value for s in proxy_samples if s.name == "andrea_arm_probability"
+    }
+    assert probabilities == pytest.approx(state["live_probabilities"])
+
+
+def test_prometheus_textfile_parses(tmp_path: Path) -> None:
+    ex = exposition_for(MetricsConfig(prometheus_textfile_dir="prom"), "proxy", tmp_path / "r1")
+    assert ex is not None
+    ex.set({"andrea_phase": 2, "andrea_logged_step": 1200, "andrea_zombie_arms": 1})
+    ex.set_arm_probabilities({"code": 0.25, "docs": 0.75})
+    ex.publish(force=True)
+    text = (tmp_path / "r1" / "prom" / "andrea-proxy-r1.prom").read_text()
+    got = {
+        (s.name, s.labels.get("arm")): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    assert got == {
+        ("andrea_phase", None): 2,
+        ("andrea_logged_step", None): 1200,
+        ("andrea_zombie_arms", None): 1,
+        ("andrea_arm_probability", "code"): 0.25,
+        ("andrea_arm_probability", "docs"): 0.75,
+    }
+    assert exposition_for(MetricsConfig(), "trainer", tmp_path) is None
+
+
+@pytest.mark.process
+def test_prometheus_http_endpoint_on_localhost() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ex = Exposition("trainer", "r")
+    ex.serve("127.0.0.1", port)
+    ex.set({"andrea_step": 7, "andrea_loss_ema": 2.5, "andrea_learning_rate": None})
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    got = {s.name: s.value for fam in text_string_to_metric_families(body) for s in fam.samples
+           if s.labels.get("run") == "r"}  # fmt: skip
+    assert got == {"andrea_step": 7, "andrea_loss_ema": 2.5}
+
+
+def entry(step: int, segment: int, loss: float) -> LossEntry:
+    return LossEntry(
+        step=step, loss=loss, arm="code", lr=1e-3, tokens=100, wall_time=1000.0 + segment * 100 + step,
+        segment=segment, phase=0, batch_sha256=None,
+    )  # fmt: skip
+
+
+def test_live_board_follows_the_canonical_curve_across_a_restart(tmp_path: Path) -> None:
+    board = LiveBoard(tmp_path, [])
+    first = [entry(s, 1, 5.0 - s / 10) for s in range(1, 11)]
+    board.log(first[:6], {"code": 1.0})
+    board.log(first[4:], {"code": 1.0})  # a re-sent batch is written once
+    second = [entry(s, 2, 4.0 - s / 20) for s in range(6, 13)]  # restart from step 5's checkpoint
+    board.log(second, {"code": 1.0})
+    board.close()
+    canonical = first[:5] + second
+    tb = scalars(tmp_path)
+    assert tb["loss/train"] == [(e.step, pytest.approx(e.loss)) for e in canonical]
+    assert [v for _, v in tb["loss/ema"]] == pytest.approx(ema_of([e.loss for e in canonical]))
