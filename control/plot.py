@@ -1,79 +1,359 @@
-"""A loss curve as a self-contained SVG: no plotting library, any number of points.
+"""The audit plot of a run (``andreactl plot``): stacked panels sharing the step axis, drawn with matplotlib.
 
-Long curves are reduced to the minimum and maximum of each horizontal pixel bucket, which keeps
-every spike visible (a plain stride would drop them) while the file stays small.
+Panels, top to bottom (:data:`PANELS`; a new panel is one more row there):
+
+- **loss**: the canonical loss of every step and its EMA (:mod:`andrea.daemon.metrics.series`), with
+  non-finite losses ticked in red on the axis and spikes above the shown range marked at the top;
+- **arm share**: each arm's share of the steps over a rolling window, with each phase's floor and
+  cap drawn as bands in the arm's colour (only when the run mixes more than one arm);
+- **learning rate**.
+
+Every panel carries the vertical marks of :mod:`andrea.control.run_events`: restarts (segment starts),
+pivots (labelled with the new phase and its policy fingerprint), audit checkpoints and zombie arms.
+
+Long curves are drawn as the minimum and maximum of each of :data:`BUCKETS` step buckets: every spike
+stays visible (a plain stride would drop it) and 200,000 steps draw as fast as 4,000. Artists carry a
+``gid`` naming what they show (``loss``, ``ema``, ``restart``, ``pivot``, ``audit``, ``zombie``,
+``share:ARM``, ``band:ARM:PHASE``, ``lr``, ...) so that tests and scripts can check the figure itself.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from html import escape
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-WIDTH, HEIGHT, PAD = 900, 360, 48
+from andrea.control.run_events import RunEvents
+from andrea.daemon.losslog import LossCurve
+from andrea.daemon.metrics.series import default_window, loss_ema, rolling_share
+
+#: Buckets of the min/max reduction: about one per horizontal pixel of the default figure.
+BUCKETS = 2000
+#: Output formats, chosen by the file's extension.
+FORMATS = ("png", "svg", "pdf")
+#: Round tick steps (1, 2, 2.5, 5 times a power of ten), the same on every axis.
+ROUND_STEPS = [1, 2, 2.5, 5, 10]
+
+MARKS = {
+    # kind: (colour, line style, legend label)
+    "restart": ("0.35", (0, (4, 3)), "restart (new segment)"),
+    "pivot": ("tab:purple", "-", "pivot (phase, policy)"),
+    "audit": ("tab:green", (0, (1, 2)), "audit checkpoint"),
+    "zombie": ("tab:red", (0, (6, 2, 1, 2)), "zombie arm (last draw)"),
+}
 
 
-def _buckets(x: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    if len(x) <= 2 * n:
+@dataclass(frozen=True)
+class PlotView:
+    """What the panels draw: the selected rows of the canonical curve and the run's events in range."""
+
+    curve: LossCurve
+    events: RunEvents
+    ema: np.ndarray
+    x_range: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Panel:
+    name: str
+    height: float  # relative height
+    shown: Callable[[PlotView], bool]
+    draw: Callable[[Axes, PlotView], None]
+
+
+def reduce_minmax(
+    x: np.ndarray, y: np.ndarray, buckets: int = BUCKETS
+) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) with each bucket of rows replaced by its minimum then its maximum (at the bucket's first
+    and last x); the rows themselves when there are fewer than two per bucket. Non-finite ``y`` is
+    ignored (a bucket of only non-finite rows gives NaN, a gap in the line)."""
+    if len(x) <= 2 * buckets:
         return x, y
-    edges = np.linspace(0, len(x), n + 1).astype(int)
-    xs, ys = [], []
-    for a, b in zip(edges[:-1], edges[1:]):
-        seg = y[a:b]
-        i, j = a + int(np.argmin(seg)), a + int(np.argmax(seg))
-        for k in sorted((i, j)):
-            xs.append(x[k])
-            ys.append(y[k])
-    return np.asarray(xs), np.asarray(ys)
+    starts = np.linspace(0, len(x), buckets + 1).astype(np.int64)[:-1]
+    finite = np.where(np.isfinite(y), y, np.nan)
+    with np.errstate(invalid="ignore"):
+        lo = np.fmin.reduceat(finite, starts)
+        hi = np.fmax.reduceat(finite, starts)
+    ends = np.append(starts[1:], len(x)) - 1
+    xs = np.column_stack((x[starts], x[ends])).ravel()
+    ys = np.column_stack((lo, hi)).ravel()
+    return xs, ys
 
 
-def loss_svg(
-    steps: Sequence[int] | np.ndarray, losses: Sequence[float] | np.ndarray, title: str = ""
-) -> str:
-    """An SVG of loss against step. Non-finite losses are drawn as red ticks on the x axis."""
-    x = np.asarray(steps, dtype=np.float64)
-    y = np.asarray(losses, dtype=np.float64)
-    bad = ~np.isfinite(y)
-    xf, yf = _buckets(x[~bad], y[~bad], WIDTH - 2 * PAD)
-    x0, x1 = float(x.min()), float(max(x.max(), x.min() + 1))
-    y0, y1 = (float(yf.min()), float(yf.max())) if len(yf) else (0.0, 1.0)
-    if y1 - y0 < 1e-9:
-        y0, y1 = y0 - 0.5, y1 + 0.5
+def _stride(
+    x: np.ndarray, y: np.ndarray, points: int = 2 * BUCKETS
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every k-th row of a smooth series (rolling shares, EMA), always keeping the last."""
+    if len(x) <= points:
+        return x, y
+    idx = np.unique(np.append(np.linspace(0, len(x) - 1, points).astype(np.int64), len(x) - 1))
+    return x[idx], y[idx]
 
-    def px(v: float) -> float:
-        return PAD + (v - x0) / (x1 - x0) * (WIDTH - 2 * PAD)
 
-    def py(v: float) -> float:
-        return HEIGHT - PAD - (v - y0) / (y1 - y0) * (HEIGHT - 2 * PAD)
+def _step_label(value: float, _pos: int | None = None) -> str:
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:g}M"
+    if abs(value) >= 1e3:
+        return f"{value / 1e3:g}K"
+    return f"{value:g}"
 
-    points = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in zip(xf, yf))
-    ticks = "".join(
-        f'<text x="{PAD - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>'
-        for v in np.linspace(y0, y1, 5)
+
+def _draw_marks(ax: Axes, view: PlotView, labels: bool) -> None:
+    ev = view.events
+    lo, hi = view.x_range
+    # Each mark sits between the step before and the step after the event, so at boundary + 0.5.
+    positions = {
+        "restart": [s - 0.5 for s, _ in ev.restarts],
+        "pivot": [p.step + 0.5 for p in ev.pivots],
+        "audit": [float(s) for s, _ in ev.audit_checkpoints],
+        "zombie": [z.step - 0.5 for z in ev.zombies],
+    }
+    for kind, xs in positions.items():
+        xs = [x for x in xs if lo - 1 <= x <= hi + 1]
+        if not xs:
+            continue
+        colour, style, _ = MARKS[kind]
+        ax.vlines(
+            xs,
+            0,
+            1,
+            transform=ax.get_xaxis_transform(),
+            colors=colour,
+            linestyles=style,
+            linewidth=1.0,
+            gid=kind,
+            zorder=2 if kind == "restart" else 1,
+        )
+    if not labels:
+        return
+    for p in ev.pivots:
+        if lo <= p.step <= hi:
+            ax.annotate(
+                f"phase {p.phase}\n{p.policy_fingerprint[:8]}",
+                (p.step + 0.5, 1.0),
+                xycoords=ax.get_xaxis_transform(),
+                xytext=(3, -3),
+                textcoords="offset points",
+                va="top",
+                fontsize=7,
+                color=MARKS["pivot"][0],
+                gid=f"pivot-label:{p.phase}",
+            )
+    for z in ev.zombies:
+        if lo <= z.step <= hi + 1:
+            ax.annotate(
+                f"zombie {z.arm}",
+                (z.step - 0.5, 0.0),
+                xycoords=ax.get_xaxis_transform(),
+                xytext=(3, 3),
+                textcoords="offset points",
+                fontsize=7,
+                color=MARKS["zombie"][0],
+                gid=f"zombie-label:{z.arm}",
+            )
+
+
+def _draw_loss(ax: Axes, view: PlotView) -> None:
+    c = view.curve
+    x = c.step.astype(np.float64)
+    xs, ys = reduce_minmax(x, c.loss)
+    ax.plot(xs, ys, color="tab:blue", linewidth=0.6, alpha=0.55, label="loss", gid="loss")
+    ex, ey = _stride(x, view.ema)
+    ax.plot(ex, ey, color="tab:orange", linewidth=1.4, label="loss EMA", gid="ema")
+    finite = c.loss[np.isfinite(c.loss)]
+    if len(finite):
+        low, q, high = np.quantile(finite, [0.0, 0.999, 1.0])
+        # One huge spike would flatten the whole curve: clip the axis above the bulk and mark the
+        # spikes beyond it at the top edge, each with its value, so that none disappears.
+        if high > q + 2 * (q - low) and q > low:
+            top = q + 0.5 * (q - low)
+            ax.set_ylim(low - 0.05 * (top - low), top)
+            over = np.flatnonzero(c.loss > top)
+            ax.plot(
+                x[over],
+                np.full(len(over), top),
+                linestyle="none",
+                marker="^",
+                color="tab:red",
+                markersize=5,
+                clip_on=False,
+                label="spike above the axis",
+                gid="spike",
+            )
+            for i in over[np.argsort(c.loss[over])[::-1][:5]]:
+                ax.annotate(
+                    f"{c.loss[i]:.3g}",
+                    (x[i], top),
+                    xytext=(2, -9),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color="tab:red",
+                )
+    bad = np.flatnonzero(~np.isfinite(c.loss))
+    if len(bad):
+        ax.vlines(
+            x[bad],
+            0,
+            0.04,
+            transform=ax.get_xaxis_transform(),
+            colors="red",
+            linewidth=1.0,
+            label=f"non-finite loss ({len(bad)})",
+            gid="nonfinite",
+        )
+    ax.set_ylabel("loss (nats/token)")
+    handles, _ = ax.get_legend_handles_labels()
+    kinds = {
+        "restart": view.events.restarts,
+        "pivot": view.events.pivots,
+        "audit": view.events.audit_checkpoints,
+        "zombie": view.events.zombies,
+    }
+    for kind, present in kinds.items():
+        if present:
+            colour, style, label = MARKS[kind]
+            handles.append(Line2D([], [], color=colour, linestyle=style, label=label))
+    ax.legend(handles=handles, loc="upper right", fontsize=7, ncols=2, framealpha=0.85)
+
+
+def _arm_names(view: PlotView) -> list[str]:
+    names = set(np.unique(view.curve.arm).tolist()) | {z.arm for z in view.events.zombies}
+    for phase in view.events.phases:
+        if phase.policy is not None:
+            names |= set(phase.policy.arms)
+    return sorted(names)
+
+
+def _draw_shares(ax: Axes, view: PlotView) -> None:
+    c = view.curve
+    names = _arm_names(view)
+    window = default_window(len(c))
+    shares = rolling_share(c.arm, names, window)
+    colours = {n: f"C{i % 10}" for i, n in enumerate(names)}
+    x = c.step.astype(np.float64)
+    lo, hi = view.x_range
+    for name in names:
+        sx, sy = _stride(x, shares[name])
+        ax.plot(sx, sy, color=colours[name], linewidth=1.1, label=name, gid=f"share:{name}")
+    for phase in view.events.phases:
+        first, last = max(phase.first_step, lo), min(phase.last_step, hi)
+        if phase.policy is None or first > last:
+            continue
+        for name in names:
+            bounds = phase.policy.arms.get(name)
+            if bounds is None or (bounds.floor == 0.0 and bounds.cap == 1.0):
+                continue
+            ax.fill_between(
+                [first, last],
+                bounds.floor,
+                bounds.cap,
+                color=colours[name],
+                alpha=0.10,
+                linewidth=0,
+                gid=f"band:{name}:{phase.phase}",
+            )
+            ax.hlines(
+                [bounds.floor, bounds.cap],
+                first,
+                last,
+                colors=colours[name],
+                linewidth=0.8,
+                linestyles=(0, (3, 2)),
+                gid=f"bounds:{name}:{phase.phase}",
+            )
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(f"arm share\n(last {window:,} steps)")
+    ax.legend(loc="upper right", fontsize=7, ncols=min(len(names), 4), framealpha=0.85)
+
+
+def _draw_lr(ax: Axes, view: PlotView) -> None:
+    x, y = reduce_minmax(view.curve.step.astype(np.float64), view.curve.lr)
+    ax.plot(x, y, color="tab:brown", linewidth=1.0, gid="lr")
+    ax.set_ylabel("learning rate")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("loss", 3.0, lambda v: True, _draw_loss),
+    Panel("arm share", 1.6, lambda v: len(_arm_names(v)) > 1, _draw_shares),
+    Panel("learning rate", 1.0, lambda v: True, _draw_lr),
+)
+
+
+def select_steps(curve: LossCurve, since: int | None, until: int | None) -> LossCurve:
+    """The rows of ``curve`` with ``since <= step <= until`` (either bound optional)."""
+    keep = np.ones(len(curve), dtype=bool)
+    if since is not None:
+        keep &= curve.step >= since
+    if until is not None:
+        keep &= curve.step <= until
+    if keep.all():
+        return curve
+    fields = {
+        name: getattr(curve, name)[keep]
+        for name in LossCurve.__dataclass_fields__
+        if name != "entries_read"
+    }
+    return LossCurve(**fields, entries_read=curve.entries_read)
+
+
+def audit_figure(
+    curve: LossCurve,
+    events: RunEvents,
+    title: str = "",
+    since: int | None = None,
+    until: int | None = None,
+) -> Figure:
+    """The audit figure of ``curve`` (the canonical curve of a run) between ``since`` and ``until``.
+
+    The EMA is computed over the whole curve before the range is cut, so a zoom shows the same EMA
+    values as the full plot. Raises ValueError when no step lies in the range.
+    """
+    ema_all = loss_ema(curve.loss)
+    shown = select_steps(curve, since, until)
+    if not len(shown):
+        raise ValueError(f"no logged step between {since or 1} and {until or 'the end'}")
+    keep = np.isin(curve.step, shown.step, assume_unique=True)
+    view = PlotView(shown, events, ema_all[keep], (int(shown.step[0]), int(shown.step[-1])))
+    panels = [p for p in PANELS if p.shown(view)]
+    fig = Figure(figsize=(12, 1.4 + 1.3 * sum(p.height for p in panels)), layout="constrained")
+    axes = fig.subplots(
+        len(panels),
+        1,
+        sharex=True,
+        squeeze=False,
+        gridspec_kw={"height_ratios": [p.height for p in panels]},
+    )[:, 0]
+    for i, (ax, panel) in enumerate(zip(axes, panels)):
+        ax.set_gid(f"panel:{panel.name}")
+        panel.draw(ax, view)
+        _draw_marks(ax, view, labels=i == 0)
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=5, steps=ROUND_STEPS))
+        ax.grid(True, linewidth=0.3, alpha=0.5)
+    bottom = axes[-1]
+    lo, hi = view.x_range
+    bottom.set_xlim(lo - 0.5, hi + 0.5 if hi > lo else lo + 0.5)
+    bottom.xaxis.set_major_locator(MaxNLocator(nbins=10, steps=ROUND_STEPS, integer=True))
+    bottom.xaxis.set_major_formatter(FuncFormatter(_step_label))
+    bottom.set_xlabel("step (optimizer update)")
+    final = view.ema[np.isfinite(view.ema)]
+    summary = (
+        f"steps {lo:,}–{hi:,} ({len(shown):,} logged), {len(events.restarts)} restart(s), "
+        f"{len(events.pivots)} pivot(s)" + (f", loss EMA {final[-1]:.4f}" if len(final) else "")
     )
-    xticks = "".join(
-        f'<text x="{px(v):.1f}" y="{HEIGHT - PAD + 16}" text-anchor="middle">{int(round(v))}</text>'
-        for v in np.linspace(x0, x1, 6)
-    )
-    nan_marks = "".join(
-        f'<line x1="{px(v):.1f}" x2="{px(v):.1f}" y1="{HEIGHT - PAD}" y2="{HEIGHT - PAD - 8}" stroke="red"/>'
-        for v in x[bad][:1000]
-    )
-    label = escape(
-        f"{title} — {len(steps)} steps, last loss {losses[-1]:.4f}"
-        if math.isfinite(losses[-1])
-        else title
-    )
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}"'
-        ' font-family="sans-serif" font-size="11">'
-        f'<rect width="100%" height="100%" fill="white"/>'
-        f'<text x="{PAD}" y="20" font-size="13">{label}</text>'
-        f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="black"/>'
-        f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="black"/>'
-        f"{ticks}{xticks}{nan_marks}"
-        f'<polyline fill="none" stroke="#1f77b4" stroke-width="1" points="{points}"/>'
-        f'<text x="{WIDTH / 2}" y="{HEIGHT - 10}" text-anchor="middle">step</text></svg>'
-    )
+    fig.suptitle(f"{title}\n{summary}" if title else summary, fontsize=10)
+    return fig
+
+
+def save_figure(fig: Figure, out: Path) -> None:
+    """Write ``fig`` in the format named by ``out``'s extension (one of :data:`FORMATS`)."""
+    fmt = out.suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise ValueError(f"{out}: unknown plot format {out.suffix!r}; use .png, .svg or .pdf")
+    fig.savefig(out, format=fmt, dpi=110)

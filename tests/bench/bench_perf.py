@@ -20,7 +20,7 @@ the disk and the two cores of a shared machine are noisy.
 - cadence: `andrea-trainer` with cadence checkpoints against checkpoints off (throughput ratio).
 - sigterm: SIGTERM-to-exit against one step + one synchronous checkpoint write + 0.5 s (bench_stop.py).
 - losslog: `.loss.json` append at entry 200,000 against entry 1 (bench_losslog.py), and the load
-  (`read_curve`) and load + plot (`read_curve` + `loss_svg`, what `andreactl plot` does) of 200,000
+  (`read_curve`) and load + plot (`read_curve` + `audit_figure`, what `andreactl plot` does) of 200,000
   entries against `read_entries` + `canonical_curve`.
 """
 
@@ -681,7 +681,7 @@ def bench_losslog(entries: int, work: Path) -> dict:
         text=True,
     )
     res = json.loads(out_json.read_text())
-    # Load and plot as `andreactl plot` does them (read_curve, then loss_svg of its columns), against the
+    # Load and plot as `andreactl plot` does them (read_curve, then the audit figure of its columns), against the
     # load it did before read_curve (every entry a LossEntry, then canonical_curve): each in a fresh
     # process, like the command, alternated.
     from bench_losslog import make_entries

@@ -9,7 +9,7 @@ precision; prints {"step_s": [...], "tokens_per_step": N}. Random tokens stand i
 of a step does not depend on which bytes it trains on).
 
 `load`: the canonical loss curve read the way `andreactl plot` reads it (`read_curve`), or as
-`LossEntry` models (`read_entries` + `canonical_curve`), then drawn with `loss_svg`; prints
+`LossEntry` models (`read_entries` + `canonical_curve`), then drawn as the audit plot (`audit_figure`, saved as PNG); prints
 {"load_s": ..., "load_and_plot_s": ..., "steps": N}. A fresh process, like the command: every page
 the load touches is a first touch, which a loop inside one process would hide.
 """
@@ -22,7 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from andrea.protocol.lossentry import LossEntry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -93,21 +96,23 @@ def throughput(args: argparse.Namespace) -> dict:
 
 
 def load(args: argparse.Namespace) -> dict:
-    from andrea.control.plot import loss_svg
-    from andrea.daemon.losslog import canonical_curve, read_curve, read_entries
+    from andrea.control.plot import audit_figure, save_figure
+    from andrea.control.run_events import RunEvents
+    from andrea.daemon.losslog import LossCurve, canonical_curve, read_curve, read_entries
 
     t0 = time.perf_counter()
     if args.how == "curve":
         curve = read_curve(args.path)
-        steps, losses = curve.step, curve.loss
     else:
         entries = canonical_curve(read_entries(args.path))
-        steps, losses = [e.step for e in entries], [e.loss for e in entries]
+        columns = {
+            name: np.array([getattr(e, name) for e in entries]) for name in LossEntry.model_fields
+        }
+        curve = LossCurve(**columns, entries_read=len(entries))
     t1 = time.perf_counter()
-    svg = loss_svg(steps, losses)
+    save_figure(audit_figure(curve, RunEvents()), args.path.with_suffix(".png"))
     t2 = time.perf_counter()
-    assert svg.startswith("<svg")
-    return {"load_s": t1 - t0, "load_and_plot_s": t2 - t0, "steps": len(steps)}
+    return {"load_s": t1 - t0, "load_and_plot_s": t2 - t0, "steps": len(curve)}
 
 
 def main() -> None:
