@@ -1,13 +1,15 @@
-"""`andreactl`: the operator's client for an ANDREA run.
+"""`andreactl`: the operator's client for an ANDREA run, with the conventions of systemctl and kubectl.
 
-    andreactl --run-dir DIR [--json] COMMAND [options]
+    andreactl COMMAND [--run-dir DIR] [--json | -o json] [options]
+
+Global options go before or after the command; ``ANDREA_RUN_DIR`` stands in for ``--run-dir``. With
+``--json`` (or ``-o json``) a command prints one JSON document on stdout, whose schema is its model in
+:mod:`andrea.control.reports` (``andreactl schema COMMAND``), and everything meant for a person on stderr.
 
 Commands live in one table, :data:`COMMANDS`: each is a :class:`Command` with its name, help line,
-options and a function ``(args) -> exit code``. Adding one (status, checkpoint, stop, pivot, history,
-watch, ...) is writing those two functions and adding one row; ``main`` needs no change.
-
-With ``--json`` a command prints one JSON document on stdout (its report) and everything meant for a
-person on stderr, so that scripts can pipe it.
+options, examples and a function ``(args, parser) -> exit code``. Adding one is writing those and adding
+one row; ``main`` needs no change. A user error (a missing run directory, an unreadable file, a bad
+value) is one ``andreactl: ...`` line and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -15,14 +17,39 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from andrea.daemon.rundir import LOSS_FILE, SAMPLES_FILE
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
+
+from . import reports as r
+
+RUN_DIR_ENV = "ANDREA_RUN_DIR"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
+#: What every command's exit code means; a command may add its own (status: 3).
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "done"),
+    (
+        EXIT_FAILED,
+        "the run refused or did not answer (daemon not running, request refused, check failed)",
+    ),
+    (
+        EXIT_USAGE,
+        "usage error: a bad option or value, a missing run directory or input file; nothing changed",
+    ),
+)
+
+
+class UserError(Exception):
+    """A mistake in the invocation or its inputs: printed as one line, exit code 2."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +62,8 @@ class Command:
     run: Callable[[argparse.Namespace, argparse.ArgumentParser], int]
     #: Whether the command acts on a run and so needs the global --run-dir.
     needs_run_dir: bool = True
+    examples: tuple[str, ...] = ()
+    extra_exit_codes: tuple[tuple[int, str], ...] = ()
 
 
 # --- talking to the daemons -----------------------------------------------------------------------------
@@ -53,11 +82,16 @@ def _ask(
         return None
 
 
-def _emit(args: argparse.Namespace, data: object, text: str) -> None:
+def _emit(args: argparse.Namespace, report: BaseModel, text: str) -> None:
+    """The report as JSON (--json, -o json) or the text for a person, on stdout."""
     if args.json:
-        print(json.dumps(data, indent=1, default=str))
+        print(report.model_dump_json(indent=1))
     else:
         print(text)
+
+
+def _stamp(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
 
 
 # --- status ---------------------------------------------------------------------------------------------
@@ -67,74 +101,117 @@ def _no_arguments(parser: argparse.ArgumentParser) -> None:
     pass
 
 
-@dataclass(frozen=True)
-class RunStatus:
-    """What each daemon of a run answered; None for one that does not answer."""
-
-    trainer: TrainerStatus | None
-    proxy: ProxyStatus | None
-
-    def answered(self) -> bool:
-        return self.trainer is not None or self.proxy is not None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "trainer": self.trainer.model_dump(mode="json") if self.trainer else None,
-            "proxy": self.proxy.model_dump(mode="json") if self.proxy else None,
-        }
-
-
-def _status_data(run_dir: Path) -> RunStatus:
+def _status_report(run_dir: Path) -> r.StatusReport:
+    """Live status from each daemon that holds its lock; an offline summary when the trainer does not
+    run. A stopped daemon is known from its lock at once: no socket is touched, nothing created."""
     from andrea.protocol import messages as m
     from andrea.protocol.transport import new_id
 
-    replies = {}
-    for role in ("trainer", "proxy"):
-        reply = _ask(run_dir, role, m.StatusRequest(id=new_id()), timeout=1.5)
-        replies[role] = reply.data if reply is not None and reply.ok else None
-    return RunStatus(
-        trainer=TrainerStatus.model_validate(replies["trainer"]) if replies["trainer"] else None,
-        proxy=ProxyStatus.model_validate(replies["proxy"]) if replies["proxy"] else None,
+    from .offline import daemon_running, offline_summary
+
+    running = {role: daemon_running(run_dir, role) for role in ("trainer", "proxy")}
+    live: dict[str, dict | None] = {}
+    for role, up in running.items():
+        reply = _ask(run_dir, role, m.StatusRequest(id=new_id()), timeout=1.5) if up else None
+        live[role] = reply.data if reply is not None and reply.ok else None
+    trainer = TrainerStatus.model_validate(live["trainer"]) if live["trainer"] else None
+    proxy = ProxyStatus.model_validate(live["proxy"]) if live["proxy"] else None
+    if trainer is not None:
+        state = "running"
+    elif not any(running.values()):
+        state = "stopped"
+    else:
+        state = "partial"
+    return r.StatusReport(
+        time=r.utc_now(),
+        run_dir=str(run_dir),
+        state=state,
+        trainer=trainer,
+        proxy=proxy,
+        offline=offline_summary(run_dir) if trainer is None else None,
     )
 
 
-def _activity_text(t: TrainerStatus) -> str:
-    if t.activity is Activity.HOLDING:
-        return f"holding after step {t.step}"
-    return str(t.activity)
+def _ago(seconds: float | None) -> str:
+    from andrea.daemon.progress import format_duration
+
+    return "-" if seconds is None else format_duration(seconds)
 
 
-def _status_text(data: RunStatus) -> str:
+def _status_text(report: r.StatusReport, run_dir: Path) -> str:
+    from andrea.daemon.progress import format_duration
+
     lines = []
-    t = data.trainer
+    t = report.trainer
     if t is None:
-        lines.append("trainer: not running (no answer on its control socket)")
+        why = "holds its lock but does not answer" if report.state == "partial" else "not running"
+        lines.append(f"trainer: {why}")
     else:
         loss = f"{t.loss_ema:.4f}" if t.loss_ema is not None else "-"
+        done = t.step / t.max_steps if t.max_steps else 1.0
+        activity = f"holding after step {t.step}" if t.activity is Activity.HOLDING else t.activity
         lines.append(
-            f"trainer: {_activity_text(t)}, step {t.step}/{t.max_steps}, loss EMA {loss}, "
-            f"last checkpoint {t.last_checkpoint or 'none'}, segment {t.segment}, pid {t.pid}"
+            f"trainer: {activity}, step {t.step:,}/{t.max_steps:,} ({done:.0%}), loss EMA {loss}"
+            + (f", lr {t.lr:.2e}" if t.lr is not None else "")
+            + (f", {t.tokens_per_second:,.0f} tok/s" if t.tokens_per_second else "")
+        )
+        lines.append(
+            f"         elapsed {_ago(t.elapsed_seconds)}, ETA {_ago(t.eta_seconds)}, "
+            + (
+                f"last checkpoint {t.last_checkpoint} ({_ago(t.last_checkpoint_age_seconds)} ago)"
+                if t.last_checkpoint
+                else "no checkpoint yet"
+            )
+            + f", segment {t.segment}, pid {t.pid}"
             + (f", {t.device} {t.dtype}" if t.device else "")
         )
-    p = data.proxy
+    p = report.proxy
     if p is None:
-        lines.append("proxy:   not running (no answer on its socket)")
+        lines.append(
+            "proxy:   not running" if report.state != "partial" or t else "proxy:   not answering"
+        )
     else:
         probs = ", ".join(f"{k} {v:.3f}" for k, v in p.probabilities.items())
         lines.append(
-            f"proxy:   phase {p.phase} (from step {p.phase_start_step}), logged up to step {p.durable_step}"
+            f"proxy:   phase {p.phase} (after step {p.phase_start_step}, policy "
+            f"{p.policy_fingerprint[:12]}), logged up to step {p.durable_step:,}"
         )
         lines.append(f"         probabilities: {probs}")
         for z in p.zombies:
             lines.append(f"         ZOMBIE arm {z.name!r}: {z.reason} (never draws)")
+    o = report.offline
+    if o is not None:
+        c = o.last_checkpoint
+        lines.append(
+            f"{run_dir}: stopped; last checkpoint "
+            + (
+                f"step {c.step:,} ({c.trigger}, {c.created.isoformat(timespec='seconds')}, "
+                f"{format_duration(c.age_seconds)} ago)"
+                if c
+                else "none"
+            )
+        )
+        if o.logged_step is not None:
+            ema = "-" if o.loss_ema is None else f"{o.loss_ema:.4f}"
+            lines.append(
+                f"logged up to step {o.logged_step:,} (segment {o.segment}, phase {o.phase}), "
+                f"loss EMA {ema}"
+                + (f", policy {o.policy_fingerprint[:12]}" if o.policy_fingerprint else "")
+            )
     return "\n".join(lines)
 
 
 def cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """What the trainer and the proxy are doing. Exit 1 when neither answers."""
-    data = _status_data(args.run_dir)
-    _emit(args, data.to_json(), _status_text(data))
-    return 0 if data.answered() else 1
+    """What the trainer and the proxy are doing; for a stopped run, a summary from its files."""
+    report = _status_report(args.run_dir)
+    _emit(args, report, _status_text(report, args.run_dir))
+    return (
+        EXIT_OK
+        if report.state == "running"
+        else EXIT_STOPPED
+        if report.state == "stopped"
+        else EXIT_FAILED
+    )
 
 
 def _watch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,18 +219,19 @@ def _watch_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Status every --interval seconds until Ctrl-C."""
+    """Status every --interval seconds until Ctrl-C (with --json: one document per line)."""
     try:
         while True:
-            data = _status_data(args.run_dir)
-            stamp = time.strftime("%H:%M:%S")
+            report = _status_report(args.run_dir)
             if args.json:
-                print(json.dumps({"time": stamp, **data.to_json()}, default=str), flush=True)
+                print(report.model_dump_json(), flush=True)
             else:
-                print(f"[{stamp}] " + _status_text(data).replace("\n", "\n           "), flush=True)
+                stamp = report.time.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+                text = _status_text(report, args.run_dir).replace("\n", "\n" + " " * 22)
+                print(f"[{stamp}] {text}", flush=True)
             time.sleep(args.interval)
     except KeyboardInterrupt:
-        return 0
+        return EXIT_OK
 
 
 # --- checkpoint, stop -----------------------------------------------------------------------------------
@@ -175,10 +253,17 @@ def _stop_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wait", action="store_true", help="return once the trainer has checkpointed and exited"
     )
-    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="with --wait: give up after this many seconds"
+    )
 
 
 def _send_trainer(args: argparse.Namespace, msg: object, wait: bool) -> int:
+    from .offline import daemon_running
+
+    if not daemon_running(args.run_dir, "trainer"):
+        print(f"andreactl: the trainer of {args.run_dir} is not running", file=sys.stderr)
+        return EXIT_FAILED
     # One long try for a waiting request: re-sending it would only coalesce, but a retry loop of
     # short timeouts would print nothing useful while a slow checkpoint is written.
     reply = _ask(
@@ -193,17 +278,26 @@ def _send_trainer(args: argparse.Namespace, msg: object, wait: bool) -> int:
             f"andreactl: the trainer of {args.run_dir} does not answer (not running?)",
             file=sys.stderr,
         )
-        return 1
-    _emit(
-        args,
-        reply.model_dump(),
-        (
-            f"ok: {', '.join(f'{k} {v}' for k, v in reply.data.items())}"
-            if reply.ok
-            else f"error: {reply.error}"
-        ),
+        return EXIT_FAILED
+    data = dict(reply.data or {})
+    step = data.pop("step", None)
+    checkpoint = data.pop("checkpoint", None)
+    report = r.RequestReport(
+        time=r.utc_now(),
+        command=args.command,
+        ok=reply.ok,
+        step=step,
+        checkpoint=checkpoint,
+        detail=data,
+        error=reply.error,
     )
-    return 0 if reply.ok else 1
+    text = (
+        "ok: " + ", ".join(f"{k} {v}" for k, v in (reply.data or {}).items())
+        if reply.ok
+        else f"error: {reply.error}"
+    )
+    _emit(args, report, text)
+    return EXIT_OK if reply.ok else EXIT_FAILED
 
 
 def cmd_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -251,9 +345,8 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         load_policy(args.policy)
         text = args.policy.read_text(encoding="utf-8")
     except PolicyError as e:
-        print(f"andreactl: {e}", file=sys.stderr)
-        return 2
-    status = _status_data(args.run_dir)
+        raise UserError(str(e)) from None
+    status = _status_report(args.run_dir)
     trainer, proxy = status.trainer, status.proxy
     if trainer is None or proxy is None:
         print(
@@ -282,7 +375,7 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     deadline = time.monotonic() + args.timeout
     while True:
-        t = _status_data(args.run_dir).trainer
+        t = _status_report(args.run_dir).trainer
         if t is not None and t.activity is Activity.HOLDING:
             boundary = t.step
             break
@@ -321,7 +414,7 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     _emit(
         args,
-        result.data,
+        r.PivotReport(time=r.utc_now(), **result.data),
         f"pivot done: phase {result.data['phase']} starts after step {boundary}; "
         f"the ended phase is archived in {result.data['archive']}",
     )
@@ -353,8 +446,20 @@ def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             for e in shown
         ]
     )
-    _emit(args, [e.model_dump() for e in shown], text)
-    return 0
+    report = r.HistoryReport(
+        run_dir=str(args.run_dir),
+        rows=[
+            r.HistoryRow(
+                **e.model_dump(
+                    mode="json", include={"step", "loss", "lr", "arm", "tokens", "segment", "phase"}
+                ),
+                time=_stamp(e.wall_time),
+            )
+            for e in shown
+        ],
+    )
+    _emit(args, report, text)
+    return EXIT_OK
 
 
 def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -366,33 +471,113 @@ def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             file=sys.stderr,
         )
         return 1
-    data = json.loads(path.read_text())
-    records = data["records"][-args.last :] if args.last else data["records"]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        records = data["records"][-args.last :] if args.last else data["records"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: not a samples file ({e})") from None
     text = "\n\n".join(
-        f"step {r['step']} (segment {r['segment']}, phase {r['phase']}, arms {r['arm_mix']}):\n"
-        + "\n".join(f"  {s['text']!r}" for s in r["samples"])
-        for r in records
+        f"step {rec['step']} (segment {rec['segment']}, phase {rec['phase']}, arms {rec['arm_mix']}):\n"
+        + "\n".join(f"  {s['text']!r}" for s in rec["samples"])
+        for rec in records
     )
-    _emit(args, records, text)
-    return 0
+    _emit(args, r.SamplesReport(run_dir=str(args.run_dir), records=records), text)
+    return EXIT_OK
 
 
 def _plot_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, required=True, help="SVG file to write")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="file to write: .png, .svg or .pdf (by extension)"
+    )
+    parser.add_argument("--since", type=int, help="first step shown (default: the first logged)")
+    parser.add_argument("--until", type=int, help="last step shown (default: the last logged)")
+    parser.add_argument("--title", help="title above the panels (default: the run directory)")
 
 
 def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """The canonical loss curve as an SVG (no plotting library needed)."""
-    from andrea.control.plot import loss_svg
+    """The audit plot of the canonical curve: loss + EMA, arm shares with policy bands, LR, and marks
+    for restarts, pivots, audit checkpoints and zombie arms (see andrea.control.plot)."""
+    from andrea.control.plot import FORMATS, audit_figure, save_figure, select_steps
+    from andrea.control.run_events import read_run_events
     from andrea.daemon.losslog import read_curve
 
+    if args.out.suffix.lower().lstrip(".") not in FORMATS:
+        parser.error(f"--out {args.out}: the extension must be one of .png, .svg, .pdf")
     curve = read_curve(args.run_dir / LOSS_FILE)
     if not curve:
         print("andreactl: .loss.json has no entries yet", file=sys.stderr)
         return 1
-    args.out.write_text(loss_svg(curve.step, curve.loss, title=str(args.run_dir)))
+    events = read_run_events(args.run_dir, curve)
+    for problem in events.problems:
+        print(f"andreactl: warning: {problem}", file=sys.stderr)
+    try:
+        fig = audit_figure(
+            curve, events, args.title or str(args.run_dir), since=args.since, until=args.until
+        )
+    except ValueError as e:
+        print(f"andreactl: {e}", file=sys.stderr)
+        return 1
+    save_figure(fig, args.out)
+    shown = len(select_steps(curve, args.since, args.until))
     _emit(
-        args, {"out": str(args.out), "steps": len(curve)}, f"wrote {args.out} ({len(curve)} steps)"
+        args,
+        r.PlotReport(
+            out=str(args.out),
+            steps=shown,
+            restarts=[s for s, _ in events.restarts],
+            pivots=[p.step for p in events.pivots],
+            audit_checkpoints=[s for s, _ in events.audit_checkpoints],
+            zombies=[z.arm for z in events.zombies],
+        ),
+        f"wrote {args.out} ({shown} steps)",
+    )
+    return 0
+
+
+def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action", choices=("export",), help="export: rebuild the metrics from .loss.json"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("tensorboard", "csv", "jsonl"),
+        required=True,
+        help="tensorboard: an event-file directory; csv, jsonl: one row per step",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="tensorboard: a new or empty directory; csv, jsonl: a new file",
+    )
+
+
+def cmd_metrics(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Rebuild the run's metrics (loss, EMA, LR, tokens/s, phase, segment, arm shares) from the
+    canonical curve in .loss.json, for any run, past or running (see andrea.daemon.metrics)."""
+    from andrea.daemon.losslog import read_curve
+    from andrea.daemon.metrics import files
+
+    out: Path = args.out
+    if args.format == "tensorboard":
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            parser.error(f"--out {out}: must be a new or empty directory")
+    elif out.exists():
+        parser.error(f"--out {out}: already exists (nothing is overwritten)")
+    curve = read_curve(args.run_dir / LOSS_FILE)
+    if args.format == "tensorboard":
+        from andrea.daemon.metrics.tensorboard import export_tensorboard
+
+        def progress(done: int, total: int) -> None:
+            print(f"metrics: {done:,}/{total:,} steps written", file=sys.stderr, flush=True)
+
+        n = export_tensorboard(curve, out, progress)
+    else:
+        n = (files.write_csv if args.format == "csv" else files.write_jsonl)(curve, out)
+    _emit(
+        args,
+        r.MetricsReport(format=args.format, out=str(out), steps=n),
+        f"wrote {n:,} steps as {args.format} to {out}",
     )
     return 0
 
@@ -418,7 +603,7 @@ def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     size = payload_size(n)
     _emit(
         args,
-        {"preset": args.preset, "n_params": n, "checkpoint_bytes": size},
+        r.SizeReport(preset=args.preset, n_params=n, checkpoint_bytes=size),
         f"{args.preset}: {n:,} parameters, checkpoint {size:,} bytes ({size / 1e6:.1f} MB)",
     )
     return 0
@@ -456,7 +641,12 @@ def _verify_resume_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="new directory for the paths and verification.json",
     )
-    parser.add_argument("--problem", choices=("mini", "trainer"), default="mini")
+    parser.add_argument(
+        "--problem",
+        choices=("mini", "trainer"),
+        default="mini",
+        help="mini: a small model in one process; trainer: the real andrea-trainer daemon",
+    )
     parser.add_argument(
         "--sabotage", help="break the full resume on purpose, so the verification must fail"
     )
@@ -483,38 +673,116 @@ def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser)
     return code
 
 
+def _schema_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "name",
+        nargs="?",
+        choices=sorted(r.REPORTS),
+        metavar="COMMAND",
+        help="one command (default: all)",
+    )
+
+
+def cmd_schema(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The JSON Schema of a command's --json output (all commands' without a name)."""
+    names = [args.name] if args.name else sorted(r.REPORTS)
+    schemas = {name: r.REPORTS[name].model_json_schema() for name in names}
+    print(json.dumps(schemas[args.name] if args.name else schemas, indent=1))
+    return EXIT_OK
+
+
 #: Every subcommand, in the order `andreactl --help` lists them.
 COMMANDS: tuple[Command, ...] = (
-    Command("status", "what the trainer and the proxy are doing", _no_arguments, cmd_status),
+    Command(
+        "status",
+        "what the trainer and the proxy are doing (a stopped run: a summary from its files)",
+        _no_arguments,
+        cmd_status,
+        examples=(
+            "andreactl status --run-dir runs/r1",
+            "ANDREA_RUN_DIR=runs/r1 andreactl status -o json",
+        ),
+        extra_exit_codes=((EXIT_STOPPED, "the run is stopped (the summary is from its files)"),),
+    ),
     Command(
         "checkpoint",
         "checkpoint after the current step (or at the next boundary) and continue",
         _checkpoint_arguments,
         cmd_checkpoint,
+        examples=("andreactl checkpoint --run-dir runs/r1 --wait",),
     ),
-    Command("stop", "finish the current step, checkpoint and exit", _stop_arguments, cmd_stop),
+    Command(
+        "stop",
+        "finish the current step, checkpoint and exit",
+        _stop_arguments,
+        cmd_stop,
+        examples=("andreactl stop --run-dir runs/r1 --wait",),
+    ),
     Command(
         "pivot",
         "start a new bandit phase under a new policy at the next boundary",
         _pivot_arguments,
         cmd_pivot,
+        examples=("andreactl pivot --run-dir runs/r1 --policy polish.toml",),
     ),
-    Command("history", "the canonical loss curve from .loss.json", _history_arguments, cmd_history),
-    Command("samples", "the most recent generated samples", _history_arguments, cmd_samples),
-    Command("watch", "status every few seconds until Ctrl-C", _watch_arguments, cmd_watch),
-    Command("plot", "the loss curve as an SVG file", _plot_arguments, cmd_plot),
+    Command(
+        "history",
+        "the canonical loss curve from .loss.json",
+        _history_arguments,
+        cmd_history,
+        examples=(
+            "andreactl history --run-dir runs/r1 --last 50",
+            "andreactl history --run-dir runs/r1 -o json",
+        ),
+    ),
+    Command(
+        "samples",
+        "the most recent generated samples",
+        _history_arguments,
+        cmd_samples,
+        examples=("andreactl samples --run-dir runs/r1 --last 2",),
+    ),
+    Command(
+        "watch",
+        "status every few seconds until Ctrl-C",
+        _watch_arguments,
+        cmd_watch,
+        examples=("andreactl watch --run-dir runs/r1 --interval 10",),
+    ),
+    Command(
+        "plot",
+        "the audit plot (loss, EMA, arm shares, LR, restarts, pivots) as PNG/SVG/PDF",
+        _plot_arguments,
+        cmd_plot,
+        examples=(
+            "andreactl plot --run-dir runs/r1 --out run.png",
+            "andreactl plot --run-dir runs/r1 --out zoom.svg --since 100000 --until 120000",
+        ),
+    ),
+    Command(
+        "metrics",
+        "export the run's metrics for TensorBoard, CSV or JSON Lines",
+        _metrics_arguments,
+        cmd_metrics,
+        examples=(
+            "andreactl metrics export --run-dir runs/r1 --format tensorboard --out tb/r1",
+            "andreactl metrics export --run-dir runs/r1 --format csv --out r1.csv",
+        ),
+    ),
     Command(
         "size",
         "parameters and checkpoint bytes of a preset",
         _size_arguments,
         cmd_size,
         needs_run_dir=False,
+        examples=("andreactl size --preset andrea-120m",),
     ),
     Command(
         "export",
         "copy a verified checkpoint with its config, metrics and load procedure",
         _export_arguments,
         cmd_export,
+        examples=("andreactl export --run-dir runs/r1 --to exports/r1",),
     ),
     Command(
         "verify-resume",
@@ -522,40 +790,129 @@ COMMANDS: tuple[Command, ...] = (
         _verify_resume_arguments,
         cmd_verify_resume,
         needs_run_dir=False,
+        examples=("andreactl verify-resume --output /tmp/proof --problem mini",),
+    ),
+    Command(
+        "schema",
+        "the JSON Schema of a command's --json output",
+        _schema_arguments,
+        cmd_schema,
+        needs_run_dir=False,
+        examples=("andreactl schema status",),
     ),
 )
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's layout and shows each option's default, when it has a meaningful one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            action.default not in (None, False, argparse.SUPPRESS)
+            and action.option_strings
+            and "default" not in text
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _epilog(command: Command | None) -> str:
+    codes = EXIT_CODES + (command.extra_exit_codes if command else ())
+    lines = ["exit codes:"] + [f"  {code}  {meaning}" for code, meaning in codes]
+    examples = (
+        command.examples
+        if command
+        else (
+            "andreactl status --run-dir runs/r1",
+            "andreactl plot --run-dir runs/r1 --out run.png",
+            "andreactl COMMAND --help",
+        )
+    )
+    lines += ["", "examples:"] + [f"  {e}" for e in examples]
+    return "\n".join(lines)
+
+
+def _add_global_options(parser: argparse.ArgumentParser, in_command: bool) -> None:
+    # In a command's parser the defaults are SUPPRESS, so that a value given before the command
+    # is not reset by the command's own copy of the option.
+    unset = argparse.SUPPRESS if in_command else None
+    group = parser.add_argument_group("global options (before or after the command)")
+    group.add_argument(
+        "--run-dir", type=Path, default=unset, help=f"the run directory (default: ${RUN_DIR_ENV})"
+    )
+    group.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if in_command else False,
+        help="print the command's report as one JSON document on stdout (schema: andreactl schema)",
+    )
+    group.add_argument(
+        "-o",
+        dest="output_format",
+        choices=("text", "json"),
+        default=unset,
+        help="output format; -o json is --json",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("andrea")
+    except PackageNotFoundError:
+        v = "unknown"
     parser = argparse.ArgumentParser(
-        prog="andreactl", description="Operate an ANDREA training run."
+        prog="andreactl",
+        description="Operate an ANDREA training run.",
+        epilog=_epilog(None),
+        formatter_class=_HelpFormatter,
     )
-    parser.add_argument("--run-dir", type=Path, help="the run directory")
-    parser.add_argument(
-        "--json", action="store_true", help="print the command's report as JSON on stdout"
-    )
+    parser.add_argument("--version", action="version", version=f"andreactl {v}")
+    _add_global_options(parser, in_command=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        sub = commands.add_parser(command.name, help=command.help, description=command.help)
+        sub = commands.add_parser(
+            command.name,
+            help=command.help,
+            description=command.help,
+            epilog=_epilog(command),
+            formatter_class=_HelpFormatter,
+        )
         command.add_arguments(sub)
+        _add_global_options(sub, in_command=True)
         sub.set_defaults(command_entry=command, command_parser=sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `andreactl` script; returns the exit code."""
+    from andrea.daemon.losslog import LossLogError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     command: Command = args.command_entry
-    if command.needs_run_dir and args.run_dir is None:
-        parser.error(f"{command.name} needs --run-dir DIR")
+    sub: argparse.ArgumentParser = args.command_parser
+    args.json = args.json or args.output_format == "json"
+    if args.run_dir is None and os.environ.get(RUN_DIR_ENV):
+        args.run_dir = Path(os.environ[RUN_DIR_ENV])
+    if command.needs_run_dir:
+        if args.run_dir is None:
+            sub.error(f"{command.name} needs --run-dir DIR (or ${RUN_DIR_ENV})")
+        if not args.run_dir.is_dir():
+            print(f"andreactl: {args.run_dir}: no such run directory", file=sys.stderr)
+            return EXIT_USAGE
     from andrea.daemon.rundir import SocketDirError
 
     try:
-        return command.run(args, args.command_parser)
-    except SocketDirError as e:
+        return command.run(args, sub)
+    except (UserError, LossLogError, SocketDirError, OSError) as e:
+        # A person's mistake or an unreadable file: one line, no traceback.
         print(f"andreactl: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from xml.etree import ElementTree
 
+from andrea.control.reports import HistoryReport, RequestReport, StatusReport
 from andrea.daemon.exitcodes import ExitCode
 
 from .conftest import Trainer, trainer_cmd
@@ -30,17 +30,25 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
         )
     )
     t.wait_for(r"step 10/")
+    t.wait_for(r"step 12/")  # a progress line after a checkpoint-free stretch: rates are known
 
     res = ctl(tmp_path, "--json", "status")
     assert res.returncode == 0, res.stderr
     status = json.loads(res.stdout)
+    StatusReport.model_validate_json(res.stdout)
+    assert status["state"] == "running" and status["offline"] is None
     assert status["trainer"]["activity"] == "training" and status["proxy"]["phase"] == 0
+    live = status["trainer"]
+    assert live["tokens_per_second"] > 0 and live["lr"] > 0 and live["elapsed_seconds"] > 0
+    assert live["eta_seconds"] > 0 and live["last_checkpoint_age_seconds"] is None
+    assert len(status["proxy"]["policy_fingerprint"]) == 64
     assert (status["trainer"]["device"], status["trainer"]["dtype"]) == ("cpu", "float32")
     assert abs(sum(status["proxy"]["probabilities"].values()) - 1) < 1e-12
     human = ctl(tmp_path, "status").stdout
     assert (
         "trainer: training, step" in human and "cpu float32" in human and "probabilities:" in human
     )
+    assert "tok/s" in human and "ETA" in human and "elapsed" in human and "policy" in human
 
     res = ctl(tmp_path, "checkpoint", "--wait")
     assert res.returncode == 0 and "checkpoint step_" in res.stdout, res.stderr
@@ -49,28 +57,32 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
         json.loads((tmp_path / name.replace(".bin", ".json")).read_text())["trigger"] == "control"
     )
 
-    res = ctl(tmp_path, "stop", "--wait")
-    assert res.returncode == 0 and "exit_code 0" in res.stdout, res.stdout + res.stderr
+    res = ctl(tmp_path, "stop", "--wait", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    stopped = RequestReport.model_validate_json(res.stdout)
+    assert stopped.ok and stopped.detail["exit_code"] == 0 and stopped.checkpoint
     assert t.wait() == ExitCode.OK, t.log
 
-    hist = json.loads(ctl(tmp_path, "--json", "history", "--last", "0").stdout)
-    assert [e["step"] for e in hist] == list(range(1, len(hist) + 1)) and len(hist) >= 10
-    res = ctl(tmp_path, "plot", "--out", str(tmp_path / "loss.svg"))
+    hist = HistoryReport.model_validate_json(
+        ctl(tmp_path, "--json", "history", "--last", "0").stdout
+    )
+    assert [e.step for e in hist.rows] == list(range(1, len(hist.rows) + 1))
+    assert len(hist.rows) >= 10
+    res = ctl(tmp_path, "plot", "--out", str(tmp_path / "loss.svg"), "--json")
     assert res.returncode == 0, res.stderr
-    svg = ElementTree.parse(tmp_path / "loss.svg").getroot()
-    (line,) = [e for e in svg.iter() if e.tag.endswith("polyline")]
-    assert len(line.get("points").split()) == len(hist)
+    assert json.loads(res.stdout)["steps"] == len(hist.rows)
 
     res = ctl(tmp_path, "status")
-    assert res.returncode == 1 and "not running" in res.stdout
+    assert res.returncode == 3 and "stopped; last checkpoint step" in res.stdout
 
 
 def test_size_and_unreachable_trainer(tmp_path: Path) -> None:
-    res = ctl(None, "--json", "size", "--preset", "andrea-12m")
+    res = ctl(None, "size", "--preset", "andrea-12m", "-o", "json")
     assert json.loads(res.stdout) == {
         "preset": "andrea-12m",
         "n_params": 12_812_800,
         "checkpoint_bytes": 8 + 12 * 12_812_800,
     }
     res = ctl(tmp_path, "checkpoint", "--timeout", "1")
-    assert res.returncode == 1 and "does not answer" in res.stderr
+    assert res.returncode == 1 and "not running" in res.stderr
+    assert list(tmp_path.iterdir()) == [], "asking a stopped run creates nothing"

@@ -1,0 +1,139 @@
+"""The JSON document each andreactl command prints with ``--json`` (or ``-o json``): one pydantic model
+per command, so that every output has one schema (``andreactl schema COMMAND`` prints it; docs/andreactl.md
+lists them). Timestamps are RFC 3339 in UTC (``2026-11-30T10:16:00.123Z``); durations are seconds.
+
+A command prints exactly one document on stdout (``watch``: one per line), everything meant for a
+person on stderr.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from andrea.protocol.status import ProxyStatus, TrainerStatus
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CheckpointInfo(_Report):
+    """A checkpoint on disk, from its manifest."""
+
+    step: int
+    trigger: str
+    created: datetime = Field(description="when its manifest was written (RFC 3339)")
+    age_seconds: float
+
+
+class OfflineSummary(_Report):
+    """What the run directory says when the trainer is not running."""
+
+    last_checkpoint: CheckpointInfo | None
+    logged_step: int | None = Field(description="newest step in .loss.json")
+    segment: int | None
+    phase: int | None
+    loss_ema: float | None = Field(description="loss EMA of the canonical curve at logged_step")
+    policy_fingerprint: str | None
+
+
+class StatusReport(_Report):
+    """``andreactl status`` (and each line of ``watch``)."""
+
+    time: datetime
+    run_dir: str
+    state: Literal["running", "stopped", "partial"] = Field(
+        description="running: trainer answers; stopped: neither daemon runs; partial: only the proxy runs, "
+        "or a daemon holds its lock but does not answer"
+    )
+    trainer: TrainerStatus | None = Field(description="the trainer's live status, or null")
+    proxy: ProxyStatus | None = Field(description="the proxy's live status, or null")
+    offline: OfflineSummary | None = Field(
+        description="from the run directory's files when the trainer is not running"
+    )
+
+
+class RequestReport(_Report):
+    """``checkpoint`` and ``stop``: what the trainer answered."""
+
+    time: datetime
+    command: Literal["checkpoint", "stop"]
+    ok: bool
+    step: int | None = Field(description="the step checkpointed (or to be), when the trainer says")
+    checkpoint: str | None = Field(description="the checkpoint file, once durable (--wait)")
+    detail: dict[str, Any] = Field(description="everything else the trainer answered")
+    error: str | None
+
+
+class PivotReport(_Report):
+    time: datetime
+    phase: int = Field(description="the phase that starts after boundary_step")
+    boundary_step: int
+    archive: str = Field(
+        description="where the ended phase was archived, relative to the run directory"
+    )
+
+
+class HistoryRow(_Report):
+    step: int
+    loss: float | str = Field(description='a number, or "NaN", "Infinity", "-Infinity"')
+    lr: float
+    arm: str
+    tokens: int
+    segment: int
+    phase: int
+    time: datetime
+
+
+class HistoryReport(_Report):
+    run_dir: str
+    rows: list[HistoryRow]
+
+
+class SamplesReport(_Report):
+    run_dir: str
+    records: list[dict[str, Any]] = Field(description="the newest records of .samples.json")
+
+
+class PlotReport(_Report):
+    out: str
+    steps: int
+    restarts: list[int] = Field(description="first step of each segment after the first")
+    pivots: list[int] = Field(description="boundary step of each pivot")
+    audit_checkpoints: list[int]
+    zombies: list[str]
+
+
+class MetricsReport(_Report):
+    format: Literal["tensorboard", "csv", "jsonl"]
+    out: str
+    steps: int
+
+
+class SizeReport(_Report):
+    preset: str
+    n_params: int
+    checkpoint_bytes: int
+
+
+#: The model of each command's --json document (export and verify-resume print the report file they
+#: write, export.json and verification.json, documented in docs/export.md and docs/resume-proof.md).
+REPORTS: dict[str, type[BaseModel]] = {
+    "status": StatusReport,
+    "watch": StatusReport,
+    "checkpoint": RequestReport,
+    "stop": RequestReport,
+    "pivot": PivotReport,
+    "history": HistoryReport,
+    "samples": SamplesReport,
+    "plot": PlotReport,
+    "metrics": MetricsReport,
+    "size": SizeReport,
+}

@@ -1,0 +1,172 @@
+"""andreactl follows the conventions of systemctl and kubectl: each rule asserted.
+
+Global options before or after the command, -o json, ANDREA_RUN_DIR, --version; one JSON schema
+per command with RFC 3339 timestamps; --help with defaults, exit codes and an example; no traceback
+for a user error; status creates nothing and answers a stopped run from its files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from andrea.control import andreactl
+from andrea.control.reports import REPORTS, HistoryReport, StatusReport
+from andrea.daemon import proxy_cli, trainer_cli
+
+RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def timestamps(doc: object) -> list[str]:
+    """Every string in ``doc`` that looks like a date."""
+    if isinstance(doc, dict):
+        return [t for v in doc.values() for t in timestamps(v)]
+    if isinstance(doc, list):
+        return [t for v in doc for t in timestamps(v)]
+    return [doc] if isinstance(doc, str) and re.match(r"^\d{4}-\d\d-\d\d", doc) else []
+
+
+def all_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    top = andreactl.build_parser()
+    (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    return [("andreactl", top), *sub.choices.items()]
+
+
+def test_every_option_has_help_and_every_command_exit_codes_and_an_example() -> None:
+    parsers = all_parsers() + [
+        ("andrea-trainer", trainer_cli.build_parser()),
+        ("andrea-proxy", proxy_cli.build_parser()),
+    ]
+    for name, parser in parsers:
+        for action in parser._actions:
+            if action.option_strings and action.help != argparse.SUPPRESS:
+                assert action.help, f"{name} {action.option_strings} has no help"
+    for name, parser in all_parsers():
+        text = parser.format_help()
+        assert "exit codes:" in text and "  2  usage error" in text, name
+        assert re.search(r"examples:\n  andreactl ", text), name
+        assert "--run-dir" in text and "-o {text,json}" in text, name
+    watch = dict(all_parsers())["watch"].format_help()
+    assert "(default: 2.0)" in watch
+    assert "(default: INFO)" in trainer_cli.build_parser().format_help()
+
+
+def test_version_and_global_options_after_the_command(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        andreactl.main(["--version"])
+    assert done.value.code == 0 and re.match(r"andreactl \d+\.\d+", capsys.readouterr().out)
+
+    from andrea.daemon.losslog import LossLog
+    from andrea.protocol.lossentry import LossEntry
+
+    with LossLog.open(tmp_path / ".loss.json") as log:
+        for s in range(1, 6):
+            log.append(LossEntry(step=s, loss=3.0 - s / 10, arm="code", lr=1e-3, tokens=64,
+                                 wall_time=1.75e9 + s, segment=1, phase=0, batch_sha256=None))  # fmt: skip
+    outputs = []
+    for argv, env in (
+        (["--run-dir", str(tmp_path), "--json", "history"], {}),
+        (["history", "--run-dir", str(tmp_path), "--json"], {}),
+        (["history", "-o", "json", "--run-dir", str(tmp_path)], {}),
+        (["history", "-o", "json"], {"ANDREA_RUN_DIR": str(tmp_path)}),
+    ):
+        os.environ.pop("ANDREA_RUN_DIR", None)
+        os.environ.update(env)
+        try:
+            assert andreactl.main(argv) == 0
+        finally:
+            os.environ.pop("ANDREA_RUN_DIR", None)
+        outputs.append(capsys.readouterr().out)
+    assert len(set(outputs)) == 1
+    report = HistoryReport.model_validate_json(outputs[0])
+    assert [row.step for row in report.rows] == [1, 2, 3, 4, 5]
+    assert all(RFC3339.match(t) for t in timestamps(json.loads(outputs[0])))
+    assert json.loads(outputs[0])["rows"][0]["time"] == "2025-06-15T15:06:41Z"
+
+
+def test_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / ".loss.json").write_text("this is not a loss log")
+    (tmp_path / "policy.toml").write_text("[arms.code]\nfloor = 2.0\n")
+    cases = [
+        ("history", "--run-dir", str(tmp_path / "missing")),
+        ("status", "--run-dir", str(tmp_path / "typo")),
+        ("history", "--run-dir", str(bad)),
+        ("plot", "--run-dir", str(bad), "--out", str(tmp_path / "x.png")),
+        ("plot", "--run-dir", str(tmp_path), "--out", str(tmp_path / "x.gif")),
+        ("pivot", "--run-dir", str(tmp_path), "--policy", str(tmp_path / "policy.toml")),
+        ("pivot", "--run-dir", str(tmp_path), "--policy", str(tmp_path / "nope.toml")),
+        ("metrics", "export", "--run-dir", str(tmp_path), "--format", "xml", "--out", "x"),
+        ("history",),
+    ]
+    for argv in cases:
+        res = run(*argv, env={"ANDREA_RUN_DIR": ""})
+        assert res.returncode == 2, (argv, res.stderr)
+        assert "Traceback" not in res.stderr and res.stdout == "", (argv, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        # Ours: "andreactl: what is wrong" (its details indented below); argparse's: usage + error.
+        assert lines[0].startswith("andreactl: ") or ": error: " in lines[-1], (argv, lines)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "policy.toml"], "nothing created"
+
+
+def test_every_command_has_a_schema(capsys) -> None:
+    assert andreactl.main(["schema"]) == 0
+    schemas = json.loads(capsys.readouterr().out)
+    assert set(schemas) == set(REPORTS)
+    names = {c.name for c in andreactl.COMMANDS}
+    assert set(REPORTS) | {"export", "verify-resume", "schema"} == names
+    status = schemas["status"]
+    assert status["properties"]["time"]["format"] == "date-time"
+
+
+@pytest.mark.process
+def test_status_of_a_stopped_run_is_immediate_and_creates_nothing(audited_run: Path) -> None:
+    before = tree(audited_run)
+    t0 = time.monotonic()
+    res = run("status", "--run-dir", str(audited_run), "-o", "json")
+    seconds = time.monotonic() - t0
+    assert res.returncode == 3, res.stderr
+    assert tree(audited_run) == before, "status created or changed something"
+    assert seconds < 30, "a stopped run answers from its lock files, without retries"
+    report = StatusReport.model_validate_json(res.stdout)
+    assert report.state == "stopped" and report.trainer is None and report.proxy is None
+    o = report.offline
+    newest = max(int(p.name[5:11]) for p in audited_run.glob("step_*.json"))
+    manifest = json.loads((audited_run / f"step_{newest:06d}.json").read_text())
+    assert o.last_checkpoint.step == newest and o.last_checkpoint.trigger == manifest["trigger"]
+    assert o.last_checkpoint.age_seconds >= 0
+    raw = json.loads((audited_run / ".loss.json").read_text())
+    assert (o.logged_step, o.segment, o.phase) == (raw[-1]["step"], raw[-1]["segment"], 1)
+    ema = None
+    canonical = {e["step"]: e for e in sorted(raw, key=lambda e: (e["step"], e["segment"]))}
+    for step in sorted(canonical):
+        x = canonical[step]["loss"]
+        ema = x if ema is None else 0.9 * ema + 0.1 * x
+    assert o.loss_ema == pytest.approx(ema, rel=1e-12)
+    state = json.loads((audited_run / ".state.json").read_text())
+    assert o.policy_fingerprint == state["bandit"]["policy_fingerprint"]
+    assert all(RFC3339.match(t) for t in timestamps(json.loads(res.stdout)))
+    text = run("status", "--run-dir", str(audited_run))
+    assert f"last checkpoint step {newest}" in text.stdout and "loss EMA" in text.stdout
