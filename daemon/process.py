@@ -214,6 +214,9 @@ def setup_logging(level: str, identifier: str = "andrea-trainer", tag: str | Non
             from systemd.journal import JournalHandler
 
             handler = JournalHandler(SYSLOG_IDENTIFIER=identifier)
+            # The journal has its own time, priority and logger fields: MESSAGE is the message
+            # alone (basicConfig would otherwise prefix "INFO:logger:").
+            handler.setFormatter(logging.Formatter("%(message)s"))
         except ImportError:
             handler = logging.StreamHandler()
     else:
