@@ -85,9 +85,8 @@ def _stdlib_arms(
     return {s.name: Arm(s.name, ids[s.part], _load_u8(cache / f"{ids[s.part]}.u8")) for s in specs}
 
 
-def _text_arm(
-    spec: ArmSpec, base: Path, cache: Path, should_stop: Callable[[], bool] | None
-) -> Arm:
+def _text_files(spec: ArmSpec, base: Path) -> tuple[list[Path], Path]:
+    """A text arm's files in a fixed order, and their common directory."""
     files = sorted(
         {
             Path(p)
@@ -98,7 +97,13 @@ def _text_arm(
     )
     if not files:
         raise DataError(f"arm {spec.name!r}: no files match {spec.paths} (relative to {base})")
-    common = Path(os.path.commonpath([f.parent for f in files]))
+    return files, Path(os.path.commonpath([f.parent for f in files]))
+
+
+def _text_arm(
+    spec: ArmSpec, base: Path, cache: Path, should_stop: Callable[[], bool] | None
+) -> Arm:
+    files, common = _text_files(spec, base)
     identity = corpus.listing_digest(files, common, "text:v1")
     path = cache / f"{identity}.u8"
     if not path.exists():
@@ -162,6 +167,26 @@ def load_arms(
         elif s.kind == "tokens":
             byname[s.name] = _tokens_arm(s, base, cache, vocab_size)
     return [byname[s.name] for s in cfg.arms]
+
+
+def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) -> str:
+    """The identity `load_arms` gives this arm, without building its data: what the proxy needs
+    to reconcile its arms. (It used to build the corpus too, at the same time as the trainer, which
+    doubled the CPU time of a first start.) Raises DataError naming the arm, as load_arms does."""
+    if spec.kind in ("stdlib", "text") and vocab_size < 256:
+        raise DataError(f"byte-level text arms need vocab_size >= 256, the model has {vocab_size}")
+    if spec.kind == "stdlib":
+        root = corpus.stdlib_root()
+        files = corpus.stdlib_files(root)
+        if not files:
+            raise DataError(f"no Python sources found under {root}")
+        return corpus.stdlib_identity(spec.part, files, root)
+    if spec.kind == "text":
+        files, common = _text_files(spec, base)
+        return corpus.listing_digest(files, common, "text:v1")
+    cache = cache_root(cfg)
+    cache.mkdir(parents=True, exist_ok=True)
+    return _tokens_arm(spec, base, cache, vocab_size).identity
 
 
 class CursorState(BaseModel):

@@ -33,8 +33,8 @@ from andrea.protocol.transport import bind_router, close_router
 
 from ..checkpoint.durable import atomic_write_bytes
 from ..checkpoint.manager import checkpoint_steps
-from ..config import DataConfig, RunConfig
-from ..data import DataError, load_arms
+from ..config import RunConfig
+from ..data import DataError, arm_identity
 from ..losslog import LossLog, canonical_curve, read_entries
 from ..metrics.prometheus import exposition_for
 from ..process import Notifier, SignalFlags
@@ -103,10 +103,8 @@ def configured_arms(cfg: RunConfig, run_dir: Path) -> list[ConfiguredArm]:
     out = []
     for spec in cfg.data.arms:
         try:
-            (arm,) = load_arms(
-                DataConfig(arms=[spec], cache_dir=cfg.data.cache_dir), run_dir, cfg.model.vocab_size
-            )
-            out.append(ConfiguredArm(spec.name, arm.identity, True))
+            identity = arm_identity(spec, cfg.data, run_dir, cfg.model.vocab_size)
+            out.append(ConfiguredArm(spec.name, identity, True))
         except DataError as e:
             log.warning("arm %r is not available: %s", spec.name, e)
             out.append(ConfiguredArm(spec.name, "", False))

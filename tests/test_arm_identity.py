@@ -1,0 +1,26 @@
+"""The proxy identifies arms without building their data, and gets what the trainer gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from andrea.daemon.config import build_config
+from andrea.daemon.data import arm_identity, load_arms
+
+
+def test_identities_without_building_match_the_built_arms(tmp_path: Path, cache_dir: Path) -> None:
+    text = tmp_path / "notes"
+    text.mkdir()
+    (text / "a.txt").write_text("first file\n")
+    (text / "b.txt").write_text("second file\n")
+    cfg = build_config({}, {"preset": "andrea-tiny", "data": {"cache_dir": str(cache_dir)}})
+    arms = [
+        *cfg.data.arms,
+        cfg.data.arms[0].model_copy(
+            update={"name": "notes", "kind": "text", "part": None, "paths": ["notes/*.txt"]}
+        ),
+    ]
+    data = cfg.data.model_copy(update={"arms": arms})
+    built = {a.name: a.identity for a in load_arms(data, tmp_path, cfg.model.vocab_size)}
+    assert {s.name: arm_identity(s, data, tmp_path, cfg.model.vocab_size) for s in arms} == built
+    assert len(set(built.values())) == len(built)
