@@ -102,6 +102,13 @@ def test_first_start_is_active_within_30_s(sd: SystemdMachine) -> None:
     assert sockets == ["andrea", "700"]
 
 
+def test_enable_starts_the_run_at_every_boot(sd: SystemdMachine) -> None:
+    sd.systemctl("enable", f"andrea@{RUN}.target")
+    # What boot reads (multi-user.target wants the run); this machine's /etc is its own copy.
+    wants = sd.path(f"/etc/systemd/system/multi-user.target.wants/andrea@{RUN}.target")
+    assert wants.is_symlink() and Path(os.readlink(wants)).name == "andrea@.target"
+
+
 def test_andreactl_status_from_a_plain_shell(sd: SystemdMachine) -> None:
     res = ctl(sd, RUN, "--json", "status")
     assert res.returncode == 0, res.stdout + res.stderr
