@@ -56,13 +56,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _wait_for(path: Path, flags: SignalFlags) -> bool:
-    """Wait for the run config, which the trainer's first start writes. The units start both
-    daemons at once (neither is ordered after the other), so this wait is short."""
+    """Wait for the run config, which the trainer's first start writes.
+
+    The units start the trainer after the proxy is ready (so that a stop runs the other way: the
+    trainer's final loss records reach a proxy that is still there). So on a first start the
+    proxy says READY=1 before this wait, or the trainer would never start and write the file."""
     if path.exists():
         return True
     notifier = Notifier()
     log.info("waiting for %s (the trainer's first start writes it)", path)
-    notifier.status(f"waiting for {path.name} (written by the trainer's first start)")
+    notifier.ready(f"waiting for {path.name} (written by the trainer's first start)")
     while not path.exists():
         if flags.stop_requested():
             return False

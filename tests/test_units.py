@@ -92,11 +92,12 @@ def test_units_run_unprivileged_start_together_and_stop_a_crash_loop(tmp_path: P
     trainer = unit(d / "andrea-trainer@.service")
     proxy = unit(d / "andrea-proxy@.service")
     target = unit(d / "andrea@.target")["Unit"]
+    # The trainer starts after the proxy, so that a stop runs the other way round (its final loss
+    # records reach the proxy); the proxy is ready before it waits for run.toml (no deadlock).
+    assert trainer["Unit"]["After"] == "andrea-proxy@%i.service"
+    assert "After" not in proxy["Unit"] and "Before" not in proxy["Unit"]
     for u in (trainer, proxy):
         assert u["Service"]["User"] == "andrea" and "DynamicUser" not in u["Service"]
-        # Neither waits for the other: the proxy waiting for run.toml while ordered before the
-        # trainer that writes it made a first start wait out the proxy's start timeout.
-        assert "After" not in u["Unit"] and "Before" not in u["Unit"]
         # Restarts every RestartSec reach the burst well within the interval: the limit trips.
         burst = int(u["Unit"]["StartLimitBurst"])
         interval = seconds(u["Unit"]["StartLimitIntervalSec"])
