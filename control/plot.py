@@ -57,6 +57,7 @@ class PlotView:
     events: RunEvents
     ema: np.ndarray
     x_range: tuple[int, int]
+    arms: list[str]  # every arm drawn, zombies' and policies' included
 
 
 @dataclass(frozen=True)
@@ -222,9 +223,10 @@ def _draw_loss(ax: Axes, view: PlotView) -> None:
     ax.legend(handles=handles, loc="upper right", fontsize=7, ncols=2, framealpha=0.85)
 
 
-def _arm_names(view: PlotView) -> list[str]:
-    names = set(np.unique(view.curve.arm).tolist()) | {z.arm for z in view.events.zombies}
-    for phase in view.events.phases:
+def _arm_names(curve: LossCurve, events: RunEvents) -> list[str]:
+    # A set of the list: np.unique would sort 200,000 Python strings.
+    names = set(curve.arm.tolist()) | {z.arm for z in events.zombies}
+    for phase in events.phases:
         if phase.policy is not None:
             names |= set(phase.policy.arms)
     return sorted(names)
@@ -232,7 +234,7 @@ def _arm_names(view: PlotView) -> list[str]:
 
 def _draw_shares(ax: Axes, view: PlotView) -> None:
     c = view.curve
-    names = _arm_names(view)
+    names = view.arms
     window = default_window(len(c))
     shares = rolling_share(c.arm, names, window)
     colours = {n: f"C{i % 10}" for i, n in enumerate(names)}
@@ -276,23 +278,29 @@ def _draw_lr(ax: Axes, view: PlotView) -> None:
     x, y = reduce_minmax(view.curve.step.astype(np.float64), view.curve.lr)
     ax.plot(x, y, color="tab:brown", linewidth=1.0, gid="lr")
     ax.set_ylabel("learning rate")
-    ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    # Each tick its own value (3e-04), not an offset label that would sit on the panel above.
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.2g}"))
 
 
 PANELS: tuple[Panel, ...] = (
     Panel("loss", 3.0, lambda v: True, _draw_loss),
-    Panel("arm share", 1.6, lambda v: len(_arm_names(v)) > 1, _draw_shares),
+    Panel("arm share", 1.6, lambda v: len(v.arms) > 1, _draw_shares),
     Panel("learning rate", 1.0, lambda v: True, _draw_lr),
 )
 
 
-def select_steps(curve: LossCurve, since: int | None, until: int | None) -> LossCurve:
-    """The rows of ``curve`` with ``since <= step <= until`` (either bound optional)."""
+def _in_range(curve: LossCurve, since: int | None, until: int | None) -> np.ndarray:
     keep = np.ones(len(curve), dtype=bool)
     if since is not None:
         keep &= curve.step >= since
     if until is not None:
         keep &= curve.step <= until
+    return keep
+
+
+def select_steps(curve: LossCurve, since: int | None, until: int | None) -> LossCurve:
+    """The rows of ``curve`` with ``since <= step <= until`` (either bound optional)."""
+    keep = _in_range(curve, since, until)
     if keep.all():
         return curve
     fields = {
@@ -319,10 +327,18 @@ def audit_figure(
     shown = select_steps(curve, since, until)
     if not len(shown):
         raise ValueError(f"no logged step between {since or 1} and {until or 'the end'}")
-    keep = np.isin(curve.step, shown.step, assume_unique=True)
-    view = PlotView(shown, events, ema_all[keep], (int(shown.step[0]), int(shown.step[-1])))
+    ema = ema_all if shown is curve else ema_all[_in_range(curve, since, until)]
+    view = PlotView(
+        shown, events, ema, (int(shown.step[0]), int(shown.step[-1])), _arm_names(shown, events)
+    )
     panels = [p for p in PANELS if p.shown(view)]
-    fig = Figure(figsize=(12, 1.4 + 1.3 * sum(p.height for p in panels)), layout="constrained")
+    height = 1.4 + 1.3 * sum(p.height for p in panels)
+    # Fixed margins rather than constrained layout: the layout pass measures every text twice and
+    # took a third of the render at 200,000 steps; the labels here have known sizes.
+    fig = Figure(figsize=(12, height))
+    fig.subplots_adjust(
+        left=0.075, right=0.99, bottom=0.75 / height, top=1 - 0.75 / height, hspace=0.1
+    )
     axes = fig.subplots(
         len(panels),
         1,
@@ -351,9 +367,13 @@ def audit_figure(
     return fig
 
 
-def save_figure(fig: Figure, out: Path) -> None:
+#: Pixels per inch of a PNG (the figure is 12 inches wide).
+DPI = 110
+
+
+def save_figure(fig: Figure, out: Path, dpi: int = DPI) -> None:
     """Write ``fig`` in the format named by ``out``'s extension (one of :data:`FORMATS`)."""
     fmt = out.suffix.lower().lstrip(".")
     if fmt not in FORMATS:
         raise ValueError(f"{out}: unknown plot format {out.suffix!r}; use .png, .svg or .pdf")
-    fig.savefig(out, format=fmt, dpi=110)
+    fig.savefig(out, format=fmt, dpi=dpi)

@@ -15,7 +15,7 @@ Used by the tests of the plot, the metrics exports and the export bundle (one se
 to draw docs/audit-plot.png::
 
     .venv/bin/python -m tests.audited_run --steps 600 /tmp/audited && \\
-        .venv/bin/andreactl plot --run-dir /tmp/audited/run --out docs/audit-plot.png
+        .venv/bin/andreactl plot --run-dir /tmp/audited/run --out docs/audit-plot.png --dpi 80
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ checkpoints and a zombie arm. Measured, median of ``--repeat`` alternated runs i
   cost on this machine; ``render_png_s / baseline_s`` is the ratio that stays comparable across
   machines and loads;
 - ``read_curve_s``: reading the 200,000-entry ``.loss.json`` (what the command adds before drawing);
-- ``command_s``: the whole ``andreactl plot --out x.png`` in a fresh process, once (imports included).
+- ``command_s``: the whole ``andreactl plot --out x.png`` in a fresh process, once (imports included);
+- ``tensorboard_export_s``: ``andreactl metrics export --format tensorboard``'s work on the curve, once.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from matplotlib.figure import Figure
 
 from andrea.control.plot import audit_figure, save_figure
 from andrea.control.run_events import PhaseSpan, Pivot, RunEvents, Zombie, restarts
-from andrea.daemon.losslog import LossEntry, LossLog, read_curve
-from andrea.daemon.policy import Policy
+from andrea.daemon.losslog import LossLog, read_curve
+from andrea.daemon.metrics.tensorboard import export_tensorboard
+from andrea.daemon.mixing.policy import Policy
+from andrea.protocol.lossentry import LossEntry
 
 ARMS = ("docstrings", "code", "comments")
 
@@ -115,9 +118,12 @@ def main() -> None:
         ctl = Path(sys.executable).with_name("andreactl")
         t0 = time.perf_counter()
         subprocess.run(
-            [str(ctl), "--run-dir", str(run), "plot", "--out", str(work / "c.png")], check=True
+            [str(ctl), "plot", "--run-dir", str(run), "--out", str(work / "c.png")], check=True
         )
         command_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        export_tensorboard(curve, work / "tb")
+        tensorboard_s = time.perf_counter() - t0
         png_kb = (work / "p.png").stat().st_size / 1024
     res = {name: statistics.median(v) for name, v in times.items()}
     res |= {
@@ -125,6 +131,7 @@ def main() -> None:
         "steps": len(curve),
         "read_curve_s": read_s,
         "command_s": command_s,
+        "tensorboard_export_s": tensorboard_s,
         "png_kib": round(png_kb, 1),
         "ratio_png_to_baseline": res["render_png_s"] / res["baseline_s"],
         "all_s": times,
@@ -133,7 +140,7 @@ def main() -> None:
     print(
         f"\nrender at {len(curve):,} steps: PNG {res['render_png_s']:.3f} s, SVG {res['render_svg_s']:.3f} s "
         f"(target < 2 s; {res['ratio_png_to_baseline']:.2f} x a one-line figure, {res['baseline_s']:.3f} s); "
-        f"read_curve {read_s:.3f} s; whole `andreactl plot` {command_s:.2f} s",
+        f"read_curve {read_s:.3f} s; whole `andreactl plot` {command_s:.2f} s; TensorBoard export {tensorboard_s:.1f} s",
         file=sys.stderr,
     )
     if args.out:
