@@ -4,7 +4,11 @@
 
 The newest intact checkpoint of RUN (or exactly step N) is verified against its manifest, then copied
 into DEST with its manifest, the run's ``run.toml``, ``metrics.json`` (loss at that step, a loss EMA,
-data identifiers) and a ``README.md`` with the load procedure. The export is then proved, not assumed:
+data identifiers) and a ``README.md`` with the load procedure. ``audit/`` holds what a claim about the
+run is traced to: the whole ``.loss.json``, the policy in force, ``.state.json``, ``.samples.json``,
+every pivot archive, and ``plot.png`` (the audit plot up to the exported step). With ``--safetensors``
+the weights are also written as ``model.safetensors`` (named tensors, the manifest's layout), which the
+common model tools load, checked equal to the payload's bit for bit. The export is then proved, not assumed:
 every file is fsynced and re-read at the destination (size and sha256), the checkpoint there is verified
 again, and a fresh process rebuilds the model from DEST alone and evaluates one fixed batch, whose loss
 must equal, bit for bit, the loss computed at export time from the source. ``export.json`` is written
@@ -43,13 +47,23 @@ from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
 from andrea.daemon.losslog import LossLogError, read_curve
 from andrea.daemon.model import GPT
-from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE
+from andrea.daemon.rundir import (
+    ARCHIVE_DIR,
+    CONFIG_FILE,
+    LOSS_FILE,
+    POLICY_FILE,
+    SAMPLES_FILE,
+    STATE_FILE,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_REFUSED = 2
 
 REPORT_NAME = "export.json"
+AUDIT_DIR = "audit"
+PLOT_NAME = "plot.png"
+SAFETENSORS_NAME = "model.safetensors"
 METRICS_NAME = "metrics.json"
 README_NAME = "README.md"
 
@@ -308,6 +322,81 @@ def _reread(path: Path) -> tuple[int, str]:
     return size, sha.hexdigest()
 
 
+def _relative(f: ExportedFile, dest: Path, path: Path) -> ExportedFile:
+    return f.model_copy(update={"name": str(path.relative_to(dest))})
+
+
+def _write_audit(
+    run_dir: Path, dest: Path, step: int, progress: Callable[[str], None]
+) -> list[ExportedFile]:
+    """The run's audit trail under DEST/audit: the loss log, policy and bandit files, every pivot
+    archive, and the audit plot up to ``step``. Paths in the listing are relative to DEST."""
+    from andrea.control.plot import audit_figure, save_figure
+    from andrea.control.run_events import read_run_events
+
+    audit = dest / AUDIT_DIR
+    audit.mkdir()
+    sources = [run_dir / n for n in (LOSS_FILE, POLICY_FILE, STATE_FILE, SAMPLES_FILE)]
+    archive = run_dir / ARCHIVE_DIR
+    if archive.is_dir():
+        sources += sorted(p for p in archive.rglob("*") if p.is_file())
+    files = []
+    for src in sources:
+        if not src.is_file():
+            continue
+        dst = audit / src.relative_to(run_dir)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        files.append(_relative(_copy_hashed(src, dst), dest, dst))
+    if (audit / LOSS_FILE).is_file():
+        # Drawn from the copy, so the plot shows exactly the log this export holds.
+        curve = read_curve(audit / LOSS_FILE)
+        if len(curve) and int(curve.step[0]) <= step:
+            fig = audit_figure(
+                curve,
+                read_run_events(run_dir, curve),
+                f"{run_dir.name}, exported at step {step}",
+                until=step,
+            )
+            save_figure(fig, audit / PLOT_NAME)
+            size, digest = _reread(audit / PLOT_NAME)
+            files.append(ExportedFile(name=f"{AUDIT_DIR}/{PLOT_NAME}", size=size, sha256=digest))
+    else:
+        progress(f"      WARNING: {run_dir / LOSS_FILE} is missing; the export has no loss history")
+    for d in [audit, *(p for p in audit.rglob("*") if p.is_dir())]:
+        fsync_dir(d)
+    return files
+
+
+def _write_safetensors(dest: Path, manifest: Manifest, weights: np.ndarray) -> ExportedFile:
+    from safetensors.numpy import save_file
+
+    tensors = fmt.unflatten(weights, [(e.name, tuple(e.shape), e.offset) for e in manifest.layout])
+    path = dest / SAFETENSORS_NAME
+    save_file(
+        {name: np.ascontiguousarray(t) for name, t in tensors.items()},
+        str(path),
+        metadata={"format": "pt", "step": str(manifest.step), "bin_sha256": manifest.bin_sha256},
+    )
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+    size, digest = _reread(path)
+    return ExportedFile(name=SAFETENSORS_NAME, size=size, sha256=digest)
+
+
+def _check_safetensors(dest: Path, manifest: Manifest, weights: np.ndarray) -> str:
+    """Read model.safetensors back and compare every tensor with the payload's, bit for bit."""
+    from safetensors.numpy import load_file
+
+    loaded = load_file(str(dest / SAFETENSORS_NAME))
+    expected = fmt.unflatten(weights, [(e.name, tuple(e.shape), e.offset) for e in manifest.layout])
+    if loaded.keys() != expected.keys():
+        raise ExportFailed(f"{SAFETENSORS_NAME} holds other tensors than the manifest's layout")
+    for name, t in expected.items():
+        if loaded[name].dtype != np.float32 or loaded[name].tobytes() != t.tobytes():
+            raise ExportFailed(f"{SAFETENSORS_NAME}: tensor {name} differs from the payload")
+    return f"{len(loaded)} tensors equal to the payload's weights, bit for bit"
+
+
 def _write_export(
     run_dir: Path,
     dest: Path,
@@ -404,6 +493,8 @@ without it is not a verified export.
 | `run.toml` | the run's config file at export time; the manifest's `config` is the resolved config that produced this step |
 | `metrics.json` | loss at step {report_step}, a loss EMA, the learning rate, tokens seen, data identifiers |
 | `export.json` | what was verified: every file's size and sha256, the evaluation losses, timings |
+| `audit/` | the run's audit trail: the whole `.loss.json` (canonical curve: the newest entry per step), the policy in force, `.state.json`, `.samples.json`, every pivot archive (`archive/pivot-*`: the ended phase's policy, bandit state and samples) and `plot.png`, the audit plot up to step {report_step} |
+| `model.safetensors` | with `--safetensors`: the weights as named float32 tensors (the manifest's layout), equal to the payload's bit for bit; `safetensors.torch.load_file` or `safetensors.numpy.load_file` reads it |
 
 Check the payload: `sha256sum {stem}.bin` must print `{manifest.bin_sha256}`.
 
@@ -474,7 +565,11 @@ Python standard library); a bit-exact continuation also needs the same device, d
 
 
 def export_checkpoint(
-    run_dir: Path, dest: Path, step: int | None = None, progress: Callable[[str], None] = print
+    run_dir: Path,
+    dest: Path,
+    step: int | None = None,
+    progress: Callable[[str], None] = print,
+    safetensors: bool = False,
 ) -> ExportReport:
     """Export the newest intact checkpoint of ``run_dir`` (or exactly ``step``) into ``dest`` and prove it.
 
@@ -520,6 +615,9 @@ def export_checkpoint(
     readme = _readme(step, manifest, run_dir, created, loss.hex())
     try:
         files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
+        files += _write_audit(run_dir, dest, step, progress)
+        if safetensors:
+            files.append(_write_safetensors(dest, manifest, payload.weights))
     except OSError as exc:
         raise ExportFailed(f"writing {dest} failed: {exc}") from exc
     intact = f"{stem}: size, header and sha256 match its manifest"
@@ -555,6 +653,13 @@ def export_checkpoint(
         )
     )
     checks.append(ExportCheck(name="checkpoint intact at the destination", detail=intact))
+    if safetensors:
+        checks.append(
+            ExportCheck(
+                name="safetensors weights",
+                detail=_check_safetensors(dest, manifest, payload.weights),
+            )
+        )
     t = phase("verify_destination", t)
 
     progress("[5/5] reloading in a fresh process")
@@ -640,7 +745,9 @@ def _reload_in_fresh_process(dest: Path) -> ReloadCheck:
         raise ExportFailed(f"the fresh-process reload printed no usable result: {exc}") from None
 
 
-def run_export(run_dir: Path, dest: Path, step: int | None, as_json: bool) -> int:
+def run_export(
+    run_dir: Path, dest: Path, step: int | None, as_json: bool, safetensors: bool = False
+) -> int:
     """Export and return the exit code; ``as_json`` prints export.json on stdout (progress on stderr)."""
 
     def to_stderr(line: str) -> None:
@@ -651,7 +758,11 @@ def run_export(run_dir: Path, dest: Path, step: int | None, as_json: bool) -> in
 
     try:
         report = export_checkpoint(
-            run_dir, dest, step, progress=to_stderr if as_json else to_stdout
+            run_dir,
+            dest,
+            step,
+            progress=to_stderr if as_json else to_stdout,
+            safetensors=safetensors,
         )
     except ExportRefused as exc:
         print(f"export refused: {exc}", file=sys.stderr)
@@ -682,6 +793,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--json", action="store_true", help="print export.json on stdout, progress on stderr"
     )
+    parser.add_argument(
+        "--safetensors", action="store_true", help="also write the weights as model.safetensors"
+    )
     # The fresh process of the export's own verification.
     parser.add_argument("--reload-check", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -690,7 +804,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     if args.run_dir is None or args.dest is None:
         parser.error("--run-dir and --to are required")
-    return run_export(args.run_dir, args.dest, args.step, args.json)
+    return run_export(args.run_dir, args.dest, args.step, args.json, args.safetensors)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,17 @@ def test_export_round_trip(
 
     assert report["step"] == 12 and report["skipped"] == []
     assert sorted(p.name for p in dest.iterdir()) == sorted(
-        [bin_name(12), "step_000012.json", "run.toml", "metrics.json", "README.md", "export.json"]
+        [
+            bin_name(12),
+            "step_000012.json",
+            "run.toml",
+            "metrics.json",
+            "README.md",
+            "export.json",
+            "audit",
+        ]
     )
+    assert sorted(p.name for p in (dest / "audit").iterdir()) == [".loss.json", "plot.png"]
     for name in (bin_name(12), "step_000012.json", "run.toml"):
         assert (dest / name).read_bytes() == (run_dir / name).read_bytes()
     for f in report["files"]:
@@ -113,3 +122,38 @@ def test_an_existing_destination_is_refused(run_dir: Path, tmp_path: Path) -> No
     (tmp_path / "file").write_text("x")
     with pytest.raises(ex.ExportRefused, match="not a directory"):
         ex.export_checkpoint(run_dir, tmp_path / "file", progress=_quiet)
+
+
+@pytest.mark.process
+def test_export_is_an_audit_bundle(audited_run: Path, tmp_path: Path, capsys) -> None:
+    """The loss log, the policy and every pivot archive, the plot, and safetensors weights that equal
+    the payload's; the export still reloads and verifies."""
+    dest = tmp_path / "bundle"
+    argv = ["export", "--run-dir", str(audited_run), "--to", str(dest), "--safetensors", "--json"]
+    assert andreactl.main(argv) == ex.EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    assert report["evaluation"]["bitwise_equal"]
+    audit = dest / "audit"
+    sources = [".loss.json", "policy.toml", ".state.json"] + [
+        str(p.relative_to(audited_run)) for p in (audited_run / "archive").rglob("*") if p.is_file()
+    ]
+    assert any(name.endswith("/pivot.json") for name in sources)
+    listed = {f["name"]: f for f in report["files"]}
+    for name in sources:
+        assert (audit / name).read_bytes() == (audited_run / name).read_bytes(), name
+        assert listed[f"audit/{name}"]["size"] == (audited_run / name).stat().st_size
+    assert (audit / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "audit/plot.png" in listed
+
+    from safetensors.numpy import load_file
+
+    step = report["step"]
+    manifest = json.loads((dest / f"step_{step:06d}.json").read_text())
+    flat = np.fromfile(dest / bin_name(step), dtype="<f4", offset=8)[: manifest["n_params"]]
+    tensors = load_file(str(dest / "model.safetensors"))
+    assert set(tensors) == {e["name"] for e in manifest["layout"]}
+    for e in manifest["layout"]:
+        n = int(np.prod(e["shape"]))
+        expected = flat[e["offset"] : e["offset"] + n].reshape(e["shape"])
+        assert tensors[e["name"]].tobytes() == expected.tobytes(), e["name"]
+    assert any(c["name"] == "safetensors weights" for c in report["checks"])
