@@ -492,6 +492,9 @@ def _plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", type=int, help="first step shown (default: the first logged)")
     parser.add_argument("--until", type=int, help="last step shown (default: the last logged)")
     parser.add_argument("--title", help="title above the panels (default: the run directory)")
+    parser.add_argument(
+        "--dpi", type=int, default=110, help="pixels per inch of a PNG (the figure is 12 in wide)"
+    )
 
 
 def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -517,7 +520,7 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as e:
         print(f"andreactl: {e}", file=sys.stderr)
         return 1
-    save_figure(fig, args.out)
+    save_figure(fig, args.out, args.dpi)
     shown = len(select_steps(curve, args.since, args.until))
     _emit(
         args,
@@ -619,6 +622,11 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--to", type=Path, required=True, dest="dest", help="new or empty directory for the export"
     )
+    parser.add_argument(
+        "--safetensors",
+        action="store_true",
+        help="also write the weights as model.safetensors (needs the safetensors extra)",
+    )
 
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -626,7 +634,7 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     # Imported here so that commands which do not need torch start fast.
     from andrea.control.export import run_export
 
-    return run_export(args.run_dir, args.dest, args.step, args.json)
+    return run_export(args.run_dir, args.dest, args.step, args.json, args.safetensors)
 
 
 # --- verify-resume --------------------------------------------------------------------------------------
@@ -655,6 +663,12 @@ def _verify_resume_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cache-dir", type=Path, help="the trainer's tokenized-corpus cache (trainer problem)"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="trainer problem: prove the resume on this run config (its preset, data, device); "
+        "the global --run-dir uses that run's run.toml",
     )
 
 
@@ -779,10 +793,13 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "export",
-        "copy a verified checkpoint with its config, metrics and load procedure",
+        "a verified checkpoint with its config, metrics, load procedure and audit trail",
         _export_arguments,
         cmd_export,
-        examples=("andreactl export --run-dir runs/r1 --to exports/r1",),
+        examples=(
+            "andreactl export --run-dir runs/r1 --to exports/r1",
+            "andreactl export --run-dir runs/r1 --step 110000 --to exports/r1-110k --safetensors",
+        ),
     ),
     Command(
         "verify-resume",
@@ -790,7 +807,11 @@ COMMANDS: tuple[Command, ...] = (
         _verify_resume_arguments,
         cmd_verify_resume,
         needs_run_dir=False,
-        examples=("andreactl verify-resume --output /tmp/proof --problem mini",),
+        examples=(
+            "andreactl verify-resume --output /tmp/proof --problem mini",
+            "andreactl verify-resume --output /tmp/proof --problem trainer --config run.toml",
+            "andreactl verify-resume --output /tmp/proof --problem trainer --run-dir runs/r1",
+        ),
     ),
     Command(
         "schema",

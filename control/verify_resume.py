@@ -782,7 +782,16 @@ class _TrainerRun:
     log: str
 
 
-def _trainer_command(run_dir: Path, cache_dir: Path | None, *extra: str) -> list[str]:
+def _trainer_command(
+    run_dir: Path, cache_dir: Path | None, *extra: str, config: Path | None = None
+) -> list[str]:
+    # The user's configuration decides preset, data, device, precision and threads; the schedule of
+    # the proof (steps, cadence, the fixed mixture, no samples) is the protocol's.
+    setup = (
+        ["--config", str(config)]
+        if config is not None
+        else ["--preset", "andrea-tiny", "--device", "cpu", "--threads", "1"]
+    )
     argv = [
         sys.executable,
         "-B",
@@ -790,12 +799,7 @@ def _trainer_command(run_dir: Path, cache_dir: Path | None, *extra: str) -> list
         "andrea.daemon.trainer_cli",
         "--run-dir",
         str(run_dir),
-        "--preset",
-        "andrea-tiny",
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
+        *setup,
         "--mixing",
         "fixed",
         "--max-steps",
@@ -889,8 +893,41 @@ def _trainer_stop_step(stop_dir: Path, record: PathRecord) -> int:
     return step
 
 
+def user_config(output: Path, source: Path, base: Path) -> Path:
+    """The user's run config made usable from the verification's own run directories: relative
+    data paths resolved against ``base`` (where the trainer would resolve them), and ``[metrics]``
+    dropped (the proof writes no TensorBoard or Prometheus files). Written to OUTPUT/user-config.toml;
+    raises ConfigError for a file that is not a valid run config."""
+    import tomli_w
+
+    values = check_user_config(source)
+    values.pop("metrics", None)
+    for arm in values.get("data", {}).get("arms", []):
+        if "paths" in arm:
+            arm["paths"] = [p if Path(p).is_absolute() else str(base / p) for p in arm["paths"]]
+        if arm.get("path") and not Path(arm["path"]).is_absolute():
+            arm["path"] = str(base / arm["path"])
+    target = output / "user-config.toml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(tomli_w.dumps(values), encoding="utf-8")
+    return target
+
+
+def check_user_config(source: Path) -> dict[str, Any]:
+    """The values of a run config file, validated as the trainer validates them (ConfigError)."""
+    from andrea.daemon.config import build_config, load_toml
+
+    values = load_toml(source)
+    build_config(values, source=str(source))
+    return values
+
+
 def _trainer_paths(
-    output: Path, sabotage: str | None, reuse: Path | None, cache_dir: Path | None
+    output: Path,
+    sabotage: str | None,
+    reuse: Path | None,
+    cache_dir: Path | None,
+    config: Path | None = None,
 ) -> tuple[list[PathRecord], dict[str, _TrainerRun], int]:
     logs = output / "logs"
     records: dict[str, PathRecord] = {}
@@ -898,7 +935,7 @@ def _trainer_paths(
         source = output
         records[CONTINUOUS] = run_path(
             CONTINUOUS,
-            _trainer_command(output / CONTINUOUS, cache_dir),
+            _trainer_command(output / CONTINUOUS, cache_dir, config=config),
             output / CONTINUOUS,
             logs,
             1,
@@ -906,7 +943,7 @@ def _trainer_paths(
         )
         records[STOP] = run_path(
             STOP,
-            _trainer_command(output / STOP, cache_dir),
+            _trainer_command(output / STOP, cache_dir, config=config),
             output / STOP,
             logs,
             2,
@@ -933,7 +970,7 @@ def _trainer_paths(
     for index, (name, skipped) in enumerate(resumes.items(), start=3):
         _copy_stop(source / STOP, output / name, stop_manifest)
         extra = ["--unsafe-skip-restore", skipped] if skipped else []
-        command = _trainer_command(output / name, cache_dir, *extra)
+        command = _trainer_command(output / name, cache_dir, *extra, config=config)
         records[name] = run_path(name, command, output / name, logs, index, 5)
     runs = {
         name: _load_trainer_run((output if name in resumes else source) / name, record)
@@ -1209,6 +1246,7 @@ def run_trainer(
     sabotage: str | None = None,
     reuse: Path | None = None,
     cache_dir: Path | None = None,
+    config: tuple[Path, Path] | None = None,
 ) -> int:
     """Verify the real trainer's resume into the new directory ``output``; returns the exit code.
 
@@ -1217,11 +1255,14 @@ def run_trainer(
     or the data cursors. Everything is compared bit for bit. ``sabotage`` (a key of
     :data:`TRAINER_SABOTAGES`) makes the full resume skip a restore, so the verification must fail;
     ``reuse`` takes every path but the full resume from an earlier passed verification. ``cache_dir`` is
-    the trainer's tokenized-corpus cache.
+    the trainer's tokenized-corpus cache. ``config`` = (run config file, directory its relative data
+    paths are relative to; see :func:`user_config`) replaces the tiny preset, CPU and one thread with
+    the user's own configuration: preset, data, device, precision.
     """
 
     def body(report: VerificationReport) -> None:
-        paths, runs, stop_step = _trainer_paths(output, sabotage, reuse, cache_dir)
+        prepared = user_config(output, *config) if config is not None else None
+        paths, runs, stop_step = _trainer_paths(output, sabotage, reuse, cache_dir, prepared)
         report.paths = paths
         report.stop_step = stop_step
         report.stop_path = compare_all(
@@ -1261,13 +1302,17 @@ class ProblemOptions(BaseModel):
     cache_dir: Path | None = Field(
         default=None, description="The trainer's corpus cache (trainer problem only)."
     )
+    config: tuple[Path, Path] | None = Field(
+        default=None,
+        description="The user's run config and the base of its relative paths (trainer problem only).",
+    )
 
 
 #: Problem name → runner. A runner takes (output, options) and returns the exit code.
 PROBLEMS: dict[str, Callable[[Path, ProblemOptions], int]] = {
     "mini": lambda output, options: run_mini(output, options.sabotage, options.reuse),
     "trainer": lambda output, options: run_trainer(
-        output, options.sabotage, options.reuse, options.cache_dir
+        output, options.sabotage, options.reuse, options.cache_dir, options.config
     ),
 }
 
@@ -1278,6 +1323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m andrea.control.verify_resume", description=__doc__.split("\n\n")[0]
     )
     add_arguments(parser)
+    parser.add_argument(
+        "--run-dir", type=Path, help="trainer problem: verify on this run's run.toml (see --config)"
+    )
     args = parser.parse_args(argv)
     return run_problem(parser, args)
 
@@ -1305,13 +1353,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", type=Path, help="the trainer's tokenized-corpus cache (trainer problem)"
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="trainer problem: prove the resume on this run config (its preset, data, device) "
+        "instead of the tiny preset",
+    )
 
 
 def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Run the verification that ``args`` (parsed by :func:`add_arguments`) describe; returns the exit code."""
     if args.cache_dir is not None and args.problem != "trainer":
         parser.error("--cache-dir applies to the trainer problem only")
-    options = ProblemOptions(sabotage=args.sabotage, reuse=args.reuse, cache_dir=args.cache_dir)
+    config: Path | None = getattr(args, "config", None)
+    run_dir: Path | None = getattr(args, "run_dir", None)
+    if (config is not None or run_dir is not None) and args.problem != "trainer":
+        parser.error("--config and --run-dir apply to the trainer problem only")
+    if config is not None and run_dir is not None:
+        parser.error("give --config or --run-dir, not both")
+    prepared = None
+    if config is not None or run_dir is not None:
+        from andrea.daemon.config import ConfigError
+        from andrea.daemon.rundir import CONFIG_FILE
+
+        source = config if config is not None else run_dir / CONFIG_FILE
+        # Relative data paths mean what the trainer makes of them: relative to the run directory,
+        # or, for a config file given alone, to the directory that holds it.
+        base = (run_dir if run_dir is not None else source.parent).resolve()
+        try:
+            check_user_config(source)
+            prepared = (source, base)
+        except ConfigError as e:
+            print(f"verify-resume: {e}", file=sys.stderr)
+            return 2
+    options = ProblemOptions(
+        sabotage=args.sabotage, reuse=args.reuse, cache_dir=args.cache_dir, config=prepared
+    )
     return PROBLEMS[args.problem](args.output, options)
 
 

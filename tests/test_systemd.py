@@ -124,6 +124,23 @@ def test_andreactl_status_from_a_plain_shell(sd: SystemdMachine) -> None:
     assert status["proxy"] is not None, status
 
 
+def test_journalctl_finds_a_step_by_its_field(sd: SystemdMachine) -> None:
+    """`journalctl -u andrea-trainer@RUN STEP=N` finds step N's progress line, whose LOSS, LR, ARM
+    and PHASE fields are .loss.json's (the trainer logs every 10 steps here)."""
+    at = wait_step(sd, RUN, 20) // 10 * 10
+    loss_json = sd.path(state_dir(RUN)) / ".loss.json"
+    sd.wait_until(
+        lambda: any(e["step"] == at for e in json.loads(loss_json.read_text())), 60, "the entry"
+    )
+    out = sd.sh(f"journalctl --no-pager -o json -u {trainer(RUN)} STEP={at}").stdout
+    (record,) = [json.loads(line) for line in out.splitlines()]
+    assert record["MESSAGE"].startswith(f"step {at}/100000 | loss ")
+    (entry,) = [e for e in json.loads(loss_json.read_text()) if e["step"] == at]
+    assert float(record["LOSS"]) == pytest.approx(entry["loss"], rel=1e-5)
+    assert float(record["LR"]) == pytest.approx(entry["lr"], rel=1e-5)
+    assert (record["ARM"], int(record["PHASE"])) == (entry["arm"], entry["phase"])
+
+
 def test_reload_returns_once_the_checkpoint_is_durable(sd: SystemdMachine) -> None:
     before = {x["step"] for x in manifests(sd, RUN)}
     sd.systemctl("reload", trainer(RUN))

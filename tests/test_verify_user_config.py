@@ -1,0 +1,66 @@
+"""verify-resume on the user's own configuration: the config the five trainer processes get, and the
+refusals, without running them (tests/test_resume_trainer.py runs the protocol itself)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from andrea.control import andreactl
+from andrea.control import verify_resume as vr
+
+CONFIG = """preset = "andrea-tiny"
+batch_size = 4
+[[data.arms]]
+name = "notes"
+kind = "text"
+paths = ["notes/*.txt", "/abs/*.md"]
+[[data.arms]]
+name = "tok"
+kind = "tokens"
+path = "data/tok.bin"
+[metrics]
+tensorboard = true
+"""
+
+
+def test_the_user_config_as_the_proof_runs_it(tmp_path: Path) -> None:
+    source = tmp_path / "run.toml"
+    source.write_text(CONFIG)
+    prepared = vr.user_config(tmp_path / "out", source, tmp_path / "base")
+    values = tomllib.loads(prepared.read_text())
+    notes, tok = values["data"]["arms"]
+    assert notes["paths"] == [str(tmp_path / "base" / "notes/*.txt"), "/abs/*.md"]
+    assert tok["path"] == str(tmp_path / "base" / "data/tok.bin")
+    assert "metrics" not in values and values["batch_size"] == 4
+    cmd = vr._trainer_command(tmp_path / "p", None, config=prepared)
+    assert cmd[cmd.index("--config") + 1] == str(prepared)
+    assert "--preset" not in cmd and "--threads" not in cmd
+    assert cmd[cmd.index("--mixing") + 1] == "fixed"
+    default = vr._trainer_command(tmp_path / "p", None)
+    assert "--config" not in default and default[default.index("--preset") + 1] == "andrea-tiny"
+
+
+def ctl(capsys, *args: str) -> tuple[int, str]:
+    """andreactl verify-resume in this process: (exit code, stderr)."""
+    try:
+        code = andreactl.main(["verify-resume", *args])
+    except SystemExit as e:  # argparse's usage errors
+        code = int(e.code)
+    return code, capsys.readouterr().err
+
+
+def test_refusals_change_nothing(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('preset = "andrea-tiny"\nbatch_sise = 4\n')
+    out = tmp_path / "proof"
+    for args, message in (
+        (("--problem", "mini", "--config", str(bad)), "trainer problem only"),
+        (("--problem", "trainer", "--config", str(bad)), "batch_sise: unknown key"),
+        (("--problem", "trainer", "--config", str(tmp_path / "none.toml")), "not found"),
+        (("--problem", "trainer", "--run-dir", str(tmp_path / "norun")), "not found"),
+    ):
+        code, err = ctl(capsys, "--output", str(out), *args)
+        assert code == 2, (args, err)
+        assert message in err and "Traceback" not in err, (args, err)
+    assert not out.exists()
