@@ -75,9 +75,16 @@ def test_live_tensorboard_of_the_proxy(audited_run: Path) -> None:
     rows = canonical_rows(audited_run)
     tb = scalars(audited_run / "tensorboard")
     assert_matches_loss_json(tb, rows)
-    final = json.loads((audited_run / ".state.json").read_text())["live_probabilities"]
-    for arm, p in final.items():
-        assert tb[f"mixing/probability/{arm}"][-1] == (rows[-1]["step"], pytest.approx(p))
+    # The bandit's probabilities: the live arms', summing to 1, within the policy in force.
+    live = json.loads((audited_run / ".state.json").read_text())["live_probabilities"]
+    prob = {arm: dict(tb[f"mixing/probability/{arm}"]) for arm in live}
+    assert set(live) == {"code", "docstrings"} and prob["code"].keys() == prob["docstrings"].keys()
+    phase = {r["step"]: r["phase"] for r in rows}
+    after_pivot = [s for s in prob["code"] if phase[s] == 1]
+    assert after_pivot and after_pivot[-1] == rows[-1]["step"]
+    for s in after_pivot:
+        assert prob["code"][s] + prob["docstrings"][s] == pytest.approx(1.0, abs=1e-6)
+        assert 0.2 - 1e-6 <= prob["code"][s] <= 0.6 + 1e-6 and prob["docstrings"][s] >= 0.3 - 1e-6
 
 
 @pytest.mark.process
