@@ -23,7 +23,7 @@ from glob import glob
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from . import corpus
 from .checkpoint.durable import atomic_write_bytes
@@ -200,6 +200,19 @@ class CursorState(BaseModel):
     epoch: int
     position: int
     order: str = ORDER_RULE
+
+    @model_validator(mode="after")
+    def _in_range(self) -> CursorState:
+        # A cursor past the end of its arm cannot be resumed: it makes the checkpoint damaged (the
+        # previous one is used), not a data error on every restart.
+        if self.n_chunks < 1 or self.n_tokens < 1 or self.epoch < 0:
+            raise ValueError(f"arm {self.name!r}: empty arm or negative epoch in its cursor")
+        if not 0 <= self.position < self.n_chunks:
+            raise ValueError(
+                f"arm {self.name!r}: cursor position {self.position} is outside its "
+                f"{self.n_chunks} chunks"
+            )
+        return self
 
 
 class ArmStream:

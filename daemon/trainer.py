@@ -178,6 +178,7 @@ class Trainer:
                 data_identities={a.name: a.identity for a in self.arms},
                 config_hash=cfg.trajectory_hash(),
                 allow_config_change=self.opts.allow_config_change,
+                check=self._cursor_problems,
             )
         )
         prior_segment = 0
@@ -215,6 +216,15 @@ class Trainer:
             cfg.mixing,
             self.step,
         )
+
+    def _cursor_problems(self, m: Manifest) -> list[str]:
+        """Cursors a resume could not take (an arm's chunk count differs from the data's)."""
+        sizes = {s.arm.name: s.n_chunks for s in self.streams}
+        return [
+            f"arm {c.name!r}: cursor written for {c.n_chunks} chunks, the arm has {sizes[c.name]}"
+            for c in m.data
+            if c.name in sizes and c.n_chunks != sizes[c.name]
+        ]
 
     def _restore(self, loaded: Loaded) -> None:
         m = loaded.manifest

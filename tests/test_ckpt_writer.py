@@ -163,6 +163,7 @@ def manifest_fields(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -
         "bin_sha256",
         "trigger",
         "created_utc",
+        "content_sha256",
     ):
         man.pop(k)
     man["layout"] = [{"name": "flat", "shape": [1000], "offset": 0}]

@@ -3,6 +3,7 @@ cannot resume exactly are refused with the reason named, and nothing is half-loa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -48,16 +49,32 @@ def _tear_manifest(p: Path) -> None:
     p.write_text(p.read_text()[:200])
 
 
+def resign(man: dict) -> dict:
+    """Recompute a manifest's content hash as docs/checkpoint-format.md defines it, so that a test
+    can reach the checks behind the hash (what a hand-made manifest of a third party would be)."""
+    body = {k: v for k, v in man.items() if k != "content_sha256"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return {**body, "content_sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+
+
 def _damage_rng(p: Path) -> None:
     # A manifest whose bytes parse but whose RNG state cannot be restored: found when the
     # checkpoint is checked, not after the resume has begun (Accelerate #3960 swallowed this).
     man = json.loads(p.read_text())
     man["rng"]["torch_cpu"] = man["rng"]["torch_cpu"][:400]
-    p.write_text(json.dumps(man))
+    p.write_text(json.dumps(resign(man)))
+
+
+def _edit_adam_step(p: Path) -> None:
+    # Valid JSON, every field in range: only the content hash can tell (the resume would diverge).
+    man = json.loads(p.read_text())
+    man["optimizer"]["adam_step"] += 1
+    p.write_text(json.dumps(man, indent=1))
 
 
 DAMAGE: dict[str, tuple[str, Callable[[Path], None], str]] = {
     "rng-state": ("json", _damage_rng, r"manifest unreadable: .*rng\.torch_cpu.*RNG state"),
+    "edited": ("json", _edit_adam_step, r"content_sha256 .* does not match the content"),
     "truncated": ("bin", _truncate, r"payload is \d+ bytes, manifest says"),
     "wrong-size": ("bin", _extend, r"payload is \d+ bytes, manifest says"),
     "hash-mismatch": ("bin", _flip, r"sha256 .* does not match manifest"),

@@ -30,10 +30,20 @@ import numpy as np
 from pydantic import ValidationError
 
 from .. import rundir
+from ..boundedio import FileRejected, read_bounded, regular_size
 from ..config import CheckpointConfig, ModelConfig
 from . import format as fmt
 from .durable import atomic_write_bytes
-from .manifest import REQUESTED_TRIGGERS, LayoutEntry, Manifest, Trigger
+from .manifest import (
+    FORMAT_VERSION,
+    MAX_MANIFEST_BYTES,
+    REQUESTED_TRIGGERS,
+    LayoutEntry,
+    Manifest,
+    Trigger,
+    decode_manifest,
+    encode_manifest,
+)
 from .writer import BackgroundWriter, read_payload_into, write_payload
 
 log = logging.getLogger(__name__)
@@ -113,6 +123,9 @@ class Expectation:
     data_identities: dict[str, str]
     config_hash: str
     allow_config_change: bool = False
+    #: Further checks of a manifest against the run being built (each arm's cursor against the
+    #: arm's size, say): a message per problem, and the checkpoint is skipped as damaged.
+    check: Callable[[Manifest], list[str]] | None = None
 
 
 @dataclass
@@ -183,7 +196,7 @@ class CheckpointManager:
             created_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
             **snap.fields,
         )
-        atomic_write_bytes(man_path, manifest.model_dump_json(indent=1).encode())
+        atomic_write_bytes(man_path, encode_manifest(manifest))
         with self._lock:
             self._triggers[snap.step] = trigger
             self._retire()
@@ -233,9 +246,9 @@ class CheckpointManager:
         """Turn an existing checkpoint into an operator-requested one (kept as an audit point)."""
         man_path = self.run_dir / rundir.manifest_name(step)
         with self._lock:
-            manifest = Manifest.model_validate_json(man_path.read_bytes())
+            manifest = decode_manifest(read_bounded(man_path, MAX_MANIFEST_BYTES))
             updated = manifest.model_copy(update={"trigger": trigger})
-            atomic_write_bytes(man_path, updated.model_dump_json(indent=1).encode())
+            atomic_write_bytes(man_path, encode_manifest(updated))
             self._triggers[step] = trigger
 
     # ---- retention -------------------------------------------------------------------------
@@ -300,28 +313,58 @@ class CheckpointManager:
         older checkpoint or a fresh start would silently change the run. None when the directory
         has no checkpoint at all.
         """
-        for name in self.orphans():
+        orphans = self.orphans()
+        for name in orphans:
             log.warning("ignoring %s: it has no manifest (a write was interrupted)", name)
         steps = self.candidates()
+        if not steps and len(orphans) > 1:
+            # One payload without a manifest is the first checkpoint's interrupted write; several
+            # prove that a run with committed checkpoints was here and its manifests are gone.
+            # Starting from step 0 would overwrite them.
+            raise ResumeRefused(
+                f"{self.run_dir} holds checkpoint payloads ({', '.join(orphans)}) but no manifest:"
+                " a run existed here and its manifests were deleted or lost. Refusing to start"
+                " over them; restore the manifests, or move the payloads away to start a new run."
+            )
         if step != -1:
             if step not in steps:
                 raise ResumeRefused(f"no checkpoint for step {step} in {self.run_dir}")
             steps = [step]
+        expected_n = sum(int(np.prod(e.shape, dtype=np.int64)) for e in expect.layout)
         skipped: list[str] = []
         for s in steps:
             try:
-                manifest, payload = self.verify(s, getattr(self, "read_buffer", None))
+                manifest = read_manifest(self.run_dir, s)
+                if manifest.format_version < FORMAT_VERSION:
+                    # A run upgraded to format 2 never writes format 1 again: one after a format 2
+                    # checkpoint had its hash stripped.
+                    if any(c < s and _is_current(self.run_dir, c) for c in steps):
+                        raise ValueError(
+                            "format 1 manifest (no content hash) after a format 2 checkpoint:"
+                            " its content hash was removed"
+                        )
+                    log.warning(
+                        "%s has no content hash (format 1, written by an older version)",
+                        rundir.manifest_name(s),
+                    )
+                problems = _mismatches(manifest, expect)
+                if problems:
+                    raise ResumeRefused(
+                        f"checkpoint {rundir.bin_name(s)} cannot resume this run exactly:\n  "
+                        + "\n  ".join(problems)
+                        + "\nStart with the configuration it was written with, or use a new run"
+                        " directory."
+                    )
+                if manifest.n_params != expected_n:
+                    raise ValueError(f"n_params {manifest.n_params}, the model has {expected_n}")
+                damage = expect.check(manifest) if expect.check is not None else []
+                if damage:
+                    raise ValueError("; ".join(damage))
+                payload = verify_payload(self.run_dir, manifest, self.read_buffer)
             except (ValueError, OSError) as e:
                 skipped.append(f"{rundir.manifest_name(s)}: {e}")
                 log.warning("skipping checkpoint %d: %s", s, e)
                 continue
-            problems = _mismatches(manifest, expect)
-            if problems:
-                raise ResumeRefused(
-                    f"checkpoint {rundir.bin_name(s)} cannot resume this run exactly:\n  "
-                    + "\n  ".join(problems)
-                    + "\nStart with the configuration it was written with, or use a new run directory."
-                )
             # Checkpoints above the resume point were skipped as damaged; they will be rewritten
             # when training reaches their step again and must not count towards retention.
             self._triggers = {c: self._read_trigger(c) for c in self.candidates() if c <= s}
@@ -336,8 +379,9 @@ class CheckpointManager:
 
     def _read_trigger(self, step: int) -> str:
         try:
-            return json.loads((self.run_dir / rundir.manifest_name(step)).read_bytes())["trigger"]
-        except (OSError, ValueError, KeyError):
+            path = self.run_dir / rundir.manifest_name(step)
+            return json.loads(read_bounded(path, MAX_MANIFEST_BYTES))["trigger"]
+        except (OSError, ValueError, KeyError, TypeError):
             return "cadence"
 
 
@@ -351,24 +395,29 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def _verify(run_dir: Path, step: int, out: np.ndarray | None) -> tuple[Manifest, fmt.Payload]:
-    """The payload is read once, hashed on a second thread as it arrives, into `out` (a uint8
-    array, reused when large enough) or a new buffer; the returned arrays are views of it."""
+def read_manifest(run_dir: Path, step: int) -> Manifest:
+    """The verified manifest of `step` (bounded read, content hash, field checks); ValueError
+    naming the problem when it is not intact, OSError when it cannot be read."""
     man_path = run_dir / rundir.manifest_name(step)
     try:
-        manifest = Manifest.model_validate_json(man_path.read_bytes())
+        manifest = decode_manifest(read_bounded(man_path, MAX_MANIFEST_BYTES))
+    except FileRejected:
+        raise
     except (ValidationError, ValueError) as e:
         raise ValueError(f"manifest unreadable: {_first_line(e)}") from None
     if manifest.step != step:
         raise ValueError(f"manifest says step {manifest.step}, file name says {step}")
-    bin_path = run_dir / manifest.bin_file
-    if bin_path.name != rundir.bin_name(step):
-        raise ValueError(
-            f"manifest points at {manifest.bin_file!r}, expected {rundir.bin_name(step)}"
-        )
+    return manifest
+
+
+def verify_payload(run_dir: Path, manifest: Manifest, out: np.ndarray | None) -> fmt.Payload:
+    """The payload is read once, hashed on a second thread as it arrives, into `out` (a uint8
+    array, reused when large enough) or a new buffer; the returned arrays are views of it.
+    Nothing is allocated before the file's size is known to be the one the manifest declares."""
+    bin_path = run_dir / rundir.bin_name(manifest.step)
     if not bin_path.exists():
         raise ValueError("payload missing")
-    size = bin_path.stat().st_size
+    size = regular_size(bin_path)
     if size != manifest.bin_size or size != fmt.payload_size(manifest.n_params):
         raise ValueError(f"payload is {size} bytes, manifest says {manifest.bin_size}")
     buf, digest = read_payload_into(bin_path, size, out)
@@ -381,7 +430,21 @@ def _verify(run_dir: Path, step: int, out: np.ndarray | None) -> tuple[Manifest,
         raise ValueError(f"payload header (step={step_h}, n={n_h}) disagrees with manifest")
     n = manifest.n_params
     flat = buf[fmt.HEADER.size :].view(fmt.DTYPE)
-    return manifest, fmt.Payload(step_h, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
+    return fmt.Payload(step_h, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
+
+
+def _verify(run_dir: Path, step: int, out: np.ndarray | None) -> tuple[Manifest, fmt.Payload]:
+    manifest = read_manifest(run_dir, step)
+    return manifest, verify_payload(run_dir, manifest, out)
+
+
+def _is_current(run_dir: Path, step: int) -> bool:
+    """Whether the manifest of `step` claims the current format (a cheap look, not a verification)."""
+    try:
+        raw = read_bounded(run_dir / rundir.manifest_name(step), MAX_MANIFEST_BYTES)
+        return json.loads(raw).get("format_version") == FORMAT_VERSION
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
 
 
 def verify_checkpoint(

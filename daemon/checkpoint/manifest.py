@@ -2,23 +2,41 @@
 
 A checkpoint exists only when its manifest exists, parses, and matches its payload (size and
 sha256). The manifest is written after the payload is durable, so it is the commit marker.
+
+The manifest verifies itself: `content_sha256` is the SHA-256 of its canonical content (every other
+field, see `canonical_bytes`), so that any edit — a changed `adam_step`, a cursor moved by one, one
+base64 character of an RNG state — makes the checkpoint damaged, skipped with its reason, instead of
+a resume that silently diverges. Format 1 manifests (written before the hash existed) carry none and
+still load; see docs/checkpoint-format.md for how they are told apart from a stripped format 2 one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from andrea.protocol.lossentry import LossEntry
 
+from .. import rundir
 from ..config import ModelConfig
 from ..data import CursorState
 from ..process import CheckpointReason, StopReason
+from . import format as fmt
 from .rngstate import RngState
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Format 1 had no content hash; it is read, never written.
+LEGACY_FORMAT_VERSION = 1
+#: The most a manifest can need: the layout of the largest preset, the config, every RNG, and the
+#: loss records the proxy had not acknowledged (bounded by the assignment lag). A larger file is
+#: refused before it is read (a 64 GiB sparse file must not be allocated).
+MAX_MANIFEST_BYTES = 16 << 20
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 #: What made a checkpoint: a stop or checkpoint request (signal or control), the cadence, the end of
 #: training, or a pivot boundary.
@@ -94,10 +112,10 @@ class MixingState(_M):
 
 
 class Manifest(_M):
-    format_version: Literal[1] = FORMAT_VERSION
-    step: int = Field(ge=1)
-    n_params: int = Field(ge=1)
-    bin_file: str
+    format_version: Literal[1, 2] = FORMAT_VERSION
+    step: int = Field(ge=1, le=fmt.INT32_MAX)
+    n_params: int = Field(ge=1, le=fmt.INT32_MAX)
+    bin_file: str = Field(description="always step_NNNNNN.bin of this step: a plain file name")
     bin_size: int
     bin_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     layout: list[LayoutEntry]
@@ -117,3 +135,78 @@ class Manifest(_M):
         default_factory=list,
         description="loss records of steps <= step that the proxy had not yet acknowledged; re-sent on resume",
     )
+    content_sha256: str | None = Field(
+        None, description="SHA-256 of the canonical content (format 2); absent in format 1"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        # Cross-field rules that hold for every checkpoint ever written; a manifest that breaks one
+        # was edited or damaged, and is skipped before its payload is allocated or read.
+        if self.bin_file != rundir.bin_name(self.step):
+            raise ValueError(
+                f"bin_file {self.bin_file!r} is not {rundir.bin_name(self.step)!r} "
+                "(a payload is always the plain file of its own step)"
+            )
+        if self.bin_size != fmt.payload_size(self.n_params):
+            raise ValueError(f"bin_size {self.bin_size} does not fit n_params {self.n_params}")
+        total = 0
+        for e in self.layout:
+            if e.offset != total or any(d < 1 for d in e.shape):
+                raise ValueError(f"layout entry {e.name!r} is not contiguous or has an empty shape")
+            size = 1
+            for d in e.shape:
+                size *= d
+            total += size
+        if total != self.n_params:
+            raise ValueError(f"layout holds {total} parameters, n_params says {self.n_params}")
+        if any(e.step > self.step for e in self.pending_losses):
+            raise ValueError("pending_losses holds a step after the checkpoint")
+        if self.content_sha256 is not None and not _SHA256_RE.match(self.content_sha256):
+            raise ValueError("content_sha256 is not 64 hex digits")
+        return self
+
+
+def canonical_bytes(content: dict[str, Any]) -> bytes:
+    """The canonical form the content hash covers: the manifest's JSON object without
+    `content_sha256`, keys sorted, no whitespace, UTF-8. Any JSON tool can recompute it."""
+    body = {k: v for k, v in content.items() if k != "content_sha256"}
+    return json.dumps(
+        body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    """The file content of a manifest, with its content hash (always the current format)."""
+    content = json.loads(manifest.model_dump_json(exclude={"content_sha256"}))
+    content["format_version"] = FORMAT_VERSION
+    content["content_sha256"] = hashlib.sha256(canonical_bytes(content)).hexdigest()
+    return json.dumps(content, indent=1, ensure_ascii=False, allow_nan=False).encode()
+
+
+def decode_manifest(raw: bytes) -> Manifest:
+    """Parse and verify a manifest's bytes. ValueError (a ValidationError included) naming the
+    first problem when it is not intact: not JSON, a field out of range, or a content hash that
+    does not match (an edit)."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ValueError(f"{len(raw):,} bytes, more than a manifest can hold")
+    try:
+        content = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"not JSON ({e})") from None
+    if not isinstance(content, dict):
+        raise ValueError("not a JSON object")
+    claimed = content.get("content_sha256")
+    if claimed is None and content.get("format_version") != LEGACY_FORMAT_VERSION:
+        raise ValueError("no content_sha256: only format 1 manifests may lack it")
+    if claimed is not None:
+        try:
+            actual = hashlib.sha256(canonical_bytes(content)).hexdigest()
+        except ValueError as e:  # NaN or Infinity: never written by encode_manifest
+            raise ValueError(f"not canonical JSON ({e})") from None
+        if actual != claimed:
+            raise ValueError(
+                f"content_sha256 {str(claimed)[:12]}… does not match the content ({actual[:12]}…):"
+                " the manifest was edited or damaged"
+            )
+    return Manifest.model_validate(content)

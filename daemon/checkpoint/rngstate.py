@@ -3,7 +3,10 @@
 Python's `random`, NumPy's global state, torch's CPU generator and every CUDA device's generator
 are all saved, even those the trainer does not draw from itself today: a library that does (a
 data transform, a custom layer) would otherwise make a resume silently inexact. Restoring is
-all-or-nothing and failures raise — never "could not load random states" and carry on.
+all-or-nothing and failures raise — never "could not load random states" and carry on. Every
+saved state is checked when the manifest is read, down to trying it on a throwaway generator, so a
+state that the generators would refuse makes the checkpoint damaged (skipped with its reason), never
+a crash after the resume began.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, field_validator
 #: makes the checkpoint damaged (skipped with its reason) instead of failing after the resume began.
 _MT_WORDS = 624
 _TORCH_CPU_STATE_BYTES = 5056
+_U32 = 2**32 - 1
+_PY_RANDOM_VERSION = 3
 
 
 class RngState(BaseModel):
@@ -38,30 +43,82 @@ class RngState(BaseModel):
             or not all(isinstance(x, int) for x in v[1])
         ):
             raise ValueError("not a Python random state (version, 625 words, gauss)")
+        version, internal, gauss = v
+        if version != _PY_RANDOM_VERSION:
+            raise ValueError(f"Python random state version {version!r}, this Python has 3")
+        if not all(0 <= x <= _U32 for x in internal[:-1]) or not 0 <= internal[-1] <= _MT_WORDS:
+            raise ValueError("Python random state has a word outside 0..2^32-1 or a bad position")
+        if gauss is not None and not isinstance(gauss, float):
+            raise ValueError("Python random state: gauss must be null or a number")
+        try:  # the generator's own check, on a throwaway instance: never on the live one
+            random.Random().setstate((version, tuple(internal), gauss))
+        except (ValueError, TypeError, OverflowError) as e:
+            raise ValueError(f"Python random state rejected: {e}") from None
         return v
 
     @field_validator("numpy_global")
     @classmethod
     def _numpy_state(cls, v: dict) -> dict:
-        key = v.get("state", {}).get("key")
+        state = v.get("state")
+        key = state.get("key") if isinstance(state, dict) else None
         if (
             v.get("bit_generator") != "MT19937"
             or not isinstance(key, list)
             or len(key) != _MT_WORDS
         ):
             raise ValueError("not a NumPy MT19937 state of 624 words")
+        pos, has_gauss, gauss = state.get("pos"), v.get("has_gauss"), v.get("gauss")
+        if set(v) != {"bit_generator", "state", "has_gauss", "gauss"} or set(state) != {
+            "key",
+            "pos",
+        }:
+            raise ValueError("NumPy state has missing or unknown fields")
+        if not all(type(x) is int and 0 <= x <= _U32 for x in key):
+            raise ValueError("NumPy state key has a word outside 0..2^32-1")
+        if type(pos) is not int or not 0 <= pos <= _MT_WORDS:
+            raise ValueError(f"NumPy state pos {pos!r} is outside 0..624")
+        if has_gauss not in (0, 1) or type(has_gauss) is bool or not isinstance(gauss, float):
+            raise ValueError("NumPy state: has_gauss must be 0 or 1 and gauss a number")
+        try:
+            np.random.RandomState().set_state(_numpy_arrays(v))
+        except (ValueError, TypeError, OverflowError) as e:
+            raise ValueError(f"NumPy state rejected: {e}") from None
         return v
 
     @field_validator("torch_cpu")
     @classmethod
     def _torch_state(cls, v: str) -> str:
         try:
-            n = len(base64.b64decode(v, validate=True))
+            raw = base64.b64decode(v, validate=True)
         except ValueError:
             raise ValueError("torch CPU RNG state is not base64") from None
-        if n != _TORCH_CPU_STATE_BYTES:
-            raise ValueError(f"torch CPU RNG state is {n} bytes, expected {_TORCH_CPU_STATE_BYTES}")
+        if len(raw) != _TORCH_CPU_STATE_BYTES:
+            raise ValueError(
+                f"torch CPU RNG state is {len(raw)} bytes, expected {_TORCH_CPU_STATE_BYTES}"
+            )
+        try:
+            torch.Generator().set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        except RuntimeError as e:
+            raise ValueError(f"torch CPU RNG state rejected: {e}") from None
         return v
+
+    @field_validator("torch_cuda")
+    @classmethod
+    def _cuda_states(cls, v: list[str]) -> list[str]:
+        for i, s in enumerate(v):
+            try:
+                base64.b64decode(s, validate=True)
+            except ValueError:
+                raise ValueError(f"CUDA RNG state of device {i} is not base64") from None
+        return v
+
+
+def _numpy_arrays(state: dict) -> dict:
+    out = dict(state)
+    out["state"] = {
+        k: (np.asarray(x, dtype=np.uint32) if k == "key" else x) for k, x in state["state"].items()
+    }
+    return out
 
 
 def _b64(t: torch.Tensor) -> str:
@@ -100,12 +157,7 @@ def restore(state: RngState) -> None:
         )
     version, internal, gauss = state.python
     random.setstate((version, tuple(internal), gauss))
-    np_state = dict(state.numpy_global)
-    np_state["state"] = {
-        k: (np.asarray(v, dtype=np.uint32) if k == "key" else v)
-        for k, v in np_state["state"].items()
-    }
-    np.random.set_state(np_state)
+    np.random.set_state(_numpy_arrays(state.numpy_global))
     torch.set_rng_state(_unb64(state.torch_cpu))
     if state.torch_cuda:
         torch.cuda.set_rng_state_all([_unb64(s) for s in state.torch_cuda])

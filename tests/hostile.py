@@ -1,0 +1,94 @@
+"""Valid instances of every file the daemons read, built in-process, for the hostile-input tests
+and the fuzz harness: each test damages one thing and checks the documented outcome."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from andrea.daemon.checkpoint import rngstate
+from andrea.daemon.checkpoint.manager import CheckpointManager, Expectation, Snapshot, layout_of
+from andrea.daemon.checkpoint.manifest import Environment, MixingState, OptimizerState, Progress
+from andrea.daemon.config import CheckpointConfig, ModelConfig, build_config
+from andrea.daemon.data import CursorState
+from andrea.daemon.schedule import scheduler_state
+
+MODEL = ModelConfig(block_size=8, n_layer=1, n_head=1, n_embd=8, dropout=0.0)
+ARMS = {"docstrings": "a" * 64, "code": "b" * 64}
+CHUNKS = 50
+
+
+@functools.cache
+def layout():
+    from andrea.daemon.model import GPT
+
+    model = GPT(MODEL)
+    return layout_of((n, tuple(p.shape)) for n, p in model.named_parameters())
+
+
+def expectation(**kw) -> Expectation:
+    cfg = build_config({}, {"preset": "andrea-tiny"})
+    return Expectation(
+        model=MODEL,
+        layout=layout(),
+        data_identities=dict(ARMS),
+        config_hash=cfg.trajectory_hash(),
+        **kw,
+    )
+
+
+def write_checkpoint(run_dir: Path, step: int, trigger: str = "cadence") -> None:
+    """One complete, valid checkpoint of `step` as the trainer writes it."""
+    cfg = build_config({}, {"preset": "andrea-tiny"})
+    lay = layout()
+    n = sum(int(np.prod(e.shape)) for e in lay)
+    rng = np.random.default_rng(step)
+    w, m, v = (rng.standard_normal(n).astype("<f4") for _ in range(3))
+    fields = dict(
+        layout=lay,
+        model=MODEL,
+        optimizer=OptimizerState(
+            betas=(0.9, 0.999),
+            eps=1e-8,
+            weight_decay=0.1,
+            grad_clip=1.0,
+            fused=True,
+            adam_step=step,
+        ),
+        scheduler=scheduler_state(step, cfg.optim),
+        rng=rngstate.capture(),
+        data=[
+            CursorState(name=a, identity=i, n_tokens=401, n_chunks=CHUNKS, epoch=0, position=step)
+            for a, i in ARMS.items()
+        ],
+        mixing=MixingState(mode="fixed", phase=0, arms=list(ARMS)),
+        progress=Progress(step=step, tokens_seen=step * 64, segment=1, train_seconds=1.0),
+        environment=Environment(
+            device="cpu",
+            dtype="fp32",
+            threads=1,
+            torch_version="x",
+            numpy_version="x",
+            python_version="x",
+            code_version="x",
+        ),
+        config_hash=cfg.trajectory_hash(),
+        config=cfg.model_dump(mode="json"),
+    )
+    mgr = CheckpointManager(run_dir, CheckpointConfig(every=0, keep_latest=100))
+    try:
+        mgr.save(Snapshot(step=step, weights=[w], m=[m], v=[v], fields=fields), trigger)
+    finally:
+        mgr.close()
+
+
+def resign(man: dict) -> dict:
+    """Recompute a manifest's content hash exactly as docs/checkpoint-format.md defines it (written
+    here from the spec, not by calling the code under test)."""
+    body = {k: v for k, v in man.items() if k != "content_sha256"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return {**body, "content_sha256": hashlib.sha256(canonical.encode()).hexdigest()}
