@@ -188,7 +188,7 @@ class RunConfig(_Strict):
     )
     log_every: int = Field(10, ge=1)
     sample_every: int = Field(100, ge=0, description="0 disables periodic samples")
-    sample_tokens: int = Field(120, ge=1)
+    sample_tokens: int = Field(120, ge=1, le=4096)  # a sample must fit its message (16 KiB)
 
     TRAJECTORY_FIELDS: ClassVar[tuple[str, ...]] = (
         "model",

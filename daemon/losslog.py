@@ -65,6 +65,7 @@ import gc
 import json
 import logging
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -76,8 +77,8 @@ import numpy as np
 import pydantic_core
 from pydantic import TypeAdapter, ValidationError
 
+from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
-from andrea.protocol.lossentry import LossEntry
 
 from .checkpoint.durable import fsync_dir
 
@@ -106,6 +107,11 @@ _TAIL_FORMS = (b"\n]\n", b",]\n", b",\n\n", b"\n]", b",\n", b"\n", b",", b"")
 _ENTRY_HEAD = b'{"step":'
 _HEX_DIGITS = b"0123456789abcdef"
 _FIRST_TAIL_READ = 4096
+_NUL_SCAN_CHUNK = 1 << 16
+#: The longest NUL tail accepted as torn-write debris, and the most entry bytes a log may hold
+#: (about 30 million entries): bounds that keep a damaged or hostile file from being allocated.
+MAX_NUL_TAIL = 1 << 20
+MAX_LOG_BYTES = 8 << 30
 
 
 _ENTRIES = TypeAdapter(list[LossEntry])
@@ -125,6 +131,7 @@ _TYPES = {
     "batch_sha256": {str, type(None)},
 }
 _INT_MINIMA = {"step": 1, "tokens": 1, "segment": 1, "phase": 0}
+_INT_MAXIMA = {"step": MAX_STEP, "tokens": MAX_TOKENS, "segment": MAX_STEP, "phase": MAX_STEP}
 _DTYPES = {
     "step": np.int64,
     "loss": np.float64,
@@ -329,8 +336,42 @@ def _first_bad_line(buf: bytes, end: int) -> tuple[int, str]:
     return 2, "entries do not follow the one-entry-per-line layout"
 
 
-def _read_all(fd: int) -> bytes:
-    size = os.fstat(fd).st_size
+def _check_regular(path: Path, fd: int) -> int:
+    """The size of the open file, which must be a regular file (not /dev/zero, a FIFO, ...)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise LossLogCorrupt(path, 0, "not a regular file")
+    return st.st_size
+
+
+def _content_size(path: Path, fd: int, size: int) -> int:
+    """Where the file's content ends: the size without a trailing run of NUL bytes. A power loss
+    leaves at most a few blocks of them; a longer run (a 64 GiB sparse tail, say) is refused before
+    anything is allocated, and so is content beyond MAX_LOG_BYTES."""
+    end = size
+    while end > 0:
+        n = min(_NUL_SCAN_CHUNK, end)
+        kept = len(os.pread(fd, n, end - n).rstrip(b"\0"))
+        if kept:
+            end = end - n + kept
+            break
+        end -= n
+        if size - end > MAX_NUL_TAIL:
+            raise LossLogCorrupt(
+                path,
+                end,
+                f"more than {MAX_NUL_TAIL:,} NUL bytes at the end ({size:,}-byte file), more than a"
+                f" torn write leaves; if the entries before them are intact, `truncate -s` the"
+                f" file to its last entry",
+            )
+    if end > MAX_LOG_BYTES:
+        raise LossLogCorrupt(
+            path, MAX_LOG_BYTES, f"{end:,} bytes of entries, more than a log holds"
+        )
+    return end
+
+
+def _read_all(fd: int, size: int) -> bytes:
     chunks = []
     offset = 0
     while offset < size:
@@ -393,7 +434,8 @@ class LossLog:
                 raise LossLogLocked(
                     f"{path} is already open for writing (flock held by another writer)"
                 ) from None
-            buf = _read_all(fd)
+            size = _check_regular(path, fd)
+            buf = _read_all(fd, _content_size(path, fd, size))
             tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
             listed = _parse_body(path, buf, tail, _index_keys)
             keys = set(listed)
@@ -403,8 +445,8 @@ class LossLog:
                     path,
                     len(listed) - len(keys),
                 )
-            if not tail.clean:
-                _repair(path, fd, tail, len(buf), len(listed))
+            if not tail.clean or len(buf) != size:
+                _repair(path, fd, tail, size, len(listed))
         except BaseException:
             os.close(fd)
             raise
@@ -533,7 +575,7 @@ def read_entries(path: str | os.PathLike[str]) -> list[LossEntry]:
     Raises FileNotFoundError if there is no log, :class:`LossLogCorrupt` if it is not a loss log.
     """
     path = Path(path)
-    buf = path.read_bytes()
+    buf = _read_content(path)
     tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
     with _gc_paused():
         return _parse_body(path, buf, tail, _ENTRIES.validate_json)
@@ -545,9 +587,22 @@ def last_entry(path: str | os.PathLike[str]) -> LossEntry | None:
     Tolerates a torn tail and never modifies the file; raises FileNotFoundError if there is no log.
     """
     path = Path(path)
-    with path.open("rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        return _scan_tail(path, lambda offset, n: os.pread(f.fileno(), n, offset), size).last
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        size = _content_size(path, fd, _check_regular(path, fd))
+        return _scan_tail(path, lambda offset, n: os.pread(fd, n, offset), size).last
+    finally:
+        os.close(fd)
+
+
+def _read_content(path: Path) -> bytes:
+    """The file's content without a NUL tail, read only once it is known to be a regular file of
+    bounded size (readers never modify the file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return _read_all(fd, _content_size(path, fd, _check_regular(path, fd)))
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, eq=False)
@@ -618,8 +673,10 @@ def _fast_curve(doc: bytes) -> LossCurve:
         raise ValueError("batch_sha256 must be null or 64 lowercase hex digits")
     curve = _curve(columns)
     for name, least in _INT_MINIMA.items():
-        if getattr(curve, name).min() < least:
-            raise ValueError(f"{name} must be >= {least}")
+        if getattr(curve, name).min() < least or getattr(curve, name).max() > _INT_MAXIMA[name]:
+            raise ValueError(f"{name} must be in {least}..{_INT_MAXIMA[name]}")
+    if max(map(len, columns["arm"])) > 64:
+        raise ValueError("arm names are at most 64 characters")
     for values in (curve.lr, curve.wall_time):
         if not (np.isfinite(values).all() and values.min() >= 0):
             raise ValueError("lr and wall_time must be finite and >= 0")
@@ -647,7 +704,7 @@ def read_curve(path: str | os.PathLike[str]) -> LossCurve:
     measured no faster).
     """
     path = Path(path)
-    buf = path.read_bytes()
+    buf = _read_content(path)
     tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
     parsed = _parse_body(path, buf, tail, _parse_curve)
     read = (

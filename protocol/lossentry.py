@@ -12,6 +12,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 NON_FINITE_LOSSES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
+#: Bounds of the integer fields: a step (and so a segment or phase count) fits the checkpoint's
+#: int32 header; tokens stay exact in a float64 column. A value past them is damage or a hostile peer.
+MAX_STEP = 2**31 - 1
+MAX_TOKENS = 2**53
+
+
 def _decode_loss(value: Any) -> Any:
     # Only the three spellings the writer emits: a lax float parse would also take "nan" or "1.5",
     # and a hand-edited file should fail loudly rather than be half-understood.
@@ -36,19 +42,27 @@ class LossEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, ser_json_inf_nan="strings")
 
     step: int = Field(
-        ge=1, description="optimizer update this loss belongs to (the loss of update `step`)"
+        ge=1,
+        le=MAX_STEP,
+        description="optimizer update this loss belongs to (the loss of update `step`)",
     )
     loss: Annotated[float, BeforeValidator(_decode_loss)] = Field(
         description="training loss; may be non-finite"
     )
-    arm: str = Field(min_length=1, description="data source (bandit arm) of this step's batch")
+    arm: str = Field(
+        min_length=1, max_length=64, description="data source (bandit arm) of this step's batch"
+    )
     lr: float = Field(ge=0.0, allow_inf_nan=False, description="learning rate used by this update")
-    tokens: int = Field(ge=1, description="tokens in this step's batch")
+    tokens: int = Field(ge=1, le=MAX_TOKENS, description="tokens in this step's batch")
     wall_time: float = Field(
         ge=0.0, allow_inf_nan=False, description="unix seconds when the step finished"
     )
-    segment: int = Field(ge=1, description="trainer process life that trained this step")
-    phase: int = Field(ge=0, description="bandit policy (pivot counter) this step trained under")
+    segment: int = Field(
+        ge=1, le=MAX_STEP, description="trainer process life that trained this step"
+    )
+    phase: int = Field(
+        ge=0, le=MAX_STEP, description="bandit policy (pivot counter) this step trained under"
+    )
     batch_sha256: str | None = Field(
         pattern=r"^[0-9a-f]{64}$", description="sha256 of the batch tokens, or null"
     )

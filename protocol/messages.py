@@ -16,10 +16,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from .lossentry import LossEntry
+from .lossentry import MAX_STEP, LossEntry
 
 MAX_MESSAGE_BYTES = 4 << 20
 PROTOCOL = 1
+#: Steps, segments and phases fit the checkpoint's int32 header; a larger number is refused when
+#: the message is parsed, before any handler sees it.
+Count = Annotated[int, Field(ge=0, le=MAX_STEP)]
+ArmName = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class _Msg(BaseModel):
@@ -36,10 +40,10 @@ class Hello(_Msg):
 
     type: Literal["hello"] = "hello"
     protocol: int = PROTOCOL
-    segment: int | None = Field(None, ge=1)
-    resume_step: int = Field(ge=0)
-    seed: int
-    arms: list[str]
+    segment: int | None = Field(None, ge=1, le=MAX_STEP)
+    resume_step: Count
+    seed: int = Field(ge=0, lt=2**63)
+    arms: list[ArmName] = Field(max_length=1024)
 
 
 class Welcome(_Msg):
@@ -54,8 +58,8 @@ class AssignRequest(_Msg):
     """Arms for steps from_step .. from_step + count - 1 (the proxy answers as many as it can)."""
 
     type: Literal["assign"] = "assign"
-    segment: int = Field(ge=1)
-    from_step: int = Field(ge=1)
+    segment: int = Field(ge=1, le=MAX_STEP)
+    from_step: int = Field(ge=1, le=MAX_STEP)
     count: int = Field(ge=1, le=4096)
 
 
@@ -88,15 +92,15 @@ class LossAck(_Msg):
 
 class Sample(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    prompt: str
-    text: str
+    prompt: str = Field(max_length=1024)
+    text: str = Field(max_length=16384)
 
 
 class SampleReport(_Msg):
     type: Literal["samples"] = "samples"
-    step: int
-    segment: int
-    phase: int
+    step: int = Field(ge=1, le=MAX_STEP)
+    segment: int = Field(ge=1, le=MAX_STEP)
+    phase: Count
     samples: list[Sample] = Field(max_length=64)
 
 
@@ -130,7 +134,7 @@ class PivotRequest(_Msg):
 
     type: Literal["pivot"] = "pivot"
     policy_toml: str = Field(max_length=65536)
-    boundary_step: int = Field(ge=1)
+    boundary_step: int = Field(ge=1, le=MAX_STEP)
 
 
 class StopRequest(_Msg):

@@ -13,7 +13,7 @@ import numpy as np
 from andrea.daemon.checkpoint import rngstate
 from andrea.daemon.checkpoint.manager import CheckpointManager, Expectation, Snapshot, layout_of
 from andrea.daemon.checkpoint.manifest import Environment, MixingState, OptimizerState, Progress
-from andrea.daemon.config import CheckpointConfig, ModelConfig, build_config
+from andrea.daemon.config import CheckpointConfig, ModelConfig, RunConfig, build_config
 from andrea.daemon.data import CursorState
 from andrea.daemon.schedule import scheduler_state
 
@@ -92,3 +92,17 @@ def resign(man: dict) -> dict:
     body = {k: v for k, v in man.items() if k != "content_sha256"}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return {**body, "content_sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+
+
+def text_arms_config(run_dir: Path, **extra) -> RunConfig:
+    """A run config with two small text arms inside `run_dir` (no corpus to build)."""
+    for name in ("alpha", "beta"):
+        (run_dir / "src" / name).mkdir(parents=True, exist_ok=True)
+        (run_dir / "src" / name / "a.txt").write_text((name + " text to train on. ") * 200)
+    arms = [
+        {"name": name, "kind": "text", "paths": [f"src/{name}/*.txt"]} for name in ("alpha", "beta")
+    ]
+    return build_config(
+        {"data": {"arms": arms, "cache_dir": str(run_dir / "cache")}, "mixing": "proxy", **extra},
+        {"preset": "andrea-tiny"},
+    )

@@ -559,7 +559,7 @@ def test_read_curve_torn_tail_at_every_byte(
             loss=st.floats(),
             arm=st.text(min_size=1, max_size=5),
             lr=st.floats(min_value=0, allow_infinity=False),
-            tokens=st.integers(1, 2**63 - 1),
+            tokens=st.integers(1, 2**53),
             wall_time=st.floats(min_value=0, allow_infinity=False),
             segment=st.integers(1, 4),
             phase=st.integers(0, 5),
@@ -681,15 +681,19 @@ def test_read_curve_reports_other_fields_as_read_entries_does(
     assert str(info.value) == str(expected.value) and info.value.offset == start
 
 
-def test_read_curve_integers_are_int64(tmp_path: Path) -> None:
-    """LossEntry takes any int; the columns are int64, so a larger one (no run gets there) is an OverflowError."""
+def test_integers_beyond_their_bound_are_damage(tmp_path: Path) -> None:
+    """Steps, segments and phases fit the int32 header, tokens a float64 column: a larger value (a
+    hostile peer's 10^30 once made history and plot fail for the life of the run) is reported as a
+    damaged entry by both readers, never an OverflowError."""
     path, raw = _lines_file(tmp_path)
-    path.write_bytes(_with_value(raw, 2, "tokens", b"%d" % 2**63))
-    assert read_entries(path)[2].tokens == 2**63
-    with pytest.raises(OverflowError):
-        read_curve(path)
-    path.write_bytes(_with_value(raw, 2, "tokens", b"%d" % (2**63 - 1)))
-    assert assert_curve_of_entries(path).tokens[2] == 2**63 - 1
+    for field, bad, good in (("tokens", 2**53 + 1, 2**53), ("step", 10**30, 2**31 - 1)):
+        path.write_bytes(_with_value(raw, 2, field, b"%d" % bad))
+        with pytest.raises(LossLogCorrupt, match=field):
+            read_entries(path)
+        with pytest.raises(LossLogCorrupt, match=field):
+            read_curve(path)
+        path.write_bytes(_with_value(raw, 2, field, b"%d" % good))
+        assert getattr(assert_curve_of_entries(path), field)[-1 if field == "step" else 2] == good
 
 
 # ---------------------------------------------------------------- locking and failed writes
@@ -756,7 +760,7 @@ with LossLog.open(path) as log:
         batch = []
         for _ in range(every):
             step += 1
-            batch.append(LossEntry(step=step, loss=1.0 / step, arm="a" * (step % 300 + 1), lr=1e-3, tokens=64,
+            batch.append(LossEntry(step=step, loss=1.0 / step, arm="a" * (step % 64 + 1), lr=1e-3, tokens=64,
                                    wall_time=1.0, segment=segment, phase=0, batch_sha256=None))
         if step % 2:
             log.append_many(batch)

@@ -78,7 +78,10 @@ class Policy(_Strict):
         0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last"
     )
     lag: int = Field(
-        8, ge=1, description="W: steps between a step and the first draw its loss can influence"
+        8,
+        ge=1,
+        le=4096,  # the most one assign request of the protocol carries
+        description="W: steps between a step and the first draw its loss can influence",
     )
     arms: dict[str, ArmBounds] = Field(default_factory=dict)
     initial_weights: dict[str, float] = Field(

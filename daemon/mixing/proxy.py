@@ -28,6 +28,7 @@ import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.protocol import messages as m
+from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import ProxyStatus, Zombie
 from andrea.protocol.transport import bind_router, close_router
 
@@ -35,6 +36,7 @@ from ..checkpoint.durable import atomic_write_bytes
 from ..checkpoint.manager import checkpoint_steps
 from ..config import RunConfig
 from ..data import DataError, arm_identity
+from ..logthrottle import ThrottledWarning
 from ..losslog import LossLog, canonical_curve, read_entries
 from ..metrics.prometheus import exposition_for
 from ..process import Notifier, SignalFlags
@@ -127,6 +129,7 @@ class Proxy:
         self.flags = flags
         self.notifier = notifier or Notifier()
         self.segments: dict[bytes, int] = {}
+        self.rejections = ThrottledWarning(log)
 
     # ---- setup ------------------------------------------------------------------------------
 
@@ -270,6 +273,20 @@ class Proxy:
         return m.Reply(id=msg.id, ok=False, error=f"unexpected message type {msg.type!r}")
 
     def _hello(self, peer: bytes, msg: m.Hello) -> m.Message:
+        if msg.protocol != m.PROTOCOL:
+            return m.Reply(
+                id=msg.id,
+                ok=False,
+                error=f"protocol {msg.protocol}, this proxy speaks {m.PROTOCOL}",
+            )
+        if msg.segment is not None and msg.segment > self.max_segment + 1:
+            # Segments are numbered here and made durable before the trainer hears them; one past
+            # the highest known is the most a lost or older .state.json can hide.
+            return m.Reply(
+                id=msg.id,
+                ok=False,
+                error=f"segment {msg.segment} was never numbered (highest: {self.max_segment})",
+            )
         if msg.seed != self.opts.cfg.seed:
             return m.Reply(
                 id=msg.id,
@@ -282,6 +299,7 @@ class Proxy:
         if msg.segment is None:
             self.max_segment += 1
             segment = self.max_segment
+            self._write_state()  # the number is durable before it is given out
             if msg.resume_step:
                 log.info(
                     "trainer segment %d connected, resuming after step %d", segment, msg.resume_step
@@ -290,7 +308,9 @@ class Proxy:
                 log.info("trainer segment %d connected, starting a fresh run", segment)
         else:
             segment = msg.segment
-            self.max_segment = max(self.max_segment, segment)
+            if segment > self.max_segment:
+                self.max_segment = segment
+                self._write_state()
             log.info("trainer segment %d reconnected", segment)
         self.segments[peer] = segment
         b = self.book.bandit
@@ -312,7 +332,32 @@ class Proxy:
             items.append(m.Assignment(step=step, arm=arm, phase=self.book.bandit.phase))
         return m.Assignments(id=msg.id, items=items, waiting_for_step=waiting)
 
+    def _entry_problem(self, e: LossEntry) -> str | None:
+        """Why `e` cannot be a record of a step the trainer trained, judged against this proxy's
+        own state; None when it can. A genuine trainer trains only arms this proxy assigned, and
+        an assignment needs the losses it depends on to be durable here already, so the arm of
+        every genuine step can be recomputed now (and is the same: assignments are pure)."""
+        if e.segment > self.max_segment:
+            return f"step {e.step}: segment {e.segment} was never numbered (highest: {self.max_segment})"
+        if e.phase > self.book.bandit.phase:
+            return f"step {e.step}: phase {e.phase} is after the current phase {self.book.bandit.phase}"
+        try:
+            expected = self.book.assign(e.step)
+        except ValueError as err:  # a step of an earlier phase that was never trained
+            return f"step {e.step}: {err}"
+        if expected is None:
+            return f"step {e.step} was never assigned (the losses it depends on are not logged)"
+        if e.arm != expected:
+            return f"step {e.step} was assigned arm {expected!r}, not {e.arm!r}"
+        return None
+
     def _losses(self, msg: m.LossReport) -> m.Message:
+        for e in msg.entries:
+            problem = self._entry_problem(e)
+            if problem is not None:
+                # Nothing of the message is written: one bad entry makes the whole report suspect.
+                self.rejections.warning("rejected a loss report: %s", problem)
+                return m.Reply(id=msg.id, ok=False, error=f"losses rejected: {problem}")
         written = self.losslog.append_many(msg.entries)
         self.losslog.sync()  # acknowledged means durable
         for e in msg.entries:
@@ -330,6 +375,10 @@ class Proxy:
         return m.LossAck(id=msg.id, keys=[(e.segment, e.step) for e in msg.entries])
 
     def _samples(self, msg: m.SampleReport) -> m.Message:
+        if msg.segment > self.max_segment or msg.phase > self.book.bandit.phase:
+            error = f"samples of segment {msg.segment}, phase {msg.phase}: never numbered"
+            self.rejections.warning("rejected a sample report: %s", error)
+            return m.Reply(id=msg.id, ok=False, error=error)
         if not any(r.step == msg.step and r.segment == msg.segment for r in self.samples.records):
             rec = SampleRecord(
                 step=msg.step,
@@ -456,7 +505,7 @@ class Proxy:
             try:
                 msg = m.decode(payload)
             except (ValidationError, ValueError) as e:
-                log.warning(
+                self.rejections.warning(
                     "rejected an invalid message (%d bytes): %s",
                     len(payload),
                     str(e).splitlines()[0],
@@ -491,6 +540,7 @@ class Proxy:
         self._write_state()
         self.losslog.close()
         close_router(self.sock, self.endpoint)
+        self._lock.close()  # the run directory is free for the next proxy
         log.info("proxy stopped; state written at durable step %d", self.durable_step)
 
 

@@ -1,0 +1,136 @@
+"""The proxy's trust boundary (issue 12, item 2): every field of a `hello` or `losses` message is
+checked against the proxy's own state before anything is written, and a rejected message changes
+nothing — not .loss.json, not the bandit, not what a restarted proxy does."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from andrea.daemon.losslog import read_entries
+from andrea.daemon.mixing.policy import Policy
+from andrea.daemon.mixing.proxy import Proxy, ProxyOptions
+from andrea.daemon.process import SignalFlags
+from andrea.daemon.rundir import LOSS_FILE, STATE_FILE
+from andrea.protocol import messages as m
+from andrea.protocol.lossentry import LossEntry
+
+from .hostile import text_arms_config
+
+pytestmark = pytest.mark.process  # binds a real ipc socket
+
+PEER = b"trainer"
+
+
+def _proxy(run_dir: Path) -> Proxy:
+    p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), Policy(lag=2)), SignalFlags())
+    p.setup()
+    return p
+
+
+def _entry(step: int, arm: str, segment: int = 1, **kw) -> LossEntry:
+    fields = dict(
+        step=step,
+        loss=3.0,
+        arm=arm,
+        lr=1e-3,
+        tokens=64,
+        wall_time=time.time(),
+        segment=segment,
+        phase=0,
+        batch_sha256=None,
+    )
+    return LossEntry(**{**fields, **kw})
+
+
+@pytest.fixture
+def proxy(tmp_path: Path):
+    p = _proxy(tmp_path)
+    welcome = p.handle(
+        PEER, m.Hello(id="h", resume_step=0, seed=p.opts.cfg.seed, arms=["alpha", "beta"])
+    )
+    assert isinstance(welcome, m.Welcome) and welcome.segment == 1
+    got = p.handle(PEER, m.AssignRequest(id="a", segment=1, from_step=1, count=2))
+    p.arms = {a.step: a.arm for a in got.items}
+    yield p
+    p.close()
+
+
+def _durable(run_dir: Path) -> tuple[bytes, bytes]:
+    return (run_dir / LOSS_FILE).read_bytes(), (run_dir / STATE_FILE).read_bytes()
+
+
+def _other(arm: str) -> str:
+    return "beta" if arm == "alpha" else "alpha"
+
+
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("unknown-arm", lambda arms: _entry(1, "gamma")),
+        ("wrong-arm", lambda arms: _entry(1, _other(arms[1]))),
+        ("never-assigned-step", lambda arms: _entry(500, "alpha")),
+        ("unnumbered-segment", lambda arms: _entry(1, arms[1], segment=7)),
+        ("future-phase", lambda arms: _entry(1, arms[1], phase=3)),
+    ],
+)
+def test_rejected_loss_report_changes_nothing(proxy: Proxy, name: str, bad) -> None:
+    run_dir = proxy.run_dir
+    before = _durable(run_dir)
+    reply = proxy.handle(
+        PEER, m.LossReport(id="x", entries=[_entry(2, proxy.arms[2]), bad(proxy.arms)])
+    )
+    assert isinstance(reply, m.Reply) and not reply.ok and "losses rejected" in reply.error
+    assert _durable(run_dir) == before
+    # The trainer's genuine record for the same step is still taken: nothing was lost.
+    ack = proxy.handle(PEER, m.LossReport(id="y", entries=[_entry(1, proxy.arms[1])]))
+    assert isinstance(ack, m.LossAck) and ack.keys == [(1, 1)]
+    assert [(e.step, e.arm) for e in read_entries(run_dir / LOSS_FILE)] == [(1, proxy.arms[1])]
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b'{"type":"losses","id":"x","entries":[{"step":1,"loss":1.0,"arm":"'
+        + b"a" * 65536
+        + b'","lr":0.001,"tokens":64,"wall_time":1.0,"segment":1,"phase":0,"batch_sha256":null}]}',
+        b'{"type":"losses","id":"x","entries":[{"step":1000000000000000000000000000000,"loss":1.0,'
+        b'"arm":"alpha","lr":0.001,"tokens":64,"wall_time":1.0,"segment":1,"phase":0,"batch_sha256":null}]}',
+        b'{"type":"losses","id":"x","entries":[{"step":1,"loss":1.0,"arm":"alpha","lr":0.001,'
+        b'"tokens":64,"wall_time":1.0,"segment":1000000000000000000000000000000,"phase":0,"batch_sha256":null}]}',
+        b'{"type":"hello","id":"h","segment":1000000000000000000000000000000,"resume_step":0,"seed":1,"arms":[]}',
+        b'{"type":"hello","id":"h","resume_step":1000000000000000000000000000000,"seed":1,"arms":[]}',
+    ],
+    ids=["arm-64k", "step-1e30", "segment-1e30", "hello-segment-1e30", "hello-resume-1e30"],
+)
+def test_out_of_range_fields_are_refused_at_decoding(frame: bytes) -> None:
+    with pytest.raises(ValidationError):
+        m.decode(frame)
+
+
+def test_hello_with_an_unnumbered_segment_is_refused(proxy: Proxy) -> None:
+    before = _durable(proxy.run_dir)
+    reply = proxy.handle(
+        PEER,
+        m.Hello(
+            id="h2", segment=40, resume_step=0, seed=proxy.opts.cfg.seed, arms=["alpha", "beta"]
+        ),
+    )
+    assert isinstance(reply, m.Reply) and not reply.ok and "never numbered" in reply.error
+    assert _durable(proxy.run_dir) == before
+
+
+def test_restart_after_an_attack_is_clean(proxy: Proxy) -> None:
+    for bad in (_entry(1, "gamma"), _entry(10**6, "alpha"), _entry(1, proxy.arms[1], segment=9)):
+        proxy.handle(PEER, m.LossReport(id="x", entries=[bad]))
+    proxy.handle(PEER, m.LossReport(id="y", entries=[_entry(1, proxy.arms[1])]))
+    proxy.close()
+    again = _proxy(proxy.run_dir)  # would fail with "unknown arm" had the first one been written
+    try:
+        assert again.durable_step == 1 and again.max_segment == 1
+    finally:
+        again.close()
+    proxy.close = lambda: None  # already closed
