@@ -131,7 +131,10 @@ class CheckpointConfig(_Strict):
     # Two at least: the newest may be the one being written when the machine dies.
     keep_latest: int = Field(3, ge=2)
     keep_requested: bool = Field(
-        True, description="keep every SIGUSR1/control checkpoint (audit points)"
+        True, description="keep SIGUSR1/control checkpoints (audit points), up to max_requested"
+    )
+    max_requested: int = Field(
+        20, ge=1, description="the most audit checkpoints kept; the oldest are retired beyond it"
     )
     async_write: bool = Field(
         True,

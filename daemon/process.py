@@ -37,8 +37,9 @@ except ImportError:  # systemd-python is optional off Linux
     _sd = None
 
 
-#: Why the daemon was asked to stop: a signal or a control request.
-StopReason = Literal["sigterm", "sigint", "control"]
+#: Why the daemon was asked to stop: a signal, a control request, the --with-proxy child giving up,
+#: or a loss record that could not be written.
+StopReason = Literal["sigterm", "sigint", "sighup", "control", "proxy", "disk-full"]
 #: Who asked for a checkpoint now: SIGUSR1 or a control request.
 CheckpointReason = Literal["sigusr1", "control"]
 
@@ -57,14 +58,25 @@ class SignalFlags:
         self.boundary_requested = False  # checkpoint at the next cadence boundary (control)
         self.hold_requested = False  # ...and then hold until resumed (a pivot)
         self.resume_requested = False
+        self.ignored_signal: str | None = None
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
-        """Install handlers for SIGTERM, SIGINT and SIGUSR1 (main thread only)."""
+        """Install the handlers (main thread only).
+
+        - SIGTERM, SIGINT, SIGHUP: finish the step, checkpoint, exit 0. A hangup (the terminal or
+          SSH session of a foreground run went away) must not lose work, and nobody is left to
+          talk to: it is a stop, like the default action it replaces, but with the checkpoint.
+        - SIGUSR1: checkpoint after the current step and continue.
+        - SIGUSR2: ignored, and logged once at the next step boundary: its default action would
+          kill the process without a checkpoint, and no meaning was ever given to it.
+        """
         for sig, fn in (
             (signal.SIGTERM, self._on_stop),
             (signal.SIGINT, self._on_stop),
+            (signal.SIGHUP, self._on_stop),
             (signal.SIGUSR1, self._on_checkpoint),
+            (signal.SIGUSR2, self._on_ignored),
         ):
             self._previous[sig] = signal.signal(sig, fn)
 
@@ -78,6 +90,14 @@ class SignalFlags:
 
     def _on_checkpoint(self, signum: int, frame: FrameType | None) -> None:
         self.request_checkpoint("sigusr1")
+
+    def _on_ignored(self, signum: int, frame: FrameType | None) -> None:
+        self.ignored_signal = signal.Signals(signum).name
+
+    def take_ignored_signal(self) -> str | None:
+        """The name of an ignored signal received since the last call (for one log line)."""
+        name, self.ignored_signal = self.ignored_signal, None
+        return name
 
     def request_stop(self, reason: StopReason) -> None:
         # First reason wins: a second Ctrl-C while the final checkpoint is written must not

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         proxy.serve()
     finally:
         proxy.close()
-    return ExitCode.OK
+    return proxy.exit_code
 
 
 if __name__ == "__main__":

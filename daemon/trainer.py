@@ -52,7 +52,7 @@ from .config import RunConfig
 from .control_server import ControlServer
 from .data import Arm, ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
-from .losslog import LossLog, last_entry
+from .losslog import LossLog, LossLogError, last_entry
 from .metrics.prometheus import exposition_for
 from .metrics.series import ema_update
 from .model import GPT
@@ -128,6 +128,7 @@ class Trainer:
         self.link: ProxyLink | None = None
         self._pending_rng: RngState | None = None
         self._snapshot_env: Environment | None = None  # fixed for the life of the process
+        self._unlogged: LossEntry | None = None
 
     # ---- setup ------------------------------------------------------------------------------
 
@@ -609,7 +610,17 @@ class Trainer:
             window_tokens += entry.tokens
             window_steps += 1
             if self.losslog is not None:
-                self.losslog.append(entry)
+                try:
+                    self.losslog.append(entry)
+                except OSError as e:
+                    # The step is trained but its loss is not on disk: it must not be checkpointed
+                    # without it (finish tries once more on a reopened log).
+                    log.error(
+                        "cannot append the loss of step %d to %s: %s", self.step, LOSS_FILE, e
+                    )
+                    self._unlogged = entry
+                    self.flags.request_stop("disk-full")
+                    break
             else:
                 self.link.submit_loss(entry)
             loss_ema = ema_update(loss_ema, entry.loss)
@@ -627,6 +638,8 @@ class Trainer:
                 self._checkpoint_and_continue("cadence")
             if (reason := self.flags.take_checkpoint_request()) is not None:
                 self._on_checkpoint_request(reason)
+            if (ignored := self.flags.take_ignored_signal()) is not None:
+                log.info("%s received and ignored (see docs/operations.md)", ignored)
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                 elapsed = time.perf_counter() - window_t
                 self.tokens_per_second = window_tokens / elapsed
@@ -696,13 +709,21 @@ class Trainer:
             trigger = requested
         elif requested is not None and self.step > 0:
             self.ckpt.mark_requested(self.step, requested)
-        if self.step > self.last_saved:
+        if self._unlogged is not None and not self._log_unlogged():
+            code = ExitCode.CHECKPOINT_FAILED
+            log.error(
+                "no final checkpoint: the loss of step %d could not be written; the newest valid"
+                " checkpoint is step %s, and a restart once there is space resumes from it",
+                self.step,
+                self.last_saved or "none",
+            )
+        elif self.step > self.last_saved:
             try:
                 with self.notifier.keepalive(
                     f"writing final checkpoint of step {self.step}", extend
                 ):
                     self.checkpoint(trigger)
-            except OSError as e:
+            except (OSError, LossLogError) as e:
                 log.error(
                     "final checkpoint of step %d FAILED (%s); the newest valid checkpoint is step %s",
                     self.step,
@@ -759,6 +780,20 @@ class Trainer:
             }
         )
         self.prometheus.publish(force)
+
+    def _log_unlogged(self) -> bool:
+        """Reopen the loss log (repairing the torn append) and write the entry that failed."""
+        assert self.losslog is not None and self._unlogged is not None
+        try:
+            self.losslog.close()
+            self.losslog = LossLog.open(self.run_dir / LOSS_FILE)
+            self.losslog.append(self._unlogged)
+            self.losslog.sync()
+        except (OSError, LossLogError) as e:
+            log.error("%s is still not writable: %s", LOSS_FILE, e)
+            return False
+        self._unlogged = None
+        return True
 
     def close(self) -> None:
         self.ckpt.close()  # finishes a write in flight first: it syncs the loss log before committing

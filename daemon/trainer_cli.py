@@ -9,14 +9,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .exitcodes import ExitCode, for_unexpected
-from .process import LOG_TAG_ENV, Notifier, SignalFlags, setup_logging
+from .process import Notifier, SignalFlags, setup_logging
 from .rundir import CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -155,18 +153,24 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
 
+    from .companion import Companion
     from .rundir import AlreadyRunning, SocketDirError
 
-    proxy = _spawn_proxy(run_dir, args) if args.with_proxy else None
+    proxy = Companion(run_dir, flags, args.log_level, args.policy) if args.with_proxy else None
     try:
-        return _train(run_dir, cfg, args, flags, skip)
+        code = _train(run_dir, cfg, args, flags, skip)
     except (AlreadyRunning, SocketDirError) as e:
         refused = StartRefused(str(e), ExitCode.CONFIG_ERROR)
     except StartRefused as e:
         refused = e
+    else:
+        # A proxy the trainer gave up on decides the exit code of an otherwise clean stop.
+        if proxy is not None and proxy.exit_code is not None and code == ExitCode.OK:
+            return proxy.exit_code
+        return code
     finally:
         if proxy is not None:
-            _stop_proxy(proxy)
+            proxy.stop()
     # Last, after the proxy's closing lines: the end of the output is where a person looks.
     log.error("%s", refused.message)
     return refused.code
@@ -179,49 +183,6 @@ class StartRefused(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
-
-
-def _spawn_proxy(run_dir: Path, args: argparse.Namespace) -> subprocess.Popen:
-    """The companion for a one-command run. In its own session, so that a terminal's Ctrl-C
-    reaches only the trainer: the proxy must outlive the trainer's final records, then stop."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "andrea.daemon.proxy_cli",
-        "--run-dir",
-        str(run_dir),
-        "--log-level",
-        args.log_level,
-    ]
-    if args.policy:
-        cmd += ["--policy", str(args.policy)]
-    log.info("starting andrea-proxy for %s", run_dir)
-    return subprocess.Popen(
-        cmd,
-        start_new_session=True,
-        preexec_fn=_terminate_with_parent,
-        env={**os.environ, LOG_TAG_ENV: "proxy"},
-    )
-
-
-def _terminate_with_parent() -> None:
-    # If the trainer is SIGKILLed (OOM killer, say), its proxy must not live on as an orphan
-    # holding the run's proxy lock: the kernel sends it SIGTERM, and it stops cleanly.
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _stop_proxy(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            log.error("andrea-proxy did not stop within 30 s; killing it")
-            proc.kill()
-            proc.wait()
 
 
 def _train(

@@ -178,25 +178,31 @@ class CheckpointManager:
         # exists where its manifest describes the new payload's bytes.
         man_path.unlink(missing_ok=True)
         digest = write_payload(bin_path, payload)
-        size = bin_path.stat().st_size
-        if size != fmt.payload_size(snap.n_params) or fmt.read_header(bin_path) != (
-            snap.step,
-            snap.n_params,
-        ):
-            raise OSError(f"{bin_path}: re-read does not match what was written")
-        if before_commit is not None:
-            before_commit()
-        manifest = Manifest(
-            step=snap.step,
-            n_params=snap.n_params,
-            bin_file=bin_path.name,
-            bin_size=size,
-            bin_sha256=digest,
-            trigger=trigger,
-            created_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
-            **snap.fields,
-        )
-        atomic_write_bytes(man_path, encode_manifest(manifest))
+        try:
+            size = bin_path.stat().st_size
+            if size != fmt.payload_size(snap.n_params) or fmt.read_header(bin_path) != (
+                snap.step,
+                snap.n_params,
+            ):
+                raise OSError(f"{bin_path}: re-read does not match what was written")
+            if before_commit is not None:
+                before_commit()
+            manifest = Manifest(
+                step=snap.step,
+                n_params=snap.n_params,
+                bin_file=bin_path.name,
+                bin_size=size,
+                bin_sha256=digest,
+                trigger=trigger,
+                created_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
+                **snap.fields,
+            )
+            atomic_write_bytes(man_path, encode_manifest(manifest))
+        except BaseException:
+            # Not committed: the payload is removed, so that a failed save (a full disk) leaves
+            # nothing behind that holds space or looks like a lost checkpoint at the next start.
+            bin_path.unlink(missing_ok=True)
+            raise
         with self._lock:
             self._triggers[snap.step] = trigger
             self._retire()
@@ -254,12 +260,23 @@ class CheckpointManager:
     # ---- retention -------------------------------------------------------------------------
 
     def _retire(self) -> None:
-        rolling = sorted(
+        requested = sorted(
             s
             for s, t in self._triggers.items()
-            if not (self.policy.keep_requested and t in REQUESTED_TRIGGERS)
+            if self.policy.keep_requested and t in REQUESTED_TRIGGERS
         )
+        rolling = sorted(set(self._triggers) - set(requested))
         for step in rolling[: -self.policy.keep_latest]:
+            del self._triggers[step]
+            self._deletions.put(step)
+        # Audit points are kept, but not without bound: a signal sent in a loop must not fill the
+        # disk (200 SIGUSR1s at andrea-120m would be ~266 GB). The oldest go first.
+        for step in requested[: -self.policy.max_requested]:
+            log.warning(
+                "retiring audit checkpoint %d: more than checkpoint.max_requested = %d are kept",
+                step,
+                self.policy.max_requested,
+            )
             del self._triggers[step]
             self._deletions.put(step)
 

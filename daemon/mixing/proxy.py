@@ -36,6 +36,7 @@ from ..checkpoint.durable import atomic_write_bytes
 from ..checkpoint.manager import checkpoint_steps
 from ..config import RunConfig
 from ..data import DataError, arm_identity
+from ..exitcodes import ExitCode
 from ..logthrottle import ThrottledWarning
 from ..losslog import LossLog, canonical_curve, read_entries
 from ..metrics.prometheus import exposition_for
@@ -130,6 +131,7 @@ class Proxy:
         self.notifier = notifier or Notifier()
         self.segments: dict[bytes, int] = {}
         self.rejections = ThrottledWarning(log)
+        self.exit_code = ExitCode.OK
 
     # ---- setup ------------------------------------------------------------------------------
 
@@ -514,7 +516,19 @@ class Proxy:
                     [peer, b"", m.encode(m.Reply(id="?", ok=False, error=f"invalid message: {e}"))]
                 )
                 continue
-            reply = self.handle(peer, msg)
+            try:
+                reply = self.handle(peer, msg)
+            except OSError as e:
+                # A file could not be written (a full disk, say). The request was not acknowledged,
+                # so the trainer keeps its records; a restart once there is space repairs and goes on.
+                log.error(
+                    "cannot write the run's files (%s); stopping with exit code %d: free space and"
+                    " restart the proxy, nothing acknowledged is lost",
+                    e,
+                    ExitCode.CHECKPOINT_FAILED,
+                )
+                self.exit_code = ExitCode.CHECKPOINT_FAILED
+                return
             if reply is not None:
                 self.sock.send_multipart([peer, b"", m.encode(reply)])
         log.info("stop requested (%s)", self.flags.stop_reason)
@@ -537,7 +551,10 @@ class Proxy:
         if self.board is not None:
             self.board.close()
         self._publish_metrics(force=True)
-        self._write_state()
+        try:
+            self._write_state()
+        except OSError as e:  # the previous .state.json stays; a restart replays .loss.json
+            log.error("could not write %s on exit: %s", STATE_FILE, e)
         self.losslog.close()
         close_router(self.sock, self.endpoint)
         self._lock.close()  # the run directory is free for the next proxy
