@@ -79,10 +79,14 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     from .losslog import LossLogError
     from .mixing.bandit import BanditError
     from .mixing.policy import Policy, PolicyError, load_policy
-    from .mixing.proxy import Proxy, ProxyOptions
+    from .mixing.proxy import LogContradiction, Proxy, ProxyOptions
 
     run_dir: Path = args.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        log.error("--run-dir %s: not a usable directory (%s)", run_dir, e.strerror or e)
+        return ExitCode.CONFIG_ERROR
     cfg_path = args.config or run_dir / CONFIG_FILE
     if not _wait_for(cfg_path, flags):
         return ExitCode.OK
@@ -96,8 +100,14 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     proxy = Proxy(ProxyOptions(run_dir, cfg, policy), flags)
     try:
         proxy.setup()
+    except LogContradiction as e:
+        log.error("%s", e)
+        return ExitCode.RESUME_REFUSED
     except (AlreadyRunning, SocketDirError, PolicyError, ValueError) as e:
         log.error("%s", e)
+        return ExitCode.CONFIG_ERROR
+    except OSError as e:  # a read-only or vanished run directory, say
+        log.error("cannot set up in %s: %s", run_dir, e)
         return ExitCode.CONFIG_ERROR
     except LossLogError as e:
         log.error("%s: %s", run_dir / LOSS_FILE, e)

@@ -41,7 +41,9 @@ def expectation(**kw) -> Expectation:
     )
 
 
-def write_checkpoint(run_dir: Path, step: int, trigger: str = "cadence") -> None:
+def write_checkpoint(
+    run_dir: Path, step: int, trigger: str = "cadence", mixing: str = "fixed"
+) -> None:
     """One complete, valid checkpoint of `step` as the trainer writes it."""
     cfg = build_config({}, {"preset": "andrea-tiny"})
     lay = layout()
@@ -65,7 +67,7 @@ def write_checkpoint(run_dir: Path, step: int, trigger: str = "cadence") -> None
             CursorState(name=a, identity=i, n_tokens=401, n_chunks=CHUNKS, epoch=0, position=step)
             for a, i in ARMS.items()
         ],
-        mixing=MixingState(mode="fixed", phase=0, arms=list(ARMS)),
+        mixing=MixingState(mode=mixing, phase=0, arms=list(ARMS)),
         progress=Progress(step=step, tokens_seen=step * 64, segment=1, train_seconds=1.0),
         environment=Environment(
             device="cpu",

@@ -4,6 +4,8 @@ nothing — not .loss.json, not the bandit, not what a restarted proxy does."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -12,13 +14,13 @@ from pydantic import ValidationError
 
 from andrea.daemon.losslog import read_entries
 from andrea.daemon.mixing.policy import Policy
-from andrea.daemon.mixing.proxy import Proxy, ProxyOptions
+from andrea.daemon.mixing.proxy import LogContradiction, Proxy, ProxyOptions
 from andrea.daemon.process import SignalFlags
-from andrea.daemon.rundir import LOSS_FILE, STATE_FILE
+from andrea.daemon.rundir import LOSS_FILE, SAMPLES_FILE, STATE_FILE
 from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
 
-from .hostile import text_arms_config
+from .hostile import text_arms_config, write_checkpoint
 
 pytestmark = pytest.mark.process  # binds a real ipc socket
 
@@ -134,3 +136,83 @@ def test_restart_after_an_attack_is_clean(proxy: Proxy) -> None:
     finally:
         again.close()
     proxy.close = lambda: None  # already closed
+
+
+# ---- files that contradict each other (item 9) ------------------------------------------------
+
+
+def _run_steps(proxy: Proxy, n: int) -> None:
+    """Train `n` steps as a genuine trainer would: ask, then report."""
+    for step in range(1, n + 1):
+        (a,) = proxy.handle(PEER, m.AssignRequest(id="a", segment=1, from_step=step, count=1)).items
+        ack = proxy.handle(PEER, m.LossReport(id="l", entries=[_entry(step, a.arm)]))
+        assert isinstance(ack, m.LossAck), ack
+
+
+def test_state_of_another_seed_is_moved_aside(proxy: Proxy, caplog) -> None:
+    _run_steps(proxy, 12)
+    proxy.close()
+    state = json.loads((proxy.run_dir / STATE_FILE).read_text())
+    state["bandit"]["seed"] += 1
+    (proxy.run_dir / STATE_FILE).write_text(json.dumps(state))
+    again = _proxy(proxy.run_dir)
+    try:
+        assert "bandit seed" in caplog.text and "is not run.toml's seed" in caplog.text
+        assert again.book.bandit.seed == again.opts.cfg.seed and again.durable_step == 12
+        assert list(proxy.run_dir.glob(".state.json.corrupt-*"))
+    finally:
+        again.close()
+    proxy.close = lambda: None
+
+
+def test_state_ahead_of_a_truncated_log_is_moved_aside(proxy: Proxy, caplog) -> None:
+    _run_steps(proxy, 12)
+    proxy.close()
+    (proxy.run_dir / LOSS_FILE).unlink()  # the log is gone; .state.json still says step 12
+    again = _proxy(proxy.run_dir)
+    try:
+        assert "ends at step 0" in caplog.text and again.durable_step == 0
+    finally:
+        again.close()
+    proxy.close = lambda: None
+
+
+def test_log_that_lacks_checkpointed_steps_is_refused(proxy: Proxy) -> None:
+    _run_steps(proxy, 12)
+    proxy.close()
+    write_checkpoint(proxy.run_dir, 12, mixing="proxy")
+    log_bytes = (proxy.run_dir / LOSS_FILE).read_bytes()
+    lines = log_bytes.split(b"\n")  # "[", then one entry a line: keep the first two
+    (proxy.run_dir / LOSS_FILE).write_bytes(
+        b"\n".join([*lines[:2], lines[2].rstrip(b",")]) + b"\n]\n"
+    )
+    (proxy.run_dir / STATE_FILE).unlink()
+    before = _durable_files(proxy.run_dir)
+    with pytest.raises(LogContradiction, match=r"lacks the losses of \d+ steps \(\d+-12\)"):
+        _proxy(proxy.run_dir)
+    assert _durable_files(proxy.run_dir) == before
+    proxy.close = lambda: None
+
+
+@pytest.mark.parametrize("name", [STATE_FILE, SAMPLES_FILE])
+@pytest.mark.parametrize("kind", ["directory", "dev-zero", "negative-kept"])
+def test_unreadable_state_or_samples_is_moved_aside(tmp_path: Path, name: str, kind: str) -> None:
+    path = tmp_path / name
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", path)
+    else:
+        path.write_text('{"format": "andrea-samples/1", "kept": -5, "records": []}')
+    p = _proxy(tmp_path)
+    try:
+        assert list(tmp_path.glob(f"{name}.corrupt-*"))
+        assert p.samples.kept > 0
+    finally:
+        p.close()
+
+
+def _durable_files(run_dir: Path) -> dict[str, bytes]:
+    return {
+        p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.suffix == ".json"
+    }

@@ -32,8 +32,10 @@ from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import ProxyStatus, Zombie
 from andrea.protocol.transport import bind_router, close_router
 
+from .. import rundir
+from ..boundedio import read_bounded
 from ..checkpoint.durable import atomic_write_bytes
-from ..checkpoint.manager import checkpoint_steps
+from ..checkpoint.manager import checkpoint_steps, read_manifest
 from ..config import RunConfig
 from ..data import DataError, arm_identity
 from ..exitcodes import ExitCode
@@ -55,13 +57,17 @@ from ..rundir import (
     pivot_records,
 )
 from .assignbook import AssignmentBook
-from .bandit import Bandit, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
+from .bandit import Bandit, BanditError, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
 from .policy import Policy, PolicyError, parse_policy
 
 log = logging.getLogger(__name__)
 
 STATE_EVERY = 100
 SAMPLES_KEPT = 20
+#: What these files can hold (a few hundred arms of state; 1,000 records of 64 samples of at most
+#: 17 KiB): a larger file is refused before it is read.
+MAX_STATE_BYTES = 16 << 20
+MAX_SAMPLES_BYTES = 64 << 20
 
 
 class ProxyState(BaseModel):
@@ -93,8 +99,8 @@ class SampleRecord(BaseModel):
 class SamplesFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: Literal["andrea-samples/1"] = "andrea-samples/1"
-    kept: int
-    records: list[SampleRecord]
+    kept: int = Field(ge=1, le=1000)
+    records: list[SampleRecord] = Field(max_length=1000)
 
 
 def now_utc() -> str:
@@ -141,7 +147,8 @@ class Proxy:
         self.configured = configured_arms(self.opts.cfg, self.run_dir)
         self.losslog = LossLog.open(self.run_dir / LOSS_FILE)
         entries = read_entries(self.run_dir / LOSS_FILE)
-        bandit, self.max_segment = self._restore_bandit()
+        self._check_log_against_checkpoints({e.step for e in entries})
+        bandit, self.max_segment = self._restore_bandit(max((e.step for e in entries), default=0))
         self.book = AssignmentBook(bandit, self.configured)
         for e in entries:
             self.book.record(e.step, e.arm, e.loss)
@@ -174,7 +181,31 @@ class Proxy:
         self._write_state()
         log.info("proxy ready: %d logged entries, up to step %d", len(entries), self.durable_step)
 
-    def _restore_bandit(self) -> tuple[Bandit, int]:
+    def _check_log_against_checkpoints(self, logged: set[int]) -> None:
+        """Refuse a .loss.json that lacks steps the trainer's newest checkpoint says were trained
+        (a truncated or replaced log): the trainer would resume there and wait forever for
+        assignments that need those losses. A checkpoint may legitimately be ahead of the log
+        by the records the proxy had not acknowledged; those travel in its manifest."""
+        for step in checkpoint_steps(self.run_dir):
+            try:
+                manifest = read_manifest(self.run_dir, step)
+            except (ValueError, OSError):
+                continue  # damaged: the trainer skips it too
+            if manifest.mixing.mode != "proxy":
+                return
+            pending = {e.step for e in manifest.pending_losses}
+            first = last_pivot(self.run_dir)[1] + 1  # earlier phases' steps are not replayed
+            missing = [s for s in range(first, step + 1) if s not in logged and s not in pending]
+            if missing:
+                raise LogContradiction(
+                    f"{LOSS_FILE} lacks the losses of {len(missing)} steps ({_ranges(missing)}) that"
+                    f" checkpoint {rundir.bin_name(step)} says were trained and acknowledged: the log"
+                    " was truncated or replaced. Restore it from a backup; the proxy will not run on"
+                    " a log that contradicts the checkpoints"
+                )
+            return
+
+    def _restore_bandit(self, logged_up_to: int) -> tuple[Bandit, int]:
         """The bandit from .state.json, or a fresh one that replays .loss.json.
 
         The fresh bandit is not a reset: assignments are a pure function of the logged losses, so
@@ -185,14 +216,15 @@ class Proxy:
         if path.exists():
             try:
                 state = parse_state_file(path)
-            except ValueError as e:
+                _check_state(state, self.opts.cfg.seed, logged_up_to)
+                bandit = Bandit.from_state(state.bandit, self.configured)
+            except (ValueError, BanditError) as e:
                 bad = path.with_name(corrupt_name(STATE_FILE, int(time.time())))
                 path.rename(bad)
                 log.warning(
                     "%s; moved to %s and rebuilding the bandit from .loss.json", e, bad.name
                 )
             else:
-                bandit = Bandit.from_state(state.bandit, self.configured)
                 log.info(
                     "bandit restored from %s at step %d (phase %d)",
                     path.name,
@@ -223,14 +255,15 @@ class Proxy:
         path = self.run_dir / SAMPLES_FILE
         if path.exists():
             try:
-                return SamplesFile.model_validate_json(path.read_bytes())
-            except ValidationError as e:
+                return SamplesFile.model_validate_json(read_bounded(path, MAX_SAMPLES_BYTES))
+            except (ValidationError, ValueError, OSError) as e:
+                why = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
                 bad = path.with_name(corrupt_name(SAMPLES_FILE, int(time.time())))
                 path.rename(bad)
                 log.warning(
                     "%s is not valid (%s); moved to %s, starting a new one",
                     path.name,
-                    e.errors()[0]["msg"],
+                    why,
                     bad.name,
                 )
         return SamplesFile(kept=SAMPLES_KEPT, records=[])
@@ -570,10 +603,40 @@ def last_pivot(run_dir: Path) -> tuple[int, int]:
     return best
 
 
+class LogContradiction(ValueError):
+    """.loss.json contradicts the checkpoints: a person must restore it (exit 4)."""
+
+
+def _ranges(steps: list[int]) -> str:
+    out, start = [], steps[0]
+    for a, b in zip(steps, steps[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out[:5]) + (", ..." if len(out) > 5 else "")
+
+
+def _check_state(state: ProxyState, seed: int, logged_up_to: int) -> None:
+    """A state file that contradicts the run's config or its log is damaged (moved aside, and
+    the bandit rebuilt from the log, which is the ground truth)."""
+    if state.bandit.seed != seed:
+        raise ValueError(
+            f"{STATE_FILE}: bandit seed {state.bandit.seed} is not run.toml's seed {seed}"
+        )
+    if state.durable_step > logged_up_to:
+        raise ValueError(
+            f"{STATE_FILE}: says every loss up to step {state.durable_step} is logged, but"
+            f" {LOSS_FILE} ends at step {logged_up_to}"
+        )
+
+
 def parse_state_file(path: Path) -> ProxyState:
-    """Read `.state.json`; raises ValueError naming the first problem."""
+    """Read `.state.json` (a regular file of bounded size); raises ValueError naming the first
+    problem."""
     try:
-        return ProxyState.model_validate_json(path.read_bytes())
+        return ProxyState.model_validate_json(read_bounded(path, MAX_STATE_BYTES))
+    except OSError as e:
+        raise ValueError(f"{path.name}: cannot be read ({e.strerror or e})") from None
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "(file)"

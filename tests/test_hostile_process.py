@@ -1,0 +1,112 @@
+"""Hostile inputs that need real processes (issue 12): a dying proxy under --with-proxy, a hangup,
+a full disk. Each ends with the documented exit code and a clear line, loses nothing durable, and
+recovers by a plain restart."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from andrea.daemon import rundir
+from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.losslog import read_entries
+
+from .conftest import Trainer, run_trainer, trainer_cmd
+
+pytestmark = pytest.mark.process
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(x) for x in (task / "children").read_text().split()]
+    return out
+
+
+def test_proxy_exit_a_restart_cannot_cure_stops_the_trainer(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    (tmp_path / rundir.POLICY_FILE).write_text("lag = 0\n")  # invalid: the proxy exits 2
+    res = run_trainer(tmp_path, cache_dir, "--with-proxy", "--max-steps", "50")
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
+    assert "andrea-proxy exited with code 2 (CONFIG_ERROR): a restart cannot cure" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_crashed_proxy_is_restarted(tmp_path: Path, cache_dir: Path) -> None:
+    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "40"))
+    t.wait_for(r"step 5/")
+    (proxy,) = _children(t.proc.pid)
+    os.kill(proxy, signal.SIGKILL)
+    t.wait_for(r"andrea-proxy exited with signal SIGKILL; restarting it")
+    assert t.wait() == ExitCode.OK, t.log
+    steps = sorted({e.step for e in read_entries(tmp_path / rundir.LOSS_FILE)})
+    assert steps == list(range(1, 41))
+
+
+def test_sighup_checkpoints_and_exits(tmp_path: Path, cache_dir: Path) -> None:
+    t = Trainer(
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
+    )
+    t.wait_for(r"step 4/")
+    t.signal(signal.SIGUSR2)  # ignored: its default action would kill without a checkpoint
+    t.wait_for(r"SIGUSR2 received and ignored")
+    t.signal(signal.SIGHUP)
+    assert t.wait() == ExitCode.OK, t.log
+    m = next(iter(tmp_path.glob("step_*.json")))
+    assert '"trigger": "sighup"' in m.read_text()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 6 MiB tmpfs: a real ENOSPC (needs root and mount; skipped where neither is allowed)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\1" * 4096)
+        except OSError:
+            pass
+    return filler
+
+
+def test_disk_full_with_fixed_mixing(small_disk: Path, cache_dir: Path) -> None:
+    run_dir = small_disk / "run"
+    t = Trainer(trainer_cmd(run_dir, cache_dir, "--max-steps", "100000", "--checkpoint-every", "5"))
+    t.wait_for(r"checkpoint step_000005.bin written")
+    filler = _fill(small_disk)
+    code = t.wait(timeout=180)
+    assert code == ExitCode.CHECKPOINT_FAILED, t.log
+    assert "Traceback" not in t.log
+    assert re.search(r"cannot append the loss of step \d+ to .loss.json", t.log), t.log
+    # Nothing half-written: no temporary, no payload without a manifest.
+    names = {p.name for p in run_dir.iterdir()}
+    assert not {n for n in names if n.endswith(".tmp")}
+    assert {n[:-4] for n in names if n.endswith(".bin")} == {
+        n[:-5] for n in names if n.startswith("step_") and n.endswith(".json")
+    }
+    # A plain restart once there is space resumes and goes on.
+    filler.unlink()
+    last = max(int(n[5:11]) for n in names if n.startswith("step_") and n.endswith(".json"))
+    res = run_trainer(run_dir, cache_dir, "--max-steps", str(last + 3), "--checkpoint-every", "5")
+    assert res.returncode == ExitCode.OK, res.stderr
+    assert f"resumed from {rundir.bin_name(last)}" in res.stderr
+    steps = {e.step for e in read_entries(run_dir / rundir.LOSS_FILE)}
+    assert set(range(1, last + 4)) <= steps  # the first life logged past its checkpoint, too
