@@ -31,7 +31,9 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: TOML and the command line give exact types, so `batch_size = "8"` or
+    # `max_steps = 1e3` is a mistake to name, not a value to coerce.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelConfig(_Strict):
@@ -55,15 +57,16 @@ class ModelConfig(_Strict):
 class OptimConfig(_Strict):
     """AdamW and its schedule: linear warmup, cosine decay to `min_lr` over `decay_steps`, then flat."""
 
-    lr: float = Field(1e-3, gt=0)
-    min_lr: float = Field(1e-4, ge=0)
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
+    min_lr: float = Field(1e-4, ge=0, allow_inf_nan=False)
     warmup_steps: int = Field(100, ge=0)
     decay_steps: int = Field(5000, ge=1)
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = Field(0.1, ge=0)
-    grad_clip: float = Field(1.0, ge=0, description="0 disables clipping")
+    # AdamW's own range checks, made here so that a bad value is a config error naming the key.
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0, allow_inf_nan=False)
+    weight_decay: float = Field(0.1, ge=0, allow_inf_nan=False)
+    grad_clip: float = Field(1.0, ge=0, allow_inf_nan=False, description="0 disables clipping")
 
 
 #: The rule for an arm's name, wherever one is written (run config, policy, bandit state).
@@ -176,7 +179,9 @@ class RunConfig(_Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    batch_size: int = Field(8, ge=1)
+    # A batch must fit in memory; far beyond this one step already needs tens of GiB, and the
+    # value is recorded in run.toml, so every restart would repeat the failure.
+    batch_size: int = Field(8, ge=1, le=4096)
     seed: int = Field(1337, ge=0, lt=2**63)
     mixing: Literal["fixed", "proxy"] = "fixed"
     max_steps: int = Field(1000, ge=0)
@@ -248,12 +253,17 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _describe(err: ValidationError, source: str) -> str:
+def _describe(err: ValidationError, source: str, flags: dict[str, Any] | None = None) -> str:
+    """One line per error; an error in a value a command-line flag set is blamed on the flag."""
     lines = [f"invalid configuration ({source}):"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"  {loc}: {msg}")
+        node: Any = flags or {}
+        for part in e["loc"]:
+            node = node.get(part) if isinstance(node, dict) else None
+        where = " (from the command line)" if node is not None else ""
+        lines.append(f"  {loc}{where}: {msg}")
     return "\n".join(lines)
 
 
@@ -265,6 +275,12 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a run config") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def build_config(
@@ -287,7 +303,7 @@ def build_config(
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(_describe(e, source)) from None
+        raise ConfigError(_describe(e, source, overrides)) from None
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:

@@ -122,6 +122,8 @@ def _tokens_arm(spec: ArmSpec, base: Path, cache: Path, vocab_size: int) -> Arm:
         raise DataError(f"arm {spec.name!r}: token file {path} does not exist")
     dtype = np.dtype(spec.dtype).newbyteorder("<")
     st = path.stat()
+    if st.st_size == 0:
+        raise DataError(f"arm {spec.name!r}: token file {path} is empty")
     if st.st_size % dtype.itemsize:
         raise DataError(
             f"arm {spec.name!r}: {path} is {st.st_size} bytes, not a whole number of {spec.dtype}"

@@ -164,7 +164,8 @@ def _private_dir(d: Path) -> None:
 
 def _default_socket_dir(run_dir: Path, uid: int) -> Path:
     d = run_dir.resolve() / SOCKET_DIR
-    if len(str(d)) + len("/trainer.sock") <= _MAX_IPC_PATH:
+    # sun_path counts bytes: a non-ASCII path is longer than its characters.
+    if len(os.fsencode(d)) + len(b"/trainer.sock") <= _MAX_IPC_PATH:
         return d
     # Too long for sun_path: a per-run directory under a private parent, as ssh-agent does.
     digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]

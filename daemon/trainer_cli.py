@@ -144,7 +144,14 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         from .precision import resolve, resolve_device
 
         resolve(cfg.precision, resolve_device(cfg.device))
-        if not (run_dir / CONFIG_FILE).exists():
+        from .checkpoint.manager import checkpoint_steps
+
+        # A run that has checkpoints but lost its run.toml gets one only once the resume is
+        # accepted: written now, a refusal would leave the defaults recorded for every restart.
+        write_config_after_setup = not (run_dir / CONFIG_FILE).exists() and bool(
+            checkpoint_steps(run_dir)
+        )
+        if not (run_dir / CONFIG_FILE).exists() and not write_config_after_setup:
             save_config(cfg, run_dir / CONFIG_FILE)
         skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
         if skip - {"rng", "cursor"}:
@@ -158,7 +165,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
 
     proxy = Companion(run_dir, flags, args.log_level, args.policy) if args.with_proxy else None
     try:
-        code = _train(run_dir, cfg, args, flags, skip)
+        code = _train(run_dir, cfg, args, flags, skip, write_config_after_setup)
     except (AlreadyRunning, SocketDirError) as e:
         refused = StartRefused(str(e), ExitCode.CONFIG_ERROR)
     except StartRefused as e:
@@ -191,8 +198,12 @@ def _train(
     args: argparse.Namespace,
     flags: SignalFlags,
     skip: frozenset[str],
+    write_config_after_setup: bool = False,
 ) -> ExitCode:
+    import zmq
+
     from .checkpoint.manager import ResumeRefused
+    from .config import save_config
     from .data import DataError
     from .proxy_link import ProxyRefused
     from .trainer import Trainer, TrainerOptions
@@ -212,6 +223,13 @@ def _train(
         raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
     except DataError as e:
         raise StartRefused(f"data: {e}", ExitCode.DATA_ERROR) from None
+    except (OSError, zmq.ZMQError) as e:
+        # A read-only run directory, an unusable --cache-dir, a socket path that cannot be bound:
+        # the operator's to fix, and a restart would repeat it.
+        raise StartRefused(f"cannot set up the run: {e}", ExitCode.CONFIG_ERROR) from None
+    if write_config_after_setup:
+        log.warning("%s was missing; rewritten from the configuration just resumed", CONFIG_FILE)
+        save_config(cfg, run_dir / CONFIG_FILE)
     try:
         return trainer.run()
     except ProxyRefused as e:
