@@ -15,6 +15,7 @@ identically (see `assignbook`).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
@@ -500,6 +501,12 @@ class Proxy:
                     f"{self.durable_step} are already logged under the current policy"
                 ),
             )
+        if b == self.book.phase_start and self.book.bandit.phase > 0:
+            return m.Reply(
+                id=msg.id,
+                ok=False,
+                error=f"phase {self.book.bandit.phase} already starts after step {b}",
+            )
         # The policy file first: if the proxy dies before the new state is written, its next start
         # sees the changed policy and completes the same pivot.
         atomic_write_bytes(self.run_dir / POLICY_FILE, msg.policy_toml.encode())
@@ -552,15 +559,18 @@ class Proxy:
             try:
                 reply = self.handle(peer, msg)
             except OSError as e:
-                # A file could not be written (a full disk, say). The request was not acknowledged,
-                # so the trainer keeps its records; a restart once there is space repairs and goes on.
+                # A file could not be written. The request was not acknowledged, so the trainer
+                # keeps its records; a restart repairs (.loss.json's tail, a pivot half done) and
+                # goes on. A full disk is told apart: restarting before space is freed cannot help.
+                full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+                self.exit_code = ExitCode.CHECKPOINT_FAILED if full else ExitCode.FAILURE
                 log.error(
-                    "cannot write the run's files (%s); stopping with exit code %d: free space and"
-                    " restart the proxy, nothing acknowledged is lost",
+                    "cannot write the run's files (%s); stopping with exit code %d%s; nothing"
+                    " acknowledged is lost",
                     e,
-                    ExitCode.CHECKPOINT_FAILED,
+                    self.exit_code,
+                    ": free space, then restart the proxy" if full else "",
                 )
-                self.exit_code = ExitCode.CHECKPOINT_FAILED
                 return
             if reply is not None:
                 self.sock.send_multipart([peer, b"", m.encode(reply)])

@@ -1,0 +1,449 @@
+"""Fuzz harness: every file the daemons read and every message type, mutated field by field.
+
+Each case starts from a valid instance, changes one thing (a leaf replaced by a hostile value, a
+key deleted, an unknown key added, bytes cut or inserted) and runs the daemons' own read path on it.
+The oracle, for every kind:
+- the outcome is a documented one: the value is accepted, or the documented error is raised
+  (the one the daemon turns into its exit code or error reply; see docs/operations.md);
+- nothing else escapes: no other exception, so no traceback;
+- the read allocates at most ALLOCATION_BOUND bytes (tracemalloc, which numpy reports to);
+- a rejected input changes nothing durable (every file's bytes are compared), except the
+  documented move-aside of a damaged `.state.json` or `.samples.json`, whose bytes are kept.
+
+    .venv/bin/python -m pytest -q tests/test_fuzz.py                    # CI: EXAMPLES per kind
+    ANDREA_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest -q tests/test_fuzz.py   # the long run
+
+Message cases bind a real ipc socket (an in-process proxy) and are marked `process`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tomllib
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from andrea.daemon import rundir
+from andrea.daemon.checkpoint.manager import CheckpointManager, ResumeRefused
+from andrea.daemon.config import CheckpointConfig, ConfigError, build_config
+from andrea.daemon.losslog import LossLog, LossLogCorrupt, read_curve, read_entries
+from andrea.daemon.mixing.policy import Policy, PolicyError, parse_policy
+from andrea.daemon.mixing.proxy import Proxy, ProxyOptions, configured_arms
+from andrea.daemon.process import SignalFlags
+from andrea.protocol import messages as m
+from andrea.protocol.lossentry import LossEntry
+
+from .hostile import expectation, resign, text_arms_config, write_checkpoint
+
+EXAMPLES = int(os.environ.get("ANDREA_FUZZ_EXAMPLES", "30"))
+ALLOCATION_BOUND = 64 << 20
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+HOSTILE = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, -1, 1, 2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**63, 10**30]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["", "a" * 70000, "../other/step_000020.bin", "\x00", "é" * 40]),
+    st.none(),
+    st.booleans(),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(-3, 3), max_size=2),
+)
+
+
+# ---- mutations of a JSON-like value ------------------------------------------------------------
+
+
+def paths(obj: Any, here: tuple = ()) -> Iterator[tuple]:
+    """Every node's path; long lists contribute their first, second and last items only, so that
+    the 624 words of an RNG state do not drown the other fields."""
+    yield here
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from paths(v, (*here, k))
+    elif isinstance(obj, list):
+        idx = range(len(obj)) if len(obj) <= 4 else (0, 1, len(obj) - 1)
+        for i in idx:
+            yield from paths(obj[i], (*here, i))
+
+
+@st.composite
+def mutations(draw: st.DrawFn, valid: Any) -> tuple[str, Any]:
+    """(description, mutated copy) of `valid`: one node replaced, deleted or given an extra key."""
+    where = draw(st.sampled_from([p for p in paths(valid) if p]))
+    op = draw(st.sampled_from(["replace", "replace", "replace", "delete", "extra"]))
+    out = copy.deepcopy(valid)
+    parent = out
+    for k in where[:-1]:
+        parent = parent[k]
+    key = where[-1]
+    if op == "delete" and isinstance(parent, dict):
+        del parent[key]
+    elif op == "extra" and isinstance(parent, dict):
+        parent["unknown_" + str(draw(st.integers(0, 9)))] = draw(HOSTILE)
+    else:
+        parent[key] = draw(HOSTILE)
+    return f"{op} {'.'.join(map(str, where))}", out
+
+
+def bounded(fn: Callable[[], Any]) -> Any:
+    """Run `fn` and check that it allocated at most ALLOCATION_BOUND bytes at its peak."""
+    tracemalloc.start()
+    try:
+        return fn()
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak <= ALLOCATION_BOUND, f"allocated {peak:,} bytes"
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+# ---- checkpoint manifests ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("fuzz-ckpt")
+    for step in (10, 20):
+        write_checkpoint(d, step)
+    return d
+
+
+def _manifest_case(ckpt_dir: Path, tmp_path: Path, content: bytes) -> None:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    for p in ckpt_dir.iterdir():
+        (run / p.name).write_bytes(p.read_bytes())
+    (run / rundir.manifest_name(20)).write_bytes(content)
+    before = snapshot(run)
+    mgr = CheckpointManager(run, CheckpointConfig(every=0))
+    try:
+        loaded = bounded(lambda: mgr.load(expectation()))
+    except ResumeRefused:  # exit 4: an intact manifest of another model, data or config
+        loaded = None
+    finally:
+        mgr.close()
+    if loaded is not None:
+        assert loaded.manifest.step in (10, 20)
+        if loaded.manifest.step == 10:
+            assert "step_000020.json" in loaded.skipped[0]
+    assert snapshot(run) == before
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_manifest(ckpt_dir: Path, tmp_path: Path, data: st.DataObject) -> None:
+    valid = json.loads((ckpt_dir / rundir.manifest_name(20)).read_text())
+    _, bad = data.draw(mutations(valid))
+    _manifest_case(ckpt_dir, tmp_path, json.dumps(bad).encode())
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_manifest_resigned(ckpt_dir: Path, tmp_path: Path, data: st.DataObject) -> None:
+    """The hash recomputed, so the value checks behind it are what must hold."""
+    valid = json.loads((ckpt_dir / rundir.manifest_name(20)).read_text())
+    _, bad = data.draw(mutations(valid))
+    try:
+        content = json.dumps(resign(bad), allow_nan=False).encode()
+    except ValueError:  # NaN cannot be canonical JSON: the plain mutation covers it
+        assume(False)
+    _manifest_case(ckpt_dir, tmp_path, content)
+
+
+# ---- .loss.json ----------------------------------------------------------------------------------
+
+
+def _valid_log(path: Path) -> bytes:
+    with LossLog.open(path) as log:
+        for step in range(1, 6):
+            log.append(
+                LossEntry(
+                    step=step,
+                    loss=1.0 / step,
+                    arm="alpha",
+                    lr=1e-3,
+                    tokens=64,
+                    wall_time=1.0,
+                    segment=1,
+                    phase=0,
+                    batch_sha256=None,
+                )
+            )
+    return path.read_bytes()
+
+
+def _read_log_everywhere(path: Path) -> None:
+    """Every reader either reads it or raises LossLogCorrupt (proxy exit 4, andreactl error); a
+    writer that refuses leaves the file as it was."""
+    for reader in (read_entries, read_curve):
+        try:
+            bounded(lambda reader=reader: reader(path))
+        except LossLogCorrupt:
+            pass
+    before = path.read_bytes()
+    try:
+        bounded(lambda: LossLog.open(path).close())
+    except LossLogCorrupt:
+        assert path.read_bytes() == before
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_loss_log_fields(tmp_path: Path, data: st.DataObject) -> None:
+    path = tmp_path / rundir.LOSS_FILE
+    path.unlink(missing_ok=True)
+    lines = _valid_log(path).split(b"\n")
+    i = data.draw(st.integers(1, 5))  # lines[1..5] are the entries
+    entry = json.loads(lines[i].rstrip(b","))
+    _, bad = data.draw(mutations(entry))
+    comma = b"," if lines[i].endswith(b",") else b""
+    lines[i] = json.dumps(bad, separators=(",", ":")).encode() + comma
+    path.write_bytes(b"\n".join(lines))
+    _read_log_everywhere(path)
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_loss_log_bytes(tmp_path: Path, data: st.DataObject) -> None:
+    path = tmp_path / rundir.LOSS_FILE
+    path.unlink(missing_ok=True)
+    raw = bytearray(_valid_log(path))
+    at = data.draw(st.integers(0, len(raw)))
+    op = data.draw(st.sampled_from(["cut", "insert", "flip", "nul-tail"]))
+    if op == "cut":
+        raw = raw[:at]
+    elif op == "insert":
+        raw[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    elif op == "flip" and at < len(raw):
+        raw[at] ^= 1 << data.draw(st.integers(0, 7))
+    else:
+        raw += b"\0" * data.draw(st.sampled_from([1, 4096, (1 << 20) + 1]))
+    path.write_bytes(bytes(raw))
+    _read_log_everywhere(path)
+
+
+# ---- the proxy's own files: .state.json and .samples.json ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def proxy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A proxy run directory with a valid .state.json and .samples.json (written by a real proxy
+    that served 12 steps and one sample report)."""
+    d = tmp_path_factory.mktemp("fuzz-proxy")
+    p = Proxy(ProxyOptions(d, text_arms_config(d), Policy(lag=2)), SignalFlags())
+    p.setup()
+    try:
+        p.handle(b"t", m.Hello(id="h", resume_step=0, seed=p.opts.cfg.seed, arms=["alpha", "beta"]))
+        for step in range(1, 13):
+            (a,) = p.handle(b"t", m.AssignRequest(id="a", segment=1, from_step=step, count=1)).items
+            entry = LossEntry(
+                step=step,
+                loss=2.0,
+                arm=a.arm,
+                lr=1e-3,
+                tokens=64,
+                wall_time=1.0,
+                segment=1,
+                phase=0,
+                batch_sha256=None,
+            )
+            p.handle(b"t", m.LossReport(id="l", entries=[entry]))
+        p.handle(
+            b"t",
+            m.SampleReport(
+                id="s", step=12, segment=1, phase=0, samples=[m.Sample(prompt="a", text="b")]
+            ),
+        )
+    finally:
+        p.close()
+    return d
+
+
+def _proxy_file_case(proxy_run: Path, tmp_path: Path, name: str, content: bytes) -> None:
+    run = tmp_path / "run"
+    if run.exists():
+        for p in run.iterdir():
+            if p.is_file():
+                p.unlink()
+    else:
+        run.mkdir()
+    for p in proxy_run.iterdir():
+        if p.is_file():
+            (run / p.name).write_bytes(p.read_bytes())
+    (run / name).write_bytes(content)
+    proxy = Proxy(ProxyOptions(run, text_arms_config(proxy_run), Policy(lag=2)), SignalFlags())
+    proxy.configured = configured_arms(proxy.opts.cfg, proxy_run)  # the arms live there
+    logged = max(e.step for e in read_entries(run / rundir.LOSS_FILE))
+    if name == rundir.STATE_FILE:
+        bounded(lambda: proxy._restore_bandit(logged))
+    else:
+        bounded(proxy._load_samples)
+    moved = list(run.glob(f"{name}.corrupt-*"))
+    if moved:  # the documented outcome for a damaged file: moved aside, bytes kept
+        assert moved[0].read_bytes() == content and not (run / name).exists()
+    else:
+        assert (run / name).read_bytes() == content
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_state_file(proxy_run: Path, tmp_path: Path, data: st.DataObject) -> None:
+    valid = json.loads((proxy_run / rundir.STATE_FILE).read_text())
+    _, bad = data.draw(mutations(valid))
+    _proxy_file_case(proxy_run, tmp_path, rundir.STATE_FILE, json.dumps(bad).encode())
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_samples_file(proxy_run: Path, tmp_path: Path, data: st.DataObject) -> None:
+    valid = json.loads((proxy_run / rundir.SAMPLES_FILE).read_text())
+    _, bad = data.draw(mutations(valid))
+    _proxy_file_case(proxy_run, tmp_path, rundir.SAMPLES_FILE, json.dumps(bad).encode())
+
+
+# ---- run.toml and policy.toml --------------------------------------------------------------------
+
+
+def _toml_or_skip(value: dict) -> str:
+    try:
+        text = tomli_w.dumps(value)
+        tomllib.loads(text)
+        return text
+    except (TypeError, ValueError):  # None, or a value TOML cannot hold: not a file anyone writes
+        assume(False)
+        raise AssertionError from None
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_run_toml(tmp_path: Path, data: st.DataObject) -> None:
+    valid = build_config({}, {"preset": "andrea-tiny"}).model_dump(mode="json", exclude_none=True)
+    _, bad = data.draw(mutations(valid))
+    (tmp_path / "run.toml").write_text(_toml_or_skip(bad))
+    from andrea.daemon.config import load_toml
+
+    try:
+        bounded(lambda: build_config(load_toml(tmp_path / "run.toml")))
+    except ConfigError:  # exit 2
+        pass
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_policy_toml(data: st.DataObject) -> None:
+    valid = {
+        "alpha": 0.9,
+        "lag": 8,
+        "arms": {"alpha": {"floor": 0.1, "cap": 0.8}, "beta": {"floor": 0.0, "cap": 1.0}},
+        "initial_weights": {"alpha": 2.0},
+    }
+    parse_policy(tomli_w.dumps(valid))  # the starting point is valid
+    _, bad = data.draw(mutations(valid))
+    text = _toml_or_skip(bad)
+    try:
+        bounded(lambda: parse_policy(text))
+    except PolicyError:  # exit 2, or an error reply to `pivot`
+        pass
+
+
+# ---- every message type, into a real proxy --------------------------------------------------------
+
+VALID_MESSAGES: dict[str, dict] = {
+    "hello": {
+        "type": "hello",
+        "id": "h",
+        "resume_step": 0,
+        "seed": 1337,
+        "arms": ["alpha", "beta"],
+    },
+    "assign": {"type": "assign", "id": "a", "segment": 1, "from_step": 1, "count": 2},
+    "losses": {
+        "type": "losses",
+        "id": "l",
+        "entries": [
+            {
+                "step": 1,
+                "loss": 2.0,
+                "arm": "alpha",
+                "lr": 0.001,
+                "tokens": 64,
+                "wall_time": 1.0,
+                "segment": 1,
+                "phase": 0,
+                "batch_sha256": None,
+            }
+        ],
+    },
+    "samples": {
+        "type": "samples",
+        "id": "s",
+        "step": 1,
+        "segment": 1,
+        "phase": 0,
+        "samples": [{"prompt": "a", "text": "b"}],
+    },
+    "status": {"type": "status", "id": "st"},
+    "checkpoint": {
+        "type": "checkpoint",
+        "id": "c",
+        "boundary": False,
+        "wait": False,
+        "hold": False,
+    },
+    "resume": {"type": "resume", "id": "r"},
+    "stop": {"type": "stop", "id": "x", "wait": False},
+    "pivot": {"type": "pivot", "id": "p", "policy_toml": "lag = 4\n", "boundary_step": 1},
+}
+
+
+@pytest.fixture
+def live_proxy(tmp_path: Path) -> Iterator[Proxy]:
+    p = Proxy(ProxyOptions(tmp_path, text_arms_config(tmp_path), Policy(lag=2)), SignalFlags())
+    p.setup()
+    p.handle(b"t", m.Hello(id="h0", resume_step=0, seed=p.opts.cfg.seed, arms=["alpha", "beta"]))
+    yield p
+    p.close()
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", VALID_MESSAGES)
+@FUZZ
+@given(data=st.data())
+def test_fuzz_message(live_proxy: Proxy, kind: str, data: st.DataObject) -> None:
+    m.decode(json.dumps(VALID_MESSAGES[kind]).encode())  # the starting point is valid
+    _, bad = data.draw(mutations(VALID_MESSAGES[kind]))
+    try:
+        frame = json.dumps(bad).encode()
+    except ValueError:
+        assume(False)
+    try:
+        msg = m.decode(frame)
+    except (ValidationError, ValueError):  # answered "invalid message", nothing handled
+        return
+    before = snapshot(live_proxy.run_dir)
+    reply = bounded(lambda: live_proxy.handle(b"fuzzer", msg))
+    assert reply is not None
+    m.decode(m.encode(reply))  # a well-formed reply
+    if isinstance(reply, m.Reply) and not reply.ok:
+        after = snapshot(live_proxy.run_dir)
+        assert after == before, f"a rejected {kind} changed the run directory"
