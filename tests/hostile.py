@@ -45,6 +45,20 @@ def write_checkpoint(
     run_dir: Path, step: int, trigger: str = "cadence", mixing: str = "fixed"
 ) -> None:
     """One complete, valid checkpoint of `step` as the trainer writes it."""
+    mgr = CheckpointManager(run_dir, CheckpointConfig(every=0, keep_latest=100))
+    try:
+        mgr.save(snapshot(step, mixing), trigger)
+    finally:
+        mgr.close()
+
+
+def write_checkpoint_with(mgr: CheckpointManager, step: int, trigger: str = "sigusr1") -> None:
+    """Save one more checkpoint through an existing manager (its retention applies)."""
+    mgr.save(snapshot(step), trigger)
+
+
+def snapshot(step: int, mixing: str = "fixed") -> Snapshot:
+    """A valid snapshot of `step`, as the trainer hands it to the checkpoint manager."""
     cfg = build_config({}, {"preset": "andrea-tiny"})
     lay = layout()
     n = sum(int(np.prod(e.shape)) for e in lay)
@@ -81,11 +95,7 @@ def write_checkpoint(
         config_hash=cfg.trajectory_hash(),
         config=cfg.model_dump(mode="json"),
     )
-    mgr = CheckpointManager(run_dir, CheckpointConfig(every=0, keep_latest=100))
-    try:
-        mgr.save(Snapshot(step=step, weights=[w], m=[m], v=[v], fields=fields), trigger)
-    finally:
-        mgr.close()
+    return Snapshot(step=step, weights=[w], m=[m], v=[v], fields=fields)
 
 
 def resign(man: dict) -> dict:

@@ -15,7 +15,7 @@ from andrea.daemon import rundir as fmt
 from andrea.daemon.checkpoint.manager import CheckpointManager, ResumeRefused
 from andrea.daemon.config import CheckpointConfig
 
-from .hostile import expectation, resign, write_checkpoint
+from .hostile import expectation, resign, write_checkpoint, write_checkpoint_with
 
 
 @pytest.fixture
@@ -192,3 +192,32 @@ def test_mark_requested_keeps_the_manifest_valid(run_dir: Path) -> None:
     assert (
         loaded is not None and loaded.manifest.step == 20 and loaded.manifest.trigger == "control"
     )
+
+
+def test_audit_checkpoints_are_bounded(tmp_path: Path) -> None:
+    # 200 SIGUSR1s once left 182 audit checkpoints that were never deleted.
+    for step in range(1, 8):
+        write_checkpoint(tmp_path, step, trigger="sigusr1")
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(every=0, max_requested=3))
+    try:
+        mgr.load(expectation())
+        write_checkpoint_with(mgr, 8)
+    finally:
+        mgr.close()
+    assert sorted(p.name for p in tmp_path.glob("step_*.json")) == [
+        fmt.manifest_name(s) for s in (6, 7, 8)
+    ]
+
+
+def test_invalid_message_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from andrea.daemon.logthrottle import ThrottledWarning
+
+    w = ThrottledWarning(logging.getLogger("flood"), burst=5, period=3600)
+    for i in range(5018):
+        w.warning("rejected an invalid message %d", i)
+    assert len(caplog.records) == 5
+    w._window_start -= 3600  # the next window
+    w.warning("rejected an invalid message %d", -1)
+    assert caplog.records[-1].getMessage().endswith("(5013 similar warnings suppressed)")
