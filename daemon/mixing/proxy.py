@@ -19,6 +19,7 @@ import errno
 import json
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,6 +65,12 @@ from .policy import Policy, PolicyError, parse_policy
 log = logging.getLogger(__name__)
 
 STATE_EVERY = 100
+#: The trainer's link: handled as soon as they arrive. Everything else (status, pivot) is served at
+#: most CONTROL_DUTY of the proxy's CPU time, with up to MAX_DEFERRED_CONTROL requests queued
+#: (clients retry what is dropped beyond that).
+LINK_MESSAGES = (m.Hello, m.AssignRequest, m.LossReport, m.SampleReport)
+CONTROL_DUTY = 0.02
+MAX_DEFERRED_CONTROL = 1000
 SAMPLES_KEPT = 20
 #: What these files can hold (a few hundred arms of state; 1,000 records of 64 samples of at most
 #: 17 KiB): a larger file is refused before it is read.
@@ -537,10 +544,23 @@ class Proxy:
     # ---- loop -------------------------------------------------------------------------------
 
     def serve(self) -> None:
+        """Answer requests until a stop is requested. The trainer's link messages are handled as
+        they arrive; control requests (status, pivot) at a bounded duty cycle, queued meanwhile,
+        so that clients polling status cannot take the CPU the trainer and its link need."""
         self.notifier.ready(f"serving, logged up to step {self.durable_step}")
+        deferred: deque[tuple[bytes, m.Message]] = deque(maxlen=MAX_DEFERRED_CONTROL)
+        not_before = 0.0
         while not self.flags.stop_requested():
             self.notifier.tick()
-            if not self.sock.poll(100):
+            if deferred and time.monotonic() >= not_before:
+                peer, msg = deferred.popleft()
+                t0 = time.thread_time()
+                if not self._answer(peer, msg):
+                    return
+                busy = time.thread_time() - t0
+                not_before = time.monotonic() + min(0.05, busy * (1 / CONTROL_DUTY - 1))
+            wait = 100 if not deferred else max(0, int((not_before - time.monotonic()) * 1000))
+            if not self.sock.poll(min(100, wait)):
                 continue
             frames = self.sock.recv_multipart()
             peer, payload = frames[0], frames[-1]
@@ -556,24 +576,10 @@ class Proxy:
                     [peer, b"", m.encode(m.Reply(id="?", ok=False, error=f"invalid message: {e}"))]
                 )
                 continue
-            try:
-                reply = self.handle(peer, msg)
-            except OSError as e:
-                # A file could not be written. The request was not acknowledged, so the trainer
-                # keeps its records; a restart repairs (.loss.json's tail, a pivot half done) and
-                # goes on. A full disk is told apart: restarting before space is freed cannot help.
-                full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-                self.exit_code = ExitCode.CHECKPOINT_FAILED if full else ExitCode.FAILURE
-                log.error(
-                    "cannot write the run's files (%s); stopping with exit code %d%s; nothing"
-                    " acknowledged is lost",
-                    e,
-                    self.exit_code,
-                    ": free space, then restart the proxy" if full else "",
-                )
+            if not isinstance(msg, LINK_MESSAGES):
+                deferred.append((peer, msg))
+            elif not self._answer(peer, msg):
                 return
-            if reply is not None:
-                self.sock.send_multipart([peer, b"", m.encode(reply)])
         log.info("stop requested (%s)", self.flags.stop_reason)
 
     def _publish_metrics(self, force: bool = False) -> None:
@@ -589,6 +595,28 @@ class Proxy:
         )
         self.prometheus.set_arm_probabilities(b.probabilities())
         self.prometheus.publish(force)
+
+    def _answer(self, peer: bytes, msg: m.Message) -> bool:
+        """Handle one request and send its reply; False when the proxy must stop (a write failed)."""
+        try:
+            reply = self.handle(peer, msg)
+        except OSError as e:
+            # A file could not be written. The request was not acknowledged, so the trainer
+            # keeps its records; a restart repairs (.loss.json's tail, a pivot half done) and
+            # goes on. A full disk is told apart: restarting before space is freed cannot help.
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            self.exit_code = ExitCode.CHECKPOINT_FAILED if full else ExitCode.FAILURE
+            log.error(
+                "cannot write the run's files (%s); stopping with exit code %d%s; nothing"
+                " acknowledged is lost",
+                e,
+                self.exit_code,
+                ": free space, then restart the proxy" if full else "",
+            )
+            return False
+        if reply is not None:
+            self.sock.send_multipart([peer, b"", m.encode(reply)])
+        return True
 
     def close(self) -> None:
         if self.board is not None:

@@ -1,13 +1,15 @@
 """Training throughput under a flood of `status` requests: the ratio with 100 pollers to none.
 
     .venv/bin/python tests/bench/bench_status_load.py [--pollers 100] [--rounds 2] [--seconds 20]
+                                                      [--with-proxy]
 
 Each round starts a real andrea-tiny trainer in a fresh run directory twice, once alone and once
 with POLLERS clients (DEALER sockets spread over 4 processes, each sending `status` again as soon
 as the previous reply arrived: a closed loop, as fast as the trainer answers), alternating which
 goes first. Throughput is the median tok/s of the trainer's own progress lines over SECONDS after
 warm-up. The figure is the ratio loaded ÷ alone (goal ≥ 0.9), per round and as the median of the
-rounds; the pollers' achieved request rate is reported too.
+rounds; the pollers' achieved request rate is reported too. With --with-proxy the trainer runs
+with its proxy (proxy mixing) and the pollers are split between the two daemons' sockets.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def _poll_worker(ep: str, n_sockets: int, stop: mp.Event, counter: mp.Value) -> 
         t.join(timeout=6)
 
 
-def one_run(cache: str, pollers: int, seconds: float, threads: int) -> tuple[float, float]:
+def one_run(
+    cache: str, pollers: int, seconds: float, threads: int, with_proxy: bool
+) -> tuple[float, float]:
     """(median tok/s, status replies per second) of one trainer life."""
     from andrea.control.transport import endpoint
 
@@ -85,11 +89,13 @@ def one_run(cache: str, pollers: int, seconds: float, threads: int) -> tuple[flo
             str(threads),
             "--cache-dir",
             cache,
+            *(["--with-proxy"] if with_proxy else []),
         ]
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         stop, counter, workers = mp.Event(), mp.Value("l", 0), []
         tok_s: list[float] = []
         started = measuring = None
+        rate = 0.0
         try:
             for line in proc.stderr:
                 m = re.search(r"step (\d+)/\d+ .*\| (\d+) tok/s", line)
@@ -98,12 +104,14 @@ def one_run(cache: str, pollers: int, seconds: float, threads: int) -> tuple[flo
                 now = time.monotonic()
                 if started is None:
                     started = now
-                    ep = endpoint(Path(d), "trainer")
+                    eps = [endpoint(Path(d), "trainer")]
+                    if with_proxy:
+                        eps.append(endpoint(Path(d), "proxy"))
                     per = [pollers // CLIENT_PROCESSES] * CLIENT_PROCESSES
                     per[0] += pollers - sum(per)
                     workers = [
-                        mp.Process(target=_poll_worker, args=(ep, n, stop, counter))
-                        for n in per
+                        mp.Process(target=_poll_worker, args=(eps[i % len(eps)], n, stop, counter))
+                        for i, n in enumerate(per)
                         if n
                     ]
                     for w in workers:
@@ -117,6 +125,10 @@ def one_run(cache: str, pollers: int, seconds: float, threads: int) -> tuple[flo
                 if now - measuring >= seconds:
                     rate = (counter.value - replies0) / (now - measuring)
                     break
+            else:
+                raise RuntimeError(
+                    f"the trainer exited (code {proc.wait()}) before the measurement"
+                )
         finally:
             stop.set()
             for w in workers:
@@ -133,13 +145,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "andrea"))
+    ap.add_argument("--with-proxy", action="store_true")
     args = ap.parse_args()
     ratios = []
     for r in range(args.rounds):
         order = [0, args.pollers] if r % 2 == 0 else [args.pollers, 0]
         got = {}
         for n in order:
-            got[n] = one_run(args.cache_dir, n, args.seconds, args.threads)
+            got[n] = one_run(args.cache_dir, n, args.seconds, args.threads, args.with_proxy)
             print(
                 f"round {r + 1}: {n:3d} pollers: {got[n][0]:,.0f} tok/s, "
                 f"{got[n][1]:,.0f} status replies/s",
