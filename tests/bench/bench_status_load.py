@@ -31,7 +31,7 @@ CLIENT_PROCESSES = 4
 def _poll_worker(ep: str, n_sockets: int, stop: mp.Event, counter: mp.Value) -> None:
     import zmq
 
-    from andrea.control import messages as m
+    from andrea.protocol import messages as m
 
     ctx = zmq.Context.instance()
 
@@ -66,7 +66,7 @@ def one_run(
     cache: str, pollers: int, seconds: float, threads: int, with_proxy: bool
 ) -> tuple[float, float]:
     """(median tok/s, status replies per second) of one trainer life."""
-    from andrea.control.transport import endpoint
+    from andrea.daemon.rundir import endpoint
 
     with tempfile.TemporaryDirectory(prefix="andrea-bench-status-") as d:
         cmd = [
