@@ -35,7 +35,7 @@ from .process import SignalFlags
 log = logging.getLogger(__name__)
 
 #: The most of the wall time the control thread may spend handling requests under a flood.
-MAX_DUTY = 0.02
+MAX_DUTY = 0.04
 #: ...and the longest pause after one request, so that one slow request never delays the next long.
 MAX_PAUSE = 0.05
 
