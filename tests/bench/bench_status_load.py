@@ -1,21 +1,23 @@
 """Training throughput under a flood of `status` requests: the ratio with 100 pollers to none.
 
-    .venv/bin/python tests/bench/bench_status_load.py [--pollers 100] [--rounds 2] [--seconds 20]
+    .venv/bin/python tests/bench/bench_status_load.py [--pollers 100] [--windows 12] [--seconds 8]
                                                       [--with-proxy]
 
-Each round starts a real andrea-tiny trainer in a fresh run directory twice, once alone and once
-with POLLERS clients (DEALER sockets spread over 4 processes, each sending `status` again as soon
-as the previous reply arrived: a closed loop, as fast as the trainer answers), alternating which
-goes first. Throughput is the median tok/s of the trainer's own progress lines over SECONDS after
-warm-up. The figure is the ratio loaded ÷ alone (goal ≥ 0.9), per round and as the median of the
-rounds; the pollers' achieved request rate is reported too. With --with-proxy the trainer runs
-with its proxy (proxy mixing) and the pollers are split between the two daemons' sockets.
+One real andrea-tiny trainer runs for the whole measurement. POLLERS clients (DEALER sockets spread
+over 4 processes, each sending `status` again as soon as the previous reply arrived: a closed
+loop, as fast as the daemon answers) are switched on and off in alternating windows of SECONDS,
+in the order off, on, on, off, ... so that a drift of the machine's load falls on both sides
+alike. Throughput is the trainer's own tok/s progress lines; the figure is the median over the
+"on" windows ÷ the median over the "off" windows (goal ≥ 0.9), with the replies per second the
+pollers got. With --with-proxy the trainer runs with its proxy and the pollers are split between
+the two daemons' sockets.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import queue
 import re
 import statistics
 import subprocess
@@ -28,7 +30,7 @@ from pathlib import Path
 CLIENT_PROCESSES = 4
 
 
-def _poll_worker(ep: str, n_sockets: int, stop: mp.Event, counter: mp.Value) -> None:
+def _poll_worker(ep: str, n_sockets: int, active: mp.Event, stop: mp.Event, counter) -> None:
     import zmq
 
     from andrea.protocol import messages as m
@@ -41,6 +43,8 @@ def _poll_worker(ep: str, n_sockets: int, stop: mp.Event, counter: mp.Value) -> 
         sock.connect(ep)
         n = 0
         while not stop.is_set():
+            if not active.wait(0.1):
+                continue
             sock.send_multipart([b"", m.encode(m.StatusRequest(id=f"{n}"))])
             n += 1
             if sock.poll(5000):
@@ -62,11 +66,17 @@ def _poll_worker(ep: str, n_sockets: int, stop: mp.Event, counter: mp.Value) -> 
         t.join(timeout=6)
 
 
-def one_run(
-    cache: str, pollers: int, seconds: float, threads: int, with_proxy: bool
-) -> tuple[float, float]:
-    """(median tok/s, status replies per second) of one trainer life."""
+def main() -> None:
     from andrea.daemon.rundir import endpoint
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pollers", type=int, default=100)
+    ap.add_argument("--windows", type=int, default=12)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "andrea"))
+    ap.add_argument("--with-proxy", action="store_true")
+    args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="andrea-bench-status-") as d:
         cmd = [
@@ -84,85 +94,73 @@ def one_run(
             "--sample-every",
             "0",
             "--log-every",
-            "20",
+            "5",
             "--threads",
-            str(threads),
+            str(args.threads),
             "--cache-dir",
-            cache,
-            *(["--with-proxy"] if with_proxy else []),
+            args.cache_dir,
+            *(["--with-proxy"] if args.with_proxy else []),
         ]
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-        stop, counter, workers = mp.Event(), mp.Value("l", 0), []
-        tok_s: list[float] = []
-        started = measuring = None
-        rate = 0.0
-        try:
+        lines: queue.Queue[float] = queue.Queue()
+
+        def pump() -> None:
+            assert proc.stderr is not None
             for line in proc.stderr:
-                m = re.search(r"step (\d+)/\d+ .*\| (\d+) tok/s", line)
-                if not m:
-                    continue
-                now = time.monotonic()
-                if started is None:
-                    started = now
-                    eps = [endpoint(Path(d), "trainer")]
-                    if with_proxy:
-                        eps.append(endpoint(Path(d), "proxy"))
-                    per = [pollers // CLIENT_PROCESSES] * CLIENT_PROCESSES
-                    per[0] += pollers - sum(per)
-                    workers = [
-                        mp.Process(target=_poll_worker, args=(eps[i % len(eps)], n, stop, counter))
-                        for i, n in enumerate(per)
-                        if n
-                    ]
-                    for w in workers:
-                        w.start()
-                    continue
-                if measuring is None:
-                    if now - started < 3.0:  # warm-up, and the pollers connecting
-                        continue
-                    measuring, replies0 = now, counter.value
-                tok_s.append(float(m.group(2)))
-                if now - measuring >= seconds:
-                    rate = (counter.value - replies0) / (now - measuring)
-                    break
-            else:
-                raise RuntimeError(
-                    f"the trainer exited (code {proc.wait()}) before the measurement"
+                if m := re.search(r"step \d+/\d+ .*\| (\d+) tok/s", line):
+                    lines.put(float(m.group(1)))
+
+        threading.Thread(target=pump, daemon=True).start()
+        lines.get(timeout=600)  # the first progress line: set up and training
+        eps = [endpoint(Path(d), "trainer")]
+        if args.with_proxy:
+            eps.append(endpoint(Path(d), "proxy"))
+        active, stop, counter = mp.Event(), mp.Event(), mp.Value("l", 0)
+        per = [args.pollers // CLIENT_PROCESSES] * CLIENT_PROCESSES
+        per[0] += args.pollers - sum(per)
+        workers = [
+            mp.Process(target=_poll_worker, args=(eps[i % len(eps)], n, active, stop, counter))
+            for i, n in enumerate(per)
+            if n
+        ]
+        for w in workers:
+            w.start()
+        samples: dict[bool, list[float]] = {False: [], True: []}
+        rates: list[float] = []
+        try:
+            time.sleep(3.0)  # warm-up, the pollers' imports
+            for i in range(args.windows):
+                on = i % 4 in (1, 2)
+                (active.set if on else active.clear)()
+                time.sleep(1.0)  # let the previous window's requests drain
+                while not lines.empty():
+                    lines.get_nowait()
+                replies0, t0 = counter.value, time.monotonic()
+                time.sleep(args.seconds)
+                got = []
+                while not lines.empty():
+                    got.append(lines.get_nowait())
+                samples[on] += got
+                if on:
+                    rates.append((counter.value - replies0) / (time.monotonic() - t0))
+                print(
+                    f"window {i + 1:2d} {'on ' if on else 'off'}: median {statistics.median(got):,.0f}"
+                    f" tok/s over {len(got)} lines"
+                    + (f", {rates[-1]:,.0f} replies/s" if on else ""),
+                    flush=True,
                 )
         finally:
             stop.set()
+            active.set()
             for w in workers:
                 w.join(timeout=10)
             proc.terminate()
             proc.wait(timeout=60)
-        return statistics.median(tok_s), rate
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pollers", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "andrea"))
-    ap.add_argument("--with-proxy", action="store_true")
-    args = ap.parse_args()
-    ratios = []
-    for r in range(args.rounds):
-        order = [0, args.pollers] if r % 2 == 0 else [args.pollers, 0]
-        got = {}
-        for n in order:
-            got[n] = one_run(args.cache_dir, n, args.seconds, args.threads, args.with_proxy)
-            print(
-                f"round {r + 1}: {n:3d} pollers: {got[n][0]:,.0f} tok/s, "
-                f"{got[n][1]:,.0f} status replies/s",
-                flush=True,
-            )
-        ratios.append(got[args.pollers][0] / got[0][0])
-        print(f"round {r + 1}: ratio {ratios[-1]:.3f}", flush=True)
+    off, on = statistics.median(samples[False]), statistics.median(samples[True])
     print(
-        f"throughput with {args.pollers} pollers ÷ alone: median {statistics.median(ratios):.3f}"
-        f" over {args.rounds} rounds ({', '.join(f'{x:.3f}' for x in ratios)})"
+        f"{args.pollers} pollers{' (trainer and proxy)' if args.with_proxy else ''}: "
+        f"{on:,.0f} tok/s vs {off:,.0f} alone → ratio {on / off:.3f};"
+        f" {statistics.median(rates):,.0f} status replies/s"
     )
 
 
