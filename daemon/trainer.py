@@ -366,7 +366,10 @@ class Trainer:
         # manager between the payload and the manifest (the commit), on the writer's thread for a
         # background write (an fsync of the log's descriptor; the main thread only appends).
         if self.losslog is not None:
-            self.losslog.sync()
+            try:
+                self.losslog.sync()
+            except LossLogError as e:  # an append failed: this checkpoint must not commit
+                raise OSError(f"{LOSS_FILE} is not durable: {e}") from e
 
     def _wait_for_write(self) -> None:
         """Block until no background checkpoint write is in flight."""
