@@ -86,7 +86,12 @@ class SignalFlags:
         self._previous.clear()
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        self.request_stop("sigint" if signum == signal.SIGINT else "sigterm")
+        names: dict[int, StopReason] = {
+            signal.SIGINT: "sigint",
+            signal.SIGHUP: "sighup",
+            signal.SIGTERM: "sigterm",
+        }
+        self.request_stop(names[signum])
 
     def _on_checkpoint(self, signum: int, frame: FrameType | None) -> None:
         self.request_checkpoint("sigusr1")
