@@ -69,7 +69,7 @@ STATE_EVERY = 100
 #: most CONTROL_DUTY of the proxy's CPU time, with up to MAX_DEFERRED_CONTROL requests queued
 #: (clients retry what is dropped beyond that).
 LINK_MESSAGES = (m.Hello, m.AssignRequest, m.LossReport, m.SampleReport)
-CONTROL_DUTY = 0.04
+CONTROL_DUTY = 0.02
 MAX_DEFERRED_CONTROL = 1000
 SAMPLES_KEPT = 20
 #: What these files can hold (a few hundred arms of state; 1,000 records of 64 samples of at most

@@ -7,7 +7,8 @@ One real andrea-tiny trainer runs for the whole measurement. POLLERS clients (DE
 over 4 processes, each sending `status` again as soon as the previous reply arrived: a closed
 loop, as fast as the daemon answers) are switched on and off in alternating windows of SECONDS,
 in the order off, on, on, off, ... so that a drift of the machine's load falls on both sides
-alike. Throughput is the trainer's own tok/s progress lines; the figure is the median over the
+alike. Each poller process is a session of its own (as an operator's andreactl is), and so is the
+trainer. Throughput is the trainer's own tok/s progress lines; the figure is the median over the
 "on" windows ÷ the median over the "off" windows (goal ≥ 0.9), with the replies per second the
 pollers got. With --with-proxy the trainer runs with its proxy and the pollers are split between
 the two daemons' sockets.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import queue
 import re
 import statistics
@@ -31,6 +33,10 @@ CLIENT_PROCESSES = 4
 
 
 def _poll_worker(ep: str, n_sockets: int, active: mp.Event, stop: mp.Event, counter) -> None:
+    # Clients run in sessions of their own, as andreactl in an operator's shell does: with the
+    # kernel's autogroup scheduling, CPU is shared between sessions, and pollers inside the
+    # trainer's session would change its share rather than measure the daemon.
+    os.setsid()
     import zmq
 
     from andrea.protocol import messages as m
@@ -101,7 +107,7 @@ def main() -> None:
             args.cache_dir,
             *(["--with-proxy"] if args.with_proxy else []),
         ]
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
         lines: queue.Queue[float] = queue.Queue()
 
         def pump() -> None:
