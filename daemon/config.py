@@ -296,7 +296,7 @@ def build_config(
     file_values = dict(file_values or {})
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     preset = overrides.get("preset", file_values.get("preset", "andrea-tiny"))
-    if preset not in PRESETS:
+    if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     merged = _merge(_merge(PRESETS[preset], file_values), overrides)
     merged["preset"] = preset
