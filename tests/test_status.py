@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from andrea.control.andreactl import RunStatus, _status_text
+from andrea.control.andreactl import _status_text
+from andrea.control.reports import StatusReport
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 
 TRAINER = {
@@ -52,7 +55,7 @@ PROXY = {
 def test_status_round_trips_as_the_json_the_daemons_send() -> None:
     t = TrainerStatus.model_validate(json.loads(json.dumps(TRAINER)))
     assert t.activity is Activity.HOLDING
-    assert t.model_dump(mode="json") == TRAINER
+    assert t.model_dump(mode="json", exclude_unset=True) == TRAINER
     p = ProxyStatus.model_validate(PROXY)
     assert p.model_dump(mode="json") == PROXY
 
@@ -64,22 +67,29 @@ def test_unknown_activity_and_unknown_field_are_refused() -> None:
         ProxyStatus.model_validate({**PROXY, "surprise": 1})
 
 
+def _report(trainer: dict | None, proxy: dict | None) -> StatusReport:
+    return StatusReport(
+        time=datetime(2026, 1, 1, tzinfo=UTC),
+        run_dir="/runs/a",
+        state="running" if trainer else "stopped",
+        trainer=TrainerStatus.model_validate(trainer) if trainer else None,
+        proxy=ProxyStatus.model_validate(proxy) if proxy else None,
+        offline=None,
+    )
+
+
 def test_andreactl_text_names_the_hold_step_and_zombies() -> None:
-    text = _status_text(
-        RunStatus(TrainerStatus.model_validate(TRAINER), ProxyStatus.model_validate(PROXY))
-    )
-    assert text.splitlines()[0] == (
-        "trainer: holding after step 30, step 30/100, loss EMA 4.5000, last checkpoint 30, "
-        "segment 2, pid 4242, cpu float32"
-    )
+    text = _status_text(_report(TRAINER, PROXY), Path("/runs/a"))
+    first, second = text.splitlines()[:2]
+    assert first.startswith("trainer: holding after step 30, step 30/100 (30%), loss EMA 4.5000")
+    assert "last checkpoint 30" in second and "segment 2, pid 4242, cpu float32" in second
     assert "probabilities: code 0.250, prose 0.750" in text
     assert "ZOMBIE arm 'gone': source missing (never draws)" in text
 
 
 def test_a_trainer_still_starting_has_no_device_yet() -> None:
     starting = {**TRAINER, "activity": "starting", "device": None, "dtype": None}
-    text = _status_text(RunStatus(TrainerStatus.model_validate(starting), None))
-    assert text.splitlines() == [
-        "trainer: starting, step 30/100, loss EMA 4.5000, last checkpoint 30, segment 2, pid 4242",
-        "proxy:   not running (no answer on its socket)",
-    ]
+    lines = _status_text(_report(starting, None), Path("/runs/a")).splitlines()
+    assert lines[0].startswith("trainer: starting, step 30/100")
+    assert lines[1].endswith("segment 2, pid 4242")
+    assert lines[2] == "proxy:   not running"
