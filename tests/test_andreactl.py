@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,28 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
     stopped = RequestReport.model_validate_json(res.stdout)
     assert stopped.ok and stopped.detail["exit_code"] == 0 and stopped.checkpoint
     assert t.wait() == ExitCode.OK, t.log
+    # Output: the two processes told apart, no "resuming after step 0", an ETA, a closing summary.
+    lines = t.log.splitlines()
+    assert any(" [proxy] INFO " in x for x in lines) and any(" [trainer] INFO " in x for x in lines)
+    assert "resuming after step 0" not in t.log and "starting a fresh run" in t.log
+    assert re.search(r"step 12/100000 \| .* \| ETA \d", t.log)
+    assert re.search(
+        r"run summary: steps 1-\d+ \(\d+ trained\) in .*checkpoint\(s\) written", t.log
+    )
+
+    # A refused start (another seed: a trajectory change without --allow-config-change) prints its
+    # error last, after the proxy's closing lines.
+    refused = subprocess.run(
+        trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--seed", "99"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == ExitCode.RESUME_REFUSED, refused.stderr
+    out = refused.stderr.strip().splitlines()
+    starts = [i for i, x in enumerate(out) if re.match(r"\d\d:\d\d:\d\d ", x)]
+    # The last log record is the error; what follows it is its own continuation lines.
+    assert "[trainer] ERROR" in out[starts[-1]], refused.stderr[-2000:]
 
     hist = HistoryReport.model_validate_json(
         ctl(tmp_path, "--json", "history", "--last", "0").stdout
