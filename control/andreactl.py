@@ -928,6 +928,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return command.run(args, sub)
+    except BrokenPipeError:
+        # The reader went away (`andreactl history | head`): nothing to report, and nothing more
+        # may be written to stdout, not even at interpreter exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except (UserError, LossLogError, SocketDirError, OSError) as e:
         # A person's mistake or an unreadable file: one line, no traceback.
         print(f"andreactl: {e}", file=sys.stderr)
