@@ -181,7 +181,14 @@ class RunConfig(_Strict):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     # A batch must fit in memory; far beyond this one step already needs tens of GiB, and the
     # value is recorded in run.toml, so every restart would repeat the failure.
-    batch_size: int = Field(8, ge=1, le=4096)
+    batch_size: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="sequences per optimizer step over the whole job (global): each of a job's N ranks "
+        "trains on a disjoint batch_size / N of them, so the same config trains on the same batches "
+        "at any world size",
+    )
     seed: int = Field(1337, ge=0, lt=2**63)
     mixing: Literal["fixed", "proxy"] = "fixed"
     max_steps: int = Field(1000, ge=0)
@@ -190,6 +197,11 @@ class RunConfig(_Strict):
         "auto",
         description="arithmetic of the training step (daemon/precision.py): auto = bf16 autocast on a CUDA GPU "
         "that supports it (else tf32), fp32 on CPU",
+    )
+    deterministic: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="deterministic algorithms, cuBLAS workspace and math attention (daemon/determinism.py); "
+        "auto = on for CUDA, off on CPU",
     )
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads; default: torch's choice"
@@ -308,5 +320,5 @@ def build_config(
 
 def save_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as run.toml, so the run directory describes itself. Atomically:
-    the proxy, started at the same time, reads it as soon as it appears."""
+    the proxy, started at the same time, and the other ranks of a job may read it at any moment."""
     atomic_write_bytes(path, tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)).encode())

@@ -152,9 +152,11 @@ class SignalFlags:
 
 
 class Notifier:
-    def __init__(self) -> None:
-        self.enabled = bool(_sd is not None and os.environ.get("NOTIFY_SOCKET"))
-        usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
+    def __init__(self, enabled: bool = True) -> None:
+        """`enabled=False` for the ranks of a torchrun job other than global rank 0: they inherit
+        NOTIFY_SOCKET from the agent, but one voice (rank 0's) speaks for the job."""
+        self.enabled = bool(enabled and _sd is not None and os.environ.get("NOTIFY_SOCKET"))
+        usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0) if self.enabled else 0
         # Ping at half the watchdog interval, as sd_watchdog_enabled(3) recommends.
         self._watchdog_every = usec / 2e6 if usec else 0.0
         self._last_ping = 0.0
@@ -230,10 +232,14 @@ class Notifier:
 LOG_TAG_ENV = "ANDREA_LOG_TAG"
 
 
-def setup_logging(level: str, identifier: str = "andrea-trainer", tag: str | None = None) -> None:
+def setup_logging(
+    level: str, identifier: str = "andrea-trainer", tag: str | None = None, rank: int | None = None
+) -> None:
     """journald with structured fields under systemd, plain stderr lines elsewhere, prefixed with
-    ``[tag]`` when ``tag`` (or $ANDREA_LOG_TAG) is set."""
+    ``[tag]`` when ``tag`` (or $ANDREA_LOG_TAG) is set. `rank`: the global rank of a torchrun
+    worker, which tags its lines, in the journal too (a job's workers share one unit)."""
     handler: logging.Handler
+    prefix = f"[rank {rank}] " if rank is not None else ""
     if os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"):
         try:
             from systemd.journal import JournalHandler
@@ -241,12 +247,12 @@ def setup_logging(level: str, identifier: str = "andrea-trainer", tag: str | Non
             handler = JournalHandler(SYSLOG_IDENTIFIER=identifier)
             # The journal has its own time, priority and logger fields: MESSAGE is the message
             # alone (basicConfig would otherwise prefix "INFO:logger:").
-            handler.setFormatter(logging.Formatter("%(message)s"))
+            handler.setFormatter(logging.Formatter(prefix + "%(message)s"))
         except ImportError:
             handler = logging.StreamHandler()
     else:
         handler = logging.StreamHandler()
-        tag = tag or os.environ.get(LOG_TAG_ENV)
+        tag = tag or os.environ.get(LOG_TAG_ENV) or (f"rank {rank}" if rank is not None else None)
         prefix = f"[{tag}] " if tag else ""
         handler.setFormatter(
             logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S")

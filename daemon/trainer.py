@@ -10,9 +10,11 @@ restore the RNGs last, right before the first step.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import platform
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,10 @@ from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity, TrainerStatus
 from andrea.protocol.transport import new_id
 
+from . import cudaenv, determinism
+from . import distributed as dist
 from .checkpoint import rngstate
+from .checkpoint.format import Payload as fmt_Payload
 from .checkpoint.manager import (
     CheckpointManager,
     Expectation,
@@ -36,19 +41,21 @@ from .checkpoint.manager import (
     layout_of,
 )
 from .checkpoint.manifest import (
+    DistributedState,
     Environment,
     LayoutEntry,
     Manifest,
     MixingState,
     OptimizerState,
     Progress,
+    RankState,
     Trigger,
     code_version,
 )
 from .checkpoint.rngstate import RngState
 from .checkpoint.state import load_adam_state, load_weights
 from .checkpoint.writer import StagingBuffer
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .control_server import ControlServer
 from .data import Arm, ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
@@ -58,7 +65,7 @@ from .metrics.series import ema_update
 from .model import GPT
 from .precision import NumericMode, resolve_device
 from .precision import resolve as resolve_precision
-from .process import Notifier, SignalFlags
+from .process import Notifier, SignalFlags, StopReason
 from .progress import RunSummary, eta_seconds, format_duration, journal_fields
 from .proxy_link import ProxyLink
 from .rundir import LOSS_FILE, bin_name, claim, endpoint, peer_endpoint
@@ -76,10 +83,19 @@ class TrainerOptions:
     allow_config_change: bool = False
     #: Deliberately broken resumes, for the resume proof's negative control only ("rng", "cursor").
     skip_restore: frozenset[str] = field(default_factory=frozenset)
+    #: This process's place in a torchrun job (a world of one by default).
+    world: dist.World = field(default_factory=dist.World)
+    #: False only to measure what the per-step agreement costs (tests/bench/bench_distributed.py).
+    coordinate: bool = True
 
 
 class Trainer:
-    """One life ("segment") of the trainer process over one run directory."""
+    """One life ("segment") of the trainer process over one run directory.
+
+    In a torchrun job every rank runs one Trainer. Global rank 0 alone owns the control socket,
+    the proxy link (or the loss log), systemd notifications and the checkpoint writes; every
+    decision that changes what ranks do next (stop, checkpoint, hold, the arm of the next step) is
+    agreed at a step boundary by one collective (`distributed.Coordinator`)."""
 
     def __init__(
         self, opts: TrainerOptions, flags: SignalFlags, notifier: Notifier | None = None
@@ -87,8 +103,12 @@ class Trainer:
         self.opts = opts
         self.cfg = opts.cfg
         self.run_dir = opts.run_dir
+        self.world = opts.world
+        self.main = opts.world.is_main
         self.flags = flags
-        self.notifier = notifier or Notifier()
+        self.notifier = notifier or Notifier(enabled=self.main)
+        self.coord = dist.Coordinator(opts.world, enabled=opts.coordinate)
+        self.backend: str | None = None
         self.activity = Activity.STARTING
         self.step = 0
         self.tokens_seen = 0
@@ -106,18 +126,23 @@ class Trainer:
         self.lr: float | None = None
         # (step, monotonic time, tokens) when this life started: the summary's and ETA's baseline.
         self._started = (0, time.monotonic(), 0)
+        self.prometheus = None  # rank 0's metrics exposition, made by resume() when configured
         self.last_write_seconds = 0.0
         self.last_stall_seconds = 0.0
-        # Built by setup(); status() may run before (it is served as soon as the socket is bound).
+        # Built by build()/resume(); status() may run before (it is served once the socket is bound).
         self._lock: IO[bytes] | None = None
         self.control: ControlServer | None = None
         self.device: torch.device | None = None
+        self.deterministic = False
         self.numerics: NumericMode | None = None
+        self.local_batch = 0
         self.arms: list[Arm] = []
         self.streams: list[ArmStream] = []
         self.mixture: FixedMixture | None = None
         self.arm_index: dict[str, int] = {}
         self.model: GPT | None = None
+        #: What a step calls: the model, or its DDP wrapper in a job.
+        self.forward: torch.nn.Module | None = None
         self.params: list[torch.nn.Parameter] = []
         self.layout: list[LayoutEntry] = []
         self.fused = True
@@ -129,21 +154,37 @@ class Trainer:
         self._pending_rng: RngState | None = None
         self._snapshot_env: Environment | None = None  # fixed for the life of the process
         self._unlogged: LossEntry | None = None
+        self._window = [time.perf_counter(), 0, 0]  # progress line: start, tokens, steps
+        self._wait_since: float | None = None
+        self._next_report = 0.0
 
     # ---- setup ------------------------------------------------------------------------------
 
     def setup(self) -> None:
-        """Build data, model and optimizer, then resume from the newest valid checkpoint.
-        Raises InterruptedError (a stop requested while the data was prepared), DataError or
-        ResumeRefused."""
+        """`build`, then `resume` (a single process; a job agrees on `build`'s outcome between)."""
+        self.build()
+        self.resume()
+
+    def build(self, device: torch.device | None = None) -> None:
+        """Build data, model and optimizer on `device` (default: the config's). Raises
+        InterruptedError (a stop during start-up), DataError or AlreadyRunning."""
         cfg = self.cfg
-        self._lock = claim(self.run_dir, "trainer")
-        self.control = ControlServer(endpoint(self.run_dir, "trainer"), self.flags, self.status)
+        if self.main:
+            self._lock = claim(self.run_dir, "trainer")
+            self.control = ControlServer(endpoint(self.run_dir, "trainer"), self.flags, self.status)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.device = resolve_device(cfg.device)
+        self.device = device if device is not None else resolve_device(cfg.device)
+        self.deterministic = determinism.resolve(cfg.deterministic, self.device)
+        determinism.apply(self.deterministic)
         self.numerics = resolve_precision(cfg.precision, self.device)
         self.numerics.apply()
+        if cfg.batch_size % self.world.size:
+            raise ConfigError(
+                f"batch_size {cfg.batch_size} (sequences per step over the whole job) is not divisible "
+                f"by the world size {self.world.size}"
+            )
+        self.local_batch = cfg.batch_size // self.world.size
         self.arms = load_arms(
             cfg.data, self.run_dir, cfg.model.vocab_size, self.flags.stop_requested
         )
@@ -156,10 +197,17 @@ class Trainer:
         # Seed everything for a fresh run; a resumed run overwrites all of it from the manifest.
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
-        import random
-
         random.seed(cfg.seed)
         self.model = GPT(cfg.model).to(self.device)
+        if self.world.rank:
+            # Same initial weights everywhere (DDP also broadcasts rank 0's), but each rank's own
+            # random stream afterwards: identical dropout masks on every rank would waste the data.
+            rank_seed = int(
+                np.random.SeedSequence([cfg.seed, self.world.rank]).generate_state(1)[0]
+            )
+            torch.manual_seed(rank_seed)
+            np.random.seed(rank_seed)
+            random.seed(rank_seed)
         self.params = [p for _, p in self.model.named_parameters()]
         self.layout = layout_of((n, tuple(p.shape)) for n, p in self.model.named_parameters())
         o = cfg.optim
@@ -170,53 +218,121 @@ class Trainer:
             eps=o.eps,
             fused=True,
         )
-        self._staging = StagingBuffer(sum(p.numel() for p in self.params), self.device)
-        self.ckpt = CheckpointManager(self.run_dir, cfg.checkpoint, read_buffer=self._staging.array)
-        loaded = self.ckpt.load(
-            Expectation(
-                model=cfg.model,
-                layout=self.layout,
-                data_identities={a.name: a.identity for a in self.arms},
-                config_hash=cfg.trajectory_hash(),
-                allow_config_change=self.opts.allow_config_change,
-                check=self._cursor_problems,
+        self.forward = self.model
+        if self.main:
+            self._staging = StagingBuffer(sum(p.numel() for p in self.params), self.device)
+            self.ckpt = CheckpointManager(
+                self.run_dir, cfg.checkpoint, read_buffer=self._staging.array
             )
-        )
+
+    def resume(self) -> None:
+        """Rank 0 finds the newest valid checkpoint; every rank restores it (weights, m and v from
+        rank 0, its own RNG and cursors from the manifest); then the proxy link or loss log is
+        opened. Raises ResumeRefused on every rank when rank 0 refuses."""
+        cfg = self.cfg
+        manifest, payload = self._find_checkpoint()
         prior_segment = 0
-        if loaded is not None:
-            self._restore(loaded)
-            prior_segment = loaded.manifest.progress.segment
-        self.phase = loaded.manifest.mixing.phase if loaded is not None else 0
-        if cfg.mixing == "fixed":
+        if manifest is not None:
+            self._restore(manifest, payload)
+            prior_segment = manifest.progress.segment
+        if self.world.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            states = [self.optimizer.state[p] for p in self.params] if manifest is not None else []
+            dist.broadcast_tensors(
+                self.world,
+                [s["exp_avg"] for s in states] + [s["exp_avg_sq"] for s in states],
+            )
+            # Broadcasts rank 0's parameters to every rank as it is built.
+            self.forward = DistributedDataParallel(
+                self.model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                gradient_as_bucket_view=True,
+            )
+        self.phase = manifest.mixing.phase if manifest is not None else 0
+        if self.main and cfg.mixing == "fixed":
             loss_path = self.run_dir / LOSS_FILE
             tail = last_entry(loss_path) if loss_path.exists() else None
             self.segment = max(prior_segment, tail.segment if tail else 0) + 1
             self.losslog = LossLog.open(loss_path)
-        else:
+        elif self.main:
             # The proxy owns .loss.json and numbers the segments (it sees every life's records).
-            self.segment = 0
             self.link = ProxyLink(
                 peer_endpoint(self.run_dir, "proxy"),
                 self.step,
                 cfg.seed,
                 [a.name for a in self.arms],
             )
-            for entry in loaded.manifest.pending_losses if loaded is not None else []:
+            for entry in manifest.pending_losses if manifest is not None else []:
                 self.link.submit_loss(entry)
             self.link.start()
-        self._pending_rng = loaded.manifest.rng if loaded is not None else None
         self._started = (self.step, time.monotonic(), self.tokens_seen)
-        self.prometheus = exposition_for(cfg.metrics, "trainer", self.run_dir)
-        log.info(
-            "model %s: %s parameters on %s, %s, %d threads; %s mixing; starting at step %d",
-            cfg.preset,
-            f"{self.model.n_params():,}",
-            self.device,
-            self.numerics.recorded,
-            torch.get_num_threads(),
-            cfg.mixing,
-            self.step,
+        self.prometheus = (
+            exposition_for(cfg.metrics, "trainer", self.run_dir) if self.main else None
         )
+        self._pending_rng = None
+        if manifest is not None:
+            self._pending_rng = (
+                manifest.distributed.ranks[self.world.rank].rng
+                if manifest.distributed is not None
+                else manifest.rng
+            )
+        if self.main:
+            log.info(
+                "model %s: %s parameters on %s, %s, %d threads%s; %s mixing; world size %d, "
+                "batch %d per step (%d per rank); starting at step %d",
+                cfg.preset,
+                f"{self.model.n_params():,}",
+                self.device,
+                self.numerics.recorded,
+                torch.get_num_threads(),
+                ", deterministic" if self.deterministic else "",
+                cfg.mixing,
+                self.world.size,
+                cfg.batch_size,
+                self.local_batch,
+                self.step,
+            )
+
+    def _find_checkpoint(self) -> tuple[Manifest | None, fmt_Payload | None]:
+        """Rank 0 discovers and verifies; the other ranks receive its manifest (or its refusal)."""
+        loaded: Loaded | None = None
+        refusal: str | None = None
+        if self.main:
+            try:
+                loaded = self.ckpt.load(
+                    Expectation(
+                        model=self.cfg.model,
+                        layout=self.layout,
+                        data_identities={a.name: a.identity for a in self.arms},
+                        config_hash=self.cfg.trajectory_hash(),
+                        allow_config_change=self.opts.allow_config_change,
+                        world_size=self.world.size,
+                        check=self._cursor_problems,
+                    )
+                )
+            except ResumeRefused as e:
+                if not self.world.distributed:
+                    raise
+                refusal = str(e)
+        if not self.world.distributed:
+            return (loaded.manifest, loaded.payload) if loaded is not None else (None, None)
+        message = None
+        if self.main:
+            message = json.dumps(
+                {"refused": refusal}
+                if refusal is not None
+                else {"manifest": loaded.manifest.model_dump(mode="json") if loaded else None}
+            ).encode()
+        answer = json.loads(dist.broadcast_bytes(self.world, message))
+        if answer.get("refused") is not None:
+            raise ResumeRefused(answer["refused"])
+        if self.main:
+            for reason in loaded.skipped if loaded is not None else []:
+                log.warning("skipped damaged checkpoint %s", reason)
+            return (loaded.manifest, loaded.payload) if loaded is not None else (None, None)
+        m = answer["manifest"]
+        return (Manifest.model_validate(m), None) if m is not None else (None, None)
 
     def _cursor_problems(self, m: Manifest) -> list[str]:
         """Cursors a resume could not take (an arm's chunk count differs from the data's)."""
@@ -227,23 +343,35 @@ class Trainer:
             if c.name in sizes and c.n_chunks != sizes[c.name]
         ]
 
-    def _restore(self, loaded: Loaded) -> None:
-        m = loaded.manifest
-        p = loaded.payload
-        self._warn_if_inexact(m)
-        load_weights(list(self.model.named_parameters()), m.layout, p.weights)
+    def _restore(self, m: Manifest, p: fmt_Payload | None) -> None:
+        """Restore from manifest `m` and payload `p`; without a payload (ranks other than 0 of a
+        job), Adam's state is created with the right step count and filled by a broadcast."""
+        if self.main:
+            self._warn_if_inexact(m)
+        if p is None:
+            # The moments' shapes and step count only; a broadcast from rank 0 fills them.
+            n = m.n_params
+            zeros = np.zeros(n, dtype=np.float32)
+            p = fmt_Payload(m.step, n, zeros, zeros, zeros)
+        else:
+            load_weights(list(self.model.named_parameters()), m.layout, p.weights)
         load_adam_state(self.optimizer, self.params, m.layout, p, m.optimizer.adam_step)
         if "cursor" not in self.opts.skip_restore:
-            cursors = {c.name: c for c in m.data}
+            mine = (
+                m.distributed.ranks[self.world.rank].data if m.distributed is not None else m.data
+            )
+            cursors = {c.name: c for c in mine}
             for s in self.streams:
                 s.load_state_dict(cursors[s.arm.name])
         self.step = self.last_saved = m.step
-        self.last_saved_at = (self.run_dir / m.bin_file).stat().st_mtime
+        if self.main:  # the other ranks of a job may not see the run directory
+            self.last_saved_at = (self.run_dir / m.bin_file).stat().st_mtime
         self.tokens_seen = m.progress.tokens_seen
         self.train_seconds = m.progress.train_seconds
-        log.info("resumed from %s (trigger %s, written %s)", m.bin_file, m.trigger, m.created_utc)
-        for reason in loaded.skipped:
-            log.warning("skipped damaged checkpoint %s", reason)
+        if self.main:
+            log.info(
+                "resumed from %s (trigger %s, written %s)", m.bin_file, m.trigger, m.created_utc
+            )
 
     def _environment(self) -> Environment:
         return Environment(
@@ -254,15 +382,30 @@ class Trainer:
             numpy_version=np.__version__,
             python_version=platform.python_version(),
             code_version=code_version(),
+            world_size=self.world.size,
+            deterministic=self.deterministic,
+            **cudaenv.describe(self.device),
         )
+
+    #: Environment fields whose change makes a resume inexact (the versions of Python, NumPy and
+    #: the code are recorded for the audit: they do not change the arithmetic of a step).
+    EXACTNESS_FIELDS = (
+        "device",
+        "dtype",
+        "threads",
+        "torch_version",
+        "deterministic",
+        "gpu",
+        "compute_capability",
+        "cuda_driver",
+        "cuda_runtime",
+        "cudnn",
+        "nccl",
+    )
 
     def _warn_if_inexact(self, m: Manifest) -> None:
         then, now = m.environment.model_dump(), self._environment().model_dump()
-        changed = [
-            f"{k}: {then[k]} → {now[k]}"
-            for k in ("device", "dtype", "threads", "torch_version")
-            if then[k] != now[k]
-        ]
+        changed = [f"{k}: {then[k]} → {now[k]}" for k in self.EXACTNESS_FIELDS if then[k] != now[k]]
         if changed:
             log.warning(
                 "this resume will NOT be bit-exact with the run so far (%s)", "; ".join(changed)
@@ -270,27 +413,40 @@ class Trainer:
 
     # ---- one step ---------------------------------------------------------------------------
 
-    def train_step(self, arm: int) -> LossEntry:
+    def train_step(self, arm: int) -> tuple[float, LossEntry | None]:
+        """One optimizer step on this rank's share of the step's global batch: this rank's loss,
+        and on rank 0 the step's record (whose loss `_record` replaces by the mean over ranks)."""
         step = self.step + 1
+        # Every rank draws the whole global batch's chunks (only indices and a gather of tokens), so
+        # the cursors advance alike everywhere and the digest names the global batch; each rank
+        # trains on its own contiguous rows of it.
         batch = self.streams[arm].next_batch(self.cfg.batch_size)
         digest = hashlib.sha256(batch.tobytes()).hexdigest()
-        xy = torch.from_numpy(batch).to(self.device, non_blocking=True)
+        r = self.world.rank
+        rows = batch[r * self.local_batch : (r + 1) * self.local_batch]
+        xy = torch.from_numpy(rows).to(self.device, non_blocking=True)
         lr = lr_at(step, self.cfg.optim)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        with self.numerics.autocast(self.device):
-            _, loss = self.model(xy[:, :-1], xy[:, 1:])
+        with (
+            self.numerics.autocast(self.device),
+            determinism.attention(self.deterministic, self.device),
+        ):
+            _, loss = self.forward(xy[:, :-1], xy[:, 1:])
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # in a job, DDP all-reduces (averages) the gradients here
         if self.cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip, foreach=True)
         self.optimizer.step()
         self.step = step
         n_tokens = batch.shape[0] * (batch.shape[1] - 1)
         self.tokens_seen += n_tokens
-        return LossEntry(
+        value = loss.item()
+        if not self.main:
+            return value, None
+        return value, LossEntry(
             step=step,
-            loss=loss.item(),
+            loss=value,
             arm=self.arms[arm].name,
             lr=lr,
             tokens=n_tokens,
@@ -302,9 +458,33 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
 
-    def snapshot(self) -> Snapshot:
+    def _collect(self) -> list[RankState] | None:
+        """Every rank, at an agreed checkpoint point: check that the replicas agree, and gather
+        each rank's RNG and cursor states to rank 0 (None on the other ranks and for a single
+        process). DistributedError on every rank when the replicas diverged."""
+        if not self.world.distributed:
+            return None
+        states = [self.optimizer.state[p] for p in self.params]
+        dist.check_replicas(
+            self.world,
+            {
+                "weights": self.params,
+                "m": [s["exp_avg"] for s in states],
+                "v": [s["exp_avg_sq"] for s in states],
+            },
+        )
+        mine = RankState(
+            rank=self.world.rank,
+            rng=rngstate.capture(self.device),
+            data=[s.state_dict() for s in self.streams],
+        )
+        got = dist.gather_bytes(self.world, mine.model_dump_json().encode())
+        return [RankState.model_validate_json(b) for b in got] if got is not None else None
+
+    def snapshot(self, ranks: list[RankState] | None = None) -> Snapshot:
         """The state after the current step, copied into the preallocated host buffer (pinned on
-        CUDA, where the copies are asynchronous and `Snapshot.ready` waits for them).
+        CUDA, where the copies are asynchronous and `Snapshot.ready` waits for them). `ranks`: every
+        rank's states, gathered by `_collect` (rank 0 of a job).
 
         Waits first for a background write in flight: it is reading that buffer."""
         self._wait_for_write()
@@ -333,7 +513,7 @@ class Trainer:
                 adam_step=adam_steps.pop(),
             ),
             scheduler=scheduler_state(self.step, o),
-            rng=rngstate.capture(),
+            rng=ranks[0].rng if ranks else rngstate.capture(self.device),
             data=[s.state_dict() for s in self.streams],
             mixing=MixingState(
                 mode=self.cfg.mixing, phase=self.phase, arms=[a.name for a in self.arms]
@@ -350,6 +530,11 @@ class Trainer:
             environment=self._snapshot_env,
             config_hash=self.cfg.trajectory_hash(),
             config=self.cfg.model_dump(mode="json"),
+            distributed=DistributedState(
+                world_size=self.world.size, backend=self.backend or "?", ranks=ranks
+            )
+            if ranks
+            else None,
         )
         return Snapshot(
             step=self.step,
@@ -372,14 +557,15 @@ class Trainer:
                 raise OSError(f"{LOSS_FILE} is not durable: {e}") from e
 
     def _wait_for_write(self) -> None:
-        """Block until no background checkpoint write is in flight."""
-        self.ckpt.wait()
+        """Block until no background checkpoint write is in flight (rank 0; others never write)."""
+        if self.main:
+            self.ckpt.wait()
 
-    def checkpoint(self, trigger: Trigger) -> None:
+    def checkpoint(self, trigger: Trigger, ranks: list[RankState] | None = None) -> None:
         """Write a checkpoint of the current step, durably, before returning (after a background
-        write in flight, if any, has finished)."""
+        write in flight, if any, has finished). Rank 0 only."""
         t0 = time.perf_counter()
-        manifest = self.ckpt.save(self.snapshot(), trigger, before_commit=self._sync_losses)
+        manifest = self.ckpt.save(self.snapshot(ranks), trigger, before_commit=self._sync_losses)
         self.last_saved = self.step
         self.last_saved_at = time.time()
         self.checkpoints_written += 1
@@ -392,12 +578,12 @@ class Trainer:
             self.last_write_seconds,
         )
 
-    def _checkpoint_in_background(self, trigger: Trigger) -> None:
+    def _checkpoint_in_background(self, trigger: Trigger, ranks: list[RankState] | None) -> None:
         """Stage the current step's state (the only part training waits for), then write and fsync
         it on the writer thread while training continues. A write still in flight is waited for
         first: a cadence checkpoint is delayed, never skipped."""
         t0 = time.perf_counter()
-        snap = self.snapshot()
+        snap = self.snapshot(ranks)
         step = snap.step
 
         def done(manifest: Manifest | None, error: BaseException | None, seconds: float) -> None:
@@ -435,26 +621,31 @@ class Trainer:
             self.last_stall_seconds,
         )
 
-    def _checkpoint_and_continue(self, trigger: Trigger) -> None:
-        # A failed write mid-run (disk full, say) must not end a multi-day run: the previous
-        # checkpoint stays valid, the error is logged, and the next cadence point tries again.
-        if trigger == "cadence" and self.cfg.checkpoint.async_write:
-            self._checkpoint_in_background(trigger)
+    def _cadence(self) -> None:
+        """A cadence checkpoint of the current step (every rank: the step decides it)."""
+        ranks = self._collect()
+        if not self.main or self._unlogged is not None:
             return
+        if self.cfg.checkpoint.async_write:
+            self._checkpoint_in_background("cadence", ranks)
+        else:
+            self._write_and_continue("cadence", ranks)
+
+    def _write_and_continue(self, trigger: Trigger, ranks: list[RankState] | None) -> None:
         # Requested checkpoints are synchronous: whoever asked is told once it is durable. A
         # background write of this very step that was in flight serves the request.
+        # A failed write mid-run (disk full, say) must not end a multi-day run: the previous
+        # checkpoint stays valid, the error is logged, and the next cadence point tries again.
         self._wait_for_write()
         if self.last_saved == self.step:
             self.ckpt.mark_requested(self.step, trigger)
             log.info(
-                "checkpoint of step %d just written in the background; kept as requested (%s)",
-                self.step,
-                trigger,
+                "checkpoint of step %d already written; kept as requested (%s)", self.step, trigger
             )
             return
         try:
             with self.notifier.keepalive(f"writing checkpoint of step {self.step} ({trigger})"):
-                self.checkpoint(trigger)
+                self.checkpoint(trigger, ranks)
         except OSError as e:
             log.error(
                 "checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
@@ -465,22 +656,27 @@ class Trainer:
             )
 
     def _on_checkpoint_request(self, reason: Trigger) -> None:
+        """An agreed checkpoint request (every rank calls it at the same step boundary)."""
         if self.step == 0:
-            log.warning(
-                "checkpoint requested (%s) before the first step: there is nothing to save yet",
-                reason,
-            )
+            if self.main:
+                log.warning(
+                    "checkpoint requested (%s) before the first step: there is nothing to save yet",
+                    reason,
+                )
+                self.control.checkpoint_served(
+                    {"step": 0}, error="nothing trained yet: there is no step to checkpoint"
+                )
+            return
+        ranks = self._collect()
+        if not self.main:
+            return
+        if self._unlogged is not None:
             self.control.checkpoint_served(
-                {"step": 0}, error="nothing trained yet: there is no step to checkpoint"
+                {"step": self.step},
+                error=f"the loss of step {self.step} could not be written; no checkpoint of it",
             )
             return
-        if self.last_saved == self.step:
-            self.ckpt.mark_requested(self.step, reason)
-            log.info(
-                "checkpoint of step %d already exists; kept as requested (%s)", self.step, reason
-            )
-        else:
-            self._checkpoint_and_continue(reason)
+        self._write_and_continue(reason, ranks)
         if self.last_saved == self.step:
             self.control.checkpoint_served({"step": self.step, "checkpoint": bin_name(self.step)})
         else:
@@ -506,12 +702,32 @@ class Trainer:
             out.append(bytes(toks[0].tolist()).decode("utf-8", errors="replace"))
         return out
 
+    def _samples(self) -> None:
+        log.info("generating samples at step %d", self.step)
+        texts = self.sample()
+        for text in texts:
+            log.info("sample at step %d: %r", self.step, text)
+        if self.link is not None:
+            self.link.submit_samples(
+                m.SampleReport(
+                    id=new_id(),
+                    step=self.step,
+                    segment=self.segment,
+                    phase=self.phase,
+                    samples=[m.Sample(prompt=p, text=t) for p, t in zip(SAMPLE_PROMPTS, texts)],
+                )
+            )
+
     # ---- status -----------------------------------------------------------------------------
 
     def status(self) -> TrainerStatus:
-        """What `andreactl status` shows; read from the control thread, so only plain values."""
+        """What `andreactl status` shows; read from the control thread, so only plain values.
+        Served by global rank 0: `pid` is rank 0's (the process SIGUSR1 checkpoints through), and
+        in a job `agent_pid` is torchrun's (the process a stop may be sent to)."""
         return TrainerStatus(
             pid=os.getpid(),
+            world_size=self.world.size,
+            agent_pid=os.getppid() if self.world.distributed else None,
             activity=self.activity,
             step=self.step,
             max_steps=self.cfg.max_steps,
@@ -544,222 +760,268 @@ class Trainer:
     # ---- mixing -----------------------------------------------------------------------------
 
     def _arm_for(self, step: int) -> int | None:
-        """The arm index of `step`. With the proxy, holds until it answers — still honouring stop
-        and checkpoint requests and ticking the watchdog — and returns None when one arrived."""
+        """This rank's view of the arm of `step`: the fixed mixture's (every rank), or the proxy's
+        assignment if it arrives within 0.25 s (rank 0; None otherwise). Rank 0's is agreed."""
         if self.link is None:
-            return self.mixture.assign(step)
-        since = time.monotonic()
-        next_report = since + 2.0
-        while True:
-            a = self.link.assignment(step, timeout=0.25)
-            if a is not None:
-                self.segment = self.link.segment
-                self.phase = a.phase
-                return self.arm_index[a.arm]
-            self.activity = Activity.WAITING_FOR_PROXY
-            if time.monotonic() >= next_report:
-                waited = time.monotonic() - since
-                log.warning("waiting for the proxy to assign step %d (%.0f s so far)", step, waited)
-                self.notifier.status(f"step {self.step}: waiting for proxy ({waited:.0f} s)")
-                next_report += 10.0
-            self.notifier.tick()
-            if self.flags.stop_requested():
-                return None
-            if (reason := self.flags.take_checkpoint_request()) is not None:
-                self._on_checkpoint_request(reason)
-                return None
+            return self.mixture.assign(step) if self.cfg.mixing == "fixed" else None
+        a = self.link.assignment(step, timeout=0.25)
+        if a is None:
+            return None
+        self.segment = self.link.segment
+        self.phase = a.phase
+        return self.arm_index[a.arm]
+
+    def _waiting_for_proxy(self, step: int) -> None:
+        """Rank 0, while no rank can train `step` because the proxy has not assigned it."""
+        if not self.main:
+            return
+        now = time.monotonic()
+        if self._wait_since is None:
+            self._wait_since, self._next_report = now, now + 2.0
+        self.activity = Activity.WAITING_FOR_PROXY
+        if now >= self._next_report:
+            waited = now - self._wait_since
+            log.warning("waiting for the proxy to assign step %d (%.0f s so far)", step, waited)
+            self.notifier.status(f"step {self.step}: waiting for proxy ({waited:.0f} s)")
+            self._next_report += 10.0
+        self.notifier.tick()
 
     def _hold(self) -> None:
         """Wait at a boundary checkpoint until resumed (the proxy pivots meanwhile), honouring stop
-        requests. On resume every prefetched arm is dropped: it was drawn under the old policy."""
-        self.activity = Activity.HOLDING
-        self._publish_metrics(force=True)
-        self.notifier.status(f"step {self.step}: holding at a boundary checkpoint")
-        log.info("holding after the checkpoint of step %d until resumed", self.step)
-        while not self.flags.stop_requested():
-            if self.flags.take_resume():
+        and checkpoint requests; every rank holds, agreeing every 50 ms. On resume every
+        prefetched arm is dropped: it was drawn under the old policy."""
+        if self.main:
+            self.activity = Activity.HOLDING
+            self._publish_metrics(force=True)
+            self.notifier.status(f"step {self.step}: holding at a boundary checkpoint")
+            log.info("holding after the checkpoint of step %d until resumed", self.step)
+        while True:
+            d = self.coord.agree(self.flags, holding=True)
+            if d.checkpoint is not None:
+                self._on_checkpoint_request(d.checkpoint)
+            if d.stop is not None:
+                return
+            if d.resume:
                 if self.link is not None:
                     self.link.restart_after(self.step)
-                log.info("resumed after step %d", self.step)
+                if self.main:
+                    log.info("resumed after step %d", self.step)
                 return
             self.notifier.tick()
             time.sleep(0.05)
 
     # ---- the loop ---------------------------------------------------------------------------
 
+    def _at_boundary(self, step: int) -> bool:
+        every = self.cfg.checkpoint.every
+        return every == 0 or step % every == 0
+
+    def _record(self, entry: LossEntry | None, mean_loss: float | None) -> None:
+        """Rank 0: log the step's record, with the loss averaged over the ranks."""
+        self.activity = Activity.TRAINING
+        self._wait_since = None
+        if entry is None:
+            return
+        if self.world.distributed and mean_loss is not None:
+            entry = entry.model_copy(update={"loss": mean_loss})
+        self.loss_ema = ema_update(self.loss_ema, entry.loss)
+        if self.losslog is not None:
+            try:
+                self.losslog.append(entry)
+            except OSError as e:
+                # The step is trained but its loss is not on disk: it must not be checkpointed
+                # without it (finish tries once more on a reopened log).
+                log.error("cannot append the loss of step %d to %s: %s", self.step, LOSS_FILE, e)
+                self._unlogged = entry
+                self.flags.request_stop("disk-full")
+                return
+        else:
+            self.link.submit_loss(entry)
+        self.notifier.tick()
+        w = self._window
+        w[1] += entry.tokens
+        w[2] += 1
+        cfg = self.cfg
+        if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+            elapsed = time.perf_counter() - w[0]
+            self.tokens_per_second = w[1] / elapsed
+            self.seconds_per_step = elapsed / w[2]
+            self.lr = entry.lr
+            eta = format_duration(eta_seconds(self.step, cfg.max_steps, self.seconds_per_step))
+            ema = float("nan") if self.loss_ema is None else self.loss_ema
+            log.info(
+                "step %d/%d | loss %.4f (ema %.4f) | lr %.2e | %s | %.0f tok/s | %.1f ms/step"
+                " | ETA %s | last ckpt %s",
+                self.step,
+                cfg.max_steps,
+                entry.loss,
+                ema,
+                entry.lr,
+                entry.arm,
+                self.tokens_per_second,
+                1000 * self.seconds_per_step,
+                eta,
+                self.last_saved or "none",
+                extra=journal_fields(self.step, entry.loss, entry.lr, entry.arm, self.phase),
+            )
+            self.notifier.status(f"step {self.step}/{cfg.max_steps} loss {ema:.4f} ETA {eta}")
+            self._publish_metrics()
+            self._window = [time.perf_counter(), 0, 0]
+
     def run(self) -> ExitCode:
-        """Train until max_steps or a stop request; always leave the newest state checkpointed."""
+        """Train until max_steps or an agreed stop; always leave the newest state checkpointed.
+
+        At each step boundary every rank takes part in one agreement (`Coordinator.agree`) that
+        carries the loss of the step just trained, any rank's stop or checkpoint request, and the
+        arm of the next step; everything after it is the same on every rank."""
         cfg = self.cfg
         if self._pending_rng is not None and "rng" not in self.opts.skip_restore:
             try:
-                rngstate.restore(self._pending_rng)
+                notes = rngstate.restore(self._pending_rng, self.device)
             except (RuntimeError, ValueError) as e:
-                # The same checkpoint fails the same way at every start (another device count,
-                # say): the operator must decide, a restart cannot.
+                # The same checkpoint fails the same way at every start: the operator must
+                # decide, a restart cannot.
                 raise ResumeRefused(
                     f"cannot restore the random generators of step {self.step}'s checkpoint: {e}"
                 ) from e
+            for note in notes:
+                log.warning("this resume will NOT be bit-exact with the run so far: %s", note)
         self.notifier.ready(f"step {self.step}/{cfg.max_steps}")
-        window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
-        loss_ema: float | None = None
-        while self.step < cfg.max_steps and not self.flags.stop_requested():
-            arm = self._arm_for(self.step + 1)
-            if arm is None:
-                continue  # a stop or checkpoint request arrived while waiting for the proxy
-            t0 = time.perf_counter()
-            entry = self.train_step(arm)
-            dt = time.perf_counter() - t0
-            self.train_seconds += dt
-            window_tokens += entry.tokens
-            window_steps += 1
-            if self.losslog is not None:
-                try:
-                    self.losslog.append(entry)
-                except OSError as e:
-                    # The step is trained but its loss is not on disk: it must not be checkpointed
-                    # without it (finish tries once more on a reopened log).
-                    log.error(
-                        "cannot append the loss of step %d to %s: %s", self.step, LOSS_FILE, e
-                    )
-                    self._unlogged = entry
-                    self.flags.request_stop("disk-full")
-                    break
-            else:
-                self.link.submit_loss(entry)
-            loss_ema = ema_update(loss_ema, entry.loss)
-            self.loss_ema = loss_ema
-            self.activity = Activity.TRAINING
-            self.notifier.tick()
-
-            at_boundary = self.ckpt.due(self.step) or self.cfg.checkpoint.every == 0
-            boundary, hold = self.flags.take_boundary_request() if at_boundary else (False, False)
-            if boundary:
-                self._on_checkpoint_request("boundary")
-                if hold:
-                    self._hold()
-            elif self.ckpt.due(self.step):
-                self._checkpoint_and_continue("cadence")
-            if (reason := self.flags.take_checkpoint_request()) is not None:
-                self._on_checkpoint_request(reason)
+        self._window = [time.perf_counter(), 0, 0]
+        self._wait_since: float | None = None
+        settled = self.step  # the newest step whose cadence, boundary and samples are done
+        trained: tuple[float, LossEntry | None] | None = None
+        while True:
+            fresh = self.step > settled
+            arm = self._arm_for(self.step + 1) if self.step < cfg.max_steps else None
+            d = self.coord.agree(
+                self.flags,
+                at_boundary=fresh and self._at_boundary(self.step),
+                arm=arm,
+                loss=trained[0] if trained is not None else None,
+            )
+            if trained is not None:
+                self._record(trained[1], d.loss)
+                trained = None
+            if self._unlogged is not None and not self.world.distributed:
+                break  # no checkpoint of a step whose loss is not on disk; finish retries it
             if (ignored := self.flags.take_ignored_signal()) is not None:
                 log.info("%s received and ignored (see docs/operations.md)", ignored)
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                elapsed = time.perf_counter() - window_t
-                self.tokens_per_second = window_tokens / elapsed
-                self.seconds_per_step = elapsed / window_steps
-                self.lr = entry.lr
-                eta = format_duration(eta_seconds(self.step, cfg.max_steps, self.seconds_per_step))
-                ema = float("nan") if loss_ema is None else loss_ema
-                log.info(
-                    "step %d/%d | loss %.4f (ema %.4f) | lr %.2e | %s | %.0f tok/s | %.1f ms/step"
-                    " | ETA %s | last ckpt %s",
-                    self.step,
-                    cfg.max_steps,
-                    entry.loss,
-                    ema,
-                    entry.lr,
-                    entry.arm,
-                    self.tokens_per_second,
-                    1000 * self.seconds_per_step,
-                    eta,
-                    self.last_saved or "none",
-                    extra=journal_fields(self.step, entry.loss, entry.lr, entry.arm, self.phase),
-                )
-                self.notifier.status(f"step {self.step}/{cfg.max_steps} loss {ema:.4f} ETA {eta}")
-                self._publish_metrics()
-                window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
-            if (
-                cfg.sample_every
-                and self.step % cfg.sample_every == 0
-                and not self.flags.stop_requested()
-            ):
-                log.info("generating samples at step %d", self.step)
-                texts = self.sample()
-                for text in texts:
-                    log.info("sample at step %d: %r", self.step, text)
-                if self.link is not None:
-                    self.link.submit_samples(
-                        m.SampleReport(
-                            id=new_id(),
-                            step=self.step,
-                            segment=self.segment,
-                            phase=self.phase,
-                            samples=[
-                                m.Sample(prompt=p, text=t) for p, t in zip(SAMPLE_PROMPTS, texts)
-                            ],
-                        )
-                    )
-                window_t, window_tokens, window_steps = time.perf_counter(), 0, 0
+            # In a job the stop for an unlogged loss reaches the other ranks with the next
+            # agreement; until then rank 0 takes part in checkpoints but writes none.
+            worked = self._unlogged is not None
+            if fresh:
+                settled = self.step
+                if d.boundary:
+                    self._on_checkpoint_request("boundary")
+                    if d.hold:
+                        self._hold()
+                    worked = True
+                elif cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0:
+                    self._cadence()
+                    worked = True
+                if (
+                    self.main
+                    and cfg.sample_every
+                    and self.step % cfg.sample_every == 0
+                    and not self.flags.stop_requested()
+                ):
+                    self._samples()
+                    self._window = [time.perf_counter(), 0, 0]
+            if d.checkpoint is not None:
+                self._on_checkpoint_request(d.checkpoint)
+                worked = True
+            if d.stop is not None or self.step >= cfg.max_steps:
+                break
+            if worked:
+                continue  # a request may have come in meanwhile: agree again before a new step
+            if d.arm is None:
+                self._waiting_for_proxy(self.step + 1)
+                continue
+            t0 = time.perf_counter()
+            trained = self.train_step(d.arm)
+            self.train_seconds += time.perf_counter() - t0
         return self.finish()
 
     def finish(self) -> ExitCode:
-        """Final checkpoint (if the newest step has none yet), then a clean exit."""
+        """Final checkpoint (if the newest step has none yet), then a clean exit. Every rank; the
+        exit code is agreed, so that all ranks of a job end alike."""
         self.activity = Activity.STOPPING
         extend = max(30.0, 4 * self.last_write_seconds)
-        if (writing := self.ckpt.in_flight()) is not None:
+        if self.main and (writing := self.ckpt.in_flight()) is not None:
             # A stop during a background write waits for it (it is never abandoned half-way), then
             # writes its own final checkpoint unless that write already holds the newest step.
             log.info("waiting for the checkpoint of step %d being written", writing)
             with self.notifier.keepalive(f"finishing the checkpoint of step {writing}", extend):
                 self._wait_for_write()
         reason = self.flags.stop_reason
+        ranks = self._collect() if self.step > 0 else None
+        code = self._final_checkpoint(reason, ranks) if self.main else ExitCode.OK
+        code = ExitCode(dist.agree_code(self.world, int(code)))
+        self.close()
+        if self.main:
+            first, started, tokens = self._started
+            log.info(
+                "%s",
+                RunSummary(
+                    first_step=first,
+                    last_step=self.step,
+                    wall_seconds=time.monotonic() - started,
+                    tokens=self.tokens_seen - tokens,
+                    loss_ema=self.loss_ema,
+                    checkpoints_written=self.checkpoints_written,
+                    segment=self.segment,
+                    stopped_because=f"stopped at step {self.step} ({reason or 'max_steps reached'})",
+                ).text(),
+            )
+            self._publish_metrics(force=True)
+        else:
+            log.info("stopped at step %d (%s)", self.step, reason or "max_steps reached")
+        if self.control is not None:
+            self.control.close(
+                {
+                    "step": self.step,
+                    "exit_code": int(code),
+                    "checkpoint": bin_name(self.last_saved) if self.last_saved else None,
+                }
+            )
+        return code
+
+    def _final_checkpoint(
+        self, reason: StopReason | None, ranks: list[RankState] | None
+    ) -> ExitCode:
         trigger: Trigger = reason if reason is not None else "end"
         # A checkpoint request that came with the stop is served by the final checkpoint, which
         # then counts as requested (an audit point kept by retention).
         requested = self.flags.take_checkpoint_request()
-        code = ExitCode.OK
         if requested is not None and self.step > self.last_saved:
             trigger = requested
         elif requested is not None and self.step > 0:
             self.ckpt.mark_requested(self.step, requested)
         if self._unlogged is not None and not self._log_unlogged():
-            code = ExitCode.CHECKPOINT_FAILED
             log.error(
                 "no final checkpoint: the loss of step %d could not be written; the newest valid"
                 " checkpoint is step %s, and a restart once there is space resumes from it",
                 self.step,
                 self.last_saved or "none",
             )
-        elif self.step > self.last_saved:
-            try:
-                with self.notifier.keepalive(
-                    f"writing final checkpoint of step {self.step}", extend
-                ):
-                    self.checkpoint(trigger)
-            except (OSError, LossLogError) as e:
-                log.error(
-                    "final checkpoint of step %d FAILED (%s); the newest valid checkpoint is step %s",
-                    self.step,
-                    e,
-                    self.last_saved or "none",
-                )
-                code = ExitCode.CHECKPOINT_FAILED
-        else:
+            return ExitCode.CHECKPOINT_FAILED
+        if self.step <= self.last_saved:
             log.info("step %d is already checkpointed; nothing to write", self.step)
-        self.close()
-        first, started, tokens = self._started
-        log.info(
-            "%s",
-            RunSummary(
-                first_step=first,
-                last_step=self.step,
-                wall_seconds=time.monotonic() - started,
-                tokens=self.tokens_seen - tokens,
-                loss_ema=self.loss_ema,
-                checkpoints_written=self.checkpoints_written,
-                segment=self.segment,
-                stopped_because=f"stopped at step {self.step} ({reason or 'max_steps reached'})",
-            ).text(),
-        )
-        self._publish_metrics(force=True)
-        self.control.close(
-            {
-                "step": self.step,
-                "exit_code": int(code),
-                "checkpoint": bin_name(self.last_saved) if self.last_saved else None,
-            }
-        )
-        return code
+            return ExitCode.OK
+        try:
+            extend = max(30.0, 4 * self.last_write_seconds)
+            with self.notifier.keepalive(f"writing final checkpoint of step {self.step}", extend):
+                self.checkpoint(trigger, ranks)
+        except (OSError, LossLogError) as e:
+            log.error(
+                "final checkpoint of step %d FAILED (%s); the newest valid checkpoint is step %s",
+                self.step,
+                e,
+                self.last_saved or "none",
+            )
+            return ExitCode.CHECKPOINT_FAILED
+        return ExitCode.OK
 
     def _publish_metrics(self, force: bool = False) -> None:
         if self.prometheus is None:
@@ -799,6 +1061,8 @@ class Trainer:
         return True
 
     def close(self) -> None:
+        if not self.main:
+            return
         self.ckpt.close()  # finishes a write in flight first: it syncs the loss log before committing
         if self.losslog is not None:
             self.losslog.close()

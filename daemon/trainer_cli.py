@@ -18,7 +18,10 @@ from .process import Notifier, SignalFlags, setup_logging
 from .rundir import CONFIG_FILE
 
 if TYPE_CHECKING:
+    import torch
+
     from .config import RunConfig
+    from .distributed import World
 
 log = logging.getLogger("andrea.trainer")
 
@@ -83,8 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="resume even though the training config changed since the checkpoint (on purpose)",
     )
     p.add_argument(
+        "--deterministic",
+        choices=["auto", "on", "off"],
+        help="deterministic algorithms and attention: auto = on for CUDA, off on CPU",
+    )
+    p.add_argument(
         "--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS
     )
+    # Benchmarks only: measures what the per-step agreement of a torchrun job costs.
+    p.add_argument("--unsafe-no-coordination", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
         "--log-level",
         default="INFO",
@@ -99,13 +109,26 @@ def main(argv: list[str] | None = None) -> None:
     flags = SignalFlags()
     flags.install()
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level, tag="trainer" if args.with_proxy else None)
+    from .config import ConfigError
+    from .distributed import World
+
     try:
-        code = run(args, flags)
+        world = World.from_environ()
+    except ConfigError as e:
+        setup_logging(args.log_level)
+        log.error("%s", e)
+        os._exit(int(ExitCode.CONFIG_ERROR))
+    setup_logging(
+        args.log_level,
+        tag="trainer" if args.with_proxy else None,
+        rank=world.rank if world.distributed else None,
+    )
+    try:
+        code = run(args, flags, world)
     except Exception as e:
         code, advice = for_unexpected(e)
         log.critical("%s", advice, exc_info=True)
-    Notifier().stopping()
+    Notifier(enabled=world.is_main).stopping()
     # Everything that matters is durable now. Tearing down torch's interpreter state takes
     # 0.5–0.8 s here, time a stop budget (TimeoutStopSec, a preemption notice) should not pay.
     logging.shutdown()
@@ -114,8 +137,11 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(int(code))
 
 
-def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
+def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None) -> ExitCode:
     from .config import ConfigError, build_config, load_toml, save_config
+    from .distributed import World
+
+    world = world or World()
 
     run_dir: Path = args.run_dir
     try:
@@ -131,6 +157,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
             "precision": args.precision,
             "mixing": "proxy" if args.with_proxy else args.mixing,
             "threads": args.threads,
+            "deterministic": args.deterministic,
             "batch_size": args.batch_size,
             "log_every": args.log_every,
             "sample_every": args.sample_every,
@@ -141,31 +168,56 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
             overrides["data"] = data_overrides
         cfg = build_config(file_values, overrides, source=str(cfg_path))
         # A device or precision this machine cannot run is refused before run.toml records it.
+        from .distributed import device_for
         from .precision import resolve, resolve_device
 
-        resolve(cfg.precision, resolve_device(cfg.device))
+        device = device_for(world, resolve_device(cfg.device))
+        resolve(cfg.precision, device)
+        if cfg.batch_size % world.size:
+            raise ConfigError(
+                f"batch_size {cfg.batch_size} is the global batch of a step; it must be divisible by "
+                f"the world size {world.size} (each rank trains on an equal share)"
+            )
         from .checkpoint.manager import checkpoint_steps
 
         # A run that has checkpoints but lost its run.toml gets one only once the resume is
         # accepted: written now, a refusal would leave the defaults recorded for every restart.
-        write_config_after_setup = not (run_dir / CONFIG_FILE).exists() and bool(
-            checkpoint_steps(run_dir)
+        # Rank 0 alone writes the run directory; the others read what it wrote (atomically).
+        write_config_after_setup = (
+            world.is_main
+            and not (run_dir / CONFIG_FILE).exists()
+            and bool(checkpoint_steps(run_dir))
         )
-        if not (run_dir / CONFIG_FILE).exists() and not write_config_after_setup:
+        if world.is_main and not (run_dir / CONFIG_FILE).exists() and not write_config_after_setup:
             save_config(cfg, run_dir / CONFIG_FILE)
         skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
         if skip - {"rng", "cursor"}:
             raise ConfigError(f"--unsafe-skip-restore takes rng and/or cursor, not {sorted(skip)}")
+        if args.unsafe_no_coordination and cfg.mixing != "fixed":
+            raise ConfigError(
+                "--unsafe-no-coordination is for benchmarks of the fixed mixture only"
+            )
     except (ConfigError, OSError) as e:
+        # Before the process group exists: torchrun's agent sees this rank fail and stops the others.
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
 
     from .companion import Companion
+    from .distributed import init, shutdown
     from .rundir import AlreadyRunning, SocketDirError
 
-    proxy = Companion(run_dir, flags, args.log_level, args.policy) if args.with_proxy else None
+    backend = init(world, device)
+    proxy = (
+        Companion(run_dir, flags, args.log_level, args.policy)
+        if args.with_proxy and world.is_main
+        else None
+    )
+    refused: StartRefused | None = None
+    code = ExitCode.OK
     try:
-        code = _train(run_dir, cfg, args, flags, skip, write_config_after_setup)
+        code = _train(
+            run_dir, cfg, args, flags, skip, world, device, backend, write_config_after_setup
+        )
     except (AlreadyRunning, SocketDirError) as e:
         refused = StartRefused(str(e), ExitCode.CONFIG_ERROR)
     except StartRefused as e:
@@ -178,6 +230,15 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     finally:
         if proxy is not None:
             proxy.stop()
+    if refused is None or refused.agreed:
+        # Every rank got here with the same agreed outcome, so none waits in a collective any
+        # more; after a refusal of one rank alone, torchrun stops the others instead.
+        shutdown(world)
+    if refused is None:
+        # A proxy the trainer gave up on decides the exit code of an otherwise clean stop.
+        if proxy is not None and proxy.exit_code is not None and code == ExitCode.OK:
+            return proxy.exit_code
+        return code
     # Last, after the proxy's closing lines: the end of the output is where a person looks.
     log.error("%s", refused.message)
     return refused.code
@@ -186,10 +247,12 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
 class StartRefused(Exception):
     """The trainer cannot start on this run directory; the message says why, the code tells systemd."""
 
-    def __init__(self, message: str, code: ExitCode) -> None:
+    def __init__(self, message: str, code: ExitCode, agreed: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        #: Every rank of a job refuses alike (so none waits in a collective any more).
+        self.agreed = agreed
 
 
 def _train(
@@ -198,35 +261,70 @@ def _train(
     args: argparse.Namespace,
     flags: SignalFlags,
     skip: frozenset[str],
+    world: World,
+    device: torch.device,
+    backend: str | None,
     write_config_after_setup: bool = False,
 ) -> ExitCode:
     import zmq
 
+    from . import distributed as dist
     from .checkpoint.manager import ResumeRefused
-    from .config import save_config
+    from .config import ConfigError, save_config
     from .data import DataError
     from .proxy_link import ProxyRefused
+    from .rundir import AlreadyRunning, SocketDirError
     from .trainer import Trainer, TrainerOptions
 
-    trainer = Trainer(TrainerOptions(run_dir, cfg, args.allow_config_change, skip), flags)
-    if skip:
+    opts = TrainerOptions(
+        run_dir,
+        cfg,
+        args.allow_config_change,
+        skip,
+        world=world,
+        coordinate=not args.unsafe_no_coordination,
+    )
+    trainer = Trainer(opts, flags)
+    trainer.backend = backend
+    if skip and world.is_main:
         log.warning(
             "UNSAFE: skipping restore of %s — this run is a negative control and will diverge",
             ",".join(sorted(skip)),
         )
+    # Start-up ends in an agreed outcome: a rank that fails or is stopped there takes every other
+    # rank with it, instead of leaving them in the next collective.
+    code, stopped, message = ExitCode.OK, False, ""
     try:
-        trainer.setup()
+        dist.check_same(world, "the run's config", _shared_config(cfg))
+        trainer.build(device)
     except InterruptedError:
-        log.info("stop requested during start-up; nothing was trained, exiting")
-        return ExitCode.OK
-    except ResumeRefused as e:
-        raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
+        stopped = True
+    except (AlreadyRunning, SocketDirError, ConfigError, dist.DistributedError) as e:
+        code, message = ExitCode.CONFIG_ERROR, str(e)
     except DataError as e:
-        raise StartRefused(f"data: {e}", ExitCode.DATA_ERROR) from None
+        code, message = ExitCode.DATA_ERROR, f"data: {e}"
     except (OSError, zmq.ZMQError) as e:
         # A read-only run directory, an unusable --cache-dir, a socket path that cannot be bound:
         # the operator's to fix, and a restart would repeat it.
-        raise StartRefused(f"cannot set up the run: {e}", ExitCode.CONFIG_ERROR) from None
+        code, message = ExitCode.CONFIG_ERROR, f"cannot set up the run: {e}"
+    if world.distributed:
+        agreed = ExitCode(dist.agree_code(world, int(code)))
+        if agreed != ExitCode.OK and not message:
+            message = (
+                f"another rank of the job could not start (exit {int(agreed)}); its log says why"
+            )
+        code = agreed
+        stopped = bool(dist.agree_code(world, int(stopped or flags.stop_requested())))
+    if code != ExitCode.OK:
+        raise StartRefused(message, code, agreed=True)
+    if stopped:
+        log.info("stop requested during start-up; nothing was trained, exiting")
+        return ExitCode.OK
+    try:
+        trainer.resume()
+    except ResumeRefused as e:
+        # Rank 0's refusal reaches every rank by its broadcast.
+        raise StartRefused(str(e), ExitCode.RESUME_REFUSED, agreed=True) from None
     if write_config_after_setup:
         log.warning("%s was missing; rewritten from the configuration just resumed", CONFIG_FILE)
         save_config(cfg, run_dir / CONFIG_FILE)
@@ -238,6 +336,15 @@ def _train(
     except ResumeRefused as e:
         trainer.close()
         raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
+
+
+def _shared_config(cfg: RunConfig) -> str:
+    """What every rank of a job must agree on: the whole config but where each node caches data."""
+    from .config import canonical_json
+
+    dump = cfg.model_dump(mode="json")
+    dump["data"] = {k: v for k, v in dump["data"].items() if k != "cache_dir"}
+    return canonical_json(dump)
 
 
 if __name__ == "__main__":

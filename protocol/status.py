@@ -30,7 +30,9 @@ class _Status(BaseModel):
 
 class TrainerStatus(_Status):
     role: Literal["trainer"] = "trainer"
-    pid: int
+    pid: int  # in a torchrun job: global rank 0's, the process SIGUSR1 checkpoints through
+    world_size: int = 1  # processes of the job (torchrun's WORLD_SIZE)
+    agent_pid: int | None = None  # in a torchrun job: torchrun's (see docs/distributed.md)
     activity: Activity
     step: int
     max_steps: int

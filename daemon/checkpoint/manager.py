@@ -126,6 +126,9 @@ class Expectation:
     #: Further checks of a manifest against the run being built (each arm's cursor against the
     #: arm's size, say): a message per problem, and the checkpoint is skipped as damaged.
     check: Callable[[Manifest], list[str]] | None = None
+    #: Processes of the job being started: each rank's RNG and cursor states are its own, so a
+    #: checkpoint resumes exactly only at the world size that wrote it.
+    world_size: int = 1
 
 
 @dataclass
@@ -490,6 +493,13 @@ def _first_line(e: Exception) -> str:
 
 def _mismatches(m: Manifest, expect: Expectation) -> list[str]:
     out = []
+    if m.environment.world_size != expect.world_size:
+        out.append(
+            f"world size differs: the checkpoint was written by a job of {m.environment.world_size} "
+            f"process(es), this job has {expect.world_size}; every rank's RNG and data state belongs "
+            f"to its rank, so resume with --nproc-per-node/--nnodes giving {m.environment.world_size} "
+            "processes (docs/distributed.md)"
+        )
     if m.model != expect.model:
         diff = {
             k: (getattr(m.model, k), getattr(expect.model, k))

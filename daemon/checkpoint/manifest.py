@@ -94,7 +94,10 @@ class Progress(_M):
 
 
 class Environment(_M):
-    """What bit-exactness depends on. A resume that changes any of these is announced as inexact."""
+    """What bit-exactness depends on. A resume that changes any of these is announced as inexact.
+
+    The fields after `code_version` were added with distributed training; manifests written before
+    lack them and read as a single process on CPU or an unrecorded GPU."""
 
     device: str
     dtype: str
@@ -103,6 +106,43 @@ class Environment(_M):
     numpy_version: str
     python_version: str
     code_version: str
+    world_size: int = Field(1, ge=1, description="processes of the job (torchrun's WORLD_SIZE)")
+    deterministic: bool = Field(
+        False, description="torch deterministic algorithms, cuBLAS workspace, math attention"
+    )
+    gpu: str | None = Field(
+        None, description="the model of the GPU in use, e.g. 'NVIDIA H100 80GB HBM3'"
+    )
+    compute_capability: str | None = None
+    cuda_driver: str | None = Field(None, description="the NVIDIA kernel driver's version")
+    cuda_runtime: str | None = Field(None, description="the CUDA version torch was built with")
+    cudnn: str | None = None
+    nccl: str | None = None
+
+
+class RankState(_M):
+    """What one rank of a distributed job needs beyond the replicated weights, m and v."""
+
+    rank: int = Field(ge=0)
+    rng: RngState
+    data: list[CursorState]
+
+
+class DistributedState(_M):
+    """A checkpoint of a job of several ranks. Every rank's RNG and cursor states, indexed by
+    global rank, reached rank 0 by a collective; `rng` and `data` at the top level are rank 0's."""
+
+    world_size: int = Field(ge=2)
+    backend: str
+    ranks: list[RankState]
+
+    @model_validator(mode="after")
+    def _one_state_per_rank(self) -> DistributedState:
+        if [r.rank for r in self.ranks] != list(range(self.world_size)):
+            raise ValueError(
+                f"ranks {[r.rank for r in self.ranks]} are not exactly 0..{self.world_size - 1}"
+            )
+        return self
 
 
 class MixingState(_M):
@@ -131,6 +171,9 @@ class Manifest(_M):
     config_hash: str
     config: dict[str, Any]
     created_utc: str
+    distributed: DistributedState | None = Field(
+        None, description="per-rank states of a job of several ranks; None for a single process"
+    )
     pending_losses: list[LossEntry] = Field(
         default_factory=list,
         description="loss records of steps <= step that the proxy had not yet acknowledged; re-sent on resume",

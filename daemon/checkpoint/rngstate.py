@@ -1,12 +1,17 @@
 """Capture and restore every random number generator that can affect training, as plain JSON.
 
-Python's `random`, NumPy's global state, torch's CPU generator and every CUDA device's generator
-are all saved, even those the trainer does not draw from itself today: a library that does (a
-data transform, a custom layer) would otherwise make a resume silently inexact. Restoring is
+Python's `random`, NumPy's global state, torch's CPU generator and the generator of the CUDA device
+in use are all saved, even those the trainer does not draw from itself today: a library that does
+(a data transform, a custom layer) would otherwise make a resume silently inexact. Restoring is
 all-or-nothing and failures raise — never "could not load random states" and carry on. Every
 saved state is checked when the manifest is read, down to trying it on a throwaway generator, so a
 state that the generators would refuse makes the checkpoint damaged (skipped with its reason), never
 a crash after the resume began.
+
+Only the device this process trains on is saved (one entry in `torch_cuda`), never every visible
+device: a run moved to a machine with another number of GPUs (or a rank of a job, which sees its
+node's GPUs) must resume, not fail at every restart. Manifests written before kept one entry per
+visible device; the entry of the device in use is restored from them.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ class RngState(BaseModel):
     python: list
     numpy_global: dict
     torch_cpu: str  # base64 of torch.get_rng_state()
-    torch_cuda: list[str]  # base64 per device, empty without CUDA
+    torch_cuda: list[str]  # base64 of the generator of the device in use; empty without CUDA
+    cuda_device: int | None = None  # that device's index when saved (None: older manifests)
 
     @field_validator("python")
     @classmethod
@@ -129,7 +135,8 @@ def _unb64(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
 
 
-def capture() -> RngState:
+def capture(device: torch.device | None = None) -> RngState:
+    """The state of every generator; on CUDA, of `device`'s generator only (default: current)."""
     version, internal, gauss = random.getstate()
     np_state = np.random.get_state(legacy=False)
     np_state = {
@@ -139,25 +146,54 @@ def capture() -> RngState:
             for k, v in np_state["state"].items()
         },
     }
-    cuda = [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else []
+    cuda, index = [], None
+    if (device is not None and device.type == "cuda") or (device is None and _cuda_initialised()):
+        index = device.index if device is not None else None
+        index = torch.cuda.current_device() if index is None else index
+        cuda = [_b64(torch.cuda.get_rng_state(index))]
     return RngState(
         python=[version, list(internal), gauss],
         numpy_global=np_state,
         torch_cpu=_b64(torch.get_rng_state()),
         torch_cuda=cuda,
+        cuda_device=index,
     )
 
 
-def restore(state: RngState) -> None:
-    """Restore all generators. Raises if the saved CUDA states do not match this machine's devices."""
-    n_dev = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if state.torch_cuda and len(state.torch_cuda) != n_dev:
-        raise RuntimeError(
-            f"checkpoint has RNG states for {len(state.torch_cuda)} CUDA devices, this machine has {n_dev}"
-        )
+def _cuda_initialised() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def restore(state: RngState, device: torch.device | None = None) -> list[str]:
+    """Restore all generators; the saved CUDA state goes to `device`, the one this process trains
+    on. Returns what could not be restored exactly (a CUDA state without a CUDA device here), for
+    the caller to announce with the other reasons a resume is not bit-exact."""
+    notes = []
+    cuda_state = None
+    if state.torch_cuda:
+        here = device if device is not None and device.type == "cuda" else None
+        if here is None:
+            notes.append(
+                f"the checkpoint holds a CUDA generator state (device {state.cuda_device}) but this "
+                "process trains on the CPU; it was not restored"
+            )
+        elif len(state.torch_cuda) == 1:
+            cuda_state = state.torch_cuda[0]
+        else:
+            # An older manifest: one state per visible device. The process trained on the current
+            # device, which is the first unless CUDA_VISIBLE_DEVICES or a rank chose another.
+            index = here.index or 0
+            if index >= len(state.torch_cuda):
+                index = 0
+                notes.append(
+                    f"the checkpoint holds CUDA generator states for {len(state.torch_cuda)} devices "
+                    f"and none for device {here.index}; device 0's was restored"
+                )
+            cuda_state = state.torch_cuda[index]
     version, internal, gauss = state.python
     random.setstate((version, tuple(internal), gauss))
     np.random.set_state(_numpy_arrays(state.numpy_global))
     torch.set_rng_state(_unb64(state.torch_cpu))
-    if state.torch_cuda:
-        torch.cuda.set_rng_state_all([_unb64(s) for s in state.torch_cuda])
+    if cuda_state is not None:
+        torch.cuda.set_rng_state(_unb64(cuda_state), device)
+    return notes
