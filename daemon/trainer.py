@@ -928,6 +928,7 @@ class Trainer:
                 ):
                     self._samples()
                     self._window = [time.perf_counter(), 0, 0]
+                    worked = True
             if d.checkpoint is not None:
                 self._on_checkpoint_request(d.checkpoint)
                 worked = True
