@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.ckpt_format import bin_name, manifest_name
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
+from andrea.daemon.rundir import bin_name, manifest_name
 
 from .conftest import Trainer, run_trainer
 
