@@ -1,0 +1,68 @@
+"""The torchrun unit variant: valid for systemd, and ordered as docs/distributed.md says."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+UNIT = "andrea-trainer-ddp@.service"
+
+
+def installed(tmp_path: Path) -> Path:
+    subprocess.run(
+        [str(REPO / "scripts/install-units.sh"), str(tmp_path)], check=True, capture_output=True
+    )
+    return tmp_path
+
+
+def sections(path: Path) -> configparser.ConfigParser:
+    cp = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    cp.optionxform = str  # systemd keys are case-sensitive
+    cp.read(path)
+    return cp
+
+
+def seconds(value: str) -> float:
+    m = re.fullmatch(r"(\d+)(min|s)?", value)
+    assert m, value
+    return int(m.group(1)) * (60 if m.group(2) == "min" else 1)
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
+)
+def test_systemd_accepts_the_torchrun_unit(tmp_path: Path) -> None:
+    d = installed(tmp_path)
+    names = ["andrea-trainer-ddp@demo.service", "andrea-proxy@demo.service", "andrea@demo.target"]
+    for template, instance in zip([UNIT, "andrea-proxy@.service", "andrea@.target"], names):
+        shutil.copy(d / template, d / instance)
+    res = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *(str(d / n) for n in names)],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0 and res.stderr.strip() == "", res.stderr
+
+
+def test_torchrun_unit_contract(tmp_path: Path) -> None:
+    cp = sections(installed(tmp_path) / UNIT)
+    svc, head = cp["Service"], cp["Unit"]
+    assert svc["Type"] == "notify" and svc["NotifyAccess"] == "all", "rank 0 is not the main pid"
+    start = svc["ExecStart"]
+    assert start.split()[0].endswith("/torchrun") and "--no-python" in start
+    assert "--max-restarts 0" in start, "restarts belong to the unit"
+    shutdown = float(re.search(r"--shutdown-timeout (\d+)", start).group(1))
+    # TimeoutStopSec > --shutdown-timeout > one step plus one checkpoint (the trainer also asks
+    # for more time with EXTEND_TIMEOUT_USEC while it writes).
+    assert seconds(svc["TimeoutStopSec"]) > shutdown >= 120
+    assert "stop --wait" in svc["ExecStop"] and "$MAINPID" in svc["ExecStop"]
+    assert "checkpoint --wait" in svc["ExecReload"] and "kill" not in svc["ExecReload"]
+    assert svc["KillMode"] == "mixed" and "PrivateDevices" not in svc
+    assert head["Conflicts"] == "andrea-trainer@%i.service"
+    assert int(head["StartLimitBurst"]) >= 1
