@@ -16,6 +16,8 @@ from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 TRAINER = {
     "role": "trainer",
     "pid": 4242,
+    "world_size": 1,
+    "agent_pid": None,
     "activity": "holding",
     "step": 30,
     "max_steps": 100,
