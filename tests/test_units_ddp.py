@@ -16,7 +16,9 @@ UNIT = "andrea-trainer-ddp@.service"
 
 def installed(tmp_path: Path) -> Path:
     subprocess.run(
-        [str(REPO / "scripts/install-units.sh"), str(tmp_path)], check=True, capture_output=True
+        [str(REPO / "scripts/install-units.sh"), "--files-only", str(tmp_path)],
+        check=True,
+        capture_output=True,
     )
     return tmp_path
 
