@@ -101,7 +101,7 @@ def manifests(run_dir: Path) -> dict[int, dict]:
 
 
 def stopped_steps(log: str) -> set[int]:
-    return {int(s) for s in re.findall(r"\[rank \d\] stopped at step (\d+)", log)}
+    return {int(s) for s in re.findall(r"\[rank \d\] .*stopped at step (\d+)", log)}
 
 
 def start_proxy(run_dir: Path) -> Trainer:
@@ -153,7 +153,7 @@ def test_sigterm_to_the_agent_then_resume_is_bit_exact(
 ) -> None:
     proxy = start_proxy(tmp_path)
     t = job(torchrun(tmp_path, cache_dir, "--mixing", "proxy"))
-    t.wait_for(r"\[rank 0\] step 5/")
+    t.wait_for(r"\[rank 0\] INFO step 5/")
     t.signal(signal.SIGTERM)
     # torchrun re-raises the signal it forwarded, so the agent itself exits 1 (docs/distributed.md);
     # what matters is that every worker checkpointed the same step and exited 0.
@@ -186,7 +186,7 @@ def test_sigterm_to_the_agent_then_resume_is_bit_exact(
 def test_proxy_sigkill_is_invisible(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
     proxy = start_proxy(tmp_path)
     t = job(torchrun(tmp_path, cache_dir, "--mixing", "proxy"))
-    t.wait_for(r"\[rank 0\] step 6/")
+    t.wait_for(r"\[rank 0\] INFO step 6/")
     proxy.signal(signal.SIGKILL)
     proxy.wait()
     t.wait_for(r"waiting for the proxy", timeout=60)
@@ -207,7 +207,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(
 ) -> None:
     t = job(torchrun(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
     pids = rank_pids(t)
-    t.wait_for(r"\[rank 0\] step 4/")
+    t.wait_for(r"\[rank 0\] INFO step 4/")
     os.kill(pids[1], signal.SIGTERM)
     # No signal reached the agent: its workers all exited 0, so it exits 0.
     assert t.wait(timeout=120) == 0, t.log
@@ -228,7 +228,7 @@ def test_sigusr1_to_rank_0_checkpoints_and_andreactl_stop_ends_the_job(
 ) -> None:
     t = job(torchrun(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
     pids = rank_pids(t)
-    t.wait_for(r"\[rank 0\] step 3/")
+    t.wait_for(r"\[rank 0\] INFO step 3/")
     res = ctl(tmp_path, "--json", "status")
     assert res.returncode == 0, res.stderr
     status = json.loads(res.stdout)["trainer"]
@@ -238,7 +238,7 @@ def test_sigusr1_to_rank_0_checkpoints_and_andreactl_stop_ends_the_job(
     os.kill(status["pid"], signal.SIGUSR1)
     m = t.wait_for(r"checkpoint (step_\d+)\.bin written \(sigusr1")
     usr1 = int(m.group(1)[5:])
-    t.wait_for(rf"\[rank 0\] step {usr1 + 2}/")
+    t.wait_for(rf"\[rank 0\] INFO step {usr1 + 2}/")
     assert t.proc.poll() is None, "SIGUSR1 checkpoints and continues"
 
     res = ctl(tmp_path, "stop", "--wait")
