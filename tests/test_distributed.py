@@ -8,6 +8,7 @@ weights, m, v) and of the canonical loss curve.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -172,6 +173,10 @@ def test_sigterm_to_the_agent_then_resume_is_bit_exact(
     fake = ["AAAAAAAAAAAAAAAAAAAAAA=="] * 2
     for r in [man["rng"]] + [x["rng"] for x in man["distributed"]["ranks"]]:
         r["torch_cuda"] = fake
+    # Sealed again as the manifest's format says (sorted keys, compact, UTF-8), or it is damaged.
+    body = {k: v for k, v in man.items() if k != "content_sha256"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    man["content_sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
     path.write_text(json.dumps(man))
 
     t = job(torchrun(tmp_path, cache_dir, "--mixing", "proxy"))
