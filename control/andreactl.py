@@ -670,6 +670,14 @@ def _verify_resume_arguments(parser: argparse.ArgumentParser) -> None:
         help="trainer problem: prove the resume on this run config (its preset, data, device); "
         "the global --run-dir uses that run's run.toml",
     )
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), help="trainer problem: the device (default cpu)"
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        help="trainer problem: processes, through torchrun --standalone (DDP) when more than 1",
+    )
 
 
 def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

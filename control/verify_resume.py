@@ -211,6 +211,7 @@ def run_path(
     index: int,
     total: int,
     stop_on: str | None = None,
+    ok_codes: tuple[int, ...] = (0,),
 ) -> PathRecord:
     """Run one path as a fresh process, its output in ``log_dir/NAME.log``; raise if it fails.
 
@@ -220,7 +221,8 @@ def run_path(
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{name}.log"
-    print(f"[{index}/{total}] {name:<16} python {' '.join(argv[1:])}", flush=True)
+    program = "python" if argv[0] == sys.executable else Path(argv[0]).name
+    print(f"[{index}/{total}] {name:<16} {program} {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()
     deadline = started + PATH_TIMEOUT_S
     pattern = re.compile(stop_on.encode()) if stop_on else None
@@ -260,7 +262,7 @@ def run_path(
         finally:
             reader.join()
     seconds = time.monotonic() - started
-    if returncode != 0:
+    if returncode not in ok_codes:
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-10:])
         raise VerificationIncomplete(
             f"path {name} exited with {returncode} (log: {log_file}):\n{tail}"
@@ -782,21 +784,56 @@ class _TrainerRun:
     log: str
 
 
+class TrainerLaunch(BaseModel):
+    """How the trainer problem starts ``andrea-trainer``: on which device (None: the config's, or
+    cpu for the tiny preset), and in how many processes (more than one: through
+    ``torchrun --standalone``, DDP)."""
+
+    model_config = ConfigDict(frozen=True)
+    device: Literal["cpu", "cuda"] | None = None
+    nproc: int = Field(default=1, ge=1)
+
+    def prefix(self) -> list[str]:
+        if self.nproc == 1:
+            return [sys.executable, "-B", "-m", "andrea.daemon.trainer_cli"]
+        bin_dir = Path(sys.executable).parent
+        return [
+            str(bin_dir / "torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            str(self.nproc),
+            "--max-restarts",
+            "0",
+            "--no-python",
+            str(bin_dir / "andrea-trainer"),
+        ]
+
+    @property
+    def stop_codes(self) -> tuple[int, ...]:
+        # torchrun re-raises the SIGTERM it forwarded to its workers: it exits 1 even when every
+        # worker checkpointed and exited 0 (docs/distributed.md). The checkpoint is checked after.
+        return (0,) if self.nproc == 1 else (0, 1)
+
+
 def _trainer_command(
-    run_dir: Path, cache_dir: Path | None, *extra: str, config: Path | None = None
+    run_dir: Path,
+    cache_dir: Path | None,
+    *extra: str,
+    config: Path | None = None,
+    launch: TrainerLaunch | None = None,
 ) -> list[str]:
+    launch = launch or TrainerLaunch()
     # The user's configuration decides preset, data, device, precision and threads; the schedule of
     # the proof (steps, cadence, the fixed mixture, no samples) is the protocol's.
     setup = (
         ["--config", str(config)]
         if config is not None
-        else ["--preset", "andrea-tiny", "--device", "cpu", "--threads", "1"]
+        else ["--preset", "andrea-tiny", "--device", launch.device or "cpu", "--threads", "1"]
     )
+    if config is not None and launch.device is not None:
+        setup += ["--device", launch.device]
     argv = [
-        sys.executable,
-        "-B",
-        "-m",
-        "andrea.daemon.trainer_cli",
+        *launch.prefix(),
         "--run-dir",
         str(run_dir),
         *setup,
@@ -928,14 +965,16 @@ def _trainer_paths(
     reuse: Path | None,
     cache_dir: Path | None,
     config: Path | None = None,
+    launch: TrainerLaunch | None = None,
 ) -> tuple[list[PathRecord], dict[str, _TrainerRun], int]:
+    launch = launch or TrainerLaunch()
     logs = output / "logs"
     records: dict[str, PathRecord] = {}
     if reuse is None:
         source = output
         records[CONTINUOUS] = run_path(
             CONTINUOUS,
-            _trainer_command(output / CONTINUOUS, cache_dir, config=config),
+            _trainer_command(output / CONTINUOUS, cache_dir, config=config, launch=launch),
             output / CONTINUOUS,
             logs,
             1,
@@ -943,12 +982,13 @@ def _trainer_paths(
         )
         records[STOP] = run_path(
             STOP,
-            _trainer_command(output / STOP, cache_dir, config=config),
+            _trainer_command(output / STOP, cache_dir, config=config, launch=launch),
             output / STOP,
             logs,
             2,
             5,
             stop_on=rf"step {TRAINER_SIGNAL_AFTER}/{TRAINER_TOTAL_STEPS} ",
+            ok_codes=launch.stop_codes,
         )
         stop_step = _trainer_stop_step(output / STOP, records[STOP])
     else:
@@ -970,7 +1010,7 @@ def _trainer_paths(
     for index, (name, skipped) in enumerate(resumes.items(), start=3):
         _copy_stop(source / STOP, output / name, stop_manifest)
         extra = ["--unsafe-skip-restore", skipped] if skipped else []
-        command = _trainer_command(output / name, cache_dir, *extra, config=config)
+        command = _trainer_command(output / name, cache_dir, *extra, config=config, launch=launch)
         records[name] = run_path(name, command, output / name, logs, index, 5)
     runs = {
         name: _load_trainer_run((output if name in resumes else source) / name, record)
@@ -1247,6 +1287,7 @@ def run_trainer(
     reuse: Path | None = None,
     cache_dir: Path | None = None,
     config: tuple[Path, Path] | None = None,
+    launch: TrainerLaunch | None = None,
 ) -> int:
     """Verify the real trainer's resume into the new directory ``output``; returns the exit code.
 
@@ -1262,7 +1303,9 @@ def run_trainer(
 
     def body(report: VerificationReport) -> None:
         prepared = user_config(output, *config) if config is not None else None
-        paths, runs, stop_step = _trainer_paths(output, sabotage, reuse, cache_dir, prepared)
+        paths, runs, stop_step = _trainer_paths(
+            output, sabotage, reuse, cache_dir, prepared, launch
+        )
         report.paths = paths
         report.stop_step = stop_step
         report.stop_path = compare_all(
@@ -1306,13 +1349,17 @@ class ProblemOptions(BaseModel):
         default=None,
         description="The user's run config and the base of its relative paths (trainer problem only).",
     )
+    launch: TrainerLaunch = Field(
+        default_factory=TrainerLaunch,
+        description="Device and process count (trainer problem only).",
+    )
 
 
 #: Problem name → runner. A runner takes (output, options) and returns the exit code.
 PROBLEMS: dict[str, Callable[[Path, ProblemOptions], int]] = {
     "mini": lambda output, options: run_mini(output, options.sabotage, options.reuse),
     "trainer": lambda output, options: run_trainer(
-        output, options.sabotage, options.reuse, options.cache_dir, options.config
+        output, options.sabotage, options.reuse, options.cache_dir, options.config, options.launch
     ),
 }
 
@@ -1359,12 +1406,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="trainer problem: prove the resume on this run config (its preset, data, device) "
         "instead of the tiny preset",
     )
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), help="trainer problem: the device (default cpu)"
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        help="trainer problem: processes, through torchrun --standalone (DDP) when more than 1",
+    )
 
 
 def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Run the verification that ``args`` (parsed by :func:`add_arguments`) describe; returns the exit code."""
-    if args.cache_dir is not None and args.problem != "trainer":
-        parser.error("--cache-dir applies to the trainer problem only")
+    for name in ("cache_dir", "device", "nproc"):
+        if getattr(args, name, None) is not None and args.problem != "trainer":
+            parser.error(f"--{name.replace('_', '-')} applies to the trainer problem only")
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None and nproc < 1:
+        parser.error("--nproc must be at least 1")
+    launch = TrainerLaunch(device=getattr(args, "device", None), nproc=nproc or 1)
     config: Path | None = getattr(args, "config", None)
     run_dir: Path | None = getattr(args, "run_dir", None)
     if (config is not None or run_dir is not None) and args.problem != "trainer":
@@ -1387,7 +1447,11 @@ def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
             print(f"verify-resume: {e}", file=sys.stderr)
             return 2
     options = ProblemOptions(
-        sabotage=args.sabotage, reuse=args.reuse, cache_dir=args.cache_dir, config=prepared
+        sabotage=args.sabotage,
+        reuse=args.reuse,
+        cache_dir=args.cache_dir,
+        config=prepared,
+        launch=launch,
     )
     return PROBLEMS[args.problem](args.output, options)
 

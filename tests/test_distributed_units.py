@@ -4,6 +4,7 @@ agreement in a world of one, per-rank manifest states and CUDA RNG states from o
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,3 +142,19 @@ def test_deterministic_mode_repeats_a_training_step_bit_for_bit() -> None:
     finally:
         determinism.apply(False)
     assert torch.equal(grads[0], grads[1])
+
+
+def test_verify_resume_runs_the_trainer_through_torchrun_for_nproc() -> None:
+    from andrea.control.verify_resume import TrainerLaunch, _trainer_command, main
+
+    single = _trainer_command(Path("/r"), None)
+    assert single[1:4] == ["-B", "-m", "andrea.daemon.trainer_cli"]
+    assert single[single.index("--device") + 1] == "cpu"
+    job = _trainer_command(Path("/r"), None, launch=TrainerLaunch(device="cuda", nproc=2))
+    assert Path(job[0]).name == "torchrun" and job[1:4] == ["--standalone", "--nproc-per-node", "2"]
+    assert Path(job[job.index("--no-python") + 1]).name == "andrea-trainer"
+    assert job[job.index("--device") + 1] == "cuda"
+    # torchrun re-raises the SIGTERM it forwarded: the stop path may end with 1.
+    assert TrainerLaunch(nproc=2).stop_codes == (0, 1) and TrainerLaunch().stop_codes == (0,)
+    with pytest.raises(SystemExit):
+        main(["--output", "/nonexistent/x", "--problem", "mini", "--nproc", "2"])
