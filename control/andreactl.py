@@ -574,7 +574,10 @@ def cmd_metrics(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         def progress(done: int, total: int) -> None:
             print(f"metrics: {done:,}/{total:,} steps written", file=sys.stderr, flush=True)
 
-        n = export_tensorboard(curve, out, progress)
+        try:
+            n = export_tensorboard(curve, out, progress)
+        except ValueError as e:  # tensorboardX is not installed
+            raise UserError(str(e)) from None
     else:
         n = (files.write_csv if args.format == "csv" else files.write_jsonl)(curve, out)
     _emit(

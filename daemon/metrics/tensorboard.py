@@ -52,8 +52,15 @@ class EventWriter:
 
     def __init__(self, logdir: Path) -> None:
         # Imported here: only runs that ask for TensorBoard need tensorboardX installed.
-        from tensorboardX.event_file_writer import EventsWriter
-        from tensorboardX.proto import event_pb2, summary_pb2
+        try:
+            from tensorboardX.event_file_writer import EventsWriter
+            from tensorboardX.proto import event_pb2, summary_pb2
+        except ImportError as e:
+            # A ValueError is a configuration error to the daemons: reported, not restarted.
+            raise ValueError(
+                f"TensorBoard event files need tensorboardX ({e}); install the extra with "
+                "pip install 'andrea[tensorboard]' or set [metrics] tensorboard = false"
+            ) from None
 
         logdir.mkdir(parents=True, exist_ok=True)
         self._event, self._summary, self._session = (
