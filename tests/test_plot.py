@@ -14,6 +14,7 @@ import pytest
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from andrea.control import andreactl
 from andrea.control.plot import audit_figure, reduce_minmax
 from andrea.control.run_events import RunEvents, read_run_events
 from andrea.daemon.losslog import LossCurve, read_curve
@@ -123,7 +124,7 @@ def test_every_panel_and_mark_of_a_real_run(audited_run: Path) -> None:
 
 
 @pytest.mark.process
-def test_step_range_and_the_command(audited_run: Path, tmp_path: Path) -> None:
+def test_step_range_and_the_command(audited_run: Path, tmp_path: Path, capsys) -> None:
     curve = read_curve(audited_run / ".loss.json")
     fig = audit_figure(curve, read_run_events(audited_run, curve), since=10, until=30)
     (line,) = by_gid(panels(fig)["loss"], "loss")
@@ -131,31 +132,23 @@ def test_step_range_and_the_command(audited_run: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no logged step"):
         audit_figure(curve, RunEvents(), since=10_000)
 
-    for out in (tmp_path / "run.png", tmp_path / "run.svg"):
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "andrea.control.andreactl",
-                "--run-dir",
-                str(audited_run),
-                "--json",
-                "plot",
-                "--out",
-                str(out),
-                "--since",
-                "5",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert res.returncode == 0, res.stderr
-        report = json.loads(res.stdout)
+    # The command as a user runs it (a process), then the SVG path in this process.
+    argv = ["plot", "--run-dir", str(audited_run), "--json", "--since", "5", "--out"]
+    png, svg = tmp_path / "run.png", tmp_path / "run.svg"
+    res = subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", *argv, str(png)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stderr
+    assert andreactl.main([*argv, str(svg)]) == 0
+    for out, stdout in ((png, res.stdout), (svg, capsys.readouterr().out)):
+        report = json.loads(stdout)
         assert report["steps"] == len(curve) - 4 and report["zombies"] == ["comments"]
         assert out.stat().st_size > 10_000
-    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert b"<svg" in (tmp_path / "run.svg").read_bytes()[:2000]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in svg.read_bytes()[:2000]
 
 
 def synthetic_curve(n: int, spikes: dict[int, float]) -> LossCurve:
