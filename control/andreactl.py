@@ -28,7 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from andrea.daemon.rundir import LOSS_FILE, SAMPLES_FILE
-from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
+from andrea.protocol.status import Activity, HoldState, ProxyStatus, TrainerStatus
 
 from . import reports as r
 
@@ -165,6 +165,13 @@ def _status_text(report: r.StatusReport, run_dir: Path) -> str:
             + f", segment {t.segment}, pid {t.pid}"
             + (f", {t.device} {t.dtype}" if t.device else "")
         )
+        if (h := t.hold) is not None:
+            where = f"after step {h.step}" if h.step is not None else "until its next boundary"
+            lines.append(
+                f"         hold {h.id} ({h.state} {where}, {h.age_s:.0f} s, client pid "
+                f"{h.owner_pid or '?'}): release with `andreactl pivot --policy FILE` or "
+                "`andreactl pivot --cancel`"
+            )
     p = report.proxy
     if p is None:
         lines.append(
@@ -322,8 +329,20 @@ def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _pivot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", type=Path, help="the new policy (caps and floors) as TOML")
     parser.add_argument(
-        "--policy", type=Path, required=True, help="the new policy (caps and floors) as TOML"
+        "--dry-run",
+        action="store_true",
+        help="check the policy against the live arms and show old → new bounds and the boundary "
+        "step it would use; change nothing",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="start a new phase even if the policy is unchanged"
+    )
+    parser.add_argument(
+        "--cancel",
+        action="store_true",
+        help="release a trainer held by an interrupted pivot, without pivoting",
     )
     parser.add_argument(
         "--timeout",
@@ -331,60 +350,229 @@ def _pivot_arguments(parser: argparse.ArgumentParser) -> None:
         default=3600.0,
         help="give up waiting for the boundary after this many seconds",
     )
+    parser.add_argument(
+        "--hold-timeout",
+        type=float,
+        default=600.0,
+        help="the trainer releases itself after holding this long without a resume (a safety net "
+        "for a client that dies mid-pivot)",
+    )
+
+
+def _fail(message: str) -> int:
+    print(f"andreactl: {message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pivot_report(data: dict, dry_run: bool) -> r.PivotReport:
+    live = set(data.get("live_arms", []))
+    return r.PivotReport(
+        time=r.utc_now(),
+        dry_run=dry_run,
+        phase=data["phase"] + 1 if dry_run else data["phase"],
+        boundary_step=data["boundary_step"],
+        archive=None if dry_run else data.get("archive"),
+        already=bool(data.get("already")),
+        old_policy=data["old_policy"],
+        new_policy=data["new_policy"],
+        changes=data["changes"],
+        bounds=[r.BoundsRow(**row, live=row["arm"] in live) for row in data["bounds"]],
+    )
+
+
+def _bounds_text(report: r.PivotReport) -> str:
+    from andrea.daemon.mixing.policy import human
+
+    rows = [f"{'arm':<16} {'floor':>16} {'cap':>16}"]
+    for b in report.bounds:
+        floor = f"{human(b.old_floor)} → {human(b.new_floor)}"
+        cap = f"{human(b.old_cap)} → {human(b.new_cap)}"
+        note = "" if b.live else "  (not live: ignored)"
+        rows.append(f"{'*' if b.changed else ' '}{b.arm:<15} {floor:>16} {cap:>16}{note}")
+    return "\n".join(rows)
+
+
+def _next_boundary(trainer: TrainerStatus) -> int:
+    every, step = trainer.checkpoint_every, trainer.step
+    return step + 1 if every == 0 else (step // every + 1) * every
+
+
+def _release(args: argparse.Namespace, hold_id: str) -> object | None:
+    from andrea.protocol import messages as m
+    from andrea.protocol.transport import new_id
+
+    return _ask(args.run_dir, "trainer", m.ResumeRequest(id=new_id(), hold_id=hold_id))
+
+
+def _cancel(args: argparse.Namespace, trainer: TrainerStatus, proxy: ProxyStatus | None) -> int:
+    hold = trainer.hold
+    if hold is None or hold.state is HoldState.FAILED:
+        raise UserError("the trainer holds for no pivot; nothing to cancel")
+    if hold.state is HoldState.PENDING and _pid_alive(hold.owner_pid):
+        print(
+            f"pivot: cancelling hold {hold.id} of a pivot still waiting for its boundary "
+            f"(andreactl pid {hold.owner_pid} will report it)",
+            file=sys.stderr,
+        )
+    reply = _release(args, hold.id)
+    if reply is None or not reply.ok:
+        return _fail(f"the trainer did not release hold {hold.id}: {reply and reply.error}")
+    pivoted = (
+        proxy is not None
+        and hold.step is not None
+        and proxy.phase > 0
+        and proxy.phase_start_step == hold.step
+    )
+    report = r.PivotCancelReport(
+        time=r.utc_now(), hold_id=hold.id, outcome=reply.data["outcome"], pivoted=pivoted
+    )
+    _emit(
+        args,
+        report,
+        f"hold {hold.id} {report.outcome}; "
+        + (
+            f"the proxy had already started phase {proxy.phase} after step {hold.step}, "
+            "which stays in force"
+            if pivoted and proxy is not None
+            else "no pivot was made; the trainer continues under the current phase"
+        ),
+    )
+    return EXIT_OK
 
 
 def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The seed's polish pivot as one command: the trainer checkpoints at the next cadence boundary
     and holds; the proxy archives .samples.json and .state.json with the old policy and starts a
-    fresh bandit under the new one; the trainer continues from exactly that step."""
+    fresh bandit under the new one; the trainer continues from exactly that step.
+
+    Everything that can be checked is checked before the trainer is asked to hold (the policy, its
+    arms and feasibility against the live arms, an unchanged policy); a refusal changes nothing
+    (exit 2). Re-running after an interrupted pivot completes it; `--cancel` releases it."""
     from andrea.daemon.mixing.policy import PolicyError, load_policy
     from andrea.protocol import messages as m
     from andrea.protocol.transport import new_id
 
-    try:
-        load_policy(args.policy)
-        text = args.policy.read_text(encoding="utf-8")
-    except PolicyError as e:
-        raise UserError(str(e)) from None
+    if not args.cancel:
+        if args.policy is None:
+            raise UserError("pivot needs --policy FILE (or --cancel)")
+        try:
+            load_policy(args.policy)
+            text = args.policy.read_text(encoding="utf-8")
+        except PolicyError as e:
+            raise UserError(str(e)) from None
     status = _status_report(args.run_dir)
     trainer, proxy = status.trainer, status.proxy
-    if trainer is None or proxy is None:
-        print(
-            "andreactl: a pivot needs the trainer and the proxy running and answering",
-            file=sys.stderr,
-        )
-        return 1
+    if trainer is None:
+        return _fail("a pivot needs the trainer running and answering")
+    if args.cancel:
+        return _cancel(args, trainer, proxy)
+    if proxy is None:
+        return _fail("a pivot needs the proxy running and answering")
     if trainer.mixing != "proxy":
+        return _fail("the trainer uses a fixed mixture; there is no bandit to pivot")
+
+    hold = trainer.hold
+    resuming = None
+    if hold is not None and hold.state is not HoldState.FAILED:
+        if _pid_alive(hold.owner_pid) and hold.owner_pid != os.getpid():
+            return _fail(
+                f"another pivot is in progress (hold {hold.id}, andreactl pid {hold.owner_pid}); "
+                "wait for it, or cancel it with `andreactl pivot --cancel`"
+            )
+        resuming = hold
         print(
-            "andreactl: the trainer uses a fixed mixture; there is no bandit to pivot",
+            f"pivot: completing an interrupted pivot (hold {hold.id}, {hold.state}"
+            + (f" after step {hold.step}" if hold.step is not None else "")
+            + ")",
             file=sys.stderr,
         )
-        return 1
-    reply = _ask(
-        args.run_dir, "trainer", m.CheckpointRequest(id=new_id(), boundary=True, hold=True)
+
+    boundary = resuming.step if resuming is not None and resuming.step is not None else None
+    check = _ask(
+        args.run_dir,
+        "proxy",
+        m.PivotRequest(
+            id=new_id(),
+            policy_toml=text,
+            boundary_step=boundary or _next_boundary(trainer),
+            dry_run=True,
+            force=args.force,
+        ),
+        timeout=30,
+        retries=1,
     )
-    if reply is None or not reply.ok:
+    if check is None:
+        return _fail("the proxy did not answer the policy check; nothing was changed")
+    if not check.ok and not (resuming is not None and check.data.get("kind") == "no-op"):
+        raise UserError(f"pivot refused, nothing was changed: {check.error}")
+    if args.dry_run:
+        report = _pivot_report(check.data, dry_run=True)
+        _emit(
+            args,
+            report,
+            f"dry run: phase {report.phase - 1} (policy {report.old_policy[:12]}) would end and "
+            f"phase {report.phase} (policy {report.new_policy[:12]}) start after step "
+            f"{report.boundary_step} (the trainer's next checkpoint boundary; it is at step "
+            f"{trainer.step})\n" + _bounds_text(report) + "\nnothing was changed",
+        )
+        return EXIT_OK
+
+    if resuming is None:
+        reply = _ask(
+            args.run_dir,
+            "trainer",
+            m.CheckpointRequest(
+                id=new_id(),
+                boundary=True,
+                hold=True,
+                hold_owner_pid=os.getpid(),
+                hold_timeout_s=args.hold_timeout,
+            ),
+        )
+        if reply is None or not reply.ok:
+            return _fail(
+                f"the trainer did not accept the hold: {reply.error if reply else 'no answer'}"
+            )
+        hold_id = reply.data["hold_id"]
         print(
-            f"andreactl: the trainer did not accept the boundary checkpoint: {reply and reply.error}",
+            f"pivot: the trainer will checkpoint at its next boundary and hold (hold {hold_id}, "
+            f"now at step {trainer.step})",
             file=sys.stderr,
         )
-        return 1
-    print(
-        f"pivot: the trainer will checkpoint at its next boundary and hold (now at step {trainer.step})",
-        file=sys.stderr,
-    )
+    else:
+        hold_id = resuming.id
+
     deadline = time.monotonic() + args.timeout
+    last_answer = time.monotonic()
     while True:
         t = _status_report(args.run_dir).trainer
-        if t is not None and t.activity is Activity.HOLDING:
-            boundary = t.step
+        if t is not None:
+            last_answer = time.monotonic()
+        elif time.monotonic() - last_answer > 30:
+            return _fail("the trainer stopped answering; nothing was changed")
+        h = t.hold if t is not None else None
+        if h is not None and h.id == hold_id and h.state is HoldState.HOLDING and h.acknowledged:
+            boundary = h.step
             break
+        if t is not None and (h is None or h.id != hold_id):
+            return _fail(f"hold {hold_id} is gone (cancelled or timed out); nothing was changed")
+        if h is not None and h.state is HoldState.FAILED:
+            return _fail(f"the trainer could not hold: {h.error}; nothing was changed")
         if time.monotonic() > deadline or (t is not None and t.activity is Activity.STOPPING):
-            print(
-                "andreactl: the trainer did not reach a boundary; nothing was changed",
-                file=sys.stderr,
-            )
-            return 1
+            _release(args, hold_id)
+            return _fail("the trainer did not reach a boundary; nothing was changed")
         time.sleep(0.2)
     print(
         f"pivot: trainer holding after step {boundary}; starting the new phase in the proxy",
@@ -393,32 +581,155 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     result = _ask(
         args.run_dir,
         "proxy",
-        m.PivotRequest(id=new_id(), policy_toml=text, boundary_step=boundary),
+        m.PivotRequest(id=new_id(), policy_toml=text, boundary_step=boundary, force=args.force),
         timeout=30,
         retries=1,
     )
-    released = _ask(args.run_dir, "trainer", m.ResumeRequest(id=new_id()))
+    released = _release(args, hold_id)
     if result is None or not result.ok:
         why = "no answer" if result is None else result.error
-        print(
-            f"andreactl: the proxy did not pivot ({why}); the trainer continues under the old policy",
-            file=sys.stderr,
+        return _fail(
+            f"the proxy did not pivot ({why}); the trainer continues under the current policy"
         )
-        return 1
-    if released is None:
-        print(
-            "andreactl: the proxy pivoted but the trainer did not answer the resume; run `andreactl checkpoint` "
-            "or restart the trainer (it resumes from the boundary checkpoint)",
-            file=sys.stderr,
+    if released is None or not released.ok:
+        return _fail(
+            f"the proxy pivoted but the trainer did not take the resume of hold {hold_id}; run "
+            f"`andreactl pivot --policy {args.policy}` again to release it"
         )
-        return 1
+    report = _pivot_report(result.data, dry_run=False)
     _emit(
         args,
-        r.PivotReport(time=r.utc_now(), **result.data),
-        f"pivot done: phase {result.data['phase']} starts after step {boundary}; "
-        f"the ended phase is archived in {result.data['archive']}",
+        report,
+        f"pivot done: phase {report.phase} starts after step {boundary}; the ended phase is "
+        f"archived in {report.archive}\n" + _bounds_text(report),
     )
-    return 0
+    return EXIT_OK
+
+
+# --- checkpoints, prune ---------------------------------------------------------------------------------
+
+
+def _checkpoints_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="check manifests and sizes only, without hashing every payload",
+    )
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _inventory(args: argparse.Namespace, verify: bool) -> list:
+    from andrea.daemon.checkpoint.catalog import inventory
+
+    def progress(i: int, n: int, step: int) -> None:
+        if verify and sys.stderr.isatty():
+            print(f"\rverifying {i + 1}/{n} (step {step})…", end="", file=sys.stderr, flush=True)
+
+    entries = inventory(args.run_dir, verify=verify, progress=progress)
+    if verify and sys.stderr.isatty():
+        print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+    return entries
+
+
+def _entry_row(e: object, now: datetime) -> str:
+    note = " (pivot boundary)" if e.pivot_boundary else ""
+    age = e.age_seconds(now)
+    return f"{e.step:>10} {e.trigger:<9} {_human_bytes(e.bytes):>9} {_ago(age):>9}  {e.state}{note}"
+
+
+def cmd_checkpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Every checkpoint of the run: step, trigger, size, age and whether it verifies."""
+    entries = _inventory(args, verify=not args.quick)
+    now = r.utc_now()
+    total = sum(e.bytes for e in entries)
+    report = r.CheckpointsReport(
+        time=now,
+        checkpoints=[
+            r.CheckpointRow(
+                step=e.step,
+                trigger=e.trigger,
+                bytes=e.bytes,
+                created=e.created_utc,
+                state=e.state,
+                intact=e.intact,
+                pivot_boundary=e.pivot_boundary,
+            )
+            for e in entries
+        ],
+        total_bytes=total,
+    )
+    text = "\n".join(
+        [f"{'step':>10} {'trigger':<9} {'size':>9} {'age':>9}  state"]
+        + [_entry_row(e, now) for e in entries]
+        + [f"{len(entries)} checkpoints, {_human_bytes(total)}"]
+    )
+    _emit(args, report, text)
+    return EXIT_OK
+
+
+def _prune_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--keep-latest",
+        type=int,
+        default=2,
+        help="keep this many of the newest checkpoints, whatever their trigger (default 2)",
+    )
+    parser.add_argument(
+        "--steps", help="remove only these steps (comma-separated) instead of all older ones"
+    )
+    parser.add_argument(
+        "--include-boundaries", action="store_true", help="pivot boundaries may be removed too"
+    )
+    parser.add_argument(
+        "--include-newest",
+        action="store_true",
+        help="the newest intact checkpoint (the resume point) may be removed too",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="show what would go; remove nothing")
+
+
+def cmd_prune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Remove old checkpoints (audit points included), never the newest intact one or a pivot
+    boundary unless told to. Damaged ones are left for inspection."""
+    from andrea.daemon.checkpoint.catalog import plan_prune, prune
+
+    if args.keep_latest < 0:
+        raise UserError("--keep-latest must be >= 0")
+    try:
+        steps = {int(x) for x in args.steps.split(",")} if args.steps else None
+    except ValueError:
+        raise UserError(
+            f"--steps takes step numbers separated by commas, not {args.steps!r}"
+        ) from None
+    entries = _inventory(args, verify=True)
+    if steps is not None and (unknown := steps - {e.step for e in entries}):
+        raise UserError(f"no checkpoint for step(s) {', '.join(map(str, sorted(unknown)))}")
+    plan = plan_prune(
+        entries, args.keep_latest, steps, args.include_boundaries, args.include_newest
+    )
+    now = r.utc_now()
+    size = sum(e.bytes for e in plan.remove)
+    freed = size if args.dry_run else prune(args.run_dir, plan)
+    lines = ["would remove:" if args.dry_run else "removed:"]
+    lines += [_entry_row(e, now) for e in plan.remove] or ["  nothing"]
+    lines += ["kept:"] + [f"{s:>10}  {why}" for s, why in sorted(plan.keep.items(), reverse=True)]
+    lines.append(f"{len(plan.remove)} checkpoints, {_human_bytes(freed)}")
+    report = r.PruneReport(
+        time=now,
+        dry_run=args.dry_run,
+        removed=[e.step for e in plan.remove],
+        kept=plan.keep,
+        bytes=freed,
+    )
+    _emit(args, report, "\n".join(lines))
+    return EXIT_OK
 
 
 # --- history, samples, plot, size ----------------------------------------------------------------------
@@ -748,7 +1059,28 @@ COMMANDS: tuple[Command, ...] = (
         "start a new bandit phase under a new policy at the next boundary",
         _pivot_arguments,
         cmd_pivot,
-        examples=("andreactl pivot --run-dir runs/r1 --policy polish.toml",),
+        examples=(
+            "andreactl pivot --run-dir runs/r1 --policy polish.toml --dry-run",
+            "andreactl pivot --run-dir runs/r1 --policy polish.toml",
+            "andreactl pivot --run-dir runs/r1 --cancel",
+        ),
+    ),
+    Command(
+        "checkpoints",
+        "every checkpoint: step, trigger, size, age, verified (pivot boundaries marked)",
+        _checkpoints_arguments,
+        cmd_checkpoints,
+        examples=("andreactl checkpoints --run-dir runs/r1",),
+    ),
+    Command(
+        "prune",
+        "remove old checkpoints; never the newest intact one or a pivot boundary unless told",
+        _prune_arguments,
+        cmd_prune,
+        examples=(
+            "andreactl prune --run-dir runs/r1 --keep-latest 2 --dry-run",
+            "andreactl prune --run-dir runs/r1 --steps 35,1200",
+        ),
     ),
     Command(
         "history",

@@ -72,13 +72,71 @@ class RequestReport(_Report):
     error: str | None
 
 
+class BoundsRow(_Report):
+    """One arm's bounds under the running policy and the new one."""
+
+    arm: str
+    old_floor: float
+    old_cap: float
+    new_floor: float
+    new_cap: float
+    changed: bool
+    live: bool = Field(description="a zombie's bounds are ignored")
+
+
 class PivotReport(_Report):
+    """``pivot`` (and ``pivot --dry-run``): the pivot made, or the one that would be made."""
+
     time: datetime
+    dry_run: bool = Field(description="true: nothing was changed; boundary_step is the next one")
     phase: int = Field(description="the phase that starts after boundary_step")
     boundary_step: int
-    archive: str = Field(
-        description="where the ended phase was archived, relative to the run directory"
+    archive: str | None = Field(
+        description="where the ended phase was archived, relative to the run directory (null for "
+        "a dry run)"
     )
+    already: bool = Field(description="the proxy had made this pivot already (a completed re-run)")
+    old_policy: str = Field(description="fingerprint of the policy of the ended phase")
+    new_policy: str = Field(description="fingerprint of the new phase's policy")
+    changes: list[str] = Field(description="each differing setting, `key: old → new`")
+    bounds: list[BoundsRow]
+
+
+class PivotCancelReport(_Report):
+    """``pivot --cancel``."""
+
+    time: datetime
+    hold_id: str
+    outcome: str = Field(description="released after step N, or cancelled before the boundary")
+    pivoted: bool = Field(description="the proxy had already pivoted at the hold's step")
+
+
+class CheckpointRow(_Report):
+    step: int
+    trigger: str
+    bytes: int
+    created: str | None = Field(description="when its manifest was written (RFC 3339)")
+    state: str = Field(description='"ok", "size ok" (not hashed: --quick) or "damaged: why"')
+    intact: bool
+    pivot_boundary: bool
+
+
+class CheckpointsReport(_Report):
+    """``checkpoints``: every checkpoint with a manifest, newest first."""
+
+    time: datetime
+    checkpoints: list[CheckpointRow]
+    total_bytes: int
+
+
+class PruneReport(_Report):
+    """``prune`` (and ``prune --dry-run``)."""
+
+    time: datetime
+    dry_run: bool
+    removed: list[int] = Field(description="steps removed (or that would be)")
+    kept: dict[int, str] = Field(description="step → why it is kept")
+    bytes: int = Field(description="bytes freed (or that would be)")
 
 
 class HistoryRow(_Report):
@@ -131,6 +189,8 @@ REPORTS: dict[str, type[BaseModel]] = {
     "checkpoint": RequestReport,
     "stop": RequestReport,
     "pivot": PivotReport,
+    "checkpoints": CheckpointsReport,
+    "prune": PruneReport,
     "history": HistoryReport,
     "samples": SamplesReport,
     "plot": PlotReport,

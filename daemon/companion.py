@@ -42,7 +42,12 @@ class Companion:
     """Runs andrea-proxy beside the trainer and reacts to its exits."""
 
     def __init__(
-        self, run_dir: Path, flags: SignalFlags, log_level: str, policy: Path | None
+        self,
+        run_dir: Path,
+        flags: SignalFlags,
+        log_level: str,
+        policy: Path | None,
+        pivot: bool = False,
     ) -> None:
         self.run_dir = run_dir
         self.flags = flags
@@ -57,6 +62,8 @@ class Companion:
         ]
         if policy is not None:
             self.cmd += ["--policy", str(policy)]
+        if pivot:
+            self.cmd += ["--pivot"]
         #: The code the trainer must exit with because of the proxy, once it gave up on it.
         self.exit_code: ExitCode | None = None
         self._stopping = threading.Event()

@@ -221,14 +221,68 @@ class RunConfig(_Strict):
 
     def trajectory(self) -> dict[str, Any]:
         """The settings that decide the training trajectory, as plain JSON data."""
-        dump = self.model_dump(mode="json")
-        traj = {k: dump[k] for k in self.TRAJECTORY_FIELDS}
-        # Where tokenized data is cached changes nothing about the tokens themselves.
-        traj["data"] = {k: v for k, v in traj["data"].items() if k != "cache_dir"}
-        return traj
+        return trajectory_of(self.model_dump(mode="json"))
 
     def trajectory_hash(self) -> str:
         return hashlib.sha256(canonical_json(self.trajectory()).encode()).hexdigest()
+
+
+def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
+    """The trajectory settings of a config dump (as `RunConfig.trajectory`, for a dump read from a
+    manifest or a file). Keys it lacks are left out."""
+    traj = {k: dump[k] for k in RunConfig.TRAJECTORY_FIELDS if k in dump}
+    # Where tokenized data is cached changes nothing about the tokens themselves.
+    if isinstance(traj.get("data"), dict):
+        traj["data"] = {k: v for k, v in traj["data"].items() if k != "cache_dir"}
+    return traj
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, dict) and "name" in v for v in value)
+    ):
+        # Lists of named items (the data arms) are compared by name, not by position.
+        for v in value:
+            _flatten({k: x for k, x in v.items() if k != "name"}, f"{prefix}.{v['name']}", out)
+    else:
+        out[prefix] = value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Every setting that differs between two config dumps, as `key: old → new` (an arm added or
+    removed as `data.arms.NAME: added|removed`)."""
+    a: dict[str, Any] = {}
+    b: dict[str, Any] = {}
+    _flatten(old, "", a)
+    _flatten(new, "", b)
+    out = []
+    arms_a = {k.split(".")[2] for k in a if k.startswith("data.arms.")}
+    arms_b = {k.split(".")[2] for k in b if k.startswith("data.arms.")}
+    for name in sorted(arms_b - arms_a):
+        out.append(f"data.arms.{name}: added")
+    for name in sorted(arms_a - arms_b):
+        out.append(f"data.arms.{name}: removed")
+    gone = {f"data.arms.{n}." for n in arms_a ^ arms_b}
+    for key in sorted(set(a) | set(b)):
+        if any(key.startswith(g) for g in gone):
+            continue
+        if a.get(key, "absent") != b.get(key, "absent"):
+            out.append(
+                f"{key}: {_show(a[key]) if key in a else 'absent'} → "
+                f"{_show(b[key]) if key in b else 'absent'}"
+            )
+    return out
 
 
 def canonical_json(obj: Any) -> str:
@@ -322,3 +376,20 @@ def save_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as run.toml, so the run directory describes itself. Atomically:
     the proxy, started at the same time, and the other ranks of a job may read it at any moment."""
     atomic_write_bytes(path, tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)).encode())
+
+
+def record_trajectory(cfg: RunConfig, path: Path) -> None:
+    """Make `cfg`'s trajectory settings those of the run.toml at `path` (after a change accepted
+    with --allow-config-change), keeping the file's other settings; atomic and durable, so that
+    the next plain restart runs under the accepted config."""
+    values = load_toml(path) if path.exists() else {}
+    dump = cfg.model_dump(mode="json", exclude_none=True)
+    cache_dir = (
+        values.get("data", {}).get("cache_dir") if isinstance(values.get("data"), dict) else None
+    )
+    for key in RunConfig.TRAJECTORY_FIELDS:
+        values[key] = dump[key]
+    values["data"] = {k: v for k, v in values["data"].items() if k != "cache_dir"}
+    if cache_dir is not None:
+        values["data"]["cache_dir"] = cache_dir
+    atomic_write_bytes(path, tomli_w.dumps(values).encode())

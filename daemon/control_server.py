@@ -29,6 +29,7 @@ from andrea.protocol import messages as m
 from andrea.protocol.status import TrainerStatus
 from andrea.protocol.transport import bind_router, close_router
 
+from .hold import Holds
 from .logthrottle import ThrottledWarning
 from .process import SignalFlags
 
@@ -43,9 +44,16 @@ STATUS_TTL = 0.1
 
 
 class ControlServer:
-    def __init__(self, ep: str, flags: SignalFlags, status: Callable[[], TrainerStatus]) -> None:
+    def __init__(
+        self,
+        ep: str,
+        flags: SignalFlags,
+        status: Callable[[], TrainerStatus],
+        holds: Holds | None = None,
+    ) -> None:
         self.flags = flags
         self.status = status
+        self.holds = holds or Holds()
         self._ep = ep
         self._sock = bind_router(zmq.Context.instance(), ep)
         self._outbox: queue.Queue[tuple[bytes, m.Reply]] = queue.Queue()
@@ -122,8 +130,17 @@ class ControlServer:
         if isinstance(msg, m.StatusRequest):
             return m.Reply(id=msg.id, ok=True, data=self._status_data())
         if isinstance(msg, m.CheckpointRequest):
-            if msg.boundary or msg.hold:
-                self.flags.request_boundary_checkpoint(hold=msg.hold)
+            if msg.hold:
+                # A pivot's hold has an identity: only a resume naming it releases the trainer.
+                error = self.holds.request(
+                    msg.id, msg.hold_owner_pid, self.status().step, msg.hold_timeout_s
+                )
+                if error is not None:
+                    return m.Reply(id=msg.id, ok=False, error=error)
+                self.flags.request_boundary_checkpoint(hold=True)
+                return m.Reply(id=msg.id, ok=True, data={"accepted": "hold", "hold_id": msg.id})
+            if msg.boundary:
+                self.flags.request_boundary_checkpoint()
             else:
                 self.flags.request_checkpoint("control")
             if msg.wait:
@@ -134,8 +151,14 @@ class ControlServer:
                 id=msg.id, ok=True, data={"accepted": "boundary" if msg.boundary else "next step"}
             )
         if isinstance(msg, m.ResumeRequest):
-            self.flags.request_resume()
-            return m.Reply(id=msg.id, ok=True, data={"accepted": "resume"})
+            error, done = self.holds.release(msg.hold_id)
+            if error is not None:
+                return m.Reply(id=msg.id, ok=False, error=error)
+            if done.startswith("cancelled"):
+                self.flags.cancel_hold()
+            else:
+                self.flags.request_resume()
+            return m.Reply(id=msg.id, ok=True, data={"hold_id": msg.hold_id, "outcome": done})
         if isinstance(msg, m.StopRequest):
             self.flags.request_stop("control")
             if msg.wait:

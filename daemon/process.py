@@ -120,7 +120,8 @@ class SignalFlags:
         with self._lock:
             self.boundary_requested = True
             self.hold_requested = self.hold_requested or hold
-            self.resume_requested = False
+            if hold:
+                self.resume_requested = False
 
     def take_boundary_request(self) -> tuple[bool, bool]:
         """(checkpoint at this boundary?, hold after it?)"""
@@ -132,6 +133,11 @@ class SignalFlags:
     def request_resume(self) -> None:
         with self._lock:
             self.resume_requested = True
+
+    def cancel_hold(self) -> None:
+        """A pivot's hold was cancelled before its boundary: checkpoint there, but do not hold."""
+        with self._lock:
+            self.hold_requested = False
 
     def take_resume(self) -> bool:
         with self._lock:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .exitcodes import ExitCode, for_unexpected
 from .process import Notifier, SignalFlags, setup_logging
-from .rundir import CONFIG_FILE, LOSS_FILE, POLICY_FILE, AlreadyRunning, SocketDirError
+from .rundir import CONFIG_FILE, LOSS_FILE, AlreadyRunning, SocketDirError
 
 log = logging.getLogger("andrea.proxy")
 
@@ -30,7 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         type=Path,
-        help="mixing policy TOML (default: RUN_DIR/policy.toml, else no caps or floors)",
+        help="mixing policy TOML; the first start keeps it as RUN_DIR/policy.toml, the policy in "
+        "force (default: that file, else no caps or floors). One that differs from it is refused "
+        "unless --pivot",
+    )
+    p.add_argument(
+        "--pivot",
+        action="store_true",
+        help="with --policy: it replaces the run's policy, a new phase after the newest checkpoint",
     )
     p.add_argument(
         "--log-level",
@@ -78,7 +85,8 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     from .config import ConfigError, build_config, load_toml
     from .losslog import LossLogError
     from .mixing.bandit import BanditError
-    from .mixing.policy import Policy, PolicyError, load_policy
+    from .mixing.policy import PolicyError
+    from .mixing.policystore import resolve_policy
     from .mixing.proxy import LogContradiction, Proxy, ProxyOptions
 
     run_dir: Path = args.run_dir
@@ -92,12 +100,11 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
         return ExitCode.OK
     try:
         cfg = build_config(load_toml(cfg_path), source=str(cfg_path))
-        policy_path = args.policy or run_dir / POLICY_FILE
-        policy = load_policy(policy_path) if (args.policy or policy_path.exists()) else Policy()
+        resolved = resolve_policy(run_dir, args.policy, args.pivot)
     except (ConfigError, PolicyError, OSError) as e:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
-    proxy = Proxy(ProxyOptions(run_dir, cfg, policy), flags)
+    proxy = Proxy(ProxyOptions(run_dir, cfg, resolved.policy, resolved.write, cfg_path), flags)
     try:
         proxy.setup()
     except LogContradiction as e:

@@ -51,6 +51,8 @@ class ProxyLink:
         self._assign_pending: tuple[str, float] | None = None
         self._assign_after = 0.0
         self._hello_pending: tuple[str, float] | None = None
+        #: The proxy's phases as last heard (Welcome or Assignments), oldest first.
+        self._phases: list[m.PhaseStart] = []
         self._last_reply = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="proxy-link", daemon=True)
@@ -77,14 +79,57 @@ class ProxyLink:
                 raise ProxyRefused(self.refused)
             return self._assigned.get(step)
 
-    def restart_after(self, step: int) -> None:
+    def restart_after(self, step: int, new_segment: bool = False) -> None:
         """Forget every prefetched arm and say hello again: after a pivot the proxy answers with
-        the new phase, and the arms of steps after `step` must come from it."""
+        the new phase, and the arms of steps after `step` must come from it. `new_segment`: the
+        trainer rolled back to `step`, which starts a new life (its re-trained steps must not be
+        taken for duplicates of the superseded ones, still unacknowledged records included)."""
         with self._cv:
             self._assigned.clear()
             self._want = step + 1
             self.welcome = None
             self._hello_pending = self._assign_pending = None
+            if new_segment:
+                self.segment = None
+                self.resume_step = step
+
+    def rollback_target(self, step: int, phase: int) -> tuple[int, int] | None:
+        """(phase, its start) when the proxy has started a phase after `phase` whose first step
+        this trainer has already trained under `phase` (a pivot while it ran ahead: the manual
+        path, or a trainer resumed from a checkpoint of the old phase); None otherwise."""
+        with self._cv:
+            later = [p for p in self._phases if p.phase > phase]
+            first = min(later, key=lambda p: p.phase, default=None)
+            if first is not None and step > first.after_step:
+                return first.phase, first.after_step
+            return None
+
+    def _heard_phases(self, phases: list[m.PhaseStart]) -> bool:
+        """Called with the lock held; False when `phases` predates a pivot already heard of (the
+        reply was made before it). A new phase makes every prefetched arm after its start stale:
+        they were drawn under the old policy."""
+        if not phases or phases == self._phases:
+            return True
+        if self._phases and phases[-1].phase < self._phases[-1].phase:
+            return False
+        newest = phases[-1]
+        if self._phases and newest.phase > self._phases[-1].phase:
+            stale = [
+                s
+                for s, a in self._assigned.items()
+                if s > newest.after_step and a.phase < newest.phase
+            ]
+            for s in stale:
+                del self._assigned[s]
+            if stale:
+                log.info(
+                    "proxy started phase %d after step %d: dropped %d prefetched arms of the old phase",
+                    newest.phase,
+                    newest.after_step,
+                    len(stale),
+                )
+        self._phases = list(phases)
+        return True
 
     def submit_loss(self, entry: LossEntry) -> None:
         with self._cv:
@@ -202,6 +247,7 @@ class ProxyLink:
                 if self._hello_pending and msg.id == self._hello_pending[0]:
                     self._hello_pending = None
                     self.welcome = msg
+                    self._heard_phases(msg.phases)
                     if self.segment is None:
                         log.info(
                             "proxy connected: segment %d, phase %d, lag %d",
@@ -219,8 +265,9 @@ class ProxyLink:
             elif isinstance(msg, m.Assignments):
                 if self._assign_pending and msg.id == self._assign_pending[0]:
                     self._assign_pending = None
-                    for a in msg.items:
-                        self._assigned[a.step] = a
+                    if self._heard_phases(msg.phases):
+                        for a in msg.items:
+                            self._assigned[a.step] = a
                     if msg.waiting_for_step is not None:
                         # The proxy needs a loss it has not logged yet: ask again shortly, not in a spin.
                         self._assign_after = time.monotonic() + 0.05

@@ -28,7 +28,7 @@ from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity, TrainerStatus
 from andrea.protocol.transport import new_id
 
-from . import cudaenv, determinism
+from . import cudaenv, determinism, schedule
 from . import distributed as dist
 from .checkpoint import rngstate
 from .checkpoint.format import Payload as fmt_Payload
@@ -41,6 +41,7 @@ from .checkpoint.manager import (
     layout_of,
 )
 from .checkpoint.manifest import (
+    REQUESTED_TRIGGERS,
     DistributedState,
     Environment,
     LayoutEntry,
@@ -55,10 +56,11 @@ from .checkpoint.manifest import (
 from .checkpoint.rngstate import RngState
 from .checkpoint.state import load_adam_state, load_weights
 from .checkpoint.writer import StagingBuffer
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, config_changes, record_trajectory, trajectory_of
 from .control_server import ControlServer
 from .data import Arm, ArmStream, FixedMixture, load_arms
 from .exitcodes import ExitCode
+from .hold import Holds
 from .losslog import LossLog, LossLogError, last_entry
 from .metrics.prometheus import exposition_for
 from .metrics.series import ema_update
@@ -68,7 +70,7 @@ from .precision import resolve as resolve_precision
 from .process import Notifier, SignalFlags, StopReason
 from .progress import RunSummary, eta_seconds, format_duration, journal_fields
 from .proxy_link import ProxyLink
-from .rundir import LOSS_FILE, bin_name, claim, endpoint, peer_endpoint
+from .rundir import CONFIG_FILE, LOSS_FILE, bin_name, claim, endpoint, peer_endpoint
 from .schedule import lr_at, scheduler_state
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,9 @@ class TrainerOptions:
     world: dist.World = field(default_factory=dist.World)
     #: False only to measure what the per-step agreement costs (tests/bench/bench_distributed.py).
     coordinate: bool = True
+    #: Changes to the run's run.toml accepted with --allow-config-change, recorded there once the
+    #: resume is accepted and before the proxy is told (it re-reads the file on a changed seed).
+    config_changes: list[str] = field(default_factory=list)
 
 
 class Trainer:
@@ -110,6 +115,9 @@ class Trainer:
         self.coord = dist.Coordinator(opts.world, enabled=opts.coordinate)
         self.backend: str | None = None
         self.activity = Activity.STARTING
+        self.holds = Holds()
+        #: A change accepted with --allow-config-change that no checkpoint records yet.
+        self.config_changed = False
         self.step = 0
         self.tokens_seen = 0
         self.train_seconds = 0.0
@@ -171,7 +179,9 @@ class Trainer:
         cfg = self.cfg
         if self.main:
             self._lock = claim(self.run_dir, "trainer")
-            self.control = ControlServer(endpoint(self.run_dir, "trainer"), self.flags, self.status)
+            self.control = ControlServer(
+                endpoint(self.run_dir, "trainer"), self.flags, self.status, self.holds
+            )
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = device if device is not None else resolve_device(cfg.device)
@@ -235,6 +245,22 @@ class Trainer:
         if manifest is not None:
             self._restore(manifest, payload)
             prior_segment = manifest.progress.segment
+            if manifest.config_hash != cfg.trajectory_hash():
+                if self.main:
+                    log.warning(
+                        "resuming under a changed training config, on purpose "
+                        "(--allow-config-change): %s",
+                        "; ".join(config_changes(trajectory_of(manifest.config), cfg.trajectory()))
+                        or "data identities changed",
+                    )
+                self.config_changed = True
+        if self.main and self.opts.config_changes:
+            record_trajectory(cfg, self.run_dir / CONFIG_FILE)
+            log.warning(
+                "config change accepted on purpose (--allow-config-change) and recorded in %s: %s",
+                CONFIG_FILE,
+                "; ".join(self.opts.config_changes),
+            )
         if self.world.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -278,6 +304,9 @@ class Trainer:
                 else manifest.rng
             )
         if self.main:
+            log.info("%s", schedule.describe(cfg.optim))
+            if (why := schedule.disagreement(cfg.optim, cfg.max_steps)) is not None:
+                log.warning("%s", why)
             log.info(
                 "model %s: %s parameters on %s, %s, %d threads%s; %s mixing; world size %d, "
                 "batch %d per step (%d per rank); starting at step %d",
@@ -300,17 +329,7 @@ class Trainer:
         refusal: str | None = None
         if self.main:
             try:
-                loaded = self.ckpt.load(
-                    Expectation(
-                        model=self.cfg.model,
-                        layout=self.layout,
-                        data_identities={a.name: a.identity for a in self.arms},
-                        config_hash=self.cfg.trajectory_hash(),
-                        allow_config_change=self.opts.allow_config_change,
-                        world_size=self.world.size,
-                        check=self._cursor_problems,
-                    )
-                )
+                loaded = self.ckpt.load(self._expectation())
             except ResumeRefused as e:
                 if not self.world.distributed:
                     raise
@@ -333,6 +352,18 @@ class Trainer:
             return (loaded.manifest, loaded.payload) if loaded is not None else (None, None)
         m = answer["manifest"]
         return (Manifest.model_validate(m), None) if m is not None else (None, None)
+
+    def _expectation(self) -> Expectation:
+        return Expectation(
+            model=self.cfg.model,
+            layout=self.layout,
+            data_identities={a.name: a.identity for a in self.arms},
+            config_hash=self.cfg.trajectory_hash(),
+            allow_config_change=self.opts.allow_config_change,
+            trajectory=self.cfg.trajectory(),
+            world_size=self.world.size,
+            check=self._cursor_problems,
+        )
 
     def _cursor_problems(self, m: Manifest) -> list[str]:
         """Cursors a resume could not take (an arm's chunk count differs from the data's)."""
@@ -362,7 +393,17 @@ class Trainer:
             )
             cursors = {c.name: c for c in mine}
             for s in self.streams:
-                s.load_state_dict(cursors[s.arm.name])
+                saved = cursors.get(s.arm.name)
+                if saved is not None and saved.identity == s.arm.identity:
+                    s.load_state_dict(saved)
+                else:
+                    # Only reachable with --allow-config-change (the resume check refuses it
+                    # otherwise): an added arm, or one whose data changed, starts at its beginning.
+                    log.warning(
+                        "arm %r %s: its cursor starts at the beginning",
+                        s.arm.name,
+                        "is new" if saved is None else "has changed data",
+                    )
         self.step = self.last_saved = m.step
         if self.main:  # the other ranks of a job may not see the run directory
             self.last_saved_at = (self.run_dir / m.bin_file).stat().st_mtime
@@ -567,6 +608,7 @@ class Trainer:
         t0 = time.perf_counter()
         manifest = self.ckpt.save(self.snapshot(ranks), trigger, before_commit=self._sync_losses)
         self.last_saved = self.step
+        self.config_changed = False
         self.last_saved_at = time.time()
         self.checkpoints_written += 1
         self.last_write_seconds = time.perf_counter() - t0
@@ -741,6 +783,8 @@ class Trainer:
             run_dir=str(self.run_dir),
             device=str(self.device) if self.device is not None else None,
             dtype=self.numerics.recorded if self.numerics is not None else None,
+            checkpoint_every=self.cfg.checkpoint.every,
+            hold=self.holds.describe(),
             **self._progress_status(),
         )
 
@@ -790,18 +834,46 @@ class Trainer:
         """Wait at a boundary checkpoint until resumed (the proxy pivots meanwhile), honouring stop
         and checkpoint requests; every rank holds, agreeing every 50 ms. On resume every
         prefetched arm is dropped: it was drawn under the old policy."""
+        hold = self.holds.due() if self.main else None
+        if hold is not None and not self.holds.begin(hold.id, self.step):
+            hold = None
+        acknowledged = self.link is None
         if self.main:
             self.activity = Activity.HOLDING
             self._publish_metrics(force=True)
             self.notifier.status(f"step {self.step}: holding at a boundary checkpoint")
-            log.info("holding after the checkpoint of step %d until resumed", self.step)
+            log.info(
+                "holding after the checkpoint of step %d (hold %s) until resumed",
+                self.step,
+                hold.id if hold is not None else "-",
+            )
+            if acknowledged:
+                self.holds.mark_acknowledged()
         while True:
+            if self.main and not acknowledged and self.link is not None:
+                # Ready for the pivot once the proxy has every record up to this step, the
+                # boundary's sample included.
+                acknowledged = self.link.wait_acknowledged(timeout=0.0)
+                if acknowledged:
+                    self.holds.mark_acknowledged()
+            if hold is not None and self.holds.expired(hold.id):
+                log.warning(
+                    "hold %s: no resume within %.0f s of holding after step %d; continuing under "
+                    "the proxy's current phase (a pivot the proxy made meanwhile still applies)",
+                    hold.id,
+                    hold.timeout_s,
+                    self.step,
+                )
+                self.holds.drop(hold.id)
+                self.flags.request_resume()
             d = self.coord.agree(self.flags, holding=True)
             if d.checkpoint is not None:
                 self._on_checkpoint_request(d.checkpoint)
             if d.stop is not None:
                 return
             if d.resume:
+                if hold is not None:
+                    self.holds.take_release(hold.id)
                 if self.link is not None:
                     self.link.restart_after(self.step)
                 if self.main:
@@ -809,6 +881,44 @@ class Trainer:
                 return
             self.notifier.tick()
             time.sleep(0.05)
+
+    def _follow_pivot(self) -> bool:
+        """Roll back to a pivot's boundary if the proxy started a phase whose first step this
+        trainer already trained under an older phase (the manual pivot while it ran ahead, or a
+        resume from a checkpoint of the old phase). True when it rolled back. A single process
+        only: a torchrun job refuses a manual pivot it ran past (see docs/operations.md)."""
+        if self.link is None:
+            return False
+        target = self.link.rollback_target(self.step, self.phase)
+        if target is None:
+            return False
+        phase, boundary = target
+        log.warning(
+            "the proxy started phase %d after step %d, but this trainer trained up to step %d under "
+            "phase %d: rolling back to %s (the steps after it stay in .loss.json as superseded)",
+            phase,
+            boundary,
+            self.step,
+            self.phase,
+            bin_name(boundary),
+        )
+        self._wait_for_write()
+        # Raises ResumeRefused when the boundary checkpoint is gone or damaged: the trainer cannot
+        # follow the pivot, and says so (exit 4) rather than training on under the old phase.
+        try:
+            loaded = self.ckpt.load(self._expectation(), step=boundary)
+        except ResumeRefused as e:
+            raise ResumeRefused(
+                f"cannot follow the proxy's pivot after step {boundary}: {e}"
+            ) from None
+        self._restore(loaded.manifest, loaded.payload)
+        self.phase = loaded.manifest.mixing.phase
+        rngstate.restore(loaded.manifest.rng, self.device)
+        # A pivot boundary is an audit point: retention keeps it like `andreactl pivot`'s.
+        if loaded.manifest.trigger not in REQUESTED_TRIGGERS:
+            self.ckpt.mark_requested(boundary, "boundary")
+        self.link.restart_after(boundary, new_segment=True)
+        return True
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -892,6 +1002,9 @@ class Trainer:
         settled = self.step  # the newest step whose cadence, boundary and samples are done
         trained: tuple[float, LossEntry | None] | None = None
         while True:
+            if not self.world.distributed and self._follow_pivot():
+                settled = self.step
+                continue
             fresh = self.step > settled
             arm = self._arm_for(self.step + 1) if self.step < cfg.max_steps else None
             d = self.coord.agree(
@@ -912,14 +1025,8 @@ class Trainer:
             worked = self._unlogged is not None
             if fresh:
                 settled = self.step
-                if d.boundary:
-                    self._on_checkpoint_request("boundary")
-                    if d.hold:
-                        self._hold()
-                    worked = True
-                elif cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0:
-                    self._cadence()
-                    worked = True
+                # Samples first: the sample of a pivot's boundary belongs to the phase that ends
+                # there, so it must reach the proxy before the hold.
                 if (
                     self.main
                     and cfg.sample_every
@@ -928,6 +1035,20 @@ class Trainer:
                 ):
                     self._samples()
                     self._window = [time.perf_counter(), 0, 0]
+                    worked = True
+                if d.boundary:
+                    self._on_checkpoint_request("boundary")
+                    hold = self.holds.due() if self.main else None
+                    if d.hold and hold is not None and self.last_saved != self.step:
+                        self.holds.fail(
+                            hold.id, f"the boundary checkpoint of step {self.step} failed"
+                        )
+                        self.flags.request_resume()
+                    if d.hold:
+                        self._hold()
+                    worked = True
+                elif cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0:
+                    self._cadence()
                     worked = True
             if d.checkpoint is not None:
                 self._on_checkpoint_request(d.checkpoint)
@@ -1007,7 +1128,9 @@ class Trainer:
                 self.last_saved or "none",
             )
             return ExitCode.CHECKPOINT_FAILED
-        if self.step <= self.last_saved:
+        # After an accepted config change the newest checkpoint must carry the new config, or the
+        # next plain restart would be refused against the old one: it is written again.
+        if self.step <= self.last_saved and not (self.config_changed and self.step > 0):
             log.info("step %d is already checkpointed; nothing to write", self.step)
             return ExitCode.OK
         try:

@@ -70,12 +70,29 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also start andrea-proxy for this run (implies --mixing proxy); both stop together",
     )
-    p.add_argument("--policy", type=Path, help="with --with-proxy: the proxy's mixing policy TOML")
+    p.add_argument(
+        "--policy",
+        type=Path,
+        help="with --with-proxy: the proxy's mixing policy TOML (kept as RUN_DIR/policy.toml; a "
+        "different one later is refused unless --pivot)",
+    )
+    p.add_argument(
+        "--pivot",
+        action="store_true",
+        help="with --with-proxy --policy: the policy replaces the run's, a pivot at the newest checkpoint",
+    )
     p.add_argument(
         "--threads", type=int, help="torch intra-op threads (bit-exact resume needs the same count)"
     )
     p.add_argument(
         "--batch-size", type=int, help="sequences per optimizer step (preset default: 8)"
+    )
+    p.add_argument(
+        "--decay-steps",
+        type=int,
+        help="length of the LR schedule: cosine decay to min_lr ends at this step, then flat "
+        "(optim.decay_steps; default: the preset's). Independent of --max-steps, so that extending "
+        "a run never changes the LR of steps already planned",
     )
     p.add_argument("--log-every", type=int, help="steps between progress lines (default: 10)")
     p.add_argument("--sample-every", type=int, help="steps between generated samples (0: never)")
@@ -138,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None) -> ExitCode:
-    from .config import ConfigError, build_config, load_toml, save_config
+    from .config import ConfigError, build_config, config_changes, load_toml, save_config
     from .distributed import World
 
     world = world or World()
@@ -148,6 +165,12 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = args.config or (run_dir / CONFIG_FILE)
         file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
+        run_preset = file_values.get("preset")
+        if args.preset and run_preset and args.preset != run_preset:
+            raise ConfigError(
+                f"--preset {args.preset} disagrees with this run's preset {run_preset} ({cfg_path}): "
+                "a run keeps its model; drop --preset, or start a new run directory"
+            )
         data_overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
         overrides = {
             "preset": args.preset,
@@ -164,6 +187,8 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
         }
         if args.checkpoint_every is not None:
             overrides["checkpoint"] = {"every": args.checkpoint_every}
+        if args.decay_steps is not None:
+            overrides["optim"] = {"decay_steps": args.decay_steps}
         if data_overrides:
             overrides["data"] = data_overrides
         cfg = build_config(file_values, overrides, source=str(cfg_path))
@@ -188,8 +213,35 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
             and not (run_dir / CONFIG_FILE).exists()
             and bool(checkpoint_steps(run_dir))
         )
+        changes: list[str] = []
+        if (run_dir / CONFIG_FILE).exists():
+            # Flags that change the trajectory the run's own file describes: named, and refused
+            # unless deliberate (then recorded in run.toml once the resume has been accepted).
+            recorded = build_config(load_toml(run_dir / CONFIG_FILE), source=CONFIG_FILE)
+            changes = config_changes(recorded.trajectory(), cfg.trajectory())
+            if changes and not args.allow_config_change:
+                log.error(
+                    "this start changes the run's training config (%s): %s; pass "
+                    "--allow-config-change to continue under the new one on purpose",
+                    run_dir / CONFIG_FILE,
+                    "; ".join(changes),
+                )
+                return ExitCode.RESUME_REFUSED
         if world.is_main and not (run_dir / CONFIG_FILE).exists() and not write_config_after_setup:
             save_config(cfg, run_dir / CONFIG_FILE)
+        if (args.policy or args.pivot) and not args.with_proxy:
+            raise ConfigError(
+                "--policy and --pivot are options of the proxy: use them with --with-proxy"
+            )
+        if args.with_proxy:
+            # Refused here, before anything starts, rather than by the child proxy after training began.
+            from .mixing.policy import PolicyError
+            from .mixing.policystore import resolve_policy
+
+            try:
+                resolve_policy(run_dir, args.policy, args.pivot)
+            except PolicyError as e:
+                raise ConfigError(str(e)) from None
         skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
         if skip - {"rng", "cursor"}:
             raise ConfigError(f"--unsafe-skip-restore takes rng and/or cursor, not {sorted(skip)}")
@@ -208,7 +260,7 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
 
     backend = init(world, device)
     proxy = (
-        Companion(run_dir, flags, args.log_level, args.policy)
+        Companion(run_dir, flags, args.log_level, args.policy, args.pivot)
         if args.with_proxy and world.is_main
         else None
     )
@@ -216,7 +268,16 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
     code = ExitCode.OK
     try:
         code = _train(
-            run_dir, cfg, args, flags, skip, world, device, backend, write_config_after_setup
+            run_dir,
+            cfg,
+            args,
+            flags,
+            skip,
+            world,
+            device,
+            backend,
+            write_config_after_setup,
+            changes,
         )
     except (AlreadyRunning, SocketDirError) as e:
         refused = StartRefused(str(e), ExitCode.CONFIG_ERROR)
@@ -265,6 +326,7 @@ def _train(
     device: torch.device,
     backend: str | None,
     write_config_after_setup: bool = False,
+    changes: list[str] | None = None,
 ) -> ExitCode:
     import zmq
 
@@ -283,6 +345,7 @@ def _train(
         skip,
         world=world,
         coordinate=not args.unsafe_no_coordination,
+        config_changes=list(changes or []),
     )
     trainer = Trainer(opts, flags)
     trainer.backend = backend

@@ -46,12 +46,25 @@ class Hello(_Msg):
     arms: list[ArmName] = Field(max_length=1024)
 
 
+class PhaseStart(BaseModel):
+    """Phase `phase` trains the steps after `after_step` (phase 0 starts after step 0)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    phase: int = Field(ge=0)
+    after_step: int = Field(ge=0)
+
+
 class Welcome(_Msg):
     type: Literal["welcome"] = "welcome"
     segment: int
     phase: int
     phase_start_step: int
     lag: int
+    phases: list[PhaseStart] = Field(
+        default_factory=list,
+        description="every phase of the run so far, oldest first: a trainer that trained past a "
+        "phase's start under an older phase rolls back to that start",
+    )
 
 
 class AssignRequest(_Msg):
@@ -75,6 +88,9 @@ class Assignments(_Msg):
     items: list[Assignment]
     waiting_for_step: int | None = Field(
         None, description="when short: the step whose loss the next assignment needs"
+    )
+    phases: list[PhaseStart] = Field(
+        default_factory=list, description="as in Welcome: a pivot is seen without a reconnect"
     )
 
 
@@ -113,28 +129,47 @@ class StatusRequest(_Msg):
 
 class CheckpointRequest(_Msg):
     """Checkpoint after the current step (or at the next cadence boundary); with `wait`, the reply
-    comes once the checkpoint is durable. With `hold` the trainer then waits for `resume` (the
-    first half of a pivot)."""
+    comes once the checkpoint is durable. With `hold` the trainer then waits for a `resume` naming
+    this request's `id` (the hold's identity: the first half of a pivot). A trainer holds for one
+    request at a time and refuses a second one while a hold is pending or active."""
 
     type: Literal["checkpoint"] = "checkpoint"
     boundary: bool = False
     wait: bool = False
     hold: bool = False
+    hold_owner_pid: int | None = Field(
+        None, ge=1, description="the requesting client's pid, so that a re-run can tell it died"
+    )
+    hold_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=7 * 86400,
+        description="once holding, the trainer releases itself after this long without a resume",
+    )
 
 
 class ResumeRequest(_Msg):
-    """Release a trainer held after a boundary checkpoint; it drops its prefetched arms and asks
-    the proxy again (the phase may have changed)."""
+    """Release the hold `hold_id` (or cancel it, if the trainer has not reached its boundary yet).
+    A released trainer drops its prefetched arms and asks the proxy again (the phase may have
+    changed). A resume naming any other hold is refused and changes nothing."""
 
     type: Literal["resume"] = "resume"
+    hold_id: str = Field(max_length=64)
 
 
 class PivotRequest(_Msg):
-    """Start a new bandit phase after `boundary_step` under the policy given as TOML text."""
+    """Start a new bandit phase after `boundary_step` under the policy given as TOML text.
+
+    The proxy checks everything first (policy, arms, feasibility over the live arms, a policy
+    identical to the running one, the boundary against the trainer's progress) and a refused
+    request changes nothing. With `dry_run` it only checks and describes (old → new bounds); with
+    `force` an identical policy still starts a new phase."""
 
     type: Literal["pivot"] = "pivot"
     policy_toml: str = Field(max_length=65536)
     boundary_step: int = Field(ge=1, le=MAX_STEP)
+    dry_run: bool = False
+    force: bool = False
 
 
 class StopRequest(_Msg):

@@ -28,6 +28,26 @@ class _Status(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class HoldState(StrEnum):
+    PENDING = "pending"  # asked for; the trainer has not reached its boundary yet
+    HOLDING = "holding"  # checkpointed at `step`, waiting for a resume naming this hold
+    FAILED = "failed"  # the boundary checkpoint could not be written; nothing is held
+
+
+class HoldStatus(_Status):
+    """A pivot's hold on the trainer (see daemon/hold.py): its identity, state and age."""
+
+    id: str
+    state: HoldState
+    owner_pid: int | None  # the andreactl that asked for it
+    requested_at_step: int
+    step: int | None  # the boundary, once holding
+    age_s: float  # since holding (since the request while pending)
+    acknowledged: bool  # the proxy has every record up to `step`: a pivot may start
+    timeout_s: float
+    error: str | None
+
+
 class TrainerStatus(_Status):
     role: Literal["trainer"] = "trainer"
     pid: int  # in a torchrun job: global rank 0's, the process SIGUSR1 checkpoints through
@@ -52,6 +72,8 @@ class TrainerStatus(_Status):
     elapsed_seconds: float | None = Field(None, description="since this trainer life started")
     eta_seconds: float | None = Field(None, description="to max_steps at the recent step rate")
     last_checkpoint_age_seconds: float | None = None
+    checkpoint_every: int = 0  # 0: every step is a boundary
+    hold: HoldStatus | None = None
 
 
 class Zombie(_Status):
@@ -75,3 +97,6 @@ class ProxyStatus(_Status):
     probabilities: dict[str, float]
     zombies: list[Zombie]
     policy_fingerprint: str
+    #: The progress of the newest trainer life, as its logged losses show (pivots are checked
+    #: against it).
+    trainer_step: int

@@ -1,18 +1,31 @@
-"""The polish pivot: one command, and the manual path (stop, new policy, start) giving the same run."""
+"""The polish pivot: the one command, the seed's manual sequence in a terminal, and every way a
+pivot can be refused, raced, interrupted or cancelled — with real daemons, signals and sockets."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
-from andrea.daemon.rundir import bin_name
+from andrea.daemon.rundir import bin_name, endpoint
+from andrea.protocol import messages as m
+from andrea.protocol.transport import new_id, request
 
-from .conftest import Trainer, trainer_cmd
+from .conftest import Trainer, run_trainer, trainer_cmd
+
+pytestmark = pytest.mark.process
+
+#: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
+WAIT = 300
 
 STEPS = 75
 EVERY = 25
@@ -24,7 +37,7 @@ def proxy(run_dir: Path) -> Trainer:
     return Trainer([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir)])
 
 
-def trainer(run_dir: Path, cache: Path, steps: int) -> Trainer:
+def trainer(run_dir: Path, cache: Path, steps: int, sample_every: int = EVERY) -> Trainer:
     return Trainer(
         trainer_cmd(
             run_dir,
@@ -36,8 +49,26 @@ def trainer(run_dir: Path, cache: Path, steps: int) -> Trainer:
             "--checkpoint-every",
             str(EVERY),
             "--sample-every",
-            "10",
+            str(sample_every),
         )
+    )
+
+
+def ctl(run_dir: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def ctl_bg(run_dir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -53,94 +84,217 @@ def stop(p: Trainer) -> int:
     return p.wait()
 
 
-def test_pivot_command_and_manual_path_agree(tmp_path: Path, cache_dir: Path) -> None:
+def trainer_status(run_dir: Path) -> dict:
+    reply = request(endpoint(run_dir, "trainer"), m.StatusRequest(id=new_id()), timeout=5)
+    return reply.data
+
+
+def wait_hold(run_dir: Path, state: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        hold = trainer_status(run_dir)["hold"]
+        if (
+            hold is not None
+            and hold["state"] == state
+            and (state != "holding" or hold["acknowledged"])
+        ):
+            return hold
+        time.sleep(0.1)
+    raise AssertionError(f"the trainer never reached hold state {state!r}")
+
+
+def samples_steps(path: Path) -> set[int]:
+    return {r["step"] for r in json.loads(path.read_text())["records"]}
+
+
+def test_seed_manual_pivot_in_a_terminal_is_bit_identical_to_the_command(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """The seed's sequence as written, with the trainer running throughout: SIGUSR1, stop the
+    proxy, put the new policy in place, start the proxy. The trainer rolls back to the newest
+    checkpoint by itself; the result equals `andreactl pivot` with the same boundary and policy."""
     policy = tmp_path / "polish.toml"
     policy.write_text(POLICY)
 
-    # One command.
-    a = tmp_path / "a"
-    p, t = proxy(a), trainer(a, cache_dir, STEPS)
-    t.wait_for(r"step 3/")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "andrea.control.andreactl",
-            "--run-dir",
-            str(a),
-            "--json",
-            "pivot",
-            "--policy",
-            str(policy),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    b = tmp_path / "manual"
+    p, t = proxy(b), trainer(b, cache_dir, STEPS)
+    t.wait_for(r"step 12/", timeout=WAIT)
+    t.signal(signal.SIGUSR1)  # 1. an audit checkpoint, then the cadence boundary comes
+    t.wait_for(r"checkpoint step_000025\.bin written", timeout=WAIT)
+    assert stop(p) == ExitCode.OK, p.log  # 2. stop the proxy (the trainer keeps running)
+    logged_before = (b / ".loss.json").read_bytes()
+    (b / "policy.toml").write_text(POLICY)  # 3. the new policy in place
+    p = proxy(b)  # 4. start the proxy
+    boundary = int(
+        p.wait_for(r"a pivot after the newest checkpoint, step (\d+)", timeout=WAIT).group(1)
     )
+    assert boundary == EVERY, p.log
+    t.wait_for(rf"rolling back to step_{boundary:06d}\.bin", timeout=WAIT)  # 5. no operator restart
+    assert t.wait() == ExitCode.OK, t.log
+    assert stop(p) == ExitCode.OK, p.log
+    assert any("sigusr1" in f.read_text() for f in b.glob("step_*.json"))
+
+    entries = read_entries(b / ".loss.json")
+    # Append-only: all but the terminator ("\n]\n", written over by each append) is kept as is.
+    kept = logged_before[:-3]
+    assert (b / ".loss.json").read_bytes().startswith(kept), "never rewritten"
+    superseded = [e for e in entries if e.step > boundary and e.phase == 0]
+    assert all(e.segment == 1 for e in superseded)
+    manual = curve(b)
+
+    # The one command, pivoting at the same boundary.
+    a = tmp_path / "command"
+    p, t = proxy(a), trainer(a, cache_dir, STEPS)
+    t.wait_for(r"step 3/", timeout=WAIT)
+    res = ctl(a, "--json", "pivot", "--policy", str(policy))
     assert res.returncode == 0, res.stderr + t.log
     result = json.loads(res.stdout)
-    assert result["boundary_step"] == EVERY and result["phase"] == 1
+    assert result["boundary_step"] == boundary and result["phase"] == 1
     assert t.wait() == ExitCode.OK, t.log
     assert stop(p) == ExitCode.OK, p.log
-
     man = json.loads((a / f"step_{EVERY:06d}.json").read_text())
     assert man["trigger"] == "boundary"
-    archive = a / result["archive"]
-    assert {f.name for f in archive.iterdir()} == {
-        ".state.json",
-        ".samples.json",
-        "policy.toml",
-        "pivot.json",
-    }
-    assert json.loads((archive / ".state.json").read_text())["bandit"]["phase"] == 0
+    assert len(read_entries(a / ".loss.json")) == STEPS, "no step trained twice"
+
     c = curve(a)
-    assert [s for s, *_ in c] == list(range(1, STEPS + 1)), (
-        "the loss history continues across the pivot"
-    )
+    assert [s for s, *_ in c] == list(range(1, STEPS + 1)), "the history continues across it"
     assert {arm for s, _, arm, ph in c if s > EVERY} == {"docstrings"}
     assert all(ph == (0 if s <= EVERY else 1) for s, _, _, ph in c)
-    assert len({arm for s, _, arm, _ in c if s <= EVERY}) == 3
-
-    # The manual path: stop the trainer at the boundary, stop the proxy, new policy, start both.
-    b = tmp_path / "b"
-    p, t = proxy(b), trainer(b, cache_dir, EVERY)
-    assert t.wait() == ExitCode.OK, t.log
-    assert stop(p) == ExitCode.OK, p.log
-    (b / "policy.toml").write_text(POLICY)
-    p = proxy(b)
-    p.wait_for(r"pivot: phase 1 starts after step 25")
-    t = trainer(b, cache_dir, STEPS)
-    assert t.wait() == ExitCode.OK, t.log
-    assert stop(p) == ExitCode.OK, p.log
-
-    assert curve(b) == c
+    assert manual == c
     assert (b / bin_name(STEPS)).read_bytes() == (a / bin_name(STEPS)).read_bytes()
 
+    for run in (a, b):
+        (archive,) = (run / "archive").iterdir()
+        assert {f.name for f in archive.iterdir()} == {
+            ".state.json",
+            ".samples.json",
+            "policy.toml",
+            "pivot.json",
+        }
+        assert json.loads((archive / ".state.json").read_text())["bandit"]["phase"] == 0
+        # The boundary's sample belongs to the phase that ends there.
+        assert boundary in samples_steps(archive / ".samples.json"), run
+        assert boundary not in samples_steps(run / ".samples.json"), run
+        assert (run / "policy.toml").read_text() == POLICY
 
-def test_bad_pivot_policy_changes_nothing(tmp_path: Path, cache_dir: Path) -> None:
-    bad = tmp_path / "bad.toml"
-    bad.write_text("[arms.code]\nfloor = 0.7\n[arms.comments]\nfloor = 0.7\n")
-    p, t = proxy(tmp_path / "r"), trainer(tmp_path / "r", cache_dir, 100000)
-    t.wait_for(r"step 3/")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "andrea.control.andreactl",
-            "--run-dir",
-            str(tmp_path / "r"),
-            "pivot",
-            "--policy",
-            str(bad),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+
+def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_dir: Path) -> None:
+    run = tmp_path / "r"
+    p, t = proxy(run), trainer(run, cache_dir, 100_000, sample_every=0)
+    t.wait_for(r"step 3/", timeout=WAIT)
+
+    def phases() -> list[dict]:
+        return sorted(
+            (json.loads(f.read_text()) for f in run.glob("archive/*/pivot.json")),
+            key=lambda d: d["new_phase"],
+        )
+
+    # Refused before anything happens: a misspelt arm, an infeasible policy, a no-op.
+    bad = tmp_path / "kode.toml"
+    bad.write_text("[arms.kode]\ncap = 0.5\n")
+    res = ctl(run, "pivot", "--policy", str(bad))
+    assert res.returncode == 2 and "kode" in res.stderr and "docstrings" in res.stderr, res.stderr
+    infeasible = tmp_path / "infeasible.toml"
+    infeasible.write_text(
+        "[arms.code]\ncap = 0.3\n[arms.comments]\ncap = 0.3\n[arms.docstrings]\ncap = 0.3\n"
     )
-    assert res.returncode == 2 and "floor" in res.stderr
-    assert "holding" not in t.log
-    assert stop(t) == ExitCode.OK and stop(p) == ExitCode.OK
-    assert not (tmp_path / "r" / "archive").exists()
+    res = ctl(run, "pivot", "--policy", str(infeasible))
+    assert res.returncode == 2 and "caps of the live arms sum to 0.9 < 1" in res.stderr, res.stderr
+    noop = tmp_path / "noop.toml"
+    noop.write_text("")
+    res = ctl(run, "pivot", "--policy", str(noop))
+    assert res.returncode == 2 and "already uses this policy" in res.stderr, res.stderr
+    assert "holding" not in t.log and not (run / "archive").exists()
+    assert not [f for f in run.glob("step_*.json") if '"boundary"' in f.read_text()]
+
+    # The dry run shows old → new bounds and the boundary, and changes nothing.
+    polish = tmp_path / "polish.toml"
+    polish.write_text(POLICY)
+    res = ctl(run, "pivot", "--policy", str(polish), "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"\*code\s+0 → 0\s+1 → 0", res.stdout), res.stdout
+    assert re.search(r"start after step (\d+)", res.stdout)
+    assert "holding" not in t.log and not (run / "archive").exists()
+
+    # Refused, then at once valid: the valid one pivots at its own boundary, nothing past it is
+    # trained under the old policy, and the trainer is not left holding.
+    res = ctl(run, "pivot", "--policy", str(infeasible))
+    assert res.returncode == 2
+    res = ctl(run, "--json", "pivot", "--policy", str(polish))
+    assert res.returncode == 0, res.stderr + t.log
+    first = json.loads(res.stdout)["boundary_step"]
+    assert [d["boundary_step"] for d in phases()] == [first]
+    assert trainer_status(run)["hold"] is None
+
+    # The proxy checks the boundary against the trainer's progress; a refusal changes nothing.
+    half = POLICY.replace("cap = 0.0", "cap = 0.5")
+    for b, why in ((10**9, "beyond the trainer's progress"), (first, "already trained up to")):
+        reply = request(
+            endpoint(run, "proxy"),
+            m.PivotRequest(id=new_id(), policy_toml=half, boundary_step=b),
+            timeout=10,
+        )
+        assert not reply.ok and why in reply.error, reply
+    assert len(phases()) == 1 and (run / "policy.toml").read_text() == POLICY
+
+    # Two clients at once: never two holds. Either the second is refused, naming the first one's
+    # hold, or (if the first finished before the second asked) they pivot one after the other.
+    other = tmp_path / "half.toml"
+    other.write_text(half)
+    third = tmp_path / "third.toml"
+    third.write_text(POLICY.replace("cap = 0.0", "cap = 0.25"))
+    x, y = (
+        ctl_bg(run, "pivot", "--policy", str(other)),
+        ctl_bg(run, "pivot", "--policy", str(third)),
+    )
+    outs = [(c.wait(timeout=180), c.stderr.read()) for c in (x, y)]
+    codes = sorted(code for code, _ in outs)
+    assert codes in ([0, 1], [0, 0]), outs
+    if codes == [0, 1]:
+        assert "another pivot" in next(err for code, err in outs if code == 1), outs
+    assert len(phases()) == 1 + codes.count(0)
+    assert len({d["boundary_step"] for d in phases()}) == len(phases())
+    assert trainer_status(run)["hold"] is None
+
+    # Interrupted: the client dies while its hold is pending. The trainer holds at the boundary
+    # (status shows the hold and its age); re-running the command completes the pivot.
+    client = ctl_bg(run, "pivot", "--policy", str(polish))
+    hold = wait_hold(run, "pending", timeout=60)
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    hold = wait_hold(run, "holding")
+    assert hold["owner_pid"] == client.pid and hold["age_s"] >= 0
+    status = ctl(run, "--json", "status")
+    assert json.loads(status.stdout)["trainer"]["hold"]["id"] == hold["id"]
+    res = ctl(run, "--json", "pivot", "--policy", str(polish))
+    assert res.returncode == 0 and "completing an interrupted pivot" in res.stderr, res.stderr
+    assert json.loads(res.stdout)["boundary_step"] == hold["step"]
+    assert [d["boundary_step"] for d in phases()][-1] == hold["step"]
+    assert trainer_status(run)["hold"] is None
+
+    # Interrupted again, then cancelled: released without a pivot.
+    client = ctl_bg(run, "pivot", "--policy", str(other))
+    wait_hold(run, "pending", timeout=60)
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    held = wait_hold(run, "holding")
+    res = ctl(run, "pivot", "--cancel")
+    assert res.returncode == 0 and "no pivot was made" in res.stdout, res.stdout + res.stderr
+    assert [d["boundary_step"] for d in phases()][-1] != held["step"]
+    deadline = time.monotonic() + 60
+    while trainer_status(run)["step"] <= held["step"]:
+        assert time.monotonic() < deadline, "the cancelled hold still holds the trainer"
+        time.sleep(0.1)
+    assert trainer_status(run)["hold"] is None
+
+    assert stop(t) == ExitCode.OK, t.log
+    assert stop(p) == ExitCode.OK, p.log
+    entries = read_entries(run / ".loss.json")
+    assert len(entries) == len({e.step for e in entries}), "no step was trained twice"
+    starts = {0: 0, **{d["new_phase"]: d["boundary_step"] for d in phases()}}
+    for e in entries:
+        owner = max(ph for ph, s in starts.items() if s < e.step or ph == 0)
+        assert e.phase == owner, (e.step, e.phase, starts)
 
 
 def test_damaged_state_after_a_pivot_is_rebuilt_in_the_right_phase(
@@ -148,20 +302,65 @@ def test_damaged_state_after_a_pivot_is_rebuilt_in_the_right_phase(
 ) -> None:
     """The recovery replays .loss.json from the newest pivot's boundary, under the current policy."""
     (tmp_path / "policy.toml").write_text(POLICY)
-    p, t = proxy(tmp_path), trainer(tmp_path, cache_dir, EVERY)
+    p, t = proxy(tmp_path), trainer(tmp_path, cache_dir, EVERY, sample_every=0)
     assert t.wait() == ExitCode.OK and stop(p) == ExitCode.OK
     (tmp_path / "policy.toml").write_text(POLICY.replace("cap = 0.0", "cap = 0.5", 1))
     p = proxy(tmp_path)
-    p.wait_for(r"pivot: phase 1 starts after step 25")
-    t = trainer(tmp_path, cache_dir, EVERY + 10)
+    p.wait_for(r"pivot: phase 1 starts after step 25", timeout=WAIT)
+    t = trainer(tmp_path, cache_dir, EVERY + 10, sample_every=0)
     assert t.wait() == ExitCode.OK, t.log
     assert stop(p) == ExitCode.OK
     before = json.loads((tmp_path / ".state.json").read_text())["live_probabilities"]
     (tmp_path / ".state.json").write_text("{")
     p = proxy(tmp_path)
-    p.wait_for(r"bandit for phase 1 \(after step 25\)")
-    p.wait_for(r"proxy ready")
+    p.wait_for(r"bandit for phase 1 \(after step 25\)", timeout=WAIT)
+    p.wait_for(r"proxy ready", timeout=WAIT)
     assert stop(p) == ExitCode.OK
     state = json.loads((tmp_path / ".state.json").read_text())
     assert state["bandit"]["phase"] == 1 and state["bandit"]["phase_start_step"] == EVERY
     assert before.keys() == state["live_probabilities"].keys()
+    assert os.path.exists(tmp_path / "policy.toml")
+
+
+def test_the_policy_in_force_survives_restarts(tmp_path: Path, cache_dir: Path) -> None:
+    """--with-proxy --policy X is kept as RUN_DIR/policy.toml; a plain restart keeps it; a different
+    --policy is refused naming both fingerprints and the changed bounds, unless --pivot."""
+    run = tmp_path / "run"
+    base, other = tmp_path / "base.toml", tmp_path / "other.toml"
+    base.write_text("[arms.code]\ncap = 0.5\n")
+    other.write_text("[arms.code]\ncap = 0.25\n")
+
+    def start(steps: int, *extra: str) -> subprocess.CompletedProcess:
+        return run_trainer(
+            run,
+            cache_dir,
+            "--with-proxy",
+            "--max-steps",
+            str(steps),
+            "--checkpoint-every",
+            "10",
+            *extra,
+        )
+
+    res = start(20, "--policy", str(base))
+    assert res.returncode == ExitCode.OK, res.stderr
+    assert (run / "policy.toml").read_text() == base.read_text()
+    res = start(30)
+    assert res.returncode == ExitCode.OK, res.stderr
+    assert not (run / "archive").exists()
+
+    res = start(40, "--policy", str(other))
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
+    assert "in force:" in res.stderr and "given:" in res.stderr, res.stderr
+    assert "arms.code.cap: 0.5 → 0.25" in res.stderr and "--pivot" in res.stderr, res.stderr
+    assert read_entries(run / ".loss.json")[-1].step == 30, "refused before anything started"
+
+    res = start(40, "--policy", str(other), "--pivot")
+    assert res.returncode == ExitCode.OK, res.stderr
+    assert (run / "policy.toml").read_text() == other.read_text()
+    (record,) = run.glob("archive/*/pivot.json")
+    assert json.loads(record.read_text())["boundary_step"] == 30
+    assert {e.phase for e in read_entries(run / ".loss.json") if e.step > 30} == {1}
+
+    res = start(50, "--policy", str(base))  # the original policy would undo the pivot
+    assert res.returncode == ExitCode.CONFIG_ERROR and "arms.code.cap: 0.25 → 0.5" in res.stderr

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from .. import rundir
 from ..boundedio import FileRejected, read_bounded, regular_size
-from ..config import CheckpointConfig, ModelConfig
+from ..config import CheckpointConfig, ModelConfig, config_changes, trajectory_of
 from . import format as fmt
 from .durable import atomic_write_bytes
 from .manifest import (
@@ -129,6 +129,8 @@ class Expectation:
     #: Processes of the job being started: each rank's RNG and cursor states are its own, so a
     #: checkpoint resumes exactly only at the world size that wrote it.
     world_size: int = 1
+    #: The run's trajectory settings (`RunConfig.trajectory()`), to name what changed.
+    trajectory: dict[str, Any] | None = None
 
 
 @dataclass
@@ -513,15 +515,25 @@ def _mismatches(m: Manifest, expect: Expectation) -> list[str]:
     elif m.layout != expect.layout:
         out.append("parameter layout differs (same config, different code?)")
     saved = {c.name: c.identity for c in m.data}
-    if saved != expect.data_identities:
+    if saved != expect.data_identities and not expect.allow_config_change:
         for name in sorted(set(saved) | set(expect.data_identities)):
             a, b = saved.get(name), expect.data_identities.get(name)
             if a != b:
                 out.append(f"data arm {name!r}: {_short(a)} → {_short(b)}")
-    if m.config_hash != expect.config_hash and not expect.allow_config_change:
         out.append(
-            "training config differs (optimizer, batch, seed, data or mixing); "
-            "pass --allow-config-change to continue under the new one on purpose"
+            "pass --allow-config-change to continue with the changed arms on purpose (a removed "
+            "arm's cursor is dropped, an added or changed arm starts from its beginning)"
+        )
+    if m.config_hash != expect.config_hash and not expect.allow_config_change:
+        changes = (
+            config_changes(trajectory_of(m.config), expect.trajectory)
+            if expect.trajectory is not None
+            else []
+        )
+        out.append(
+            "training config differs from the checkpoint's: "
+            + ("; ".join(changes) if changes else "(optimizer, batch, seed, data or mixing)")
+            + "; pass --allow-config-change to continue under the new one on purpose"
         )
     return out
 

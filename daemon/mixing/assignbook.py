@@ -7,6 +7,9 @@ steps <= s - W). This book makes that true across crashes of either process:
   restarted from an older checkpoint; after a proxy restart the trained steps' arms come back from
   .loss.json and the rest are recomputed, which gives the same arms;
 - losses are incorporated lazily, in step order, only as far as the next assignment needs;
+- a loss trained under a phase that did not own its step (a step after a pivot's boundary that the
+  trainer had already trained under the old policy) is superseded: it stays in .loss.json but
+  counts for nothing here;
 - a bandit snapshot is kept every SNAPSHOT_EVERY incorporated steps, and the one persisted in
   .state.json is old enough (<= durable step + 1 - W) that every assignment a restarted proxy may
   have to recompute lies after it. Replaying the logged losses from there is cheap.
@@ -30,12 +33,19 @@ class AssignmentBook:
         bandit: Bandit,
         configured: Sequence[ConfiguredArm],
         past: dict[int, str] | None = None,
+        starts: dict[int, int] | None = None,
     ) -> None:
+        """`starts`: phase → the step after which it starts, for every phase up to the bandit's."""
         self.bandit = bandit
         self.configured = list(configured)
         self.lag = bandit.policy.lag
         #: Arms of steps of earlier phases, re-served to a trainer that resumes before the pivot.
         self.past: dict[int, str] = dict(past or {})
+        self.starts: dict[int, int] = {
+            0: 0,
+            **(starts or {}),
+            bandit.phase: bandit.phase_start_step,
+        }
         self.arm_of: dict[int, str] = {}
         self.loss_of: dict[int, float] = {}
         self.snapshots: list[BanditState] = [bandit.state_dict()]
@@ -44,16 +54,23 @@ class AssignmentBook:
     def phase_start(self) -> int:
         return self.bandit.phase_start_step
 
-    def record(self, step: int, arm: str, loss: float) -> None:
-        """A trained step's loss. The first one recorded per step is canonical for the bandit
-        (later segments re-training the step produce the same value in a bit-exact run)."""
+    def phase_of(self, step: int) -> int:
+        """The phase that owns `step`: the newest one that starts before it."""
+        return max(p for p, start in self.starts.items() if start < step or p == 0)
+
+    def record(self, step: int, arm: str, loss: float, phase: int) -> bool:
+        """A trained step's loss; False when it is superseded (trained under a phase that does not
+        own the step). The first one recorded per step is canonical for the bandit (later segments
+        re-training the step produce the same value in a bit-exact run)."""
+        if phase != self.phase_of(step):
+            return False
         if step <= self.phase_start:
-            self.past.setdefault(step, arm)
-            return
-        if step in self.loss_of:
-            return
-        self.loss_of[step] = loss
-        self.arm_of.setdefault(step, arm)
+            self.past[step] = arm
+            return True
+        if step not in self.loss_of:
+            self.loss_of[step] = loss
+            self.arm_of.setdefault(step, arm)
+        return True
 
     def assign(self, step: int) -> str | None:
         """The arm for `step`, or None while the loss it depends on has not arrived yet."""
@@ -87,7 +104,7 @@ class AssignmentBook:
             **self.past,
             **{s: a for s, a in self.arm_of.items() if s <= bandit.phase_start_step},
         }
-        return AssignmentBook(bandit, self.configured, past)
+        return AssignmentBook(bandit, self.configured, past, self.starts)
 
     def waiting_for(self, step: int) -> int | None:
         """The step whose loss `assign(step)` is waiting for, if any."""

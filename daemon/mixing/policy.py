@@ -107,9 +107,11 @@ class Policy(_Strict):
         floors = math.fsum(b.floor for b in self.arms.values())
         if floors > 1.0 + FEASIBILITY_TOLERANCE:
             listing = ", ".join(
-                f"{n}={b.floor}" for n, b in sorted(self.arms.items()) if b.floor > 0
+                f"{n}={human(b.floor)}" for n, b in sorted(self.arms.items()) if b.floor > 0
             )
-            raise ValueError(f"infeasible policy: the floors sum to {floors!r} > 1 ({listing})")
+            raise ValueError(
+                f"infeasible policy: the floors sum to {human(floors)} > 1 ({listing})"
+            )
         return self
 
     def bounds(self, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -134,13 +136,24 @@ class Policy(_Strict):
         floors, caps = math.fsum(lo), math.fsum(hi)
         if floors > 1.0 + FEASIBILITY_TOLERANCE:
             raise PolicyError(
-                f"infeasible policy: the floors of the live arms sum to {floors!r} > 1 "
+                f"infeasible policy: the floors of the live arms sum to {human(floors)} > 1 "
                 f"({_listing(live, lo)})"
             )
         if caps < 1.0 - FEASIBILITY_TOLERANCE:
             raise PolicyError(
-                f"infeasible policy: the caps of the live arms sum to {caps!r} < 1 "
+                f"infeasible policy: the caps of the live arms sum to {human(caps)} < 1 "
                 f"({_listing(live, hi)}); raise a cap or configure another arm"
+            )
+
+    def check_arms(self, configured: Iterable[str]) -> None:
+        """Raise `PolicyError` naming every arm of the policy that the run does not configure (a
+        misspelt `[arms.kode]` would otherwise be a bound on nothing)."""
+        known = sorted(configured)
+        unknown = sorted((set(self.arms) | set(self.initial_weights)) - set(known))
+        if unknown:
+            raise PolicyError(
+                f"the policy names arms this run does not have: {', '.join(unknown)} "
+                f"(the run's arms: {', '.join(known)})"
             )
 
     def fingerprint(self) -> str:
@@ -152,7 +165,51 @@ class Policy(_Strict):
 
 
 def _listing(names: Sequence[str], values: np.ndarray) -> str:
-    return ", ".join(f"{n}={float(v)!r}" for n, v in zip(names, values))
+    return ", ".join(f"{n}={human(float(v))}" for n, v in zip(names, values))
+
+
+def human(x: float) -> str:
+    """A number as a person writes it: 0.9, not 0.8999999999999999 (six significant digits)."""
+    return f"{x:.6g}"
+
+
+def bounds_table(old: Policy, new: Policy, arms: Sequence[str]) -> list[dict[str, object]]:
+    """Per arm: the floor and cap of `old` and `new`, and whether they differ."""
+    rows = []
+    for name in sorted(set(arms) | set(old.arms) | set(new.arms)):
+        a, b = old.arms.get(name, ArmBounds()), new.arms.get(name, ArmBounds())
+        rows.append(
+            {
+                "arm": name,
+                "old_floor": a.floor,
+                "old_cap": a.cap,
+                "new_floor": b.floor,
+                "new_cap": b.cap,
+                "changed": a != b,
+            }
+        )
+    return rows
+
+
+def differences(old: Policy, new: Policy) -> list[str]:
+    """Each setting that differs, as `key: old → new` (numbers rounded for people)."""
+    out = []
+    for key in ("alpha", "lag"):
+        a, b = getattr(old, key), getattr(new, key)
+        if a != b:
+            out.append(f"{key}: {human(a)} → {human(b)}")
+    for name in sorted(set(old.arms) | set(new.arms)):
+        a, b = old.arms.get(name, ArmBounds()), new.arms.get(name, ArmBounds())
+        for key in ("floor", "cap"):
+            if getattr(a, key) != getattr(b, key):
+                out.append(
+                    f"arms.{name}.{key}: {human(getattr(a, key))} → {human(getattr(b, key))}"
+                )
+    for name in sorted(set(old.initial_weights) | set(new.initial_weights)):
+        a, b = old.initial_weight(name), new.initial_weight(name)
+        if a != b:
+            out.append(f"initial_weights.{name}: {human(a)} → {human(b)}")
+    return out
 
 
 def describe_validation_error(err: ValidationError, source: str) -> str:

@@ -37,8 +37,8 @@ from andrea.protocol.transport import bind_router, close_router
 from .. import rundir
 from ..boundedio import read_bounded
 from ..checkpoint.durable import atomic_write_bytes
-from ..checkpoint.manager import checkpoint_steps, read_manifest
-from ..config import RunConfig
+from ..checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpoint
+from ..config import ConfigError, RunConfig, build_config, config_changes, load_toml
 from ..data import DataError, arm_identity
 from ..exitcodes import ExitCode
 from ..logthrottle import ThrottledWarning
@@ -60,7 +60,8 @@ from ..rundir import (
 )
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditError, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
-from .policy import Policy, PolicyError, parse_policy
+from .policy import Policy, PolicyError, bounds_table, differences, parse_policy
+from .policystore import store
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,10 @@ class ProxyOptions:
     run_dir: Path
     cfg: RunConfig
     policy: Policy
+    #: Text to make the run's policy file before starting (a first start, or `--policy --pivot`).
+    policy_text: str | None = None
+    #: Where `cfg` was read, to re-read after a deliberate config change (--allow-config-change).
+    config_path: Path | None = None
 
 
 class Proxy:
@@ -153,15 +158,26 @@ class Proxy:
         self._lock = claim(self.run_dir, "proxy")
         self._policy_changed = False
         self.configured = configured_arms(self.opts.cfg, self.run_dir)
+        if self.opts.policy_text is not None:
+            self._check_policy(self.opts.policy)
+            store(self.run_dir, self.opts.policy_text)
         self.losslog = LossLog.open(self.run_dir / LOSS_FILE)
         entries = read_entries(self.run_dir / LOSS_FILE)
         self._check_log_against_checkpoints({e.step for e in entries})
         bandit, self.max_segment = self._restore_bandit(max((e.step for e in entries), default=0))
-        self.book = AssignmentBook(bandit, self.configured)
+        self.book = AssignmentBook(bandit, self.configured, starts=phase_starts(self.run_dir))
+        self.durable_step = self.trainer_step = superseded = 0
         for e in entries:
-            self.book.record(e.step, e.arm, e.loss)
-            self.max_segment = max(self.max_segment, e.segment)
-        self.durable_step = max((e.step for e in entries), default=0)
+            if self.book.record(e.step, e.arm, e.loss, e.phase):
+                self.durable_step = max(self.durable_step, e.step)
+            else:
+                superseded += 1
+            if e.segment > self.max_segment:
+                self.max_segment, self.trainer_step = e.segment, e.step
+            elif e.segment == self.max_segment:
+                self.trainer_step = max(self.trainer_step, e.step)
+        if superseded:
+            log.info("%d logged entries are superseded by pivots (kept, not counted)", superseded)
         self.samples = self._load_samples()
         self.board = None
         if self.opts.cfg.metrics.tensorboard:
@@ -170,17 +186,7 @@ class Proxy:
             self.board = LiveBoard(self.run_dir / TENSORBOARD_DIR, canonical_curve(entries))
         self.prometheus = exposition_for(self.opts.cfg.metrics, "proxy", self.run_dir)
         if self._policy_changed:
-            # The policy file changed while the proxy was stopped: the manual pivot. Its boundary
-            # is the trainer's newest checkpoint, exactly where `andreactl pivot` would have held it.
-            boundary = max(checkpoint_steps(self.run_dir), default=None)
-            if boundary is None or self.durable_step > boundary or boundary < self.book.phase_start:
-                raise ValueError(
-                    f"the policy differs from the running phase's, but the newest checkpoint ({boundary}) "
-                    f"is not a possible pivot point (steps logged up to {self.durable_step}, phase from "
-                    f"{self.book.phase_start}); stop the trainer first (its final checkpoint is the boundary) "
-                    "or use `andreactl pivot --policy FILE` while it runs"
-                )
-            self._pivot(boundary, self.opts.policy)
+            self._manual_pivot()
         self.steps_since_state = 0
         self.mix_since_sample: dict[str, int] = {}
         self.ctx = zmq.Context.instance()
@@ -188,6 +194,53 @@ class Proxy:
         self.sock = bind_router(self.ctx, self.endpoint)
         self._write_state()
         log.info("proxy ready: %d logged entries, up to step %d", len(entries), self.durable_step)
+
+    def _check_policy(self, policy: Policy) -> None:
+        """A new policy must name only this run's arms and be feasible over the live ones."""
+        policy.check_arms(c.name for c in self.configured)
+        policy.check_feasible(c.name for c in self.configured if c.available)
+
+    def _manual_pivot(self) -> None:
+        """The policy file changed while the proxy was stopped: the seed's manual pivot. Its
+        boundary is the trainer's newest intact checkpoint, where `andreactl pivot` would have held
+        it. Steps the trainer trained after it under the old policy stay in .loss.json, superseded;
+        the trainer rolls back to the boundary by itself when it hears of the new phase."""
+        old = self.book.bandit.policy
+        self._check_policy(self.opts.policy)
+        boundary = None
+        for step in checkpoint_steps(self.run_dir):
+            if step < self.book.phase_start:
+                break
+            try:
+                verify_checkpoint(self.run_dir, step)
+            except ValueError as e:
+                log.warning("checkpoint %d cannot be a pivot point: %s", step, e)
+                continue
+            boundary = step
+            break
+        if boundary is None:
+            raise PolicyError(
+                f"{POLICY_FILE} differs from the policy of phase {self.book.bandit.phase} (a pivot), "
+                f"but no intact checkpoint at or after the phase's start (step {self.book.phase_start}) "
+                "can be its boundary; let the trainer write one (SIGUSR1) and start the proxy again"
+            )
+        log.info(
+            "%s changed while the proxy was stopped (%s): a pivot after the newest checkpoint, step %d",
+            POLICY_FILE,
+            "; ".join(differences(old, self.opts.policy)) or "same bounds",
+            boundary,
+        )
+        if self.durable_step > boundary:
+            log.info(
+                "steps %d..%d were trained under the old policy: they stay in %s as superseded "
+                "entries and the trainer rolls back to step %d",
+                boundary + 1,
+                self.durable_step,
+                LOSS_FILE,
+                boundary,
+            )
+        self._pivot(boundary, self.opts.policy)
+        self.durable_step = min(self.durable_step, boundary)
 
     def _check_log_against_checkpoints(self, logged: set[int]) -> None:
         """Refuse a .loss.json that lacks steps the trainer's newest checkpoint says were trained
@@ -315,6 +368,31 @@ class Proxy:
             )
         return m.Reply(id=msg.id, ok=False, error=f"unexpected message type {msg.type!r}")
 
+    def _reload_config(self) -> None:
+        """The trainer may have recorded a deliberate change in run.toml (--allow-config-change)
+        since this proxy read it: take a changed seed or arm set from there. The running phase's
+        bandit keeps its own seed (its draws so far are in .state.json); a removed arm becomes a
+        zombie, an added one joins with a fresh reward."""
+        path = self.opts.config_path
+        if path is None:
+            return
+        try:
+            cfg = build_config(load_toml(path), source=str(path))
+        except (ConfigError, OSError) as e:
+            log.warning("cannot re-read %s: %s", path, e)
+            return
+        if cfg.trajectory() == self.opts.cfg.trajectory():
+            return
+        log.warning(
+            "%s changed since the proxy started: %s",
+            path.name,
+            "; ".join(config_changes(self.opts.cfg.trajectory(), cfg.trajectory())),
+        )
+        self.opts.cfg = cfg
+        self.configured = configured_arms(cfg, self.run_dir)
+        self.book.configured = list(self.configured)
+        self.book.bandit = Bandit.from_state(self.book.bandit.state_dict(), self.configured)
+
     def _hello(self, peer: bytes, msg: m.Hello) -> m.Message:
         if msg.protocol != m.PROTOCOL:
             return m.Reply(
@@ -330,6 +408,8 @@ class Proxy:
                 ok=False,
                 error=f"segment {msg.segment} was never numbered (highest: {self.max_segment})",
             )
+        if msg.seed != self.opts.cfg.seed or set(self.book.bandit.live_arms) - set(msg.arms):
+            self._reload_config()
         if msg.seed != self.opts.cfg.seed:
             return m.Reply(
                 id=msg.id,
@@ -343,6 +423,7 @@ class Proxy:
             self.max_segment += 1
             segment = self.max_segment
             self._write_state()  # the number is durable before it is given out
+            self.trainer_step = msg.resume_step
             if msg.resume_step:
                 log.info(
                     "trainer segment %d connected, resuming after step %d", segment, msg.resume_step
@@ -363,7 +444,11 @@ class Proxy:
             phase=b.phase,
             phase_start_step=b.phase_start_step,
             lag=self.book.lag,
+            phases=self._phases(),
         )
+
+    def _phases(self) -> list[m.PhaseStart]:
+        return [m.PhaseStart(phase=p, after_step=s) for p, s in sorted(self.book.starts.items())]
 
     def _assign(self, msg: m.AssignRequest) -> m.Message:
         items, waiting = [], None
@@ -372,8 +457,10 @@ class Proxy:
             if arm is None:
                 waiting = self.book.waiting_for(step)
                 break
-            items.append(m.Assignment(step=step, arm=arm, phase=self.book.bandit.phase))
-        return m.Assignments(id=msg.id, items=items, waiting_for_step=waiting)
+            items.append(m.Assignment(step=step, arm=arm, phase=self.book.phase_of(step)))
+        return m.Assignments(
+            id=msg.id, items=items, waiting_for_step=waiting, phases=self._phases()
+        )
 
     def _entry_problem(self, e: LossEntry) -> str | None:
         """Why `e` cannot be a record of a step the trainer trained, judged against this proxy's
@@ -384,6 +471,13 @@ class Proxy:
             return f"step {e.step}: segment {e.segment} was never numbered (highest: {self.max_segment})"
         if e.phase > self.book.bandit.phase:
             return f"step {e.step}: phase {e.phase} is after the current phase {self.book.bandit.phase}"
+        if e.phase < self.book.phase_of(e.step):
+            # Superseded: trained past a pivot's boundary under the old phase (the manual pivot,
+            # before the trainer rolled back). Kept in the log, counted by nothing; the old phase's
+            # bandit that assigned it is archived, so only its arm can be checked.
+            if e.arm not in {c.name for c in self.configured}:
+                return f"step {e.step}: arm {e.arm!r} is not an arm of this run"
+            return None
         try:
             expected = self.book.assign(e.step)
         except ValueError as err:  # a step of an earlier phase that was never trained
@@ -404,11 +498,18 @@ class Proxy:
         written = self.losslog.append_many(msg.entries)
         self.losslog.sync()  # acknowledged means durable
         for e in msg.entries:
-            self.book.record(e.step, e.arm, e.loss)
+            if self.book.record(e.step, e.arm, e.loss, e.phase):
+                self.durable_step = max(self.durable_step, e.step)
+                self.mix_since_sample[e.arm] = self.mix_since_sample.get(e.arm, 0) + 1
+            else:
+                log.debug(
+                    "step %d of phase %d is superseded by a pivot; logged, not counted",
+                    e.step,
+                    e.phase,
+                )
             self.max_segment = max(self.max_segment, e.segment)
-            self.mix_since_sample[e.arm] = self.mix_since_sample.get(e.arm, 0) + 1
-        if msg.entries:
-            self.durable_step = max(self.durable_step, max(e.step for e in msg.entries))
+            if e.segment == self.max_segment:
+                self.trainer_step = max(self.trainer_step, e.step)
         self.steps_since_state += written
         if self.steps_since_state >= STATE_EVERY:
             self._write_state()
@@ -422,7 +523,17 @@ class Proxy:
             error = f"samples of segment {msg.segment}, phase {msg.phase}: never numbered"
             self.rejections.warning("rejected a sample report: %s", error)
             return m.Reply(id=msg.id, ok=False, error=error)
-        if not any(r.step == msg.step and r.segment == msg.segment for r in self.samples.records):
+        owner = self.book.phase_of(msg.step)
+        if msg.phase != owner:
+            log.info(
+                "samples of step %d (phase %d) are superseded by the pivot to phase %d; not kept",
+                msg.step,
+                msg.phase,
+                owner,
+            )
+        elif msg.phase != self.book.bandit.phase:
+            self._archive_samples(msg)
+        elif not any(r.step == msg.step and r.segment == msg.segment for r in self.samples.records):
             rec = SampleRecord(
                 step=msg.step,
                 segment=msg.segment,
@@ -438,6 +549,33 @@ class Proxy:
             )
         return m.Reply(id=msg.id, ok=True)
 
+    def _archive_samples(self, msg: m.SampleReport) -> None:
+        """Samples of a step of an ended phase that arrive after its pivot (re-sent by a trainer
+        that was cut off from the proxy) join that phase's archive: the sample of a boundary
+        belongs to the phase that ends there."""
+        archive = archive_of_phase(self.run_dir, msg.phase)
+        if archive is None:
+            log.warning("samples of step %d: no archive of phase %d; not kept", msg.step, msg.phase)
+            return
+        path = archive / SAMPLES_FILE
+        try:
+            kept = SamplesFile.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError):
+            kept = SamplesFile(kept=SAMPLES_KEPT, records=[])
+        if any(r.step == msg.step and r.segment == msg.segment for r in kept.records):
+            return
+        rec = SampleRecord(
+            step=msg.step,
+            segment=msg.segment,
+            phase=msg.phase,
+            received_utc=now_utc(),
+            arm_mix={},
+            samples=msg.samples,
+        )
+        kept.records = (kept.records + [rec])[-kept.kept :]
+        atomic_write_bytes(path, kept.model_dump_json(indent=1).encode())
+        log.info("samples of step %d joined the archive of phase %d", msg.step, msg.phase)
+
     def _pivot(self, boundary: int, policy: Policy) -> Path:
         """Archive the ending phase, then start a fresh bandit for the steps after `boundary`.
 
@@ -450,6 +588,10 @@ class Proxy:
         self._write_state()
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         archive = pivot_archive(self.run_dir, boundary, stamp)
+        n = 1
+        while archive.exists():  # a second pivot at the same step within the same second
+            n += 1
+            archive = pivot_archive(self.run_dir, boundary, f"{stamp}-{n}")
         archive.mkdir(parents=True)
         for name in (STATE_FILE, SAMPLES_FILE):
             if (self.run_dir / name).exists():
@@ -493,20 +635,71 @@ class Proxy:
         return archive
 
     def _pivot_request(self, msg: m.PivotRequest) -> m.Message:
+        """Check everything before anything happens; a refusal changes nothing. A re-sent request
+        for a pivot already made (same boundary, same policy) is answered as done."""
+
+        def refuse(error: str, **data: object) -> m.Message:
+            return m.Reply(id=msg.id, ok=False, error=error, data=data)
+
         try:
             policy = parse_policy(msg.policy_toml, source="pivot policy")
-            policy.check_feasible([c.name for c in self.configured if c.available])
+            self._check_policy(policy)
         except PolicyError as e:
-            return m.Reply(id=msg.id, ok=False, error=str(e))
-        b = msg.boundary_step
-        if b < self.book.phase_start or self.durable_step > b:
+            return refuse(str(e), kind="policy")
+        b, bandit = msg.boundary_step, self.book.bandit
+        current = bandit.policy
+        table = bounds_table(current, policy, [c.name for c in self.configured])
+        data: dict[str, object] = {
+            "phase": bandit.phase,
+            "phase_start_step": bandit.phase_start_step,
+            "boundary_step": b,
+            "old_policy": current.fingerprint(),
+            "new_policy": policy.fingerprint(),
+            "bounds": table,
+            "changes": differences(current, policy),
+            "live_arms": bandit.live_arms,
+        }
+        same = current.fingerprint() == policy.fingerprint()
+        if same and bandit.phase > 0 and bandit.phase_start_step == b and not msg.dry_run:
+            archive = archive_of_phase(self.run_dir, bandit.phase - 1)
             return m.Reply(
                 id=msg.id,
-                ok=False,
-                error=(
-                    f"cannot pivot after step {b}: the phase starts after {self.book.phase_start} and steps up to "
-                    f"{self.durable_step} are already logged under the current policy"
-                ),
+                ok=True,
+                data={
+                    **data,
+                    "already": True,
+                    "archive": str(archive.relative_to(self.run_dir)) if archive else None,
+                },
+            )
+        if same and not msg.force:
+            return refuse(
+                f"the run already uses this policy (fingerprint {policy.fingerprint()[:12]}…, phase "
+                f"{bandit.phase}): a pivot would change nothing; pass --force for a new phase anyway",
+                kind="no-op",
+                **data,
+            )
+        if b < self.book.phase_start:
+            return refuse(
+                f"cannot pivot after step {b}: phase {bandit.phase} starts after step "
+                f"{self.book.phase_start}",
+                kind="boundary",
+                **data,
+            )
+        if msg.dry_run:
+            return m.Reply(id=msg.id, ok=True, data={**data, "dry_run": True})
+        if b > self.trainer_step:
+            return refuse(
+                f"cannot pivot after step {b}: it is beyond the trainer's progress (its losses are "
+                f"logged up to step {self.trainer_step})",
+                kind="boundary",
+                **data,
+            )
+        if b < self.trainer_step:
+            return refuse(
+                f"cannot pivot after step {b}: the trainer has already trained up to step "
+                f"{self.trainer_step} under the current policy",
+                kind="boundary",
+                **data,
             )
         if b == self.book.phase_start and self.book.bandit.phase > 0:
             return m.Reply(
@@ -515,15 +708,15 @@ class Proxy:
                 error=f"phase {self.book.bandit.phase} already starts after step {b}",
             )
         # The policy file first: if the proxy dies before the new state is written, its next start
-        # sees the changed policy and completes the same pivot.
-        atomic_write_bytes(self.run_dir / POLICY_FILE, msg.policy_toml.encode())
+        # sees the changed policy and completes the same pivot (at the newest checkpoint, b).
+        store(self.run_dir, msg.policy_toml)
         archive = self._pivot(b, policy)
         return m.Reply(
             id=msg.id,
             ok=True,
             data={
+                **data,
                 "phase": self.book.bandit.phase,
-                "boundary_step": b,
                 "archive": str(archive.relative_to(self.run_dir)),
             },
         )
@@ -539,6 +732,7 @@ class Proxy:
             probabilities=b.probabilities(),
             zombies=[Zombie(**z.model_dump()) for z in b.zombies],
             policy_fingerprint=b.policy.fingerprint(),
+            trainer_step=self.trainer_step,
         )
 
     # ---- loop -------------------------------------------------------------------------------
@@ -630,6 +824,24 @@ class Proxy:
         close_router(self.sock, self.endpoint)
         self._lock.close()  # the run directory is free for the next proxy
         log.info("proxy stopped; state written at durable step %d", self.durable_step)
+
+
+def _pivot_records(run_dir: Path) -> list[tuple[Path, dict]]:
+    out = []
+    for record in pivot_records(run_dir):
+        out.append((record.parent, json.loads(record.read_text())))
+    return out
+
+
+def phase_starts(run_dir: Path) -> dict[int, int]:
+    """Phase → the step after which it starts, from the pivot records under archive/."""
+    return {int(d["new_phase"]): int(d["boundary_step"]) for _, d in _pivot_records(run_dir)}
+
+
+def archive_of_phase(run_dir: Path, phase: int) -> Path | None:
+    """The archive of the phase that ended at a pivot (the newest, should there be several)."""
+    found = [(d["utc"], a) for a, d in _pivot_records(run_dir) if int(d["old_phase"]) == phase]
+    return max(found)[1] if found else None
 
 
 def last_pivot(run_dir: Path) -> tuple[int, int]:

@@ -1,0 +1,102 @@
+"""The one policy in force, kept in the run directory (`RUN_DIR/policy.toml`).
+
+A restart must neither undo a pivot nor pivot by accident, so the policy a run uses lives with the
+run, not on the command line:
+
+- the first start writes the policy it was given (or the default, no caps or floors) there;
+- a plain restart uses it;
+- a `--policy FILE` that differs from it is refused, naming both fingerprints and every differing
+  setting, unless the operator says explicitly that it is a pivot (`--pivot`): then FILE replaces
+  the run's policy and the proxy starts a new phase at the newest checkpoint;
+- editing `RUN_DIR/policy.toml` while the proxy is stopped is the seed's manual pivot, and is
+  detected by the proxy against the fingerprint in `.state.json`.
+
+A run written before the file existed gets it from its `.state.json`, so its policy is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ..checkpoint.durable import atomic_write_bytes
+from ..rundir import POLICY_FILE, STATE_FILE
+from .policy import Policy, PolicyError, differences, load_policy
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The policy to run with, and the text to (re)write as the run's policy file, if any."""
+
+    policy: Policy
+    write: str | None
+    pivot: bool
+
+
+def _state_policy(run_dir: Path) -> Policy | None:
+    """The policy recorded in `.state.json`, or None (absent or unreadable: the proxy reports
+    that itself when it starts)."""
+    try:
+        data = json.loads((run_dir / STATE_FILE).read_bytes())
+        return Policy.model_validate(data["bandit"]["policy"])
+    except (OSError, ValueError, KeyError, TypeError, ValidationError):
+        return None
+
+
+def refusal(in_force: Policy, where: str, given: Policy, given_path: Path) -> str:
+    """Why a differing `--policy` is refused, with both fingerprints and every changed setting."""
+    lines = [
+        f"--policy {given_path} differs from the policy in force for this run ({where}):",
+        f"  in force: {in_force.fingerprint()}",
+        f"  given:    {given.fingerprint()}",
+        *(f"  {d}" for d in differences(in_force, given)),
+        "A different policy is a pivot. Restart without --policy to keep the run's policy, add "
+        "--pivot to start a new phase at the newest checkpoint, or use `andreactl pivot --policy "
+        f"{given_path}` while the trainer runs.",
+    ]
+    return "\n".join(lines)
+
+
+def resolve_policy(run_dir: Path, given: Path | None, pivot: bool) -> Resolved:
+    """Decide the policy of this start (see the module docstring). Reads only; raises
+    `PolicyError` for an unusable file or a refused change."""
+    if pivot and given is None:
+        raise PolicyError("--pivot needs --policy FILE (the policy of the new phase)")
+    stored_path = run_dir / POLICY_FILE
+    stored = load_policy(stored_path) if stored_path.exists() else None
+    if given is not None:
+        new = load_policy(given)
+        text = given.read_text(encoding="utf-8")
+        if given.resolve() == stored_path.resolve():
+            return Resolved(new, None, False)
+        reference, where = stored, str(stored_path)
+        if reference is None:
+            reference, where = _state_policy(run_dir), f"{run_dir / STATE_FILE}"
+        if reference is None or reference.fingerprint() == new.fingerprint():
+            return Resolved(new, text if stored is None else None, False)
+        if not pivot:
+            raise PolicyError(refusal(reference, where, new, given))
+        return Resolved(new, text, True)
+    if stored is not None:
+        return Resolved(stored, None, False)
+    from_state = _state_policy(run_dir)
+    policy = from_state if from_state is not None else Policy()
+    return Resolved(policy, _to_toml(policy), False)
+
+
+def _to_toml(policy: Policy) -> str:
+    import tomli_w
+
+    return (
+        "# The mixing policy in force for this run (written by andrea-proxy). Editing it while the\n"
+        "# proxy is stopped is a pivot at the newest checkpoint; see docs/operations.md.\n"
+        + tomli_w.dumps(policy.model_dump(mode="json"))
+    )
+
+
+def store(run_dir: Path, text: str) -> None:
+    """Make `text` the run's policy file (atomically, durably)."""
+    atomic_write_bytes(run_dir / POLICY_FILE, text.encode("utf-8"))
