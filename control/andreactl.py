@@ -556,6 +556,9 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     deadline = time.monotonic() + args.timeout
     last_answer = time.monotonic()
+    # A status may be up to a moment older than the hold request (the trainer caches it under
+    # load): the hold counts as gone only once it has been seen.
+    seen = resuming is not None
     while True:
         t = _status_report(args.run_dir).trainer
         if t is not None:
@@ -563,10 +566,11 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         elif time.monotonic() - last_answer > 30:
             return _fail("the trainer stopped answering; nothing was changed")
         h = t.hold if t is not None else None
+        seen = seen or (h is not None and h.id == hold_id)
         if h is not None and h.id == hold_id and h.state is HoldState.HOLDING and h.acknowledged:
             boundary = h.step
             break
-        if t is not None and (h is None or h.id != hold_id):
+        if seen and t is not None and (h is None or h.id != hold_id):
             return _fail(f"hold {hold_id} is gone (cancelled or timed out); nothing was changed")
         if h is not None and h.state is HoldState.FAILED:
             return _fail(f"the trainer could not hold: {h.error}; nothing was changed")

@@ -103,6 +103,14 @@ def wait_hold(run_dir: Path, state: str, timeout: float = 120) -> dict:
     raise AssertionError(f"the trainer never reached hold state {state!r}")
 
 
+def wait_no_hold(run_dir: Path, timeout: float = 60) -> None:
+    """The trainer holds for nothing (a status may lag the release by a moment)."""
+    deadline = time.monotonic() + timeout
+    while trainer_status(run_dir)["hold"] is not None:
+        assert time.monotonic() < deadline, "the trainer still holds"
+        time.sleep(0.1)
+
+
 def samples_steps(path: Path) -> set[int]:
     return {r["step"] for r in json.loads(path.read_text())["records"]}
 
@@ -224,7 +232,7 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
     assert res.returncode == 0, res.stderr + t.log
     first = json.loads(res.stdout)["boundary_step"]
     assert [d["boundary_step"] for d in phases()] == [first]
-    assert trainer_status(run)["hold"] is None
+    wait_no_hold(run)
 
     # The proxy checks the boundary against the trainer's progress; a refusal changes nothing.
     half = POLICY.replace("cap = 0.0", "cap = 0.5")
@@ -254,7 +262,7 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
         assert "another pivot" in next(err for code, err in outs if code == 1), outs
     assert len(phases()) == 1 + codes.count(0)
     assert len({d["boundary_step"] for d in phases()}) == len(phases())
-    assert trainer_status(run)["hold"] is None
+    wait_no_hold(run)
 
     # Interrupted: the client dies while its hold is pending. The trainer holds at the boundary
     # (status shows the hold and its age); re-running the command completes the pivot.
@@ -270,7 +278,7 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
     assert res.returncode == 0 and "completing an interrupted pivot" in res.stderr, res.stderr
     assert json.loads(res.stdout)["boundary_step"] == hold["step"]
     assert [d["boundary_step"] for d in phases()][-1] == hold["step"]
-    assert trainer_status(run)["hold"] is None
+    wait_no_hold(run)
 
     # Interrupted again, then cancelled: released without a pivot.
     client = ctl_bg(run, "pivot", "--policy", str(other))
@@ -285,7 +293,7 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
     while trainer_status(run)["step"] <= held["step"]:
         assert time.monotonic() < deadline, "the cancelled hold still holds the trainer"
         time.sleep(0.1)
-    assert trainer_status(run)["hold"] is None
+    wait_no_hold(run)
 
     assert stop(t) == ExitCode.OK, t.log
     assert stop(p) == ExitCode.OK, p.log
