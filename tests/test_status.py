@@ -51,6 +51,7 @@ PROXY = {
         }
     ],
     "policy_fingerprint": "abc",
+    "trainer_step": 29,
 }
 
 
