@@ -410,7 +410,7 @@ VALID_MESSAGES: dict[str, dict] = {
         "wait": False,
         "hold": False,
     },
-    "resume": {"type": "resume", "id": "r"},
+    "resume": {"type": "resume", "id": "r", "hold_id": "h"},
     "stop": {"type": "stop", "id": "x", "wait": False},
     "pivot": {"type": "pivot", "id": "p", "policy_toml": "lag = 4\n", "boundary_step": 1},
 }
