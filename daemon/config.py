@@ -21,6 +21,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .checkpoint.durable import atomic_write_bytes
+from .heldout import DEFAULT_FRACTION
 from .rundir import CONFIG_FILE
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
@@ -117,6 +118,14 @@ class DataConfig(_Strict):
         None,
         description="where tokenized arms are cached; default $CACHE_DIRECTORY or ~/.cache/andrea",
     )
+    heldout_fraction: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="fraction of each arm's documents never trained on, chosen by a hash of each document's "
+        "identity (daemon/heldout.py); absent in runs created before splits existed, which keep none; "
+        "0 holds out nothing",
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> DataConfig:
@@ -170,6 +179,20 @@ class MetricsConfig(_Strict):
     )
 
 
+class EvalConfig(_Strict):
+    """Held-out evaluation. Operational: it never changes a bit of training, so it may change at
+    any restart."""
+
+    every: int | None = Field(
+        None,
+        ge=0,
+        description="steps between evaluations; default: the checkpoint cadence; 0 disables",
+    )
+    sequences: int = Field(
+        64, ge=1, description="held-out sequences (block_size + 1 tokens) evaluated per arm"
+    )
+
+
 class RunConfig(_Strict):
     """Everything one run needs. Built from a preset, then run.toml, then command-line flags."""
 
@@ -185,9 +208,12 @@ class RunConfig(_Strict):
         8,
         ge=1,
         le=4096,
-        description="sequences per optimizer step over the whole job (global): each of a job's N ranks "
-        "trains on a disjoint batch_size / N of them, so the same config trains on the same batches "
-        "at any world size",
+        description="sequences per micro-batch over the whole job (global; a step is grad_accum "
+        "micro-batches): each of a job's N ranks trains on a disjoint batch_size / N of them, so the same "
+        "config trains on the same batches at any world size",
+    )
+    grad_accum: int = Field(
+        1, ge=1, description="micro-batches per optimizer step (one arm for all of them)"
     )
     seed: int = Field(1337, ge=0, lt=2**63)
     mixing: Literal["fixed", "proxy"] = "fixed"
@@ -206,6 +232,11 @@ class RunConfig(_Strict):
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads; default: torch's choice"
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile the training step's model: auto = on for CUDA, off on CPU",
+    )
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: int = Field(10, ge=1)
     sample_every: int = Field(100, ge=0, description="0 disables periodic samples")
     sample_tokens: int = Field(120, ge=1, le=4096)  # a sample must fit its message (16 KiB)
@@ -217,6 +248,7 @@ class RunConfig(_Strict):
         "batch_size",
         "seed",
         "mixing",
+        "grad_accum",
     )
 
     def trajectory(self) -> dict[str, Any]:
@@ -234,6 +266,12 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
     # Where tokenized data is cached changes nothing about the tokens themselves.
     if isinstance(traj.get("data"), dict):
         traj["data"] = {k: v for k, v in traj["data"].items() if k != "cache_dir"}
+        # Settings added after runs existed are left out at the value those runs implicitly had,
+        # so that their hash, and so their resume, is unchanged.
+        if traj["data"].get("heldout_fraction") in (None, 0.0):
+            traj["data"].pop("heldout_fraction", None)
+    if traj.get("grad_accum") == 1:
+        del traj["grad_accum"]
     return traj
 
 
@@ -370,6 +408,15 @@ def build_config(
         return RunConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(_describe(e, source, overrides)) from None
+
+
+def for_new_run(cfg: RunConfig) -> RunConfig:
+    """The config a new run starts with: the default held-out split unless the config sets one.
+    (An existing run whose run.toml has no split keeps none: it predates splits.)"""
+    if cfg.data.heldout_fraction is not None:
+        return cfg
+    data = cfg.data.model_copy(update={"heldout_fraction": DEFAULT_FRACTION})
+    return cfg.model_copy(update={"data": data})
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:

@@ -115,15 +115,16 @@ def _literal_text(s: str) -> str:
     return body[len(q) : len(body) - len(q)].strip()
 
 
-def extract_stdlib(
-    files: list[Path], should_stop: Callable[[], bool] | None = None
-) -> dict[str, bytes]:
-    """Run `split_source` over every file and join each part into one UTF-8 byte stream.
+def extract_stdlib_documents(
+    files: list[Path], root: Path, should_stop: Callable[[], bool] | None = None
+) -> dict[str, list[tuple[str, bytes]]]:
+    """Run `split_source` over every file: per part, the non-empty `(module path relative to
+    root, UTF-8 bytes)` documents in file order.
 
     Checks `should_stop` between files so that a stop request during a first start (which can
     take several seconds here) is honoured at once.
     """
-    parts: dict[str, list[str]] = {p: [] for p in PARTS}
+    parts: dict[str, list[tuple[str, bytes]]] = {p: [] for p in PARTS}
     for path in files:
         if should_stop is not None and should_stop():
             raise InterruptedError("stop requested during corpus extraction")
@@ -132,7 +133,8 @@ def extract_stdlib(
                 split = split_source(f.read())
         except (SyntaxError, tokenize.TokenError, UnicodeDecodeError, ValueError):
             continue  # a few stdlib files are deliberately malformed (lib2to3 fixtures and the like)
+        doc_id = path.relative_to(root).as_posix()
         for p in PARTS:
             if split[p]:
-                parts[p].append(split[p])
-    return {p: "\n\n".join(parts[p]).encode("utf-8") for p in PARTS}
+                parts[p].append((doc_id, split[p].encode("utf-8")))
+    return parts

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from . import corpus
+from . import corpus, heldout
 from .checkpoint.durable import atomic_write_bytes
 from .config import ArmSpec, DataConfig
 
@@ -40,9 +40,15 @@ class DataError(RuntimeError):
 
 @dataclass(frozen=True)
 class Arm:
+    """One data source, materialised. With a held-out split, `tokens` is what training may see
+    and `heldout` the documents it never does; `identity` then names the split too."""
+
     name: str
     identity: str
-    tokens: np.ndarray  # 1-D, read-only (often a memmap)
+    tokens: np.ndarray | heldout.Spliced  # 1-D, read-only (often a memmap)
+    heldout: np.ndarray | heldout.Spliced | None = None
+    documents: int | None = None
+    documents_held_out: int | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -63,14 +69,51 @@ def _load_u8(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r")
 
 
+def _split_paths(cache: Path, identity: str, suffix: str = "u8") -> tuple[Path, Path]:
+    return cache / f"{identity}.{suffix}", cache / f"{identity}.heldout.{suffix}"
+
+
+def _log_split(arm: Arm, fraction: float) -> None:
+    log.info(
+        "arm %s: %s of %s documents held out (fraction %g): %s training tokens, %s held out",
+        arm.name,
+        arm.documents_held_out if arm.documents_held_out is not None else "?",
+        arm.documents if arm.documents is not None else "?",
+        fraction,
+        f"{arm.n_tokens:,}",
+        f"{arm.heldout.shape[0]:,}" if arm.heldout is not None else 0,
+    )
+
+
+def _write_split(
+    cache: Path, identity: str, docs: list[tuple[str, bytes]], fraction: float
+) -> None:
+    train, held, n, n_held = heldout.split_documents(docs, fraction)
+    train_path, held_path = _split_paths(cache, identity)
+    atomic_write_bytes(held_path, held)
+    atomic_write_bytes(cache / f"{identity}.docs.json", json.dumps([n, n_held]).encode())
+    atomic_write_bytes(train_path, train)  # last: its presence says the split is complete
+
+
+def _load_split(name: str, cache: Path, identity: str) -> Arm:
+    train_path, held_path = _split_paths(cache, identity)
+    n, n_held = json.loads((cache / f"{identity}.docs.json").read_text())
+    return Arm(name, identity, _load_u8(train_path), _load_u8(held_path), n, n_held)
+
+
 def _stdlib_arms(
-    specs: list[ArmSpec], cache: Path, should_stop: Callable[[], bool] | None
+    specs: list[ArmSpec],
+    cache: Path,
+    should_stop: Callable[[], bool] | None,
+    fraction: float | None,
 ) -> dict[str, Arm]:
     root = corpus.stdlib_root()
     files = corpus.stdlib_files(root)
     if not files:
         raise DataError(f"no Python sources found under {root}")
     ids = {p: corpus.stdlib_identity(p, files, root) for p in corpus.PARTS}
+    if fraction:
+        ids = {p: heldout.split_identity(i, fraction) for p, i in ids.items()}
     missing = [p for p in corpus.PARTS if not (cache / f"{ids[p]}.u8").exists()]
     if missing:
         log.info(
@@ -79,9 +122,16 @@ def _stdlib_arms(
             root,
             cache,
         )
-        extracted = corpus.extract_stdlib(files, should_stop)
+        docs = corpus.extract_stdlib_documents(files, root, should_stop)
         for p in missing:
-            atomic_write_bytes(cache / f"{ids[p]}.u8", extracted[p])
+            if fraction:
+                _write_split(cache, ids[p], docs[p], fraction)
+            else:
+                atomic_write_bytes(
+                    cache / f"{ids[p]}.u8", heldout.DOC_SEPARATOR.join(d for _, d in docs[p])
+                )
+    if fraction:
+        return {s.name: _load_split(s.name, cache, ids[s.part]) for s in specs}
     return {s.name: Arm(s.name, ids[s.part], _load_u8(cache / f"{ids[s.part]}.u8")) for s in specs}
 
 
@@ -101,22 +151,35 @@ def _text_files(spec: ArmSpec, base: Path) -> tuple[list[Path], Path]:
 
 
 def _text_arm(
-    spec: ArmSpec, base: Path, cache: Path, should_stop: Callable[[], bool] | None
+    spec: ArmSpec,
+    base: Path,
+    cache: Path,
+    should_stop: Callable[[], bool] | None,
+    fraction: float | None,
 ) -> Arm:
     files, common = _text_files(spec, base)
     identity = corpus.listing_digest(files, common, "text:v1")
+    if fraction:
+        identity = heldout.split_identity(identity, fraction)
     path = cache / f"{identity}.u8"
     if not path.exists():
-        parts = []
+        docs = []
         for f in files:
             if should_stop is not None and should_stop():
                 raise InterruptedError("stop requested while reading text arms")
-            parts.append(f.read_bytes())
-        atomic_write_bytes(path, b"\n\n".join(parts))
+            docs.append((f.relative_to(common).as_posix(), f.read_bytes()))
+        if fraction:
+            _write_split(cache, identity, docs, fraction)
+        else:
+            atomic_write_bytes(path, heldout.DOC_SEPARATOR.join(d for _, d in docs))
+    if fraction:
+        return _load_split(spec.name, cache, identity)
     return Arm(spec.name, identity, _load_u8(path))
 
 
-def _tokens_arm(spec: ArmSpec, base: Path, cache: Path, vocab_size: int) -> Arm:
+def _tokens_arm(
+    spec: ArmSpec, base: Path, cache: Path, vocab_size: int, fraction: float | None
+) -> Arm:
     path = (base / spec.path).resolve()
     if not path.is_file():
         raise DataError(f"arm {spec.name!r}: token file {path} does not exist")
@@ -150,7 +213,18 @@ def _tokens_arm(spec: ArmSpec, base: Path, cache: Path, vocab_size: int) -> Arm:
         raise DataError(
             f"arm {spec.name!r}: token id {max_id} in {path} exceeds vocab_size {vocab_size}"
         )
-    return Arm(spec.name, identity, np.memmap(path, dtype=dtype, mode="r"))
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    if not fraction:
+        return Arm(spec.name, identity, tokens)
+    kept, held = heldout.split_token_spans(tokens.shape[0], fraction)
+    return Arm(
+        spec.name,
+        heldout.split_identity(identity, fraction),
+        heldout.Spliced(tokens, kept),
+        heldout.Spliced(tokens, held),
+        len(kept) + len(held),
+        len(held),
+    )
 
 
 def load_arms(
@@ -159,16 +233,21 @@ def load_arms(
     """Materialise every configured arm, in config order. Raises DataError with the arm named."""
     cache = cache_root(cfg)
     cache.mkdir(parents=True, exist_ok=True)
+    fraction = cfg.heldout_fraction
     stdlib = [s for s in cfg.arms if s.kind == "stdlib"]
-    byname = _stdlib_arms(stdlib, cache, should_stop) if stdlib else {}
+    byname = _stdlib_arms(stdlib, cache, should_stop, fraction) if stdlib else {}
     if any(s.kind in ("stdlib", "text") for s in cfg.arms) and vocab_size < 256:
         raise DataError(f"byte-level text arms need vocab_size >= 256, the model has {vocab_size}")
     for s in cfg.arms:
         if s.kind == "text":
-            byname[s.name] = _text_arm(s, base, cache, should_stop)
+            byname[s.name] = _text_arm(s, base, cache, should_stop, fraction)
         elif s.kind == "tokens":
-            byname[s.name] = _tokens_arm(s, base, cache, vocab_size)
-    return [byname[s.name] for s in cfg.arms]
+            byname[s.name] = _tokens_arm(s, base, cache, vocab_size, fraction)
+    arms = [byname[s.name] for s in cfg.arms]
+    if fraction:
+        for arm in arms:
+            _log_split(arm, fraction)
+    return arms
 
 
 def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) -> str:
@@ -177,18 +256,21 @@ def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) ->
     doubled the CPU time of a first start.) Raises DataError naming the arm, as load_arms does."""
     if spec.kind in ("stdlib", "text") and vocab_size < 256:
         raise DataError(f"byte-level text arms need vocab_size >= 256, the model has {vocab_size}")
+    fraction = cfg.heldout_fraction
     if spec.kind == "stdlib":
         root = corpus.stdlib_root()
         files = corpus.stdlib_files(root)
         if not files:
             raise DataError(f"no Python sources found under {root}")
-        return corpus.stdlib_identity(spec.part, files, root)
-    if spec.kind == "text":
+        identity = corpus.stdlib_identity(spec.part, files, root)
+    elif spec.kind == "text":
         files, common = _text_files(spec, base)
-        return corpus.listing_digest(files, common, "text:v1")
-    cache = cache_root(cfg)
-    cache.mkdir(parents=True, exist_ok=True)
-    return _tokens_arm(spec, base, cache, vocab_size).identity
+        identity = corpus.listing_digest(files, common, "text:v1")
+    else:
+        cache = cache_root(cfg)
+        cache.mkdir(parents=True, exist_ok=True)
+        return _tokens_arm(spec, base, cache, vocab_size, fraction).identity
+    return heldout.split_identity(identity, fraction) if fraction else identity
 
 
 class CursorState(BaseModel):

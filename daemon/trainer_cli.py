@@ -84,8 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads", type=int, help="torch intra-op threads (bit-exact resume needs the same count)"
     )
+    p.add_argument("--batch-size", type=int, help="sequences per micro-batch (preset default: 8)")
+    p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1)")
     p.add_argument(
-        "--batch-size", type=int, help="sequences per optimizer step (preset default: 8)"
+        "--eval-every",
+        type=int,
+        help="steps between held-out evaluations (default: the checkpoint cadence; 0: never)",
+    )
+    p.add_argument(
+        "--heldout-fraction",
+        type=float,
+        help="a new run's fraction of documents held out for evaluation (default 0.05)",
+    )
+    p.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        help="torch.compile the model for training: auto = on for CUDA, off on CPU",
     )
     p.add_argument(
         "--decay-steps",
@@ -155,7 +169,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None) -> ExitCode:
-    from .config import ConfigError, build_config, config_changes, load_toml, save_config
+    from .config import (
+        ConfigError,
+        build_config,
+        config_changes,
+        for_new_run,
+        load_toml,
+        save_config,
+    )
     from .distributed import World
 
     world = world or World()
@@ -171,7 +192,9 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
                 f"--preset {args.preset} disagrees with this run's preset {run_preset} ({cfg_path}): "
                 "a run keeps its model; drop --preset, or start a new run directory"
             )
-        data_overrides = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+        data_overrides: dict = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+        if args.heldout_fraction is not None:
+            data_overrides["heldout_fraction"] = args.heldout_fraction
         overrides = {
             "preset": args.preset,
             "max_steps": args.max_steps,
@@ -182,6 +205,8 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
             "threads": args.threads,
             "deterministic": args.deterministic,
             "batch_size": args.batch_size,
+            "grad_accum": args.grad_accum,
+            "compile": args.compile,
             "log_every": args.log_every,
             "sample_every": args.sample_every,
         }
@@ -191,7 +216,15 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
             overrides["optim"] = {"decay_steps": args.decay_steps}
         if data_overrides:
             overrides["data"] = data_overrides
+        if args.eval_every is not None:
+            overrides["eval"] = {"every": args.eval_every}
         cfg = build_config(file_values, overrides, source=str(cfg_path))
+        from .checkpoint.manager import checkpoint_steps
+
+        # A new run (no run.toml, no checkpoint) gets the default held-out split; a run that lost
+        # its run.toml keeps what its config says, and its checkpoints decide whether that resumes.
+        if not (run_dir / CONFIG_FILE).exists() and not checkpoint_steps(run_dir):
+            cfg = for_new_run(cfg)
         # A device or precision this machine cannot run is refused before run.toml records it.
         from .distributed import device_for
         from .precision import resolve, resolve_device
@@ -203,8 +236,6 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
                 f"batch_size {cfg.batch_size} is the global batch of a step; it must be divisible by "
                 f"the world size {world.size} (each rank trains on an equal share)"
             )
-        from .checkpoint.manager import checkpoint_steps
-
         # A run that has checkpoints but lost its run.toml gets one only once the resume is
         # accepted: written now, a refusal would leave the defaults recorded for every restart.
         # Rank 0 alone writes the run directory; the others read what it wrote (atomically).
