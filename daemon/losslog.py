@@ -66,16 +66,17 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Collection, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache, partial
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import numpy as np
 import pydantic_core
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
@@ -167,22 +168,24 @@ class LossLogLocked(LossLogError):
 @dataclass(frozen=True)
 class _Tail:
     end: int  # offset where the terminator belongs: just past the last complete entry, 1 when there is none
-    last: LossEntry | None
+    last: Any  # the model of the last complete entry, or None
     clean: bool  # the file is exactly file[:end] + terminator: nothing to repair
 
 
-def _scan_tail(path: Path, read: Callable[[int, int], bytes], size: int) -> _Tail:
+def _scan_tail(
+    path: Path, read: Callable[[int, int], bytes], size: int, model: type[BaseModel] = LossEntry
+) -> _Tail:
     """Find the last complete entry by reading backwards from the end: O(size of the torn tail)."""
     want = _FIRST_TAIL_READ
     while True:
         base = max(0, size - want)
-        tail = _analyse_tail(path, read(base, size - base), base)
+        tail = _analyse_tail(path, read(base, size - base), base, model)
         if tail is not None:
             return tail
         want *= 4
 
 
-def _analyse_tail(path: Path, data: bytes, base: int) -> _Tail | None:
+def _analyse_tail(path: Path, data: bytes, base: int, model: type[BaseModel]) -> _Tail | None:
     """Classify the end of a log; ``data`` is the file from offset ``base`` on. None: read further back."""
     text = data.rstrip(b"\0")
     if base == 0 and text in _EMPTY_FORMS:
@@ -203,7 +206,7 @@ def _analyse_tail(path: Path, data: bytes, base: int) -> _Tail | None:
         entry_start = text.rfind(b"\n", 0, end) + 1
         if base > 0 and entry_start < 3:
             return None
-        entry = _complete_entry(path, text[entry_start:end], base + entry_start)
+        entry = _complete_entry(path, text[entry_start:end], base + entry_start, model)
     if entry is None:
         # ... or the file ends inside an entry line: the torn start of the next entry.
         last_line = text[line_start:]
@@ -222,9 +225,9 @@ def _analyse_tail(path: Path, data: bytes, base: int) -> _Tail | None:
         entry_start = text.rfind(b"\n", 0, end) + 1
         if base > 0 and entry_start < 3:
             return None
-        entry = _complete_entry(path, text[entry_start:end], base + entry_start)
+        entry = _complete_entry(path, text[entry_start:end], base + entry_start, model)
         if entry is None:
-            raise LossLogCorrupt(path, base + entry_start, "not a complete loss entry")
+            raise LossLogCorrupt(path, base + entry_start, f"not a complete {model.__name__}")
 
     before = text[entry_start - 2 : entry_start]
     if before != _SEP and not (before == b"[\n" and base + entry_start == 2):
@@ -234,7 +237,7 @@ def _analyse_tail(path: Path, data: bytes, base: int) -> _Tail | None:
     return _Tail(end=base + end, last=entry, clean=data[end:] == _TERM)
 
 
-def _complete_entry(path: Path, line: bytes, offset: int) -> LossEntry | None:
+def _complete_entry(path: Path, line: bytes, offset: int, model: type[BaseModel]) -> Any:
     """The entry on ``line``; None if ``line`` is not a complete JSON object (a torn prefix)."""
     try:
         json.loads(line)
@@ -243,9 +246,11 @@ def _complete_entry(path: Path, line: bytes, offset: int) -> LossEntry | None:
     # A prefix of an entry line is never a complete object, so a complete object that is not a valid
     # entry was written by someone else: refuse rather than drop it.
     try:
-        return LossEntry.model_validate_json(line)
+        return model.model_validate_json(line)
     except ValidationError as exc:
-        raise LossLogCorrupt(path, offset, f"invalid loss entry ({_first_error(exc)})") from None
+        raise LossLogCorrupt(
+            path, offset, f"invalid {model.__name__} ({_first_error(exc)})"
+        ) from None
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -254,7 +259,11 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def _parse_body(
-    path: Path, buf: bytes, tail: _Tail, parse: Callable[[bytes], _S]
+    path: Path,
+    buf: bytes,
+    tail: _Tail,
+    parse: Callable[[bytes], _S],
+    model: type[BaseModel] = LossEntry,
 ) -> _S | list[Any]:
     """``parse`` the entries before ``tail.end``, checking the layout; any deviation names its byte offset.
 
@@ -274,12 +283,14 @@ def _parse_body(
     # "},". With n entries that is n - 1 separators "},\n" and n + 2 newlines in all.
     n = -3 if items is None else len(items)
     if not doc.startswith(b"[\n") or doc.count(b"\n") != n + 2 or doc.count(b"},\n") != n - 1:
-        offset, reason = _first_bad_line(buf, tail.end)
+        offset, reason = _first_bad_line(buf, tail.end, model)
         raise LossLogCorrupt(path, offset, reason)
     return items
 
 
-def _field_columns(doc: bytes, names: Iterable[str]) -> dict[str, list[Any]]:
+def _field_columns(
+    doc: bytes, names: Iterable[str], fields: Collection[str] = _FIELD_NAMES
+) -> dict[str, list[Any]]:
     """Parse ``doc`` as strict JSON (no NaN literal), check that every entry is an object with exactly the
     LossEntry fields (ValueError otherwise) and return the values of the fields ``names``, in file order.
 
@@ -292,21 +303,21 @@ def _field_columns(doc: bytes, names: Iterable[str]) -> dict[str, list[Any]]:
     """
     items = pydantic_core.from_json(doc, allow_inf_nan=False)
     try:
-        names_ok = all(map(_FIELD_NAMES.__eq__, map(dict.keys, items)))
+        names_ok = all(map(fields.__eq__, map(dict.keys, items)))
     except TypeError:  # an item that is not an object
         names_ok = False
     if not names_ok:
-        raise ValueError("an entry does not have exactly the LossEntry fields")
+        raise ValueError("an entry does not have exactly the entry model's fields")
     return {name: list(map(itemgetter(name), items)) for name in names}
 
 
-def _index_keys(doc: bytes) -> list[tuple[int, int]]:
+def _index_keys(doc: bytes, fields: Collection[str] = _FIELD_NAMES) -> list[tuple[int, int]]:
     """(segment, step) of every entry, checking strict JSON, the exact field names and those two fields.
 
     The writer needs no more, and validating 200,000 models would double the time of an open, so the
     other fields are left to :func:`read_entries` and :func:`read_curve`.
     """
-    columns = _field_columns(doc, ("segment", "step"))
+    columns = _field_columns(doc, ("segment", "step"), fields)
     segments, steps = columns["segment"], columns["step"]
     for values in (segments, steps):
         if set(map(type, values)) != {int} or min(values) < 1:
@@ -314,7 +325,7 @@ def _index_keys(doc: bytes) -> list[tuple[int, int]]:
     return list(zip(segments, steps))
 
 
-def _first_bad_line(buf: bytes, end: int) -> tuple[int, str]:
+def _first_bad_line(buf: bytes, end: int, model: type[BaseModel]) -> tuple[int, str]:
     """Locate the first deviation from the grammar in ``buf[:end]`` (the slow path, for the error message)."""
     if not buf.startswith(b"[\n"):
         return 0, "the log does not start with '[\\n'"
@@ -327,9 +338,9 @@ def _first_bad_line(buf: bytes, end: int) -> tuple[int, str]:
                 return pos, "entry line does not end with '},'"
             line = line[:-1]
         try:
-            LossEntry.model_validate_json(line)
+            model.model_validate_json(line)
         except ValidationError as exc:
-            return pos, f"invalid loss entry ({_first_error(exc)})"
+            return pos, f"invalid {model.__name__} ({_first_error(exc)})"
         if nl < 0:
             break
         pos = nl + 1
@@ -396,7 +407,12 @@ class LossLog:
 
     Not thread-safe: one thread appends. ``len(log)`` is the number of entries; ``(segment, step) in log``
     says whether that pair is present.
+
+    The same file discipline serves other per-step records keyed by (segment, step): a subclass sets
+    ``entry_type`` to a model whose first field is ``step`` and that has a ``segment`` field.
     """
+
+    entry_type: ClassVar[type[BaseModel]] = LossEntry
 
     def __init__(
         self,
@@ -436,8 +452,10 @@ class LossLog:
                 ) from None
             size = _check_regular(path, fd)
             buf = _read_all(fd, _content_size(path, fd, size))
-            tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
-            listed = _parse_body(path, buf, tail, _index_keys)
+            model = cls.entry_type
+            tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf), model)
+            index = partial(_index_keys, fields=model.model_fields.keys())
+            listed = _parse_body(path, buf, tail, index, model)
             keys = set(listed)
             if len(keys) != len(listed):
                 log.warning(
@@ -482,8 +500,8 @@ class LossLog:
         new_keys: set[tuple[int, int]] = set()
         last = self._last
         for entry in entries:
-            if not isinstance(entry, LossEntry):
-                raise TypeError(f"expected LossEntry, got {type(entry).__name__}")
+            if not isinstance(entry, self.entry_type):
+                raise TypeError(f"expected {self.entry_type.__name__}, got {type(entry).__name__}")
             key = (entry.segment, entry.step)
             if key in self._keys or key in new_keys:
                 continue
@@ -569,19 +587,25 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def read_entries(path: str | os.PathLike[str]) -> list[LossEntry]:
-    """All complete entries in file order. Tolerates a torn tail and never modifies the file.
+@cache
+def _list_adapter(model: type[BaseModel]) -> TypeAdapter[list[Any]]:
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
 
-    Raises FileNotFoundError if there is no log, :class:`LossLogCorrupt` if it is not a loss log.
+
+def read_entries(path: str | os.PathLike[str], model: type[BaseModel] = LossEntry) -> list[Any]:
+    """All complete entries (of ``model``, by default :class:`LossEntry`) in file order. Tolerates a
+    torn tail and never modifies the file.
+
+    Raises FileNotFoundError if there is no log, :class:`LossLogCorrupt` if it is not such a log.
     """
     path = Path(path)
     buf = _read_content(path)
-    tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
+    tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf), model)
     with _gc_paused():
-        return _parse_body(path, buf, tail, _ENTRIES.validate_json)
+        return _parse_body(path, buf, tail, _list_adapter(model).validate_json, model)
 
 
-def last_entry(path: str | os.PathLike[str]) -> LossEntry | None:
+def last_entry(path: str | os.PathLike[str], model: type[BaseModel] = LossEntry) -> Any:
     """The last complete entry (None for an empty log), reading only the end of the file: O(1).
 
     Tolerates a torn tail and never modifies the file; raises FileNotFoundError if there is no log.
@@ -590,7 +614,7 @@ def last_entry(path: str | os.PathLike[str]) -> LossEntry | None:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         size = _content_size(path, fd, _check_regular(path, fd))
-        return _scan_tail(path, lambda offset, n: os.pread(fd, n, offset), size).last
+        return _scan_tail(path, lambda offset, n: os.pread(fd, n, offset), size, model).last
     finally:
         os.close(fd)
 
