@@ -18,6 +18,7 @@ from collections import OrderedDict
 import zmq
 
 from andrea.protocol import messages as m
+from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import new_id
 
@@ -47,7 +48,8 @@ class ProxyLink:
         self._want = resume_step + 1
         self._losses: OrderedDict[tuple[int, int], LossEntry] = OrderedDict()
         self._samples: OrderedDict[str, m.SampleReport] = OrderedDict()
-        self._sent_at: dict[tuple[int, int] | str, float] = {}
+        self._evals: OrderedDict[tuple[int, int], EvalEntry] = OrderedDict()
+        self._sent_at: dict[tuple[int, int] | tuple[str, int, int] | str, float] = {}
         self._assign_pending: tuple[str, float] | None = None
         self._assign_after = 0.0
         self._hello_pending: tuple[str, float] | None = None
@@ -135,6 +137,15 @@ class ProxyLink:
         with self._cv:
             self._losses[(entry.segment, entry.step)] = entry
 
+    def submit_eval(self, entry: EvalEntry) -> None:
+        """Hand over an evaluation record; kept (and re-sent) until the proxy acknowledges it."""
+        with self._cv:
+            self._evals[(entry.segment, entry.step)] = entry
+
+    def unacknowledged_evals(self) -> list[EvalEntry]:
+        with self._cv:
+            return list(self._evals.values())
+
     def submit_samples(self, report: m.SampleReport) -> None:
         with self._cv:
             self._samples[report.id] = report
@@ -144,12 +155,14 @@ class ProxyLink:
             return list(self._losses.values())
 
     def wait_acknowledged(self, timeout: float) -> bool:
-        """Wait until every loss and sample record is acknowledged; False on timeout."""
+        """Wait until every loss, evaluation and sample record is acknowledged; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._cv:
-            while (self._losses or self._samples) and (left := deadline - time.monotonic()) > 0:
+            while (self._losses or self._evals or self._samples) and (
+                left := deadline - time.monotonic()
+            ) > 0:
                 self._cv.wait(left)
-            return not (self._losses or self._samples)
+            return not (self._losses or self._evals or self._samples)
 
     def close(self) -> None:
         self._stop.set()
@@ -234,6 +247,10 @@ class ProxyLink:
                 out.append(m.LossReport(id=new_id(), entries=unsent))
                 for e in unsent:
                     self._sent_at[(e.segment, e.step)] = now
+            for key, entry in self._evals.items():
+                if ("eval", *key) not in self._sent_at:
+                    self._sent_at[("eval", *key)] = now
+                    out.append(m.EvalReport(id=new_id(), entry=entry))
             for sid, report in self._samples.items():
                 if sid not in self._sent_at:
                     self._sent_at[sid] = now
@@ -278,6 +295,10 @@ class ProxyLink:
                     k = (key[0], key[1])
                     self._losses.pop(k, None)
                     self._sent_at.pop(k, None)
+            elif isinstance(msg, m.EvalAck):
+                k = (msg.key[0], msg.key[1])
+                self._evals.pop(k, None)
+                self._sent_at.pop(("eval", *k), None)
             elif isinstance(msg, m.Reply):
                 if self._hello_pending and msg.id == self._hello_pending[0] and not msg.ok:
                     self.refused = f"the proxy refused this trainer: {msg.error}"

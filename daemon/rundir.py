@@ -6,6 +6,7 @@ A run directory holds (see docs/satellite-files.md and docs/checkpoint-format.md
     policy.toml                  the proxy's mixing policy (optional)
     step_NNNNNN.bin / .json      checkpoint payload and manifest
     .loss.json                   proxy: one entry per trained step
+    .eval.json                   proxy: one entry per held-out evaluation
     .samples.json                proxy: recent generated samples
     .state.json                  proxy: bandit state
     .trainer.lock / .proxy.lock  one process per role, holding the pid
@@ -32,6 +33,7 @@ from typing import IO
 CONFIG_FILE = "run.toml"
 POLICY_FILE = "policy.toml"
 LOSS_FILE = ".loss.json"
+EVAL_FILE = ".eval.json"
 SAMPLES_FILE = ".samples.json"
 STATE_FILE = ".state.json"
 ARCHIVE_DIR = "archive"

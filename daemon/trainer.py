@@ -9,6 +9,7 @@ restore the RNGs last, right before the first step.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -59,6 +60,8 @@ from .checkpoint.writer import StagingBuffer
 from .config import ConfigError, RunConfig, config_changes, record_trajectory, trajectory_of
 from .control_server import ControlServer
 from .data import Arm, ArmStream, FixedMixture, load_arms
+from .evallog import ArmEval, EvalEntry, EvalLog
+from .evaluate import Evaluator
 from .exitcodes import ExitCode
 from .hold import Holds
 from .losslog import LossLog, LossLogError, last_entry
@@ -70,7 +73,7 @@ from .precision import resolve as resolve_precision
 from .process import Notifier, SignalFlags, StopReason
 from .progress import RunSummary, eta_seconds, format_duration, journal_fields
 from .proxy_link import ProxyLink
-from .rundir import CONFIG_FILE, LOSS_FILE, bin_name, claim, endpoint, peer_endpoint
+from .rundir import CONFIG_FILE, EVAL_FILE, LOSS_FILE, bin_name, claim, endpoint, peer_endpoint
 from .schedule import lr_at, scheduler_state
 
 log = logging.getLogger(__name__)
@@ -165,6 +168,14 @@ class Trainer:
         self._window = [time.perf_counter(), 0, 0]  # progress line: start, tokens, steps
         self._wait_since: float | None = None
         self._next_report = 0.0
+        self.evallog: EvalLog | None = None
+        self.evaluator: Evaluator | None = None
+        self.eval_every: int | None = None
+        self.compiled: bool | None = None
+        self.last_eval: EvalEntry | None = None
+        self.last_eval_step = 0
+        self.eval_seconds = 0.0
+        self._resume_eval_due = False
 
     # ---- setup ------------------------------------------------------------------------------
 
@@ -218,6 +229,9 @@ class Trainer:
             torch.manual_seed(rank_seed)
             np.random.seed(rank_seed)
             random.seed(rank_seed)
+        self.compiled = cfg.compile == "on" or (
+            cfg.compile == "auto" and self.device.type == "cuda"
+        )
         self.params = [p for _, p in self.model.named_parameters()]
         self.layout = layout_of((n, tuple(p.shape)) for n, p in self.model.named_parameters())
         o = cfg.optim
@@ -275,12 +289,18 @@ class Trainer:
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 gradient_as_bucket_view=True,
             )
+        if self.compiled:
+            # Evaluation and sampling run the plain model (eval mode would only add a second
+            # compiled graph); the compiled module shares its parameters.
+            self.forward = torch.compile(self.forward)
         self.phase = manifest.mixing.phase if manifest is not None else 0
+        self._setup_evaluation(manifest)
         if self.main and cfg.mixing == "fixed":
             loss_path = self.run_dir / LOSS_FILE
             tail = last_entry(loss_path) if loss_path.exists() else None
             self.segment = max(prior_segment, tail.segment if tail else 0) + 1
             self.losslog = LossLog.open(loss_path)
+            self.evallog = EvalLog.open(self.run_dir / EVAL_FILE)
         elif self.main:
             # The proxy owns .loss.json and numbers the segments (it sees every life's records).
             self.link = ProxyLink(
@@ -291,6 +311,8 @@ class Trainer:
             )
             for entry in manifest.pending_losses if manifest is not None else []:
                 self.link.submit_loss(entry)
+            for record in manifest.pending_evals if manifest is not None else []:
+                self.link.submit_eval(record)
             self.link.start()
         self._started = (self.step, time.monotonic(), self.tokens_seen)
         self.prometheus = (
@@ -374,6 +396,29 @@ class Trainer:
             if c.name in sizes and c.n_chunks != sizes[c.name]
         ]
 
+    def _setup_evaluation(self, manifest: Manifest | None) -> None:
+        cfg = self.cfg
+        every = cfg.eval.every if cfg.eval.every is not None else cfg.checkpoint.every
+        self.evaluator = Evaluator(
+            self.arms, cfg.model.block_size, cfg.eval.sequences, cfg.batch_size, self.device
+        )
+        if not cfg.data.heldout_fraction:
+            log.info(
+                "this run has no held-out split (heldout_fraction unset: the run predates splits, "
+                "or 0): no held-out evaluation"
+            )
+            every = 0
+        elif not self.evaluator:
+            log.warning("no arm has held-out data for even one sequence: no held-out evaluation")
+            every = 0
+        self.eval_every = every
+        if manifest is not None:
+            self.last_eval_step = manifest.last_eval_step
+            # A stop that interrupted the evaluation of the checkpointed step: do it first.
+            self._resume_eval_due = bool(
+                every and self.step % every == 0 and self.last_eval_step < self.step
+            )
+
     def _restore(self, m: Manifest, p: fmt_Payload | None) -> None:
         """Restore from manifest `m` and payload `p`; without a payload (ranks other than 0 of a
         job), Adam's state is created with the right step count and filled by a broadcast."""
@@ -426,6 +471,7 @@ class Trainer:
             world_size=self.world.size,
             deterministic=self.deterministic,
             **cudaenv.describe(self.device),
+            compiled=self.compiled,
         )
 
     #: Environment fields whose change makes a resume inexact (the versions of Python, NumPy and
@@ -435,6 +481,7 @@ class Trainer:
         "dtype",
         "threads",
         "torch_version",
+        "compiled",
         "deterministic",
         "gpu",
         "compute_capability",
@@ -455,34 +502,62 @@ class Trainer:
     # ---- one step ---------------------------------------------------------------------------
 
     def train_step(self, arm: int) -> tuple[float, LossEntry | None]:
-        """One optimizer step on this rank's share of the step's global batch: this rank's loss,
-        and on rank 0 the step's record (whose loss `_record` replaces by the mean over ranks)."""
+        """One optimizer step: `grad_accum` micro-batches of the step's arm, their gradients
+        averaged, each on this rank's share of the micro-batch's global batch. Returns this rank's
+        loss (the mean over its micro-batches) and on rank 0 the step's record (whose loss
+        `_record` replaces by the mean over ranks). Nothing in it checks a signal: a step is never
+        cut short."""
         step = self.step + 1
-        # Every rank draws the whole global batch's chunks (only indices and a gather of tokens), so
-        # the cursors advance alike everywhere and the digest names the global batch; each rank
-        # trains on its own contiguous rows of it.
-        batch = self.streams[arm].next_batch(self.cfg.batch_size)
-        digest = hashlib.sha256(batch.tobytes()).hexdigest()
-        r = self.world.rank
-        rows = batch[r * self.local_batch : (r + 1) * self.local_batch]
-        xy = torch.from_numpy(rows).to(self.device, non_blocking=True)
+        accum = self.cfg.grad_accum
         lr = lr_at(step, self.cfg.optim)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        with (
-            self.numerics.autocast(self.device),
-            determinism.attention(self.deterministic, self.device),
-        ):
-            _, loss = self.forward(xy[:, :-1], xy[:, 1:])
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # in a job, DDP all-reduces (averages) the gradients here
+        sha = hashlib.sha256()
+        losses = []
+        n_tokens = 0
+        r = self.world.rank
+        started = time.perf_counter()
+        extended = False
+        for i in range(accum):
+            if i and not extended and self.flags.stop_requested():
+                # A stop waits for the whole step: ask systemd for the rest of it (at the pace
+                # of the micro-batches so far, doubled) on top of the final checkpoint's time.
+                extended = True
+                per_micro = (time.perf_counter() - started) / i
+                self.notifier.extend_timeout(
+                    2 * per_micro * (accum - i) + max(30.0, 4 * self.last_write_seconds)
+                )
+            # Every rank draws the whole global batch's chunks (only indices and a gather of
+            # tokens), so the cursors advance alike everywhere and the digest names the global
+            # batch; each rank trains on its own contiguous rows of it.
+            batch = self.streams[arm].next_batch(self.cfg.batch_size)
+            sha.update(batch.tobytes())
+            rows = batch[r * self.local_batch : (r + 1) * self.local_batch]
+            xy = torch.from_numpy(rows).to(self.device, non_blocking=True)
+            # In a job, DDP all-reduces (averages) the gradients in the last backward only.
+            sync = (
+                contextlib.nullcontext()
+                if i == accum - 1 or not self.world.distributed
+                else self.forward.no_sync()
+            )
+            with (
+                sync,
+                self.numerics.autocast(self.device),
+                determinism.attention(self.deterministic, self.device),
+            ):
+                _, loss = self.forward(xy[:, :-1], xy[:, 1:])
+                # The mean over micro-batches of equal size is the loss of the step's batch.
+                (loss / accum if accum > 1 else loss).backward()
+            losses.append(loss.detach())
+            n_tokens += batch.shape[0] * (batch.shape[1] - 1)
         if self.cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip, foreach=True)
         self.optimizer.step()
         self.step = step
-        n_tokens = batch.shape[0] * (batch.shape[1] - 1)
         self.tokens_seen += n_tokens
-        value = loss.item()
+        value = (losses[0] if accum == 1 else torch.stack(losses).mean()).item()
+        digest = sha.hexdigest()
         if not self.main:
             return value, None
         return value, LossEntry(
@@ -562,6 +637,10 @@ class Trainer:
             pending_losses=[e for e in self.link.unacknowledged() if e.step <= self.step]
             if self.link
             else [],
+            last_eval_step=self.last_eval_step,
+            pending_evals=[e for e in self.link.unacknowledged_evals() if e.step <= self.step]
+            if self.link
+            else [],
             progress=Progress(
                 step=self.step,
                 tokens_seen=self.tokens_seen,
@@ -596,6 +675,11 @@ class Trainer:
                 self.losslog.sync()
             except LossLogError as e:  # an append failed: this checkpoint must not commit
                 raise OSError(f"{LOSS_FILE} is not durable: {e}") from e
+        if self.evallog is not None:
+            try:
+                self.evallog.sync()
+            except LossLogError as e:
+                raise OSError(f"{EVAL_FILE} is not durable: {e}") from e
 
     def _wait_for_write(self) -> None:
         """Block until no background checkpoint write is in flight (rank 0; others never write)."""
@@ -727,6 +811,49 @@ class Trainer:
                 error=f"checkpoint of step {self.step} failed (see the trainer's log)",
             )
 
+    # ---- evaluation -------------------------------------------------------------------------
+
+    def evaluate(self) -> EvalEntry | None:
+        """Score the current weights on every arm's held-out sequences and record the result
+        (the proxy's .eval.json, or the trainer's own in fixed mode). None, recording nothing,
+        when a stop request interrupted it."""
+        self.activity = Activity.EVALUATING
+        log.info("evaluating step %d on held-out data", self.step)
+        result = self.evaluator.evaluate(self.model, self.numerics, self.flags.stop_requested)
+        self.notifier.tick()
+        if result is None:
+            log.info(
+                "evaluation of step %d abandoned: stop requested (it runs again after the resume)",
+                self.step,
+            )
+            return None
+        self.eval_seconds += result.seconds
+        entry = EvalEntry(
+            step=self.step,
+            segment=self.segment,
+            phase=self.phase,
+            arms={
+                name: ArmEval(loss=r.loss, sequences=r.sequences, tokens=r.tokens)
+                for name, r in result.losses.items()
+            },
+            seconds=result.seconds,
+            wall_time=time.time(),
+        )
+        if self.evallog is not None:
+            self.evallog.append(entry)
+        else:
+            self.link.submit_eval(entry)
+        self.last_eval, self.last_eval_step = entry, self.step
+        log.info(
+            "held-out loss at step %d: mean %.4f | %s | %.2f s (%.1f%% of training time so far)",
+            self.step,
+            entry.mean_loss(),
+            " | ".join(f"{n} {a.loss:.4f}" for n, a in entry.arms.items()),
+            result.seconds,
+            100 * self.eval_seconds / max(self.train_seconds, 1e-9),
+        )
+        return entry
+
     # ---- samples ----------------------------------------------------------------------------
 
     def sample(self) -> list[str]:
@@ -786,6 +913,10 @@ class Trainer:
             checkpoint_every=self.cfg.checkpoint.every,
             hold=self.holds.describe(),
             **self._progress_status(),
+            grad_accum=self.cfg.grad_accum,
+            compiled=self.compiled,
+            eval_every=self.eval_every,
+            last_eval=self.last_eval,
         )
 
     def _progress_status(self) -> dict[str, float | None]:
@@ -1025,6 +1156,13 @@ class Trainer:
             worked = self._unlogged is not None
             if fresh:
                 settled = self.step
+                if self.main and self.eval_every and self.step % self.eval_every == 0:
+                    # Before the cadence checkpoint, so that its manifest says this step was
+                    # evaluated. Rank 0 alone: the other ranks wait at the next agreement.
+                    t_eval = time.perf_counter()
+                    self.evaluate()
+                    self._window[0] += time.perf_counter() - t_eval  # training speed only
+                    self.activity = Activity.TRAINING
                 # Samples first: the sample of a pivot's boundary belongs to the phase that ends
                 # there, so it must reach the proxy before the hold.
                 if (
@@ -1060,6 +1198,11 @@ class Trainer:
             if d.arm is None:
                 self._waiting_for_proxy(self.step + 1)
                 continue
+            if self._resume_eval_due and self.main:
+                # After the first assignment: with the proxy, that is when the segment is known.
+                self._resume_eval_due = False
+                if self.evaluate() is None:
+                    continue
             t0 = time.perf_counter()
             trained = self.train_step(d.arm)
             self.train_seconds += time.perf_counter() - t0
@@ -1190,6 +1333,8 @@ class Trainer:
         self.ckpt.close()  # finishes a write in flight first: it syncs the loss log before committing
         if self.losslog is not None:
             self.losslog.close()
+        if self.evallog is not None:
+            self.evallog.close()
         if self.link is not None:
             # Unacknowledged records are in the final manifest; waiting briefly just saves a resend.
             self.link.wait_acknowledged(timeout=1.0)

@@ -5,7 +5,7 @@ Wire format: one JSON object per ZeroMQ frame (after the ROUTER's identity frame
 requests and drop stale ones after a retry. Messages larger than MAX_MESSAGE_BYTES are refused at
 the socket (ZMQ_MAXMSGSIZE) before they are parsed.
 
-Link (trainer → proxy): hello, assign, losses, samples.  Control (andreactl → either): status,
+Link (trainer → proxy): hello, assign, losses, evals, samples.  Control (andreactl → either): status,
 checkpoint, stop. Every request gets exactly one reply; an invalid request gets an `error` reply and
 changes nothing.
 """
@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from .evalentry import EvalEntry
 from .lossentry import MAX_STEP, LossEntry
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -106,6 +107,20 @@ class LossAck(_Msg):
     keys: list[tuple[int, int]]  # (segment, step)
 
 
+class EvalReport(_Msg):
+    """One held-out evaluation; the proxy appends it to .eval.json."""
+
+    type: Literal["eval"] = "eval"
+    entry: EvalEntry
+
+
+class EvalAck(_Msg):
+    """Sent only after the entry is durable (fsync'd) in .eval.json."""
+
+    type: Literal["eval_ack"] = "eval_ack"
+    key: tuple[int, int]  # (segment, step)
+
+
 class Sample(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     prompt: str = Field(max_length=1024)
@@ -193,6 +208,8 @@ Message = Annotated[
     | Assignments
     | LossReport
     | LossAck
+    | EvalReport
+    | EvalAck
     | SampleReport
     | StatusRequest
     | CheckpointRequest

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .evalentry import EvalEntry
+
 
 class Activity(StrEnum):
     """What the trainer is doing now."""
@@ -21,6 +23,8 @@ class Activity(StrEnum):
     WAITING_FOR_PROXY = "waiting for proxy"
     #: Held after a boundary checkpoint until resumed (the first half of a pivot).
     HOLDING = "holding"
+    #: Scoring the held-out sequences (a stop request abandons it at once).
+    EVALUATING = "evaluating"
     STOPPING = "stopping"
 
 
@@ -74,6 +78,10 @@ class TrainerStatus(_Status):
     last_checkpoint_age_seconds: float | None = None
     checkpoint_every: int = 0  # 0: every step is a boundary
     hold: HoldStatus | None = None
+    grad_accum: int = 1
+    compiled: bool | None = None  # None until the trainer has decided
+    eval_every: int | None = None  # None until set up; 0: no held-out evaluation
+    last_eval: EvalEntry | None = None
 
 
 class Zombie(_Status):
@@ -100,3 +108,4 @@ class ProxyStatus(_Status):
     #: The progress of the newest trainer life, as its logged losses show (pivots are checked
     #: against it).
     trainer_step: int
+    last_eval: EvalEntry | None = None

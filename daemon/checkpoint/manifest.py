@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lossentry import LossEntry
 
 from .. import rundir
@@ -144,6 +145,10 @@ class DistributedState(_M):
             )
         return self
 
+    compiled: bool = Field(
+        False, description="the training step ran through torch.compile (absent before: False)"
+    )
+
 
 class MixingState(_M):
     mode: Literal["fixed", "proxy"]
@@ -177,6 +182,16 @@ class Manifest(_M):
     pending_losses: list[LossEntry] = Field(
         default_factory=list,
         description="loss records of steps <= step that the proxy had not yet acknowledged; re-sent on resume",
+    )
+    last_eval_step: int = Field(
+        0,
+        ge=0,
+        description="the newest step evaluated on held-out data; a resume at an evaluation step "
+        "that was not evaluated (a stop interrupted it) evaluates it first",
+    )
+    pending_evals: list[EvalEntry] = Field(
+        default_factory=list,
+        description="evaluation records the proxy had not yet acknowledged; re-sent on resume",
     )
     content_sha256: str | None = Field(
         None, description="SHA-256 of the canonical content (format 2); absent in format 1"

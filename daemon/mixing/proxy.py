@@ -1,8 +1,9 @@
 """andrea-proxy: owns the data-mixing bandit and the run's audit trail.
 
-It serves one ROUTER socket (the trainer's link and andreactl's control requests), and owns three
+It serves one ROUTER socket (the trainer's link and andreactl's control requests), and owns four
 files in the run directory:
 - `.loss.json`: every trained step, appended and fsync'd before the trainer is told (acknowledged);
+- `.eval.json`: every held-out evaluation, with the same guarantees;
 - `.samples.json`: the most recent generated samples, with the arm mix that led to them;
 - `.state.json`: the bandit (a snapshot old enough to restart from, see `assignbook`), the policy,
   phase counters, zombie arms and the live probabilities — rewritten atomically every
@@ -40,12 +41,14 @@ from ..checkpoint.durable import atomic_write_bytes
 from ..checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpoint
 from ..config import ConfigError, RunConfig, build_config, config_changes, load_toml
 from ..data import DataError, arm_identity
+from ..evallog import EvalLog, last_eval
 from ..exitcodes import ExitCode
 from ..logthrottle import ThrottledWarning
 from ..losslog import LossLog, canonical_curve, read_entries
 from ..metrics.prometheus import exposition_for
 from ..process import Notifier, SignalFlags
 from ..rundir import (
+    EVAL_FILE,
     LOSS_FILE,
     PIVOT_RECORD,
     POLICY_FILE,
@@ -162,6 +165,8 @@ class Proxy:
             self._check_policy(self.opts.policy)
             store(self.run_dir, self.opts.policy_text)
         self.losslog = LossLog.open(self.run_dir / LOSS_FILE)
+        self.evallog = EvalLog.open(self.run_dir / EVAL_FILE)
+        self.last_eval = last_eval(self.run_dir / EVAL_FILE)
         entries = read_entries(self.run_dir / LOSS_FILE)
         self._check_log_against_checkpoints({e.step for e in entries})
         bandit, self.max_segment = self._restore_bandit(max((e.step for e in entries), default=0))
@@ -354,6 +359,8 @@ class Proxy:
             return self._assign(msg)
         if isinstance(msg, m.LossReport):
             return self._losses(msg)
+        if isinstance(msg, m.EvalReport):
+            return self._eval(msg)
         if isinstance(msg, m.SampleReport):
             return self._samples(msg)
         if isinstance(msg, m.StatusRequest):
@@ -517,6 +524,22 @@ class Proxy:
             self.board.log(msg.entries, self.book.bandit.probabilities())
         self._publish_metrics()
         return m.LossAck(id=msg.id, keys=[(e.segment, e.step) for e in msg.entries])
+
+    def _eval(self, msg: m.EvalReport) -> m.Message:
+        e = msg.entry
+        if self.evallog.append(e):
+            self.evallog.sync()  # acknowledged means durable
+            self.last_eval = e
+            name, worst = e.worst()
+            log.info(
+                "held-out loss at step %d (segment %d): mean %.4f, worst %s %.4f",
+                e.step,
+                e.segment,
+                e.mean_loss(),
+                name,
+                worst,
+            )
+        return m.EvalAck(id=msg.id, key=(e.segment, e.step))
 
     def _samples(self, msg: m.SampleReport) -> m.Message:
         if msg.segment > self.max_segment or msg.phase > self.book.bandit.phase:
@@ -733,6 +756,7 @@ class Proxy:
             zombies=[Zombie(**z.model_dump()) for z in b.zombies],
             policy_fingerprint=b.policy.fingerprint(),
             trainer_step=self.trainer_step,
+            last_eval=self.last_eval,
         )
 
     # ---- loop -------------------------------------------------------------------------------
@@ -821,6 +845,7 @@ class Proxy:
         except OSError as e:  # the previous .state.json stays; a restart replays .loss.json
             log.error("could not write %s on exit: %s", STATE_FILE, e)
         self.losslog.close()
+        self.evallog.close()
         close_router(self.sock, self.endpoint)
         self._lock.close()  # the run directory is free for the next proxy
         log.info("proxy stopped; state written at durable step %d", self.durable_step)
