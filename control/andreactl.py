@@ -27,7 +27,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from andrea.daemon.rundir import LOSS_FILE, SAMPLES_FILE
+from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE
+from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.status import Activity, HoldState, ProxyStatus, TrainerStatus
 
 from . import reports as r
@@ -186,6 +187,11 @@ def _status_text(report: r.StatusReport, run_dir: Path) -> str:
         lines.append(f"         probabilities: {probs}")
         for z in p.zombies:
             lines.append(f"         ZOMBIE arm {z.name!r}: {z.reason} (never draws)")
+    evals = [d.last_eval for d in (t, p) if d is not None and d.last_eval is not None]
+    if evals:
+        lines.append("held-out: " + _eval_text(max(evals, key=lambda e: (e.step, e.segment))))
+    elif t is not None and t.eval_every == 0:
+        lines.append("held-out: not evaluated (no held-out split in this run, or eval.every = 0)")
     o = report.offline
     if o is not None:
         c = o.last_checkpoint
@@ -205,7 +211,17 @@ def _status_text(report: r.StatusReport, run_dir: Path) -> str:
                 f"loss EMA {ema}"
                 + (f", policy {o.policy_fingerprint[:12]}" if o.policy_fingerprint else "")
             )
+        if o.last_eval is not None:
+            lines.append("held-out: " + _eval_text(o.last_eval))
     return "\n".join(lines)
+
+
+def _eval_text(e: EvalEntry) -> str:
+    """One evaluation record on one line."""
+    arms = ", ".join(f"{n} {a.loss:.4f}" for n, a in e.arms.items())
+    return (
+        f"step {e.step}: mean {e.mean_loss():.4f}, worst {e.worst()[0]} ({arms}; {e.seconds:.2f} s)"
+    )
 
 
 def cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -739,14 +755,53 @@ def cmd_prune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 # --- history, samples, plot, size ----------------------------------------------------------------------
 
 
-def _history_arguments(parser: argparse.ArgumentParser) -> None:
+def _last_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--last", type=int, default=20, help="how many of the newest steps (0: all)"
     )
 
 
+def _history_arguments(parser: argparse.ArgumentParser) -> None:
+    _last_arguments(parser)
+    parser.add_argument(
+        "--eval",
+        action="store_true",
+        help="the held-out evaluations (.eval.json) instead of the training loss",
+    )
+
+
+def _eval_history(args: argparse.Namespace) -> int:
+    from andrea.daemon.evallog import canonical_evals, read_evals
+
+    path = args.run_dir / EVAL_FILE
+    if not path.exists():
+        print(
+            f"andreactl: {path} does not exist yet (evaluations come every eval.every steps)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    evals = canonical_evals(read_evals(path))
+    shown = evals[-args.last :] if args.last else evals
+    names = list(dict.fromkeys(n for e in shown for n in e.arms))
+    text = "\n".join(
+        [f"{'step':>8} {'mean':>8} {'worst':<12}" + "".join(f" {n:>12}" for n in names) + " seg"]
+        + [
+            f"{e.step:>8} {e.mean_loss():>8.4f} {e.worst()[0]:<12}"
+            + "".join(f" {e.arms[n].loss:>12.4f}" if n in e.arms else f" {'-':>12}" for n in names)
+            + f" {e.segment:>3}"
+            for e in shown
+        ]
+    )
+    _emit(args, r.EvalHistoryReport(run_dir=str(args.run_dir), rows=shown), text)
+    return EXIT_OK
+
+
 def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """The canonical loss curve (newest entry per step) from .loss.json."""
+    """The canonical loss curve (newest entry per step) from .loss.json, or with --eval the
+    held-out evaluations from .eval.json."""
+    if args.eval:
+        return _eval_history(args)
+    from andrea.daemon.evallog import last_eval
     from andrea.daemon.losslog import read_curve
 
     curve = read_curve(args.run_dir / LOSS_FILE)
@@ -773,6 +828,9 @@ def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             for e in shown
         ],
     )
+    if (args.run_dir / EVAL_FILE).exists() and (latest := last_eval(args.run_dir / EVAL_FILE)):
+        text += "\nheld-out " + _eval_text(latest)
+        text += " (andreactl history --eval for all)"
     _emit(args, report, text)
     return EXIT_OK
 
@@ -1088,7 +1146,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "history",
-        "the canonical loss curve from .loss.json",
+        "the canonical loss curve from .loss.json (--eval: the held-out evaluations)",
         _history_arguments,
         cmd_history,
         examples=(
@@ -1099,7 +1157,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "samples",
         "the most recent generated samples",
-        _history_arguments,
+        _last_arguments,
         cmd_samples,
         examples=("andreactl samples --run-dir runs/r1 --last 2",),
     ),

@@ -14,8 +14,9 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+from andrea.daemon.evallog import last_eval
 from andrea.daemon.metrics.series import ema_update
-from andrea.daemon.rundir import LOSS_FILE, STATE_FILE, lock_path, parse_checkpoint_name
+from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, STATE_FILE, lock_path, parse_checkpoint_name
 from andrea.protocol.lossentry import LossEntry
 
 from .reports import CheckpointInfo, OfflineSummary
@@ -104,7 +105,9 @@ def offline_summary(run_dir: Path, now: datetime | None = None) -> OfflineSummar
         phase = int(state["bandit"]["phase"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # a fixed-mixture run has no bandit state
+    evals = run_dir / EVAL_FILE
     return OfflineSummary(
+        last_eval=last_eval(evals) if evals.exists() else None,
         last_checkpoint=checkpoint,
         logged_step=logged,
         segment=segment,

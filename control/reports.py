@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.status import ProxyStatus, TrainerStatus
 
 
@@ -42,6 +43,7 @@ class OfflineSummary(_Report):
     phase: int | None
     loss_ema: float | None = Field(description="loss EMA of the canonical curve at logged_step")
     policy_fingerprint: str | None
+    last_eval: EvalEntry | None = Field(None, description="newest entry of .eval.json")
 
 
 class StatusReport(_Report):
@@ -153,6 +155,13 @@ class HistoryRow(_Report):
 class HistoryReport(_Report):
     run_dir: str
     rows: list[HistoryRow]
+
+
+class EvalHistoryReport(_Report):
+    """``andreactl history --eval``: the canonical evaluations (newest entry per step)."""
+
+    run_dir: str
+    rows: list[EvalEntry]
 
 
 class SamplesReport(_Report):

@@ -541,12 +541,12 @@ class Trainer:
                 if i == accum - 1 or not self.world.distributed
                 else self.forward.no_sync()
             )
-            with (
-                sync,
-                self.numerics.autocast(self.device),
-                determinism.attention(self.deterministic, self.device),
-            ):
-                _, loss = self.forward(xy[:, :-1], xy[:, 1:])
+            with sync:
+                with (
+                    self.numerics.autocast(self.device),
+                    determinism.attention(self.deterministic, self.device),
+                ):
+                    _, loss = self.forward(xy[:, :-1], xy[:, 1:])
                 # The mean over micro-batches of equal size is the loss of the step's batch.
                 (loss / accum if accum > 1 else loss).backward()
             losses.append(loss.detach())

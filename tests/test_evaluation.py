@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.ckpt_format import bin_name, manifest_name
 from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.rundir import bin_name, manifest_name
 
 from .conftest import Trainer, run_trainer, trainer_cmd
 
