@@ -15,6 +15,7 @@ dropped, and `checkpoint`/`stop` set their flags as soon as they are read.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -114,7 +115,8 @@ class ControlServer:
         replies reuse it, which makes each one cheaper (more of them fit in the duty cycle)."""
         now = time.monotonic()
         if self._status_cache is None or now - self._status_cache[0] > STATUS_TTL:
-            self._status_cache = (now, self.status().model_dump(mode="json"))
+            # JSON text first: a non-finite held-out loss becomes the string .eval.json uses.
+            self._status_cache = (now, json.loads(self.status().model_dump_json()))
         return self._status_cache[1]
 
     def _handle(self, peer: bytes, payload: bytes) -> m.Reply | None:

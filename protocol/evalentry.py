@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -41,6 +42,7 @@ class EvalEntry(BaseModel):
         return sum(a.loss for a in self.arms.values()) / len(self.arms)
 
     def worst(self) -> tuple[str, float]:
-        """The arm with the highest held-out loss, and that loss."""
-        name = max(self.arms, key=lambda n: self.arms[n].loss)
+        """The arm with the highest held-out loss (a NaN counts as highest), and that loss."""
+        # A non-finite loss (a diverged arm) is the worst there is, NaN included.
+        name = max(self.arms, key=lambda n: (math.isnan(self.arms[n].loss), self.arms[n].loss))
         return name, self.arms[name].loss

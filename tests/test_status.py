@@ -31,6 +31,20 @@ TRAINER = {
     "run_dir": "/runs/a",
     "device": "cpu",
     "dtype": "float32",
+    "grad_accum": 2,
+    "compiled": False,
+    "eval_every": 10,
+    "last_eval": {
+        "step": 30,
+        "segment": 2,
+        "phase": 1,
+        "arms": {
+            "code": {"loss": 2.5, "sequences": 64, "tokens": 4096},
+            "prose": {"loss": "NaN", "sequences": 8, "tokens": 512},
+        },
+        "seconds": 0.25,
+        "wall_time": 1700000000.0,
+    },
 }
 PROXY = {
     "role": "proxy",
@@ -58,7 +72,8 @@ PROXY = {
 def test_status_round_trips_as_the_json_the_daemons_send() -> None:
     t = TrainerStatus.model_validate(json.loads(json.dumps(TRAINER)))
     assert t.activity is Activity.HOLDING
-    assert t.model_dump(mode="json", exclude_unset=True) == TRAINER
+    # Non-finite held-out losses travel as the strings .eval.json uses (model_dump_json).
+    assert json.loads(t.model_dump_json(exclude_unset=True)) == TRAINER
     p = ProxyStatus.model_validate(PROXY)
     assert p.model_dump(mode="json") == PROXY
 
@@ -88,6 +103,9 @@ def test_andreactl_text_names_the_hold_step_and_zombies() -> None:
     assert "last checkpoint 30" in second and "segment 2, pid 4242, cpu float32" in second
     assert "probabilities: code 0.250, prose 0.750" in text
     assert "ZOMBIE arm 'gone': source missing (never draws)" in text
+    assert text.splitlines()[-1] == (
+        "held-out: step 30: mean nan, worst prose (code 2.5000, prose nan; 0.25 s)"
+    )
 
 
 def test_a_trainer_still_starting_has_no_device_yet() -> None:
@@ -96,3 +114,4 @@ def test_a_trainer_still_starting_has_no_device_yet() -> None:
     assert lines[0].startswith("trainer: starting, step 30/100")
     assert lines[1].endswith("segment 2, pid 4242")
     assert lines[2] == "proxy:   not running"
+    assert len(lines) == 4 and lines[3].startswith("held-out: step 30")

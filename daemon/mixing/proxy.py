@@ -364,7 +364,7 @@ class Proxy:
         if isinstance(msg, m.SampleReport):
             return self._samples(msg)
         if isinstance(msg, m.StatusRequest):
-            return m.Reply(id=msg.id, ok=True, data=self.status().model_dump(mode="json"))
+            return m.Reply(id=msg.id, ok=True, data=json.loads(self.status().model_dump_json()))
         if isinstance(msg, m.PivotRequest):
             return self._pivot_request(msg)
         if isinstance(msg, (m.CheckpointRequest, m.StopRequest, m.ResumeRequest)):
