@@ -119,3 +119,19 @@ def test_proxy_records_evaluations(tmp_path: Path, cache_dir: Path) -> None:
     assert [(e["step"], e["segment"], e["phase"]) for e in got] == [(5, 1, 0), (10, 1, 0)]
     man = json.loads((tmp_path / manifest_name(10)).read_text())
     assert man["pending_evals"] == [] or man["pending_evals"][0]["step"] == 10
+
+
+def test_andreactl_history_lists_evaluations(evaluated: Path) -> None:
+    from .test_andreactl import ctl
+
+    res = ctl(evaluated, "--json", "history", "--eval", "--last", "0")
+    assert res.returncode == 0, res.stderr
+    listed = json.loads(res.stdout)
+    assert [e["step"] for e in listed] == [5, 10, 15, 20]
+    assert listed == evals(evaluated)
+    text = ctl(evaluated, "history", "--last", "3")
+    assert text.returncode == 0, text.stderr
+    last = evals(evaluated)[-1]["arms"]
+    assert text.stdout.splitlines()[-1].startswith(
+        f"held-out step 20: mean {sum(a['loss'] for a in last.values()) / 3:.4f}, worst "
+    )
