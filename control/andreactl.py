@@ -884,11 +884,21 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print("andreactl: .loss.json has no entries yet", file=sys.stderr)
         return 1
     events = read_run_events(args.run_dir, curve)
+    evals = []
+    if (args.run_dir / EVAL_FILE).exists():
+        from andrea.daemon.evallog import canonical_evals, read_evals
+
+        evals = canonical_evals(read_evals(args.run_dir / EVAL_FILE))
     for problem in events.problems:
         print(f"andreactl: warning: {problem}", file=sys.stderr)
     try:
         fig = audit_figure(
-            curve, events, args.title or str(args.run_dir), since=args.since, until=args.until
+            curve,
+            events,
+            args.title or str(args.run_dir),
+            since=args.since,
+            until=args.until,
+            evals=evals,
         )
     except ValueError as e:
         print(f"andreactl: {e}", file=sys.stderr)

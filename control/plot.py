@@ -6,6 +6,8 @@ Panels, top to bottom (:data:`PANELS`; a new panel is one more row there):
   non-finite losses ticked in red on the axis and spikes above the shown range marked at the top;
 - **arm share**: each arm's share of the steps over a rolling window, with each phase's floor and
   cap drawn as bands in the arm's colour (only when the run mixes more than one arm);
+- **held-out loss**: each arm's loss on its held-out sequences at every evaluation (``.eval.json``,
+  see docs/evaluation.md) and their mean, in the arms' colours (only when the run has evaluations);
 - **learning rate**.
 
 Every panel carries the vertical marks of :mod:`andrea.control.run_events`: restarts (segment starts),
@@ -14,12 +16,13 @@ pivots (labelled with the new phase and its policy fingerprint), audit checkpoin
 Long curves are drawn as the minimum and maximum of each of :data:`BUCKETS` step buckets: every spike
 stays visible (a plain stride would drop it) and 200,000 steps draw as fast as 4,000. Artists carry a
 ``gid`` naming what they show (``loss``, ``ema``, ``restart``, ``pivot``, ``audit``, ``zombie``,
-``share:ARM``, ``band:ARM:PHASE``, ``lr``, ...) so that tests and scripts can check the figure itself.
+``share:ARM``, ``band:ARM:PHASE``, ``heldout:ARM``, ``heldout:mean``, ``lr``, ...) so that tests and
+scripts can check the figure itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from andrea.control.run_events import RunEvents
 from andrea.daemon.losslog import LossCurve
 from andrea.daemon.metrics.series import default_window, loss_ema, rolling_share
+from andrea.protocol.evalentry import EvalEntry
 
 #: Buckets of the min/max reduction: about one per horizontal pixel of the default figure.
 BUCKETS = 2000
@@ -58,6 +62,7 @@ class PlotView:
     ema: np.ndarray
     x_range: tuple[int, int]
     arms: list[str]  # every arm drawn, zombies' and policies' included
+    evals: Sequence[EvalEntry] = ()  # canonical evaluations within x_range
 
 
 @dataclass(frozen=True)
@@ -274,6 +279,32 @@ def _draw_shares(ax: Axes, view: PlotView) -> None:
     ax.legend(loc="upper right", fontsize=7, ncols=min(len(names), 4), framealpha=0.85)
 
 
+def _draw_heldout(ax: Axes, view: PlotView) -> None:
+    names = sorted({n for e in view.evals for n in e.arms} | set(view.arms))
+    colours = {n: f"C{i % 10}" for i, n in enumerate(view.arms)}
+    steps = np.array([e.step for e in view.evals], dtype=np.float64)
+    for name in names:
+        if not any(name in e.arms for e in view.evals):
+            continue
+        y = np.array([e.arms[name].loss if name in e.arms else np.nan for e in view.evals])
+        ax.plot(
+            steps,
+            y,
+            color=colours.get(name, "0.3"),
+            linewidth=1.1,
+            marker="o",
+            markersize=2.5,
+            label=name,
+            gid=f"heldout:{name}",
+        )
+    mean = np.array([e.mean_loss() for e in view.evals])
+    ax.plot(
+        steps, mean, color="black", linewidth=1.2, linestyle="--", label="mean", gid="heldout:mean"
+    )
+    ax.set_ylabel("held-out loss\n(nats/token)")
+    ax.legend(loc="upper right", fontsize=7, ncols=min(len(names) + 1, 4), framealpha=0.85)
+
+
 def _draw_lr(ax: Axes, view: PlotView) -> None:
     x, y = reduce_minmax(view.curve.step.astype(np.float64), view.curve.lr)
     ax.plot(x, y, color="tab:brown", linewidth=1.0, gid="lr")
@@ -285,6 +316,7 @@ def _draw_lr(ax: Axes, view: PlotView) -> None:
 PANELS: tuple[Panel, ...] = (
     Panel("loss", 3.0, lambda v: True, _draw_loss),
     Panel("arm share", 1.6, lambda v: len(v.arms) > 1, _draw_shares),
+    Panel("held-out loss", 1.6, lambda v: len(v.evals) > 0, _draw_heldout),
     Panel("learning rate", 1.0, lambda v: True, _draw_lr),
 )
 
@@ -317,8 +349,10 @@ def audit_figure(
     title: str = "",
     since: int | None = None,
     until: int | None = None,
+    evals: Sequence[EvalEntry] = (),
 ) -> Figure:
-    """The audit figure of ``curve`` (the canonical curve of a run) between ``since`` and ``until``.
+    """The audit figure of ``curve`` (the canonical curve of a run) between ``since`` and ``until``,
+    with the held-out panel when ``evals`` (canonical, as from ``canonical_evals``) has entries.
 
     The EMA is computed over the whole curve before the range is cut, so a zoom shows the same EMA
     values as the full plot. Raises ValueError when no step lies in the range.
@@ -328,8 +362,14 @@ def audit_figure(
     if not len(shown):
         raise ValueError(f"no logged step between {since or 1} and {until or 'the end'}")
     ema = ema_all if shown is curve else ema_all[_in_range(curve, since, until)]
+    lo, hi = int(shown.step[0]), int(shown.step[-1])
     view = PlotView(
-        shown, events, ema, (int(shown.step[0]), int(shown.step[-1])), _arm_names(shown, events)
+        shown,
+        events,
+        ema,
+        (lo, hi),
+        _arm_names(shown, events),
+        [e for e in evals if lo <= e.step <= hi],
     )
     panels = [p for p in PANELS if p.shown(view)]
     height = 1.4 + 1.3 * sum(p.height for p in panels)

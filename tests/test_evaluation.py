@@ -10,6 +10,7 @@ import json
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from andrea.daemon.exitcodes import ExitCode
@@ -135,3 +136,36 @@ def test_andreactl_history_lists_evaluations(evaluated: Path) -> None:
     assert text.stdout.splitlines()[-1].startswith(
         f"held-out step 20: mean {sum(a['loss'] for a in last.values()) / 3:.4f}, worst "
     )
+
+
+def test_audit_plot_has_a_held_out_panel_per_arm(evaluated: Path) -> None:
+    from andrea.control.plot import audit_figure
+    from andrea.control.run_events import read_run_events
+    from andrea.daemon.evallog import canonical_evals, read_evals
+    from andrea.daemon.losslog import read_curve
+
+    curve = read_curve(evaluated / ".loss.json")
+    fig = audit_figure(
+        curve,
+        read_run_events(evaluated, curve),
+        evals=canonical_evals(read_evals(evaluated / ".eval.json")),
+    )
+    axes = {ax.get_gid(): ax for ax in fig.axes if ax.get_gid()}
+    assert list(axes) == [
+        "panel:loss",
+        "panel:arm share",
+        "panel:held-out loss",
+        "panel:learning rate",
+    ]
+    held = axes["panel:held-out loss"]
+    lines = {
+        a.get_gid(): a for a in held.get_children() if (a.get_gid() or "").startswith("heldout")
+    }
+    recorded = evals(evaluated)
+    for arm in ("code", "comments", "docstrings"):
+        assert list(lines[f"heldout:{arm}"].get_xdata()) == [e["step"] for e in recorded]
+        assert list(lines[f"heldout:{arm}"].get_ydata()) == [
+            e["arms"][arm]["loss"] for e in recorded
+        ]
+    means = [sum(a["loss"] for a in e["arms"].values()) / 3 for e in recorded]
+    np.testing.assert_allclose(lines["heldout:mean"].get_ydata(), means, rtol=1e-12)
