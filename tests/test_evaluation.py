@@ -127,7 +127,7 @@ def test_andreactl_history_lists_evaluations(evaluated: Path) -> None:
 
     res = ctl(evaluated, "--json", "history", "--eval", "--last", "0")
     assert res.returncode == 0, res.stderr
-    listed = json.loads(res.stdout)
+    listed = json.loads(res.stdout)["rows"]
     assert [e["step"] for e in listed] == [5, 10, 15, 20]
     assert listed == evals(evaluated)
     text = ctl(evaluated, "history", "--last", "3")
