@@ -24,3 +24,10 @@ def test_identities_without_building_match_the_built_arms(tmp_path: Path, cache_
     built = {a.name: a.identity for a in load_arms(data, tmp_path, cfg.model.vocab_size)}
     assert {s.name: arm_identity(s, data, tmp_path, cfg.model.vocab_size) for s in arms} == built
     assert len(set(built.values())) == len(built)
+    # With a held-out split the identity names the split, on both sides.
+    split = data.model_copy(update={"heldout_fraction": 0.5})
+    built_split = {a.name: a.identity for a in load_arms(split, tmp_path, cfg.model.vocab_size)}
+    assert {
+        s.name: arm_identity(s, split, tmp_path, cfg.model.vocab_size) for s in arms
+    } == built_split
+    assert set(built_split.values()).isdisjoint(built.values())
