@@ -119,6 +119,9 @@ class Environment(_M):
     cuda_runtime: str | None = Field(None, description="the CUDA version torch was built with")
     cudnn: str | None = None
     nccl: str | None = None
+    compiled: bool = Field(
+        False, description="the training step ran through torch.compile (absent before: False)"
+    )
 
 
 class RankState(_M):
@@ -144,10 +147,6 @@ class DistributedState(_M):
                 f"ranks {[r.rank for r in self.ranks]} are not exactly 0..{self.world_size - 1}"
             )
         return self
-
-    compiled: bool = Field(
-        False, description="the training step ran through torch.compile (absent before: False)"
-    )
 
 
 class MixingState(_M):
