@@ -1,4 +1,4 @@
-"""Shared fixtures: real trainer processes in temporary run directories."""
+"""Shared fixtures: real daemon processes (trainers and proxies) in temporary run directories."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _no_leftover_processes():
             proc.wait()
 
 
-class Trainer:
+class Daemon:
     """A daemon subprocess (trainer or proxy) whose log lines can be awaited while it runs."""
 
     def __init__(self, cmd: list[str], env: dict[str, str] | None = None, **popen) -> None:
@@ -91,7 +91,7 @@ class Trainer:
             except queue.Empty:
                 line = ""
             if line is None:
-                raise AssertionError(f"trainer exited before {pattern!r}:\n{self.log}")
+                raise AssertionError(f"the process exited before {pattern!r}:\n{self.log}")
             if line and (m := rx.search(line)):
                 return m
             if time.monotonic() > deadline:

@@ -11,7 +11,7 @@ from pathlib import Path
 from andrea.control.reports import HistoryReport, RequestReport, StatusReport
 from andrea.daemon.exitcodes import ExitCode
 
-from .conftest import Trainer, trainer_cmd
+from .conftest import Daemon, trainer_cmd
 
 
 def ctl(run_dir: Path | None, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -25,7 +25,7 @@ def ctl(run_dir: Path | None, *args: str, timeout: float = 60) -> subprocess.Com
 
 
 def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(
             tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"
         )
@@ -106,6 +106,11 @@ def test_size_and_unreachable_trainer(tmp_path: Path) -> None:
         "n_params": 12_812_800,
         "checkpoint_bytes": 8 + 12 * 12_812_800,
     }
-    res = ctl(tmp_path, "checkpoint", "--timeout", "1")
+    # --timeout bounds a --wait only (how long a durable checkpoint may take); a plain request
+    # tries twice for 3 s. A trainer that holds no lock is known to be stopped: both forms say so
+    # at once, without touching the run directory.
+    res = ctl(tmp_path, "checkpoint")
+    assert res.returncode == 1 and "not running" in res.stderr
+    res = ctl(tmp_path, "checkpoint", "--wait", "--timeout", "1")
     assert res.returncode == 1 and "not running" in res.stderr
     assert list(tmp_path.iterdir()) == [], "asking a stopped run creates nothing"

@@ -35,7 +35,7 @@ from andrea.daemon.checkpoint.writer import (
 from andrea.daemon.config import CheckpointConfig
 from andrea.daemon.exitcodes import ExitCode
 
-from .conftest import Trainer, run_trainer, trainer_cmd
+from .conftest import Daemon, run_trainer, trainer_cmd
 
 STEPS = 20
 DELAY = {"ANDREA_CKPT_TEST_WRITE_DELAY": "1.0"}
@@ -291,7 +291,7 @@ def _intact(run_dir: Path) -> list[int]:
 def test_sigterm_during_background_write_waits_then_writes_final(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(
             tmp_path,
             cache_dir,
@@ -330,7 +330,7 @@ def test_sigterm_during_background_write_waits_then_writes_final(
 def test_sigkill_during_background_write_leaves_no_torn_checkpoint(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(
             tmp_path,
             cache_dir,

@@ -16,13 +16,11 @@ from andrea.daemon.rundir import endpoint, socket_dir
 from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id, request
 
-from .conftest import Trainer, trainer_cmd
+from .conftest import Daemon, trainer_cmd
 
 
 def test_status_checkpoint_wait_and_stop_wait(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(
-        trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
-    )
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
     t.wait_for(r"step 3/")
     ep = endpoint(tmp_path, "trainer")
 
@@ -63,9 +61,7 @@ def request_raw(ep: str, payload: bytes) -> dict:
 
 
 def test_socket_is_owner_only_and_one_trainer_per_run(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(
-        trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
-    )
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
     t.wait_for(r"step 2/")
     d = socket_dir(tmp_path)
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700

@@ -20,7 +20,7 @@ from andrea.daemon.rundir import bin_name, endpoint
 from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id, request
 
-from .conftest import Trainer, run_trainer, trainer_cmd
+from .conftest import Daemon, run_trainer, trainer_cmd
 
 pytestmark = pytest.mark.process
 
@@ -33,12 +33,12 @@ EVERY = 25
 POLICY = "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n"
 
 
-def proxy(run_dir: Path) -> Trainer:
-    return Trainer([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir)])
+def proxy(run_dir: Path) -> Daemon:
+    return Daemon([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir)])
 
 
-def trainer(run_dir: Path, cache: Path, steps: int, sample_every: int = EVERY) -> Trainer:
-    return Trainer(
+def trainer(run_dir: Path, cache: Path, steps: int, sample_every: int = EVERY) -> Daemon:
+    return Daemon(
         trainer_cmd(
             run_dir,
             cache,
@@ -79,7 +79,7 @@ def curve(run_dir: Path) -> list[tuple[int, float, str, int]]:
     ]
 
 
-def stop(p: Trainer) -> int:
+def stop(p: Daemon) -> int:
     p.signal(signal.SIGTERM)
     return p.wait()
 

@@ -18,7 +18,7 @@ from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.precision import BF16_CPU, FP32, resolve
 from andrea.daemon.rundir import bin_name, manifest_name
 
-from .conftest import Trainer, run_trainer, trainer_cmd
+from .conftest import Daemon, run_trainer, trainer_cmd
 
 STEPS = 24
 
@@ -60,7 +60,7 @@ def test_bf16_sigterm_then_restart_is_bit_exact(
     tmp_path: Path, cache_dir: Path, bf16_reference: Path
 ) -> None:
     args = ("--max-steps", str(STEPS), "--checkpoint-every", "10", "--precision", "bf16")
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, *args))
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, *args))
     t.wait_for(rf"step 13/{STEPS} ")
     t.signal(signal.SIGTERM)
     assert t.wait() == ExitCode.OK, t.log

@@ -24,7 +24,7 @@ from andrea.daemon.rundir import bin_name, peer_endpoint
 from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id, request
 
-from .conftest import Trainer, trainer_cmd
+from .conftest import Daemon, trainer_cmd
 
 STEPS = 60
 
@@ -33,12 +33,12 @@ def proxy_cmd(run_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir), *extra]
 
 
-def start_proxy(run_dir: Path, *extra: str) -> Trainer:
-    return Trainer(proxy_cmd(run_dir, *extra))
+def start_proxy(run_dir: Path, *extra: str) -> Daemon:
+    return Daemon(proxy_cmd(run_dir, *extra))
 
 
-def proxy_trainer(run_dir: Path, cache: Path, *extra: str) -> Trainer:
-    return Trainer(
+def proxy_trainer(run_dir: Path, cache: Path, *extra: str) -> Daemon:
+    return Daemon(
         trainer_cmd(
             run_dir,
             cache,
@@ -57,7 +57,7 @@ def curve(run_dir: Path) -> list[tuple[int, float, str]]:
     return [(e.step, e.loss, e.arm) for e in canonical_curve(read_entries(run_dir / ".loss.json"))]
 
 
-def stop(p: Trainer) -> int:
+def stop(p: Daemon) -> int:
     if p.proc.poll() is None:
         p.signal(signal.SIGTERM)
     return p.wait()
@@ -284,7 +284,7 @@ def test_damaged_state_is_rebuilt_from_the_loss_log(
 def test_one_command_run_and_ctrl_c_stop_both_cleanly(tmp_path: Path, cache_dir: Path) -> None:
     """The README's main job: trainer and proxy from one command; Ctrl-C (SIGINT to the trainer,
     as a terminal sends it) checkpoints, lets the proxy log every record, and stops both."""
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(
             tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"
         )
@@ -306,7 +306,7 @@ def test_one_command_run_and_ctrl_c_stop_both_cleanly(tmp_path: Path, cache_dir:
 def test_one_command_proxy_does_not_outlive_a_killed_trainer(
     tmp_path: Path, cache_dir: Path
 ) -> None:
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(
             tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"
         )

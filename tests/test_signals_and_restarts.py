@@ -17,7 +17,7 @@ import pytest
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.rundir import bin_name, manifest_name
 
-from .conftest import Trainer, run_trainer, trainer_cmd
+from .conftest import Daemon, run_trainer, trainer_cmd
 
 STEPS = 40
 
@@ -44,8 +44,8 @@ def continuous(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Pat
     return run_dir
 
 
-def stop_at(run_dir: Path, cache: Path, step: int, sig: signal.Signals, *extra: str) -> Trainer:
-    t = Trainer(
+def stop_at(run_dir: Path, cache: Path, step: int, sig: signal.Signals, *extra: str) -> Daemon:
+    t = Daemon(
         trainer_cmd(run_dir, cache, "--max-steps", str(STEPS), "--checkpoint-every", "10", *extra)
     )
     t.wait_for(rf"step {step}/{STEPS} ")
@@ -100,9 +100,7 @@ def test_sigusr1_checkpoints_and_continues(
 def test_repeated_sigusr1_coalesce_and_sigterm_after_it_writes_once(
     tmp_path: Path, cache_dir: Path
 ) -> None:
-    t = Trainer(
-        trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
-    )
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
     t.wait_for(r"step 5/")
     for _ in range(3):
         t.signal(signal.SIGUSR1)
@@ -118,7 +116,7 @@ def test_repeated_sigusr1_coalesce_and_sigterm_after_it_writes_once(
 def test_sigkill_then_restart_is_bit_exact(
     tmp_path: Path, cache_dir: Path, continuous: Path
 ) -> None:
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
     )
     t.wait_for(rf"step 25/{STEPS} ")
@@ -164,7 +162,7 @@ def test_negative_control_incomplete_restore_is_caught(
 def test_sigterm_during_startup_exits_cleanly(tmp_path: Path) -> None:
     """A SIGTERM while the corpus is being built (an empty cache: several seconds) is a prompt,
     clean exit, not a kill and not a wait until the first step."""
-    t = Trainer(trainer_cmd(tmp_path / "run", tmp_path / "fresh-cache", "--max-steps", "5"))
+    t = Daemon(trainer_cmd(tmp_path / "run", tmp_path / "fresh-cache", "--max-steps", "5"))
     t.wait_for(r"building the default corpus")
     t0 = time.monotonic()
     t.signal(signal.SIGTERM)
@@ -178,7 +176,7 @@ def test_sigterm_during_sampling_checkpoints_promptly(tmp_path: Path, cache_dir:
     # Three samples of 4,096 tokens (the most a sample may have) take far longer than the
     # 3 s allowed below.
     (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\nsample_tokens = 4096\n')
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(
             tmp_path,
             cache_dir,
@@ -214,7 +212,7 @@ def test_failed_final_checkpoint_keeps_previous_and_exits_3(
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
 
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(tmp_path, cache_dir, "--max-steps", "1000", "--checkpoint-every", "0"),
         preexec_fn=limit_file_size,
     )
@@ -239,7 +237,7 @@ def test_sigkill_during_checkpoint_writes_never_loads_a_torn_checkpoint(
 
     rng = random.Random(7)
     for _ in range(4):
-        t = Trainer(
+        t = Daemon(
             trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "1")
         )
         t.wait_for(r"checkpoint step_\d+\.bin written")
