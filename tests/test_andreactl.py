@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from andrea.control.reports import HistoryReport, RequestReport, StatusReport
 from andrea.daemon.exitcodes import ExitCode
 
 from .conftest import Daemon, trainer_cmd
+
+pytestmark = pytest.mark.process
 
 
 def ctl(run_dir: Path | None, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

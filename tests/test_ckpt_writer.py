@@ -170,6 +170,7 @@ def manifest_fields(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -
     return man
 
 
+@pytest.mark.process
 def test_async_saves_commit_in_order_and_verify(tmp_path: Path, manifest_fields: dict) -> None:
     mgr = CheckpointManager(tmp_path, CheckpointConfig(keep_latest=3))
     staging = StagingBuffer(1000)
@@ -201,6 +202,7 @@ def test_async_saves_commit_in_order_and_verify(tmp_path: Path, manifest_fields:
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.process
 def test_list_snapshot_and_staged_snapshot_write_the_same_bytes(
     tmp_path: Path, manifest_fields: dict
 ) -> None:
@@ -234,6 +236,7 @@ def test_list_snapshot_and_staged_snapshot_write_the_same_bytes(
     ).read_bytes()
 
 
+@pytest.mark.process
 def test_failed_async_save_is_reported_and_keeps_previous(
     tmp_path: Path, manifest_fields: dict
 ) -> None:
@@ -288,6 +291,7 @@ def _intact(run_dir: Path) -> list[int]:
     return sorted(steps)
 
 
+@pytest.mark.process
 def test_sigterm_during_background_write_waits_then_writes_final(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:
@@ -327,6 +331,7 @@ def test_sigterm_during_background_write_waits_then_writes_final(
     ).read_bytes()
 
 
+@pytest.mark.process
 def test_sigkill_during_background_write_leaves_no_torn_checkpoint(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:
@@ -365,6 +370,7 @@ def test_sigkill_during_background_write_leaves_no_torn_checkpoint(
     ).read_bytes()
 
 
+@pytest.mark.process
 def test_cadence_points_during_a_write_wait_and_are_never_skipped(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:

@@ -9,6 +9,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
 import zmq
 
 from andrea.daemon.exitcodes import ExitCode
@@ -17,6 +18,8 @@ from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id, request
 
 from .conftest import Daemon, trainer_cmd
+
+pytestmark = pytest.mark.process
 
 
 def test_status_checkpoint_wait_and_stop_wait(tmp_path: Path, cache_dir: Path) -> None:

@@ -16,6 +16,8 @@ from andrea.daemon.rundir import bin_name, manifest_name
 
 from .conftest import run_trainer
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from andrea.daemon.checkpoint import format as ckpt_format
 
 from .conftest import run_trainer
+
+pytestmark = pytest.mark.process
 
 
 def numpy_only_reader(path: Path) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:

@@ -699,6 +699,7 @@ def test_integers_beyond_their_bound_are_damage(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- locking and failed writes
 
 
+@pytest.mark.process
 def test_second_writer_refused_readers_allowed(tmp_path: Path) -> None:
     path = tmp_path / ".loss.json"
     with LossLog.open(path) as log:
@@ -772,6 +773,7 @@ with LossLog.open(path) as log:
 """
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_sigkill_at_a_random_moment_keeps_every_synced_entry(tmp_path: Path) -> None:
     path = tmp_path / ".loss.json"

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.process
 #: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
 WAIT = 300
 
+pytestmark = pytest.mark.process
+
 STEPS = 75
 EVERY = 25
 # Caps of 0 leave docstrings as the only arm: every step after the pivot must come from it.

@@ -56,6 +56,7 @@ def test_resolve_on_cpu() -> None:
         resolve("tf32", cpu)
 
 
+@pytest.mark.process
 def test_bf16_sigterm_then_restart_is_bit_exact(
     tmp_path: Path, cache_dir: Path, bf16_reference: Path
 ) -> None:
@@ -73,6 +74,7 @@ def test_bf16_sigterm_then_restart_is_bit_exact(
     ).read_bytes()
 
 
+@pytest.mark.process
 def test_bf16_changes_the_arithmetic_and_a_switch_is_announced(
     tmp_path: Path, cache_dir: Path, bf16_reference: Path
 ) -> None:
@@ -96,6 +98,7 @@ def test_bf16_changes_the_arithmetic_and_a_switch_is_announced(
     assert recorded_dtype(tmp_path, 6) == "bfloat16-autocast"
 
 
+@pytest.mark.process
 def test_tf32_on_cpu_is_a_config_error_that_trains_nothing(tmp_path: Path, cache_dir: Path) -> None:
     res = run_trainer(
         tmp_path, cache_dir, "--max-steps", "4", "--device", "cpu", "--precision", "tf32"
@@ -106,6 +109,7 @@ def test_tf32_on_cpu_is_a_config_error_that_trains_nothing(tmp_path: Path, cache
     assert not (tmp_path / "run.toml").exists()  # a config this machine cannot run is not recorded
 
 
+@pytest.mark.process
 def test_cuda_device_without_cuda_is_a_config_error(tmp_path: Path, cache_dir: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -26,6 +26,8 @@ from andrea.protocol.transport import new_id, request
 
 from .conftest import Daemon, trainer_cmd
 
+pytestmark = pytest.mark.process
+
 STEPS = 60
 
 

@@ -19,6 +19,8 @@ from andrea.daemon.rundir import bin_name, manifest_name
 
 from .conftest import Daemon, run_trainer, trainer_cmd
 
+pytestmark = pytest.mark.process
+
 STEPS = 40
 
 

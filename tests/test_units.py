@@ -12,6 +12,8 @@ import pytest
 
 from andrea.daemon.exitcodes import NO_RESTART, ExitCode
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -23,6 +23,8 @@ from andrea.control.verify_resume import (
     run_mini,
 )
 
+pytestmark = pytest.mark.process
+
 ATOL = 1e-12
 
 

@@ -40,6 +40,7 @@ def _comparison(report: dict[str, Any], section: str, prefix: str) -> dict[str, 
     return next(c for c in report[section] if c["name"].startswith(prefix))
 
 
+@pytest.mark.process
 def test_full_resume_is_bit_exact_and_both_negatives_diverge(
     proof: tuple[int, dict[str, Any], Path],
 ) -> None:
@@ -84,6 +85,7 @@ def test_full_resume_is_bit_exact_and_both_negatives_diverge(
         assert _comparison(report, negative, "final weights")["diverged"]
 
 
+@pytest.mark.process
 def test_a_sabotaged_resume_fails_the_verification(
     proof: tuple[int, dict[str, Any], Path],
     tmp_path: Path,
