@@ -1068,7 +1068,8 @@ def _verify_resume_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the resume-verification protocol (see andrea.control.verify_resume)."""
-    from andrea.control.verify_resume import REPORT_NAME, run_problem
+    from andrea.control.verify_resume import run_problem
+    from andrea.control.verify_resume.engine import REPORT_NAME
 
     if not args.json:
         return run_problem(parser, args)

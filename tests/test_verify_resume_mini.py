@@ -14,14 +14,9 @@ import pytest
 import torch
 
 from andrea.control import mini_problem as mini
-from andrea.control.verify_resume import (
-    EXIT_INCOMPLETE,
-    EXIT_MISMATCH,
-    EXIT_OK,
-    REPORT_NAME,
-    main,
-    run_mini,
-)
+from andrea.control.verify_resume import main
+from andrea.control.verify_resume.engine import EXIT_INCOMPLETE, EXIT_MISMATCH, EXIT_OK, REPORT_NAME
+from andrea.control.verify_resume.mini import run_mini
 
 pytestmark = pytest.mark.process
 

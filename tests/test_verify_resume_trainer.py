@@ -13,11 +13,8 @@ from typing import Any
 import pytest
 
 from andrea.control import andreactl
-from andrea.control.verify_resume import (
-    EXIT_INCOMPLETE,
-    EXIT_MISMATCH,
-    EXIT_OK,
-    REPORT_NAME,
+from andrea.control.verify_resume.engine import EXIT_INCOMPLETE, EXIT_MISMATCH, EXIT_OK, REPORT_NAME
+from andrea.control.verify_resume.trainer import (
     TRAINER_CHECKPOINT_EVERY,
     TRAINER_TOTAL_STEPS,
     run_trainer,

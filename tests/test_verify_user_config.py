@@ -1,5 +1,5 @@
 """verify-resume on the user's own configuration: the config the five trainer processes get, and the
-refusals, without running them (tests/test_resume_trainer.py runs the protocol itself)."""
+refusals, without running them (tests/test_verify_resume_trainer.py runs the protocol itself)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 from andrea.control import andreactl
-from andrea.control import verify_resume as vr
+from andrea.control.verify_resume import trainer as vr
 
 CONFIG = """preset = "andrea-tiny"
 batch_size = 4

@@ -1,0 +1,7 @@
+"""``python -m andrea.control.verify_resume``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
