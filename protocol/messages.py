@@ -5,9 +5,11 @@ Wire format: one JSON object per ZeroMQ frame (after the ROUTER's identity frame
 requests and drop stale ones after a retry. Messages larger than MAX_MESSAGE_BYTES are refused at
 the socket (ZMQ_MAXMSGSIZE) before they are parsed.
 
-Link (trainer → proxy): hello, assign, losses, evals, samples.  Control (andreactl → either): status,
-checkpoint, stop. Every request gets exactly one reply; an invalid request gets an `error` reply and
-changes nothing.
+Link (trainer → proxy): hello (answered by welcome, or a refusing reply: another protocol version,
+seed or arm set), assign (assignments), losses (loss_ack, once durable), evals, samples. Control
+(andreactl → trainer): status, checkpoint, resume, stop; (andreactl → proxy): status, pivot. Status
+replies carry the models of :mod:`andrea.protocol.status`. Every request gets exactly one reply; an
+invalid request gets a `reply` with ok=false and an error, and changes nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class _Msg(BaseModel):
 
 class Hello(_Msg):
     """A trainer life introduces itself. `segment` is None for a new life (the proxy numbers it)
-    and the life's number when it reconnects after a proxy restart."""
+    and the life's number when it reconnects after a proxy restart. A proxy of another `protocol`
+    refuses it."""
 
     type: Literal["hello"] = "hello"
     protocol: int = PROTOCOL

@@ -265,6 +265,18 @@ def test_infeasible_policy_is_refused(tmp_path: Path, reference: Path) -> None:
     assert "floor" in res.stderr and "1.2" in res.stderr
 
 
+def test_a_trainer_of_another_protocol_is_refused(tmp_path: Path, reference: Path) -> None:
+    shutil.copy(reference / "run.toml", tmp_path / "run.toml")
+    proxy = start_proxy(tmp_path)
+    proxy.wait_for(r"proxy ready")
+    hello = m.Hello(id=new_id(), protocol=m.PROTOCOL + 1, resume_step=0, seed=0, arms=["code"])
+    reply = request(peer_endpoint(tmp_path, "proxy"), hello, timeout=10)
+    assert isinstance(reply, m.Reply) and not reply.ok
+    assert f"protocol {m.PROTOCOL + 1}, this proxy speaks {m.PROTOCOL}" in reply.error
+    assert stop(proxy) == ExitCode.OK, proxy.log
+    assert "segment" not in proxy.log  # no life was numbered for it
+
+
 def test_damaged_state_is_rebuilt_from_the_loss_log(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:
