@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .checkpoint.durable import atomic_write_bytes
 from .heldout import DEFAULT_FRACTION
 from .rundir import CONFIG_FILE
+from .validation import Note, describe
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
 
@@ -357,18 +358,16 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _describe(err: ValidationError, source: str, flags: dict[str, Any] | None = None) -> str:
-    """One line per error; an error in a value a command-line flag set is blamed on the flag."""
-    lines = [f"invalid configuration ({source}):"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+def _blame_flags(flags: dict[str, Any] | None) -> Note:
+    """An error in a value a command-line flag set is blamed on the flag."""
+
+    def note(loc: tuple[Any, ...]) -> str:
         node: Any = flags or {}
-        for part in e["loc"]:
+        for part in loc:
             node = node.get(part) if isinstance(node, dict) else None
-        where = " (from the command line)" if node is not None else ""
-        lines.append(f"  {loc}{where}: {msg}")
-    return "\n".join(lines)
+        return " (from the command line)" if node is not None else ""
+
+    return note
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -407,7 +406,9 @@ def build_config(
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(_describe(e, source, overrides)) from None
+        raise ConfigError(
+            describe(e, f"invalid configuration ({source})", _blame_flags(overrides))
+        ) from None
 
 
 def for_new_run(cfg: RunConfig) -> RunConfig:

@@ -82,6 +82,7 @@ from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
 
 from .checkpoint.durable import fsync_dir
+from .validation import first_problem
 
 __all__ = [
     "LossCurve",
@@ -249,13 +250,8 @@ def _complete_entry(path: Path, line: bytes, offset: int, model: type[BaseModel]
         return model.model_validate_json(line)
     except ValidationError as exc:
         raise LossLogCorrupt(
-            path, offset, f"invalid {model.__name__} ({_first_error(exc)})"
+            path, offset, f"invalid {model.__name__} ({first_problem(exc)})"
         ) from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
 
 
 def _parse_body(
@@ -340,7 +336,7 @@ def _first_bad_line(buf: bytes, end: int, model: type[BaseModel]) -> tuple[int, 
         try:
             model.model_validate_json(line)
         except ValidationError as exc:
-            return pos, f"invalid {model.__name__} ({_first_error(exc)})"
+            return pos, f"invalid {model.__name__} ({first_problem(exc)})"
         if nl < 0:
             break
         pos = nl + 1

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from .. import rundir
 from ..boundedio import FileRejected, read_bounded, regular_size
 from ..config import CheckpointConfig, ModelConfig, config_changes, trajectory_of
+from ..validation import first_problem
 from . import format as fmt
 from .durable import atomic_write_bytes
 from .manifest import (
@@ -483,13 +484,8 @@ def verify_checkpoint(
 
 
 def _first_line(e: Exception) -> str:
-    if isinstance(e, ValidationError) and e.errors():
-        # Name the field and the reason ("rng.torch_cpu: Value error, … bytes, expected …"), not
-        # just pydantic's headline "1 validation error for Manifest".
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        return f"{where + ': ' if where else ''}{first['msg']}{more}"
+    if isinstance(e, ValidationError):
+        return first_problem(e)
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..config import ARM_NAME_PATTERN
 from ..rundir import STATE_FILE
+from ..validation import describe
 from .policy import Policy
 
 log = logging.getLogger(__name__)
@@ -178,16 +179,7 @@ def parse_state(data: str | bytes, origin: str = STATE_FILE) -> BanditState:
     try:
         return BanditState.model_validate_json(data)
     except ValidationError as e:
-        lines = [f"unusable bandit state ({origin}):"]
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            msg = (
-                "unknown key"
-                if err["type"] == "extra_forbidden"
-                else err["msg"].removeprefix("Value error, ")
-            )
-            lines.append(f"  {loc}: {msg}")
-        raise BanditStateError("\n".join(lines)) from e
+        raise BanditStateError(describe(e, f"unusable bandit state ({origin})")) from e
 
 
 class ZombieReport(_StateModel):

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 # The run config's rule, so that every configured arm can be named here.
 from ..config import ARM_NAME_PATTERN
 from ..rundir import POLICY_FILE
+from ..validation import describe
 
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9
@@ -212,20 +213,6 @@ def differences(old: Policy, new: Policy) -> list[str]:
     return out
 
 
-def describe_validation_error(err: ValidationError, source: str) -> str:
-    """One line per problem, each naming its key (``arms.code.flor: unknown key``)."""
-    lines = [f"invalid policy ({source}):"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = (
-            "unknown key"
-            if e["type"] == "extra_forbidden"
-            else e["msg"].removeprefix("Value error, ")
-        )
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
-
-
 def parse_policy(text: str, source: str = POLICY_FILE) -> Policy:
     """Parse and validate policy TOML text; `source` names it in error messages."""
     try:
@@ -235,7 +222,7 @@ def parse_policy(text: str, source: str = POLICY_FILE) -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as e:
-        raise PolicyError(describe_validation_error(e, source)) from None
+        raise PolicyError(describe(e, f"invalid policy ({source})")) from None
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -61,6 +61,7 @@ from ..rundir import (
     pivot_archive,
     pivot_records,
 )
+from ..validation import first_problem
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditError, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
 from .policy import Policy, PolicyError, bounds_table, differences, parse_policy
@@ -913,6 +914,4 @@ def parse_state_file(path: Path) -> ProxyState:
     except OSError as e:
         raise ValueError(f"{path.name}: cannot be read ({e.strerror or e})") from None
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "(file)"
-        raise ValueError(f"{path.name}: not a valid proxy state ({loc}: {first['msg']})") from None
+        raise ValueError(f"{path.name}: not a valid proxy state ({first_problem(e)})") from None
