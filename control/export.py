@@ -40,7 +40,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from andrea.daemon import rundir
 from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint.durable import atomic_write_bytes, fsync_dir
-from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
+from andrea.daemon.checkpoint.manager import (
+    Loaded,
+    NoIntactCheckpoint,
+    checkpoint_steps,
+    newest_intact,
+    verify_checkpoint,
+)
 from andrea.daemon.checkpoint.manifest import Environment, Manifest, MixingState, code_version
 from andrea.daemon.checkpoint.state import load_weights
 from andrea.daemon.config import ModelConfig
@@ -439,7 +445,7 @@ def _check_destination(dest: Path) -> None:
         )
 
 
-def _select(run_dir: Path, step: int | None) -> tuple[Manifest, fmt.Payload, list[str]]:
+def _select(run_dir: Path, step: int | None) -> Loaded:
     """The requested checkpoint, or the newest intact one; damaged newer ones are listed as skipped."""
     if not run_dir.is_dir():
         raise ExportRefused(f"{run_dir}: not a run directory")
@@ -449,23 +455,21 @@ def _select(run_dir: Path, step: int | None) -> tuple[Manifest, fmt.Payload, lis
             raise ExportRefused(
                 f"{run_dir} has no checkpoint of step {step} (steps with a manifest: {steps})"
             )
-        steps = [step]
-    skipped: list[str] = []
-    for s in steps:
         try:
-            manifest, payload = verify_checkpoint(run_dir, s)
+            return Loaded(*verify_checkpoint(run_dir, step))
         except ValueError as exc:
-            if step is not None:
-                raise ExportRefused(
-                    f"checkpoint {rundir.bin_name(s)} is not intact: {exc}"
-                ) from None
-            skipped.append(f"{rundir.manifest_name(s)}: {exc}")
-            continue
-        return manifest, payload, skipped
-    raise ExportRefused(
-        f"no intact checkpoint in {run_dir}"
-        + ("".join(f"\n  skipped {s}" for s in skipped) if skipped else "")
-    )
+            raise ExportRefused(
+                f"checkpoint {rundir.bin_name(step)} is not intact: {exc}"
+            ) from None
+    try:
+        loaded = newest_intact(run_dir, steps)
+    except NoIntactCheckpoint as exc:
+        raise ExportRefused(
+            f"no intact checkpoint in {run_dir}" + "".join(f"\n  skipped {s}" for s in exc.skipped)
+        ) from None
+    if loaded is None:
+        raise ExportRefused(f"no intact checkpoint in {run_dir}")
+    return loaded
 
 
 def _readme(
@@ -588,7 +592,8 @@ def export_checkpoint(
 
     _check_destination(dest)
     progress(f"[1/5] verifying the checkpoint in {run_dir}")
-    manifest, payload, skipped = _select(run_dir, step)
+    loaded = _select(run_dir, step)
+    manifest, payload, skipped = loaded.manifest, loaded.payload, loaded.skipped
     for reason in skipped:
         progress(f"      WARNING: skipped damaged checkpoint {reason}")
     step = manifest.step

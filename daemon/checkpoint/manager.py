@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -354,51 +354,53 @@ class CheckpointManager:
                 raise ResumeRefused(f"no checkpoint for step {step} in {self.run_dir}")
             steps = [step]
         expected_n = sum(int(np.prod(e.shape, dtype=np.int64)) for e in expect.layout)
-        skipped: list[str] = []
-        for s in steps:
-            try:
-                manifest = read_manifest(self.run_dir, s)
-                if manifest.format_version < FORMAT_VERSION:
-                    # A run upgraded to format 2 never writes format 1 again: one after a format 2
-                    # checkpoint had its hash stripped.
-                    if any(c < s and _is_current(self.run_dir, c) for c in steps):
-                        raise ValueError(
-                            "format 1 manifest (no content hash) after a format 2 checkpoint:"
-                            " its content hash was removed"
-                        )
-                    log.warning(
-                        "%s has no content hash (format 1, written by an older version)",
-                        rundir.manifest_name(s),
+
+        def resumable(manifest: Manifest) -> None:
+            # Damage skips the checkpoint (ValueError); a sound one this run cannot resume exactly
+            # stops the search (ResumeRefused): an older one would silently change the run.
+            s = manifest.step
+            if manifest.format_version < FORMAT_VERSION:
+                # A run upgraded to format 2 never writes format 1 again: one after a format 2
+                # checkpoint had its hash stripped.
+                if any(c < s and _is_current(self.run_dir, c) for c in steps):
+                    raise ValueError(
+                        "format 1 manifest (no content hash) after a format 2 checkpoint:"
+                        " its content hash was removed"
                     )
-                problems = _mismatches(manifest, expect)
-                if problems:
-                    raise ResumeRefused(
-                        f"checkpoint {rundir.bin_name(s)} cannot resume this run exactly:\n  "
-                        + "\n  ".join(problems)
-                        + "\nStart with the configuration it was written with, or use a new run"
-                        " directory."
-                    )
-                if manifest.n_params != expected_n:
-                    raise ValueError(f"n_params {manifest.n_params}, the model has {expected_n}")
-                damage = expect.check(manifest) if expect.check is not None else []
-                if damage:
-                    raise ValueError("; ".join(damage))
-                payload = verify_payload(self.run_dir, manifest, self.read_buffer)
-            except (ValueError, OSError) as e:
-                skipped.append(f"{rundir.manifest_name(s)}: {e}")
-                log.warning("skipping checkpoint %d: %s", s, e)
-                continue
+                log.warning(
+                    "%s has no content hash (format 1, written by an older version)",
+                    rundir.manifest_name(s),
+                )
+            problems = _mismatches(manifest, expect)
+            if problems:
+                raise ResumeRefused(
+                    f"checkpoint {rundir.bin_name(s)} cannot resume this run exactly:\n  "
+                    + "\n  ".join(problems)
+                    + "\nStart with the configuration it was written with, or use a new run"
+                    " directory."
+                )
+            if manifest.n_params != expected_n:
+                raise ValueError(f"n_params {manifest.n_params}, the model has {expected_n}")
+            damage = expect.check(manifest) if expect.check is not None else []
+            if damage:
+                raise ValueError("; ".join(damage))
+
+        try:
+            loaded = newest_intact(
+                self.run_dir, steps, self.read_buffer, on_skip=_log_skip, check=resumable
+            )
+        except NoIntactCheckpoint as e:
+            raise ResumeRefused(
+                f"none of the {len(e.skipped)} checkpoints in {self.run_dir} is intact:\n  "
+                + "\n  ".join(e.skipped)
+                + "\nRefusing to start from scratch over them; move them away to start a new run."
+            ) from None
+        if loaded is not None:
             # Checkpoints above the resume point were skipped as damaged; they will be rewritten
             # when training reaches their step again and must not count towards retention.
+            s = loaded.manifest.step
             self._triggers = {c: self._read_trigger(c) for c in self.candidates() if c <= s}
-            return Loaded(manifest, payload, skipped)
-        if skipped:
-            raise ResumeRefused(
-                f"none of the {len(skipped)} checkpoints in {self.run_dir} is intact:\n  "
-                + "\n  ".join(skipped)
-                + "\nRefusing to start from scratch over them; move them away to start a new run."
-            )
-        return None
+        return loaded
 
     def _read_trigger(self, step: int) -> str:
         try:
@@ -406,6 +408,48 @@ class CheckpointManager:
             return json.loads(read_bounded(path, MAX_MANIFEST_BYTES))["trigger"]
         except (OSError, ValueError, KeyError, TypeError):
             return "cadence"
+
+
+class NoIntactCheckpoint(ValueError):
+    """Every checkpoint looked at is damaged; `skipped` says why, one line each."""
+
+    def __init__(self, skipped: list[str]) -> None:
+        super().__init__("no intact checkpoint: " + "; ".join(skipped))
+        self.skipped = skipped
+
+
+def _log_skip(step: int, reason: str) -> None:
+    log.warning("skipping checkpoint %d: %s", step, reason)
+
+
+def newest_intact(
+    run_dir: Path,
+    steps: Sequence[int],
+    out: np.ndarray | None = None,
+    on_skip: Callable[[int, str], None] | None = None,
+    check: Callable[[Manifest], None] | None = None,
+) -> Loaded | None:
+    """The first intact checkpoint of `steps` (newest first, as `checkpoint_steps` lists them),
+    with the damaged ones before it in `skipped`. None when `steps` is empty; NoIntactCheckpoint
+    when none of them is intact. `check(manifest)` runs on each verified manifest before its
+    payload is read: a ValueError skips that checkpoint as damaged, any other exception ends the
+    search. `on_skip(step, reason)` hears of each skipped one. Read-only, like `verify_checkpoint`."""
+    skipped: list[str] = []
+    for step in steps:
+        try:
+            manifest = read_manifest(run_dir, step)
+            if check is not None:
+                check(manifest)
+            payload = verify_payload(run_dir, manifest, out)
+        except (ValueError, OSError) as e:
+            skipped.append(f"{rundir.manifest_name(step)}: {e}")
+            if on_skip is not None:
+                on_skip(step, str(e))
+            continue
+        return Loaded(manifest, payload, skipped)
+    if skipped:
+        raise NoIntactCheckpoint(skipped)
+    return None
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
