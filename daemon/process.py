@@ -44,10 +44,6 @@ StopReason = Literal["sigterm", "sigint", "sighup", "control", "proxy", "disk-fu
 CheckpointReason = Literal["sigusr1", "control"]
 
 
-class StopRequested(Exception):
-    """Raised by long operations that abandon their work because a stop was requested."""
-
-
 class SignalFlags:
     """What the operator asked for, by signal or control message, and not yet acted upon."""
 
@@ -59,7 +55,6 @@ class SignalFlags:
         self.hold_requested = False  # ...and then hold until resumed (a pivot)
         self.resume_requested = False
         self.ignored_signal: str | None = None
-        self._previous: dict[int, object] = {}
 
     def install(self) -> None:
         """Install the handlers (main thread only).
@@ -78,12 +73,7 @@ class SignalFlags:
             (signal.SIGUSR1, self._on_checkpoint),
             (signal.SIGUSR2, self._on_ignored),
         ):
-            self._previous[sig] = signal.signal(sig, fn)
-
-    def uninstall(self) -> None:
-        for sig, prev in self._previous.items():
-            signal.signal(sig, prev)
-        self._previous.clear()
+            signal.signal(sig, fn)
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         names: dict[int, StopReason] = {
@@ -151,10 +141,6 @@ class SignalFlags:
 
     def stop_requested(self) -> bool:
         return self.stop_reason is not None
-
-    def raise_if_stopping(self) -> None:
-        if self.stop_reason is not None:
-            raise StopRequested(self.stop_reason)
 
 
 class Notifier:

@@ -658,9 +658,6 @@ class Trainer:
         )
         return Snapshot(
             step=self.step,
-            weights=[],
-            m=[],
-            v=[],
             fields=fields,
             payload=payload,
             ready=self._staging.ready,

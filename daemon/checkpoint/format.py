@@ -13,7 +13,6 @@ This module imports numpy only, on purpose: it is the reference reader for third
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from collections.abc import Iterable
@@ -82,37 +81,3 @@ def unflatten(
         count = int(np.prod(shape, dtype=np.int64))
         out[name] = flat[offset : offset + count].reshape(shape)
     return out
-
-
-class PayloadWriter:
-    """Streams a payload to an open file, hashing the bytes as they go out.
-
-    Hashing while writing avoids a second pass over a file that can be 1.4 GB.
-    """
-
-    def __init__(self, f, step: int, n_params: int) -> None:
-        if not (0 <= step <= INT32_MAX and 0 <= n_params <= INT32_MAX):
-            raise PayloadError(f"step={step} or n_params={n_params} does not fit the int32 header")
-        self._f = f
-        self._sha = hashlib.sha256()
-        self._written = 0
-        self.expected = payload_size(n_params)
-        self._put(HEADER.pack(step, n_params))
-
-    def _put(self, buf) -> None:
-        mv = memoryview(buf).cast("B")
-        self._sha.update(mv)
-        self._f.write(mv)
-        self._written += len(mv)
-
-    def write_array(self, arr: np.ndarray) -> None:
-        """Append one contiguous float32 array (any shape; written flat, C order)."""
-        if arr.dtype != DTYPE:
-            raise PayloadError(f"payload arrays must be little-endian float32, got {arr.dtype}")
-        self._put(np.ascontiguousarray(arr).reshape(-1))
-
-    def finish(self) -> str:
-        """Check the byte count and return the sha256 hex digest of everything written."""
-        if self._written != self.expected:
-            raise PayloadError(f"wrote {self._written} bytes, the header promises {self.expected}")
-        return self._sha.hexdigest()

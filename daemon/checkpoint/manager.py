@@ -58,56 +58,31 @@ class ResumeRefused(RuntimeError):
 class Snapshot:
     """The state to save at one optimizer-step boundary.
 
-    Either `payload` holds the whole `.bin` already (a uint8 array: header, weights, m, v — the
-    trainer stages it in a preallocated buffer), or `weights`, `m` and `v` are float32 arrays in
-    parameter order, packed by the manager. `ready`, if given, blocks until the payload's bytes have
-    landed (asynchronous device-to-host copies). `fields` holds every manifest field except those the
-    manager computes (file name, size, sha256, trigger, creation time).
+    `payload` is the whole `.bin` (a uint8 array: header, weights, m, v), which the trainer stages
+    in a preallocated buffer (`writer.StagingBuffer`). `ready`, if given, blocks until its bytes
+    have landed (asynchronous device-to-host copies). `fields` holds every manifest field except
+    those the manager computes (file name, size, sha256, trigger, creation time).
     """
 
     step: int
-    weights: list[np.ndarray]
-    m: list[np.ndarray]
-    v: list[np.ndarray]
+    payload: np.ndarray
     fields: dict[str, Any]
-    payload: np.ndarray | None = None
     ready: Callable[[], None] | None = None
 
     @property
     def n_params(self) -> int:
-        if self.payload is not None:
-            return (self.payload.size - fmt.HEADER.size) // (3 * fmt.DTYPE.itemsize)
-        return sum(a.size for a in self.weights)
+        return (self.payload.size - fmt.HEADER.size) // (3 * fmt.DTYPE.itemsize)
 
     def payload_bytes(self) -> np.ndarray:
-        """The complete payload as one contiguous uint8 array."""
+        """The complete payload as one contiguous uint8 array, once its bytes have landed."""
         if self.ready is not None:
             self.ready()
-        if self.payload is not None:
-            step, n = fmt.HEADER.unpack_from(self.payload)
-            if (step, n) != (self.step, self.n_params) or self.payload.size != fmt.payload_size(n):
-                raise fmt.PayloadError(
-                    f"staged payload header (step={step}, n={n}) does not match step {self.step}"
-                )
-            return self.payload
-        n = self.n_params
-        if not (0 <= self.step <= fmt.INT32_MAX and 0 <= n <= fmt.INT32_MAX):
+        step, n = fmt.HEADER.unpack_from(self.payload)
+        if (step, n) != (self.step, self.n_params) or self.payload.size != fmt.payload_size(n):
             raise fmt.PayloadError(
-                f"step={self.step} or n_params={n} does not fit the int32 header"
+                f"staged payload header (step={step}, n={n}) does not match step {self.step}"
             )
-        out = np.empty(fmt.payload_size(n), dtype=np.uint8)
-        out[: fmt.HEADER.size] = np.frombuffer(fmt.HEADER.pack(self.step, n), dtype=np.uint8)
-        flat = out[fmt.HEADER.size :].view(fmt.DTYPE)
-        off = 0
-        for group in (self.weights, self.m, self.v):
-            for arr in group:
-                if arr.dtype != fmt.DTYPE:
-                    raise fmt.PayloadError(
-                        f"payload arrays must be little-endian float32, got {arr.dtype}"
-                    )
-                flat[off : off + arr.size] = arr.reshape(-1)
-                off += arr.size
-        return out
+        return self.payload
 
 
 #: Called by a background write when it has finished: (manifest, None, seconds) on success,

@@ -186,7 +186,7 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
     t0 = time.perf_counter()
     staging.fill(1, [w], [m], [v])
     copy_s = time.perf_counter() - t0
-    snap = Snapshot(step=1, weights=[], m=[], v=[], fields=fields, payload=staging.array)
+    snap = Snapshot(step=1, fields=fields, payload=staging.array)
     mgr = CheckpointManager(d / "ours", CheckpointConfig(keep_latest=2))
     arrays = [w.numpy(), m.numpy(), v.numpy()]
 
