@@ -30,7 +30,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
+from string import Template
 from typing import Literal
 
 import numpy as np
@@ -72,6 +74,8 @@ PLOT_NAME = "plot.png"
 SAFETENSORS_NAME = "model.safetensors"
 METRICS_NAME = "metrics.json"
 README_NAME = "README.md"
+#: The README of an export, a string.Template beside this module (${name} placeholders).
+README_TEMPLATE = "export_readme.md.template"
 
 #: The evaluation batch: a fixed byte string, so that the check needs neither the corpus nor its cache
 #: and reads the same on any machine. Rows are consecutive windows of the text repeated cyclically.
@@ -475,94 +479,35 @@ def _select(run_dir: Path, step: int | None) -> Loaded:
 def _readme(
     report_step: int, manifest: Manifest, run_dir: Path, created: str, loss_hex: str
 ) -> str:
-    stem = rundir.checkpoint_stem(report_step)
-    n = manifest.n_params
+    """The export's README.md: README_TEMPLATE filled in with this checkpoint's figures."""
     m = manifest.model
     arms = "\n".join(
         f"| `{c.name}` | `{c.identity}` | {c.n_tokens:,} | {c.epoch}:{c.position} |"
         for c in manifest.data
     )
-    return f"""# ANDREA checkpoint export: step {report_step}
-
-Exported {created} from `{run_dir}` (`andreactl export`). The files were fsynced and re-read here
-(size and sha256), the checkpoint was verified against its manifest here, and a fresh process rebuilt
-the model from this folder alone and evaluated one fixed batch: its loss equals, bit for bit, the loss
-computed at export time (`{loss_hex}`). `export.json` records all of it and is written last: a folder
-without it is not a verified export.
-
-| file | what |
-|---|---|
-| `{stem}.bin` | payload, little-endian, no padding: `int32 step, int32 n_params, float32 weights[n], float32 m[n], float32 v[n]` ({manifest.bin_size:,} bytes = 8 + 12 × {n:,}) |
-| `{stem}.json` | manifest: parameter layout (name, shape, offset), model config, AdamW state, LR schedule, RNG states, data cursors, versions, hashes |
-| `run.toml` | the run's config file at export time; the manifest's `config` is the resolved config that produced this step |
-| `metrics.json` | loss at step {report_step}, a loss EMA, the learning rate, tokens seen, data identifiers |
-| `export.json` | what was verified: every file's size and sha256, the evaluation losses, timings |
-| `audit/` | the run's audit trail: the whole `.loss.json` (canonical curve: the newest entry per step), the policy in force, `.state.json`, `.samples.json`, every pivot archive (`archive/pivot-*`: the ended phase's policy, bandit state and samples) and `plot.png`, the audit plot up to step {report_step} |
-| `model.safetensors` | with `--safetensors`: the weights as named float32 tensors (the manifest's layout), equal to the payload's bit for bit; `safetensors.torch.load_file` or `safetensors.numpy.load_file` reads it |
-
-Check the payload: `sha256sum {stem}.bin` must print `{manifest.bin_sha256}`.
-
-Model: vocabulary {m.vocab_size}, context {m.block_size}, {m.n_layer} layers, {m.n_head} heads, width
-{m.n_embd}, dropout {m.dropout} (training only), bias {m.bias}; {n:,} parameters, byte-level tokens.
-
-Data it was trained on (identity = sha256 of the arm's source listing; cursor = epoch:position):
-
-| arm | identity | tokens | cursor |
-|---|---|---|---|
-{arms}
-
-## Reading it with numpy alone
-
-```python
-import json, numpy as np
-
-manifest = json.load(open("{stem}.json"))
-step, n = (int(x) for x in np.fromfile("{stem}.bin", dtype="<i4", count=2))
-flat = np.fromfile("{stem}.bin", dtype="<f4", offset=8)
-assert flat.size == 3 * n == 3 * manifest["n_params"], "truncated or padded payload"
-weights, m, v = flat[:n], flat[n:2 * n], flat[2 * n:]          # AdamW moments in the same order
-tensors = {{e["name"]: weights[e["offset"]:e["offset"] + int(np.prod(e["shape"]))].reshape(e["shape"])
-           for e in manifest["layout"]}}                      # PyTorch names and shapes
-```
-
-## Loading it into `andrea.daemon.model.GPT`
-
-With the `andrea` package installed, in one call (verifies size and sha256 against the manifest first):
-
-```python
-from pathlib import Path
-from andrea.control.export import eval_loss, load_model
-
-model, manifest = load_model(Path("."))      # this folder; a CPU model in eval mode
-print(eval_loss(model))                      # {float.fromhex(loss_hex)!r}: the batch export.json checked
-```
-
-or step by step, which is what `load_model` does:
-
-```python
-import torch
-from andrea.daemon.checkpoint.format import read_payload, unflatten
-from andrea.daemon.checkpoint.manifest import Manifest
-from andrea.daemon.model import GPT
-
-manifest = Manifest.model_validate_json(open("{stem}.json", "rb").read())
-payload = read_payload("{stem}.bin")        # checks the header and exact size, not the sha256
-tensors = unflatten(payload.weights, [(e.name, tuple(e.shape), e.offset) for e in manifest.layout])
-model = GPT(manifest.model)
-model.load_state_dict({{k: torch.from_numpy(t.copy()) for k, t in tensors.items()}}, strict=True)
-model.eval()                                 # no dropout
-logits, _ = model(torch.tensor([list(b"def ")]))
-```
-
-## Resuming training from it
-
-Copy `{stem}.bin`, `{stem}.json` and `run.toml` into an empty directory and start
-`andrea-trainer --run-dir DIR`: it verifies the checkpoint, checks the model, the data identities above
-and the training config, and continues at step {report_step + 1} with the weights, AdamW's moments and step count,
-the RNG states and the data cursors. The same data must be available (for the default corpus: the same
-Python standard library); a bit-exact continuation also needs the same device, dtype, thread count
-({manifest.environment.threads}) and torch version ({manifest.environment.torch_version}).
-"""
+    template = resources.files("andrea.control").joinpath(README_TEMPLATE).read_text("utf-8")
+    return Template(template).substitute(
+        step=report_step,
+        next_step=report_step + 1,
+        created=created,
+        run_dir=run_dir,
+        loss_hex=loss_hex,
+        loss=repr(float.fromhex(loss_hex)),
+        stem=rundir.checkpoint_stem(report_step),
+        bin_size=f"{manifest.bin_size:,}",
+        bin_sha256=manifest.bin_sha256,
+        n_params=f"{manifest.n_params:,}",
+        vocab_size=m.vocab_size,
+        block_size=m.block_size,
+        n_layer=m.n_layer,
+        n_head=m.n_head,
+        n_embd=m.n_embd,
+        dropout=m.dropout,
+        bias=m.bias,
+        arms=arms,
+        threads=manifest.environment.threads,
+        torch_version=manifest.environment.torch_version,
+    )
 
 
 # --- the export ---------------------------------------------------------------------------------------
@@ -584,73 +529,47 @@ def export_checkpoint(
     """
     started = time.monotonic()
     timings: dict[str, float] = {}
+    t = started
 
-    def phase(name: str, since: float) -> float:
+    def phase(name: str) -> None:
+        nonlocal t
         now = time.monotonic()
-        timings[name] = round(now - since, 3)
-        return now
+        timings[name] = round(now - t, 3)
+        t = now
 
     _check_destination(dest)
     progress(f"[1/5] verifying the checkpoint in {run_dir}")
-    loaded = _select(run_dir, step)
-    manifest, payload, skipped = loaded.manifest, loaded.payload, loaded.skipped
-    for reason in skipped:
-        progress(f"      WARNING: skipped damaged checkpoint {reason}")
-    step = manifest.step
-    stem = rundir.checkpoint_stem(step)
-    manifest_bytes = (run_dir / rundir.manifest_name(step)).read_bytes()
-    if Manifest.model_validate_json(manifest_bytes) != manifest:
-        raise ExportRefused(
-            f"{rundir.manifest_name(step)} changed while it was being verified; try again"
-        )
-    t = phase("verify_source", started)
-    progress(
-        f"      {stem} intact: {manifest.bin_size:,} bytes, sha256 {manifest.bin_sha256[:16]}…, "
-        f"trigger {manifest.trigger}"
-    )
+    source, manifest_bytes = _verify_source(run_dir, step, progress)
+    manifest, weights = source.manifest, source.payload.weights
+    phase("verify_source")
 
     progress("[2/5] evaluating the fixed batch at export time")
-    loss = eval_loss(build_model(manifest, payload.weights))
-    t = phase("eval_at_export", t)
+    loss = eval_loss(build_model(manifest, weights))
+    phase("eval_at_export")
     progress(f"      loss {loss!r} ({loss.hex()})")
 
     progress(f"[3/5] copying into {dest}")
     created = datetime.now(UTC).isoformat(timespec="milliseconds")
     metrics = _metrics(run_dir, manifest)
-    readme = _readme(step, manifest, run_dir, created, loss.hex())
+    readme = _readme(manifest.step, manifest, run_dir, created, loss.hex())
     try:
         files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
-        files += _write_audit(run_dir, dest, step, progress)
+        files += _write_audit(run_dir, dest, manifest.step, progress)
         if safetensors:
-            files.append(_write_safetensors(dest, manifest, payload.weights))
+            files.append(_write_safetensors(dest, manifest, weights))
     except OSError as exc:
         raise ExportFailed(f"writing {dest} failed: {exc}") from exc
-    intact = f"{stem}: size, header and sha256 match its manifest"
+    intact = f"{rundir.checkpoint_stem(manifest.step)}: size, header and sha256 match its manifest"
     checks = [ExportCheck(name="source checkpoint intact", detail=intact)]
-    if skipped:
+    if source.skipped:
         checks.append(
-            ExportCheck(name="newer damaged checkpoints skipped", detail="; ".join(skipped))
+            ExportCheck(name="newer damaged checkpoints skipped", detail="; ".join(source.skipped))
         )
-    t = phase("copy", t)
+    phase("copy")
     progress(f"      {len(files)} files, {sum(f.size for f in files):,} bytes, fsynced")
 
     progress("[4/5] re-reading at the destination")
-    for f in files:
-        try:
-            size, digest = _reread(dest / f.name)
-        except OSError as exc:
-            raise ExportFailed(f"{dest / f.name}: cannot be read back: {exc}") from exc
-        if (size, digest) != (f.size, f.sha256):
-            raise ExportFailed(
-                f"{dest / f.name}: reads back as {size} bytes, sha256 {digest[:16]}…; "
-                f"wrote {f.size}, {f.sha256[:16]}…"
-            )
-    try:
-        copied, _ = verify_checkpoint(dest, step)
-    except ValueError as exc:
-        raise ExportFailed(f"the copied checkpoint does not verify at {dest}: {exc}") from None
-    if copied != manifest:
-        raise ExportFailed(f"the manifest at {dest} differs from the source's")
+    _verify_destination(dest, manifest, files)
     checks.append(
         ExportCheck(
             name="files re-read at the destination",
@@ -661,38 +580,15 @@ def export_checkpoint(
     if safetensors:
         checks.append(
             ExportCheck(
-                name="safetensors weights",
-                detail=_check_safetensors(dest, manifest, payload.weights),
+                name="safetensors weights", detail=_check_safetensors(dest, manifest, weights)
             )
         )
-    t = phase("verify_destination", t)
+    phase("verify_destination")
 
     progress("[5/5] reloading in a fresh process")
     reload = _reload_in_fresh_process(dest)
-    t = phase("reload", t)
-    tokens = eval_tokens(manifest.model)
-    evaluation = Evaluation(
-        tokens=(
-            f"EVAL_TEXT of andrea.control.export, cyclic, {EVAL_ROWS} rows x {tokens.shape[1]} tokens, "
-            "token = byte % vocab_size"
-        ),
-        tokens_sha256=hashlib.sha256(tokens.tobytes()).hexdigest(),
-        rows=EVAL_ROWS,
-        seq_len=tokens.shape[1] - 1,
-        loss_at_export=loss,
-        loss_at_export_hex=loss.hex(),
-        reload=reload,
-        bitwise_equal=reload.eval_loss_hex == loss.hex(),
-    )
-    if (
-        not evaluation.bitwise_equal
-        or reload.step != step
-        or reload.bin_sha256 != manifest.bin_sha256
-    ):
-        raise ExportFailed(
-            f"the fresh process (pid {reload.pid}) loaded step {reload.step} and computed loss "
-            f"{reload.eval_loss_hex}; export time: step {step}, loss {loss.hex()}"
-        )
+    phase("reload")
+    evaluation = _compare_reload(manifest, loss, reload)
     checks.append(
         ExportCheck(
             name="reloaded in a fresh process",
@@ -703,15 +599,16 @@ def export_checkpoint(
         )
     )
     progress(
-        f"      pid {reload.pid}: loss {reload.eval_loss!r}, identical bits ({reload.seconds:.2f} s in the process)"
+        f"      pid {reload.pid}: loss {reload.eval_loss!r}, identical bits"
+        f" ({reload.seconds:.2f} s in the process)"
     )
     timings["total"] = round(time.monotonic() - started, 3)
     report = ExportReport(
         run_dir=str(run_dir),
         dest=str(dest),
-        step=step,
+        step=manifest.step,
         trigger=manifest.trigger,
-        skipped=skipped,
+        skipped=source.skipped,
         files=files,
         metrics=metrics,
         evaluation=evaluation,
@@ -724,9 +621,77 @@ def export_checkpoint(
     # Last, and atomically: its presence is what marks the folder as a verified export.
     atomic_write_bytes(dest / REPORT_NAME, report.model_dump_json(indent=2).encode())
     progress(
-        f"exported step {step} to {dest} in {timings['total']:.1f} s; report: {dest / REPORT_NAME}"
+        f"exported step {manifest.step} to {dest} in {timings['total']:.1f} s;"
+        f" report: {dest / REPORT_NAME}"
     )
     return report
+
+
+def _verify_source(
+    run_dir: Path, step: int | None, progress: Callable[[str], None]
+) -> tuple[Loaded, bytes]:
+    """Phase 1: the checkpoint to export, verified, and its manifest's bytes as they will be copied."""
+    source = _select(run_dir, step)
+    for reason in source.skipped:
+        progress(f"      WARNING: skipped damaged checkpoint {reason}")
+    manifest = source.manifest
+    name = rundir.manifest_name(manifest.step)
+    manifest_bytes = (run_dir / name).read_bytes()
+    if Manifest.model_validate_json(manifest_bytes) != manifest:
+        raise ExportRefused(f"{name} changed while it was being verified; try again")
+    progress(
+        f"      {rundir.checkpoint_stem(manifest.step)} intact: {manifest.bin_size:,} bytes,"
+        f" sha256 {manifest.bin_sha256[:16]}…, trigger {manifest.trigger}"
+    )
+    return source, manifest_bytes
+
+
+def _verify_destination(dest: Path, manifest: Manifest, files: list[ExportedFile]) -> None:
+    """Phase 4: every file reads back as written, and the copied checkpoint verifies."""
+    for f in files:
+        try:
+            size, digest = _reread(dest / f.name)
+        except OSError as exc:
+            raise ExportFailed(f"{dest / f.name}: cannot be read back: {exc}") from exc
+        if (size, digest) != (f.size, f.sha256):
+            raise ExportFailed(
+                f"{dest / f.name}: reads back as {size} bytes, sha256 {digest[:16]}…; "
+                f"wrote {f.size}, {f.sha256[:16]}…"
+            )
+    try:
+        copied, _ = verify_checkpoint(dest, manifest.step)
+    except ValueError as exc:
+        raise ExportFailed(f"the copied checkpoint does not verify at {dest}: {exc}") from None
+    if copied != manifest:
+        raise ExportFailed(f"the manifest at {dest} differs from the source's")
+
+
+def _compare_reload(manifest: Manifest, loss: float, reload: ReloadCheck) -> Evaluation:
+    """Phase 5: the fresh process must have loaded this step and computed the same loss, bit for bit."""
+    tokens = eval_tokens(manifest.model)
+    evaluation = Evaluation(
+        tokens=(
+            f"EVAL_TEXT of andrea.control.export, cyclic, {EVAL_ROWS} rows x {tokens.shape[1]}"
+            " tokens, token = byte % vocab_size"
+        ),
+        tokens_sha256=hashlib.sha256(tokens.tobytes()).hexdigest(),
+        rows=EVAL_ROWS,
+        seq_len=tokens.shape[1] - 1,
+        loss_at_export=loss,
+        loss_at_export_hex=loss.hex(),
+        reload=reload,
+        bitwise_equal=reload.eval_loss_hex == loss.hex(),
+    )
+    if (
+        not evaluation.bitwise_equal
+        or reload.step != manifest.step
+        or reload.bin_sha256 != manifest.bin_sha256
+    ):
+        raise ExportFailed(
+            f"the fresh process (pid {reload.pid}) loaded step {reload.step} and computed loss "
+            f"{reload.eval_loss_hex}; export time: step {manifest.step}, loss {loss.hex()}"
+        )
+    return evaluation
 
 
 def _reload_in_fresh_process(dest: Path) -> ReloadCheck:
