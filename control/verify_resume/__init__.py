@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from andrea.control import mini_problem as mini
+from andrea.control.mini_problem import SABOTAGES as MINI_SABOTAGES
 
 from .mini import run_mini
 from .trainer import TRAINER_SABOTAGES, TrainerLaunch, check_user_config, run_trainer
@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sabotage",
         help="break the full resume on purpose, so the verification must fail (mini: "
-        + ", ".join(mini.SABOTAGES)
+        + ", ".join(MINI_SABOTAGES)
         + "; trainer: "
         + ", ".join(TRAINER_SABOTAGES)
         + ")",
