@@ -29,14 +29,14 @@ from pathlib import Path
 
 import tomli_w
 
-from .conftest import Trainer, trainer_cmd
+from .conftest import Daemon, trainer_cmd
 
 POLICY = "[arms.code]\nfloor = 0.2\ncap = 0.6\n\n[arms.docstrings]\nfloor = 0.3\n"
 ZOMBIE = "comments"
 
 
-def _proxy(run_dir: Path, *extra: str) -> Trainer:
-    return Trainer(
+def _proxy(run_dir: Path, *extra: str) -> Daemon:
+    return Daemon(
         [sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir), *extra]
     )
 
@@ -44,8 +44,8 @@ def _proxy(run_dir: Path, *extra: str) -> Trainer:
 METRICS = '[metrics]\ntensorboard = true\nprometheus_textfile_dir = "prometheus"\n'
 
 
-def _trainer(run_dir: Path, cache: Path, steps: int, every: int, *extra: str) -> Trainer:
-    return Trainer(
+def _trainer(run_dir: Path, cache: Path, steps: int, every: int, *extra: str) -> Daemon:
+    return Daemon(
         trainer_cmd(
             run_dir,
             cache,
@@ -62,7 +62,7 @@ def _trainer(run_dir: Path, cache: Path, steps: int, every: int, *extra: str) ->
     )
 
 
-def _stop(p: Trainer) -> None:
+def _stop(p: Daemon) -> None:
     p.signal(signal.SIGTERM)
     code = p.wait()
     assert code == 0, p.log

@@ -105,6 +105,7 @@ def test_version_and_global_options_after_the_command(tmp_path: Path, capsys) ->
     assert json.loads(outputs[0])["rows"][0]["time"] == "2025-06-15T15:06:41Z"
 
 
+@pytest.mark.process
 def test_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
