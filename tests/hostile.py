@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint import rngstate
 from andrea.daemon.checkpoint.manager import CheckpointManager, Expectation, Snapshot, layout_of
 from andrea.daemon.checkpoint.manifest import Environment, MixingState, OptimizerState, Progress
@@ -95,7 +96,10 @@ def snapshot(step: int, mixing: str = "fixed") -> Snapshot:
         config_hash=cfg.trajectory_hash(),
         config=cfg.model_dump(mode="json"),
     )
-    return Snapshot(step=step, weights=[w], m=[m], v=[v], fields=fields)
+    # The payload as the trainer stages it: header, then weights, m and v, little-endian float32.
+    header = np.frombuffer(fmt.HEADER.pack(step, n), dtype=np.uint8)
+    payload = np.concatenate([header, np.concatenate([w, m, v]).view(np.uint8)])
+    return Snapshot(step=step, fields=fields, payload=payload)
 
 
 def resign(man: dict) -> dict:

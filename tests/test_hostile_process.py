@@ -16,7 +16,7 @@ from andrea.daemon import rundir
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import read_entries
 
-from .conftest import Trainer, run_trainer, trainer_cmd
+from .conftest import Daemon, run_trainer, trainer_cmd
 
 pytestmark = pytest.mark.process
 
@@ -39,7 +39,7 @@ def test_proxy_exit_a_restart_cannot_cure_stops_the_trainer(
 
 
 def test_crashed_proxy_is_restarted(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "40"))
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "40"))
     t.wait_for(r"step 5/")
     (proxy,) = _children(t.proc.pid)
     os.kill(proxy, signal.SIGKILL)
@@ -50,9 +50,7 @@ def test_crashed_proxy_is_restarted(tmp_path: Path, cache_dir: Path) -> None:
 
 
 def test_sighup_checkpoints_and_exits(tmp_path: Path, cache_dir: Path) -> None:
-    t = Trainer(
-        trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
-    )
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
     t.wait_for(r"step 4/")
     t.signal(signal.SIGUSR2)  # ignored: its default action would kill without a checkpoint
     t.wait_for(r"SIGUSR2 received and ignored")
@@ -89,7 +87,7 @@ def _fill(disk: Path) -> Path:
 
 def test_disk_full_with_fixed_mixing(small_disk: Path, cache_dir: Path) -> None:
     run_dir = small_disk / "run"
-    t = Trainer(trainer_cmd(run_dir, cache_dir, "--max-steps", "100000", "--checkpoint-every", "5"))
+    t = Daemon(trainer_cmd(run_dir, cache_dir, "--max-steps", "100000", "--checkpoint-every", "5"))
     t.wait_for(r"checkpoint step_000005.bin written")
     filler = _fill(small_disk)
     code = t.wait(timeout=180)
