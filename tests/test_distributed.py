@@ -24,7 +24,7 @@ from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
 from andrea.daemon.rundir import bin_name, manifest_name
 
-from .conftest import Trainer, run_trainer
+from .conftest import Daemon, run_trainer
 
 pytestmark = pytest.mark.process
 
@@ -71,12 +71,12 @@ def torchrun(run_dir: Path, cache: Path, *extra: str, nproc: int = 2, launch=())
     ]
 
 
-def job(cmd: list[str]) -> Trainer:
+def job(cmd: list[str]) -> Daemon:
     # Its own session: a stray signal to the test's process group never reaches the job.
-    return Trainer(cmd, start_new_session=True)
+    return Daemon(cmd, start_new_session=True)
 
 
-def rank_pids(t: Trainer, n: int = 2) -> dict[int, int]:
+def rank_pids(t: Daemon, n: int = 2) -> dict[int, int]:
     pids: dict[int, int] = {}
     while len(pids) < n:
         m = t.wait_for(r"rank (\d+) of \d+ \(node \d+, local rank \d+, pid (\d+)\)")
@@ -105,11 +105,11 @@ def stopped_steps(log: str) -> set[int]:
     return {int(s) for s in re.findall(r"\[rank \d\] .*stopped at step (\d+)", log)}
 
 
-def start_proxy(run_dir: Path) -> Trainer:
-    return Trainer([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir)])
+def start_proxy(run_dir: Path) -> Daemon:
+    return Daemon([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir)])
 
 
-def stop_proxy(p: Trainer) -> int:
+def stop_proxy(p: Daemon) -> int:
     if p.proc.poll() is None:
         p.signal(signal.SIGTERM)
     return p.wait()

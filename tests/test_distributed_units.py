@@ -145,7 +145,8 @@ def test_deterministic_mode_repeats_a_training_step_bit_for_bit() -> None:
 
 
 def test_verify_resume_runs_the_trainer_through_torchrun_for_nproc() -> None:
-    from andrea.control.verify_resume import TrainerLaunch, _trainer_command, main
+    from andrea.control.verify_resume import main
+    from andrea.control.verify_resume.trainer import TrainerLaunch, _trainer_command
 
     single = _trainer_command(Path("/r"), None)
     assert single[1:4] == ["-B", "-m", "andrea.daemon.trainer_cli"]
