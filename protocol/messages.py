@@ -6,7 +6,7 @@ requests and drop stale ones after a retry. Messages larger than MAX_MESSAGE_BYT
 the socket (ZMQ_MAXMSGSIZE) before they are parsed.
 
 Link (trainer → proxy): hello (answered by welcome, or a refusing reply: another protocol version,
-seed or arm set), assign (assignments), losses (loss_ack, once durable), evals, samples. Control
+seed or arm set), assign (assignments), losses (loss_ack, once durable), eval (eval_ack), samples. Control
 (andreactl → trainer): status, checkpoint, resume, stop; (andreactl → proxy): status, pivot. Status
 replies carry the models of :mod:`andrea.protocol.status`. Every request gets exactly one reply; an
 invalid request gets a `reply` with ok=false and an error, and changes nothing.

@@ -16,7 +16,7 @@ from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import read_entries
 from andrea.daemon.rundir import bin_name
 
-from .conftest import Trainer, run_trainer, trainer_cmd
+from .conftest import Daemon, run_trainer, trainer_cmd
 
 pytestmark = pytest.mark.process
 
@@ -37,7 +37,7 @@ def test_list_and_prune_checkpoints_and_the_schedule_length(
     tmp_path: Path, cache_dir: Path
 ) -> None:
     run = tmp_path / "run"
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(
             run,
             cache_dir,

@@ -16,7 +16,7 @@ import pytest
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.rundir import bin_name, manifest_name
 
-from .conftest import Trainer, run_trainer, trainer_cmd
+from .conftest import Daemon, run_trainer, trainer_cmd
 
 pytestmark = pytest.mark.process
 
@@ -67,7 +67,7 @@ def test_evaluation_changes_no_bit_of_training(
 def test_resume_with_evaluation_and_accumulation_is_bit_exact(
     evaluated: Path, tmp_path: Path, cache_dir: Path
 ) -> None:
-    t = Trainer(trainer_cmd(tmp_path, cache_dir, *ARGS, "--eval-every", "5"))
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, *ARGS, "--eval-every", "5"))
     t.wait_for(rf"step 7/{STEPS} ")
     t.signal(signal.SIGTERM)
     assert t.wait() == ExitCode.OK, t.log
@@ -87,7 +87,7 @@ def test_stop_during_evaluation_is_honoured_at_once(tmp_path: Path, cache_dir: P
     config = tmp_path / "big-eval.toml"
     config.write_text("[eval]\nsequences = 100000\n")  # every held-out chunk: seconds of work
     run_dir = tmp_path / "run"
-    t = Trainer(
+    t = Daemon(
         trainer_cmd(run_dir, cache_dir, "--config", str(config), "--max-steps", "100")
         + ["--checkpoint-every", "5"]
     )
