@@ -31,7 +31,11 @@ def _children(pid: int) -> list[int]:
 def test_proxy_exit_a_restart_cannot_cure_stops_the_trainer(
     tmp_path: Path, cache_dir: Path
 ) -> None:
-    (tmp_path / rundir.POLICY_FILE).write_text("lag = 0\n")  # invalid: the proxy exits 2
+    # Valid as a file (andrea-trainer --with-proxy refuses an invalid one before it starts
+    # anything), but infeasible for the run's arms: the proxy exits 2 when it builds its bandit.
+    (tmp_path / rundir.POLICY_FILE).write_text(
+        "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n[arms.docstrings]\ncap = 0.5\n"
+    )
     res = run_trainer(tmp_path, cache_dir, "--with-proxy", "--max-steps", "50")
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "andrea-proxy exited with code 2 (CONFIG_ERROR): a restart cannot cure" in res.stderr
