@@ -185,6 +185,9 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = args.config or (run_dir / CONFIG_FILE)
+        # Whether this run already has its own run.toml (read once: another rank of a job may
+        # write it in the meantime).
+        run_toml_existed = (run_dir / CONFIG_FILE).exists()
         file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
         run_preset = file_values.get("preset")
         if args.preset and run_preset and args.preset != run_preset:
@@ -245,7 +248,7 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
             and bool(checkpoint_steps(run_dir))
         )
         changes: list[str] = []
-        if (run_dir / CONFIG_FILE).exists():
+        if world.is_main and run_toml_existed:
             # Flags that change the trajectory the run's own file describes: named, and refused
             # unless deliberate (then recorded in run.toml once the resume has been accepted).
             recorded = build_config(load_toml(run_dir / CONFIG_FILE), source=CONFIG_FILE)
