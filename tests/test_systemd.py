@@ -219,7 +219,11 @@ def test_target_stop_exits_0_with_one_loss_entry_per_step(sd: SystemdMachine) ->
             sd.journal(unit)[-3000:],
         )
     final = manifests(sd, RUN)[-1]
-    assert final["trigger"] == "sigterm"
+    # A stop that lands just after the cadence checkpoint of that very step has nothing to add.
+    assert final["trigger"] == "sigterm" or (
+        final["trigger"] == "cadence"
+        and f"step {final['step']} is already checkpointed" in sd.journal(trainer(RUN))
+    ), final
     entries = json.loads(sd.path(f"{state_dir(RUN)}/.loss.json").read_text())
     pairs = [(e["segment"], e["step"]) for e in entries]
     assert len(pairs) == len(set(pairs)), "a (segment, step) logged twice"
@@ -246,24 +250,36 @@ def test_restart_of_a_stopped_run_is_active_within_30_s(sd: SystemdMachine) -> N
     stop_target(sd, RUN)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the seed's manual pivot through systemctl stop/start of the proxy is issue #11's",
-)
 def test_manual_pivot_with_systemctl_stop_and_start(sd: SystemdMachine) -> None:
-    sd.systemctl("stop", trainer(RUN))
+    """The seed's sequence under systemd, with the trainer running throughout: a checkpoint
+    (the synchronous reload), stop the proxy, put the new policy in place, start the proxy. The
+    trainer, never restarted, rolls back to the newest checkpoint by itself."""
+    sd.systemctl("start", f"andrea@{RUN}.target")
+    wait_step(sd, RUN, manifests(sd, RUN)[-1]["step"] + 2)
+    pid = sd.prop(trainer(RUN), "MainPID")
+    sd.systemctl("reload", trainer(RUN))
     sd.systemctl("stop", proxy(RUN))
-    boundary = manifests(sd, RUN)[-1]["step"]
     phase = json.loads(sd.path(f"{state_dir(RUN)}/.state.json").read_text())["bandit"]["phase"]
     policy = sd.path(f"{state_dir(RUN)}/policy.toml")
     policy.write_text("[arms.docstrings]\ncap = 0.2\n")
     sd.sh(f"chown andrea:andrea {state_dir(RUN)}/policy.toml", check=True)
+    said = r"a pivot after the newest checkpoint, step (\d+)"
+    before = len(re.findall(said, sd.journal(proxy(RUN))))
     sd.systemctl("start", proxy(RUN))
-    sd.systemctl("start", trainer(RUN))
+    sd.wait_until(
+        lambda: len(re.findall(said, sd.journal(proxy(RUN)))) > before, 60, "the proxy's pivot"
+    )
+    boundary = int(re.findall(said, sd.journal(proxy(RUN)))[-1])
+    sd.wait_until(
+        lambda: f"rolling back to step_{boundary:06d}.bin" in sd.journal(trainer(RUN)),
+        60,
+        "the trainer's roll-back",
+    )
     wait_step(sd, RUN, boundary + 5)
     status = json.loads(ctl(sd, RUN, "--json", "status").stdout)
     assert status["proxy"]["phase"] == phase + 1
     assert status["proxy"]["phase_start_step"] == boundary
+    assert sd.prop(trainer(RUN), "MainPID") == pid, "no operator restart of the trainer"
     stop_target(sd, RUN)
 
 
