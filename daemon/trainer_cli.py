@@ -224,9 +224,11 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
         cfg = build_config(file_values, overrides, source=str(cfg_path))
         from .checkpoint.manager import checkpoint_steps
 
-        # A new run (no run.toml, no checkpoint) gets the default held-out split; a run that lost
-        # its run.toml keeps what its config says, and its checkpoints decide whether that resumes.
-        if not (run_dir / CONFIG_FILE).exists() and not checkpoint_steps(run_dir):
+        # Without run.toml the flags describe a run as this version creates it: with the default
+        # held-out split. A run that lost its run.toml is then resumed only if its checkpoints
+        # agree; one older than splits is refused naming data.heldout_fraction, and
+        # --heldout-fraction 0 restores it.
+        if not (run_dir / CONFIG_FILE).exists():
             cfg = for_new_run(cfg)
         # A device or precision this machine cannot run is refused before run.toml records it.
         from .distributed import device_for

@@ -56,8 +56,9 @@ def sd(real_systemd: SystemdMachine, cache_dir: Path) -> SystemdMachine:
         load_arms(cfg.data, cache_dir, cfg.model.vocab_size)
     cache = m.path("/var/cache/andrea")
     cache.mkdir(parents=True, exist_ok=True)
-    for f in cache_dir.glob("*.u8"):
-        shutil.copy(f, cache / f.name)
+    for f in cache_dir.iterdir():  # a split arm is three files, its .u8 written last
+        if f.is_file():
+            shutil.copy(f, cache / f.name)
     m.sh("chown -R andrea:andrea /var/cache/andrea", check=True)
     m.write_env(RUN, f'ANDREA_TRAINER_ARGS="{TINY} --max-steps 100000 --checkpoint-every 20"')
     m.daemon_reload()
