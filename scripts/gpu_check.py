@@ -5,8 +5,10 @@
 
 1. the CUDA tests (pytest: RNG state of the device in use, CUDA environment, deterministic step);
 2. andrea-12m stopped by SIGTERM mid-run and resumed, against an uninterrupted run: the final .bin
-   must be equal byte for byte (deterministic mode on, the CUDA default);
-3. the deterministic mode off and on: tokens/s, and whether two runs give the same bits;
+   must be equal byte for byte (deterministic mode on and torch.compile on, the CUDA defaults: a
+   compiled run resumed compiled);
+3. the deterministic mode off and on: tokens/s, and whether two runs give the same bits; and the
+   same run eager (--compile off): what compiling buys;
 4. andrea-120m in bf16 (the CUDA default): tokens/s, the stall of a background checkpoint (the
    copy training waits for) and the time of the 120M write.
 
@@ -102,7 +104,7 @@ def main() -> int:
     # 2. SIGTERM and resume, andrea-12m, deterministic (auto = on for CUDA)
     steps, every = 300, 100
     common = ["--preset", "andrea-12m", "--max-steps", str(steps), "--checkpoint-every", str(every)]
-    common += ["--log-every", "10"]
+    common += ["--log-every", "10", "--compile", "on"]
     code_c, log_c = run(trainer(work / "continuous", cache, *common))
     code_s, log_s = run(trainer(work / "stopped", cache, *common), stop_at=r"step 150/")
     stopped = re.findall(r"checkpoint step_0*(\d+)\.bin written \(sigterm", log_s)
@@ -111,7 +113,7 @@ def main() -> int:
     exact = same_bytes(work / "continuous" / final, work / "stopped" / final)
     ok &= exact and code_c == code_s == code_r == 0 and bool(stopped)
     report += [
-        "## SIGTERM and resume, andrea-12m (deterministic)",
+        "## SIGTERM and resume, andrea-12m (deterministic, compiled)",
         f"- exit codes: continuous {code_c}, stopped {code_s} (SIGTERM checkpoint at step "
         f"{stopped[0] if stopped else 'NONE'}), resumed {code_r}",
         f"- final {final} equal byte for byte to the uninterrupted run: **{'yes' if exact else 'NO'}**",
@@ -126,10 +128,11 @@ def main() -> int:
     code_2, _ = run(trainer(work / "nondet-2", cache, *off))
     code_3, log_3 = run(trainer(work / "det-1", cache, *on))
     code_4, _ = run(trainer(work / "det-2", cache, *on))
+    code_5, log_5 = run(trainer(work / "eager", cache, *on[:-4], "--compile", "off", *on[-2:]))
     f150 = "step_000150.bin"
     rep_off = same_bytes(work / "nondet-1" / f150, work / "nondet-2" / f150)
     rep_on = same_bytes(work / "det-1" / f150, work / "det-2" / f150)
-    ok &= rep_on and code_1 == code_2 == code_3 == code_4 == 0
+    ok &= rep_on and code_1 == code_2 == code_3 == code_4 == code_5 == 0
     speed_on, speed_off = tok_s(log_3), tok_s(log_1)
     report += [
         "## Deterministic mode, andrea-12m, 150 steps",
@@ -138,6 +141,8 @@ def main() -> int:
         f"| off | {speed_off:.0f} | {'yes' if rep_off else 'no'} |",
         f"| on | {speed_on:.0f} | {'yes' if rep_on else 'NO'} |",
         f"- cost of the deterministic mode: {speed_off / speed_on:.2f}x the time per token",
+        f"- eager (--compile off, deterministic on): {tok_s(log_5):.0f} tokens/s; compiled ÷ eager"
+        f" throughput {speed_on / tok_s(log_5):.2f}",
         "",
     ]
 

@@ -253,3 +253,26 @@ def test_sigusr1_to_rank_0_checkpoints_and_andreactl_stop_ends_the_job(
     saved = manifests(tmp_path)
     assert sorted(saved) == [usr1, stopped] and stopped > usr1
     assert saved[usr1]["trigger"] == "sigusr1" and saved[stopped]["trigger"] == "control"
+
+
+def test_gradient_accumulation_under_ddp_resumes_bit_exact(tmp_path: Path, cache_dir: Path) -> None:
+    """Two micro-batches a step, gradients synchronised on the last one only: a job stopped by
+    SIGTERM to the agent and resumed ends on the same bytes as the same job never stopped."""
+    accum = ("--grad-accum", "2")
+    whole = tmp_path / "whole"
+    t = job(torchrun(whole, cache_dir, *accum))
+    assert t.wait(timeout=300) == 0, t.log
+
+    stopped = tmp_path / "stopped"
+    t = job(torchrun(stopped, cache_dir, *accum))
+    t.wait_for(r"\[rank 0\] INFO step 5/")
+    t.signal(signal.SIGTERM)
+    assert t.wait(timeout=120) in (0, 1), t.log  # the agent re-raises what it forwarded
+    (at,) = stopped_steps(t.log)
+    assert at < STEPS and manifests(stopped)[at]["trigger"] == "sigterm", t.log
+    t = job(torchrun(stopped, cache_dir, *accum))
+    assert t.wait(timeout=300) == 0, t.log
+    assert f"resumed from {bin_name(at)}" in t.log, t.log
+
+    assert curve(stopped) == curve(whole)
+    assert (stopped / bin_name(STEPS)).read_bytes() == (whole / bin_name(STEPS)).read_bytes()
