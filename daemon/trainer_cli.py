@@ -228,7 +228,7 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
         # held-out split. A run that lost its run.toml is then resumed only if its checkpoints
         # agree; one older than splits is refused naming data.heldout_fraction, and
         # --heldout-fraction 0 restores it.
-        if not (run_dir / CONFIG_FILE).exists():
+        if not run_toml_existed:
             cfg = for_new_run(cfg)
         # A device or precision this machine cannot run is refused before run.toml records it.
         from .distributed import device_for
