@@ -109,15 +109,22 @@ def main() -> None:
         ]
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
         lines: queue.Queue[float] = queue.Queue()
+        tail: list[str] = []
 
         def pump() -> None:
             assert proc.stderr is not None
             for line in proc.stderr:
+                tail[:] = [*tail[-19:], line]
                 if m := re.search(r"step \d+/\d+ .*\| (\d+) tok/s", line):
                     lines.put(float(m.group(1)))
 
         threading.Thread(target=pump, daemon=True).start()
-        lines.get(timeout=600)  # the first progress line: set up and training
+        deadline = time.monotonic() + 600
+        while lines.empty():  # the first progress line: set up and training
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                sys.exit(f"the trainer did not start training:\n{''.join(tail)}")
+            time.sleep(0.2)
         eps = [endpoint(Path(d), "trainer")]
         if args.with_proxy:
             eps.append(endpoint(Path(d), "proxy"))
