@@ -5,12 +5,9 @@ the same flags the signals set; the training loop acts on them at the next step 
 with `wait` gets its reply once the work is durable (checkpoint) or done (stop), which is what makes
 `systemctl reload` synchronous — a bare `kill -USR1` returns before anything happened.
 
-Control traffic must never cost training more than a few percent (100 clients polling `status` once
-cut throughput to a thirtieth: the thread answering them held the interpreter lock the training loop
-needs between its kernels). So the thread works at a bounded duty cycle: after each request it sleeps
-in proportion to the time the request took (MAX_DUTY), while ZeroMQ's own I/O thread, which needs no
-interpreter lock, queues what arrives. Requests are only answered more slowly under a flood; none is
-dropped, and `checkpoint`/`stop` set their flags as soon as they are read.
+Control traffic must never cost training more than a few percent: the thread serves requests in
+bursts at a bounded duty cycle (daemon/dutycycle.py). `checkpoint`/`stop` set their flags as soon as
+they are read.
 """
 
 from __future__ import annotations
@@ -30,16 +27,13 @@ from andrea.protocol import messages as m
 from andrea.protocol.status import TrainerStatus
 from andrea.protocol.transport import bind_router, close_router
 
+from .dutycycle import Burst
 from .hold import Holds
 from .logthrottle import ThrottledWarning
 from .process import SignalFlags
 
 log = logging.getLogger(__name__)
 
-#: The most of the wall time the control thread may spend handling requests under a flood.
-MAX_DUTY = 0.02
-#: ...and the longest pause after one request, so that one slow request never delays the next long.
-MAX_PAUSE = 0.05
 #: How old a status reply may be (a poller sees the step a tenth of a second late at most).
 STATUS_TTL = 0.1
 
@@ -96,15 +90,17 @@ class ControlServer:
                     self._sock.send_multipart([peer, b"", m.encode(reply)])
                 if self._done.is_set() or not self._sock.poll(100):
                     continue
-                t0 = time.thread_time()
-                frames = self._sock.recv_multipart()
-                reply = self._handle(frames[0], frames[-1])
-                if reply is not None:
-                    self._sock.send_multipart([frames[0], b"", m.encode(reply)])
-                # This thread's own CPU time (not time spent waiting for the lock, which a loaded
-                # machine inflates); sleeping hands the interpreter lock to the training loop.
-                busy = time.thread_time() - t0
-                self._done.wait(min(MAX_PAUSE, busy * (1 / MAX_DUTY - 1)))
+                burst = Burst()
+                while not burst.spent():
+                    try:
+                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    reply = self._handle(frames[0], frames[-1])
+                    if reply is not None:
+                        self._sock.send_multipart([frames[0], b"", m.encode(reply)])
+                # Sleeping hands the interpreter lock to the training loop.
+                self._done.wait(burst.pause())
         except Exception:
             log.exception("control socket thread failed; signals still work")
         finally:

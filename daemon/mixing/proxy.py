@@ -41,6 +41,7 @@ from ..checkpoint.durable import atomic_write_bytes
 from ..checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpoint
 from ..config import ConfigError, RunConfig, build_config, config_changes, load_toml
 from ..data import DataError, arm_identity
+from ..dutycycle import Burst
 from ..evallog import EvalLog, last_eval
 from ..exitcodes import ExitCode
 from ..logthrottle import ThrottledWarning
@@ -70,11 +71,10 @@ from .policystore import store
 log = logging.getLogger(__name__)
 
 STATE_EVERY = 100
-#: The trainer's link: handled as soon as they arrive. Everything else (status, pivot) is served at
-#: most CONTROL_DUTY of the proxy's CPU time, with up to MAX_DEFERRED_CONTROL requests queued
-#: (clients retry what is dropped beyond that).
+#: The trainer's link: handled as soon as they arrive. Everything else (status, pivot) is served in
+#: bursts at a bounded duty cycle (daemon/dutycycle.py), with up to MAX_DEFERRED_CONTROL requests
+#: queued (clients retry what is dropped beyond that).
 LINK_MESSAGES = (m.Hello, m.AssignRequest, m.LossReport, m.SampleReport)
-CONTROL_DUTY = 0.02
 MAX_DEFERRED_CONTROL = 1000
 SAMPLES_KEPT = 20
 #: What these files can hold (a few hundred arms of state; 1,000 records of 64 samples of at most
@@ -772,12 +772,12 @@ class Proxy:
         while not self.flags.stop_requested():
             self.notifier.tick()
             if deferred and time.monotonic() >= not_before:
-                peer, msg = deferred.popleft()
-                t0 = time.thread_time()
-                if not self._answer(peer, msg):
-                    return
-                busy = time.thread_time() - t0
-                not_before = time.monotonic() + min(0.05, busy * (1 / CONTROL_DUTY - 1))
+                burst = Burst()
+                while deferred and not burst.spent():
+                    peer, msg = deferred.popleft()
+                    if not self._answer(peer, msg):
+                        return
+                not_before = time.monotonic() + burst.pause()
             wait = 100 if not deferred else max(0, int((not_before - time.monotonic()) * 1000))
             if not self.sock.poll(min(100, wait)):
                 continue

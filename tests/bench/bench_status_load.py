@@ -10,8 +10,9 @@ in the order off, on, on, off, ... so that a drift of the machine's load falls o
 alike. Each poller process is a session of its own (as an operator's andreactl is), and so is the
 trainer. Throughput is the trainer's own tok/s progress lines; the figure is the median over the
 "on" windows ÷ the median over the "off" windows (goal ≥ 0.9), with the replies per second the
-pollers got. With --with-proxy the trainer runs with its proxy and the pollers are split between
-the two daemons' sockets.
+pollers got, and how long an operator's own `status` to the trainer (a fresh socket, once a second
+during the "on" windows) waited for its answer. With --with-proxy the trainer runs with its proxy
+and the pollers are split between the two daemons' sockets.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def _poll_worker(ep: str, n_sockets: int, active: mp.Event, stop: mp.Event, coun
 
 def main() -> None:
     from andrea.daemon.rundir import endpoint
+    from andrea.protocol.messages import StatusRequest
+    from andrea.protocol.transport import new_id, request
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pollers", type=int, default=100)
@@ -140,6 +143,7 @@ def main() -> None:
             w.start()
         samples: dict[bool, list[float]] = {False: [], True: []}
         rates: list[float] = []
+        waits: list[float] = []
         try:
             time.sleep(3.0)  # warm-up, the pollers' imports
             for i in range(args.windows):
@@ -149,7 +153,12 @@ def main() -> None:
                 while not lines.empty():
                     lines.get_nowait()
                 replies0, t0 = counter.value, time.monotonic()
-                time.sleep(args.seconds)
+                while (left := t0 + args.seconds - time.monotonic()) > 0:
+                    time.sleep(min(1.0, left))
+                    if on and left > 1.0:  # an operator's request, on a fresh socket
+                        t_ask = time.monotonic()
+                        request(eps[0], StatusRequest(id=new_id()), timeout=30, retries=1)
+                        waits.append(time.monotonic() - t_ask)
                 got = []
                 while not lines.empty():
                     got.append(lines.get_nowait())
@@ -173,7 +182,8 @@ def main() -> None:
     print(
         f"{args.pollers} pollers{' (trainer and proxy)' if args.with_proxy else ''}: "
         f"{on:,.0f} tok/s vs {off:,.0f} alone → ratio {on / off:.3f};"
-        f" {statistics.median(rates):,.0f} status replies/s"
+        f" {statistics.median(rates):,.0f} status replies/s; an operator's status answered in"
+        f" {statistics.median(waits):.2f} s (median), {max(waits):.2f} s (max of {len(waits)})"
     )
 
 
