@@ -7,6 +7,9 @@ import os
 import signal
 import stat
 import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,80 @@ def test_socket_is_owner_only_and_one_trainer_per_run(tmp_path: Path, cache_dir:
     assert f"pid {t.proc.pid}" in second.stderr and "is running on" in second.stderr
     t.signal(signal.SIGTERM)
     assert t.wait() == ExitCode.OK, t.log
+
+
+class StatusFlood:
+    """`n` clients re-sending `status` as soon as each reply arrives (a closed loop, as fast as the
+    daemon answers), on real DEALER sockets, driven by one thread of this process."""
+
+    def __init__(self, ep: str, n: int) -> None:
+        self.replies = 0
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self._socks = []
+        for _ in range(n):
+            s = self._ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(ep)
+            self._socks.append(s)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        frame = m.encode(m.StatusRequest(id="flood"))
+        for s in self._socks:
+            poller.register(s, zmq.POLLIN)
+            s.send_multipart([b"", frame])
+        while not self._stop.is_set():
+            for s, _ in poller.poll(100):
+                s.recv_multipart()
+                self.replies += 1
+                s.send_multipart([b"", frame])
+
+    def __enter__(self) -> StatusFlood:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for s in self._socks:
+            s.close()
+        self._ctx.term()
+
+
+def test_operator_is_answered_during_a_status_flood(tmp_path: Path, cache_dir: Path) -> None:
+    """100 pollers flood the trainer's socket; `andreactl status` and `andreactl stop` from a shell
+    are still answered, training goes on, and the stop ends with its checkpoint."""
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
+    t.wait_for(r"step 3/")
+    with StatusFlood(endpoint(tmp_path, "trainer"), 100) as flood:
+        deadline = time.monotonic() + 30
+        while flood.replies < 200:  # every poller has been answered at least once, twice
+            assert time.monotonic() < deadline, f"the flood got {flood.replies} replies in 30 s"
+            time.sleep(0.1)
+        first = ctl(tmp_path, "status", "--json")
+        assert first.returncode == 0, first.stderr
+        step = json.loads(first.stdout)["trainer"]["step"]
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        second = ctl(tmp_path, "status", "--json")
+        took = time.monotonic() - t0
+        assert second.returncode == 0, second.stderr
+        report = json.loads(second.stdout)
+        assert report["state"] == "running" and report["trainer"]["activity"] == "training"
+        assert report["trainer"]["step"] > step, "the flood stopped training"
+        print(f"andreactl status under {flood.replies} flood replies: {took:.2f} s")
+        stop = ctl(tmp_path, "stop", "--wait", "--timeout", "120")
+        assert stop.returncode == 0, stop.stderr
+    assert t.wait() == ExitCode.OK, t.log
+    assert any(tmp_path.glob("step_*.bin"))
+
+
+def ctl(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
