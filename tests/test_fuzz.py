@@ -13,7 +13,8 @@ The oracle, for every kind:
     .venv/bin/python -m pytest -q tests/test_fuzz.py                    # CI: EXAMPLES per kind
     ANDREA_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest -q tests/test_fuzz.py   # the long run
 
-Message cases bind a real ipc socket (an in-process proxy) and are marked `process`.
+Message cases bind real ipc sockets (an in-process proxy, and the trainer's control server with a
+real ZeroMQ client) and are marked `process`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 import pytest
 import tomli_w
+import zmq
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -36,12 +38,15 @@ from pydantic import ValidationError
 from andrea.daemon import rundir
 from andrea.daemon.checkpoint.manager import CheckpointManager, ResumeRefused
 from andrea.daemon.config import CheckpointConfig, ConfigError, build_config
+from andrea.daemon.control_server import ControlServer
+from andrea.daemon.hold import Holds
 from andrea.daemon.losslog import LossLog, LossLogCorrupt, read_curve, read_entries
 from andrea.daemon.mixing.policy import Policy, PolicyError, parse_policy
 from andrea.daemon.mixing.proxy import Proxy, ProxyOptions, configured_arms
 from andrea.daemon.process import SignalFlags
 from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
+from andrea.protocol.status import Activity, TrainerStatus
 
 from .hostile import expectation, resign, text_arms_config, write_checkpoint
 
@@ -447,3 +452,136 @@ def test_fuzz_message(live_proxy: Proxy, kind: str, data: st.DataObject) -> None
     if isinstance(reply, m.Reply) and not reply.ok:
         after = snapshot(live_proxy.run_dir)
         assert after == before, f"a rejected {kind} changed the run directory"
+
+
+# ---- every message type, into the trainer's control server ---------------------------------------
+
+
+def _trainer_status() -> TrainerStatus:
+    return TrainerStatus(
+        pid=os.getpid(),
+        activity=Activity.TRAINING,
+        step=7,
+        max_steps=100,
+        loss_ema=3.5,
+        last_checkpoint=5,
+        segment=1,
+        phase=0,
+        mixing="fixed",
+        proxy_connected=None,
+        preset="andrea-tiny",
+        run_dir="/nonexistent",
+        device="cpu",
+        dtype="float32",
+    )
+
+
+class LiveControl:
+    """A real ControlServer thread on a real ipc socket, with a DEALER client; fresh flags and
+    holds for every case, so that each case's effect is its own."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.server = ControlServer(
+            rundir.endpoint(run_dir, "trainer"), SignalFlags(), _trainer_status
+        )
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(rundir.endpoint(run_dir, "trainer"))
+
+    def reset(self) -> None:
+        self.server.flags, self.server.holds = SignalFlags(), Holds()
+
+    def state(self) -> tuple:
+        f, hold = self.server.flags, self.server.holds.describe()
+        return (
+            f.stop_reason,
+            f.checkpoint_reason,
+            f.boundary_requested,
+            f.hold_requested,
+            f.resume_requested,
+            hold.model_dump(exclude={"age_s"}) if hold else None,
+        )
+
+    def ask(self, frame: bytes, timeout_ms: int) -> m.Reply | None:
+        self.sock.send_multipart([b"", frame])
+        if not self.sock.poll(timeout_ms):
+            return None
+        reply = m.decode(self.sock.recv_multipart()[-1])
+        assert isinstance(reply, m.Reply), reply
+        return reply
+
+    def close(self) -> None:
+        self.sock.close()
+        self.server.close({"exit_code": 0})
+
+
+@pytest.fixture
+def live_control(tmp_path: Path) -> Iterator[LiveControl]:
+    c = LiveControl(tmp_path)
+    yield c
+    # The thread survived every case: a plain status is still answered.
+    c.reset()
+    reply = c.ask(m.encode(m.StatusRequest(id="alive")), 5000)
+    assert reply is not None and reply.ok and reply.data["step"] == 7
+    c.close()
+
+
+def _trainer_frame(kind: str, data: st.DataObject) -> bytes:
+    if kind == "bytes":  # raw frames: a valid message cut, grown or bit-flipped
+        raw = bytearray(
+            json.dumps(VALID_MESSAGES[data.draw(st.sampled_from(list(VALID_MESSAGES)))]).encode()
+        )
+        at = data.draw(st.integers(0, len(raw)))
+        op = data.draw(st.sampled_from(["cut", "insert", "flip", "huge"]))
+        if op == "cut":
+            raw = raw[:at]
+        elif op == "insert":
+            raw[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+        elif op == "flip" and at < len(raw):
+            raw[at] ^= 1 << data.draw(st.integers(0, 7))
+        else:
+            raw[at:at] = b"[" * data.draw(st.sampled_from([1000, 100_000]))
+        return bytes(raw)
+    _, bad = data.draw(mutations(VALID_MESSAGES[kind]))
+    try:
+        return json.dumps(bad).encode()
+    except ValueError:
+        assume(False)
+        raise
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", [*VALID_MESSAGES, "bytes"])
+@FUZZ
+@given(data=st.data())
+def test_fuzz_trainer_control(live_control: LiveControl, kind: str, data: st.DataObject) -> None:
+    """The trainer answers every frame with a well-formed reply (or, for a valid `wait` request,
+    with the reply once served); a rejected one changes no flag and no hold."""
+    c = live_control
+    c.reset()
+    frame = _trainer_frame(kind, data)
+    try:
+        msg: m.Message | None = m.decode(frame)
+    except (ValidationError, ValueError):
+        msg = None
+    before = c.state()
+    reply = bounded(lambda: c.ask(frame, 5000))
+    if reply is None:  # only a request that waits for its work is answered later
+        assert isinstance(msg, m.CheckpointRequest | m.StopRequest) and msg.wait, frame[:200]
+        assert c.state() != before
+        if isinstance(msg, m.CheckpointRequest):
+            # Served: its reply comes now. A status sent at once may overtake it (the thread
+            # may be waiting on the socket when the reply is queued), so both are collected.
+            c.server.checkpoint_served({"step": 7})
+            first = c.ask(m.encode(m.StatusRequest(id="status-after-serving")), 5000)
+            assert first is not None and c.sock.poll(5000)
+            second = m.decode(c.sock.recv_multipart()[-1])
+            served = {r.id: r for r in (first, second)}
+            assert set(served) == {msg.id, "status-after-serving"} and served[msg.id].ok
+        return
+    if msg is None:
+        assert not reply.ok and reply.error.startswith("invalid message"), reply
+    else:
+        assert reply.id == msg.id
+    if not reply.ok:
+        assert c.state() == before, f"a rejected frame changed the trainer's flags: {frame[:200]!r}"
