@@ -32,6 +32,7 @@ from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.status import Activity, HoldState, ProxyStatus, TrainerStatus
 
 from . import reports as r
+from . import verify_options
 
 RUN_DIR_ENV = "ANDREA_RUN_DIR"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
@@ -1029,46 +1030,6 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 # --- verify-resume --------------------------------------------------------------------------------------
 
 
-def _verify_resume_arguments(parser: argparse.ArgumentParser) -> None:
-    # The same options as `python -m andrea.control.verify_resume`, declared here rather than imported:
-    # building the parser must not import torch, or every andreactl command would pay seconds for it.
-    parser.add_argument(
-        "--output",
-        type=Path,
-        required=True,
-        help="new directory for the paths and verification.json",
-    )
-    parser.add_argument(
-        "--problem",
-        choices=("mini", "trainer"),
-        default="mini",
-        help="mini: a small model in one process; trainer: the real andrea-trainer daemon",
-    )
-    parser.add_argument(
-        "--sabotage", help="break the full resume on purpose, so the verification must fail"
-    )
-    parser.add_argument(
-        "--reuse", type=Path, help="earlier passed verification whose reference paths are reused"
-    )
-    parser.add_argument(
-        "--cache-dir", type=Path, help="the trainer's tokenized-corpus cache (trainer problem)"
-    )
-    parser.add_argument(
-        "--config",
-        type=Path,
-        help="trainer problem: prove the resume on this run config (its preset, data, device); "
-        "the global --run-dir uses that run's run.toml",
-    )
-    parser.add_argument(
-        "--device", choices=("cpu", "cuda"), help="trainer problem: the device (default cpu)"
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        help="trainer problem: processes, through torchrun --standalone (DDP) when more than 1",
-    )
-
-
 def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the resume-verification protocol (see andrea.control.verify_resume)."""
     from andrea.control.verify_resume import run_problem
@@ -1223,7 +1184,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "verify-resume",
         "prove with fresh processes that stop + resume reproduces the uninterrupted run",
-        _verify_resume_arguments,
+        verify_options.add_arguments,
         cmd_verify_resume,
         needs_run_dir=False,
         examples=(

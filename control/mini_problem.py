@@ -39,6 +39,13 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
+from andrea.control.verify_options import (
+    MINI_SABOTAGES,
+    SCHEDULER_AFTER_OPTIMIZER,
+    SKIP_DATA_CURSOR,
+    SKIP_NUMPY_RNG,
+    SKIP_OPTIMIZER_STATE,
+)
 from andrea.daemon.checkpoint.durable import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -53,12 +60,8 @@ SUMMARY_NAME = "summary.json"
 #: How many upcoming values of each generator a summary reports.
 PEEKED_DRAWS = 3
 
-SCHEDULER_AFTER_OPTIMIZER = "scheduler-after-optimizer"
-SKIP_DATA_CURSOR = "skip-data-cursor"
-SKIP_OPTIMIZER_STATE = "skip-optimizer-state"
-SKIP_NUMPY_RNG = "skip-numpy-rng"
 #: Deliberately broken resumes. They exist only so that tests can prove every check can fail.
-SABOTAGES = (SCHEDULER_AFTER_OPTIMIZER, SKIP_DATA_CURSOR, SKIP_OPTIMIZER_STATE, SKIP_NUMPY_RNG)
+SABOTAGES = MINI_SABOTAGES
 
 _ADAM_STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq"})
 

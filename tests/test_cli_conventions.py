@@ -171,3 +171,17 @@ def test_status_of_a_stopped_run_is_immediate_and_creates_nothing(audited_run: P
     assert all(RFC3339.match(t) for t in timestamps(json.loads(res.stdout)))
     text = run("status", "--run-dir", str(audited_run))
     assert f"last checkpoint step {newest}" in text.stdout and "loss EMA" in text.stdout
+
+
+def test_the_parser_is_torch_free_and_names_every_verification_problem() -> None:
+    # Every andreactl call builds every subcommand's parser: torch there costs every command seconds.
+    code = (
+        "import sys; from andrea.control import andreactl; andreactl.build_parser();"
+        " print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+    from andrea.control import verify_options
+    from andrea.control.verify_resume import PROBLEMS
+
+    assert tuple(PROBLEMS) == verify_options.PROBLEM_NAMES

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from andrea.control.mini_problem import SABOTAGES as MINI_SABOTAGES
+from andrea.control.verify_options import add_arguments
 
 from .mini import run_mini
-from .trainer import TRAINER_SABOTAGES, TrainerLaunch, check_user_config, run_trainer
+from .trainer import TrainerLaunch, check_user_config, run_trainer
 
 
 class ProblemOptions(BaseModel):
@@ -78,48 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_problem(parser, args)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The verifier's options. ``andreactl verify-resume`` declares the same ones itself: building
-    its parser must not import torch, which this package does."""
-    parser.add_argument(
-        "--output",
-        type=Path,
-        required=True,
-        help="new directory for the paths and verification.json",
-    )
-    parser.add_argument("--problem", choices=sorted(PROBLEMS), default="mini")
-    parser.add_argument(
-        "--sabotage",
-        help="break the full resume on purpose, so the verification must fail (mini: "
-        + ", ".join(MINI_SABOTAGES)
-        + "; trainer: "
-        + ", ".join(TRAINER_SABOTAGES)
-        + ")",
-    )
-    parser.add_argument(
-        "--reuse", type=Path, help="earlier passed verification whose reference paths are reused"
-    )
-    parser.add_argument(
-        "--cache-dir", type=Path, help="the trainer's tokenized-corpus cache (trainer problem)"
-    )
-    parser.add_argument(
-        "--config",
-        type=Path,
-        help="trainer problem: prove the resume on this run config (its preset, data, device) "
-        "instead of the tiny preset",
-    )
-    parser.add_argument(
-        "--device", choices=("cpu", "cuda"), help="trainer problem: the device (default cpu)"
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        help="trainer problem: processes, through torchrun --standalone (DDP) when more than 1",
-    )
-
-
 def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Run the verification that ``args`` (parsed by :func:`add_arguments`) describe; returns the exit code."""
+    """Run the verification that ``args`` (parsed by ``verify_options.add_arguments``) describe;
+    returns the exit code."""
     for name in ("cache_dir", "device", "nproc"):
         if getattr(args, name, None) is not None and args.problem != "trainer":
             parser.error(f"--{name.replace('_', '-')} applies to the trainer problem only")

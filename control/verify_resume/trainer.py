@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from andrea.control.compare import Comparison, compare_all, compare_arrays
+from andrea.control.verify_options import TRAINER_SABOTAGES
 from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
 from andrea.daemon.checkpoint.manifest import Manifest
@@ -50,9 +51,6 @@ TRAINER_CHECKPOINT_EVERY = 10
 #: SIGTERM goes out when this step's progress line appears. Steps take ~20 ms, so the stop lands a step
 #: or two later; anything from here to step 19 is a valid stop (between cadence points, before the end).
 TRAINER_SIGNAL_AFTER = 11
-#: --sabotage for the trainer problem: the full resume skips this restore (the trainer's hidden
-#: negative-control flag), so the verification must fail.
-TRAINER_SABOTAGES = {"skip-cursor": "cursor", "skip-rng": "rng"}
 #: The trainer's two negative controls and what each leaves out.
 TRAINER_NEGATIVES = {NO_RNG_RESUME: "rng", NO_CURSOR_RESUME: "cursor"}
 
