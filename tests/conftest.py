@@ -110,6 +110,20 @@ class Daemon:
         return "".join(self.lines)
 
 
+def andreactl(
+    run_dir: Path | None, *args: str, timeout: float = 120, **run
+) -> subprocess.CompletedProcess:
+    """`andreactl [--run-dir RUN_DIR] ARGS` in a fresh interpreter, as an operator's shell runs it."""
+    pre = ["--run-dir", str(run_dir)] if run_dir else []
+    return subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", *pre, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **run,
+    )
+
+
 def run_trainer(
     run_dir: Path, cache: Path, *extra: str, timeout: float = 180
 ) -> subprocess.CompletedProcess:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,18 +13,9 @@ from andrea.control.reports import HistoryReport, RequestReport, StatusReport
 from andrea.daemon.exitcodes import ExitCode
 
 from .conftest import Daemon, trainer_cmd
+from .conftest import andreactl as ctl
 
 pytestmark = pytest.mark.process
-
-
-def ctl(run_dir: Path | None, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    pre = ["--run-dir", str(run_dir)] if run_dir else []
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", *pre, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -17,20 +15,12 @@ from andrea.daemon.losslog import read_entries
 from andrea.daemon.rundir import bin_name
 
 from .conftest import Daemon, run_trainer, trainer_cmd
+from .conftest import andreactl as ctl
 
 pytestmark = pytest.mark.process
 
 #: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
 WAIT = 300
-
-
-def ctl(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_list_and_prune_checkpoints_and_the_schedule_length(

@@ -7,7 +7,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id, request
 
 from .conftest import Daemon, trainer_cmd
+from .conftest import andreactl as ctl
 
 pytestmark = pytest.mark.process
 
@@ -152,12 +152,3 @@ def test_operator_is_answered_during_a_status_flood(tmp_path: Path, cache_dir: P
         assert stop.returncode == 0, stop.stderr
     assert t.wait() == ExitCode.OK, t.log
     assert any(tmp_path.glob("step_*.bin"))
-
-
-def ctl(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )

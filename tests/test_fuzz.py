@@ -118,6 +118,23 @@ def bounded(fn: Callable[[], Any]) -> Any:
         assert peak <= ALLOCATION_BOUND, f"allocated {peak:,} bytes"
 
 
+def mutate_bytes(raw: bytes, data: st.DataObject, other: Callable[[bytearray, int], None]) -> bytes:
+    """`raw` cut, grown by a few bytes or bit-flipped at a drawn offset, or changed there by
+    `other` (the kind's own hostile growth)."""
+    buf = bytearray(raw)
+    at = data.draw(st.integers(0, len(buf)))
+    op = data.draw(st.sampled_from(["cut", "insert", "flip", "other"]))
+    if op == "cut":
+        del buf[at:]
+    elif op == "insert":
+        buf[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    elif op == "flip" and at < len(buf):
+        buf[at] ^= 1 << data.draw(st.integers(0, 7))
+    else:
+        other(buf, at)
+    return bytes(buf)
+
+
 def snapshot(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
 
@@ -232,18 +249,11 @@ def test_fuzz_loss_log_fields(tmp_path: Path, data: st.DataObject) -> None:
 def test_fuzz_loss_log_bytes(tmp_path: Path, data: st.DataObject) -> None:
     path = tmp_path / rundir.LOSS_FILE
     path.unlink(missing_ok=True)
-    raw = bytearray(_valid_log(path))
-    at = data.draw(st.integers(0, len(raw)))
-    op = data.draw(st.sampled_from(["cut", "insert", "flip", "nul-tail"]))
-    if op == "cut":
-        raw = raw[:at]
-    elif op == "insert":
-        raw[at:at] = data.draw(st.binary(min_size=1, max_size=8))
-    elif op == "flip" and at < len(raw):
-        raw[at] ^= 1 << data.draw(st.integers(0, 7))
-    else:
-        raw += b"\0" * data.draw(st.sampled_from([1, 4096, (1 << 20) + 1]))
-    path.write_bytes(bytes(raw))
+
+    def nul_tail(buf: bytearray, at: int) -> None:
+        buf += b"\0" * data.draw(st.sampled_from([1, 4096, (1 << 20) + 1]))
+
+    path.write_bytes(mutate_bytes(_valid_log(path), data, nul_tail))
     _read_log_everywhere(path)
 
 
@@ -527,21 +537,13 @@ def live_control(tmp_path: Path) -> Iterator[LiveControl]:
 
 
 def _trainer_frame(kind: str, data: st.DataObject) -> bytes:
-    if kind == "bytes":  # raw frames: a valid message cut, grown or bit-flipped
-        raw = bytearray(
-            json.dumps(VALID_MESSAGES[data.draw(st.sampled_from(list(VALID_MESSAGES)))]).encode()
-        )
-        at = data.draw(st.integers(0, len(raw)))
-        op = data.draw(st.sampled_from(["cut", "insert", "flip", "huge"]))
-        if op == "cut":
-            raw = raw[:at]
-        elif op == "insert":
-            raw[at:at] = data.draw(st.binary(min_size=1, max_size=8))
-        elif op == "flip" and at < len(raw):
-            raw[at] ^= 1 << data.draw(st.integers(0, 7))
-        else:
-            raw[at:at] = b"[" * data.draw(st.sampled_from([1000, 100_000]))
-        return bytes(raw)
+    if kind == "bytes":  # raw frames: a valid message cut, grown, bit-flipped or nested deep
+
+        def deep(buf: bytearray, at: int) -> None:
+            buf[at:at] = b"[" * data.draw(st.sampled_from([1000, 100_000]))
+
+        kind = data.draw(st.sampled_from(list(VALID_MESSAGES)))
+        return mutate_bytes(json.dumps(VALID_MESSAGES[kind]).encode(), data, deep)
     _, bad = data.draw(mutations(VALID_MESSAGES[kind]))
     try:
         return json.dumps(bad).encode()

@@ -89,59 +89,33 @@ def _fill(disk: Path) -> Path:
     return filler
 
 
-def test_disk_full_with_fixed_mixing(small_disk: Path, cache_dir: Path) -> None:
+@pytest.mark.parametrize("mode", [[], ["--with-proxy"]], ids=["fixed-mixing", "with-proxy"])
+def test_disk_full(small_disk: Path, cache_dir: Path, mode: list[str]) -> None:
     run_dir = small_disk / "run"
-    t = Daemon(trainer_cmd(run_dir, cache_dir, "--max-steps", "100000", "--checkpoint-every", "5"))
+    cadence = ["--checkpoint-every", "5"]
+    t = Daemon(trainer_cmd(run_dir, cache_dir, *mode, "--max-steps", "100000", *cadence))
     t.wait_for(r"checkpoint step_000005.bin written")
     filler = _fill(small_disk)
-    code = t.wait(timeout=180)
-    assert code == ExitCode.CHECKPOINT_FAILED, t.log
+    assert t.wait(timeout=180) == ExitCode.CHECKPOINT_FAILED, t.log
     assert "Traceback" not in t.log
-    assert re.search(r"cannot append the loss of step \d+ to .loss.json", t.log), t.log
+    if mode:
+        # The proxy's append is the first write after the checkpoint: it stops with 3, which the
+        # trainer passes on after its own final checkpoint (which the full disk refuses too).
+        assert re.search(r"\[proxy\].*cannot write the run's files .*exit code 3", t.log), t.log
+        assert "andrea-proxy exited with code 3 (CHECKPOINT_FAILED): a restart cannot cure" in t.log
+    else:
+        assert re.search(r"cannot append the loss of step \d+ to .loss.json", t.log), t.log
     # Nothing half-written: no temporary, no payload without a manifest.
     names = {p.name for p in run_dir.iterdir()}
     assert not {n for n in names if n.endswith(".tmp")}
     assert {n[:-4] for n in names if n.endswith(".bin")} == {
         n[:-5] for n in names if n.startswith("step_") and n.endswith(".json")
     }
-    # A plain restart once there is space resumes and goes on.
+    # A plain restart once there is space resumes and goes on (the proxy repairs its log's tail);
+    # the steps trained again replace the first life's, which logged past its checkpoint.
     filler.unlink()
     last = max(int(n[5:11]) for n in names if n.startswith("step_") and n.endswith(".json"))
-    res = run_trainer(run_dir, cache_dir, "--max-steps", str(last + 3), "--checkpoint-every", "5")
-    assert res.returncode == ExitCode.OK, res.stderr
-    assert f"resumed from {rundir.bin_name(last)}" in res.stderr
-    steps = {e.step for e in read_entries(run_dir / rundir.LOSS_FILE)}
-    assert set(range(1, last + 4)) <= steps  # the first life logged past its checkpoint, too
-
-
-def test_disk_full_with_the_proxy(small_disk: Path, cache_dir: Path) -> None:
-    run_dir = small_disk / "run"
-    t = Daemon(
-        trainer_cmd(
-            run_dir, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "5"
-        )
-    )
-    t.wait_for(r"checkpoint step_000005.bin written")
-    filler = _fill(small_disk)
-    code = t.wait(timeout=180)
-    assert code == ExitCode.CHECKPOINT_FAILED, t.log
-    assert "Traceback" not in t.log
-    # The proxy's append is the first write after the checkpoint: it stops with 3, which the
-    # trainer passes on after its own final checkpoint (which the full disk refuses too).
-    assert re.search(r"\[proxy\].*cannot write the run's files .*exit code 3", t.log), t.log
-    assert "andrea-proxy exited with code 3 (CHECKPOINT_FAILED): a restart cannot cure" in t.log
-    names = {p.name for p in run_dir.iterdir()}
-    assert not {n for n in names if n.endswith(".tmp")}
-    assert {n[:-4] for n in names if n.endswith(".bin")} == {
-        n[:-5] for n in names if n.startswith("step_") and n.endswith(".json")
-    }
-    # Freed space and a plain restart: the proxy repairs its log's tail, the trainer resumes, and
-    # the steps it trained again replace the first life's (which logged past its checkpoint).
-    filler.unlink()
-    last = max(int(n[5:11]) for n in names if n.startswith("step_") and n.endswith(".json"))
-    res = run_trainer(
-        run_dir, cache_dir, "--with-proxy", "--max-steps", str(last + 3), "--checkpoint-every", "5"
-    )
+    res = run_trainer(run_dir, cache_dir, *mode, "--max-steps", str(last + 3), *cadence)
     assert res.returncode == ExitCode.OK, res.stderr
     assert f"resumed from {rundir.bin_name(last)}" in res.stderr
     curve = canonical_curve(read_entries(run_dir / rundir.LOSS_FILE))

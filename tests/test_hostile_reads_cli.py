@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .conftest import andreactl
 
 pytestmark = pytest.mark.process
 
@@ -24,13 +25,7 @@ def _limited() -> None:
 
 
 def ctl(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        preexec_fn=_limited,
-    )
+    return andreactl(run_dir, *args, timeout=60, preexec_fn=_limited)
 
 
 @pytest.mark.parametrize("command", [("history",), ("plot", "--out", "x.png")])

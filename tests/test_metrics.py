@@ -8,7 +8,6 @@ import csv
 import json
 import socket
 import subprocess
-import sys
 import urllib.request
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +23,7 @@ from andrea.daemon.metrics.tensorboard import LiveBoard
 from andrea.protocol.lossentry import LossEntry
 
 from .audited_run import canonical_rows
+from .conftest import andreactl
 
 
 def ema_of(losses: list[float]) -> list[float]:
@@ -62,12 +62,7 @@ def assert_matches_loss_json(tb: dict[str, list[tuple[int, float]]], rows: list[
 
 
 def ctl(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return andreactl(run_dir, *args, timeout=300)
 
 
 @pytest.mark.process
