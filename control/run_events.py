@@ -24,6 +24,7 @@ from pydantic import TypeAdapter
 from andrea.daemon.losslog import LossCurve
 from andrea.daemon.mixing.bandit import ZombieReport
 from andrea.daemon.mixing.policy import Policy, PolicyError, load_policy
+from andrea.daemon.process import REQUESTED_TRIGGERS
 from andrea.daemon.rundir import (
     POLICY_FILE,
     STATE_FILE,
@@ -112,10 +113,6 @@ def _audit_checkpoints(run_dir: Path, problems: list[str]) -> list[tuple[int, st
             manifests.append((parsed[0], path))
     if not manifests:
         return []
-    # The manifest models import torch (their RNG states); only the trigger is needed here, and a
-    # plot should not pay torch's import for it unless there is a checkpoint to look at.
-    from andrea.daemon.checkpoint.manifest import REQUESTED_TRIGGERS
-
     out = []
     for step, path in sorted(manifests):
         try:

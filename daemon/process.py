@@ -42,6 +42,10 @@ except ImportError:  # systemd-python is optional off Linux
 StopReason = Literal["sigterm", "sigint", "sighup", "control", "proxy", "disk-full"]
 #: Who asked for a checkpoint now: SIGUSR1 or a control request.
 CheckpointReason = Literal["sigusr1", "control"]
+#: The manifest triggers of checkpoints an operator asked for (a checkpoint request, or a pivot's
+#: boundary): audit points, kept by default (see CheckpointConfig). Here rather than beside the
+#: manifest model, which imports torch, so that the tools that read triggers need not.
+REQUESTED_TRIGGERS = frozenset({"sigusr1", "control", "boundary"})
 
 
 class SignalFlags:

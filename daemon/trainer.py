@@ -42,7 +42,6 @@ from .checkpoint.manager import (
     layout_of,
 )
 from .checkpoint.manifest import (
-    REQUESTED_TRIGGERS,
     DistributedState,
     Environment,
     LayoutEntry,
@@ -70,7 +69,7 @@ from .metrics.series import ema_update
 from .model import GPT
 from .precision import NumericMode, resolve_device
 from .precision import resolve as resolve_precision
-from .process import Notifier, SignalFlags, StopReason
+from .process import REQUESTED_TRIGGERS, Notifier, SignalFlags, StopReason
 from .progress import RunSummary, eta_seconds, format_duration, journal_fields
 from .proxy_link import ProxyLink
 from .rundir import CONFIG_FILE, EVAL_FILE, LOSS_FILE, bin_name, claim, endpoint, peer_endpoint

@@ -185,3 +185,19 @@ def test_the_parser_is_torch_free_and_names_every_verification_problem() -> None
     from andrea.control.verify_resume import PROBLEMS
 
     assert tuple(PROBLEMS) == verify_options.PROBLEM_NAMES
+
+
+def test_reading_a_runs_events_is_torch_free(tmp_path: Path) -> None:
+    # `andreactl plot`/`history` read each manifest's trigger: the manifest model imports torch,
+    # which would cost a plot seconds for one string.
+    (tmp_path / "step_000010.json").write_text('{"trigger": "sigusr1"}')
+    code = (
+        "import sys; from pathlib import Path; from andrea.control.run_events import"
+        " read_run_events; from andrea.daemon.losslog import read_curve;"
+        f" d = Path({str(tmp_path)!r});"
+        " (d / '.loss.json').write_text('');"
+        " print(read_run_events(d, read_curve(d / '.loss.json')).audit_checkpoints,"
+        " 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[(10, 'sigusr1')] False", out.stderr

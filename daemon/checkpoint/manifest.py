@@ -42,8 +42,6 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 #: What made a checkpoint: a stop or checkpoint request (signal or control), the cadence, the end of
 #: training, or a pivot boundary.
 Trigger = Literal[StopReason, CheckpointReason, "cadence", "end", "boundary"]
-#: Checkpoints an operator asked for: audit points, kept by default (see CheckpointConfig).
-REQUESTED_TRIGGERS = frozenset({"sigusr1", "control", "boundary"})
 
 
 def code_version() -> str:
