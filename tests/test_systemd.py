@@ -75,15 +75,17 @@ def manifests(m: SystemdMachine, run: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(m.path(state_dir(run)).glob("step_*.json"))]
 
 
-def step(m: SystemdMachine, run: str) -> int:
+def step(m: SystemdMachine, run: str, unit: str | None = None) -> int:
     """The trainer's step from its STATUS= line (`systemctl status` shows the same)."""
-    found = re.match(r"step (\d+)", m.prop(trainer(run), "StatusText"))
+    found = re.match(r"step (\d+)", m.prop(unit or trainer(run), "StatusText"))
     return int(found.group(1)) if found else -1
 
 
-def wait_step(m: SystemdMachine, run: str, at_least: int, timeout: float = 60) -> int:
-    m.wait_until(lambda: step(m, run) >= at_least, timeout, f"{run} to pass step {at_least}")
-    return step(m, run)
+def wait_step(
+    m: SystemdMachine, run: str, at_least: int, timeout: float = 60, unit: str | None = None
+) -> int:
+    m.wait_until(lambda: step(m, run, unit) >= at_least, timeout, f"{run} to pass step {at_least}")
+    return step(m, run, unit)
 
 
 def timed(m: SystemdMachine, cmd: str, timeout: float = 180) -> float:
@@ -364,3 +366,48 @@ def test_watchdog_and_a_slow_final_checkpoint(sd: SystemdMachine) -> None:
     assert took > stop_timeout, f"{took:.1f} s: the write was not slow enough to test anything"
     final = manifests(sd, run)[-1]
     assert final["trigger"] == "sigterm" and final["step"] > saved
+
+
+# ---- data parallel: the torchrun unit ----------------------------------------------------------
+
+
+def test_torchrun_unit_starts_reloads_stops_and_resumes(sd: SystemdMachine) -> None:
+    """andrea-trainer-ddp@ with two gloo ranks on CPU, as docs/distributed.md runs it: READY from
+    rank 0 through torchrun, a synchronous reload that checkpoints both ranks at one step, a stop
+    through the control socket that ends in success (a SIGTERM would make torchrun exit 1), and a
+    start that resumes the same two-rank run."""
+    run = f"{RUN}d"
+    unit = f"andrea-trainer-ddp@{run}.service"
+    sd.write_env(
+        run,
+        "ANDREA_NPROC=2",
+        f'ANDREA_TRAINER_ARGS="{TINY} --max-steps 100000 --checkpoint-every 50"',
+    )
+    sd.systemctl("start", proxy(run), unit, timeout=180)
+    assert sd.prop(unit, "ActiveState") == "active", sd.journal(unit)
+    torchrun = sd.prop(unit, "MainPID")
+    workers = sd.sh(f"pgrep -u andrea -P {torchrun} -f andrea-trainer").stdout.split()
+    assert len(workers) == 2, sd.sh("ps -ef").stdout
+    at = wait_step(sd, run, 3, unit=unit)
+
+    sd.systemctl("reload", unit)
+    reloaded = manifests(sd, run)[-1]
+    assert reloaded["trigger"] == "control" and reloaded["step"] >= at, reloaded
+    assert reloaded["environment"]["world_size"] == 2
+    assert [r["rank"] for r in reloaded["distributed"]["ranks"]] == [0, 1]
+
+    wait_step(sd, run, reloaded["step"] + 2, unit=unit)
+    sd.systemctl("stop", unit, timeout=300)
+    props = sd.show(unit, "ActiveState", "Result", "ExecMainStatus")
+    assert props == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}, (
+        props,
+        sd.journal(unit)[-3000:],
+    )
+    final = manifests(sd, run)[-1]
+    assert final["trigger"] == "control" and final["step"] > reloaded["step"], final
+
+    sd.systemctl("start", unit, timeout=180)
+    assert f"resumed from step_{final['step']:06d}.bin" in sd.journal(unit)
+    wait_step(sd, run, final["step"] + 1, unit=unit)
+    sd.systemctl("stop", unit, proxy(run), timeout=300)
+    assert sd.show(unit, "Result", "ExecMainStatus") == {"Result": "success", "ExecMainStatus": "0"}
