@@ -120,25 +120,51 @@ def samples_steps(path: Path) -> set[int]:
 def test_seed_manual_pivot_in_a_terminal_is_bit_identical_to_the_command(
     tmp_path: Path, cache_dir: Path
 ) -> None:
-    """The seed's sequence as written, with the trainer running throughout: SIGUSR1, stop the
-    proxy, put the new policy in place, start the proxy. The trainer rolls back to the newest
-    checkpoint by itself; the result equals `andreactl pivot` with the same boundary and policy."""
+    """The seed's sequence as written, with the trainer never restarted: SIGUSR1, stop the proxy,
+    put the new policy in place, start the proxy. The trainer rolls back to the newest checkpoint
+    by itself; the result equals `andreactl pivot` with the same boundary and policy.
+
+    The pivot point of the manual sequence is the newest checkpoint when the proxy starts. So that
+    a loaded machine cannot let the trainer write the next cadence checkpoint while the proxy is
+    being stopped (and pivot at another step than the command did), the trainer is paused with
+    SIGSTOP from its boundary checkpoint until the new proxy has said where it pivots."""
     policy = tmp_path / "polish.toml"
     policy.write_text(POLICY)
+
+    # The one command first: its boundary is the trainer's next checkpoint boundary when the
+    # hold arrives, which a loaded machine can push past the first one; the manual sequence then
+    # pivots at the same boundary.
+    a = tmp_path / "command"
+    p, t = proxy(a), trainer(a, cache_dir, STEPS)
+    t.wait_for(r"step 3/", timeout=WAIT)
+    res = ctl(a, "--json", "pivot", "--policy", str(policy))
+    assert res.returncode == 0, res.stderr + t.log
+    result = json.loads(res.stdout)
+    boundary = result["boundary_step"]
+    assert boundary % EVERY == 0 and boundary < STEPS and result["phase"] == 1, result
+    assert t.wait() == ExitCode.OK, t.log
+    assert stop(p) == ExitCode.OK, p.log
+    man = json.loads((a / f"step_{boundary:06d}.json").read_text())
+    assert man["trigger"] == "boundary"
+    assert len(read_entries(a / ".loss.json")) == STEPS, "no step trained twice"
+    c = curve(a)
+    assert [s for s, *_ in c] == list(range(1, STEPS + 1)), "the history continues across it"
+    assert {arm for s, _, arm, ph in c if s > boundary} == {"docstrings"}
+    assert all(ph == (0 if s <= boundary else 1) for s, _, _, ph in c)
 
     b = tmp_path / "manual"
     p, t = proxy(b), trainer(b, cache_dir, STEPS)
     t.wait_for(r"step 12/", timeout=WAIT)
     t.signal(signal.SIGUSR1)  # 1. an audit checkpoint, then the cadence boundary comes
-    t.wait_for(r"checkpoint step_000025\.bin written", timeout=WAIT)
-    assert stop(p) == ExitCode.OK, p.log  # 2. stop the proxy (the trainer keeps running)
+    t.wait_for(rf"checkpoint step_{boundary:06d}\.bin written", timeout=WAIT)
+    t.signal(signal.SIGSTOP)
+    assert stop(p) == ExitCode.OK, p.log  # 2. stop the proxy (the trainer is not restarted)
     logged_before = (b / ".loss.json").read_bytes()
     (b / "policy.toml").write_text(POLICY)  # 3. the new policy in place
     p = proxy(b)  # 4. start the proxy
-    boundary = int(
-        p.wait_for(r"a pivot after the newest checkpoint, step (\d+)", timeout=WAIT).group(1)
-    )
-    assert boundary == EVERY, p.log
+    said = p.wait_for(r"a pivot after the newest checkpoint, step (\d+)", timeout=WAIT)
+    assert int(said.group(1)) == boundary, p.log
+    t.signal(signal.SIGCONT)
     t.wait_for(rf"rolling back to step_{boundary:06d}\.bin", timeout=WAIT)  # 5. no operator restart
     assert t.wait() == ExitCode.OK, t.log
     assert stop(p) == ExitCode.OK, p.log
@@ -150,27 +176,7 @@ def test_seed_manual_pivot_in_a_terminal_is_bit_identical_to_the_command(
     assert (b / ".loss.json").read_bytes().startswith(kept), "never rewritten"
     superseded = [e for e in entries if e.step > boundary and e.phase == 0]
     assert all(e.segment == 1 for e in superseded)
-    manual = curve(b)
-
-    # The one command, pivoting at the same boundary.
-    a = tmp_path / "command"
-    p, t = proxy(a), trainer(a, cache_dir, STEPS)
-    t.wait_for(r"step 3/", timeout=WAIT)
-    res = ctl(a, "--json", "pivot", "--policy", str(policy))
-    assert res.returncode == 0, res.stderr + t.log
-    result = json.loads(res.stdout)
-    assert result["boundary_step"] == boundary and result["phase"] == 1
-    assert t.wait() == ExitCode.OK, t.log
-    assert stop(p) == ExitCode.OK, p.log
-    man = json.loads((a / f"step_{EVERY:06d}.json").read_text())
-    assert man["trigger"] == "boundary"
-    assert len(read_entries(a / ".loss.json")) == STEPS, "no step trained twice"
-
-    c = curve(a)
-    assert [s for s, *_ in c] == list(range(1, STEPS + 1)), "the history continues across it"
-    assert {arm for s, _, arm, ph in c if s > EVERY} == {"docstrings"}
-    assert all(ph == (0 if s <= EVERY else 1) for s, _, _, ph in c)
-    assert manual == c
+    assert curve(b) == c
     assert (b / bin_name(STEPS)).read_bytes() == (a / bin_name(STEPS)).read_bytes()
 
     for run in (a, b):
