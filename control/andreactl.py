@@ -115,8 +115,9 @@ def _status_report(run_dir: Path) -> r.StatusReport:
     live: dict[str, dict | None] = {}
     for role, up in running.items():
         # A daemon that holds its lock runs: it answers within one round of its fair queue, even
-        # among 100 clients polling as fast as it answers (0.6 s measured, docs/performance.md),
-        # so a loaded machine gets 3 s. Only a wedged daemon makes this wait 2 × 3 s.
+        # among 100 clients polling as fast as it answers (0.24 s median, 0.74 s at most, measured
+        # in docs/performance.md), so a loaded machine gets 3 s. Only a wedged daemon makes this
+        # wait 2 × 3 s.
         reply = _ask(run_dir, role, m.StatusRequest(id=new_id()), timeout=3.0) if up else None
         live[role] = reply.data if reply is not None and reply.ok else None
     trainer = TrainerStatus.model_validate(live["trainer"]) if live["trainer"] else None
