@@ -186,26 +186,31 @@ def broadcast_bytes(world: World, data: bytes | None) -> bytes:
     return bytes(buf.numpy())
 
 
+def _padded(world: World, data: bytes) -> tuple[list[int], torch.Tensor]:
+    """Every rank's length of `data`, and this rank's `data` padded to the longest: collectives
+    move tensors of one size."""
+    import torch.distributed as dist
+
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
+    lengths = [int(s) for s in sizes]
+    mine = torch.zeros(max(lengths), dtype=torch.uint8)
+    mine[: len(data)] = _byte_tensor(data)
+    return lengths, mine
+
+
 def gather_bytes(world: World, data: bytes) -> list[bytes] | None:
     """Every rank's `data`, in rank order, on rank 0 (None on the others)."""
     if not world.distributed:
         return [data]
     import torch.distributed as dist
 
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
-    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
-    longest = max(int(s) for s in sizes)
-    mine = torch.zeros(longest, dtype=torch.uint8)
-    mine[: len(data)] = _byte_tensor(data)
-    bufs = (
-        [torch.empty(longest, dtype=torch.uint8) for _ in range(world.size)]
-        if world.is_main
-        else None
-    )
+    lengths, mine = _padded(world, data)
+    bufs = [torch.empty_like(mine) for _ in range(world.size)] if world.is_main else None
     dist.gather(mine, bufs, dst=0)
     if bufs is None:
         return None
-    return [bytes(b[: int(n)].numpy()) for b, n in zip(bufs, sizes, strict=True)]
+    return [bytes(b[:n].numpy()) for b, n in zip(bufs, lengths, strict=True)]
 
 
 def all_gather_bytes(world: World, data: bytes) -> list[bytes]:
@@ -214,14 +219,10 @@ def all_gather_bytes(world: World, data: bytes) -> list[bytes]:
         return [data]
     import torch.distributed as dist
 
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
-    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
-    longest = max(int(s) for s in sizes)
-    mine = torch.zeros(longest, dtype=torch.uint8)
-    mine[: len(data)] = _byte_tensor(data)
-    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(world.size)]
+    lengths, mine = _padded(world, data)
+    bufs = [torch.empty_like(mine) for _ in range(world.size)]
     dist.all_gather(bufs, mine)
-    return [bytes(b[: int(n)].numpy()) for b, n in zip(bufs, sizes, strict=True)]
+    return [bytes(b[:n].numpy()) for b, n in zip(bufs, lengths, strict=True)]
 
 
 def agree_code(world: World, code: int) -> int:

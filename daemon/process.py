@@ -16,6 +16,7 @@ Nothing here imports torch: the entry points install their handlers before anyth
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -226,6 +227,17 @@ class Notifier:
 #: Set by `andrea-trainer --with-proxy` for its proxy: both write to one terminal, and every line
 #: says which process wrote it.
 LOG_TAG_ENV = "ANDREA_LOG_TAG"
+
+
+def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
+    """`--log-level`, the same for both daemons (the trainer passes its own to its proxy)."""
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="least severe level logged (default: INFO)",
+    )
 
 
 def setup_logging(

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from .exitcodes import ExitCode, for_unexpected
-from .process import Notifier, SignalFlags, setup_logging
+from .process import Notifier, SignalFlags, add_log_level_argument, setup_logging
 from .rundir import CONFIG_FILE, LOSS_FILE, AlreadyRunning, SocketDirError
 
 log = logging.getLogger("andrea.proxy")
@@ -39,13 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --policy: it replaces the run's policy, a new phase after the newest checkpoint",
     )
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        type=str.upper,
-        help="least severe level logged (default: INFO)",
-    )
+    add_log_level_argument(p)
     return p
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .exitcodes import ExitCode, for_unexpected
-from .process import Notifier, SignalFlags, setup_logging
+from .process import Notifier, SignalFlags, add_log_level_argument, setup_logging
 from .rundir import CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -126,13 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Benchmarks only: measures what the per-step agreement of a torchrun job costs.
     p.add_argument("--unsafe-no-coordination", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        type=str.upper,
-        help="least severe level logged (default: INFO)",
-    )
+    add_log_level_argument(p)
     return p
 
 
