@@ -24,11 +24,9 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(shared) if shared else tmp_path_factory.mktemp("cache")
 
 
-def trainer_cmd(run_dir: Path, cache: Path, *extra: str) -> list[str]:
+def trainer_args(run_dir: Path, cache: Path, *extra: str) -> list[str]:
+    """The arguments of a small, quiet test trainer: andrea-tiny, one thread, no samples."""
     return [
-        sys.executable,
-        "-m",
-        "andrea.daemon.trainer_cli",
         "--run-dir",
         str(run_dir),
         "--preset",
@@ -42,6 +40,15 @@ def trainer_cmd(run_dir: Path, cache: Path, *extra: str) -> list[str]:
         "--sample-every",
         "0",
         *extra,
+    ]
+
+
+def trainer_cmd(run_dir: Path, cache: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "andrea.daemon.trainer_cli",
+        *trainer_args(run_dir, cache, *extra),
     ]
 
 

@@ -24,7 +24,7 @@ from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
 from andrea.daemon.rundir import bin_name, manifest_name
 
-from .conftest import Daemon, run_trainer
+from .conftest import Daemon, run_trainer, trainer_args
 
 pytestmark = pytest.mark.process
 
@@ -33,26 +33,10 @@ STEPS = 16
 EVERY = 8
 
 
-def trainer_args(run_dir: Path, cache: Path, *extra: str) -> list[str]:
-    return [
-        "--run-dir",
-        str(run_dir),
-        "--preset",
-        "andrea-tiny",
-        "--threads",
-        "1",
-        "--cache-dir",
-        str(cache),
-        "--log-every",
-        "1",
-        "--sample-every",
-        "0",
-        "--max-steps",
-        str(STEPS),
-        "--checkpoint-every",
-        str(EVERY),
-        *extra,
-    ]
+def job_args(run_dir: Path, cache: Path, *extra: str) -> list[str]:
+    return trainer_args(
+        run_dir, cache, "--max-steps", str(STEPS), "--checkpoint-every", str(EVERY), *extra
+    )
 
 
 def torchrun(run_dir: Path, cache: Path, *extra: str, nproc: int = 2, launch=()) -> list[str]:
@@ -67,7 +51,7 @@ def torchrun(run_dir: Path, cache: Path, *extra: str, nproc: int = 2, launch=())
         "0",
         "--no-python",
         str(BIN / "andrea-trainer"),
-        *trainer_args(run_dir, cache, *extra),
+        *job_args(run_dir, cache, *extra),
     ]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import configparser
 import re
 import shutil
 import subprocess
@@ -10,26 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from .test_units import installed
+from .test_units import unit as sections
+
 pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = "andrea-trainer-ddp@.service"
-
-
-def installed(tmp_path: Path) -> Path:
-    subprocess.run(
-        [str(REPO / "scripts/install-units.sh"), "--files-only", str(tmp_path)],
-        check=True,
-        capture_output=True,
-    )
-    return tmp_path
-
-
-def sections(path: Path) -> configparser.ConfigParser:
-    cp = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
-    cp.optionxform = str  # systemd keys are case-sensitive
-    cp.read(path)
-    return cp
 
 
 def seconds(value: str) -> float:
