@@ -41,7 +41,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from andrea.daemon import rundir
 from andrea.daemon.checkpoint import format as fmt
-from andrea.daemon.checkpoint.durable import atomic_write_bytes, fsync_dir
 from andrea.daemon.checkpoint.manager import (
     Loaded,
     NoIntactCheckpoint,
@@ -53,6 +52,7 @@ from andrea.daemon.checkpoint.manifest import Environment, Manifest, MixingState
 from andrea.daemon.checkpoint.state import load_weights
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
+from andrea.daemon.durable import atomic_write_bytes, fsync_dir
 from andrea.daemon.losslog import LossLogError, read_curve
 from andrea.daemon.model import GPT
 from andrea.daemon.rundir import (

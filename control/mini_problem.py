@@ -46,7 +46,7 @@ from andrea.control.verify_options import (
     SKIP_NUMPY_RNG,
     SKIP_OPTIMIZER_STATE,
 )
-from andrea.daemon.checkpoint.durable import atomic_write_bytes
+from andrea.daemon.durable import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

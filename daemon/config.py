@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .checkpoint.durable import atomic_write_bytes
+from .durable import atomic_write_bytes
 from .heldout import DEFAULT_FRACTION
 from .rundir import CONFIG_FILE
 from .validation import Note, describe

@@ -26,8 +26,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from . import corpus, heldout
-from .checkpoint.durable import atomic_write_bytes
 from .config import ArmSpec, DataConfig
+from .durable import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

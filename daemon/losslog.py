@@ -81,7 +81,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
 
-from .checkpoint.durable import fsync_dir
+from .durable import fsync_dir
 from .validation import first_problem
 
 __all__ = [

@@ -51,7 +51,7 @@ SOCKET_DIR_ENV = "ANDREA_SOCKET_DIR"
 #: sun_path holds 108 bytes; keep a margin for the socket's own name.
 _MAX_IPC_PATH = 100
 
-#: Temporaries a checkpoint write leaves behind when it is killed (see checkpoint.durable.tmp_path).
+#: Temporaries a checkpoint write leaves behind when it is killed (see durable.tmp_path).
 CHECKPOINT_TEMPORARIES = "step_*.tmp"
 _CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.(bin|json)$")
 

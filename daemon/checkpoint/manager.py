@@ -32,10 +32,10 @@ from pydantic import ValidationError
 from .. import rundir
 from ..boundedio import FileRejected, read_bounded, regular_size
 from ..config import CheckpointConfig, ModelConfig, config_changes, trajectory_of
+from ..durable import atomic_write_bytes
 from ..process import REQUESTED_TRIGGERS
 from ..validation import first_problem
 from . import format as fmt
-from .durable import atomic_write_bytes
 from .manifest import (
     FORMAT_VERSION,
     MAX_MANIFEST_BYTES,

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..durable import fsync_dir, tmp_path
 from . import format as fmt
-from .durable import fsync_dir, tmp_path
 
 log = logging.getLogger(__name__)
 

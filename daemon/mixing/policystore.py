@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..checkpoint.durable import atomic_write_bytes
+from ..durable import atomic_write_bytes
 from ..rundir import POLICY_FILE, STATE_FILE
 from .policy import Policy, PolicyError, differences, load_policy
 

@@ -37,10 +37,10 @@ from andrea.protocol.transport import bind_router, close_router
 
 from .. import rundir
 from ..boundedio import read_bounded
-from ..checkpoint.durable import atomic_write_bytes
 from ..checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpoint
 from ..config import ConfigError, RunConfig, build_config, config_changes, load_toml
 from ..data import DataError, arm_identity
+from ..durable import atomic_write_bytes
 from ..dutycycle import Burst
 from ..evallog import EvalLog, last_eval
 from ..exitcodes import ExitCode
