@@ -84,6 +84,32 @@ _TOP_LEVEL_KEYS = frozenset(
 
 def parse_checkpoint(obj: Any, config: MiniConfig, digest: str) -> LoadedCheckpoint:
     """Schema: every expected key, of the expected type and shape, and nothing else."""
+    _check_top_level(obj)
+    template = _template(config)
+    _check_model_schema(obj["model"], template)
+    _check_optimizer_schema(obj["optimizer"], template)
+    _check_scheduler_schema(obj["scheduler"], template)
+    python_rng, numpy_rng, torch_rng = _parse_rng(obj["rng"])
+    history = obj["history"]
+    _require(isinstance(history, list), "history is not a list")
+    return LoadedCheckpoint(
+        sha256=digest,
+        config=_validated(MiniConfig, obj["config"], "config"),
+        code_version=obj["code_version"],
+        data_identity=obj["data_identity"],
+        versions=_validated(Versions, obj["versions"], "versions"),
+        model=obj["model"],
+        optimizer=obj["optimizer"],
+        scheduler=obj["scheduler"],
+        python_rng=python_rng,
+        numpy_rng=numpy_rng,
+        torch_rng=torch_rng,
+        progress=_validated(Progress, obj["progress"], "progress"),
+        history=[_validated(StepRecord, record, "history record") for record in history],
+    )
+
+
+def _check_top_level(obj: Any) -> None:
     _require(isinstance(obj, dict), f"checkpoint is a {type(obj).__name__}, not a dict")
     keys = set(obj)
     _require(
@@ -99,10 +125,9 @@ def parse_checkpoint(obj: Any, config: MiniConfig, digest: str) -> LoadedCheckpo
             isinstance(obj[key], str) and re.fullmatch(r"[0-9a-f]{64}", obj[key]) is not None,
             f"checkpoint {key} is not a sha256",
         )
-    template = _template(config)
-    _check_model_schema(obj["model"], template)
-    _check_optimizer_schema(obj["optimizer"], template)
-    scheduler = obj["scheduler"]
+
+
+def _check_scheduler_schema(scheduler: Any, template: _Template) -> None:
     _require(
         isinstance(scheduler, dict) and set(scheduler) == template.scheduler_keys,
         f"scheduler keys must be {sorted(template.scheduler_keys)}",
@@ -118,7 +143,9 @@ def parse_checkpoint(obj: Any, config: MiniConfig, digest: str) -> LoadedCheckpo
         )
     _require(type(scheduler["gamma"]) is float, "scheduler gamma is not a float")
 
-    rng = obj["rng"]
+
+def _parse_rng(rng: Any) -> tuple[PythonRngState, NumpyRngState, torch.Tensor]:
+    """The three generator states, each checked to be one its generator can take back."""
     _require(
         isinstance(rng, dict) and set(rng) == {"python", "numpy", "torch_cpu"},
         "rng must hold exactly 'python', 'numpy' and 'torch_cpu'",
@@ -151,23 +178,7 @@ def parse_checkpoint(obj: Any, config: MiniConfig, digest: str) -> LoadedCheckpo
         and torch_rng.numel() == expected_bytes,
         f"torch rng state must be a uint8 tensor of {expected_bytes} bytes",
     )
-    history = obj["history"]
-    _require(isinstance(history, list), "history is not a list")
-    return LoadedCheckpoint(
-        sha256=digest,
-        config=_validated(MiniConfig, obj["config"], "config"),
-        code_version=obj["code_version"],
-        data_identity=obj["data_identity"],
-        versions=_validated(Versions, obj["versions"], "versions"),
-        model=obj["model"],
-        optimizer=obj["optimizer"],
-        scheduler=scheduler,
-        python_rng=python_rng,
-        numpy_rng=numpy_rng,
-        torch_rng=torch_rng,
-        progress=_validated(Progress, obj["progress"], "progress"),
-        history=[_validated(StepRecord, record, "history record") for record in history],
-    )
+    return python_rng, numpy_rng, torch_rng
 
 
 def _check_model_schema(model: Any, template: _Template) -> None:
@@ -263,7 +274,14 @@ def check_identity(checkpoint: LoadedCheckpoint, identity: Identity) -> None:
 
 def check_consistency(checkpoint: LoadedCheckpoint, config: MiniConfig) -> None:
     """Progress, history, weights, optimizer and scheduler must all describe the same moment."""
-    progress, history = checkpoint.progress, checkpoint.history
+    _check_progress(checkpoint.progress, checkpoint.history, config)
+    _check_history_records(checkpoint.history, config)
+    _check_weights_and_moments(checkpoint)
+    _check_scheduler_state(checkpoint, config)
+
+
+def _check_progress(progress: Progress, history: list[StepRecord], config: MiniConfig) -> None:
+    """Step, epoch, cursor and order agree with each other and with the history's last batch."""
     step, epoch, cursor = progress.step, progress.epoch, progress.cursor
     _require(step >= 1, f"progress step {step}: a checkpoint exists only after at least one update")
     _require(
@@ -289,6 +307,9 @@ def check_consistency(checkpoint: LoadedCheckpoint, config: MiniConfig) -> None:
         and last.row_ids == progress.permutation[cursor - config.batch_size : cursor],
         "history's last batch is not the one before the progress cursor",
     )
+
+
+def _check_history_records(history: list[StepRecord], config: MiniConfig) -> None:
     for record in history:
         _require(
             len(record.row_ids) == config.batch_size and len(record.noise) == config.batch_size,
@@ -299,10 +320,15 @@ def check_consistency(checkpoint: LoadedCheckpoint, config: MiniConfig) -> None:
             all(math.isfinite(v) for v in numbers),
             f"history step {record.step} holds non-finite values",
         )
+
+
+def _check_weights_and_moments(checkpoint: LoadedCheckpoint) -> None:
+    """The weights are the ones recorded after the last step, and Adam counted every step."""
+    step = checkpoint.progress.step
     weights = torch.cat([checkpoint.model[name].reshape(-1) for name in checkpoint.model])
     _require(bool(torch.isfinite(weights).all()), "model weights are not finite")
     _require(
-        weights.tolist() == last.parameters_after,
+        weights.tolist() == checkpoint.history[-1].parameters_after,
         f"model weights are not the weights recorded after step {step}",
     )
     for index, entry in checkpoint.optimizer["state"].items():
@@ -316,6 +342,11 @@ def check_consistency(checkpoint: LoadedCheckpoint, config: MiniConfig) -> None:
             ),
             f"optimizer state {index} is not finite",
         )
+
+
+def _check_scheduler_state(checkpoint: LoadedCheckpoint, config: MiniConfig) -> None:
+    """The scheduler stepped once per update, with the config's schedule, and set the optimizer's lr."""
+    step = checkpoint.progress.step
     scheduler = checkpoint.scheduler
     _require(
         scheduler["last_epoch"] == step and scheduler["_step_count"] == step + 1,
