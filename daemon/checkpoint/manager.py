@@ -311,6 +311,30 @@ class CheckpointManager:
         older checkpoint or a fresh start would silently change the run. None when the directory
         has no checkpoint at all.
         """
+        steps = self._steps_to_search(step)
+        try:
+            loaded = newest_intact(
+                self.run_dir,
+                steps,
+                self.read_buffer,
+                on_skip=_log_skip,
+                check=self._resumable_check(expect, steps),
+            )
+        except NoIntactCheckpoint as e:
+            raise ResumeRefused(
+                f"none of the {len(e.skipped)} checkpoints in {self.run_dir} is intact:\n  "
+                + "\n  ".join(e.skipped)
+                + "\nRefusing to start from scratch over them; move them away to start a new run."
+            ) from None
+        if loaded is not None:
+            # Checkpoints above the resume point were skipped as damaged; they will be rewritten
+            # when training reaches their step again and must not count towards retention.
+            s = loaded.manifest.step
+            self._triggers = {c: self._read_trigger(c) for c in self.candidates() if c <= s}
+        return loaded
+
+    def _steps_to_search(self, step: int) -> list[int]:
+        """The steps `load` looks at, newest first: every committed one, or exactly `step`."""
         orphans = self.orphans()
         for name in orphans:
             log.warning("ignoring %s: it has no manifest (a write was interrupted)", name)
@@ -328,11 +352,15 @@ class CheckpointManager:
             if step not in steps:
                 raise ResumeRefused(f"no checkpoint for step {step} in {self.run_dir}")
             steps = [step]
+        return steps
+
+    def _resumable_check(self, expect: Expectation, steps: list[int]) -> Callable[[Manifest], None]:
+        """The check `newest_intact` runs on each verified manifest. Damage skips the checkpoint
+        (ValueError); a sound one this run cannot resume exactly stops the search (ResumeRefused):
+        an older one would silently change the run."""
         expected_n = sum(int(np.prod(e.shape, dtype=np.int64)) for e in expect.layout)
 
         def resumable(manifest: Manifest) -> None:
-            # Damage skips the checkpoint (ValueError); a sound one this run cannot resume exactly
-            # stops the search (ResumeRefused): an older one would silently change the run.
             s = manifest.step
             if manifest.format_version < FORMAT_VERSION:
                 # A run upgraded to format 2 never writes format 1 again: one after a format 2
@@ -360,22 +388,7 @@ class CheckpointManager:
             if damage:
                 raise ValueError("; ".join(damage))
 
-        try:
-            loaded = newest_intact(
-                self.run_dir, steps, self.read_buffer, on_skip=_log_skip, check=resumable
-            )
-        except NoIntactCheckpoint as e:
-            raise ResumeRefused(
-                f"none of the {len(e.skipped)} checkpoints in {self.run_dir} is intact:\n  "
-                + "\n  ".join(e.skipped)
-                + "\nRefusing to start from scratch over them; move them away to start a new run."
-            ) from None
-        if loaded is not None:
-            # Checkpoints above the resume point were skipped as damaged; they will be rewritten
-            # when training reaches their step again and must not count towards retention.
-            s = loaded.manifest.step
-            self._triggers = {c: self._read_trigger(c) for c in self.candidates() if c <= s}
-        return loaded
+        return resumable
 
     def _read_trigger(self, step: int) -> str:
         try:
