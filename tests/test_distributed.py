@@ -89,6 +89,11 @@ def stopped_steps(log: str) -> set[int]:
     return {int(s) for s in re.findall(r"\[rank \d\] .*stopped at step (\d+)", log)}
 
 
+def left_the_group(log: str) -> list[int]:
+    """The ranks that destroyed their process group before exiting (every clean end of a job)."""
+    return sorted(int(r) for r in re.findall(r"\[rank (\d)\] INFO left the process group", log))
+
+
 def start_proxy(run_dir: Path) -> Daemon:
     return Daemon([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir)])
 
@@ -122,6 +127,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path
     assert stop_proxy(proxy) == ExitCode.OK, proxy.log
     log = "".join(n.log for n in nodes)
     assert {m.group(1) for m in re.finditer(r"rank \d of 2 \(node (\d)", log)} == {"0", "1"}, log
+    assert left_the_group(log) == [0, 1], log
     assert [s for s, _, _ in curve(run_dir)] == list(range(1, STEPS + 1))
     man = manifests(run_dir)[STEPS]
     assert man["environment"]["world_size"] == 2
@@ -202,6 +208,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(
     assert t.wait(timeout=120) == 0, t.log
     (stopped,) = stopped_steps(t.log)
     assert len(re.findall(r"stopped at step", t.log)) == 2
+    assert left_the_group(t.log) == [0, 1], t.log
     saved = manifests(tmp_path)
     assert list(saved) == [stopped] and saved[stopped]["trigger"] == "sigterm"
 

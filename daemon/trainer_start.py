@@ -1,0 +1,193 @@
+"""What a start of andrea-trainer settles before any process group or model exists.
+
+The run directory and its config (preset ← run.toml ← flags), whether this is a new run or one
+that resumes under changed settings, what this machine can run, and the options refused before
+anything starts. Rank 0 alone writes the run directory; the other ranks read what it wrote
+(atomically). A mistake is a `ConfigError` (or `OSError`) here, before the job's ranks have met:
+torchrun's agent sees the rank fail and stops the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .checkpoint.manager import checkpoint_steps
+from .config import (
+    ConfigError,
+    RunConfig,
+    build_config,
+    config_changes,
+    for_new_run,
+    load_toml,
+    save_config,
+)
+from .distributed import World, device_for
+from .exitcodes import ExitCode
+from .precision import resolve, resolve_device
+from .rundir import CONFIG_FILE
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("andrea.trainer")
+
+
+class StartRefused(Exception):
+    """The trainer cannot start on this run directory; the message says why, the code tells systemd."""
+
+    def __init__(self, message: str, code: ExitCode, agreed: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        #: Every rank of a job refuses alike (so none waits in a collective any more).
+        self.agreed = agreed
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What the start settled: everything the trainer is built from besides the command line."""
+
+    run_dir: Path
+    cfg: RunConfig
+    device: torch.device
+    #: Restores skipped on purpose (the negative controls of the resume proof).
+    skip: frozenset[str]
+    #: run.toml was lost beside checkpoints: it is written only once the resume is accepted.
+    write_config_after_setup: bool = False
+    #: Changes of the trajectory accepted with --allow-config-change, named.
+    changes: list[str] = field(default_factory=list)
+
+
+def plan_start(args: argparse.Namespace, world: World) -> StartPlan:
+    """Resolve and check the run's config and record it in run.toml when it is a new run.
+
+    ConfigError (or OSError) for a mistake of the command line, the config or the run directory;
+    StartRefused when the start would change an existing run's trajectory without
+    --allow-config-change."""
+    run_dir: Path = args.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # Whether this run already has its own run.toml (read once: another rank of a job may write it
+    # in the meantime).
+    run_toml_existed = (run_dir / CONFIG_FILE).exists()
+    cfg = resolve_config(args, run_toml_existed)
+    device = _check_machine(cfg, world)
+    write_later, changes = _settle_run_toml(args, cfg, world, run_toml_existed)
+    check_proxy_options(args)
+    skip = _unsafe_options(args, cfg)
+    return StartPlan(run_dir, cfg, device, skip, write_later, changes)
+
+
+def resolve_config(args: argparse.Namespace, run_toml_existed: bool) -> RunConfig:
+    """The run's config: the preset, then --config or the run's run.toml, then the flags."""
+    cfg_path = args.config or (args.run_dir / CONFIG_FILE)
+    file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
+    run_preset = file_values.get("preset")
+    if args.preset and run_preset and args.preset != run_preset:
+        raise ConfigError(
+            f"--preset {args.preset} disagrees with this run's preset {run_preset} ({cfg_path}): "
+            "a run keeps its model; drop --preset, or start a new run directory"
+        )
+    data_overrides: dict = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    if args.heldout_fraction is not None:
+        data_overrides["heldout_fraction"] = args.heldout_fraction
+    overrides = {
+        "preset": args.preset,
+        "max_steps": args.max_steps,
+        "seed": args.seed,
+        "device": args.device,
+        "precision": args.precision,
+        "mixing": "proxy" if args.with_proxy else args.mixing,
+        "threads": args.threads,
+        "deterministic": args.deterministic,
+        "batch_size": args.batch_size,
+        "grad_accum": args.grad_accum,
+        "compile": args.compile,
+        "log_every": args.log_every,
+        "sample_every": args.sample_every,
+    }
+    if args.checkpoint_every is not None:
+        overrides["checkpoint"] = {"every": args.checkpoint_every}
+    if args.decay_steps is not None:
+        overrides["optim"] = {"decay_steps": args.decay_steps}
+    if data_overrides:
+        overrides["data"] = data_overrides
+    if args.eval_every is not None:
+        overrides["eval"] = {"every": args.eval_every}
+    cfg = build_config(file_values, overrides, source=str(cfg_path))
+    # Without run.toml the flags describe a run as this version creates it: with the default
+    # held-out split. A run that lost its run.toml is then resumed only if its checkpoints agree;
+    # one older than splits is refused naming data.heldout_fraction, and --heldout-fraction 0
+    # restores it.
+    return cfg if run_toml_existed else for_new_run(cfg)
+
+
+def _check_machine(cfg: RunConfig, world: World) -> torch.device:
+    """This rank's device. A device or precision this machine cannot run, or a batch the job cannot
+    share out, is refused before run.toml records it."""
+    device = device_for(world, resolve_device(cfg.device))
+    resolve(cfg.precision, device)
+    if cfg.batch_size % world.size:
+        raise ConfigError(
+            f"batch_size {cfg.batch_size} is the global batch of a step; it must be divisible by "
+            f"the world size {world.size} (each rank trains on an equal share)"
+        )
+    return device
+
+
+def _settle_run_toml(
+    args: argparse.Namespace, cfg: RunConfig, world: World, run_toml_existed: bool
+) -> tuple[bool, list[str]]:
+    """The new-run/existing-run decision: (write run.toml only after the resume?, the trajectory
+    changes this start makes). A new run's run.toml is written now."""
+    run_dir: Path = args.run_dir
+    run_toml = run_dir / CONFIG_FILE
+    # A run that has checkpoints but lost its run.toml gets one only once the resume is accepted:
+    # written now, a refusal would leave the defaults recorded for every restart.
+    write_later = world.is_main and not run_toml.exists() and bool(checkpoint_steps(run_dir))
+    changes: list[str] = []
+    if world.is_main and run_toml_existed:
+        # Flags that change the trajectory the run's own file describes: named, and refused unless
+        # deliberate (then recorded in run.toml once the resume has been accepted).
+        recorded = build_config(load_toml(run_toml), source=CONFIG_FILE)
+        changes = config_changes(recorded.trajectory(), cfg.trajectory())
+        if changes and not args.allow_config_change:
+            raise StartRefused(
+                f"this start changes the run's training config ({run_toml}): "
+                f"{'; '.join(changes)}; pass --allow-config-change to continue under the new one "
+                "on purpose",
+                ExitCode.RESUME_REFUSED,
+            )
+    if world.is_main and not run_toml.exists() and not write_later:
+        save_config(cfg, run_toml)
+    return write_later, changes
+
+
+def check_proxy_options(args: argparse.Namespace) -> None:
+    """--policy and --pivot belong to --with-proxy, whose policy is checked before anything starts,
+    rather than by the child proxy after training began."""
+    if (args.policy or args.pivot) and not args.with_proxy:
+        raise ConfigError(
+            "--policy and --pivot are options of the proxy: use them with --with-proxy"
+        )
+    if args.with_proxy:
+        from .mixing.policy import PolicyError
+        from .mixing.policystore import resolve_policy
+
+        try:
+            resolve_policy(args.run_dir, args.policy, args.pivot)
+        except PolicyError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _unsafe_options(args: argparse.Namespace, cfg: RunConfig) -> frozenset[str]:
+    """The restores to skip (--unsafe-skip-restore); the unsafe options checked."""
+    skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
+    if skip - {"rng", "cursor"}:
+        raise ConfigError(f"--unsafe-skip-restore takes rng and/or cursor, not {sorted(skip)}")
+    if args.unsafe_no_coordination and cfg.mixing != "fixed":
+        raise ConfigError("--unsafe-no-coordination is for benchmarks of the fixed mixture only")
+    return skip
