@@ -62,7 +62,12 @@ class OptimConfig(_Strict):
     lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
     min_lr: float = Field(1e-4, ge=0, allow_inf_nan=False)
     warmup_steps: int = Field(100, ge=0)
-    decay_steps: int = Field(5000, ge=1)
+    decay_steps: int = Field(
+        5000,
+        ge=1,
+        description="length of the LR schedule: cosine decay to min_lr ends at this step, then flat. "
+        "Independent of max_steps, so that extending a run never changes the LR of steps already planned",
+    )
     # AdamW's own range checks, made here so that a bad value is a config error naming the key.
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.999, ge=0, lt=1)
@@ -124,8 +129,8 @@ class DataConfig(_Strict):
         ge=0.0,
         lt=1.0,
         description="fraction of each arm's documents never trained on, chosen by a hash of each document's "
-        "identity (daemon/heldout.py); absent in runs created before splits existed, which keep none; "
-        "0 holds out nothing",
+        f"identity (daemon/heldout.py); a new run's default: {DEFAULT_FRACTION}; absent in runs created "
+        "before splits existed, which keep none; 0 holds out nothing",
     )
 
     @model_validator(mode="after")
@@ -140,7 +145,11 @@ class DataConfig(_Strict):
 
 
 class CheckpointConfig(_Strict):
-    every: int = Field(100, ge=0, description="cadence in steps; 0 disables cadence checkpoints")
+    every: int = Field(
+        100,
+        ge=0,
+        description="cadence of checkpoints in steps; 0: only on request and at exit",
+    )
     # Two at least: the newest may be the one being written when the machine dies.
     keep_latest: int = Field(3, ge=2)
     keep_requested: bool = Field(
@@ -197,7 +206,10 @@ class EvalConfig(_Strict):
 class RunConfig(_Strict):
     """Everything one run needs. Built from a preset, then run.toml, then command-line flags."""
 
-    preset: str = "andrea-tiny"
+    preset: str = Field(
+        "andrea-tiny",
+        description="the model and the defaults it trains with; a run keeps its preset",
+    )
     model: ModelConfig
     optim: OptimConfig = Field(default_factory=OptimConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -216,10 +228,18 @@ class RunConfig(_Strict):
     grad_accum: int = Field(
         1, ge=1, description="micro-batches per optimizer step (one arm for all of them)"
     )
-    seed: int = Field(1337, ge=0, lt=2**63)
-    mixing: Literal["fixed", "proxy"] = "fixed"
-    max_steps: int = Field(1000, ge=0)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = Field(1337, ge=0, lt=2**63, description="seed of every random stream of the run")
+    mixing: Literal["fixed", "proxy"] = Field(
+        "fixed",
+        description="who chooses each step's data arm: the fixed mixture of the arms' weights, or "
+        "andrea-proxy's bandit",
+    )
+    max_steps: int = Field(
+        1000, ge=0, description="stop (with a checkpoint) after this many optimizer steps"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where to train: auto = CUDA when available"
+    )
     precision: Precision = Field(
         "auto",
         description="arithmetic of the training step (daemon/precision.py): auto = bf16 autocast on a CUDA GPU "
@@ -231,15 +251,18 @@ class RunConfig(_Strict):
         "auto = on for CUDA, off on CPU",
     )
     threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads; default: torch's choice"
+        None,
+        ge=1,
+        description="torch intra-op threads (a bit-exact resume needs the same count); default: "
+        "torch's choice",
     )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
         description="torch.compile the training step's model: auto = on for CUDA, off on CPU",
     )
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    log_every: int = Field(10, ge=1)
-    sample_every: int = Field(100, ge=0, description="0 disables periodic samples")
+    log_every: int = Field(10, ge=1, description="steps between progress lines")
+    sample_every: int = Field(100, ge=0, description="steps between generated samples; 0: never")
     sample_tokens: int = Field(120, ge=1, le=4096)  # a sample must fit its message (16 KiB)
 
     TRAJECTORY_FIELDS: ClassVar[tuple[str, ...]] = (

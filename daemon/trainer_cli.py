@@ -28,6 +28,10 @@ log = logging.getLogger("andrea.trainer")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """andrea-trainer's options: the run directory and the launcher's own, written here; every
+    config setting's flag derived from its field (daemon/trainer_flags.py)."""
+    from .trainer_flags import add_config_flags
+
     p = argparse.ArgumentParser(
         prog="andrea-trainer",
         description=(
@@ -36,36 +40,35 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
-        "--run-dir", type=Path, required=True, help="the run's directory (created if missing)"
+        "--run-dir",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the run's directory (created if missing)",
     )
     p.add_argument(
-        "--config", type=Path, help="run config TOML (default: RUN_DIR/run.toml if present)"
+        "--config",
+        type=Path,
+        metavar="run.toml",
+        help="run config TOML (default: RUN_DIR/run.toml if present)",
     )
-    p.add_argument("--preset", help="andrea-tiny | andrea-12m | andrea-120m")
+    add_config_flags(p)
     p.add_argument(
-        "--max-steps", type=int, help="stop (with a checkpoint) after this many optimizer steps"
+        "--allow-config-change",
+        action="store_true",
+        help="resume even though the training config changed since the checkpoint (on purpose)",
     )
+    _add_proxy_arguments(p)
     p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        help="cadence of checkpoints in steps (0: only on request/exit)",
+        "--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS
     )
-    p.add_argument(
-        "--seed", type=int, help="seed of every random stream of the run (preset default: 1337)"
-    )
-    p.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        help="auto: CUDA when available (default: auto)",
-    )
-    p.add_argument(
-        "--precision",
-        choices=["auto", "fp32", "tf32", "bf16"],
-        help="arithmetic of the step: auto = bf16 autocast on CUDA, fp32 on CPU (see docs/performance.md)",
-    )
-    p.add_argument(
-        "--mixing", choices=["fixed", "proxy"], help="fixed mixture (default) or the proxy's bandit"
-    )
+    # Benchmarks only: measures what the per-step agreement of a torchrun job costs.
+    p.add_argument("--unsafe-no-coordination", action="store_true", help=argparse.SUPPRESS)
+    add_log_level_argument(p)
+    return p
+
+
+def _add_proxy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--with-proxy",
         action="store_true",
@@ -74,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         type=Path,
+        metavar="policy.toml",
         help="with --with-proxy: the proxy's mixing policy TOML (kept as RUN_DIR/policy.toml; a "
         "different one later is refused unless --pivot)",
     )
@@ -82,53 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --with-proxy --policy: the policy replaces the run's, a pivot at the newest checkpoint",
     )
-    p.add_argument(
-        "--threads", type=int, help="torch intra-op threads (bit-exact resume needs the same count)"
-    )
-    p.add_argument("--batch-size", type=int, help="sequences per micro-batch (preset default: 8)")
-    p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1)")
-    p.add_argument(
-        "--eval-every",
-        type=int,
-        help="steps between held-out evaluations (default: the checkpoint cadence; 0: never)",
-    )
-    p.add_argument(
-        "--heldout-fraction",
-        type=float,
-        help="a new run's fraction of documents held out for evaluation (default 0.05)",
-    )
-    p.add_argument(
-        "--compile",
-        choices=["auto", "on", "off"],
-        help="torch.compile the model for training: auto = on for CUDA, off on CPU",
-    )
-    p.add_argument(
-        "--decay-steps",
-        type=int,
-        help="length of the LR schedule: cosine decay to min_lr ends at this step, then flat "
-        "(optim.decay_steps; default: the preset's). Independent of --max-steps, so that extending "
-        "a run never changes the LR of steps already planned",
-    )
-    p.add_argument("--log-every", type=int, help="steps between progress lines (default: 10)")
-    p.add_argument("--sample-every", type=int, help="steps between generated samples (0: never)")
-    p.add_argument("--cache-dir", help="where tokenized data is cached")
-    p.add_argument(
-        "--allow-config-change",
-        action="store_true",
-        help="resume even though the training config changed since the checkpoint (on purpose)",
-    )
-    p.add_argument(
-        "--deterministic",
-        choices=["auto", "on", "off"],
-        help="deterministic algorithms and attention: auto = on for CUDA, off on CPU",
-    )
-    p.add_argument(
-        "--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS
-    )
-    # Benchmarks only: measures what the per-step agreement of a torchrun job costs.
-    p.add_argument("--unsafe-no-coordination", action="store_true", help=argparse.SUPPRESS)
-    add_log_level_argument(p)
-    return p
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ from .distributed import World, device_for
 from .exitcodes import ExitCode
 from .precision import resolve, resolve_device
 from .rundir import CONFIG_FILE
+from .trainer_flags import config_overrides
 
 if TYPE_CHECKING:
     import torch
@@ -91,32 +92,9 @@ def resolve_config(args: argparse.Namespace, run_toml_existed: bool) -> RunConfi
             f"--preset {args.preset} disagrees with this run's preset {run_preset} ({cfg_path}): "
             "a run keeps its model; drop --preset, or start a new run directory"
         )
-    data_overrides: dict = {"cache_dir": args.cache_dir} if args.cache_dir else {}
-    if args.heldout_fraction is not None:
-        data_overrides["heldout_fraction"] = args.heldout_fraction
-    overrides = {
-        "preset": args.preset,
-        "max_steps": args.max_steps,
-        "seed": args.seed,
-        "device": args.device,
-        "precision": args.precision,
-        "mixing": "proxy" if args.with_proxy else args.mixing,
-        "threads": args.threads,
-        "deterministic": args.deterministic,
-        "batch_size": args.batch_size,
-        "grad_accum": args.grad_accum,
-        "compile": args.compile,
-        "log_every": args.log_every,
-        "sample_every": args.sample_every,
-    }
-    if args.checkpoint_every is not None:
-        overrides["checkpoint"] = {"every": args.checkpoint_every}
-    if args.decay_steps is not None:
-        overrides["optim"] = {"decay_steps": args.decay_steps}
-    if data_overrides:
-        overrides["data"] = data_overrides
-    if args.eval_every is not None:
-        overrides["eval"] = {"every": args.eval_every}
+    overrides = config_overrides(args)
+    if args.with_proxy:
+        overrides["mixing"] = "proxy"
     cfg = build_config(file_values, overrides, source=str(cfg_path))
     # Without run.toml the flags describe a run as this version creates it: with the default
     # held-out split. A run that lost its run.toml is then resumed only if its checkpoints agree;
@@ -132,8 +110,8 @@ def _check_machine(cfg: RunConfig, world: World) -> torch.device:
     resolve(cfg.precision, device)
     if cfg.batch_size % world.size:
         raise ConfigError(
-            f"batch_size {cfg.batch_size} is the global batch of a step; it must be divisible by "
-            f"the world size {world.size} (each rank trains on an equal share)"
+            f"batch_size {cfg.batch_size} must be divisible by the world size {world.size}: each "
+            "rank trains on an equal share of every micro-batch"
         )
     return device
 
