@@ -187,6 +187,27 @@ def test_the_parser_is_torch_free_and_names_every_verification_problem() -> None
     assert tuple(PROBLEMS) == verify_options.PROBLEM_NAMES
 
 
+def test_help_and_status_import_neither_torch_nor_matplotlib(tmp_path: Path) -> None:
+    # The commands' modules are all imported to build the parser; the heavy imports of a few
+    # commands (size, export, checkpoints: torch; plot: matplotlib) stay in those commands.
+    code = (
+        "import sys; from andrea.control import andreactl;"
+        f" code = andreactl.main(['--run-dir', {str(tmp_path)!r}, 'status']);"
+        " print(code, 'torch' in sys.modules, 'matplotlib' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "3 False False", out.stdout + out.stderr
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "andrea.control.andreactl", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and "usage: andreactl" in out.stdout
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "matplotlib"}, "andreactl --help imported torch or matplotlib"
+
+
 def test_reading_a_runs_events_is_torch_free(tmp_path: Path) -> None:
     # `andreactl plot`/`history` read each manifest's trigger: the manifest model imports torch,
     # which would cost a plot seconds for one string.

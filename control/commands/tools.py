@@ -1,0 +1,143 @@
+"""The commands that run a tool of their own rather than ask or read a live run: ``size`` (a preset's
+parameters and checkpoint bytes), ``export`` (:mod:`andrea.control.export`), ``verify-resume``
+(:mod:`andrea.control.verify_resume`) and ``schema`` (:mod:`andrea.control.reports`).
+
+The first three need torch; each imports it in its own function, so that building andreactl's
+parser, and every other command, stays torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from .. import reports as r
+from .. import verify_options
+from .conventions import EXIT_OK, Command, emit
+
+
+def _size_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", required=True, help="andrea-tiny | andrea-12m | andrea-120m")
+
+
+def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Parameter count and checkpoint size of a preset (8 + 12 bytes per parameter)."""
+    # The model needs torch, and the run config's models take tens of milliseconds to build:
+    # neither is worth importing for every other command.
+    import torch
+
+    from andrea.daemon.checkpoint.format import payload_size
+    from andrea.daemon.config import ConfigError, build_config
+    from andrea.daemon.model import GPT
+
+    try:
+        cfg = build_config(overrides={"preset": args.preset})
+    except ConfigError as e:
+        parser.error(str(e))
+    with torch.device("meta"):
+        n = GPT(cfg.model).n_params()
+    size = payload_size(n)
+    emit(
+        args,
+        r.SizeReport(preset=args.preset, n_params=n, checkpoint_bytes=size),
+        f"{args.preset}: {n:,} parameters, checkpoint {size:,} bytes ({size / 1e6:.1f} MB)",
+    )
+    return EXIT_OK
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--step", type=int, help="export this step (default: the newest intact checkpoint)"
+    )
+    parser.add_argument(
+        "--to", type=Path, required=True, dest="dest", help="new or empty directory for the export"
+    )
+    parser.add_argument(
+        "--safetensors",
+        action="store_true",
+        help="also write the weights as model.safetensors (needs the safetensors extra)",
+    )
+
+
+def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Export a verified checkpoint of the run (see andrea.control.export)."""
+    from andrea.control.export import run_export
+
+    return run_export(args.run_dir, args.dest, args.step, args.json, args.safetensors)
+
+
+def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run the resume-verification protocol (see andrea.control.verify_resume)."""
+    from andrea.control.verify_resume import run_problem
+    from andrea.control.verify_resume.engine import REPORT_NAME
+
+    if not args.json:
+        return run_problem(parser, args)
+    # The verifier prints its progress and table for a person: keep stdout for the report alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        code = run_problem(parser, args)
+    report = args.output / REPORT_NAME
+    if report.is_file():
+        print(report.read_text(encoding="utf-8"))
+    return code
+
+
+def _schema_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "name",
+        nargs="?",
+        choices=sorted(r.REPORTS),
+        metavar="COMMAND",
+        help="one command (default: all)",
+    )
+
+
+def cmd_schema(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The JSON Schema of a command's --json output (all commands' without a name)."""
+    names = [args.name] if args.name else sorted(r.REPORTS)
+    schemas = {name: r.REPORTS[name].model_json_schema() for name in names}
+    print(json.dumps(schemas[args.name] if args.name else schemas, indent=1))
+    return EXIT_OK
+
+
+SIZE = Command(
+    "size",
+    "parameters and checkpoint bytes of a preset",
+    _size_arguments,
+    cmd_size,
+    needs_run_dir=False,
+    examples=("andreactl size --preset andrea-120m",),
+)
+EXPORT = Command(
+    "export",
+    "a verified checkpoint with its config, metrics, load procedure and audit trail",
+    _export_arguments,
+    cmd_export,
+    examples=(
+        "andreactl export --run-dir runs/r1 --to exports/r1",
+        "andreactl export --run-dir runs/r1 --step 110000 --to exports/r1-110k --safetensors",
+    ),
+)
+VERIFY_RESUME = Command(
+    "verify-resume",
+    "prove with fresh processes that stop + resume reproduces the uninterrupted run",
+    verify_options.add_arguments,
+    cmd_verify_resume,
+    needs_run_dir=False,
+    examples=(
+        "andreactl verify-resume --output /tmp/proof --problem mini",
+        "andreactl verify-resume --output /tmp/proof --problem trainer --config run.toml",
+        "andreactl verify-resume --output /tmp/proof --problem trainer --run-dir runs/r1",
+    ),
+)
+SCHEMA = Command(
+    "schema",
+    "the JSON Schema of a command's --json output",
+    _schema_arguments,
+    cmd_schema,
+    needs_run_dir=False,
+    examples=("andreactl schema status",),
+)
