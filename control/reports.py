@@ -1,6 +1,7 @@
-"""The JSON document each andreactl command prints with ``--json`` (or ``-o json``): one pydantic model
-per command, so that every output has one schema (``andreactl schema COMMAND`` prints it; docs/andreactl.md
-lists them). Timestamps are RFC 3339 in UTC (``2026-11-30T10:16:00.123Z``); durations are seconds.
+"""The JSON document each andreactl command prints with ``--json`` (or ``-o json``): a pydantic model
+per document, and :data:`REPORTS`, the registry of each command's model(s), so that every output has a
+schema (``andreactl schema COMMAND`` prints it; docs/andreactl.md lists them). Timestamps are
+RFC 3339 in UTC (``2026-11-30T10:16:00.123Z``); durations are seconds.
 
 A command prints exactly one document on stdout (``watch``: one per line), everything meant for a
 person on stderr.
@@ -8,10 +9,13 @@ person on stderr.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import operator
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.status import ProxyStatus, TrainerStatus
@@ -190,19 +194,53 @@ class SizeReport(_Report):
     checkpoint_bytes: int
 
 
-#: The model of each command's --json document (export and verify-resume print the report file they
-#: write, export.json and verification.json, documented in docs/export.md and docs/resume-proof.md).
-REPORTS: dict[str, type[BaseModel]] = {
-    "status": StatusReport,
-    "watch": StatusReport,
-    "checkpoint": RequestReport,
-    "stop": RequestReport,
-    "pivot": PivotReport,
-    "checkpoints": CheckpointsReport,
-    "prune": PruneReport,
-    "history": HistoryReport,
-    "samples": SamplesReport,
-    "plot": PlotReport,
-    "metrics": MetricsReport,
-    "size": SizeReport,
+#: A model of a --json document: the class, or ``"module:Name"`` for one whose module imports torch
+#: (imported only when its schema or a validation asks for it).
+ModelRef = type[BaseModel] | str
+
+#: The model(s) of each command's --json document, the schema registry ``andreactl schema`` shows.
+#: A command with two models prints one or the other: ``history --eval`` an EvalHistoryReport,
+#: ``pivot --cancel`` a PivotCancelReport. ``export`` and ``verify-resume`` print the report file they
+#: write (export.json, verification.json; docs/export.md and docs/resume-proof.md).
+REPORTS: dict[str, tuple[ModelRef, ...]] = {
+    "status": (StatusReport,),
+    "watch": (StatusReport,),
+    "checkpoint": (RequestReport,),
+    "stop": (RequestReport,),
+    "pivot": (PivotReport, PivotCancelReport),
+    "checkpoints": (CheckpointsReport,),
+    "prune": (PruneReport,),
+    "history": (HistoryReport, EvalHistoryReport),
+    "samples": (SamplesReport,),
+    "plot": (PlotReport,),
+    "metrics": (MetricsReport,),
+    "size": (SizeReport,),
+    "export": ("andrea.control.export:ExportReport",),
+    "verify-resume": ("andrea.control.verify_resume.engine:VerificationReport",),
 }
+
+
+def _resolve(ref: ModelRef) -> type[BaseModel]:
+    if not isinstance(ref, str):
+        return ref
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def report_models(command: str) -> tuple[type[BaseModel], ...]:
+    """The model(s) of ``command``'s --json document (KeyError for a command that prints none)."""
+    return tuple(_resolve(ref) for ref in REPORTS[command])
+
+
+def report_adapter(command: str) -> TypeAdapter[Any]:
+    """Validates a document of ``command`` against its model, or the union of its models."""
+    return TypeAdapter(functools.reduce(operator.or_, report_models(command)))
+
+
+def report_schema(command: str) -> dict[str, Any]:
+    """The JSON Schema of ``command``'s --json document: its model's, or with two models a schema
+    that accepts either (``anyOf``)."""
+    models = report_models(command)
+    if len(models) == 1:
+        return models[0].model_json_schema()
+    return report_adapter(command).json_schema()

@@ -98,7 +98,7 @@ def _schema_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_schema(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The JSON Schema of a command's --json output (all commands' without a name)."""
     names = [args.name] if args.name else sorted(r.REPORTS)
-    schemas = {name: r.REPORTS[name].model_json_schema() for name in names}
+    schemas = {name: r.report_schema(name) for name in names}
     print(json.dumps(schemas[args.name] if args.name else schemas, indent=1))
     return EXIT_OK
 
