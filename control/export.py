@@ -513,6 +513,25 @@ def _readme(
 # --- the export ---------------------------------------------------------------------------------------
 
 
+class _Clock:
+    """Seconds spent in each phase of an export, for export.json's ``timings_s``."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.monotonic()
+        self.timings: dict[str, float] = {}
+
+    def phase(self, name: str) -> None:
+        """The phase ``name`` ends now."""
+        now = time.monotonic()
+        self.timings[name] = round(now - self.last, 3)
+        self.last = now
+
+    def total(self) -> dict[str, float]:
+        """Every phase's seconds, and the export's whole as ``total``."""
+        self.timings["total"] = round(time.monotonic() - self.started, 3)
+        return self.timings
+
+
 def export_checkpoint(
     run_dir: Path,
     dest: Path,
@@ -527,82 +546,34 @@ def export_checkpoint(
     by another one), and :class:`ExportFailed` when the written export does not verify. ``progress``
     receives one line per phase.
     """
-    started = time.monotonic()
-    timings: dict[str, float] = {}
-    t = started
-
-    def phase(name: str) -> None:
-        nonlocal t
-        now = time.monotonic()
-        timings[name] = round(now - t, 3)
-        t = now
-
+    clock = _Clock()
     _check_destination(dest)
     progress(f"[1/5] verifying the checkpoint in {run_dir}")
     source, manifest_bytes = _verify_source(run_dir, step, progress)
     manifest, weights = source.manifest, source.payload.weights
-    phase("verify_source")
+    clock.phase("verify_source")
 
     progress("[2/5] evaluating the fixed batch at export time")
     loss = eval_loss(build_model(manifest, weights))
-    phase("eval_at_export")
+    clock.phase("eval_at_export")
     progress(f"      loss {loss!r} ({loss.hex()})")
 
     progress(f"[3/5] copying into {dest}")
     created = datetime.now(UTC).isoformat(timespec="milliseconds")
     metrics = _metrics(run_dir, manifest)
     readme = _readme(manifest.step, manifest, run_dir, created, loss.hex())
-    try:
-        files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
-        files += _write_audit(run_dir, dest, manifest.step, progress)
-        if safetensors:
-            files.append(_write_safetensors(dest, manifest, weights))
-    except OSError as exc:
-        raise ExportFailed(f"writing {dest} failed: {exc}") from exc
-    intact = f"{rundir.checkpoint_stem(manifest.step)}: size, header and sha256 match its manifest"
-    checks = [ExportCheck(name="source checkpoint intact", detail=intact)]
-    if source.skipped:
-        checks.append(
-            ExportCheck(name="newer damaged checkpoints skipped", detail="; ".join(source.skipped))
-        )
-    phase("copy")
+    files = _copy(run_dir, dest, source, manifest_bytes, metrics, readme, safetensors, progress)
+    checks = _source_checks(source)
+    clock.phase("copy")
     progress(f"      {len(files)} files, {sum(f.size for f in files):,} bytes, fsynced")
 
     progress("[4/5] re-reading at the destination")
     _verify_destination(dest, manifest, files)
-    checks.append(
-        ExportCheck(
-            name="files re-read at the destination",
-            detail=f"{len(files)} files: sizes and sha256 as written",
-        )
-    )
-    checks.append(ExportCheck(name="checkpoint intact at the destination", detail=intact))
-    if safetensors:
-        checks.append(
-            ExportCheck(
-                name="safetensors weights", detail=_check_safetensors(dest, manifest, weights)
-            )
-        )
-    phase("verify_destination")
+    checks += _destination_checks(dest, manifest, files, weights, safetensors)
+    clock.phase("verify_destination")
 
     progress("[5/5] reloading in a fresh process")
-    reload = _reload_in_fresh_process(dest)
-    phase("reload")
-    evaluation = _compare_reload(manifest, loss, reload)
-    checks.append(
-        ExportCheck(
-            name="reloaded in a fresh process",
-            detail=(
-                f"pid {reload.pid}: GPT rebuilt from {dest} alone, "
-                f"eval loss {reload.eval_loss_hex} = export time, bit for bit"
-            ),
-        )
-    )
-    progress(
-        f"      pid {reload.pid}: loss {reload.eval_loss!r}, identical bits"
-        f" ({reload.seconds:.2f} s in the process)"
-    )
-    timings["total"] = round(time.monotonic() - started, 3)
+    evaluation, reloaded = _reload_phase(dest, manifest, loss, clock, progress)
     report = ExportReport(
         run_dir=str(run_dir),
         dest=str(dest),
@@ -612,19 +583,105 @@ def export_checkpoint(
         files=files,
         metrics=metrics,
         evaluation=evaluation,
-        checks=checks,
-        timings_s=timings,
+        checks=[*checks, reloaded],
+        timings_s=clock.total(),
         code_version=code_version(),
         torch_version=torch.__version__,
         created_utc=created,
     )
+    _write_report(dest, report, progress)
+    return report
+
+
+def _intact_detail(manifest: Manifest) -> str:
+    return f"{rundir.checkpoint_stem(manifest.step)}: size, header and sha256 match its manifest"
+
+
+def _copy(
+    run_dir: Path,
+    dest: Path,
+    source: Loaded,
+    manifest_bytes: bytes,
+    metrics: ExportMetrics,
+    readme: str,
+    safetensors: bool,
+    progress: Callable[[str], None],
+) -> list[ExportedFile]:
+    """Phase 3: the checkpoint, its config, metrics and README, the audit trail and, when asked, the
+    safetensors weights, written durably into ``dest``."""
+    manifest = source.manifest
+    try:
+        files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
+        files += _write_audit(run_dir, dest, manifest.step, progress)
+        if safetensors:
+            files.append(_write_safetensors(dest, manifest, source.payload.weights))
+    except OSError as exc:
+        raise ExportFailed(f"writing {dest} failed: {exc}") from exc
+    return files
+
+
+def _source_checks(source: Loaded) -> list[ExportCheck]:
+    checks = [ExportCheck(name="source checkpoint intact", detail=_intact_detail(source.manifest))]
+    if source.skipped:
+        checks.append(
+            ExportCheck(name="newer damaged checkpoints skipped", detail="; ".join(source.skipped))
+        )
+    return checks
+
+
+def _destination_checks(
+    dest: Path,
+    manifest: Manifest,
+    files: list[ExportedFile],
+    weights: np.ndarray,
+    safetensors: bool,
+) -> list[ExportCheck]:
+    """Phase 4's checks as export.json records them; with ``safetensors`` the weights written in
+    that format are checked against the payload's, bit for bit."""
+    checks = [
+        ExportCheck(
+            name="files re-read at the destination",
+            detail=f"{len(files)} files: sizes and sha256 as written",
+        ),
+        ExportCheck(name="checkpoint intact at the destination", detail=_intact_detail(manifest)),
+    ]
+    if safetensors:
+        checks.append(
+            ExportCheck(
+                name="safetensors weights", detail=_check_safetensors(dest, manifest, weights)
+            )
+        )
+    return checks
+
+
+def _reload_phase(
+    dest: Path, manifest: Manifest, loss: float, clock: _Clock, progress: Callable[[str], None]
+) -> tuple[Evaluation, ExportCheck]:
+    """Phase 5: the export reloaded in a fresh process, which must compute the same loss."""
+    reload = _reload_in_fresh_process(dest)
+    clock.phase("reload")
+    evaluation = _compare_reload(manifest, loss, reload)
+    check = ExportCheck(
+        name="reloaded in a fresh process",
+        detail=(
+            f"pid {reload.pid}: GPT rebuilt from {dest} alone, "
+            f"eval loss {reload.eval_loss_hex} = export time, bit for bit"
+        ),
+    )
+    progress(
+        f"      pid {reload.pid}: loss {reload.eval_loss!r}, identical bits"
+        f" ({reload.seconds:.2f} s in the process)"
+    )
+    return evaluation, check
+
+
+def _write_report(dest: Path, report: ExportReport, progress: Callable[[str], None]) -> None:
     # Last, and atomically: its presence is what marks the folder as a verified export.
     atomic_write_bytes(dest / REPORT_NAME, report.model_dump_json(indent=2).encode())
     progress(
-        f"exported step {manifest.step} to {dest} in {timings['total']:.1f} s;"
+        f"exported step {report.step} to {dest} in {report.timings_s['total']:.1f} s;"
         f" report: {dest / REPORT_NAME}"
     )
-    return report
 
 
 def _verify_source(
