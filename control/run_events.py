@@ -22,7 +22,6 @@ import numpy as np
 from pydantic import TypeAdapter
 
 from andrea.daemon.losslog import LossCurve
-from andrea.daemon.mixing.bandit import ZombieReport
 from andrea.daemon.mixing.policy import Policy, PolicyError, load_policy
 from andrea.daemon.process import REQUESTED_TRIGGERS
 from andrea.daemon.rundir import (
@@ -31,6 +30,7 @@ from andrea.daemon.rundir import (
     parse_checkpoint_name,
     pivot_records,
 )
+from andrea.protocol.status import Zombie as ZombieReport
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,12 @@ class TrainerStatus(_Status):
 
 
 class Zombie(_Status):
-    """An arm whose source is gone: it never draws (see docs/bandit.md)."""
+    """An arm whose source is gone: it never draws, and its history stays in the bandit's state
+    (see docs/bandit.md). The bandit reports these, `.state.json` keeps them, status shows them."""
+
+    # Strict like the bandit's state: in `.state.json`, a coerced value ("3" for 3) or a non-finite
+    # number means the file was edited or broken.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str
     identity: str

@@ -64,7 +64,7 @@ from ..rundir import (
 )
 from ..validation import first_problem
 from .assignbook import AssignmentBook
-from .bandit import Bandit, BanditError, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
+from .bandit import Bandit, BanditError, BanditState, ConfiguredArm, PhaseCounters
 from .policy import Policy, PolicyError, bounds_table, differences, parse_policy
 from .policystore import store
 
@@ -96,7 +96,7 @@ class ProxyState(BaseModel):
     bandit: BanditState
     live_counters: PhaseCounters
     live_probabilities: dict[str, float]
-    zombies: list[ZombieReport]
+    zombies: list[Zombie]
 
 
 class SampleRecord(BaseModel):
@@ -754,7 +754,7 @@ class Proxy:
             phase_start_step=b.phase_start_step,
             lag=self.book.lag,
             probabilities=b.probabilities(),
-            zombies=[Zombie(**z.model_dump()) for z in b.zombies],
+            zombies=b.zombies,
             policy_fingerprint=b.policy.fingerprint(),
             trainer_step=self.trainer_step,
             last_eval=self.last_eval,
