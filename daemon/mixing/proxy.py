@@ -44,6 +44,7 @@ from ..durable import atomic_write_bytes
 from ..dutycycle import Burst
 from ..evallog import EvalLog, last_eval
 from ..exitcodes import ExitCode
+from ..intake import Rejected, decode_or_reject
 from ..logthrottle import ThrottledWarning
 from ..losslog import LossLog, canonical_curve, read_entries
 from ..metrics.prometheus import exposition_for
@@ -783,17 +784,9 @@ class Proxy:
                 continue
             frames = self.sock.recv_multipart()
             peer, payload = frames[0], frames[-1]
-            try:
-                msg = m.decode(payload)
-            except (ValidationError, ValueError) as e:
-                self.rejections.warning(
-                    "rejected an invalid message (%d bytes): %s",
-                    len(payload),
-                    str(e).splitlines()[0],
-                )
-                self.sock.send_multipart(
-                    [peer, b"", m.encode(m.Reply(id="?", ok=False, error=f"invalid message: {e}"))]
-                )
+            msg = decode_or_reject(payload, self.rejections, whole_error=True)
+            if isinstance(msg, Rejected):
+                self.sock.send_multipart([peer, b"", m.encode(msg.reply)])
                 continue
             if not isinstance(msg, LINK_MESSAGES):
                 deferred.append((peer, msg))
