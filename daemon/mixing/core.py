@@ -1,10 +1,10 @@
 """The proxy's state of a run, without its socket: the configured arms, the assignment book, how far
 the log and the trainer have got, the kept samples and the metrics, and the files they are kept in.
 
-Every change of that state goes through here, and so does every write: `.loss.json` and
-`.eval.json` are appended and fsync'd before a report is acknowledged; `.state.json` is rewritten
-atomically every `STATE_EVERY` logged steps, whenever a segment number is given out, at a pivot's
-commit point and on exit. The request handlers (`link.py`, `pivot.py`) decide; this carries out.
+Every write of it goes through here: `.loss.json` and `.eval.json` are appended and fsync'd before a
+report is acknowledged; `.state.json` is rewritten atomically every `STATE_EVERY` logged steps, when
+a segment number is given out (before the trainer hears it), at a pivot's commit point, at start
+and on exit. The request handlers (`link.py`, `pivot.py`) check and decide; this carries out.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..evallog import EvalLog, last_eval
 from ..losslog import LossLog, canonical_curve, read_entries
 from ..metrics.prometheus import exposition_for
 from ..rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, STATE_FILE, TENSORBOARD_DIR
-from .archive import phase_starts
+from .archive import archive_samples, phase_starts
 from .assignbook import AssignmentBook
 from .bandit import Bandit
 from .policy import Policy
@@ -35,7 +35,7 @@ from .proxyfiles import (
     empty_samples,
     load_samples,
     now_utc,
-    write_state,
+    write_state_file,
 )
 from .startup import check_log_against_checkpoints, configured_arms, replay, restore_bandit
 
@@ -140,6 +140,20 @@ class ProxyCore:
 
     # ---- records ----------------------------------------------------------------------------
 
+    def new_segment(self, resume_step: int) -> int:
+        """Number a new trainer life, resuming after `resume_step`."""
+        self.max_segment += 1
+        self.write_state()  # the number is durable before it is given out
+        self.trainer_step = resume_step
+        return self.max_segment
+
+    def known_segment(self, segment: int) -> None:
+        """A trainer life back with its number: one past the highest known is the most a lost or
+        older `.state.json` can hide, and it is made durable again."""
+        if segment > self.max_segment:
+            self.max_segment = segment
+            self.write_state()
+
     def append_losses(self, entries: list[LossEntry]) -> None:
         """Log checked loss records durably, then count them (a superseded one is logged only)."""
         written = self.losslog.append_many(entries)
@@ -180,7 +194,11 @@ class ProxyCore:
             )
 
     def keep_samples(self, msg: m.SampleReport) -> None:
-        """Keep the current phase's samples, with the arm mix that led to them."""
+        """Keep the samples of a step of the phase that owns it: the current phase's with the arm
+        mix that led to them, an ended phase's (re-sent late) in its archive."""
+        if msg.phase != self.book.bandit.phase:
+            archive_samples(self.run_dir, msg)
+            return
         if self.samples.holds(msg.step, msg.segment):
             return
         rec = SampleRecord.received(msg, arm_mix=dict(sorted(self.mix_since_sample.items())))
@@ -199,6 +217,11 @@ class ProxyCore:
         self.samples.write(self.run_dir / SAMPLES_FILE)
         self.mix_since_sample = {}
 
+    def supersede_after(self, boundary: int) -> None:
+        """A manual pivot's boundary: the steps the trainer trained past it under the old policy
+        stay in the log but no longer count as durable progress."""
+        self.durable_step = min(self.durable_step, boundary)
+
     def write_state(self) -> None:
         bandit = self.book.bandit
         state = ProxyState(
@@ -210,7 +233,7 @@ class ProxyCore:
             live_probabilities=bandit.probabilities(),
             zombies=bandit.zombies,
         )
-        write_state(self.run_dir, state)
+        write_state_file(self.run_dir, state)
         self.steps_since_state = 0
 
     # ---- views ------------------------------------------------------------------------------

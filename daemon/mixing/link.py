@@ -13,7 +13,6 @@ from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
 
 from ..logthrottle import ThrottledWarning
-from .archive import archive_samples
 from .core import ProxyCore
 
 log = logging.getLogger(__name__)
@@ -34,10 +33,7 @@ class TrainerLink:
         if refusal is not None:
             return m.Reply(id=msg.id, ok=False, error=refusal)
         if msg.segment is None:
-            core.max_segment += 1
-            segment = core.max_segment
-            core.write_state()  # the number is durable before it is given out
-            core.trainer_step = msg.resume_step
+            segment = core.new_segment(msg.resume_step)
             if msg.resume_step:
                 log.info(
                     "trainer segment %d connected, resuming after step %d", segment, msg.resume_step
@@ -46,9 +42,7 @@ class TrainerLink:
                 log.info("trainer segment %d connected, starting a fresh run", segment)
         else:
             segment = msg.segment
-            if segment > core.max_segment:
-                core.max_segment = segment
-                core.write_state()
+            core.known_segment(segment)
             log.info("trainer segment %d reconnected", segment)
         self.segments[peer] = segment
         b = core.book.bandit
@@ -152,8 +146,6 @@ class TrainerLink:
                 msg.phase,
                 owner,
             )
-        elif msg.phase != core.book.bandit.phase:
-            archive_samples(core.run_dir, msg)
         else:
             core.keep_samples(msg)
         return m.Reply(id=msg.id, ok=True)

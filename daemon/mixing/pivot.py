@@ -59,7 +59,7 @@ class PivotDesk:
                 boundary,
             )
         self.pivot(boundary, core.opts.policy)
-        core.durable_step = min(core.durable_step, boundary)
+        core.supersede_after(boundary)
 
     def request(self, msg: m.PivotRequest) -> m.Message:
         """Check everything before anything happens; a refusal changes nothing. A re-sent request

@@ -97,7 +97,7 @@ def now_utc() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-def write_state(run_dir: Path, state: ProxyState) -> None:
+def write_state_file(run_dir: Path, state: ProxyState) -> None:
     atomic_write_bytes(run_dir / STATE_FILE, state.model_dump_json(indent=1).encode())
 
 
