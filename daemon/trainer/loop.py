@@ -29,11 +29,11 @@ from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity, TrainerStatus
 from andrea.protocol.transport import new_id
 
-from . import cudaenv, determinism, schedule
-from . import distributed as dist
-from .checkpoint import rngstate
-from .checkpoint.format import Payload as fmt_Payload
-from .checkpoint.manager import (
+from .. import cudaenv, determinism, schedule
+from .. import distributed as dist
+from ..checkpoint import rngstate
+from ..checkpoint.format import Payload as fmt_Payload
+from ..checkpoint.manager import (
     CheckpointManager,
     Expectation,
     Loaded,
@@ -41,7 +41,7 @@ from .checkpoint.manager import (
     Snapshot,
     layout_of,
 )
-from .checkpoint.manifest import (
+from ..checkpoint.manifest import (
     DistributedState,
     Environment,
     LayoutEntry,
@@ -53,29 +53,29 @@ from .checkpoint.manifest import (
     Trigger,
     code_version,
 )
-from .checkpoint.rngstate import RngState
-from .checkpoint.state import load_adam_state, load_weights
-from .checkpoint.writer import StagingBuffer
-from .config import ConfigError, RunConfig, config_changes, record_trajectory, trajectory_of
-from .control_server import ControlServer
-from .data import Arm, ArmStream, FixedMixture, load_arms
-from .evallog import ArmEval, EvalEntry, EvalLog
-from .evaluate import Evaluator
-from .exitcodes import ExitCode
-from .hold import Holds
-from .losslog import LossLog, LossLogError, last_entry
-from .metrics.prometheus import exposition_for
-from .metrics.series import ema_update
-from .model import GPT
-from .precision import NumericMode, resolve_device
-from .precision import resolve as resolve_precision
-from .process import REQUESTED_TRIGGERS, Notifier, SignalFlags, StopReason
-from .progress import RunSummary, eta_seconds, format_duration, journal_fields
-from .proxy_link import ProxyLink
-from .rundir import CONFIG_FILE, EVAL_FILE, LOSS_FILE, bin_name, claim, endpoint, peer_endpoint
-from .schedule import lr_at, scheduler_state
+from ..checkpoint.rngstate import RngState
+from ..checkpoint.state import load_adam_state, load_weights
+from ..checkpoint.writer import StagingBuffer
+from ..config import ConfigError, RunConfig, config_changes, record_trajectory, trajectory_of
+from ..control_server import ControlServer
+from ..data import Arm, ArmStream, FixedMixture, load_arms
+from ..evallog import ArmEval, EvalEntry, EvalLog
+from ..evaluate import Evaluator
+from ..exitcodes import ExitCode
+from ..hold import Holds
+from ..losslog import LossLog, LossLogError, last_entry
+from ..metrics.prometheus import exposition_for
+from ..metrics.series import ema_update
+from ..model import GPT
+from ..precision import NumericMode, resolve_device
+from ..precision import resolve as resolve_precision
+from ..process import REQUESTED_TRIGGERS, Notifier, SignalFlags, StopReason
+from ..progress import RunSummary, eta_seconds, format_duration, journal_fields
+from ..proxy_link import ProxyLink
+from ..rundir import CONFIG_FILE, EVAL_FILE, LOSS_FILE, bin_name, claim, endpoint, peer_endpoint
+from ..schedule import lr_at, scheduler_state
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)
 
 SAMPLE_PROMPTS = ("def ", "The ", "# ")
 
