@@ -1,5 +1,6 @@
-"""andrea-trainer's training loop and what it is built from (see loop.py for the loop itself)."""
+"""andrea-trainer's training loop and what it is built from (loop.py says which module does what)."""
 
-from .loop import Trainer, TrainerOptions
+from .loop import Trainer
+from .options import TrainerOptions
 
 __all__ = ["Trainer", "TrainerOptions"]

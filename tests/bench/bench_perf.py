@@ -12,7 +12,7 @@ the disk and the two cores of a shared machine are noisy.
   same three tensors (each fsync'd), at andrea-12m and andrea-120m size; then the read-back with
   sha256 verification (`CheckpointManager.verify`) against a cold sequential read of the same file.
 - stall: a real `Trainer` (andrea-12m and andrea-120m): the time the training loop is held by a
-  cadence checkpoint (`_checkpoint_in_background`) against the snapshot copy alone
+  cadence checkpoint (`Checkpointer.write_in_background`) against the snapshot copy alone
   (`StagingBuffer.fill`), and the background write's duration.
 - throughput: the reference GPT (tests/bench/reference_gpt.py, built like nanoGPT's model.py) against
   ours, same config (andrea-12m: dropout 0.1), batch, threads and precision, fresh processes; and the
@@ -363,15 +363,15 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
     tr.setup()
     # Adam's state exists after one update; a real step of andrea-120m takes a minute on two cores,
     # and what a snapshot copies does not depend on the values, so one update with random gradients.
-    for p in tr.params:
+    parts, counters, ckpt = tr.parts, tr.counters, tr.checkpointer
+    for p in parts.params:
         p.grad = torch.randn_like(p) * 1e-3
-    tr.optimizer.step()
-    tr.optimizer.zero_grad(set_to_none=True)
-    tr.step = 1
-    states = [tr.optimizer.state[p] for p in tr.params]
-    ms, vs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+    parts.optimizer.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    counters.step = 1
+    ms, vs = parts.moments()
     writes: list[float] = []
-    orig_save = tr.ckpt.save
+    orig_save = ckpt.manager.save
 
     def timed_save(*a, **k):
         t0 = time.perf_counter()
@@ -379,19 +379,19 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
         writes.append(time.perf_counter() - t0)
         return r
 
-    tr.ckpt.save = timed_save  # type: ignore[method-assign]
+    ckpt.manager.save = timed_save  # type: ignore[method-assign]
 
     def copy_alone() -> None:
-        tr._staging.fill(tr.step, tr.params, ms, vs)
+        ckpt.snapshots.staging.fill(counters.step, parts.params, ms, vs)
 
     def stall() -> None:
-        tr._checkpoint_in_background("cadence")
+        ckpt.write_in_background("cadence")
 
     def before(k: str) -> None:
-        tr.ckpt.wait()  # both measured with no write in flight (the cadence is far longer than a write)
+        ckpt.wait_for_write()  # both measured with no write in flight (the cadence is far longer than a write)
         if k == "stall":
-            tr.step += 1
-            tr.last_saved = 0
+            counters.step += 1
+            counters.last_saved = 0
 
     times = summarize(
         interleave(
@@ -401,16 +401,16 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
             f"stall {preset}",
         )
     )
-    tr.ckpt.wait()
+    ckpt.wait_for_write()
     t0 = time.perf_counter()
-    tr.checkpoint("end")  # synchronous, for the record
+    ckpt.write("end")  # synchronous, for the record
     sync_s = time.perf_counter() - t0
     tr.flags.request_stop("bench")
-    tr.last_saved = tr.step
+    counters.last_saved = counters.step
     tr.finish()
     shutil.rmtree(run_dir, ignore_errors=True)
     return {
-        "n_params": sum(p.numel() for p in tr.params),
+        "n_params": sum(p.numel() for p in parts.params),
         **times,
         "stall_ratio_vs_copy": times["stall (snapshot + submit)"]["median_s"]
         / times["snapshot copy alone"]["median_s"],
@@ -553,25 +553,24 @@ def _bookkeeping_cost(cache: Path) -> float:
         n = 200
         t0 = time.perf_counter()
         for s in range(1, n + 1):
-            arm = tr._arm_for(s)
-            batch = tr.streams[arm].next_batch(cfg.batch_size)
+            arm = tr.sink.arm_for(s)
+            batch = tr.parts.streams[arm].next_batch(cfg.batch_size)
             digest = hashlib.sha256(batch.tobytes()).hexdigest()
             torch.from_numpy(batch)
             entry = LossEntry(
                 step=s,
                 loss=1.0,
-                arm=tr.arms[arm].name,
+                arm=tr.parts.arms[arm].name,
                 lr=1e-3,
                 tokens=2048,
                 wall_time=time.time(),
-                segment=tr.segment,
+                segment=tr.counters.segment,
                 phase=0,
                 batch_sha256=digest,
             )
-            if tr.losslog is not None:
-                tr.losslog.append(entry)
+            tr.sink.record_loss(entry)
             tr.notifier.tick()
-            tr.ckpt.due(s)
+            tr.checkpointer.boundary_allowed(s)
             tr.flags.take_checkpoint_request()
         per_step = (time.perf_counter() - t0) / n
         tr.finish()  # step 0: nothing to write

@@ -63,7 +63,7 @@ def build(kind: str, preset: str, dropout: float | None, compile_: bool):
         fwd = torch.compile(model) if compile_ else model
 
         def step(x: torch.Tensor, y: torch.Tensor) -> float:
-            # Exactly the math of Trainer.train_step, without the data pipeline and bookkeeping.
+            # Exactly the math of StepRunner.train, without the data pipeline and bookkeeping.
             _, loss = fwd(x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()

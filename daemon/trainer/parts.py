@@ -1,0 +1,159 @@
+"""What a run trains with: the platform (device, numerics, determinism), the data streams, the
+model and its optimizer.
+
+They are built in the order that fixes a fresh run's random draws: the global generators are
+seeded from the config just before the model is built, and the ranks other than 0 of a job reseed
+their own streams after it. A resumed run overwrites all of it from the manifest.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import determinism
+from .. import distributed as dist
+from ..checkpoint.manager import layout_of
+from ..checkpoint.manifest import LayoutEntry
+from ..config import ConfigError, RunConfig
+from ..data import Arm, ArmStream, FixedMixture, load_arms
+from ..model import GPT
+from ..precision import NumericMode, resolve_device
+from ..precision import resolve as resolve_precision
+
+#: AdamW's fused kernel, recorded in the manifest's optimizer state.
+FUSED = True
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Where and how the arithmetic runs, resolved from the config and applied to the process."""
+
+    device: torch.device
+    deterministic: bool
+    numerics: NumericMode
+
+
+def resolve_platform(cfg: RunConfig, device: torch.device | None = None) -> Platform:
+    """Apply the config's threads, determinism and precision on `device` (default: the config's)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = device if device is not None else resolve_device(cfg.device)
+    deterministic = determinism.resolve(cfg.deterministic, device)
+    determinism.apply(deterministic)
+    numerics = resolve_precision(cfg.precision, device)
+    numerics.apply()
+    return Platform(device, deterministic, numerics)
+
+
+@dataclass
+class Parts:
+    """The data, the model and the optimizer of one rank."""
+
+    arms: list[Arm]
+    streams: list[ArmStream]
+    mixture: FixedMixture
+    arm_index: dict[str, int]
+    #: Sequences per step on this rank (the config's batch size is the whole job's).
+    local_batch: int
+    model: GPT
+    #: What a step calls: the model, or its DDP wrapper in a job (compiled when configured).
+    forward: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    layout: list[LayoutEntry]
+    optimizer: torch.optim.AdamW
+    compiled: bool
+
+    def adam_states(self) -> list[dict[str, torch.Tensor]]:
+        """AdamW's per-parameter state, in parameter order (empty dicts before the first step)."""
+        return [self.optimizer.state[p] for p in self.params]
+
+    def moments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Adam's first and second moments (m, v), in parameter order."""
+        states = self.adam_states()
+        return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+
+
+def build_parts(
+    cfg: RunConfig,
+    platform: Platform,
+    world: dist.World,
+    run_dir: Path,
+    stop_requested: Callable[[], bool],
+) -> Parts:
+    """Load the data (InterruptedError when a stop comes meanwhile, DataError), then build the
+    model and its optimizer, seeded for a fresh run."""
+    if cfg.batch_size % world.size:
+        raise ConfigError(
+            f"batch_size {cfg.batch_size} (sequences per step over the whole job) is not divisible "
+            f"by the world size {world.size}"
+        )
+    arms = load_arms(cfg.data, run_dir, cfg.model.vocab_size, stop_requested)
+    streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in arms]
+    mixture = FixedMixture([a.name for a in arms], [s.weight for s in cfg.data.arms], cfg.seed)
+    model = _seeded_model(cfg, platform.device, world.rank)
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(
+        model.decay_groups(o.weight_decay),
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        fused=FUSED,
+    )
+    return Parts(
+        arms=arms,
+        streams=streams,
+        mixture=mixture,
+        arm_index={a.name: i for i, a in enumerate(arms)},
+        local_batch=cfg.batch_size // world.size,
+        model=model,
+        forward=model,
+        params=[p for _, p in model.named_parameters()],
+        layout=layout_of((n, tuple(p.shape)) for n, p in model.named_parameters()),
+        optimizer=optimizer,
+        compiled=cfg.compile == "on" or (cfg.compile == "auto" and platform.device.type == "cuda"),
+    )
+
+
+def _seed(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def _seeded_model(cfg: RunConfig, device: torch.device, rank: int) -> GPT:
+    # Seed everything for a fresh run; a resumed run overwrites all of it from the manifest.
+    _seed(cfg.seed)
+    model = GPT(cfg.model).to(device)
+    if rank:
+        # Same initial weights everywhere (DDP also broadcasts rank 0's), but each rank's own
+        # random stream afterwards: identical dropout masks on every rank would waste the data.
+        _seed(int(np.random.SeedSequence([cfg.seed, rank]).generate_state(1)[0]))
+    return model
+
+
+def wrap_for_training(
+    parts: Parts, world: dist.World, device: torch.device, restored: bool
+) -> None:
+    """After a resume: in a job, rank 0's restored moments (`restored`) and weights reach every
+    rank, and DDP wraps the model; then the compiler, when configured."""
+    if world.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        m, v = parts.moments() if restored else ([], [])
+        dist.broadcast_tensors(world, m + v)
+        # Broadcasts rank 0's parameters to every rank as it is built.
+        parts.forward = DistributedDataParallel(
+            parts.model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+        )
+    if parts.compiled:
+        # Evaluation and sampling run the plain model (eval mode would only add a second
+        # compiled graph); the compiled module shares its parameters.
+        parts.forward = torch.compile(parts.forward)
