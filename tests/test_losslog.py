@@ -124,7 +124,7 @@ def test_non_finite_loss_message_round_trip(value: float, spelling: str) -> None
     loss=st.floats(),
     lr=st.floats(min_value=0, allow_infinity=False),
     wall=st.floats(min_value=0, allow_infinity=False),
-    arm=st.text(min_size=1),
+    arm=st.text(min_size=1, max_size=64),  # LossEntry.arm is at most 64 characters
 )
 def test_floats_and_strings_round_trip_exactly(
     loss: float, lr: float, wall: float, arm: str
