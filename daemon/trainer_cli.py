@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_proxy_arguments(p)
     p.add_argument(
-        "--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS
+        "--unsafe-skip-restore", default="", metavar="rng,cursor,buckets", help=argparse.SUPPRESS
     )
     # Benchmarks only: measures what the per-step agreement of a torchrun job costs.
     p.add_argument("--unsafe-no-coordination", action="store_true", help=argparse.SUPPRESS)

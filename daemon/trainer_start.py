@@ -164,8 +164,10 @@ def check_proxy_options(args: argparse.Namespace) -> None:
 def _unsafe_options(args: argparse.Namespace, cfg: RunConfig) -> frozenset[str]:
     """The restores to skip (--unsafe-skip-restore); the unsafe options checked."""
     skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
-    if skip - {"rng", "cursor"}:
-        raise ConfigError(f"--unsafe-skip-restore takes rng and/or cursor, not {sorted(skip)}")
+    if skip - {"rng", "cursor", "buckets"}:
+        raise ConfigError(
+            f"--unsafe-skip-restore takes rng, cursor and/or buckets, not {sorted(skip)}"
+        )
     if args.unsafe_no_coordination and cfg.mixing != "fixed":
         raise ConfigError("--unsafe-no-coordination is for benchmarks of the fixed mixture only")
     return skip

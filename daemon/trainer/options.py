@@ -14,7 +14,8 @@ class TrainerOptions:
     run_dir: Path
     cfg: RunConfig
     allow_config_change: bool = False
-    #: Deliberately broken resumes, for the resume proof's negative control only ("rng", "cursor").
+    #: Deliberately broken resumes, for the negative controls only: "rng", "cursor", and "buckets"
+    #: (DDP's first step in its first-iteration bucket layout, `parts.settle_buckets` skipped).
     skip_restore: frozenset[str] = field(default_factory=frozenset)
     #: This process's place in a torchrun job (a world of one by default).
     world: dist.World = field(default_factory=dist.World)

@@ -138,22 +138,47 @@ def _seeded_model(cfg: RunConfig, device: torch.device, rank: int) -> GPT:
 
 
 def wrap_for_training(
-    parts: Parts, world: dist.World, device: torch.device, restored: bool
+    parts: Parts, world: dist.World, device: torch.device, restored: bool, settle: bool = True
 ) -> None:
     """After a resume: in a job, rank 0's restored moments (`restored`) and weights reach every
-    rank, and DDP wraps the model; then the compiler, when configured."""
+    rank, and DDP wraps the model, its buckets settled (`settle_buckets`; `settle` False only for
+    a negative control); then the compiler, when configured."""
     if world.distributed:
         from torch.nn.parallel import DistributedDataParallel
 
         m, v = parts.moments() if restored else ([], [])
         dist.broadcast_tensors(world, m + v)
         # Broadcasts rank 0's parameters to every rank as it is built.
-        parts.forward = DistributedDataParallel(
+        ddp = DistributedDataParallel(
             parts.model,
             device_ids=[device.index] if device.type == "cuda" else None,
             gradient_as_bucket_view=True,
         )
+        if settle:
+            settle_buckets(ddp, parts.model, device)
+        parts.forward = ddp
     if parts.compiled:
         # Evaluation and sampling run the plain model (eval mode would only add a second
         # compiled graph); the compiled module shares its parameters.
         parts.forward = torch.compile(parts.forward)
+
+
+def settle_buckets(ddp: torch.nn.Module, model: GPT, device: torch.device) -> None:
+    """Give DDP's gradient buckets their final layout before the first step of every life.
+
+    DDP reduces its first iteration in one bucket of every gradient, then rebuilds its buckets in
+    the order the gradients became ready (torch/nn/parallel/distributed.py,
+    `compute_bucket_size_limits` and `_pre_forward`; the reducer's `rebuild_buckets`). An
+    uninterrupted run therefore reduces step k + 1 in the rebuilt layout, and a run resumed at
+    step k in the first-iteration one. An element's place in the bucket decides the order in which
+    a ring all-reduce (gloo's, NCCL's) sums the ranks' values, and at three ranks or more float
+    sums depend on that order: the resume would not be bit-exact. One backward of a tiny dummy
+    batch here records the ready order on every life, fresh or resumed, so that the rebuild
+    happens at the first forward of both and every step is reduced in the same layout. It changes
+    no state: no optimizer step, its gradients are dropped, and the generators are put back."""
+    idx = torch.zeros((1, min(8, model.cfg.block_size)), dtype=torch.int64, device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        _, loss = ddp(idx, idx)
+        loss.backward()
+    for p in model.parameters():
+        p.grad = None
