@@ -144,10 +144,14 @@ def _train_in_process_group(
 ) -> ExitCode:
     """Join the job's process group, start the --with-proxy companion, train, and leave the group
     on every end that all ranks agreed on."""
+    from . import determinism
     from .distributed import init
     from .rundir import AlreadyRunning, SocketDirError
     from .trainer_start import StartRefused
 
+    # NCCL reads its settings when the communicator is made, which is now (a CUDA job).
+    deterministic = determinism.resolve(plan.cfg.deterministic, plan.device)
+    determinism.pin_collectives(deterministic and world.distributed, plan.device)
     backend = init(world, plan.device)
     proxy = _start_companion(args, flags, world)
     refused: StartRefused | None = None
