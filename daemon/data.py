@@ -344,8 +344,12 @@ class ArmStream:
 
     def next_batch(self, batch_size: int) -> np.ndarray:
         """(batch_size, block_size + 1) int64 token ids: inputs are [:, :-1], targets [:, 1:]."""
-        starts = self.next_chunks(batch_size) * self.stride
-        return self.arm.tokens[starts[:, None] + self._offsets].astype(np.int64)
+        return self.tokens_of(self.next_chunks(batch_size))
+
+    def tokens_of(self, chunks: np.ndarray) -> np.ndarray:
+        """The (len(chunks), block_size + 1) int64 token ids of chunks drawn by `next_chunks`; reads
+        only (the training step gathers a batch's tokens on another thread)."""
+        return self.arm.tokens[(chunks * self.stride)[:, None] + self._offsets].astype(np.int64)
 
     def state_dict(self) -> CursorState:
         return CursorState(

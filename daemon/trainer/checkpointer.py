@@ -249,7 +249,8 @@ class Checkpointer:
             before_commit=self.sink.sync,
         )
         log.debug(
-            "checkpoint of step %d staged in %.4f s; writing in the background",
+            "checkpoint of step %d handed over in %.4f s (training held); the copy to host "
+            "memory and the write go on in the background",
             snap.step,
             time.perf_counter() - t0,
         )
@@ -270,11 +271,12 @@ class Checkpointer:
             c.checkpoints_written += 1
             self.last_write_seconds = seconds
             log.info(
-                "checkpoint %s written (%s, %.1f MB, %.2f s in the background)",
+                "checkpoint %s written (%s, %.1f MB, %.2f s in the background; staged in %.3f s)",
                 manifest.bin_file,
                 trigger,
                 manifest.bin_size / 1e6,
                 seconds,
+                self.snapshots.staging.staged_seconds or 0.0,
             )
         elif isinstance(error, OSError):
             log.error(
@@ -286,6 +288,12 @@ class Checkpointer:
             )
         else:
             log.error("checkpoint of step %d (%s) FAILED unexpectedly: %r", step, trigger, error)
+
+    def before_update(self) -> None:
+        """Before the optimizer writes the weights and moments: on CUDA the compute stream waits
+        for a checkpoint's copy of them still in flight (rank 0; a no-op elsewhere)."""
+        if self.snapshots is not None:
+            self.snapshots.staging.guard()
 
     def wait_for_write(self) -> None:
         """Block until no background checkpoint write is in flight (rank 0; others never write)."""

@@ -23,7 +23,6 @@ from typing import IO
 
 import torch
 
-from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity, TrainerStatus
 
 from .. import distributed as dist
@@ -42,7 +41,7 @@ from .pivot import Pivots
 from .reporting import Reporter
 from .restore import Restorer
 from .sink import RecordSink, open_sink
-from .step import StepRunner
+from .step import StepRunner, Trained
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +80,14 @@ class Trainer:
         self.stepper: StepRunner | None = None
         self.evaluation: Evaluation | None = None
         self.pivots: Pivots | None = None
+        #: Steps trained whose loss is not recorded yet, oldest first (at most two: `_agree`).
+        self._unrecorded: list[Trained] = []
+        #: Losses may be read one step late: in fixed mode (the proxy may need each at once).
+        self._late_loss = self.cfg.mixing == "fixed"
+        #: The step recorded last, and the newest step a checkpoint was taken of: the time of
+        #: the step after a checkpoint is logged (the copy to host memory runs beside it).
+        self._previous: Trained | None = None
+        self._checkpointed = 0
 
     # ---- setup ------------------------------------------------------------------------------
 
@@ -124,6 +131,7 @@ class Trainer:
             self.flags.stop_requested,
             self.notifier,
             self.checkpointer.grace_seconds,
+            self.checkpointer.before_update,
         )
 
     def resume(self) -> None:
@@ -175,30 +183,20 @@ class Trainer:
         """Train until max_steps or an agreed stop; always leave the newest state checkpointed.
 
         At each step boundary every rank takes part in one agreement (`Coordinator.agree`) that
-        carries the loss of the step just trained, any rank's stop or checkpoint request, and the
-        arm of the next step; everything after it is the same on every rank."""
+        carries a loss (`_agree` says whose), any rank's stop or checkpoint request, and the arm
+        of the next step; everything after it is the same on every rank."""
         cfg, c = self.cfg, self.counters
         self.restorer.restore_rng()
         self.notifier.ready(f"step {c.step}/{cfg.max_steps}")
         self.reporter.restart_window()
         self.reporter.waiting_over()
         settled = c.step  # the newest step whose cadence, boundary and samples are done
-        trained: tuple[float, LossEntry | None] | None = None
         while True:
             if self.pivots.follow():
                 settled = c.step
                 continue
             fresh = c.step > settled
-            arm = self.sink.arm_for(c.step + 1) if c.step < cfg.max_steps else None
-            d = self.coord.agree(
-                self.flags,
-                at_boundary=fresh and self.checkpointer.boundary_allowed(c.step),
-                arm=arm,
-                loss=trained[0] if trained is not None else None,
-            )
-            if trained is not None:
-                self._record(trained[1], d.loss)
-                trained = None
+            d = self._agree(fresh)
             # In a job the stop for an unlogged loss reaches the other ranks with the next
             # agreement; until then rank 0 takes part in checkpoints but writes none.
             worked = self.sink.unlogged is not None
@@ -222,9 +220,66 @@ class Trainer:
             if not self.evaluation.catch_up():
                 continue
             t0 = time.perf_counter()
-            trained = self.stepper.train(d.arm)
+            self._unrecorded.append(self.stepper.train(d.arm))
             c.train_seconds += time.perf_counter() - t0
         return self.finish()
+
+    def _agree(self, fresh: bool) -> dist.Decision:
+        """The step boundary's agreement, and the records of the steps whose losses it reads.
+
+        A step's loss is read one step late: at the boundary after the next step was queued,
+        when its own kernels are long done, so that the host never waits for the device between
+        steps. It is read at its own boundary where that needs it — the same on every rank: a
+        log point, a checkpoint, an evaluation or samples, the last step (`_loss_due`), or an
+        agreed stop, checkpoint, pivot or wait for the proxy — and always with the proxy, which
+        may need it to assign the next step. A stop therefore still acts at the boundary it
+        arrived at, with every step up to it recorded."""
+        c, pending = self.counters, self._unrecorded
+        arm = self.sink.arm_for(c.step + 1) if c.step < self.cfg.max_steps else None
+        carried = pending[0] if len(pending) > 1 or (pending and self._loss_due(c.step)) else None
+        d = self.coord.agree(
+            self.flags,
+            at_boundary=fresh and self.checkpointer.boundary_allowed(c.step),
+            arm=arm,
+            loss=self._read(carried) if carried is not None else None,
+        )
+        if carried is not None:
+            self._record(pending.pop(0), d.loss)
+        agreed = d.stop or d.checkpoint or d.boundary or d.hold or d.arm is None
+        if pending and (agreed or self._loss_due(pending[0].step)):
+            self._settle()
+        return d
+
+    def _loss_due(self, step: int) -> bool:
+        """Whether the loss of `step` is read at its own boundary (a pure function of the step
+        and the config, so that every rank of a job decides alike)."""
+        cfg = self.cfg
+
+        def on(every: int | None) -> bool:
+            return bool(every) and step % every == 0
+
+        return (
+            not self._late_loss
+            or step >= cfg.max_steps
+            or on(cfg.log_every)
+            or on(cfg.checkpoint.every)
+            or on(self.evaluation.every)
+            or on(cfg.sample_every)
+        )
+
+    def _read(self, trained: Trained) -> float:
+        """This rank's loss of `trained`; on a GPU the wait for its kernels counts as training."""
+        t0 = time.perf_counter()
+        value = trained.value()
+        self.counters.train_seconds += time.perf_counter() - t0
+        return value
+
+    def _settle(self) -> None:
+        """Read and record every step not recorded yet (in a job, each loss's mean over the
+        ranks by one collective of every rank, summed as the agreement sums it)."""
+        while self._unrecorded:
+            mean = self.coord.mean_loss(self._read(self._unrecorded[0]))
+            self._record(self._unrecorded.pop(0), mean)
 
     def _after_step(self, boundary: bool, hold: bool) -> bool:
         """What a freshly trained step is due, in this order: its evaluation, samples, and
@@ -248,18 +303,26 @@ class Trainer:
             self.pivots.after_boundary(hold)
             worked = True
         elif self.checkpointer.save("cadence"):
+            self._checkpointed = c.step
             worked = True
         return worked
 
-    def _record(self, entry: LossEntry | None, mean_loss: float | None) -> None:
-        """Rank 0: record the step, with the loss averaged over the ranks."""
+    def _record(self, trained: Trained, loss: float | None) -> None:
+        """Rank 0: record the step, with its loss (in a job, the mean over the ranks)."""
         c = self.counters
         c.activity = Activity.TRAINING
         self.reporter.waiting_over()
-        if entry is None:
+        if not self.main:
             return
-        if self.world.distributed and mean_loss is not None:
-            entry = entry.model_copy(update={"loss": mean_loss})
+        entry = trained.entry(loss if loss is not None else trained.value())
+        before, self._previous = self._previous, trained
+        if before is not None and before.step == trained.step - 1 == self._checkpointed:
+            log.debug(
+                "step %d, the first after the checkpoint of step %d: %.1f ms",
+                trained.step,
+                before.step,
+                1000 * trained.end.seconds_after(before.end),
+            )
         c.loss_ema = ema_update(c.loss_ema, entry.loss)
         if not self.sink.record_loss(entry):
             # The step is trained but its loss is not on disk: it must not be checkpointed
@@ -275,6 +338,7 @@ class Trainer:
         exit code is agreed, so that all ranks of a job end alike."""
         c = self.counters
         c.activity = Activity.STOPPING
+        self._settle()
         self.checkpointer.finish_background_write()
         reason = self.flags.stop_reason
         code = ExitCode(dist.agree_code(self.world, int(self.checkpointer.final(reason))))
@@ -294,6 +358,8 @@ class Trainer:
         """Finish a checkpoint write in flight, then close the records' files or link."""
         self.checkpointer.close()  # a write in flight syncs the loss log before committing
         self.sink.close()
+        if self.stepper is not None:
+            self.stepper.close()
 
     # ---- status -----------------------------------------------------------------------------
 

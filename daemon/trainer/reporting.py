@@ -107,18 +107,20 @@ class Reporter:
         self._window_tokens += entry.tokens
         self._window_steps += 1
         c, cfg = self.counters, self.cfg
-        if c.step % cfg.log_every != 0 and c.step != cfg.max_steps:
+        # The record may come a step late (loop.py): its own step decides, not the counter.
+        step = entry.step
+        if step % cfg.log_every != 0 and step != cfg.max_steps:
             return
         elapsed = time.perf_counter() - self._window_start
         c.tokens_per_second = self._window_tokens / elapsed
         c.seconds_per_step = elapsed / self._window_steps
         c.lr = entry.lr
-        eta = format_duration(eta_seconds(c.step, cfg.max_steps, c.seconds_per_step))
+        eta = format_duration(eta_seconds(step, cfg.max_steps, c.seconds_per_step))
         ema = float("nan") if c.loss_ema is None else c.loss_ema
         log.info(
             "step %d/%d | loss %.4f (ema %.4f) | lr %.2e | %s | %.0f tok/s | %.1f ms/step"
             " | ETA %s | last ckpt %s",
-            c.step,
+            step,
             cfg.max_steps,
             entry.loss,
             ema,
@@ -128,9 +130,9 @@ class Reporter:
             1000 * c.seconds_per_step,
             eta,
             c.last_saved or "none",
-            extra=journal_fields(c.step, entry.loss, entry.lr, entry.arm, c.phase),
+            extra=journal_fields(step, entry.loss, entry.lr, entry.arm, entry.phase),
         )
-        self.notifier.status(f"step {c.step}/{cfg.max_steps} loss {ema:.4f} ETA {eta}")
+        self.notifier.status(f"step {step}/{cfg.max_steps} loss {ema:.4f} ETA {eta}")
         self.publish_metrics()
         self.restart_window()
 

@@ -102,6 +102,8 @@ class FileSink(RecordSink):
         self.loss_path = run_dir / LOSS_FILE
         self.losslog = LossLog.open(self.loss_path)
         self.evallog = EvalLog.open(run_dir / EVAL_FILE)
+        #: Records of the steps after the `unlogged` one, written after it.
+        self._held: list[LossEntry] = []
 
     @staticmethod
     def next_segment(run_dir: Path, prior_segment: int) -> int:
@@ -111,6 +113,10 @@ class FileSink(RecordSink):
         return max(prior_segment, tail.segment if tail else 0) + 1
 
     def record_loss(self, entry: LossEntry) -> bool:
+        if self.unlogged is not None:
+            # A record after one that failed waits for it: the log stays in step order.
+            self._held.append(entry)
+            return False
         try:
             self.losslog.append(entry)
         except OSError as e:
@@ -135,17 +141,19 @@ class FileSink(RecordSink):
             raise OSError(f"{EVAL_FILE} is not durable: {e}") from e
 
     def retry_unlogged(self) -> bool:
-        """Reopen the loss log (repairing the torn append) and write the entry that failed."""
+        """Reopen the loss log (repairing the torn append) and write the entry that failed, then
+        the ones held after it."""
         assert self.unlogged is not None
         try:
             self.losslog.close()
             self.losslog = LossLog.open(self.loss_path)
-            self.losslog.append(self.unlogged)
+            while self.unlogged is not None:
+                self.losslog.append(self.unlogged)
+                self.unlogged = self._held.pop(0) if self._held else None
             self.losslog.sync()
         except (OSError, LossLogError) as e:
             log.error("%s is still not writable: %s", LOSS_FILE, e)
             return False
-        self.unlogged = None
         return True
 
     def close(self) -> None:

@@ -3,16 +3,19 @@
 Everything it reads is either restored from the checkpoint (weights, Adam's state, the cursors,
 the RNGs) or a pure function of the step (the learning rate, the arm). Nothing in it checks a
 signal to cut a step short: a stop waits for the whole step.
+
+A step returns without reading its loss back (`Trained`): on a GPU its kernels are only queued,
+and reading the loss would make the host wait for them before it could queue the next step. The
+loop reads it one step late, or at once where the step boundary needs it (loop.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from andrea.protocol.lossentry import LossEntry
@@ -22,8 +25,65 @@ from ..config import RunConfig
 from ..distributed import World
 from ..process import Notifier
 from ..schedule import lr_at
+from .batches import Batches, StepBatches
 from .counters import Counters
 from .parts import Parts, Platform
+
+
+class StepEnd:
+    """When a step's work ended: a CUDA event on a GPU, the host's clock on CPU (where a step is
+    done when `StepRunner.train` returns)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.event = None
+        self.clock = time.perf_counter()
+        if device.type == "cuda":
+            self.event = torch.cuda.Event(enable_timing=True)
+            self.event.record()
+
+    def seconds_after(self, earlier: StepEnd) -> float:
+        """Seconds from `earlier` to this end (on a GPU, once this step is done)."""
+        if self.event is None or earlier.event is None:
+            return self.clock - earlier.clock
+        self.event.synchronize()
+        return earlier.event.elapsed_time(self.event) / 1000
+
+
+@dataclass
+class Trained:
+    """A step trained on this rank (on a GPU: its kernels queued), its loss not read yet."""
+
+    step: int
+    #: This rank's loss: the mean over its micro-batches, on the device.
+    loss: torch.Tensor
+    batches: StepBatches
+    end: StepEnd
+    arm: str
+    lr: float
+    tokens: int
+    segment: int
+    phase: int
+    _value: float | None = field(default=None, repr=False)
+
+    def value(self) -> float:
+        """This rank's loss (waits for the step's kernels on a GPU, once)."""
+        if self._value is None:
+            self._value = self.loss.item()
+        return self._value
+
+    def entry(self, loss: float) -> LossEntry:
+        """The step's record, with `loss` (this rank's, or the job's mean)."""
+        return LossEntry(
+            step=self.step,
+            loss=loss,
+            arm=self.arm,
+            lr=self.lr,
+            tokens=self.tokens,
+            wall_time=time.time(),
+            segment=self.segment,
+            phase=self.phase,
+            batch_sha256=self.batches.digest(),
+        )
 
 
 class StepRunner:
@@ -39,9 +99,12 @@ class StepRunner:
         stop_requested: Callable[[], bool],
         notifier: Notifier,
         stop_grace: Callable[[], float],
+        before_update: Callable[[], None] = lambda: None,
     ) -> None:
         """`stop_grace`: how long stopping takes after the step (the final checkpoint's write),
-        asked of systemd on top of the rest of a step that a stop interrupts."""
+        asked of systemd on top of the rest of a step that a stop interrupts. `before_update`:
+        what must happen before the optimizer writes the weights and moments (a checkpoint's copy
+        of them still in flight is waited for, on the device)."""
         self.cfg = cfg
         self.world = world
         self.platform = platform
@@ -50,21 +113,60 @@ class StepRunner:
         self.stop_requested = stop_requested
         self.notifier = notifier
         self.stop_grace = stop_grace
+        self.before_update = before_update
+        # The config's batch_size is the job's micro-batch; each rank trains parts.local_batch
+        # rows of it.
+        self.batches = Batches(parts, world, platform.device, cfg.batch_size, cfg.grad_accum)
 
-    def train(self, arm: int) -> tuple[float, LossEntry | None]:
+    def train(self, arm: int) -> Trained:
         """`grad_accum` micro-batches of the step's arm, their gradients averaged, each on this
-        rank's share of the micro-batch's global batch. Returns this rank's loss (the mean over
-        its micro-batches) and on rank 0 the step's record (whose loss the loop replaces by the
-        mean over ranks)."""
+        rank's share of the micro-batch's global batch; then the optimizer's update."""
         step = self.counters.step + 1
         accum, optimizer = self.cfg.grad_accum, self.parts.optimizer
         lr = lr_at(step, self.cfg.optim)
         for g in optimizer.param_groups:
             g["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
-        sha = hashlib.sha256()
+        # Every rank draws the whole global batch's chunks, so the cursors advance alike
+        # everywhere and the digest names the global batch.
+        batches = self.batches.draw(arm)
+        if step < self.cfg.max_steps:
+            self.batches.prefetch(self._next_arm(step + 1))
+        losses = self._micro_batches(batches)
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(
+                self.parts.params, self.cfg.optim.grad_clip, foreach=True
+            )
+        self.before_update()
+        optimizer.step()
+        c = self.counters
+        c.step = step
+        tokens = accum * self.cfg.batch_size * self.cfg.model.block_size
+        c.tokens_seen += tokens
+        return Trained(
+            step=step,
+            loss=losses[0] if accum == 1 else torch.stack(losses).mean(),
+            batches=batches,
+            end=StepEnd(self.platform.device),
+            arm=self.parts.arms[arm].name,
+            lr=lr,
+            tokens=tokens,
+            segment=c.segment,
+            phase=c.phase,
+        )
+
+    def close(self) -> None:
+        """Stop the batch worker."""
+        self.batches.close()
+
+    def _next_arm(self, step: int) -> int | None:
+        # The fixed mixture's arm is a pure function of the step; the proxy's is known only
+        # once it is assigned.
+        return self.parts.mixture.assign(step) if self.cfg.mixing == "fixed" else None
+
+    def _micro_batches(self, batches: StepBatches) -> list[torch.Tensor]:
+        accum = self.cfg.grad_accum
         losses = []
-        n_tokens = 0
         started = time.perf_counter()
         extended = False
         for i in range(accum):
@@ -74,30 +176,12 @@ class StepRunner:
                 extended = True
                 per_micro = (time.perf_counter() - started) / i
                 self.notifier.extend_timeout(2 * per_micro * (accum - i) + self.stop_grace())
-            # Every rank draws the whole global batch's chunks (only indices and a gather of
-            # tokens), so the cursors advance alike everywhere and the digest names the global
-            # batch; each rank trains on its own contiguous rows of it.
-            batch = self.parts.streams[arm].next_batch(self.cfg.batch_size)
-            sha.update(batch.tobytes())
-            losses.append(self._micro_batch(batch, last=i == accum - 1))
-            n_tokens += batch.shape[0] * (batch.shape[1] - 1)
-        if self.cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(
-                self.parts.params, self.cfg.optim.grad_clip, foreach=True
-            )
-        optimizer.step()
-        self.counters.step = step
-        self.counters.tokens_seen += n_tokens
-        value = (losses[0] if accum == 1 else torch.stack(losses).mean()).item()
-        if not self.world.is_main:
-            return value, None
-        return value, self._record(step, value, arm, lr, n_tokens, sha.hexdigest())
+            losses.append(self._micro_batch(batches.micro(i), last=i == accum - 1))
+        return losses
 
-    def _micro_batch(self, batch: np.ndarray, last: bool) -> torch.Tensor:
-        """Forward and backward on this rank's rows of `batch`; its loss, detached."""
-        r, rows, accum = self.world.rank, self.parts.local_batch, self.cfg.grad_accum
-        device, forward = self.platform.device, self.parts.forward
-        xy = torch.from_numpy(batch[r * rows : (r + 1) * rows]).to(device, non_blocking=True)
+    def _micro_batch(self, xy: torch.Tensor, last: bool) -> torch.Tensor:
+        """Forward and backward on this rank's rows; its loss, detached."""
+        accum, device, forward = self.cfg.grad_accum, self.platform.device, self.parts.forward
         # In a job, DDP all-reduces (averages) the gradients in the last backward only.
         sync = contextlib.nullcontext() if last or not self.world.distributed else forward.no_sync()
         with sync:
@@ -109,19 +193,3 @@ class StepRunner:
             # The mean over micro-batches of equal size is the loss of the step's batch.
             (loss / accum if accum > 1 else loss).backward()
         return loss.detach()
-
-    def _record(
-        self, step: int, loss: float, arm: int, lr: float, tokens: int, digest: str
-    ) -> LossEntry:
-        c = self.counters
-        return LossEntry(
-            step=step,
-            loss=loss,
-            arm=self.parts.arms[arm].name,
-            lr=lr,
-            tokens=tokens,
-            wall_time=time.time(),
-            segment=c.segment,
-            phase=c.phase,
-            batch_sha256=digest,
-        )

@@ -481,7 +481,7 @@ def _trainer_steps(
         if int(m.group(1)) > warmup:
             out.append(float(m.group(2)) / 1000)
     if stalls is not None:
-        stalls.extend(float(x) for x in re.findall(r"staged in ([\d.]+) s", res.stderr))
+        stalls.extend(float(x) for x in re.findall(r"handed over in ([\d.]+) s", res.stderr))
     return out
 
 
