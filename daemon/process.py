@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ EXTEND_LIMIT = 3600.0
 
 try:
     from systemd import daemon as _sd
-except ImportError:  # systemd-python is optional off Linux
+except ImportError:  # off Linux, or a machine where it could not be built (scripts/gpu_wheels.sh)
     _sd = None
 
 
@@ -148,11 +149,22 @@ class SignalFlags:
         return self.stop_reason is not None
 
 
+@functools.cache
+def _no_notifications() -> None:
+    log.warning(
+        "started by systemd, but systemd-python is not installed: no readiness, status or "
+        "watchdog notifications (a Type=notify unit will time out)"
+    )
+
+
 class Notifier:
     def __init__(self, enabled: bool = True) -> None:
         """`enabled=False` for the ranks of a torchrun job other than global rank 0: they inherit
         NOTIFY_SOCKET from the agent, but one voice (rank 0's) speaks for the job."""
-        self.enabled = bool(enabled and _sd is not None and os.environ.get("NOTIFY_SOCKET"))
+        wanted = bool(enabled and os.environ.get("NOTIFY_SOCKET"))
+        if wanted and _sd is None:
+            _no_notifications()
+        self.enabled = wanted and _sd is not None
         usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0) if self.enabled else 0
         # Ping at half the watchdog interval, as sd_watchdog_enabled(3) recommends.
         self._watchdog_every = usec / 2e6 if usec else 0.0
