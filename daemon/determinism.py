@@ -85,14 +85,24 @@ def pin_collectives(on: bool, device: torch.device) -> None:
             )
 
 
+#: Benchmarks only (scripts/gpu_check.py compares attention kernels): the SDPA backends a CUDA
+#: step may use, by name (e.g. "MATH" or "FLASH_ATTENTION"). Not recorded in a manifest: a run
+#: trained under it is a measurement, not a run to resume.
+BENCH_BACKENDS_ENV = "ANDREA_BENCH_SDPA_BACKENDS"
+
+
 def attention(on: bool, device: torch.device) -> contextlib.AbstractContextManager[None]:
     """The context the forward and backward passes run in: on CUDA with the mode on, the
     attention backends whose backward is deterministic under it (flash, memory-efficient, math);
     cuDNN's is not, and is left out explicitly as torch itself does."""
-    if not on or device.type != "cuda":
+    if device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if forced := os.environ.get(BENCH_BACKENDS_ENV):
+        return sdpa_kernel([SDPBackend[name.strip()] for name in forced.split(",")])
+    if not on:
+        return contextlib.nullcontext()
     return sdpa_kernel(
         [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     )

@@ -318,10 +318,12 @@ class Trainer:
         before, self._previous = self._previous, trained
         if before is not None and before.step == trained.step - 1 == self._checkpointed:
             log.debug(
-                "step %d, the first after the checkpoint of step %d: %.1f ms",
+                "step %d, the first after the checkpoint of step %d: %.1f ms (step %d: %.1f ms)",
                 trained.step,
                 before.step,
-                1000 * trained.end.seconds_after(before.end),
+                1000 * trained.seconds(),
+                before.step,
+                1000 * before.seconds(),
             )
         c.loss_ema = ema_update(c.loss_ema, entry.loss)
         if not self.sink.record_loss(entry):
@@ -344,6 +346,12 @@ class Trainer:
         code = ExitCode(dist.agree_code(self.world, int(self.checkpointer.final(reason))))
         self.close()
         self.reporter.summary(reason)
+        if self.platform.device.type == "cuda":
+            log.info(
+                "peak CUDA memory: %.2f GiB allocated, %.2f GiB reserved",
+                torch.cuda.max_memory_allocated(self.platform.device) / 2**30,
+                torch.cuda.max_memory_reserved(self.platform.device) / 2**30,
+            )
         if self.control is not None:
             self.control.close(
                 {

@@ -30,9 +30,9 @@ from .counters import Counters
 from .parts import Parts, Platform
 
 
-class StepEnd:
-    """When a step's work ended: a CUDA event on a GPU, the host's clock on CPU (where a step is
-    done when `StepRunner.train` returns)."""
+class Mark:
+    """A point in a step's work: a CUDA event on a GPU (its time is known once the device has
+    passed it), the host's clock on CPU (where the work is done when the call returns)."""
 
     def __init__(self, device: torch.device) -> None:
         self.event = None
@@ -41,8 +41,8 @@ class StepEnd:
             self.event = torch.cuda.Event(enable_timing=True)
             self.event.record()
 
-    def seconds_after(self, earlier: StepEnd) -> float:
-        """Seconds from `earlier` to this end (on a GPU, once this step is done)."""
+    def seconds_after(self, earlier: Mark) -> float:
+        """Seconds from `earlier` to this mark (on a GPU, waits until the device passes it)."""
         if self.event is None or earlier.event is None:
             return self.clock - earlier.clock
         self.event.synchronize()
@@ -57,13 +57,19 @@ class Trained:
     #: This rank's loss: the mean over its micro-batches, on the device.
     loss: torch.Tensor
     batches: StepBatches
-    end: StepEnd
+    #: Where the step's work started and ended (its duration, on the device).
+    start: Mark
+    end: Mark
     arm: str
     lr: float
     tokens: int
     segment: int
     phase: int
     _value: float | None = field(default=None, repr=False)
+
+    def seconds(self) -> float:
+        """How long the step's work took (on a GPU, once it is done)."""
+        return self.end.seconds_after(self.start)
 
     def value(self) -> float:
         """This rank's loss (waits for the step's kernels on a GPU, once)."""
@@ -121,6 +127,7 @@ class StepRunner:
     def train(self, arm: int) -> Trained:
         """`grad_accum` micro-batches of the step's arm, their gradients averaged, each on this
         rank's share of the micro-batch's global batch; then the optimizer's update."""
+        start = Mark(self.platform.device)
         step = self.counters.step + 1
         accum, optimizer = self.cfg.grad_accum, self.parts.optimizer
         lr = lr_at(step, self.cfg.optim)
@@ -147,7 +154,8 @@ class StepRunner:
             step=step,
             loss=losses[0] if accum == 1 else torch.stack(losses).mean(),
             batches=batches,
-            end=StepEnd(self.platform.device),
+            start=start,
+            end=Mark(self.platform.device),
             arm=self.parts.arms[arm].name,
             lr=lr,
             tokens=tokens,
