@@ -1,11 +1,13 @@
 """One measurement in a fresh process, for bench_perf.py (which interleaves them).
 
-    python tests/bench/perf_worker.py throughput --model ref|ours [--preset andrea-12m] [--threads 2]
+    python tests/bench/perf_worker.py throughput --model ref|ours|plain [--preset andrea-12m] [--threads 2]
                                       [--steps 6] [--warmup 2] [--dropout X] [--compile]
     python tests/bench/perf_worker.py load --path RUN/.loss.json --how curve|entries
 
-`throughput`: training steps of the reference GPT or of ours, on the same config, batch, threads and
-precision; prints {"step_s": [...], "tokens_per_step": N}. Random tokens stand in for data (the cost
+`throughput`: training steps of the reference GPT (nanoGPT-style), of ours (daemon/model.py in the
+plain loop below) or of the plain GPT (tests/bench/plain_gpt.py: our shapes, PyTorch's own dropout
+and attention), on the same config, batch, threads and precision; prints {"step_s": [...],
+"tokens_per_step": N}. Random tokens stand in for data (the cost
 of a step does not depend on which bytes it trains on).
 
 `load`: the canonical loss curve read the way `andreactl plot` reads it (`read_curve`), or as
@@ -36,7 +38,16 @@ def build(kind: str, preset: str, dropout: float | None, compile_: bool):
     cfg = build_config({}, {"preset": preset})
     mc = cfg.model if dropout is None else cfg.model.model_copy(update={"dropout": dropout})
     torch.manual_seed(0)
-    if kind == "ref":
+    if kind == "plain":
+        from plain_gpt import PlainGPT, plain_step
+
+        model = PlainGPT(mc)
+        opt = model.make_optimizer(cfg.optim)
+        fwd = torch.compile(model) if compile_ else model
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> float:
+            return plain_step(fwd, opt, x, y)  # type: ignore[arg-type]
+    elif kind == "ref":
         from reference_gpt import ReferenceGPT, train_step
 
         model = ReferenceGPT(
@@ -119,7 +130,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("throughput")
-    t.add_argument("--model", choices=["ref", "ours"], required=True)
+    t.add_argument("--model", choices=["ref", "ours", "plain"], required=True)
     t.add_argument("--preset", default="andrea-12m")
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--steps", type=int, default=6)
