@@ -544,10 +544,9 @@ def bench_throughput(preset: str, rounds: int, steps: int, warmup: int, cache: P
 
 
 def _bookkeeping_cost(cache: Path) -> float:
-    """What the loop does per step besides the model's math, timed directly (in-process, tiny preset):
-    the arm, the batch and its hash, the loss entry and its append, the watchdog tick, the flag checks."""
-    import hashlib
-
+    """What the loop does per step besides the model's math, timed directly (in-process, andrea-12m):
+    the arm, the batch (drawn, and taken from the worker that gathered and hashed it), the loss
+    entry and its append, the watchdog tick, the flag checks."""
     from andrea.daemon.process import SignalFlags
     from andrea.daemon.trainer import Trainer, TrainerOptions
     from andrea.protocol.lossentry import LossEntry
@@ -566,11 +565,13 @@ def _bookkeeping_cost(cache: Path) -> float:
         tr.setup()
         n = 200
         t0 = time.perf_counter()
+        batches = tr.stepper.batches
         for s in range(1, n + 1):
             arm = tr.sink.arm_for(s)
-            batch = tr.parts.streams[arm].next_batch(cfg.batch_size)
-            digest = hashlib.sha256(batch.tobytes()).hexdigest()
-            torch.from_numpy(batch)
+            step = batches.draw(arm)
+            batches.prefetch(tr.parts.mixture.assign(s + 1))
+            step.micro(0)
+            digest = step.digest()
             entry = LossEntry(
                 step=s,
                 loss=1.0,

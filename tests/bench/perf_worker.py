@@ -106,6 +106,33 @@ def throughput(args: argparse.Namespace) -> dict:
     }
 
 
+def models(args: argparse.Namespace) -> dict:
+    """Our GPT and the plain one in the same plain loop, in one process, step by step in turn (the
+    order alternating), at dropout 0 and 0.1: wall and CPU seconds per step. On a loaded machine
+    the CPU time of a one-thread step is the steadier measure of the work each model does."""
+    torch.set_num_threads(args.threads)
+    cfg, _, _ = build("ours", args.preset, None, False)
+    g = torch.Generator().manual_seed(1)
+    xy = torch.randint(0, 256, (cfg.batch_size, cfg.model.block_size + 1), generator=g)
+    x, y = xy[:, :-1], xy[:, 1:]
+    steps = {
+        f"{kind} p={p}": build(kind, args.preset, p, False)[2]
+        for p in (0.0, 0.1)
+        for kind in ("plain", "ours")
+    }
+    wall: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [] for k in steps}
+    names = list(steps)
+    for r in range(args.warmup + args.steps):
+        for k in names if r % 2 else names[::-1]:
+            t0, c0 = time.perf_counter(), time.process_time()
+            steps[k](x, y)
+            if r >= args.warmup:
+                wall[k].append(time.perf_counter() - t0)
+                cpu[k].append(time.process_time() - c0)
+    return {"threads": args.threads, "wall_s": wall, "cpu_s": cpu}
+
+
 def load(args: argparse.Namespace) -> dict:
     from andrea.control.plot import audit_figure, save_figure
     from andrea.control.run_events import RunEvents
@@ -138,11 +165,17 @@ def main() -> None:
     t.add_argument("--batch-size", type=int)
     t.add_argument("--dropout", type=float)
     t.add_argument("--compile", action="store_true")
+    mo = sub.add_parser("models")
+    mo.add_argument("--preset", default="andrea-12m")
+    mo.add_argument("--threads", type=int, default=1)
+    mo.add_argument("--steps", type=int, default=8)
+    mo.add_argument("--warmup", type=int, default=1)
     ld = sub.add_parser("load")
     ld.add_argument("--path", type=Path, required=True)
     ld.add_argument("--how", choices=["curve", "entries"], required=True)
     args = ap.parse_args()
-    print(json.dumps(throughput(args) if args.cmd == "throughput" else load(args)))
+    run = {"throughput": throughput, "models": models, "load": load}[args.cmd]
+    print(json.dumps(run(args)))
 
 
 if __name__ == "__main__":
