@@ -12,7 +12,9 @@ mask needs. So on CPU, in training, a dropout mask is drawn as 32-bit integers f
 (two per 64-bit output, kept where >= round(p * 2**32)), seeded by one 63-bit draw from torch's
 global generator per call: the same Bernoulli(1 - p) keep / scale 1 / (1 - p), a pure function of
 torch's RNG state (which every checkpoint saves and restores, so resume stays bit-exact) and
-independent of the thread count. Attention with dropout is written out (matmul, causal mask,
+independent of the thread count: the stream is drawn in spans on the step's threads, each from a
+generator advanced to its span, which changes no bit. Every CPU run with dropout has trained on
+these masks; they stay as they are. Attention with dropout is written out (matmul, causal mask,
 softmax, dropout, matmul) since SDPA would draw its own mask. Everywhere else — CUDA, evaluation,
 dropout 0 — PyTorch's fused kernels are used. `torch.compile` was measured too and made a CPU step
 slower here (0.93x), so the `compile` setting's default leaves it off on CPU (on on CUDA).
