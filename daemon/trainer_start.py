@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .batch import batch_shape
 from .checkpoint.manager import checkpoint_steps
 from .config import (
     ConfigError,
@@ -95,6 +96,16 @@ def resolve_config(args: argparse.Namespace, run_toml_existed: bool) -> RunConfi
     overrides = config_overrides(args)
     if args.with_proxy:
         overrides["mixing"] = "proxy"
+    if "batch_size_per" not in file_values:
+        # What batch_size counts belongs to the run, not to the file a start names: a new run
+        # counts it per step; an existing one keeps what its run.toml says (a --config file
+        # written for it need not repeat it).
+        run_toml = args.run_dir / CONFIG_FILE
+        recorded = load_toml(run_toml) if args.config and run_toml_existed else file_values
+        if not run_toml_existed:
+            file_values["batch_size_per"] = "step"
+        elif "batch_size_per" in recorded:
+            file_values["batch_size_per"] = recorded["batch_size_per"]
     cfg = build_config(file_values, overrides, source=str(cfg_path))
     # Without run.toml the flags describe a run as this version creates it: with the default
     # held-out split. A run that lost its run.toml is then resumed only if its checkpoints agree;
@@ -108,11 +119,7 @@ def _check_machine(cfg: RunConfig, world: World) -> torch.device:
     share out, is refused before run.toml records it."""
     device = device_for(world, resolve_device(cfg.device))
     resolve(cfg.precision, device)
-    if cfg.batch_size % world.size:
-        raise ConfigError(
-            f"batch_size {cfg.batch_size} must be divisible by the world size {world.size}: each "
-            "rank trains on an equal share of every micro-batch"
-        )
+    batch_shape(cfg, world.size)
     return device
 
 
