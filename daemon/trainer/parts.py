@@ -133,6 +133,12 @@ def _seed(seed: int) -> None:
     random.seed(seed)
 
 
+def seed_rank_stream(seed: int, rank: int, step: int) -> None:
+    """A rank's random streams when its checkpoint holds none for it (it resumes a smaller job's
+    run): a pure function of (seed, rank, step), so the same resume draws the same again."""
+    _seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
+
+
 def _seeded_model(cfg: RunConfig, device: torch.device, rank: int) -> GPT:
     # Seed everything for a fresh run; a resumed run overwrites all of it from the manifest.
     _seed(cfg.seed)

@@ -13,11 +13,13 @@ import logging
 
 import numpy as np
 
+from andrea.protocol.lineage import Lineage, WorldSpan
+
 from .. import distributed as dist
 from ..checkpoint import rngstate
 from ..checkpoint.format import Payload
 from ..checkpoint.manager import CheckpointManager, Expectation, Loaded, ResumeRefused
-from ..checkpoint.manifest import Manifest
+from ..checkpoint.manifest import Manifest, RankState
 from ..checkpoint.rngstate import RngState
 from ..checkpoint.state import load_adam_state, load_weights
 from ..config import config_changes, record_trajectory, trajectory_of
@@ -25,7 +27,7 @@ from ..rundir import CONFIG_FILE
 from .counters import Counters
 from .environment import environment_of, inexact_changes
 from .options import TrainerOptions
-from .parts import Parts, Platform
+from .parts import Parts, Platform, seed_rank_stream
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ class Restorer:
         self.counters = counters
         self.manager = manager
         self._pending_rng: RngState | None = None
+        #: This rank has no generator states in the checkpoint (it resumes a smaller job's).
+        self._fresh_stream = False
 
     def resume(self) -> tuple[Manifest | None, bool]:
         """Restore the newest valid checkpoint, all but its random generators, and record the
@@ -59,13 +63,11 @@ class Restorer:
         ResumeRefused on every rank when rank 0 refuses."""
         manifest, payload = self._find()
         changed = False
-        if manifest is not None:
+        if manifest is None:
+            self._start_lineage()
+        else:
             self.restore(manifest, payload)
-            self._pending_rng = (
-                manifest.distributed.ranks[self.world.rank].rng
-                if manifest.distributed is not None
-                else manifest.rng
-            )
+            self._continue_lineage(manifest)
             if manifest.config_hash != self.cfg.trajectory_hash():
                 if self.main:
                     log.warning(
@@ -86,9 +88,55 @@ class Restorer:
             )
         return manifest, changed
 
+    def _start_lineage(self) -> None:
+        """A new run's lineage: this world size from the start."""
+        self.counters.lineage = Lineage(
+            world_sizes=[WorldSpan(from_step=0, world_size=self.world.size)]
+        )
+
+    def _same_world(self, m: Manifest) -> bool:
+        return m.environment.world_size == self.world.size
+
+    @staticmethod
+    def _rank_state(m: Manifest, rank: int) -> RankState:
+        """Rank `rank`'s RNG and cursor states as the checkpoint recorded them (a single
+        process's are the manifest's own)."""
+        if m.distributed is not None:
+            return m.distributed.ranks[rank]
+        return RankState(rank=0, rng=m.rng, data=m.data)
+
+    def _continue_lineage(self, m: Manifest) -> None:
+        """The run's lineage as this life continues it; at another world size, which generators
+        carry over (each rank below the old size keeps its own), announced as not bit-exact."""
+        lineage = m.lineage_or_default()
+        self.counters.lineage = lineage.at_world(m.step, self.world.size)
+        self.counters.source_manifest = m.source_manifest
+        old = m.environment.world_size
+        if self.world.rank < old:
+            self._pending_rng = self._rank_state(m, self.world.rank).rng
+        else:
+            self._fresh_stream = True
+        if old != self.world.size and self.main:
+            log.warning(
+                "resuming at world size %d from a checkpoint written by a job of %d: this resume "
+                "will NOT be bit-exact with the run so far: each rank's dropout stream and the "
+                "order of the gradient reduction change (%s); the data stream continues exactly, "
+                "every rank drawing the same global order (%s); Adam's moments and the LR "
+                "schedule continue",
+                self.world.size,
+                old,
+                _streams_note(old, self.world.size),
+                self.parts.batch.describe(),
+            )
+
     def restore_rng(self) -> None:
         """Restore this rank's random generators from the checkpoint resumed (if any, and unless
-        the negative control skips them): the last thing before the first step."""
+        the negative control skips them): the last thing before the first step. A rank the
+        checkpoint has no state for (a larger job than wrote it) starts a stream of its own,
+        seeded by (seed, rank, step)."""
+        if self._fresh_stream:
+            seed_rank_stream(self.cfg.seed, self.world.rank, self.counters.step)
+            return
         if self._pending_rng is None or "rng" in self.opts.skip_restore:
             return
         try:
@@ -158,7 +206,6 @@ class Restorer:
             config_hash=self.cfg.trajectory_hash(),
             allow_config_change=self.opts.allow_config_change,
             trajectory=self.cfg.trajectory(),
-            world_size=self.world.size,
             check=self._cursor_problems,
         )
 
@@ -199,7 +246,9 @@ class Restorer:
             )
 
     def _restore_cursors(self, m: Manifest) -> None:
-        mine = m.distributed.ranks[self.world.rank].data if m.distributed is not None else m.data
+        # Every rank draws the whole global batch, so every rank's cursors are rank 0's (the
+        # manifest's own): at another world size those are the data stream's position.
+        mine = self._rank_state(m, self.world.rank).data if self._same_world(m) else m.data
         cursors = {c.name: c for c in mine}
         for s in self.parts.streams:
             saved = cursors.get(s.arm.name)
@@ -221,3 +270,17 @@ class Restorer:
             log.warning(
                 "this resume will NOT be bit-exact with the run so far (%s)", "; ".join(changed)
             )
+
+
+def _streams_note(old: int, new: int) -> str:
+    """Which ranks keep their random generators across a change of world size."""
+    kept = (
+        "rank 0 keeps its generators"
+        if min(old, new) == 1
+        else (f"ranks 0-{min(old, new) - 1} keep their generators")
+    )
+    if new > old:
+        others = f"rank {old}" if new - old == 1 else f"ranks {old}-{new - 1}"
+        return f"{kept}; {others} start{'s' if new - old == 1 else ''} streams of their own"
+    gone = f"rank {new}" if old - new == 1 else f"ranks {new}-{old - 1}"
+    return f"{kept}; the generators of {gone} are dropped"
