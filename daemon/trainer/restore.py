@@ -21,6 +21,7 @@ from ..checkpoint.format import Payload
 from ..checkpoint.manager import CheckpointManager, Expectation, Loaded, ResumeRefused
 from ..checkpoint.manifest import Manifest, RankState
 from ..checkpoint.rngstate import RngState
+from ..checkpoint.source import Source, SourceError, read_source
 from ..checkpoint.state import load_adam_state, load_weights
 from ..config import config_changes, record_trajectory, trajectory_of
 from ..rundir import CONFIG_FILE
@@ -55,6 +56,8 @@ class Restorer:
         self._pending_rng: RngState | None = None
         #: This rank has no generator states in the checkpoint (it resumes a smaller job's).
         self._fresh_stream = False
+        #: Adam's moments came from a checkpoint (rank 0's reach the other ranks by broadcast).
+        self.moments_restored = False
 
     def resume(self) -> tuple[Manifest | None, bool]:
         """Restore the newest valid checkpoint, all but its random generators, and record the
@@ -67,6 +70,7 @@ class Restorer:
             self._start_lineage()
         else:
             self.restore(manifest, payload)
+            self.moments_restored = True
             self._continue_lineage(manifest)
             if manifest.config_hash != self.cfg.trajectory_hash():
                 if self.main:
@@ -89,9 +93,64 @@ class Restorer:
         return manifest, changed
 
     def _start_lineage(self) -> None:
-        """A new run's lineage: this world size from the start."""
+        """A new run's lineage: this world size from the start, and the checkpoint of another run
+        it starts from (--init-from), whose weights (and moments) it loads."""
+        source = self._init_from() if self.opts.init_from is not None else None
         self.counters.lineage = Lineage(
-            world_sizes=[WorldSpan(from_step=0, world_size=self.world.size)]
+            world_sizes=[WorldSpan(from_step=0, world_size=self.world.size)],
+            init_from=source.describe(self.opts.init_optimizer) if source is not None else None,
+        )
+        self.counters.source_manifest = source.content() if source is not None else None
+
+    def _init_from(self) -> Source | None:
+        """Rank 0 reads and verifies the source and loads its weights (and with
+        --init-from-optimizer Adam's state); the other ranks learn the outcome and the step count
+        by broadcast (weights and moments follow when DDP wraps the model). The source on rank 0;
+        ResumeRefused on every rank when it cannot be used."""
+        source: Source | None = None
+        answer: dict = {}
+        if self.main:
+            try:
+                source = read_source(self.opts.init_from)
+                self._load_source(source)
+                answer = {"adam_step": source.manifest.optimizer.adam_step}
+            except (SourceError, ValueError) as e:
+                answer = {"refused": str(e)}
+        if self.world.distributed:
+            message = json.dumps(answer).encode() if self.main else None
+            answer = json.loads(dist.broadcast_bytes(self.world, message))
+        if "refused" in answer:
+            raise ResumeRefused(answer["refused"])
+        if self.opts.init_optimizer:
+            if not self.main:
+                n = sum(p.numel() for p in self.parts.params)
+                zeros = np.zeros(n, dtype=np.float32)
+                payload = Payload(0, n, zeros, zeros, zeros)
+                layout = self.parts.layout
+                load_adam_state(
+                    self.parts.optimizer, self.parts.params, layout, payload, answer["adam_step"]
+                )
+            self.moments_restored = True
+        return source
+
+    def _load_source(self, source: Source) -> None:
+        """Rank 0: the source's verified weights into the model, and its moments when asked."""
+        p = source.payload()
+        m = source.manifest
+        load_weights(list(self.parts.model.named_parameters()), m.layout, p.weights)
+        if self.opts.init_optimizer:
+            load_adam_state(
+                self.parts.optimizer, self.parts.params, m.layout, p, m.optimizer.adam_step
+            )
+        log.info(
+            "new run started from %s (step %d, sha256 %s…): its weights%s; this run's own config, "
+            "data, schedule and random streams from step 0",
+            source.path,
+            m.step,
+            m.bin_sha256[:12],
+            f" and Adam's moments (step count {m.optimizer.adam_step})"
+            if self.opts.init_optimizer
+            else " (Adam starts afresh)",
         )
 
     def _same_world(self, m: Manifest) -> bool:
