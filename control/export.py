@@ -63,6 +63,7 @@ from andrea.daemon.rundir import (
     SAMPLES_FILE,
     STATE_FILE,
 )
+from andrea.protocol.lineage import Lineage
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -132,6 +133,8 @@ class ExportMetrics(_Record):
     mixing: MixingState
     config_hash: str
     environment: Environment
+    #: World sizes, and the checkpoint of another run this one started from (--init-from).
+    lineage: Lineage
 
 
 class ReloadCheck(_Record):
@@ -286,6 +289,7 @@ def _metrics(run_dir: Path, manifest: Manifest) -> ExportMetrics:
         mixing=manifest.mixing,
         config_hash=manifest.config_hash,
         environment=manifest.environment,
+        lineage=manifest.lineage_or_default(),
     )
 
 

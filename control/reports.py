@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from andrea.protocol.evalentry import EvalEntry
+from andrea.protocol.lineage import Lineage
 from andrea.protocol.status import ProxyStatus, TrainerStatus
 
 
@@ -48,6 +49,10 @@ class OfflineSummary(_Report):
     loss_ema: float | None = Field(description="loss EMA of the canonical curve at logged_step")
     policy_fingerprint: str | None
     last_eval: EvalEntry | None = Field(None, description="newest entry of .eval.json")
+    lineage: Lineage | None = Field(
+        None,
+        description="of the newest checkpoint: world sizes, and the checkpoint it started from",
+    )
 
 
 class StatusReport(_Report):

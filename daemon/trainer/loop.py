@@ -322,4 +322,5 @@ class Trainer:
             compiled=self.parts.compiled if self.parts is not None else None,
             eval_every=ev.every if ev is not None else None,
             last_eval=ev.last_eval if ev is not None else None,
+            lineage=c.lineage,
         )
