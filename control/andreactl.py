@@ -26,7 +26,16 @@ from pathlib import Path
 from andrea.daemon.losslog import LossLogError
 from andrea.daemon.rundir import SocketDirError
 
-from .commands import checkpoints, history, observability, pivot, status, tools, trainer_requests
+from .commands import (
+    checkpoints,
+    history,
+    observability,
+    pivot,
+    plan,
+    status,
+    tools,
+    trainer_requests,
+)
 from .commands.conventions import EXIT_CODES, EXIT_FAILED, EXIT_USAGE, Command, UserError
 
 RUN_DIR_ENV = "ANDREA_RUN_DIR"
@@ -44,7 +53,8 @@ COMMANDS: tuple[Command, ...] = (
     status.WATCH,
     observability.PLOT,
     observability.METRICS,
-    tools.SIZE,
+    plan.PLAN,
+    plan.SIZE,
     tools.EXPORT,
     tools.VERIFY_RESUME,
     tools.SCHEMA,
