@@ -164,17 +164,21 @@ def _checkpoints(run_dir: Path) -> list[int]:
 
 
 def _check_init_from(args: argparse.Namespace, cfg: RunConfig, world: World) -> Path | None:
-    """The checkpoint a new run starts from (--init-from), checked by rank 0 before anything is
-    written: an intact manifest of a model of the same shape, into a directory without
-    checkpoints. None without --init-from, and for a restart of the run it already started."""
+    """The checkpoint a new run starts from (--init-from), checked before anything is written:
+    an intact manifest of a model of the same shape, into a directory without checkpoints. None
+    without --init-from, and for a restart of the run that already started from it. Every rank
+    that can see the source checks it, so that a refusal ends them all at once; a rank on another
+    machine leaves it to rank 0."""
     if args.init_from_optimizer and args.init_from is None:
         raise ConfigError("--init-from-optimizer goes with --init-from PATH/step_NNNNNN.bin")
-    if args.init_from is None or not world.is_main:
-        return args.init_from
+    if args.init_from is None:
+        return None
     try:
         source = read_source(args.init_from)
     except SourceError as e:
-        raise ConfigError(str(e)) from None
+        if world.is_main:
+            raise ConfigError(str(e)) from None
+        return args.init_from
     if diff := shape_differences(source.manifest.model, cfg.model):
         raise ConfigError(
             f"--init-from {source.path}: its model is not this run's shape ({'; '.join(diff)}, "
@@ -185,11 +189,12 @@ def _check_init_from(args: argparse.Namespace, cfg: RunConfig, world: World) -> 
         return source.path
     started = _started_from(args.run_dir, steps[0])
     if started is not None and started.bin_sha256 == source.manifest.bin_sha256:
-        log.info(
-            "this run started from %s (sha256 %s…); resuming its own checkpoints",
-            started.path,
-            started.bin_sha256[:12],
-        )
+        if world.is_main:
+            log.info(
+                "this run started from %s (sha256 %s…); resuming its own checkpoints",
+                started.path,
+                started.bin_sha256[:12],
+            )
         return None
     raise StartRefused(
         f"--init-from starts a new run, and {args.run_dir} holds checkpoints (newest "
