@@ -44,13 +44,13 @@ class BatchShape:
 
     def describe(self) -> str:
         """One line for the start log: per step, per rank, per micro-batch, in sequences and tokens."""
-        t = self.tokens_per_sequence
+        t, rank_step = self.tokens_per_sequence, self.per_rank * self.grad_accum
+        ranks = "one rank" if self.world == 1 else f"each of {self.world} ranks"
         return (
             f"batch {self.per_step} sequences per step ({self.per_step * t:,} tokens) in "
             f"{self.grad_accum} micro-batch(es) of {self.micro_batch} ({self.micro_batch * t:,} "
-            f"tokens); per rank of {self.world}: {self.per_rank * self.grad_accum} sequences per "
-            f"step ({self.per_rank * self.grad_accum * t:,} tokens), {self.per_rank} per "
-            f"micro-batch ({self.per_rank * t:,} tokens)"
+            f"tokens); {ranks}: {rank_step} sequences per step ({rank_step * t:,} tokens), "
+            f"{self.per_rank} per micro-batch ({self.per_rank * t:,} tokens)"
         )
 
 

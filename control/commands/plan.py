@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from andrea.daemon.batch import batch_shape, step_sequences
+from andrea.daemon.boundedio import read_bounded
 from andrea.daemon.config import (
     PRESETS,
     ConfigError,
@@ -64,8 +65,8 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mfu",
         type=float,
-        help=f"model FLOPs utilisation to assume (default: measured in --run-dir's run, else "
-        f"{DEFAULT_MFU:.0%})",
+        help="model FLOPs utilisation to assume, 0-1 (default: measured in --run-dir's run, else "
+        f"{DEFAULT_MFU:g})",
     )
     parser.add_argument("--disk-gbps", type=float, default=1.0, help="disk bandwidth, GB/s")
     parser.add_argument(
@@ -133,13 +134,18 @@ def measured_mfu(run_dir: Path, cfg: RunConfig) -> tuple[float, str] | None:
     the GPUs its newest manifest names. None when it cannot be told (no steps, not a GPU of the
     table)."""
     from andrea.daemon.checkpoint.manager import checkpoint_steps
+    from andrea.daemon.checkpoint.manifest import MAX_MANIFEST_BYTES
 
     steps = checkpoint_steps(run_dir) if run_dir.is_dir() else []
     if not steps or not (run_dir / LOSS_FILE).exists():
         return None
-    env = json.loads((run_dir / manifest_name(steps[0])).read_bytes()).get("environment", {})
+    try:
+        raw = read_bounded(run_dir / manifest_name(steps[0]), MAX_MANIFEST_BYTES)
+        env = dict(json.loads(raw).get("environment", {}))
+        entries = tail_entries(run_dir / LOSS_FILE)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
     gpu = gpu_of(env.get("gpu"))
-    entries = tail_entries(run_dir / LOSS_FILE)
     segment = [e for e in entries if entries and e.segment == entries[-1].segment]
     gaps = [b.wall_time - a.wall_time for a, b in zip(segment, segment[1:]) if b.step == a.step + 1]
     if gpu is None or len(gaps) < 3:
@@ -154,10 +160,9 @@ def measured_mfu(run_dir: Path, cfg: RunConfig) -> tuple[float, str] | None:
 
 def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Per-GPU memory, the batch per GPU, step time, disk and rental hours of a run."""
+    _check_figures(args)
     cfg, source = load_config(args)
     cfg = _batched(cfg, args)
-    if args.gpus < 1:
-        raise UserError("--gpus must be >= 1")
     try:
         shape = batch_shape(cfg, args.gpus)
     except ConfigError as e:
@@ -182,6 +187,17 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     report = make_plan(cfg, shape, inputs)
     emit(args, report, plan_text(report))
     return EXIT_OK
+
+
+def _check_figures(args: argparse.Namespace) -> None:
+    if args.gpus < 1:
+        raise UserError("--gpus must be >= 1")
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        raise UserError("--mfu is a fraction of the peak: 0 < MFU <= 1")
+    if args.steps is not None and args.steps < 0:
+        raise UserError("--steps must be >= 0")
+    if min(args.disk_gbps, args.staging_gbps) <= 0 or args.startup_seconds < 0:
+        raise UserError("--disk-gbps and --staging-gbps must be > 0, --startup-seconds >= 0")
 
 
 def _gib(n: float) -> str:

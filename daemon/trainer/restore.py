@@ -339,7 +339,8 @@ def _streams_note(old: int, new: int) -> str:
         else (f"ranks 0-{min(old, new) - 1} keep their generators")
     )
     if new > old:
-        others = f"rank {old}" if new - old == 1 else f"ranks {old}-{new - 1}"
-        return f"{kept}; {others} start{'s' if new - old == 1 else ''} streams of their own"
+        if new - old == 1:
+            return f"{kept}; rank {old} starts a stream of its own"
+        return f"{kept}; ranks {old}-{new - 1} start streams of their own"
     gone = f"rank {new}" if old - new == 1 else f"ranks {new}-{old - 1}"
     return f"{kept}; the generators of {gone} are dropped"
