@@ -169,6 +169,10 @@ def test_init_from_starts_a_new_run_from_another_runs_checkpoint(
     assert man["config"]["seed"] == 7, "the new run keeps its own config"
     _, status = ctl(capsys, new, "status")
     assert f"started from {source} (sha256 {init['bin_sha256'][:12]}" in status
+    code, _ = ctl(capsys, new, "export", "--to", str(tmp_path / "export"), "--json")
+    assert code == 0
+    exported = json.loads((tmp_path / "export" / "metrics.json").read_text())
+    assert exported["lineage"]["init_from"] == init
 
     # Never a way around the resume checks of a run that has checkpoints: every rank refuses.
     t = job(torchrun(source_dir, cache_dir, *args, "--init-from", str(new / bin_name(1))))
