@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from .checkpoint.format import payload_size
 from .checkpoint.manager import (
@@ -111,7 +112,7 @@ def _check_checkpoint(plan: StartPlan, identities: dict[str, str], allow_change:
     )
 
 
-def _sound_manifest(run_dir, step: int, skipped: list[str]) -> Manifest | None:
+def _sound_manifest(run_dir: Path, step: int, skipped: list[str]) -> Manifest | None:
     """The verified manifest of `step` when its payload has the size it declares; else None,
     with the reason added to `skipped`."""
     try:
