@@ -95,7 +95,7 @@ def test_activation_estimate_is_within_25_percent_of_the_measured_peak(
     estimate = activation_bytes(model, sequences, cpu_numerics(model))
     measured = measured_peak(model, sequences)
     assert 0.75 <= estimate / measured <= 1.25, (estimate, measured)
-    # Measured here: every case within 4%.
+    # Measured here: 1.02, 1.03, 1.02 and 1.05 times the peak.
     assert abs(estimate / measured - 1) < 0.06, (estimate, measured)
 
 
