@@ -736,10 +736,8 @@ def drifted(name: str, old: str, new: str) -> tuple[Doc, int]:
 def test_a_module_path_that_does_not_exist_is_found() -> None:
     doc, n = drifted("README.md", "`daemon/config.py`", "`daemon/configuration.py`")
     assert path_problems(doc) == [f"README.md:{n}: daemon/configuration.py does not exist"]
-    doc, n = drifted("docs/distributed.md", "`daemon/trainer/step.py`", "`daemon/trainer/steps.py`")
-    assert path_problems(doc) == [
-        f"docs/distributed.md:{n}: daemon/trainer/steps.py does not exist"
-    ]
+    doc, n = drifted("docs/distributed.md", "`daemon/distributed.py`", "`daemon/distribute.py`")
+    assert path_problems(doc) == [f"docs/distributed.md:{n}: daemon/distribute.py does not exist"]
 
 
 def test_a_dotted_name_that_moved_is_found() -> None:
