@@ -488,8 +488,10 @@ class LossLog:
     def append_many(self, entries: Iterable[LossEntry]) -> int:
         """Append entries in one write (no fsync), skipping (segment, step) pairs already present.
 
-        Returns the number of entries written. If the write fails the log refuses further use: reopen it,
-        which repairs the tail (entries that did reach the file are then found by the index).
+        Returns the number of entries written. If the write fails (a full disk) it is undone at once: the
+        file is cut back to its last complete entry and its terminator (the cut frees what the write took,
+        so this fits on a full disk). The log then refuses further use: reopen it (which repairs the tail,
+        should the undo have failed too).
         """
         fd = self._usable_fd()
         lines: list[bytes] = []
@@ -510,14 +512,35 @@ class LossLog:
         try:
             _pwrite_all(fd, data, self._end)
         except BaseException:
-            # The file now ends in an unknown state; only a reopen (tail repair) can say what it holds.
             self._broken = True
+            self._undo_append(fd)
             raise
         self._end += len(data) - len(_TERM)
         self._keys |= new_keys
         self._count += len(lines)
         self._last = last
         return len(lines)
+
+    def _undo_append(self, fd: int) -> None:
+        """Cut a failed append off: the file ends, as before it, with the terminator after the last
+        complete entry (the terminator is what the append began by overwriting)."""
+        try:
+            os.ftruncate(fd, self._end)
+            _pwrite_all(fd, _TERM, self._end)
+            os.fsync(fd)
+        except OSError as e:
+            log.error(
+                "%s: a failed append left a torn tail after byte %d, which could not be cut off "
+                "now (%s); the next open repairs it",
+                self._path,
+                self._end,
+                e,
+            )
+        else:
+            log.warning(
+                "%s: a failed append was undone; the log ends with its last complete entry",
+                self._path,
+            )
 
     def sync(self) -> None:
         """fsync: every entry appended so far survives kill -9 and power loss once this returns."""
