@@ -60,6 +60,7 @@ the end of the file.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import gc
 import json
@@ -438,7 +439,12 @@ class LossLog:
         both cases the file is not modified.
         """
         path = Path(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.EISDIR, errno.ENXIO):  # a directory, a socket
+                raise
+            raise LossLogCorrupt(path, 0, "not a regular file") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -252,6 +252,7 @@ def _train(
     from .checkpoint.manager import ResumeRefused
     from .config import save_config
     from .proxy_link import ProxyRefused
+    from .trainer.sink import RecordLogRefused
     from .trainer_start import StartRefused
 
     trainer = _new_trainer(plan, args, flags, world, backend)
@@ -264,6 +265,9 @@ def _train(
     except ResumeRefused as e:
         # Rank 0's refusal reaches every rank by its broadcast.
         raise StartRefused(str(e), ExitCode.RESUME_REFUSED, agreed=True) from None
+    except RecordLogRefused as e:
+        # Rank 0's alone (it alone keeps the records): torchrun stops the other ranks.
+        raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
     if plan.write_config_after_setup:
         log.warning("%s was missing; rewritten from the configuration just resumed", CONFIG_FILE)
         save_config(plan.cfg, plan.run_dir / CONFIG_FILE)
