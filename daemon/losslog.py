@@ -743,6 +743,21 @@ def _parse_curve(doc: bytes) -> LossCurve | list[LossEntry]:
             return _ENTRIES.validate_json(doc)
 
 
+def read_columns(path: str | os.PathLike[str]) -> LossCurve:
+    """Every complete entry, in file order, as columns (:func:`read_curve` before it keeps one entry
+    per step). Same checks, errors and torn-tail tolerance as :func:`read_entries`; never modifies
+    the file."""
+    path = Path(path)
+    buf = _read_content(path)
+    tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
+    parsed = _parse_body(path, buf, tail, _parse_curve)
+    return (
+        parsed
+        if isinstance(parsed, LossCurve)
+        else _curve({name: [getattr(e, name) for e in parsed] for name in _FIELD_NAMES})
+    )
+
+
 def read_curve(path: str | os.PathLike[str]) -> LossCurve:
     """The canonical curve (see :func:`canonical_curve`) as columns, without a model per entry.
 
@@ -752,15 +767,7 @@ def read_curve(path: str | os.PathLike[str]) -> LossCurve:
     numbers and strings, so CPython does not track them and the collector does not run (pausing it
     measured no faster).
     """
-    path = Path(path)
-    buf = _read_content(path)
-    tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
-    parsed = _parse_body(path, buf, tail, _parse_curve)
-    read = (
-        parsed
-        if isinstance(parsed, LossCurve)
-        else _curve({name: [getattr(e, name) for e in parsed] for name in _FIELD_NAMES})
-    )
+    read = read_columns(path)
     # canonical_curve vectorised: order by step, then segment; the sort is stable, so among equal
     # (step, segment) file order is kept, and the last row of each step is the one to keep.
     order = np.lexsort((read.segment, read.step))

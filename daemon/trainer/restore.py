@@ -24,8 +24,9 @@ from ..checkpoint.rngstate import RngState
 from ..checkpoint.source import Source, SourceError, read_source
 from ..checkpoint.state import load_adam_state, load_weights
 from ..config import config_changes, record_trajectory, trajectory_of
-from ..rundir import CONFIG_FILE
+from ..rundir import CONFIG_FILE, LOSS_FILE
 from .counters import Counters
+from .crosscheck import CrossCheck
 from .environment import environment_of, inexact_changes
 from .options import TrainerOptions
 from .parts import Parts, Platform, seed_rank_stream
@@ -58,6 +59,7 @@ class Restorer:
         self._fresh_stream = False
         #: Adam's moments came from a checkpoint (rank 0's reach the other ranks by broadcast).
         self.moments_restored = False
+        self._crosscheck: CrossCheck | None = None
 
     def resume(self) -> tuple[Manifest | None, bool]:
         """Restore the newest valid checkpoint, all but its random generators, and record the
@@ -265,8 +267,15 @@ class Restorer:
             config_hash=self.cfg.trajectory_hash(),
             allow_config_change=self.opts.allow_config_change,
             trajectory=self.cfg.trajectory(),
-            check=self._cursor_problems,
+            check=self._manifest_problems,
         )
+
+    def _manifest_problems(self, m: Manifest) -> list[str]:
+        """What in `m` this run cannot take: cursors it cannot restore, and fields that contradict
+        the step, the schedule or the recorded batches (a re-signed edit, see crosscheck.py)."""
+        if self._crosscheck is None:
+            self._crosscheck = CrossCheck(self.opts.run_dir / LOSS_FILE, self.parts.streams)
+        return self._cursor_problems(m) + self._crosscheck.problems(m)
 
     def _cursor_problems(self, m: Manifest) -> list[str]:
         """Cursors a resume could not take (an arm's chunk count differs from the data's)."""
