@@ -5,9 +5,11 @@ nothing — not .loss.json, not the bandit, not what a restarted proxy does."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,10 +20,12 @@ from andrea.daemon.losslog import read_entries
 from andrea.daemon.mixing.policy import Policy
 from andrea.daemon.mixing.proxy import LogContradiction, Proxy, ProxyOptions
 from andrea.daemon.process import SignalFlags
-from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, STATE_FILE
+from andrea.daemon.proxy_link import ProxyLink
+from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, STATE_FILE, peer_endpoint
 from andrea.protocol import messages as m
 from andrea.protocol.evalentry import ArmEval, EvalEntry
 from andrea.protocol.lossentry import LossEntry
+from andrea.protocol.transport import request
 
 from .hostile import play_trainer, text_arms_config, trainer_hello, write_checkpoint
 
@@ -309,3 +313,91 @@ def _durable_files(run_dir: Path) -> dict[str, bytes]:
     return {
         p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.suffix == ".json"
     }
+
+
+# ---- the trainer's side: a refused hello asked again, an unknown link said hello again -----------
+
+
+class _Served:
+    """A proxy on its real socket, served by a thread of this process."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.flags = SignalFlags()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(run_dir,), daemon=True)
+        self.thread.start()
+        assert self.ready.wait(30)
+
+    def _run(self, run_dir: Path) -> None:
+        p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), Policy(lag=2)), self.flags)
+        p.setup()
+        self.ready.set()
+        try:
+            p.serve()
+        finally:
+            p.close()
+
+    def stop(self) -> None:
+        self.flags.request_stop("sigterm")
+        self.thread.join(30)
+
+
+def _assigned(link: ProxyLink, step: int, within: float = 30) -> m.Assignment | None:
+    """The arm of `step`, asked for as the trainer does (each wait ends at any reply)."""
+    deadline = time.monotonic() + within
+    while (a := link.assignment(step, timeout=0.25)) is None and time.monotonic() < deadline:
+        pass
+    return a
+
+
+def test_the_trainer_link_waits_for_the_old_life_and_says_hello_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = text_arms_config(tmp_path)
+    old = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    served = None
+    link = ProxyLink(peer_endpoint(tmp_path, "proxy"), 0, cfg.seed, ["alpha", "beta"])
+    try:
+        assert old.stdout.readline() == "ready\n"
+        served = _Served(tmp_path)
+        first = request(
+            peer_endpoint(tmp_path, "proxy"),
+            trainer_hello(cfg, pid=old.pid, life="01d" * 8),
+            timeout=10,
+        )
+        assert isinstance(first, m.Welcome), first
+        # A trainer that starts while the previous life still exits is refused, and asks again.
+        link.start()
+        with caplog.at_level(logging.WARNING):
+            assert _assigned(link, 1, within=2.5) is None
+            assert "refused this trainer for now" in caplog.text and link.refused is None
+        old.stdin.close()
+        old.wait(timeout=30)
+        with play_trainer(tmp_path):
+            a = _assigned(link, 1)
+        assert a is not None and link.segment == 2
+        link.submit_loss(_entry(1, a.arm, segment=2))
+        assert link.wait_acknowledged(30)
+        # A restarted proxy does not know the link's socket (ZeroMQ reconnected it by itself): the
+        # records it refuses are sent again after a hello, which the live life passes.
+        served.stop()
+        served = _Served(tmp_path)
+        a = _assigned(link, 2)
+        assert a is not None
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            link.submit_loss(_entry(2, a.arm, segment=2))
+            assert link.wait_acknowledged(30)
+        assert "saying hello again" in caplog.text and link.refused is None
+    finally:
+        link.close()
+        if served is not None:
+            served.stop()
+        if old.poll() is None:
+            old.kill()
+            old.wait()
