@@ -193,3 +193,42 @@ def test_re_signed_edits_are_skipped_and_the_weights_are_those_of_the_run(
     assert "skipping checkpoint 20: optimizer.adam_step 27 is not step 20" in res.stderr
     assert "skipping checkpoint 15: arm" in res.stderr and "cursor" in res.stderr
     assert f"resumed from {bin_name(10)}" in res.stderr
+
+
+def _started_from(adam_steps: int, optimizer: bool):
+    """An edit that makes the manifest's run one started with --init-from (a source whose Adam had
+    taken `adam_steps` steps), carrying Adam's state along when `optimizer`."""
+
+    def edit(m: dict) -> None:
+        m["lineage"] = {
+            "world_sizes": [{"from_step": 0, "world_size": 1}],
+            "init_from": {
+                "path": "/runs/source/step_000300.bin",
+                "step": 300,
+                "bin_sha256": "ab" * 32,
+                "manifest_sha256": "cd" * 32,
+                "preset": "andrea-tiny",
+                "config_hash": "ef" * 32,
+                "optimizer": optimizer,
+            },
+        }
+        m["source_manifest"] = {"optimizer": {"adam_step": adam_steps}}
+        if optimizer:
+            m["optimizer"]["adam_step"] += adam_steps
+
+    return edit
+
+
+@pytest.mark.parametrize("optimizer", [True, False])
+def test_a_run_started_from_another_counts_adam_steps_from_its_source(
+    tmp_path: Path, optimizer: bool
+) -> None:
+    """--init-from-optimizer carries the source's Adam step count on: a genuine manifest of such a
+    run passes, and an edit of its count is still named."""
+    streams = _train(tmp_path, 40)
+    _edit(tmp_path, 40, _started_from(300, optimizer))
+    assert _problems(tmp_path, streams, 40) == []
+    _edit(tmp_path, 40, lambda m: m["optimizer"].update(adam_step=m["optimizer"]["adam_step"] + 1))
+    expected = "is not 340: step 40 after the 300" if optimizer else "is not step 40"
+    problems = _problems(tmp_path, streams, 40)
+    assert problems and expected in problems[0], problems

@@ -4,8 +4,9 @@
 whoever can write the run directory can change a field and recompute the hash as
 docs/checkpoint-format.md defines it. So a resume cross-checks what something else fixes:
 
-- Adam's step count: one AdamW update per training step, so `optimizer.adam_step` is `step`, and so
-  is the scheduler's `last_step`; the scheduler's rates are the schedule's at that step, under its
+- Adam's step count: one AdamW update per training step, so `optimizer.adam_step` is `step` (plus
+  the source's count for a run started with `--init-from-optimizer`), and the scheduler's
+  `last_step` is `step`; the scheduler's rates are the schedule's at that step, under its
   own parameters, which are the manifest config's.
 - Each data cursor (single-process manifests) whose arm the checkpoint's own life drew: the batch
   it drew last must be the one the run recorded. The newest step of that arm on the checkpoint's
@@ -44,13 +45,30 @@ log = logging.getLogger(__name__)
 EXACT_ADAM_STEPS = 2**24
 
 
+def inherited_adam_steps(m: Manifest) -> int | None:
+    """Adam's step count a run started with: 0, or with `--init-from-optimizer` the source's (its
+    manifest is recorded whole); None when the recorded source does not say."""
+    source = m.lineage.init_from if m.lineage is not None else None
+    if source is None or not source.optimizer:
+        return 0
+    optimizer = (m.source_manifest or {}).get("optimizer")
+    count = optimizer.get("adam_step") if isinstance(optimizer, dict) else None
+    return count if isinstance(count, int) and count >= 0 else None
+
+
 def schedule_problems(m: Manifest) -> list[str]:
     """Adam's step count and the scheduler against the step and the manifest's config."""
     out = []
-    if m.step <= EXACT_ADAM_STEPS and m.optimizer.adam_step != m.step:
+    inherited = inherited_adam_steps(m)
+    expected = None if inherited is None else m.step + inherited
+    if expected is None:
         out.append(
-            f"optimizer.adam_step {m.optimizer.adam_step} is not step {m.step} "
-            "(one AdamW update per step)"
+            "lineage.init_from says Adam's state came too, but the source manifest has no step count"
+        )
+    elif expected <= EXACT_ADAM_STEPS and m.optimizer.adam_step != expected:
+        why = f"{expected}: step {m.step} after the {inherited}" if inherited else f"step {m.step}"
+        out.append(
+            f"optimizer.adam_step {m.optimizer.adam_step} is not {why} (one AdamW update per step)"
         )
     s = m.scheduler
     if s.last_step != m.step:
