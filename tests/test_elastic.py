@@ -173,6 +173,11 @@ def test_init_from_starts_a_new_run_from_another_runs_checkpoint(
     assert code == 0
     exported = json.loads((tmp_path / "export" / "metrics.json").read_text())
     assert exported["lineage"]["init_from"] == init
+    # Its own checkpoint resumes: Adam's count, carried on from the source, is no re-signed edit.
+    res = run_trainer(new, cache_dir, "--max-steps", "2")
+    assert res.returncode == 0, res.stderr
+    assert "skipping checkpoint" not in res.stderr and f"resumed from {bin_name(1)}" in res.stderr
+    assert manifest(new, 2)["optimizer"]["adam_step"] == src["optimizer"]["adam_step"] + 2
 
     # Never a way around the resume checks of a run that has checkpoints: every rank refuses.
     t = job(torchrun(source_dir, cache_dir, *args, "--init-from", str(new / bin_name(1))))
