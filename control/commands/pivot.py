@@ -111,13 +111,15 @@ def _read_policy(args: argparse.Namespace) -> str:
     """The new policy's text, once it parses as a policy."""
     # The policy's code is the bandit's (numpy models, tens of milliseconds to import): only a
     # pivot pays for it.
-    from andrea.daemon.mixing.policy import PolicyError, load_policy
+    from andrea.daemon.mixing.policy import PolicyError, parse_policy, read_policy_text
 
     if args.policy is None:
         raise UserError("pivot needs --policy FILE (or --cancel)")
     try:
-        load_policy(args.policy)
-        return args.policy.read_text(encoding="utf-8")
+        # Read once, bounded: the text checked here is the text the proxy gets.
+        text = read_policy_text(args.policy)
+        parse_policy(text, str(args.policy))
+        return text
     except PolicyError as e:
         raise UserError(str(e)) from None
 
