@@ -582,7 +582,6 @@ def export_checkpoint(
     progress(f"      loss {loss!r} ({loss.hex()})")
 
     progress(f"[3/5] copying into {dest}")
-    _create_destination(dest)
     created = datetime.now(UTC).isoformat(timespec="milliseconds")
     metrics = _metrics(run_dir, manifest)
     readme = _readme(manifest.step, manifest, run_dir, created, loss.hex())
@@ -634,6 +633,7 @@ def _copy(
     """Phase 3: the checkpoint, its config, metrics and README, the audit trail and, when asked, the
     safetensors weights, written durably into ``dest``."""
     manifest = source.manifest
+    _create_destination(dest)
     try:
         files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
         files += _write_audit(run_dir, dest, manifest.step, progress)

@@ -53,6 +53,10 @@ class OfflineSummary(_Report):
         None,
         description="of the newest checkpoint: world sizes, and the checkpoint it started from",
     )
+    problems: list[str] = Field(
+        default_factory=list,
+        description="run-directory files that could not be read (a link, a FIFO, garbage), and why",
+    )
 
 
 class StatusReport(_Report):

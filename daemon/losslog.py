@@ -82,6 +82,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
 
+from .boundedio import FileRejected, open_regular
 from .durable import fsync_dir
 from .validation import first_problem
 
@@ -350,6 +351,15 @@ def _check_regular(path: Path, fd: int) -> int:
     if not stat.S_ISREG(st.st_mode):
         raise LossLogCorrupt(path, 0, "not a regular file")
     return st.st_size
+
+
+def _open_reader(path: Path) -> int:
+    """A descriptor of the log for a reader: a regular file where it lies, never through a link
+    (a tool run by root must not read what a planted link points at)."""
+    try:
+        return open_regular(path)
+    except FileRejected as e:
+        raise LossLogCorrupt(path, 0, str(e).removeprefix(f"{path}: ")) from None
 
 
 def _content_size(path: Path, fd: int, size: int) -> int:
@@ -636,7 +646,7 @@ def last_entry(path: str | os.PathLike[str], model: type[BaseModel] = LossEntry)
     Tolerates a torn tail and never modifies the file; raises FileNotFoundError if there is no log.
     """
     path = Path(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = _open_reader(path)
     try:
         size = _content_size(path, fd, _check_regular(path, fd))
         return _scan_tail(path, lambda offset, n: os.pread(fd, n, offset), size, model).last
@@ -647,7 +657,7 @@ def last_entry(path: str | os.PathLike[str], model: type[BaseModel] = LossEntry)
 def _read_content(path: Path) -> bytes:
     """The file's content without a NUL tail, read only once it is known to be a regular file of
     bounded size (readers never modify the file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = _open_reader(path)
     try:
         return _read_all(fd, _content_size(path, fd, _check_regular(path, fd)))
     finally:

@@ -41,6 +41,13 @@ ARCHIVE_DIR = "archive"
 TENSORBOARD_DIR = "tensorboard"
 PIVOT_RECORD = "pivot.json"
 
+#: The most a checkpoint manifest can need: the layout of the largest preset, the config, every
+#: RNG, and the loss records the proxy had not acknowledged (bounded by the assignment lag). A larger
+#: file is refused before it is read (a 64 GiB sparse file must not be allocated).
+MAX_MANIFEST_BYTES = 16 << 20
+#: The most a pivot record (archive/pivot-*/pivot.json) can need: two fingerprints and a few steps.
+MAX_PIVOT_RECORD_BYTES = 1 << 20
+
 #: Where the control sockets go when $ANDREA_SOCKET_DIR is unset: RUN_DIR/.sock.
 SOCKET_DIR = ".sock"
 #: The directory of the run's control sockets, one absolute path. Each daemon writes it when it

@@ -8,8 +8,10 @@ import json
 import sys
 from datetime import UTC, datetime
 
+from andrea.daemon.boundedio import read_bounded
 from andrea.daemon.evallog import canonical_evals, last_eval, read_evals
 from andrea.daemon.losslog import read_curve
+from andrea.daemon.mixing.proxyfiles import MAX_SAMPLES_BYTES
 from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE
 
 from .. import reports as r
@@ -99,14 +101,14 @@ def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The most recent generated samples, from .samples.json."""
     path = args.run_dir / SAMPLES_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         print(
             f"andreactl: {path} does not exist yet (samples come every sample_every steps)",
             file=sys.stderr,
         )
         return EXIT_FAILED
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, MAX_SAMPLES_BYTES))
         records = data["records"][-args.last :] if args.last else data["records"]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path}: not a samples file ({e})") from None

@@ -104,7 +104,9 @@ def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         # or, for a config file given alone, to the directory that holds it.
         base = (run_dir if run_dir is not None else source.parent).resolve()
         try:
-            check_user_config(source)
+            # A run directory's run.toml is read where it lies (never through a link): the
+            # verifier may run as root on a directory others can write.
+            check_user_config(source, follow_symlinks=config is not None)
             prepared = (source, base)
         except ConfigError as e:
             print(f"verify-resume: {e}", file=sys.stderr)
