@@ -85,3 +85,21 @@ def test_nested_files_are_reached_without_following_a_directory_link(
         read_inside(run, "archive/pivot-000010-20250101T000000Z/policy.toml", 4096)
     with pytest.raises(ValueError, match="not a path inside"):
         read_inside(run, "../secret", 4096)
+
+
+def test_a_lock_planted_as_a_link_is_refused_and_its_target_left_alone(
+    run: Path, secret: Path
+) -> None:
+    """A daemon truncates its lock and writes its pid there: through a planted link, a root
+    daemon would have emptied the file it points at."""
+    from andrea.daemon.rundir import claim
+
+    before = secret.read_bytes()
+    (run / ".trainer.lock").symlink_to(secret)
+    with pytest.raises(OSError, match="symbolic link"):
+        claim(run, "trainer")
+    assert secret.read_bytes() == before
+    (run / ".trainer.lock").unlink()
+    os.mkfifo(run / ".trainer.lock")
+    with pytest.raises(OSError, match="a FIFO"):
+        claim(run, "trainer")
