@@ -60,6 +60,8 @@ SOCKET_DIR = ".sock"
 #: RuntimeDirectory) without being told.
 SOCKET_DIR_RECORD = ".socket-dir"
 SOCKET_DIR_ENV = "ANDREA_SOCKET_DIR"
+#: Stands in for --run-dir (andreactl, andrea-trainer, andrea-proxy).
+RUN_DIR_ENV = "ANDREA_RUN_DIR"
 #: sun_path holds 108 bytes; keep a margin for the socket's own name.
 _MAX_IPC_PATH = 100
 #: The most RUN_DIR/.socket-dir may hold: one path.

@@ -144,3 +144,17 @@ def test_proxy_policy_linked_to_dev_zero(tmp_path: Path) -> None:
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "policy.toml: not a regular file (a character device)" in res.stderr
     assert "Traceback" not in res.stderr and "out of memory" not in res.stderr
+
+
+def test_trainer_takes_the_run_dir_from_the_environment_and_leaves_nothing_on_a_bad_preset(
+    tmp_path: Path,
+) -> None:
+    """Issue 24, item 21: andrea-trainer ignored ANDREA_RUN_DIR (which andreactl honours), and a
+    misspelled preset left an empty run directory behind."""
+    run_dir = tmp_path / "runs" / "demo"
+    cmd = [sys.executable, "-m", "andrea.daemon.trainer_cli", "--preset", "andrea-12n"]
+    env = {**os.environ, "ANDREA_RUN_DIR": str(run_dir)}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
+    assert "unknown preset 'andrea-12n'" in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists(), "a refused start creates no run directory"
