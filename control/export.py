@@ -69,6 +69,7 @@ from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE
 from andrea.protocol.lineage import Lineage
 
 from .export_sources import audit_sources, offenders
+from .reports import ErrorReport, utc_now
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -816,23 +817,33 @@ def run_export(
             safetensors=safetensors,
         )
     except ExportRefused as exc:
-        print(f"export refused: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
+        return _refused(f"export refused: {exc}", EXIT_REFUSED, as_json)
     except ExportFailed as exc:
-        print(
+        return _refused(
             f"EXPORT NOT VERIFIED: {exc}\n{dest} has no {REPORT_NAME}; remove it before exporting again",
-            file=sys.stderr,
+            EXIT_FAILED,
+            as_json,
         )
-        return EXIT_FAILED
     if as_json:
         print(report.model_dump_json(indent=2))
     return EXIT_OK
 
 
+def _refused(message: str, code: int, as_json: bool) -> int:
+    """Say why on stderr and, with --json, as andreactl's error document on stdout."""
+    print(message, file=sys.stderr)
+    if as_json:
+        error = ErrorReport(time=utc_now(), command="export", exit_code=code, error=message)
+        print(error.model_dump_json(indent=1))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m andrea.control.export", description=__doc__.split("\n\n")[0]
+        prog="python -m andrea.control.export",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
     parser.add_argument("--run-dir", type=Path, help="the run directory holding the checkpoints")
     parser.add_argument(

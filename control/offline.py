@@ -1,5 +1,6 @@
 """What ``andreactl status`` can say without asking a daemon: whether each daemon runs (its lock file),
-and a summary of a stopped run from its files alone. Reads only; creates nothing.
+which processes a stop ends, and a summary of a stopped run from its files alone. Reads only;
+creates nothing.
 
 A daemon holds an exclusive ``flock`` on ``RUN_DIR/.ROLE.lock`` for its whole life
 (:func:`andrea.daemon.rundir.claim`), so a lock nobody holds means a stopped daemon, known at once,
@@ -69,6 +70,51 @@ def _lineage(manifest: dict) -> Lineage | None:
         return Lineage(world_sizes=[WorldSpan(from_step=0, world_size=size)])
     except (ValueError, TypeError, AttributeError):
         return None
+
+
+def daemon_pid(run_dir: Path, role: str) -> int | None:
+    """The pid a running ``role`` daemon wrote into its lock; None when none runs (or the lock
+    holds no pid yet)."""
+    if not daemon_running(run_dir, role):
+        return None
+    try:
+        return int(read_bounded(lock_path(run_dir, role), 32))
+    except (OSError, ValueError):
+        return None
+
+
+def run_processes(run_dir: Path) -> dict[str, int]:
+    """Role → pid of each process that a stop of the trainer ends: the trainer, and the proxy when
+    the trainer started it (``--with-proxy``: the proxy is its child). A proxy of its own (its own
+    unit) outlives a stop of the trainer, so it is not listed."""
+    trainer = daemon_pid(run_dir, "trainer")
+    if trainer is None:
+        return {}
+    found = {"trainer": trainer}
+    proxy = daemon_pid(run_dir, "proxy")
+    if proxy is not None and _parent_pid(proxy) == trainer:
+        found["proxy"] = proxy
+    return found
+
+
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie waiting for its parent has)."""
+    try:
+        return _proc_stat(pid)[0] not in "ZX"
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        return int(_proc_stat(pid)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state, parent pid, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def _newest_checkpoint(

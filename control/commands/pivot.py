@@ -24,7 +24,7 @@ from andrea.protocol.status import Activity, HoldState, HoldStatus, ProxyStatus,
 from andrea.protocol.transport import new_id
 
 from .. import reports as r
-from .conventions import EXIT_OK, Command, UserError, emit, fail
+from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 from .daemons import ask
 from .status import status_report
 
@@ -93,7 +93,7 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         boundary = _await_hold(args, hold_id, seen=plan.resuming is not None)
         return _commit(args, plan, hold_id, boundary)
     except _Failed as e:
-        return fail(str(e))
+        raise CommandFailed(str(e)) from None
 
 
 def _live(args: argparse.Namespace) -> tuple[TrainerStatus, ProxyStatus | None]:

@@ -68,7 +68,9 @@ PROBLEMS: dict[str, Callable[[Path, ProblemOptions], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m andrea.control.verify_resume", description=__doc__.split("\n\n")[0]
+        prog="python -m andrea.control.verify_resume",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
     add_arguments(parser)
     parser.add_argument(
