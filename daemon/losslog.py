@@ -82,7 +82,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
 
-from .boundedio import FileRejected, open_regular
+from .boundedio import LINK_REFUSED, FileRejected, open_regular
 from .durable import fsync_dir
 from .validation import first_problem
 
@@ -450,8 +450,13 @@ class LossLog:
         """
         path = Path(path)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Never through a link: a daemon would append to whatever it points at.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LossLogCorrupt(
+                    path, 0, f"not a regular file (a symbolic link; {LINK_REFUSED})"
+                ) from None
             if e.errno not in (errno.EISDIR, errno.ENXIO):  # a directory, a socket
                 raise
             raise LossLogCorrupt(path, 0, "not a regular file") from None

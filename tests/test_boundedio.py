@@ -103,3 +103,27 @@ def test_a_lock_planted_as_a_link_is_refused_and_its_target_left_alone(
     os.mkfifo(run / ".trainer.lock")
     with pytest.raises(OSError, match="a FIFO"):
         claim(run, "trainer")
+
+
+def test_writers_never_write_through_a_planted_link(run: Path, secret: Path) -> None:
+    """Every file a daemon writes in a run directory: the loss log it appends to, the temporary
+    of an atomic write (its name, NAME.PID.tmp, is known in advance) and the payload's temporary.
+    A link planted at any of them is refused; what it points at is left alone."""
+    import numpy as np
+
+    from andrea.daemon.checkpoint.writer import write_payload
+    from andrea.daemon.durable import atomic_write_bytes, tmp_path
+    from andrea.daemon.losslog import LossLog, LossLogCorrupt
+
+    before = secret.read_bytes()
+    (run / ".loss.json").symlink_to(secret)
+    with pytest.raises(LossLogCorrupt, match="symbolic link"):
+        LossLog.open(run / ".loss.json")
+    tmp_path(run / ".state.json").symlink_to(secret)
+    with pytest.raises(OSError):
+        atomic_write_bytes(run / ".state.json", b"{}")
+    tmp_path(run / "step_000010.bin").symlink_to(secret)
+    with pytest.raises(OSError):
+        write_payload(run / "step_000010.bin", np.zeros(4, dtype=np.uint8))
+    assert secret.read_bytes() == before
+    assert not (run / ".state.json").exists() and not (run / "step_000010.bin").exists()
