@@ -13,8 +13,13 @@ The oracle, for every kind:
     .venv/bin/python -m pytest -q tests/test_fuzz.py                    # CI: EXAMPLES per kind
     ANDREA_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest -q tests/test_fuzz.py   # the long run
 
+Every run-directory file a command or a daemon reads also gets two kinds of its own: a link to a
+valid copy of it outside the run directory, and a FIFO. Nothing may read through the link (except a
+config a person may link: run.toml, policy.toml, read by the daemons) or block on the FIFO.
+
 Message cases bind real ipc sockets (an in-process proxy, and the trainer's control server with a
-real ZeroMQ client) and are marked `process`.
+real ZeroMQ client) and are marked `process`, as are the commands' link and FIFO cases (an alarm
+signal guards each command against blocking).
 """
 
 from __future__ import annotations
