@@ -48,7 +48,7 @@ from .commands.conventions import (
     CommandFailed,
     UserError,
 )
-from .reports import ErrorReport, utc_now
+from .commands.failures import UsageError, failed, usage_error
 
 #: Every subcommand, in the order `andreactl --help` lists them.
 COMMANDS: tuple[Command, ...] = (
@@ -83,14 +83,6 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         ):
             text += " (default: %(default)s)"
         return text
-
-
-class UsageError(Exception):
-    """A command line the parser refuses; printed as argparse prints it, exit code 2."""
-
-    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
-        super().__init__(message)
-        self.parser = parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -191,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except UsageError as e:
-        return _usage_error(e, argv)
+        return usage_error(e, argv, [c.name for c in COMMANDS])
     command: Command = args.command_entry
     sub: argparse.ArgumentParser = args.command_parser
     args.json = args.json or args.output_format == "json"
@@ -207,48 +199,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UserError(f"{args.run_dir}: no such run directory")
         return command.run(args, sub)
     except UsageError as e:
-        return _usage_error(e, argv, command.name)
+        return usage_error(e, argv, [c.name for c in COMMANDS], command.name)
     except BrokenPipeError:
         # The reader went away (`andreactl history | head`): nothing to report, and nothing more
         # may be written to stdout, not even at interpreter exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     except CommandFailed as e:
-        return _failed(args.json, command.name, str(e), EXIT_FAILED)
+        return failed(args.json, command.name, str(e), EXIT_FAILED)
     except (UserError, LossLogError, SocketDirError, FileRejected, OSError) as e:
         # A person's mistake or an unreadable file: one line, no traceback.
-        return _failed(args.json, command.name, str(e), EXIT_USAGE)
+        return failed(args.json, command.name, str(e), EXIT_USAGE)
     except KeyboardInterrupt:
         return 130
-
-
-def _failed(as_json: bool, command: str | None, message: str, code: int) -> int:
-    """Report an error: one line on stderr and, with --json, an ErrorReport on stdout."""
-    print(f"andreactl: {message}", file=sys.stderr)
-    if as_json:
-        report = ErrorReport(time=utc_now(), command=command, exit_code=code, error=message)
-        print(report.model_dump_json(indent=1))
-    return code
-
-
-def _usage_error(e: UsageError, argv: list[str], command: str | None = None) -> int:
-    e.parser.print_usage(sys.stderr)
-    print(f"{e.parser.prog}: error: {e}", file=sys.stderr)
-    if _wants_json(argv):
-        names = {c.name for c in COMMANDS}
-        command = command or next((a for a in argv if a in names), None)
-        report = ErrorReport(time=utc_now(), command=command, exit_code=EXIT_USAGE, error=str(e))
-        print(report.model_dump_json(indent=1))
-    return EXIT_USAGE
-
-
-def _wants_json(argv: list[str]) -> bool:
-    """Whether a command line the parser refused asked for JSON output."""
-    head = argv[: argv.index("--")] if "--" in argv else argv
-    pairs = zip(head, [*head[1:], ""], strict=True)
-    return any(
-        a == "--json" or a in ("-ojson", "-o=json") or (a, b) == ("-o", "json") for a, b in pairs
-    )
 
 
 if __name__ == "__main__":
