@@ -9,19 +9,25 @@ import time
 from pathlib import Path
 
 from .exitcodes import ExitCode, for_unexpected
-from .process import Notifier, SignalFlags, add_log_level_argument, setup_logging
-from .rundir import CONFIG_FILE, LOSS_FILE, AlreadyRunning, SocketDirError
+from .process import (
+    Notifier,
+    SignalFlags,
+    add_log_level_argument,
+    add_run_dir_argument,
+    setup_logging,
+)
+from .rundir import CONFIG_FILE, AlreadyRunning, SocketDirError
 
 log = logging.getLogger("andrea.proxy")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="andrea-proxy", description="Data-mixing bandit and audit trail of an ANDREA run."
+        prog="andrea-proxy",
+        description="Data-mixing bandit and audit trail of an ANDREA run.",
+        allow_abbrev=False,
     )
-    p.add_argument(
-        "--run-dir", type=Path, required=True, help="the run's directory (created if missing)"
-    )
+    add_run_dir_argument(p)
     p.add_argument(
         "--config",
         type=Path,
@@ -110,8 +116,8 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     except OSError as e:  # a read-only or vanished run directory, say
         log.error("cannot set up in %s: %s", run_dir, e)
         return ExitCode.CONFIG_ERROR
-    except LossLogError as e:
-        log.error("%s: %s", run_dir / LOSS_FILE, e)
+    except LossLogError as e:  # .loss.json or .eval.json: the error names which
+        log.error("%s", e)
         return ExitCode.RESUME_REFUSED
     except BanditError as e:
         # The run's own files contradict its config (a logged arm that is not configured):

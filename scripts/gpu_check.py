@@ -7,7 +7,8 @@
 
 Call A (speed) — andrea-120m in bf16: tokens/s and MFU, compiled and eager, the deterministic mode
 on and off, flash attention against the math backend; compile time and recompiles; peak memory
-against `andreactl plan`'s estimate (when this version has `plan`); the 1.46 GB checkpoint at a
+against `andreactl plan`'s estimate, and plan's activation estimate of one step against the
+CUDA allocator's measured peak; the 1.46 GB checkpoint at a
 cadence of 100 (how long training is held, the staging copy, the step after it, the write).
 Call B (exact) — the CUDA unit tests; andrea-12m stopped by SIGTERM and resumed, eager and
 compiled, against the run never stopped (the final .bin equal byte for byte), with the negative
@@ -247,16 +248,73 @@ def throughput(check: Check, name: str, preset: str, steps: int, *extra: str, **
 
 
 def plan_estimate(preset: str) -> str:
-    """What `andreactl plan` says of the preset's memory, where this version has the command."""
+    """What `andreactl plan` estimates a GPU of this machine needs for the preset."""
+    import json
+
     res = subprocess.run(
-        [str(BIN / "andreactl"), "plan", "--preset", preset, "--json"],
+        [str(BIN / "andreactl"), "plan", "--preset", preset, "--gpus", "1", "--json"],
         capture_output=True,
         text=True,
     )
-    if res.returncode != 0:
-        return "no `andreactl plan` in this version"
-    fields = re.findall(r'"([a-z_]*(?:memory|bytes)[a-z_]*)": ([\d.e+]+)', res.stdout)
-    return ", ".join(f"{k} {float(v) / 2**30:.2f} GiB" for k, v in fields) or res.stdout.strip()
+    try:
+        memory = json.loads(res.stdout)["memory"]
+    except (ValueError, KeyError):
+        return f"no estimate (andreactl plan exited {res.returncode})"
+    return (
+        f"{memory['total'] / 2**30:.2f} GiB in all, of which activations "
+        f"{memory['activations'] / 2**30:.2f} GiB"
+    )
+
+
+def activation_check(check: Check) -> None:
+    """`andreactl plan`'s estimate of a step's activations (with autocast's bf16 weight copies,
+    which plan counts beside them) against what the CUDA allocator measures above the model, its
+    gradients and the batch, deterministic mode on and off (both fused attention now): within
+    25 %, as on CPU (tests/test_plan.py)."""
+    import torch
+
+    from andrea.control.sizing import activation_bytes, cuda_numerics, parameters
+    from andrea.daemon import determinism
+    from andrea.daemon.config import build_config
+    from andrea.daemon.model import GPT
+
+    check.add("## Plan's activation estimate, andrea-120m, bf16", "")
+    if check.dry_run:
+        check.add("Needs CUDA: not run in a dry run.", "")
+        return
+    model = build_config(overrides={"preset": "andrea-120m"}).model
+    device = torch.device("cuda")
+    gpt = GPT(model).to(device).train()
+    p = parameters(model)
+    copies = 2 * (p.n_params - p.embedding_params)
+    check.add("| deterministic | sequences | estimate GiB | measured GiB | ratio |")
+    check.add("|---|---:|---:|---:|---:|")
+
+    def step(x: torch.Tensor, det: bool) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16), determinism.attention(det, device):
+            logits, loss = gpt(x[:, :-1], x[:, 1:])
+        loss.backward()
+        del logits
+
+    for det in (True, False):
+        for seqs in (1, 8):
+            x = torch.randint(0, model.vocab_size, (seqs, model.block_size + 1), device=device)
+            step(x, det)  # the gradients exist from here on, as in training
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step(x, det)
+            torch.cuda.synchronize()
+            measured = torch.cuda.max_memory_allocated() - base
+            estimate = activation_bytes(model, seqs, cuda_numerics("bf16")) + copies
+            ratio = estimate / measured
+            check.add(
+                f"| {'on' if det else 'off'} | {seqs} | {estimate / 2**30:.2f} | "
+                f"{measured / 2**30:.2f} | {ratio:.2f} |"
+            )
+            if not 0.75 <= ratio <= 1.25:
+                check.fail(f"plan's activation estimate is {ratio:.2f} x the measured peak")
+    check.add("")
 
 
 def call_speed(check: Check) -> None:
@@ -290,6 +348,7 @@ def call_speed(check: Check) -> None:
         check, "eager-math", big, 40, *quiet, ANDREA_BENCH_SDPA_BACKENDS="MATH"
     )
     report_speed(check, big, runs)
+    activation_check(check)
 
 
 def report_speed(check: Check, preset: str, runs: dict[str, dict]) -> None:

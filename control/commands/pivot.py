@@ -24,9 +24,12 @@ from andrea.protocol.status import Activity, HoldState, HoldStatus, ProxyStatus,
 from andrea.protocol.transport import new_id
 
 from .. import reports as r
-from .conventions import EXIT_OK, Command, UserError, emit, fail
+from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 from .daemons import ask
 from .status import status_report
+
+#: How much older than the moment it is read a trainer's status can be (it is cached for 0.1 s).
+STATUS_LAG_S = 1.0
 
 
 class _Failed(Exception):
@@ -90,7 +93,7 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         boundary = _await_hold(args, hold_id, seen=plan.resuming is not None)
         return _commit(args, plan, hold_id, boundary)
     except _Failed as e:
-        return fail(str(e))
+        raise CommandFailed(str(e)) from None
 
 
 def _live(args: argparse.Namespace) -> tuple[TrainerStatus, ProxyStatus | None]:
@@ -108,13 +111,15 @@ def _read_policy(args: argparse.Namespace) -> str:
     """The new policy's text, once it parses as a policy."""
     # The policy's code is the bandit's (numpy models, tens of milliseconds to import): only a
     # pivot pays for it.
-    from andrea.daemon.mixing.policy import PolicyError, load_policy
+    from andrea.daemon.mixing.policy import PolicyError, parse_policy, read_policy_text
 
     if args.policy is None:
         raise UserError("pivot needs --policy FILE (or --cancel)")
     try:
-        load_policy(args.policy)
-        return args.policy.read_text(encoding="utf-8")
+        # Read once, bounded: the text checked here is the text the proxy gets.
+        text = read_policy_text(args.policy)
+        parse_policy(text, str(args.policy))
+        return text
     except PolicyError as e:
         raise UserError(str(e)) from None
 
@@ -264,18 +269,21 @@ def _release(args: argparse.Namespace, hold_id: str) -> m.Reply | None:
 
 def _await_hold(args: argparse.Namespace, hold_id: str, seen: bool) -> int | None:
     """The step after which the trainer holds under ``hold_id``, once it does and says so."""
-    deadline = time.monotonic() + args.timeout
-    last_answer = time.monotonic()
-    # A status may be up to a moment older than the hold request (the trainer caches it under
-    # load): the hold counts as gone only once it has been seen.
+    accepted = time.monotonic()
+    deadline = accepted + args.timeout
+    last_answer = accepted
     while True:
+        asked = time.monotonic()
         t = status_report(args.run_dir).trainer
         if t is not None:
             last_answer = time.monotonic()
         elif time.monotonic() - last_answer > 30:
             raise _Failed("the trainer stopped answering; nothing was changed")
         h = t.hold if t is not None else None
-        seen = seen or (h is not None and h.id == hold_id)
+        # A status may be a moment older than the hold request (the trainer caches it): the hold
+        # counts as gone once it has been seen, or once no status can predate the request (a
+        # cancel may come before this client ever saw its hold).
+        seen = seen or (h is not None and h.id == hold_id) or asked - accepted > STATUS_LAG_S
         if h is not None and h.id == hold_id and h.state is HoldState.HOLDING and h.acknowledged:
             return h.step
         if seen and t is not None and (h is None or h.id != hold_id):

@@ -144,7 +144,7 @@ class Trainer:
             self.parts,
             self.world,
             self.platform.device,
-            restored=manifest is not None,
+            restored=self.restorer.moments_restored,
             settle="buckets" not in self.opts.skip_restore,
         )
         c.phase = manifest.mixing.phase if manifest is not None else 0
@@ -400,4 +400,5 @@ class Trainer:
             compiled=self.parts.compiled if self.parts is not None else None,
             eval_every=ev.every if ev is not None else None,
             last_eval=ev.last_eval if ev is not None else None,
+            lineage=c.lineage,
         )

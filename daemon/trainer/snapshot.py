@@ -115,6 +115,8 @@ class Snapshotter:
             environment=self._environment,
             config_hash=cfg.trajectory_hash(),
             config=cfg.model_dump(mode="json"),
+            lineage=c.lineage,
+            source_manifest=c.source_manifest,
             distributed=DistributedState(
                 world_size=self.world.size, backend=self.backend or "?", ranks=ranks
             )

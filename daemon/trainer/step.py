@@ -120,9 +120,9 @@ class StepRunner:
         self.notifier = notifier
         self.stop_grace = stop_grace
         self.before_update = before_update
-        # The config's batch_size is the job's micro-batch; each rank trains parts.local_batch
-        # rows of it.
-        self.batches = Batches(parts, world, platform.device, cfg.batch_size, cfg.grad_accum)
+        # parts.micro_batch: the sequences of one micro-batch over the whole job; each rank trains
+        # parts.local_batch rows of it.
+        self.batches = Batches(parts, world, platform.device, parts.micro_batch, cfg.grad_accum)
 
     def train(self, arm: int) -> Trained:
         """`grad_accum` micro-batches of the step's arm, their gradients averaged, each on this
@@ -148,7 +148,7 @@ class StepRunner:
         optimizer.step()
         c = self.counters
         c.step = step
-        tokens = accum * self.cfg.batch_size * self.cfg.model.block_size
+        tokens = accum * self.parts.micro_batch * self.cfg.model.block_size
         c.tokens_seen += tokens
         return Trained(
             step=step,
