@@ -267,8 +267,8 @@ def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, b
 
     from . import distributed as dist
     from .config import ConfigError
-    from .data import DataError
     from .rundir import AlreadyRunning, SocketDirError
+    from .sources import DataError, SourceRejected
 
     try:
         dist.check_same(world, "the run's config", _shared_config(plan.cfg))
@@ -277,6 +277,9 @@ def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, b
         return ExitCode.OK, True, ""
     except (AlreadyRunning, SocketDirError, ConfigError, dist.DistributedError) as e:
         return ExitCode.CONFIG_ERROR, False, str(e)
+    except SourceRejected as e:
+        # A glob that names something other than data (a file of /proc, a FIFO): the config's.
+        return ExitCode.CONFIG_ERROR, False, f"data: {e}"
     except DataError as e:
         return ExitCode.DATA_ERROR, False, f"data: {e}"
     except (OSError, zmq.ZMQError) as e:

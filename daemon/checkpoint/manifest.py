@@ -190,6 +190,11 @@ class Manifest(_M):
         default_factory=list,
         description="evaluation records the proxy had not yet acknowledged; re-sent on resume",
     )
+    tokenizer: str = Field(
+        "bytes",
+        description='what the run\'s text was encoded with: "bytes", or the sha256 of its '
+        "tokenizer.json (absent before tokenizers existed: bytes)",
+    )
     content_sha256: str | None = Field(
         None, description="SHA-256 of the canonical content (format 2); absent in format 1"
     )

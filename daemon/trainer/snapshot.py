@@ -115,6 +115,7 @@ class Snapshotter:
             environment=self._environment,
             config_hash=cfg.trajectory_hash(),
             config=cfg.model_dump(mode="json"),
+            tokenizer=parts.tokenizer.identity,
             distributed=DistributedState(
                 world_size=self.world.size, backend=self.backend or "?", ranks=ranks
             )
