@@ -480,6 +480,34 @@ def for_new_run(cfg: RunConfig) -> RunConfig:
     return cfg.model_copy(update={"data": data})
 
 
+def record_new_run(path: Path, cfg: RunConfig) -> list[str]:
+    """A new run's own run.toml, written by a person: record in it every trajectory setting it
+    leaves open, as this first start settled it (a flag, a preset's value, the held-out default,
+    the tokenizer's vocabulary), so that every restart trains under the same ones. A setting the
+    file states is left as it is. Rewritten atomically, only when one is missing; what it records,
+    `key = value` (`table.*` for a whole table)."""
+    values = load_toml(path)
+    dump = cfg.model_dump(mode="json", exclude_none=True)
+    dump["data"].pop("cache_dir", None)
+    recorded: list[str] = []
+    for key in RunConfig.TRAJECTORY_FIELDS:
+        _fill_missing(values, key, dump[key], key, recorded)
+    if recorded:
+        atomic_write_bytes(path, tomli_w.dumps(values).encode())
+    return recorded
+
+
+def _fill_missing(
+    into: dict[str, Any], key: str, value: Any, dotted: str, recorded: list[str]
+) -> None:
+    if key not in into:
+        into[key] = value
+        recorded.append(f"{dotted}.*" if isinstance(value, dict) else f"{dotted} = {_show(value)}")
+    elif isinstance(value, dict) and isinstance(into[key], dict):
+        for k, v in value.items():
+            _fill_missing(into[key], k, v, f"{dotted}.{k}", recorded)
+
+
 def save_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as run.toml, so the run directory describes itself. Atomically:
     the proxy, started at the same time, and the other ranks of a job may read it at any moment."""

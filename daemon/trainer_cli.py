@@ -136,6 +136,14 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
     except StartRefused as e:
         log.error("%s", e.message)
         return e.code
+    if world.is_main:
+        log.info("held-out split: %s", plan.heldout)
+        if plan.recorded:
+            log.info(
+                "a new run: recorded in %s what it left open: %s",
+                CONFIG_FILE,
+                ", ".join(plan.recorded),
+            )
     return _train_in_process_group(args, flags, world, plan)
 
 

@@ -21,14 +21,15 @@ from .config import (
     RunConfig,
     build_config,
     config_changes,
-    for_new_run,
     load_toml,
+    record_new_run,
     save_config,
 )
 from .distributed import World, device_for
 from .exitcodes import ExitCode
 from .precision import resolve, resolve_device
 from .rundir import CONFIG_FILE
+from .settle import Settled, settle
 from .trainer_flags import config_overrides
 
 if TYPE_CHECKING:
@@ -61,6 +62,10 @@ class StartPlan:
     write_config_after_setup: bool = False
     #: Changes of the trajectory accepted with --allow-config-change, named.
     changes: list[str] = field(default_factory=list)
+    #: Which held-out case applies (new run, predates splits, set), for the start log.
+    heldout: str = ""
+    #: Settings a person's run.toml left open that this new run recorded there, `key = value`.
+    recorded: list[str] = field(default_factory=list)
 
 
 def plan_start(args: argparse.Namespace, world: World) -> StartPlan:
@@ -72,18 +77,22 @@ def plan_start(args: argparse.Namespace, world: World) -> StartPlan:
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     # Whether this run already has its own run.toml (read once: another rank of a job may write it
-    # in the meantime).
+    # in the meantime), and checkpoints: only then can a run.toml without a split predate splits.
     run_toml_existed = (run_dir / CONFIG_FILE).exists()
-    cfg = resolve_config(args, run_toml_existed)
+    predates = run_toml_existed and bool(checkpoint_steps(run_dir))
+    settled = resolve_config(args, predates)
+    cfg = settled.cfg
     device = _check_machine(cfg, world)
-    write_later, changes = _settle_run_toml(args, cfg, world, run_toml_existed)
     check_proxy_options(args)
     skip = _unsafe_options(args, cfg)
-    return StartPlan(run_dir, cfg, device, skip, write_later, changes)
+    recorded = _record_new_run(args, cfg, world, run_toml_existed and not predates)
+    write_later, changes = _settle_run_toml(args, cfg, world, run_toml_existed, predates)
+    return StartPlan(run_dir, cfg, device, skip, write_later, changes, settled.heldout, recorded)
 
 
-def resolve_config(args: argparse.Namespace, run_toml_existed: bool) -> RunConfig:
-    """The run's config: the preset, then --config or the run's run.toml, then the flags."""
+def resolve_config(args: argparse.Namespace, predates_splits: bool) -> Settled:
+    """The run's config: the preset, then --config or the run's run.toml, then the flags; settled
+    (daemon/settle.py): a new run's held-out split, the tokenizer's vocabulary."""
     cfg_path = args.config or (args.run_dir / CONFIG_FILE)
     file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
     run_preset = file_values.get("preset")
@@ -96,11 +105,21 @@ def resolve_config(args: argparse.Namespace, run_toml_existed: bool) -> RunConfi
     if args.with_proxy:
         overrides["mixing"] = "proxy"
     cfg = build_config(file_values, overrides, source=str(cfg_path))
-    # Without run.toml the flags describe a run as this version creates it: with the default
-    # held-out split. A run that lost its run.toml is then resumed only if its checkpoints agree;
-    # one older than splits is refused naming data.heldout_fraction, and --heldout-fraction 0
-    # restores it.
-    return cfg if run_toml_existed else for_new_run(cfg)
+    # A run without run.toml gets the default held-out split: one that lost its run.toml is then
+    # resumed only if its checkpoints agree; one older than splits is refused naming
+    # data.heldout_fraction, and --heldout-fraction 0 restores it.
+    return settle(cfg, args.run_dir, predates_splits)
+
+
+def _record_new_run(
+    args: argparse.Namespace, cfg: RunConfig, world: World, own_new_run_toml: bool
+) -> list[str]:
+    """A new run started from a run.toml a person wrote in the run directory: the trajectory
+    settings it leaves open go into it as this start settled them (flags included), so that every
+    restart resumes alike; one it states and a flag changes is still refused."""
+    if not (world.is_main and own_new_run_toml):
+        return []
+    return record_new_run(args.run_dir / CONFIG_FILE, cfg)
 
 
 def _check_machine(cfg: RunConfig, world: World) -> torch.device:
@@ -117,7 +136,7 @@ def _check_machine(cfg: RunConfig, world: World) -> torch.device:
 
 
 def _settle_run_toml(
-    args: argparse.Namespace, cfg: RunConfig, world: World, run_toml_existed: bool
+    args: argparse.Namespace, cfg: RunConfig, world: World, run_toml_existed: bool, predates: bool
 ) -> tuple[bool, list[str]]:
     """The new-run/existing-run decision: (write run.toml only after the resume?, the trajectory
     changes this start makes). A new run's run.toml is written now."""
@@ -130,7 +149,8 @@ def _settle_run_toml(
     if world.is_main and run_toml_existed:
         # Flags that change the trajectory the run's own file describes: named, and refused unless
         # deliberate (then recorded in run.toml once the resume has been accepted).
-        recorded = build_config(load_toml(run_toml), source=CONFIG_FILE)
+        own = build_config(load_toml(run_toml), source=CONFIG_FILE)
+        recorded = settle(own, run_dir, predates).cfg
         changes = config_changes(recorded.trajectory(), cfg.trajectory())
         if changes and not args.allow_config_change:
             raise StartRefused(

@@ -18,11 +18,12 @@ from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import ProxyStatus
 
-from ..config import ConfigError, RunConfig, build_config, config_changes, load_toml
+from ..config import ConfigError, RunConfig, config_changes
 from ..evallog import EvalLog, last_eval
 from ..losslog import LossLog, canonical_curve, read_entries
 from ..metrics.prometheus import exposition_for
 from ..rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, STATE_FILE, TENSORBOARD_DIR
+from ..settle import read_run_config
 from .archive import archive_samples, phase_starts
 from .assignbook import AssignmentBook
 from .bandit import Bandit
@@ -122,7 +123,7 @@ class ProxyCore:
         if path is None:
             return
         try:
-            cfg = build_config(load_toml(path), source=str(path))
+            cfg = read_run_config(path, self.run_dir)
         except (ConfigError, OSError) as e:
             log.warning("cannot re-read %s: %s", path, e)
             return
