@@ -26,7 +26,16 @@ from pathlib import Path
 from andrea.daemon.losslog import LossLogError
 from andrea.daemon.rundir import SocketDirError
 
-from .commands import checkpoints, history, observability, pivot, status, tools, trainer_requests
+from .commands import (
+    checkpoints,
+    history,
+    observability,
+    pivot,
+    status,
+    tokenizer,
+    tools,
+    trainer_requests,
+)
 from .commands.conventions import EXIT_CODES, EXIT_FAILED, EXIT_USAGE, Command, UserError
 
 RUN_DIR_ENV = "ANDREA_RUN_DIR"
@@ -45,6 +54,7 @@ COMMANDS: tuple[Command, ...] = (
     observability.PLOT,
     observability.METRICS,
     tools.SIZE,
+    tokenizer.TOKENIZER,
     tools.EXPORT,
     tools.VERIFY_RESUME,
     tools.SCHEMA,
