@@ -227,10 +227,10 @@ class ProgressBar:
     """An encode's progress on a terminal: percent, bytes, rate and time left, redrawn at most
     five times a second; nothing when `stream` is not a terminal (a log, a pipe)."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
         self.total = max(total, 1)
-        self.stream = stream
-        self.enabled = stream.isatty()
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty()
         self.started = self.drawn = time.monotonic()
 
     def update(self, done: int) -> None:
@@ -279,10 +279,9 @@ def _documents(files: list[Path], field: str) -> Iterator[Document]:
 
 
 def encode(
-    patterns: list[str], out: Path, tokenizer: RunTokenizer, field: str = DEFAULT_FIELD
+    files: list[Path], out: Path, tokenizer: RunTokenizer, field: str = DEFAULT_FIELD
 ) -> r.TokenizerEncodeReport:
-    """Encode the inputs into the tokens file `out` and its record (`FILE.json`)."""
-    files = input_files(patterns)
+    """Encode `files` (`input_files`) into the tokens file `out` and its record (`FILE.json`)."""
     for path in (out, record_path(out)):
         if path.exists():
             raise UserError(f"{path} exists: remove it first, or choose another --out")

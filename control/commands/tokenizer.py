@@ -86,6 +86,7 @@ def _encode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from andrea.daemon.config import ConfigError
     from andrea.daemon.tokenizer import load_tokenizer
 
+    files = tool.input_files(args.inputs)
     try:
         if args.tokenizer is not None:
             tokenizer = load_tokenizer(args.tokenizer, Path.cwd())
@@ -95,7 +96,7 @@ def _encode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error("encode needs --tokenizer FILE, or --run-dir DIR for the run's tokenizer")
     except ConfigError as e:
         raise UserError(str(e)) from None
-    report = tool.encode(args.inputs, args.out, tokenizer, args.field)
+    report = tool.encode(files, args.out, tokenizer, args.field)
     emit(args, report, tool.encode_text(report, _arm_name(args.out), args.run_dir))
     return EXIT_OK
 
