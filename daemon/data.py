@@ -15,13 +15,14 @@ the uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,15 @@ from . import corpus, heldout
 from .config import ArmSpec, DataConfig
 from .durable import atomic_write_bytes
 from .encoding import Document, counts_path, read_record, split_paths, write_arm
-from .sources import DEFAULT_FIELD, DataError, Stop, arm_files, jsonl_documents, text_documents
+from .sources import (
+    DEFAULT_FIELD,
+    DataError,
+    SourceRejected,
+    Stop,
+    arm_files,
+    jsonl_documents,
+    text_documents,
+)
 from .tokenizer import BYTES, RunTokenizer, check_vocab, load_tokenizer, tokenizer_identity
 
 log = logging.getLogger(__name__)
@@ -182,12 +191,22 @@ def _file_arm(
     tokenizer: RunTokenizer,
 ) -> Arm:
     """A text or JSON Lines arm."""
-    source, _ = _source_identity(spec, base, should_stop)
-    identity = encoded_identity(source, tokenizer.identity, fraction)
-    if not _is_cached(cache, identity, tokenizer):
-        docs = arm_documents(spec, base, should_stop)
-        _encode(spec.name, cache, identity, docs, tokenizer, fraction, should_stop)
+    with _naming(spec):
+        source, _ = _source_identity(spec, base, should_stop)
+        identity = encoded_identity(source, tokenizer.identity, fraction)
+        if not _is_cached(cache, identity, tokenizer):
+            docs = arm_documents(spec, base, should_stop)
+            _encode(spec.name, cache, identity, docs, tokenizer, fraction, should_stop)
     return _cached(spec.name, cache, identity, tokenizer, fraction)
+
+
+@contextlib.contextmanager
+def _naming(spec: ArmSpec) -> Iterator[None]:
+    """A file of the arm that cannot be read as a regular file is refused naming the arm too."""
+    try:
+        yield
+    except SourceRejected as e:
+        raise SourceRejected(f"arm {spec.name!r}: {e}") from None
 
 
 def arm_documents(
@@ -385,7 +404,8 @@ def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) ->
             raise DataError(f"no Python sources found under {root}")
         source = corpus.stdlib_identity(spec.part, files, root)
     else:
-        source, _ = _source_identity(spec, base)
+        with _naming(spec):
+            source, _ = _source_identity(spec, base)
     return encoded_identity(source, run_tokenizer.identity, fraction)
 
 

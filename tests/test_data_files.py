@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -180,12 +181,27 @@ def test_an_arm_too_small_to_hold_anything_out_is_a_warning(tmp_path: Path, capl
     assert "arm small is too small to hold anything out" in caplog.text
 
 
+def _read_into(path: Path, result: list[BaseException]) -> None:
+    try:
+        read_file(path)
+    except BaseException as e:  # the test looks at what it was
+        result.append(e)
+
+
 def test_only_regular_files_are_read(tmp_path: Path) -> None:
     # A file of /proc: "regular", size 0, but it holds something else.
     with pytest.raises(SourceRejected, match=r"/proc/self/environ: holds more than the 0 bytes"):
         read_file(Path("/proc/self/environ"))
     with pytest.raises(SourceRejected, match=r"/proc/self/pagemap: cannot be read"):
         read_file(Path("/proc/self/pagemap"))
+    # /proc/kmsg waits for the kernel's next message (as root; others may not open it): refused
+    # at once, never waited on, so a stop is never ignored behind it.
+    result: list[BaseException] = []
+    reader = threading.Thread(target=_read_into, args=(Path("/proc/kmsg"), result), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "reading /proc/kmsg blocked"
+    assert isinstance(result[0], SourceRejected) and "/proc/kmsg" in str(result[0]), result
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(SourceRejected, match="not a regular file .a FIFO."):
         read_file(tmp_path / "fifo")  # would block in open(2) without O_NONBLOCK
