@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -27,9 +28,11 @@ from .sources import DataError, Stop, check_stop
 from .tokenizer import BYTES, RunTokenizer
 
 #: A batch handed to the tokenizer ends at this many documents or bytes, whichever comes first:
-#: large enough for its threads, small enough that a stop request waits well under a second.
-BATCH_DOCUMENTS = 2048
-BATCH_BYTES = 2 << 20
+#: large enough to keep its threads busy, small enough to keep two batches in memory.
+BATCH_DOCUMENTS = 4096
+BATCH_BYTES = 4 << 20
+#: How often a wait for the tokenizer looks for a stop request, in seconds.
+STOP_POLL_S = 0.05
 #: The most a tokens file's record may hold (it lists the inputs by name).
 MAX_RECORD_BYTES = 16 << 20
 
@@ -70,6 +73,19 @@ class TokenWriter:
         self.tmp.unlink(missing_ok=True)
 
 
+def _batches(docs: Iterable[Document]) -> Iterator[tuple[list[Document], int]]:
+    batch: list[Document] = []
+    size = 0
+    for doc in docs:
+        batch.append(doc)
+        size += len(doc[1])
+        if len(batch) >= BATCH_DOCUMENTS or size >= BATCH_BYTES:
+            yield batch, size
+            batch, size = [], 0
+    if batch:
+        yield batch, size
+
+
 def encode_documents(
     docs: Iterable[Document],
     tokenizer: RunTokenizer,
@@ -79,33 +95,54 @@ def encode_documents(
 ) -> None:
     """Encode `docs` in batches and add each one's ids to the writer `route(doc_id)` names.
     DataError naming a document that a subword tokenizer cannot take (not UTF-8 text);
-    InterruptedError when a stop is requested."""
-    batch: list[Document] = []
-    size = done = 0
-    for doc in docs:
-        batch.append(doc)
-        size += len(doc[1])
-        if len(batch) >= BATCH_DOCUMENTS or size >= BATCH_BYTES:
-            done += _encode_batch(batch, size, tokenizer, route, should_stop)
+    InterruptedError when a stop is requested, within `STOP_POLL_S`.
+
+    The tokenizer encodes one batch on a worker thread (it releases the GIL and uses its own
+    threads) while this thread reads the next batch's files and writes the previous batch's ids:
+    the encoder, the slow part, never waits for either."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="encode")
+    pending: tuple[list[Document], int, Future[list[np.ndarray]]] | None = None
+    done = 0
+    try:
+        for batch, size in _batches(docs):
+            check_stop(should_stop, "encoding the data")
+            future = pool.submit(_encode, tokenizer, batch)
+            if pending is not None:
+                done += _write(*pending, route, should_stop)
+                if progress is not None:
+                    progress(done)
+            pending = (batch, size, future)
+        if pending is not None:
+            done += _write(*pending, route, should_stop)
             if progress is not None:
                 progress(done)
-            batch, size = [], 0
-    if batch:
-        done += _encode_batch(batch, size, tokenizer, route, should_stop)
-        if progress is not None:
-            progress(done)
+    finally:
+        # A stop leaves the batch in flight to the worker: nobody waits for it.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _encode_batch(
+def _write(
     batch: list[Document],
     size: int,
-    tokenizer: RunTokenizer,
+    future: Future[list[np.ndarray]],
     route: Callable[[str], TokenWriter],
     should_stop: Stop,
 ) -> int:
-    check_stop(should_stop, "encoding the data")
+    """Wait for a batch's ids (looking at stop requests meanwhile) and write them."""
+    while True:
+        try:
+            encoded = future.result(timeout=STOP_POLL_S)
+            break
+        except TimeoutError:
+            check_stop(should_stop, "encoding the data")
+    for (doc_id, _), ids in zip(batch, encoded, strict=True):
+        route(doc_id).add(ids)
+    return size
+
+
+def _encode(tokenizer: RunTokenizer, batch: list[Document]) -> list[np.ndarray]:
     try:
-        encoded = tokenizer.encode_batch([d for _, d in batch])
+        return tokenizer.encode_batch([d for _, d in batch])
     except UnicodeDecodeError:
         for doc_id, d in batch:  # which one: the slow way, once
             if isinstance(d, bytes):
@@ -117,9 +154,6 @@ def _encode_batch(
                         f"tokenizer ({tokenizer.spec}) needs; convert it, or leave it out"
                     ) from None
         raise
-    for (doc_id, _), ids in zip(batch, encoded, strict=True):
-        route(doc_id).add(ids)
-    return size
 
 
 def split_paths(cache: Path, identity: str, suffix: str) -> tuple[Path, Path]:

@@ -84,7 +84,7 @@ class RunTokenizer:
     #: Ids the tokenizer can produce: 0 .. n_vocab - 1.
     n_vocab: int
 
-    @property
+    @functools.cached_property
     def dtype(self) -> np.dtype:
         """The token files' integer type under this tokenizer."""
         return dtype_for(self.n_vocab)
@@ -112,6 +112,14 @@ class RunTokenizer:
     def encode_batch(self, docs: Sequence[str | bytes]) -> list[np.ndarray]:
         """Each document's ids, in `dtype`. UnicodeDecodeError for bytes that are not UTF-8 text
         (a subword tokenizer encodes text; the byte-level one takes any bytes)."""
+        return [self.as_array(e) for e in self.encode_raw(docs)]
+
+    def encode_raw(self, docs: Sequence[str | bytes]) -> list[Any]:
+        """`encode_batch` in two halves: the encoding (which may run on another thread), ..."""
+        raise NotImplementedError
+
+    def as_array(self, encoded: Any) -> np.ndarray:
+        """... then one document's ids as an array of `dtype`."""
         raise NotImplementedError
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -126,11 +134,11 @@ class ByteTokenizer(RunTokenizer):
     identity = BYTES
     n_vocab = 256
 
-    def encode_batch(self, docs: Sequence[str | bytes]) -> list[np.ndarray]:
-        return [
-            np.frombuffer(d.encode("utf-8") if isinstance(d, str) else d, dtype=np.uint8)
-            for d in docs
-        ]
+    def encode_raw(self, docs: Sequence[str | bytes]) -> list[Any]:
+        return [d.encode("utf-8") if isinstance(d, str) else d for d in docs]
+
+    def as_array(self, encoded: Any) -> np.ndarray:
+        return np.frombuffer(encoded, dtype=np.uint8)
 
     def decode(self, ids: Sequence[int]) -> str:
         out, run = [], bytearray()
@@ -165,10 +173,12 @@ class FileTokenizer(RunTokenizer):
             raise TokenizerError(f"[data] tokenizer = {spec!r}: {path} has an empty vocabulary")
         self._encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)
 
-    def encode_batch(self, docs: Sequence[str | bytes]) -> list[np.ndarray]:
+    def encode_raw(self, docs: Sequence[str | bytes]) -> list[Any]:
         texts = [d if isinstance(d, str) else d.decode("utf-8") for d in docs]
-        dtype = self.dtype
-        return [np.array(e.ids, dtype=dtype) for e in self._encode(texts, add_special_tokens=False)]
+        return self._encode(texts, add_special_tokens=False)
+
+    def as_array(self, encoded: Any) -> np.ndarray:
+        return np.array(encoded.ids, dtype=self.dtype)
 
     def decode(self, ids: Sequence[int]) -> str:
         out, run = [], []
