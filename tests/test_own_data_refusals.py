@@ -141,3 +141,21 @@ def test_a_stop_while_the_data_is_encoded_is_honoured_at_once(tmp_path: Path) ->
     assert "stop requested during start-up" in t.log, t.log
     assert not list(cache.glob("*.tmp")) and not list(cache.glob("*.u16")), list(cache.iterdir())
     print(f"SIGTERM during encoding: exit 0 after {waited:.2f} s")
+
+
+def test_samples_the_proxy_cannot_write_never_stop_the_run(tmp_path: Path, cache_dir: Path) -> None:
+    """Samples are an audit: a .samples.json that cannot be written is logged, and both daemons
+    train on to the end."""
+    run = tmp_path / "run"
+    t = Daemon(trainer_cmd(run, cache_dir, "--with-proxy", "--max-steps", "30", "--sample-every",
+                           "10", "--checkpoint-every", "0"))  # fmt: skip
+    t.wait_for(r"sample at step 10", timeout=120)
+    deadline = time.monotonic() + 60
+    while not (run / ".samples.json").is_file():
+        assert time.monotonic() < deadline, t.log
+        time.sleep(0.05)
+    (run / ".samples.json").unlink()
+    (run / ".samples.json").mkdir()  # the next write of the samples fails
+    assert t.wait() == 0, t.log
+    assert "the samples of step 20 could not be written" in t.log, t.log
+    assert "step 30/30" in t.log and "proxy stopped" in t.log, t.log

@@ -196,16 +196,23 @@ class ProxyCore:
 
     def keep_samples(self, msg: m.SampleReport) -> None:
         """Keep the samples of a step of the phase that owns it: the current phase's with the arm
-        mix that led to them, an ended phase's (re-sent late) in its archive."""
-        if msg.phase != self.book.bandit.phase:
-            archive_samples(self.run_dir, msg)
-            return
-        if self.samples.holds(msg.step, msg.segment):
-            return
-        rec = SampleRecord.received(msg, arm_mix=dict(sorted(self.mix_since_sample.items())))
-        self.mix_since_sample = {}
-        self.samples.keep(rec)
-        self.samples.write(self.run_dir / SAMPLES_FILE)
+        mix that led to them, an ended phase's (re-sent late) in its archive. Samples are an
+        audit: a file that cannot be written is logged, and the run goes on (a full disk stops
+        the proxy at the next loss record, which is not an audit)."""
+        try:
+            if msg.phase != self.book.bandit.phase:
+                archive_samples(self.run_dir, msg)
+                return
+            if self.samples.holds(msg.step, msg.segment):
+                return
+            rec = SampleRecord.received(msg, arm_mix=dict(sorted(self.mix_since_sample.items())))
+            self.mix_since_sample = {}
+            self.samples.keep(rec)
+            self.samples.write(self.run_dir / SAMPLES_FILE)
+        except OSError as e:
+            log.warning(
+                "the samples of step %d could not be written (%s); kept no further", msg.step, e
+            )
 
     def start_phase(self, bandit: Bandit, policy: Policy) -> None:
         """The commit of a pivot (its archive is written): `bandit` runs the steps after its

@@ -188,17 +188,16 @@ class Evaluation:
         log.info("generating samples at step %d", c.step)
         try:
             texts = self.sample()
-        except Exception as e:
-            log.error("the samples of step %d failed (%r); training goes on", c.step, e)
-            return
-        for text in texts:
-            log.info("sample at step %d: %r", c.step, text)
-        self.sink.record_samples(
-            m.SampleReport(
+            report = m.SampleReport(
                 id=new_id(),
                 step=c.step,
                 segment=c.segment,
                 phase=c.phase,
                 samples=[m.Sample(prompt=p, text=t) for p, t in zip(SAMPLE_PROMPTS, texts)],
             )
-        )
+        except Exception as e:
+            log.error("the samples of step %d failed (%r); training goes on", c.step, e)
+            return
+        for text in texts:
+            log.info("sample at step %d: %r", c.step, text)
+        self.sink.record_samples(report)
