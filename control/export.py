@@ -591,17 +591,8 @@ def export_checkpoint(
 
     progress(f"[3/5] copying into {dest}")
     created = datetime.now(UTC).isoformat(timespec="milliseconds")
-    metrics = _metrics(run_dir, manifest)
-    readme = _readme(manifest.step, manifest, run_dir, created, loss.hex(), tokenizer)
-    files = _copy(
-        run_dir,
-        dest,
-        source,
-        manifest_bytes,
-        (metrics, readme, tokenizer_file),
-        safetensors,
-        progress,
-    )
+    metrics, written = _contents(run_dir, manifest, created, loss, (tokenizer, tokenizer_file))
+    files = _copy(run_dir, dest, source, manifest_bytes, written, safetensors, progress)
     checks = _source_checks(source)
     clock.phase("copy")
     progress(f"      {len(files)} files, {sum(f.size for f in files):,} bytes, fsynced")
@@ -620,7 +611,7 @@ def export_checkpoint(
         trigger=manifest.trigger,
         skipped=source.skipped,
         files=files,
-        tokenizer=tokenizer_record(tokenizer, tokenizer_file[1] if tokenizer_file else None),
+        tokenizer=tokenizer_record(tokenizer, tokenizer_file),
         metrics=metrics,
         evaluation=evaluation,
         checks=[*checks, reloaded],
@@ -631,6 +622,19 @@ def export_checkpoint(
     )
     _write_report(dest, report, progress)
     return report
+
+
+def _contents(
+    run_dir: Path,
+    manifest: Manifest,
+    created: str,
+    loss: float,
+    tokenizer: tuple[RunTokenizer, tuple[bytes, Path] | None],
+) -> tuple[ExportMetrics, tuple[ExportMetrics, str, tuple[bytes, Path] | None]]:
+    """The metrics, and what phase 3 writes besides the checkpoint: metrics, README, tokenizer."""
+    metrics = _metrics(run_dir, manifest)
+    readme = _readme(manifest.step, manifest, run_dir, created, loss.hex(), tokenizer[0])
+    return metrics, (metrics, readme, tokenizer[1])
 
 
 def _intact_detail(manifest: Manifest) -> str:

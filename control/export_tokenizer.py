@@ -85,8 +85,9 @@ def load_export_tokenizer(export_dir: Path, manifest: Manifest) -> RunTokenizer:
     return tokenizer
 
 
-def record(tokenizer: RunTokenizer, source: Path | None) -> ExportTokenizer:
-    """What export.json says of `tokenizer`."""
+def record(tokenizer: RunTokenizer, file: tuple[bytes, Path] | None) -> ExportTokenizer:
+    """What export.json says of `tokenizer`, read from `file` (its bytes and path)."""
+    source = file[1] if file is not None else None
     if tokenizer.identity == BYTES:
         return ExportTokenizer(kind="bytes", file=None, sha256=None, n_vocab=256, source=None)
     return ExportTokenizer(
