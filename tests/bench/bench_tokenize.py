@@ -10,13 +10,16 @@ library's sources, copied again and again with the common identifiers of each co
 text file per module and copy, until it holds `--mb` MB. A byte-level BPE of `--vocab` ids is trained
 (as `andreactl tokenizer train` trains one) on its first 16 MB.
 
-1. Throughput, on the first `--throughput-mb` MB of documents, each way measured three times, alternately:
+1. Throughput, on the first `--throughput-mb` MB of documents, cut into `--rounds` slices; each
+   slice is encoded the three ways back to back, in a rotating order (so that the load of a shared
+   machine hits them alike):
    - direct: the documents already in memory as strings, one `Tokenizer.encode_batch_fast` call
      (the library's own fastest batch path, its threads on every core), ids not even copied out;
    - arm: `daemon.encoding.write_arm`, what a trainer's first start does: read the files (regular
      files only), split the held-out documents, encode in batches, write the two cache files;
    - encode: `write_tokens_file`, what `andreactl tokenizer encode` does.
-   Each is reported in MB of text per second and as a ratio to direct (best of three).
+   Each is reported in MB of text per second, and as a ratio to direct: the median of the slices'
+   ratios of wall time, the ratio of the totals, and the ratio of CPU time (every thread's).
 2. Time to first step: `andrea-trainer --max-steps 1` on a run whose one text arm is the whole
    corpus, from the process's start to its first progress line: cold (an empty cache: hashing,
    reading and encoding every file), warm (a new run over the same cache: hashing only), and a
@@ -29,6 +32,7 @@ Not collected by pytest (bench_*.py); it runs minutes on two cores.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -102,41 +106,71 @@ def _slice(files: list[Path], size: int) -> list[Path]:
     return out
 
 
-def throughput(files: list[Path], tokenizer_path: Path, work: Path) -> dict:
-    """MB/s of the three ways over the same documents, each measured three times, alternately."""
+def _timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process's every thread) of `fn()`."""
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def _one_way(
+    way: str, r: int, part: list[Path], common: Path, texts: list[str], tok, work: Path
+) -> None:
     from andrea.daemon.encoding import write_arm, write_tokens_file
     from andrea.daemon.sources import text_documents
+
+    if way == "direct":
+        tok.hf.encode_batch_fast(texts, add_special_tokens=False)
+    elif way == "arm":
+        (work / f"cache{r}").mkdir()
+        write_arm(work / f"cache{r}", "bench", text_documents(part, common), tok, 0.05)
+    else:
+        write_tokens_file(work / f"out{r}.u16", text_documents(part, common), tok, ["bench"])
+
+
+def throughput(files: list[Path], tokenizer_path: Path, work: Path, rounds: int) -> dict:
+    """The three ways over the same documents, in `rounds` slices; within a slice they run back to
+    back in a rotating order, so that the load of a shared machine hits them alike, and each
+    slice gives a ratio. The medians of those ratios, and the totals."""
+    from andrea.daemon.encoding import read_record
     from andrea.daemon.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_path), Path("/"))
-    common = Path(os.path.commonpath([f.parent for f in files]))
-    texts = [f.read_text() for f in files]
-    mb = sum(f.stat().st_size for f in files) / 1e6
+    size = sum(f.stat().st_size for f in files)
+    slices = [files[i::rounds] for i in range(rounds)]
+    ways = ("direct", "arm", "encode")
+    wall = {k: [] for k in ways}
+    cpu = {k: [] for k in ways}
     tokens = 0
-    times: dict[str, list[float]] = {"direct": [], "arm": [], "encode": []}
-    for rep in range(3):
-        t0 = time.perf_counter()
-        encodings = tok.hf.encode_batch_fast(texts, add_special_tokens=False)
-        times["direct"].append(time.perf_counter() - t0)
-        tokens = sum(len(e.ids) for e in encodings)
-        del encodings
-        cache = work / f"cache{rep}"
-        cache.mkdir()
-        t0 = time.perf_counter()
-        write_arm(cache, f"bench{rep}", text_documents(files, common), tok, 0.05)
-        times["arm"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        write_tokens_file(work / f"out{rep}.u16", text_documents(files, common), tok, ["bench"])
-        times["encode"].append(time.perf_counter() - t0)
-    best = {k: min(v) for k, v in times.items()}
+    for r, part in enumerate(slices):
+        common = Path(os.path.commonpath([f.parent for f in part]))
+        texts = [f.read_text() for f in part]
+        for k in ways[r % 3 :] + ways[: r % 3]:
+            w, c = _timed(functools.partial(_one_way, k, r, part, common, texts, tok, work))
+            wall[k].append(w)
+            cpu[k].append(c)
+        record = read_record(work / f"out{r}.u16")
+        tokens += record.tokens if record is not None else 0
+    mb = size / 1e6
+
+    def median_ratio(times: dict[str, list[float]], k: str) -> float:
+        ratios = sorted(d / x for d, x in zip(times["direct"], times[k], strict=True))
+        return round(ratios[len(ratios) // 2], 3)
+
     return {
         "documents": len(files),
         "mb": round(mb, 1),
-        "tokens": tokens,
-        "bytes_per_token": round(mb * 1e6 / tokens, 3),
-        "seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
-        "mb_per_s": {k: round(mb / s, 2) for k, s in best.items()},
-        "ratio_to_direct": {k: round(best["direct"] / s, 3) for k, s in best.items()},
+        "rounds": rounds,
+        "tokens": tokens,  # documents joined: separators included
+        "bytes_per_token": round(size / tokens, 3),
+        "wall_s": {k: round(sum(v), 1) for k, v in wall.items()},
+        "cpu_s": {k: round(sum(v), 1) for k, v in cpu.items()},
+        "mb_per_s": {k: round(mb / sum(v), 2) for k, v in wall.items()},
+        "ratio_to_direct_wall_median": {k: median_ratio(wall, k) for k in ways},
+        "ratio_to_direct_wall_total": {
+            k: round(sum(wall["direct"]) / sum(wall[k]), 3) for k in ways
+        },
+        "ratio_to_direct_cpu_total": {k: round(sum(cpu["direct"]) / sum(cpu[k]), 3) for k in ways},
     }
 
 
@@ -179,6 +213,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=float, default=200, help="size of the generated corpus")
     p.add_argument("--throughput-mb", type=float, default=32)
+    p.add_argument("--rounds", type=int, default=12, help="slices of the throughput sample")
+    p.add_argument("--throughput-only", action="store_true", help="skip the time to first step")
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--dir", type=Path, help="work here instead of a temporary directory")
     p.add_argument("--out", type=Path, help="also write the results as JSON")
@@ -201,8 +237,12 @@ def main() -> None:
         "files": n_files,
         "vocab": args.vocab,
     }
-    result["throughput"] = throughput(_slice(files, int(args.throughput_mb * 1e6)), tok, work)
+    sample = _slice(files, int(args.throughput_mb * 1e6))
+    result["throughput"] = throughput(sample, tok, work, args.rounds)
     print(json.dumps(result["throughput"], indent=1), flush=True)
+    if args.throughput_only:
+        print(json.dumps(result, indent=1))
+        return
     result["first_step_subword"] = time_to_first_step(corpus, str(tok), work, "subword")
     print("subword:", result["first_step_subword"], flush=True)
     result["first_step_bytes"] = time_to_first_step(corpus, "bytes", work, "bytes")
