@@ -64,6 +64,7 @@ from andrea.daemon.rundir import (
     STATE_FILE,
 )
 from andrea.daemon.tokenizer import BYTES, RunTokenizer
+from andrea.protocol.lineage import Lineage
 
 from .export_tokenizer import (
     TOKENIZER_NAME,
@@ -143,6 +144,8 @@ class ExportMetrics(_Record):
     mixing: MixingState
     config_hash: str
     environment: Environment
+    #: World sizes, and the checkpoint of another run this one started from (--init-from).
+    lineage: Lineage
 
 
 class ReloadCheck(_Record):
@@ -309,6 +312,7 @@ def _metrics(run_dir: Path, manifest: Manifest) -> ExportMetrics:
         mixing=manifest.mixing,
         config_hash=manifest.config_hash,
         environment=manifest.environment,
+        lineage=manifest.lineage_or_default(),
     )
 
 

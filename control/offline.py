@@ -17,6 +17,7 @@ from pathlib import Path
 from andrea.daemon.evallog import last_eval
 from andrea.daemon.metrics.series import ema_update
 from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, STATE_FILE, lock_path, parse_checkpoint_name
+from andrea.protocol.lineage import Lineage, WorldSpan
 from andrea.protocol.lossentry import LossEntry
 
 from .reports import CheckpointInfo, OfflineSummary
@@ -41,7 +42,20 @@ def daemon_running(run_dir: Path, role: str) -> bool:
     return False
 
 
-def _newest_checkpoint(run_dir: Path, now: datetime) -> tuple[CheckpointInfo | None, int | None]:
+def _lineage(manifest: dict) -> Lineage | None:
+    """The manifest's lineage; one written before lineages were recorded: its own world size."""
+    try:
+        if manifest.get("lineage") is not None:
+            return Lineage.model_validate(manifest["lineage"])
+        size = int(manifest.get("environment", {}).get("world_size", 1))
+        return Lineage(world_sizes=[WorldSpan(from_step=0, world_size=size)])
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _newest_checkpoint(
+    run_dir: Path, now: datetime
+) -> tuple[CheckpointInfo | None, int | None, Lineage | None]:
     manifests = sorted(
         (parsed[0], p)
         for p in run_dir.iterdir()
@@ -58,8 +72,8 @@ def _newest_checkpoint(run_dir: Path, now: datetime) -> tuple[CheckpointInfo | N
         info = CheckpointInfo(
             step=step, trigger=trigger, created=created, age_seconds=(now - created).total_seconds()
         )
-        return info, phase
-    return None, None
+        return info, phase, _lineage(data)
+    return None, None, None
 
 
 def tail_entries(path: Path, max_bytes: int = TAIL_BYTES) -> list[LossEntry]:
@@ -86,7 +100,7 @@ def tail_entries(path: Path, max_bytes: int = TAIL_BYTES) -> list[LossEntry]:
 def offline_summary(run_dir: Path, now: datetime | None = None) -> OfflineSummary:
     """Last checkpoint, logged step, segment, phase, loss EMA and policy of a run, from its files."""
     now = now or datetime.now(UTC)
-    checkpoint, phase = _newest_checkpoint(run_dir, now)
+    checkpoint, phase, lineage = _newest_checkpoint(run_dir, now)
     logged = segment = ema = None
     if (run_dir / LOSS_FILE).exists():
         newest: dict[int, LossEntry] = {}
@@ -114,4 +128,5 @@ def offline_summary(run_dir: Path, now: datetime | None = None) -> OfflineSummar
         phase=phase,
         loss_ema=ema,
         policy_fingerprint=fingerprint,
+        lineage=lineage,
     )

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from andrea.protocol.evalentry import EvalEntry
+from andrea.protocol.lineage import Lineage
 from andrea.protocol.status import ProxyStatus, TrainerStatus
 
 
@@ -48,6 +49,10 @@ class OfflineSummary(_Report):
     loss_ema: float | None = Field(description="loss EMA of the canonical curve at logged_step")
     policy_fingerprint: str | None
     last_eval: EvalEntry | None = Field(None, description="newest entry of .eval.json")
+    lineage: Lineage | None = Field(
+        None,
+        description="of the newest checkpoint: world sizes, and the checkpoint it started from",
+    )
 
 
 class StatusReport(_Report):
@@ -240,6 +245,109 @@ class TokenizerEncodeReport(_Report):
     tokens_per_second: float
 
 
+class PlanGpu(_Report):
+    name: str = Field(
+        description='a row of the table ("h100", "h200", "a100-80gb", "l40s"), or "custom"'
+    )
+    memory_bytes: int = Field(description="memory of one GPU (nominal, 10^9-byte GB)")
+    peak_tflops: float = Field(description="dense peak of one GPU at the plan's precision")
+    count: int
+
+
+class PlanBatch(_Report):
+    """How a step's batch is cut (daemon/batch.py): per step, per micro-batch, per GPU."""
+
+    sequences_per_step: int = Field(description="batch_size: over the whole job")
+    grad_accum: int
+    sequences_per_micro_batch: int = Field(description="over the whole job")
+    sequences_per_gpu_micro_batch: int
+    tokens_per_step: int
+    tokens_per_gpu_per_step: int
+    tokens_per_gpu_micro_batch: int
+
+
+class PlanMemory(_Report):
+    """One GPU's memory in bytes during a step."""
+
+    weights: int
+    gradients: int
+    adam_moments: int = Field(description="m and v in fp32, and a step count per tensor")
+    bf16_weight_copies: int = Field(
+        description="autocast's bf16 copies of the matrices (bf16 only)"
+    )
+    activations: int = Field(description="estimated peak of a forward and backward pass")
+    activations_per_sequence: int
+    checkpoint_staging: int = Field(
+        description="on the GPU: 0; checkpoints are staged in pinned host memory (host_staging)"
+    )
+    runtime_reserve: int = Field(description="CUDA context, cuBLAS workspace, allocator slack")
+    total: int
+    gpu_memory: int
+    headroom: int = Field(description="gpu_memory - total; negative: does not fit")
+    fits: bool
+    largest_micro_batch: int = Field(description="the most sequences per GPU micro-batch that fit")
+    host_staging: int = Field(description="pinned host memory for checkpoints, on rank 0's machine")
+    attention: str = Field(description='"math" (T x T scores kept) or "fused" (flash)')
+
+
+class PlanSpeed(_Report):
+    mfu: float = Field(description="model FLOPs utilisation assumed or measured")
+    mfu_source: str
+    flops_per_token: int = Field(description="training FLOPs per token (6N + 12 L T C)")
+    compute_seconds: float = Field(description="a step's arithmetic at the MFU")
+    allreduce_seconds: float = Field(description="a step's gradient all-reduce, not overlapped")
+    step_seconds: float
+    tokens_per_second: float = Field(description="over the whole job")
+    steps: int
+    training_seconds: float
+
+
+class PlanCheckpoints(_Report):
+    payload_bytes: int = Field(description="one step_NNNNNN.bin: 8 + 12 bytes per parameter")
+    manifest_bytes: int = Field(description="one manifest, estimated")
+    every: int
+    disk_gbps: float
+    write_seconds: float
+    stall_seconds: float = Field(description="training time lost per cadence checkpoint")
+    stalls_seconds: float = Field(description="over the planned steps")
+    kept_cadence: int = Field(description="checkpoint.keep_latest, and one being written")
+    kept_audit: int = Field(description="checkpoint.max_requested: SIGUSR1, control, pivots")
+    checkpoint_disk_bytes: int
+    loss_log_bytes: int
+    export_bytes: int
+    disk_bytes: int = Field(description="checkpoints, logs and the final export")
+
+
+class PlanRental(_Report):
+    training_hours: float
+    checkpoint_stall_hours: float
+    evaluation_hours: float
+    stop_resume_hours: float = Field(description="one stop (final write), restart and resume")
+    export_hours: float = Field(description="the final export and its verification")
+    total_hours: float
+    fits_days: dict[int, bool] = Field(description="whether it fits a 3, 7 and 30-day rental")
+
+
+class PlanReport(_Report):
+    """``andreactl plan``: memory, time and disk of a run before renting."""
+
+    source: str = Field(description="the preset, or the run.toml the model came from")
+    preset: str
+    model: dict[str, Any]
+    n_params: int
+    parameter_bytes: int
+    optimizer_bytes: int
+    precision: str
+    gpu: PlanGpu
+    batch: PlanBatch
+    memory: PlanMemory
+    speed: PlanSpeed
+    checkpoints: PlanCheckpoints
+    rental: PlanRental
+    assumptions: dict[str, str] = Field(description="each assumed figure and where it comes from")
+    warnings: list[str]
+
+
 #: A model of a --json document: the class, or ``"module:Name"`` for one whose module imports torch
 #: (imported only when its schema or a validation asks for it).
 ModelRef = type[BaseModel] | str
@@ -262,6 +370,7 @@ REPORTS: dict[str, tuple[ModelRef, ...]] = {
     "plot": (PlotReport,),
     "metrics": (MetricsReport,),
     "size": (SizeReport,),
+    "plan": (PlanReport,),
     "tokenizer": (TokenizerTrainReport, TokenizerEncodeReport),
     "export": ("andrea.control.export:ExportReport",),
     "verify-resume": ("andrea.control.verify_resume.engine:VerificationReport",),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -26,6 +27,9 @@ from .rundir import CONFIG_FILE
 from .validation import Note, describe
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
+
+#: The most sequences one optimizer step may train, over the whole job.
+MAX_STEP_SEQUENCES = 4096
 
 
 class ConfigError(ValueError):
@@ -243,18 +247,29 @@ class RunConfig(_Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    # A batch must fit in memory; far beyond this one step already needs tens of GiB, and the
-    # value is recorded in run.toml, so every restart would repeat the failure.
+    # A step's batch must fit in memory and in time; far beyond this one step already needs tens of
+    # GiB of activations, and the value is recorded in run.toml, so every restart would repeat it.
     batch_size: int = Field(
         8,
         ge=1,
-        le=4096,
-        description="sequences per micro-batch over the whole job (global; a step is grad_accum "
-        "micro-batches): each of a job's N ranks trains on a disjoint batch_size / N of them, so the same "
-        "config trains on the same batches at any world size",
+        le=MAX_STEP_SEQUENCES,
+        description="sequences per optimizer step over the whole job (the global batch); grad_accum "
+        "splits it into micro-batches, and each of a job's N ranks trains batch_size / (N x "
+        "grad_accum) sequences per micro-batch, so the same config trains on the same batches at "
+        "any world size; sizes that do not divide are refused, naming sizes that do",
     )
     grad_accum: int = Field(
-        1, ge=1, description="micro-batches per optimizer step (one arm for all of them)"
+        1,
+        ge=1,
+        le=MAX_STEP_SEQUENCES,
+        description="micro-batches per optimizer step (one arm for all of them); it must divide "
+        "batch_size, so at most batch_size",
+    )
+    batch_size_per: Literal["step"] | None = Field(
+        None,
+        description="what batch_size counts: 'step', written by every run this version creates; "
+        "absent in runs created before, whose batch_size counted the sequences of one "
+        "micro-batch (batch_size x grad_accum per step), and which keep that reading",
     )
     seed: int = Field(1337, ge=0, lt=2**63, description="seed of every random stream of the run")
     mixing: Literal["fixed", "proxy"] = Field(
@@ -301,7 +316,23 @@ class RunConfig(_Strict):
         "seed",
         "mixing",
         "grad_accum",
+        "batch_size_per",
     )
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> RunConfig:
+        if self.batch_size_per == "step" and self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"batch_size {self.batch_size} (sequences per optimizer step) is not divisible by "
+                f"grad_accum {self.grad_accum}: "
+                + divisible_choices(self.batch_size, self.grad_accum, "grad_accum")
+            )
+        if self.batch_size_per is None and self.batch_size * self.grad_accum > MAX_STEP_SEQUENCES:
+            raise ValueError(
+                f"batch_size {self.batch_size} x grad_accum {self.grad_accum} sequences per step "
+                f"(this run counts batch_size per micro-batch) exceeds {MAX_STEP_SEQUENCES}"
+            )
+        return self
 
     def trajectory(self) -> dict[str, Any]:
         """The settings that decide the training trajectory, as plain JSON data."""
@@ -331,9 +362,32 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
                 else a
                 for a in traj["data"]["arms"]
             ]
+    # Runs created before batch_size_per existed hash as they always did; with one micro-batch a
+    # step both readings train the same batches.
+    if traj.get("batch_size_per") is None or traj.get("grad_accum", 1) == 1:
+        traj.pop("batch_size_per", None)
     if traj.get("grad_accum") == 1:
         del traj["grad_accum"]
     return traj
+
+
+def divisible_choices(total: int, divisor: int, name: str) -> str:
+    """The values of `name` that divide `total`, and the nearest multiples of `divisor` around
+    `total`: what a refusal of `total % divisor` offers instead."""
+    fits = [d for d in range(1, total + 1) if total % d == 0]
+    lower = total // divisor * divisor
+    sizes = [s for s in (lower, lower + divisor) if 0 < s <= MAX_STEP_SEQUENCES]
+    return (
+        f"{name} {one_of(fits)} would work, or batch_size {one_of(sizes)}"
+        if sizes
+        else f"{name} {one_of(fits)} would work"
+    )
+
+
+def one_of(values: list[int]) -> str:
+    """`1, 2 or 4`: the choices a refusal offers (the first twelve)."""
+    shown = [str(v) for v in values[:12]] + (["..."] if len(values) > 12 else [])
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
@@ -472,12 +526,18 @@ def build_config(
 
 
 def for_new_run(cfg: RunConfig) -> RunConfig:
-    """The config a new run starts with: the default held-out split unless the config sets one.
-    (An existing run whose run.toml has no split keeps none: it predates splits.)"""
-    if cfg.data.heldout_fraction is not None:
-        return cfg
-    data = cfg.data.model_copy(update={"heldout_fraction": DEFAULT_FRACTION})
-    return cfg.model_copy(update={"data": data})
+    """The config a new run starts with: the default held-out split unless the config sets one,
+    and batch_size counted per step. (An existing run whose run.toml has no split keeps none: it
+    predates splits; one without batch_size_per keeps counting batch_size per micro-batch.)
+    ConfigError when the batch does not divide under the new reading."""
+    dump = cfg.model_dump()
+    if cfg.data.heldout_fraction is None:
+        dump["data"]["heldout_fraction"] = DEFAULT_FRACTION
+    dump["batch_size_per"] = "step"
+    try:
+        return RunConfig.model_validate(dump)
+    except ValidationError as e:
+        raise ConfigError(describe(e, "invalid configuration for a new run")) from None
 
 
 def record_new_run(path: Path, cfg: RunConfig) -> list[str]:
@@ -511,7 +571,7 @@ def _fill_missing(
 def save_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as run.toml, so the run directory describes itself. Atomically:
     the proxy, started at the same time, and the other ranks of a job may read it at any moment."""
-    atomic_write_bytes(path, tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)).encode())
+    _write_toml(path, cfg.model_dump(mode="json", exclude_none=True))
 
 
 def record_trajectory(cfg: RunConfig, path: Path) -> None:
@@ -524,8 +584,33 @@ def record_trajectory(cfg: RunConfig, path: Path) -> None:
         values.get("data", {}).get("cache_dir") if isinstance(values.get("data"), dict) else None
     )
     for key in RunConfig.TRAJECTORY_FIELDS:
-        values[key] = dump[key]
+        if key in dump:
+            values[key] = dump[key]
+        else:
+            values.pop(key, None)
     values["data"] = {k: v for k, v in values["data"].items() if k != "cache_dir"}
     if cache_dir is not None:
         values["data"]["cache_dir"] = cache_dir
-    atomic_write_bytes(path, tomli_w.dumps(values).encode())
+    _write_toml(path, values)
+
+
+def _write_toml(path: Path, values: dict[str, Any]) -> None:
+    atomic_write_bytes(path, (run_toml_header(values) + tomli_w.dumps(values)).encode())
+
+
+def run_toml_header(values: dict[str, Any]) -> str:
+    """The comment run.toml opens with: what it is, and what its batch_size counts (the field's
+    own description, or the older reading the run keeps)."""
+    if values.get("batch_size_per") == "step":
+        meaning = RunConfig.model_fields["batch_size"].description or ""
+    else:
+        meaning = (
+            "sequences per micro-batch over the whole job (this run was created before "
+            "batch_size counted a whole step, and keeps that reading: a step trains batch_size x "
+            "grad_accum sequences)"
+        )
+    lines = textwrap.wrap(f"batch_size: {meaning}.", 96)
+    return (
+        "# The run's configuration, written by andrea-trainer; `andrea-trainer --help` describes\n"
+        "# every setting.\n" + "".join(f"# {line}\n" for line in lines) + "\n"
+    )

@@ -60,6 +60,7 @@ the end of the file.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import gc
 import json
@@ -438,7 +439,12 @@ class LossLog:
         both cases the file is not modified.
         """
         path = Path(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.EISDIR, errno.ENXIO):  # a directory, a socket
+                raise
+            raise LossLogCorrupt(path, 0, "not a regular file") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -488,8 +494,10 @@ class LossLog:
     def append_many(self, entries: Iterable[LossEntry]) -> int:
         """Append entries in one write (no fsync), skipping (segment, step) pairs already present.
 
-        Returns the number of entries written. If the write fails the log refuses further use: reopen it,
-        which repairs the tail (entries that did reach the file are then found by the index).
+        Returns the number of entries written. If the write fails (a full disk) it is undone at once: the
+        file is cut back to its last complete entry and its terminator (the cut frees what the write took,
+        so this fits on a full disk). The log then refuses further use: reopen it (which repairs the tail,
+        should the undo have failed too).
         """
         fd = self._usable_fd()
         lines: list[bytes] = []
@@ -510,14 +518,35 @@ class LossLog:
         try:
             _pwrite_all(fd, data, self._end)
         except BaseException:
-            # The file now ends in an unknown state; only a reopen (tail repair) can say what it holds.
             self._broken = True
+            self._undo_append(fd)
             raise
         self._end += len(data) - len(_TERM)
         self._keys |= new_keys
         self._count += len(lines)
         self._last = last
         return len(lines)
+
+    def _undo_append(self, fd: int) -> None:
+        """Cut a failed append off: the file ends, as before it, with the terminator after the last
+        complete entry (the terminator is what the append began by overwriting)."""
+        try:
+            os.ftruncate(fd, self._end)
+            _pwrite_all(fd, _TERM, self._end)
+            os.fsync(fd)
+        except OSError as e:
+            log.error(
+                "%s: a failed append left a torn tail after byte %d, which could not be cut off "
+                "now (%s); the next open repairs it",
+                self._path,
+                self._end,
+                e,
+            )
+        else:
+            log.warning(
+                "%s: a failed append was undone; the log ends with its last complete entry",
+                self._path,
+            )
 
     def sync(self) -> None:
         """fsync: every entry appended so far survives kill -9 and power loss once this returns."""
@@ -714,6 +743,21 @@ def _parse_curve(doc: bytes) -> LossCurve | list[LossEntry]:
             return _ENTRIES.validate_json(doc)
 
 
+def read_columns(path: str | os.PathLike[str]) -> LossCurve:
+    """Every complete entry, in file order, as columns (:func:`read_curve` before it keeps one entry
+    per step). Same checks, errors and torn-tail tolerance as :func:`read_entries`; never modifies
+    the file."""
+    path = Path(path)
+    buf = _read_content(path)
+    tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
+    parsed = _parse_body(path, buf, tail, _parse_curve)
+    return (
+        parsed
+        if isinstance(parsed, LossCurve)
+        else _curve({name: [getattr(e, name) for e in parsed] for name in _FIELD_NAMES})
+    )
+
+
 def read_curve(path: str | os.PathLike[str]) -> LossCurve:
     """The canonical curve (see :func:`canonical_curve`) as columns, without a model per entry.
 
@@ -723,15 +767,7 @@ def read_curve(path: str | os.PathLike[str]) -> LossCurve:
     numbers and strings, so CPython does not track them and the collector does not run (pausing it
     measured no faster).
     """
-    path = Path(path)
-    buf = _read_content(path)
-    tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
-    parsed = _parse_body(path, buf, tail, _parse_curve)
-    read = (
-        parsed
-        if isinstance(parsed, LossCurve)
-        else _curve({name: [getattr(e, name) for e in parsed] for name in _FIELD_NAMES})
-    )
+    read = read_columns(path)
     # canonical_curve vectorised: order by step, then segment; the sort is stable, so among equal
     # (step, segment) file order is kept, and the last row of each step is the one to keep.
     order = np.lexsort((read.segment, read.step))

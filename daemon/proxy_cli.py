@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .exitcodes import ExitCode, for_unexpected
 from .process import Notifier, SignalFlags, add_log_level_argument, setup_logging
-from .rundir import CONFIG_FILE, LOSS_FILE, AlreadyRunning, SocketDirError
+from .rundir import CONFIG_FILE, AlreadyRunning, SocketDirError
 
 log = logging.getLogger("andrea.proxy")
 
@@ -111,8 +111,8 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     except OSError as e:  # a read-only or vanished run directory, say
         log.error("cannot set up in %s: %s", run_dir, e)
         return ExitCode.CONFIG_ERROR
-    except LossLogError as e:
-        log.error("%s: %s", run_dir / LOSS_FILE, e)
+    except LossLogError as e:  # .loss.json or .eval.json: the error names which
+        log.error("%s", e)
         return ExitCode.RESUME_REFUSED
     except BanditError as e:
         # The run's own files contradict its config (a logged arm that is not configured):

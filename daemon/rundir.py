@@ -118,6 +118,24 @@ def claim(run_dir: Path, role: str) -> IO[bytes]:
     return f
 
 
+def lock_holder(run_dir: Path, role: str) -> int | None:
+    """The pid `role`'s lock names: the last process that claimed it (which may have exited since
+    and released it). None without a readable lock file. Never creates, locks or blocks on it."""
+    try:
+        fd = os.open(lock_path(run_dir, role), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 32) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+    try:
+        pid = int(text.decode("ascii").strip())
+    except ValueError:
+        return None
+    return pid if pid > 0 else None
+
+
 class SocketDirError(RuntimeError):
     """The socket directory, or a directory on its path, could let another user in."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checkpoint.manager import checkpoint_steps
-from .config import RunConfig, build_config, for_new_run, load_toml
+from .config import RunConfig, build_config, load_toml
 from .heldout import DEFAULT_FRACTION
 from .tokenizer import RunTokenizer, check_vocab, load_tokenizer, padded_vocab
 
@@ -60,7 +60,8 @@ def settle_heldout(cfg: RunConfig, predates_splits: bool) -> tuple[RunConfig, st
             "this run predates held-out splits (it has checkpoints, and its run.toml has no "
             "[data] heldout_fraction): nothing is held out, no held-out evaluation"
         )
-    return for_new_run(cfg), (
+    data = cfg.data.model_copy(update={"heldout_fraction": DEFAULT_FRACTION})
+    return cfg.model_copy(update={"data": data}), (
         "a new run (no checkpoint yet) without [data] heldout_fraction: holding out the default "
         f"{DEFAULT_FRACTION:g} of each arm's documents for held-out evaluation"
     )

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="resume even though the training config changed since the checkpoint (on purpose)",
     )
+    _add_start_arguments(p)
     _add_proxy_arguments(p)
     p.add_argument(
         "--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS
@@ -66,6 +67,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unsafe-no-coordination", action="store_true", help=argparse.SUPPRESS)
     add_log_level_argument(p)
     return p
+
+
+def _add_start_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        metavar="PATH/step_NNNNNN.bin",
+        help="start a new run from another run's checkpoint: its weights (same model shape; "
+        "the new run has its own config, data and schedule); refused into a directory that "
+        "holds checkpoints",
+    )
+    p.add_argument(
+        "--init-from-optimizer",
+        action="store_true",
+        help="with --init-from: Adam's moments and step count come from the checkpoint too",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, the data and the newest checkpoint against this start, without "
+        "torchrun, training or writing anything; exit with the code the start would (0, 2, 4, 5)",
+    )
+    p.add_argument(
+        "--world-size",
+        metavar="N|gpu",
+        help="with --check: the processes of the job to be started (torchrun's nnodes x "
+        "nproc-per-node; gpu: one per visible GPU; default 1)",
+    )
 
 
 def _add_proxy_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     flags = SignalFlags()
     flags.install()
     args = build_parser().parse_args(argv)
+    if args.check or args.world_size is not None:
+        _check(args)
     from .config import ConfigError
     from .distributed import World
 
@@ -117,6 +148,20 @@ def main(argv: list[str] | None = None) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(int(code))
+
+
+def _check(args: argparse.Namespace) -> None:
+    """`--check`: the preflight of a start (daemon/preflight.py); exits with its code."""
+    setup_logging(args.log_level)
+    if not args.check:
+        log.error("--world-size goes with --check")
+        code = ExitCode.CONFIG_ERROR
+    else:
+        from .preflight import run_check
+
+        code = run_check(args)
+    logging.shutdown()
     os._exit(int(code))
 
 
@@ -215,6 +260,7 @@ def _train(
     from .checkpoint.manager import ResumeRefused
     from .config import save_config
     from .proxy_link import ProxyRefused
+    from .trainer.sink import RecordLogRefused
     from .trainer_start import StartRefused
 
     trainer = _new_trainer(plan, args, flags, world, backend)
@@ -227,6 +273,9 @@ def _train(
     except ResumeRefused as e:
         # Rank 0's refusal reaches every rank by its broadcast.
         raise StartRefused(str(e), ExitCode.RESUME_REFUSED, agreed=True) from None
+    except RecordLogRefused as e:
+        # Rank 0's alone (it alone keeps the records): torchrun stops the other ranks.
+        raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
     if plan.write_config_after_setup:
         log.warning("%s was missing; rewritten from the configuration just resumed", CONFIG_FILE)
         save_config(plan.cfg, plan.run_dir / CONFIG_FILE)
@@ -257,6 +306,8 @@ def _new_trainer(
         world=world,
         coordinate=not args.unsafe_no_coordination,
         config_changes=list(plan.changes),
+        init_from=plan.init_from,
+        init_optimizer=args.init_from_optimizer,
     )
     trainer = Trainer(opts, flags)
     trainer.backend = backend

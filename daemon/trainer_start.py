@@ -15,12 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .checkpoint.manager import checkpoint_steps
+from andrea.protocol.lineage import InitSource
+
+from .batch import batch_shape
+from .checkpoint.manager import checkpoint_steps, read_manifest
+from .checkpoint.source import SourceError, read_source, shape_differences
 from .config import (
     ConfigError,
     RunConfig,
     build_config,
     config_changes,
+    for_new_run,
     load_toml,
     record_new_run,
     save_config,
@@ -28,7 +33,7 @@ from .config import (
 from .distributed import World, device_for
 from .exitcodes import ExitCode
 from .precision import resolve, resolve_device
-from .rundir import CONFIG_FILE
+from .rundir import CONFIG_FILE, bin_name
 from .settle import Settled, settle
 from .trainer_flags import config_overrides
 
@@ -62,37 +67,58 @@ class StartPlan:
     write_config_after_setup: bool = False
     #: Changes of the trajectory accepted with --allow-config-change, named.
     changes: list[str] = field(default_factory=list)
+    #: A new run starts from this checkpoint of another run (--init-from).
+    init_from: Path | None = None
     #: Which held-out case applies (new run, predates splits, set), for the start log.
     heldout: str = ""
     #: Settings a person's run.toml left open that this new run recorded there, `key = value`.
     recorded: list[str] = field(default_factory=list)
 
 
-def plan_start(args: argparse.Namespace, world: World) -> StartPlan:
-    """Resolve and check the run's config and record it in run.toml when it is a new run.
+def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> StartPlan:
+    """Resolve and check the run's config and record it in run.toml when it is a new run (unless
+    `write` is False: `--check` writes nothing).
 
     ConfigError (or OSError) for a mistake of the command line, the config or the run directory;
     StartRefused when the start would change an existing run's trajectory without
-    --allow-config-change."""
+    --allow-config-change, or start one that has checkpoints over again (--init-from)."""
     run_dir: Path = args.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if write:
+        run_dir.mkdir(parents=True, exist_ok=True)
     # Whether this run already has its own run.toml (read once: another rank of a job may write it
     # in the meantime), and checkpoints: only then can a run.toml without a split predate splits.
     run_toml_existed = (run_dir / CONFIG_FILE).exists()
-    predates = run_toml_existed and bool(checkpoint_steps(run_dir))
-    settled = resolve_config(args, predates)
+    predates = run_toml_existed and bool(_checkpoints(run_dir))
+    settled = resolve_start(args, run_toml_existed, predates)
     cfg = settled.cfg
     device = _check_machine(cfg, world)
+    init_from = _check_init_from(args, cfg, world)
     check_proxy_options(args)
     skip = _unsafe_options(args, cfg)
-    recorded = _record_new_run(args, cfg, world, run_toml_existed and not predates)
-    write_later, changes = _settle_run_toml(args, cfg, world, run_toml_existed, predates)
-    return StartPlan(run_dir, cfg, device, skip, write_later, changes, settled.heldout, recorded)
+    own_new = run_toml_existed and not predates and write
+    recorded = _record_new_run(args, cfg, world, own_new)
+    write_later, changes = _settle_run_toml(args, cfg, world, run_toml_existed, write, predates)
+    return StartPlan(
+        run_dir, cfg, device, skip, write_later, changes, init_from, settled.heldout, recorded
+    )
 
 
-def resolve_config(args: argparse.Namespace, predates_splits: bool) -> Settled:
+def resolve_config(
+    args: argparse.Namespace, run_toml_existed: bool, predates_splits: bool | None = None
+) -> RunConfig:
     """The run's config: the preset, then --config or the run's run.toml, then the flags; settled
-    (daemon/settle.py): a new run's held-out split, the tokenizer's vocabulary."""
+    (`resolve_start`)."""
+    return resolve_start(args, run_toml_existed, predates_splits).cfg
+
+
+def resolve_start(
+    args: argparse.Namespace, run_toml_existed: bool, predates_splits: bool | None = None
+) -> Settled:
+    """`resolve_config`, and which held-out case applies. Settled by daemon/settle.py: a new run's
+    held-out split (a run predates splits only with checkpoints and its own run.toml: by default
+    when `run_toml_existed` and the run directory has checkpoints), the tokenizer's vocabulary."""
+    if predates_splits is None:
+        predates_splits = run_toml_existed and bool(_checkpoints(args.run_dir))
     cfg_path = args.config or (args.run_dir / CONFIG_FILE)
     file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
     run_preset = file_values.get("preset")
@@ -104,10 +130,22 @@ def resolve_config(args: argparse.Namespace, predates_splits: bool) -> Settled:
     overrides = config_overrides(args)
     if args.with_proxy:
         overrides["mixing"] = "proxy"
+    if "batch_size_per" not in file_values:
+        # What batch_size counts belongs to the run, not to the file a start names: a new run
+        # counts it per step; an existing one keeps what its run.toml says (a --config file
+        # written for it need not repeat it).
+        run_toml = args.run_dir / CONFIG_FILE
+        recorded = load_toml(run_toml) if args.config and run_toml_existed else file_values
+        if not run_toml_existed:
+            file_values["batch_size_per"] = "step"
+        elif "batch_size_per" in recorded:
+            file_values["batch_size_per"] = recorded["batch_size_per"]
     cfg = build_config(file_values, overrides, source=str(cfg_path))
-    # A run without run.toml gets the default held-out split: one that lost its run.toml is then
-    # resumed only if its checkpoints agree; one older than splits is refused naming
-    # data.heldout_fraction, and --heldout-fraction 0 restores it.
+    # Without run.toml the flags describe a run as this version creates it: with the default
+    # held-out split. A run that lost its run.toml is then resumed only if its checkpoints agree;
+    # one older than splits is refused naming data.heldout_fraction, and --heldout-fraction 0
+    # restores it. A run.toml of a new run (no checkpoint) gets the default split too.
+    cfg = cfg if run_toml_existed else for_new_run(cfg)
     return settle(cfg, args.run_dir, predates_splits)
 
 
@@ -127,24 +165,25 @@ def _check_machine(cfg: RunConfig, world: World) -> torch.device:
     share out, is refused before run.toml records it."""
     device = device_for(world, resolve_device(cfg.device))
     resolve(cfg.precision, device)
-    if cfg.batch_size % world.size:
-        raise ConfigError(
-            f"batch_size {cfg.batch_size} must be divisible by the world size {world.size}: each "
-            "rank trains on an equal share of every micro-batch"
-        )
+    batch_shape(cfg, world.size)
     return device
 
 
 def _settle_run_toml(
-    args: argparse.Namespace, cfg: RunConfig, world: World, run_toml_existed: bool, predates: bool
+    args: argparse.Namespace,
+    cfg: RunConfig,
+    world: World,
+    run_toml_existed: bool,
+    write: bool,
+    predates: bool,
 ) -> tuple[bool, list[str]]:
     """The new-run/existing-run decision: (write run.toml only after the resume?, the trajectory
-    changes this start makes). A new run's run.toml is written now."""
+    changes this start makes). A new run's run.toml is written now (if `write`)."""
     run_dir: Path = args.run_dir
     run_toml = run_dir / CONFIG_FILE
     # A run that has checkpoints but lost its run.toml gets one only once the resume is accepted:
     # written now, a refusal would leave the defaults recorded for every restart.
-    write_later = world.is_main and not run_toml.exists() and bool(checkpoint_steps(run_dir))
+    write_later = world.is_main and not run_toml.exists() and bool(_checkpoints(run_dir))
     changes: list[str] = []
     if world.is_main and run_toml_existed:
         # Flags that change the trajectory the run's own file describes: named, and refused unless
@@ -159,9 +198,61 @@ def _settle_run_toml(
                 "on purpose",
                 ExitCode.RESUME_REFUSED,
             )
-    if world.is_main and not run_toml.exists() and not write_later:
+    if write and world.is_main and not run_toml.exists() and not write_later:
         save_config(cfg, run_toml)
     return write_later, changes
+
+
+def _checkpoints(run_dir: Path) -> list[int]:
+    return checkpoint_steps(run_dir) if run_dir.is_dir() else []
+
+
+def _check_init_from(args: argparse.Namespace, cfg: RunConfig, world: World) -> Path | None:
+    """The checkpoint a new run starts from (--init-from), checked before anything is written:
+    an intact manifest of a model of the same shape, into a directory without checkpoints. None
+    without --init-from, and for a restart of the run that already started from it. Every rank
+    that can see the source checks it, so that a refusal ends them all at once; a rank on another
+    machine leaves it to rank 0."""
+    if args.init_from_optimizer and args.init_from is None:
+        raise ConfigError("--init-from-optimizer goes with --init-from PATH/step_NNNNNN.bin")
+    if args.init_from is None:
+        return None
+    try:
+        source = read_source(args.init_from)
+    except SourceError as e:
+        if world.is_main:
+            raise ConfigError(str(e)) from None
+        return args.init_from
+    if diff := shape_differences(source.manifest.model, cfg.model):
+        raise ConfigError(
+            f"--init-from {source.path}: its model is not this run's shape ({'; '.join(diff)}, "
+            "checkpoint → this run); a run starts from a checkpoint of the same shape"
+        )
+    steps = _checkpoints(args.run_dir)
+    if not steps:
+        return source.path
+    started = _started_from(args.run_dir, steps[0])
+    if started is not None and started.bin_sha256 == source.manifest.bin_sha256:
+        if world.is_main:
+            log.info(
+                "this run started from %s (sha256 %s…); resuming its own checkpoints",
+                started.path,
+                started.bin_sha256[:12],
+            )
+        return None
+    raise StartRefused(
+        f"--init-from starts a new run, and {args.run_dir} holds checkpoints (newest "
+        f"{bin_name(steps[0])}) of a run that did not start from {source.path}: resume it "
+        "without --init-from, or start the new run in a new directory",
+        ExitCode.RESUME_REFUSED,
+    )
+
+
+def _started_from(run_dir: Path, step: int) -> InitSource | None:
+    try:
+        return read_manifest(run_dir, step).lineage_or_default().init_from
+    except (ValueError, OSError):
+        return None
 
 
 def check_proxy_options(args: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .evalentry import EvalEntry
+from .lineage import Lineage
 
 
 class Activity(StrEnum):
@@ -82,6 +83,8 @@ class TrainerStatus(_Status):
     compiled: bool | None = None  # None until the trainer has decided
     eval_every: int | None = None  # None until set up; 0: no held-out evaluation
     last_eval: EvalEntry | None = None
+    #: The world sizes the run trained at and the checkpoint it started from (None until resumed).
+    lineage: Lineage | None = None
 
 
 class Zombie(_Status):

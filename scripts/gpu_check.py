@@ -10,7 +10,9 @@
 3. the deterministic mode off and on: tokens/s, and whether two runs give the same bits; and the
    same run eager (--compile off): what compiling buys;
 4. andrea-120m in bf16 (the CUDA default): tokens/s, the stall of a background checkpoint (the
-   copy training waits for) and the time of the 120M write.
+   copy training waits for) and the time of the 120M write;
+5. `andreactl plan`'s activation estimate against the CUDA allocator's measured peak of a step of
+   andrea-120m in bf16, with the math (deterministic) and the fused attention.
 
 Every figure comes from the trainer's own log lines. Needs a CUDA GPU; budget about 5 minutes on
 one H100-class GPU (the first run also builds the corpus cache, ~20 s).
@@ -161,6 +163,11 @@ def main() -> int:
         f"- 120M write in the background (1.46 GB, fsync): median "
         f"{statistics.median(writes) if writes else float('nan'):.2f} s",
         "",
+    ]
+    lines, fits = activation_check()
+    ok &= fits
+    report += [
+        *lines,
         f"Total {time.monotonic() - t_start:.0f} s. Overall: **{'PASS' if ok else 'FAIL'}**",
     ]
     text = "\n".join(report)
@@ -168,6 +175,50 @@ def main() -> int:
     if a.out:
         a.out.write_text(text + "\n")
     return 0 if ok else 1
+
+
+def activation_check() -> tuple[list[str], bool]:
+    """Plan's estimate of a step's activations (with autocast's bf16 weight copies, which plan
+    counts beside them) against what the CUDA allocator measures above the model, its gradients
+    and the batch: within 25%, as on CPU (tests/test_plan.py)."""
+    import torch
+
+    from andrea.control.sizing import activation_bytes, cuda_numerics, parameters
+    from andrea.daemon import determinism
+    from andrea.daemon.config import build_config
+    from andrea.daemon.model import GPT
+
+    model = build_config(overrides={"preset": "andrea-120m"}).model
+    device = torch.device("cuda")
+    gpt = GPT(model).to(device).train()
+    p = parameters(model)
+    copies = 2 * (p.n_params - p.embedding_params)
+    lines = ["## Plan's activation estimate, andrea-120m, bf16", "| attention | sequences | "
+             "estimate (GiB) | measured (GiB) | ratio |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    ok = True
+
+    def step(x: torch.Tensor, det: bool) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16), determinism.attention(det, device):
+            logits, loss = gpt(x[:, :-1], x[:, 1:])
+        loss.backward()
+        del logits
+
+    for det in (True, False):
+        for seqs in (1, 8):
+            x = torch.randint(0, model.vocab_size, (seqs, model.block_size + 1), device=device)
+            step(x, det)  # the gradients exist from here on, as in training
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step(x, det)
+            torch.cuda.synchronize()
+            measured = torch.cuda.max_memory_allocated() - base
+            estimate = activation_bytes(model, seqs, cuda_numerics("bf16", det)) + copies
+            ratio = estimate / measured
+            ok &= 0.75 <= ratio <= 1.25
+            lines.append(f"| {'math' if det else 'fused'} | {seqs} | {estimate / 2**30:.2f} | "
+                         f"{measured / 2**30:.2f} | {ratio:.2f} |")  # fmt: skip
+    return [*lines, ""], ok
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
 from andrea.daemon.rundir import bin_name, manifest_name
 
-from .conftest import Daemon, run_trainer, trainer_args
+from .conftest import Daemon, trainer_args
 
 pytestmark = pytest.mark.process
 
@@ -211,12 +211,6 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(
     assert left_the_group(t.log) == [0, 1], t.log
     saved = manifests(tmp_path)
     assert list(saved) == [stopped] and saved[stopped]["trigger"] == "sigterm"
-
-    # The world size changes: refused with exit 4, naming both sizes, before anything is trained.
-    res = run_trainer(tmp_path, cache_dir, "--max-steps", "100000")
-    assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
-    assert "job of 2 process(es), this job has 1" in res.stderr, res.stderr
-    assert list(manifests(tmp_path)) == [stopped]
 
 
 def test_sigusr1_to_rank_0_checkpoints_and_andreactl_stop_ends_the_job(

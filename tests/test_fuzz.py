@@ -48,7 +48,15 @@ from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity, TrainerStatus
 
-from .hostile import expectation, resign, text_arms_config, write_checkpoint
+from .hostile import (
+    TRAINER_LIFE,
+    expectation,
+    play_trainer,
+    resign,
+    text_arms_config,
+    trainer_hello,
+    write_checkpoint,
+)
 
 EXAMPLES = int(os.environ.get("ANDREA_FUZZ_EXAMPLES", "30"))
 ALLOCATION_BOUND = 64 << 20
@@ -268,7 +276,8 @@ def proxy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = Proxy(ProxyOptions(d, text_arms_config(d), Policy(lag=2)), SignalFlags())
     p.setup()
     try:
-        p.handle(b"t", m.Hello(id="h", resume_step=0, seed=p.opts.cfg.seed, arms=["alpha", "beta"]))
+        with play_trainer(d):
+            p.handle(b"t", trainer_hello(p.opts.cfg))
         for step in range(1, 13):
             (a,) = p.handle(b"t", m.AssignRequest(id="a", segment=1, from_step=step, count=1)).items
             entry = LossEntry(
@@ -390,6 +399,8 @@ VALID_MESSAGES: dict[str, dict] = {
         "resume_step": 0,
         "seed": 1337,
         "arms": ["alpha", "beta"],
+        "pid": os.getpid(),
+        "life": TRAINER_LIFE,
     },
     "assign": {"type": "assign", "id": "a", "segment": 1, "from_step": 1, "count": 2},
     "losses": {
@@ -435,7 +446,9 @@ VALID_MESSAGES: dict[str, dict] = {
 def live_proxy(tmp_path: Path) -> Iterator[Proxy]:
     p = Proxy(ProxyOptions(tmp_path, text_arms_config(tmp_path), Policy(lag=2)), SignalFlags())
     p.setup()
-    p.handle(b"t", m.Hello(id="h0", resume_step=0, seed=p.opts.cfg.seed, arms=["alpha", "beta"]))
+    # The fuzzer is the live trainer: its records pass the peer check and meet the entry checks.
+    with play_trainer(tmp_path):
+        p.handle(b"fuzzer", trainer_hello(p.opts.cfg, "h0"))
     yield p
     p.close()
 

@@ -156,6 +156,7 @@ def test_every_report_of_a_stopped_run_validates(
         (["plot", "--out", str(tmp_path / "run.svg")], 0, "PlotReport"),
         (["metrics", "export", "--format", "csv", "--out", str(tmp_path / "m.csv")], 0, "MetricsReport"),
         (["size", "--preset", "andrea-tiny"], 0, "SizeReport"),
+        (["plan", "--preset", "andrea-tiny", "--gpus", "2"], 0, "PlanReport"),
     ]  # fmt: skip
     for argv, code, model in cases:
         assert andreactl.main([*run, *argv]) == code, argv

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.config import build_config
+from andrea.daemon.config import build_config, run_toml_header
 from andrea.daemon.trainer_cli import build_parser
 from andrea.daemon.trainer_flags import CONFIG_FLAGS, config_overrides, field_at
 
@@ -21,7 +21,8 @@ CONTRACT = {
     "--precision", "--mixing", "--with-proxy", "--policy", "--pivot", "--threads", "--batch-size",
     "--grad-accum", "--eval-every", "--heldout-fraction", "--compile", "--decay-steps",
     "--log-every", "--sample-every", "--cache-dir", "--allow-config-change", "--deterministic",
-    "--log-level", "--tokenizer",
+    "--log-level", "--init-from", "--init-from-optimizer", "--check", "--world-size",
+    "--tokenizer",
 }  # fmt: skip
 
 
@@ -83,12 +84,17 @@ def test_each_config_flag_is_described_by_its_setting() -> None:
     assert "default: the preset's" in text  # decay_steps differs between presets
 
 
-def test_batch_size_has_one_definition_used_by_its_flag_and_the_readme() -> None:
+def test_batch_size_has_one_definition_used_by_its_flag_run_toml_and_the_docs() -> None:
     meaning = field_at("batch_size").description
-    assert meaning and "micro-batch over the whole job" in meaning
+    assert meaning and meaning.startswith("sequences per optimizer step over the whole job")
     assert _options(build_parser())["--batch-size"].help.startswith(meaning)
-    readme = " ".join(README.read_text(encoding="utf-8").split())
-    assert meaning in readme
+    for doc in ("README.md", "docs/distributed.md", "docs/evaluation.md"):
+        text = " ".join((README.parent / doc).read_text(encoding="utf-8").split())
+        assert meaning in text, f"{doc} does not give batch_size's one definition"
+    header = run_toml_header({"batch_size_per": "step"})
+    assert meaning in " ".join(line.lstrip("# ") for line in header.splitlines())
+    # A run created under the per-micro-batch reading is told so in its own file.
+    assert "per micro-batch" in run_toml_header({})
 
 
 @pytest.mark.parametrize("flag", CONFIG_FLAGS, ids=lambda f: f.flag)

@@ -28,6 +28,9 @@ from .conventions import EXIT_OK, Command, UserError, emit, fail
 from .daemons import ask
 from .status import status_report
 
+#: How much older than the moment it is read a trainer's status can be (it is cached for 0.1 s).
+STATUS_LAG_S = 1.0
+
 
 class _Failed(Exception):
     """The run refused or did not answer: one line, exit code 1."""
@@ -264,18 +267,21 @@ def _release(args: argparse.Namespace, hold_id: str) -> m.Reply | None:
 
 def _await_hold(args: argparse.Namespace, hold_id: str, seen: bool) -> int | None:
     """The step after which the trainer holds under ``hold_id``, once it does and says so."""
-    deadline = time.monotonic() + args.timeout
-    last_answer = time.monotonic()
-    # A status may be up to a moment older than the hold request (the trainer caches it under
-    # load): the hold counts as gone only once it has been seen.
+    accepted = time.monotonic()
+    deadline = accepted + args.timeout
+    last_answer = accepted
     while True:
+        asked = time.monotonic()
         t = status_report(args.run_dir).trainer
         if t is not None:
             last_answer = time.monotonic()
         elif time.monotonic() - last_answer > 30:
             raise _Failed("the trainer stopped answering; nothing was changed")
         h = t.hold if t is not None else None
-        seen = seen or (h is not None and h.id == hold_id)
+        # A status may be a moment older than the hold request (the trainer caches it): the hold
+        # counts as gone once it has been seen, or once no status can predate the request (a
+        # cancel may come before this client ever saw its hold).
+        seen = seen or (h is not None and h.id == hold_id) or asked - accepted > STATUS_LAG_S
         if h is not None and h.id == hold_id and h.state is HoldState.HOLDING and h.acknowledged:
             return h.step
         if seen and t is not None and (h is None or h.id != hold_id):

@@ -70,6 +70,8 @@ def _trainer_lines(report: r.StatusReport) -> list[str]:
         + f", segment {t.segment}, pid {t.pid}"
         + (f", {t.device} {t.dtype}" if t.device else ""),
     ]
+    if t.lineage is not None and (t.lineage.init_from or len(t.lineage.world_sizes) > 1):
+        lines.append(f"         lineage: {t.lineage.describe()}")
     if (h := t.hold) is not None:
         where = f"after step {h.step}" if h.step is not None else "until its next boundary"
         lines.append(
@@ -128,6 +130,8 @@ def _offline_lines(report: r.StatusReport, run_dir: Path) -> list[str]:
         )
     if o.last_eval is not None:
         lines.append("held-out: " + eval_text(o.last_eval))
+    if o.lineage is not None and (o.lineage.init_from or len(o.lineage.world_sizes) > 1):
+        lines.append(f"lineage: {o.lineage.describe()}")
     return lines
 
 

@@ -1,8 +1,8 @@
-"""The commands that run a tool of their own rather than ask or read a live run: ``size`` (a preset's
-parameters and checkpoint bytes), ``export`` (:mod:`andrea.control.export`), ``verify-resume``
-(:mod:`andrea.control.verify_resume`) and ``schema`` (:mod:`andrea.control.reports`).
+"""The commands that run a tool of their own rather than ask or read a live run: ``export``
+(:mod:`andrea.control.export`), ``verify-resume`` (:mod:`andrea.control.verify_resume`) and
+``schema`` (:mod:`andrea.control.reports`); ``plan`` and ``size`` live in :mod:`.plan`.
 
-The first three need torch; each imports it in its own function, so that building andreactl's
+The first two need torch; each imports it in its own function, so that building andreactl's
 parser, and every other command, stays torch-free.
 """
 
@@ -16,36 +16,7 @@ from pathlib import Path
 
 from .. import reports as r
 from .. import verify_options
-from .conventions import EXIT_OK, Command, emit
-
-
-def _size_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", required=True, help="andrea-tiny | andrea-12m | andrea-120m")
-
-
-def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Parameter count and checkpoint size of a preset (8 + 12 bytes per parameter)."""
-    # The model needs torch, and the run config's models take tens of milliseconds to build:
-    # neither is worth importing for every other command.
-    import torch
-
-    from andrea.daemon.checkpoint.format import payload_size
-    from andrea.daemon.config import ConfigError, build_config
-    from andrea.daemon.model import GPT
-
-    try:
-        cfg = build_config(overrides={"preset": args.preset})
-    except ConfigError as e:
-        parser.error(str(e))
-    with torch.device("meta"):
-        n = GPT(cfg.model).n_params()
-    size = payload_size(n)
-    emit(
-        args,
-        r.SizeReport(preset=args.preset, n_params=n, checkpoint_bytes=size),
-        f"{args.preset}: {n:,} parameters, checkpoint {size:,} bytes ({size / 1e6:.1f} MB)",
-    )
-    return EXIT_OK
+from .conventions import EXIT_OK, Command
 
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,14 +74,6 @@ def cmd_schema(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return EXIT_OK
 
 
-SIZE = Command(
-    "size",
-    "parameters and checkpoint bytes of a preset",
-    _size_arguments,
-    cmd_size,
-    needs_run_dir=False,
-    examples=("andreactl size --preset andrea-120m",),
-)
 EXPORT = Command(
     "export",
     "a verified checkpoint with its config, metrics, load procedure and audit trail",

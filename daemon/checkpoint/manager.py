@@ -102,9 +102,6 @@ class Expectation:
     #: Further checks of a manifest against the run being built (each arm's cursor against the
     #: arm's size, say): a message per problem, and the checkpoint is skipped as damaged.
     check: Callable[[Manifest], list[str]] | None = None
-    #: Processes of the job being started: each rank's RNG and cursor states are its own, so a
-    #: checkpoint resumes exactly only at the world size that wrote it.
-    world_size: int = 1
     #: The run's trajectory settings (`RunConfig.trajectory()`), to name what changed.
     trajectory: dict[str, Any] | None = None
     #: The identity of the run's tokenizer ("bytes" or a sha256), and how a person knows it.
@@ -377,7 +374,7 @@ class CheckpointManager:
                     "%s has no content hash (format 1, written by an older version)",
                     rundir.manifest_name(s),
                 )
-            problems = _mismatches(manifest, expect)
+            problems = resume_problems(manifest, expect)
             if problems:
                 raise ResumeRefused(
                     f"checkpoint {rundir.bin_name(s)} cannot resume this run exactly:\n  "
@@ -524,15 +521,10 @@ def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-def _mismatches(m: Manifest, expect: Expectation) -> list[str]:
+def resume_problems(m: Manifest, expect: Expectation) -> list[str]:
+    """Why a sound checkpoint cannot resume the run `expect` describes (empty: it can). Another
+    world size is not among them: the trainer resumes it, announced as not bit-exact."""
     out = []
-    if m.environment.world_size != expect.world_size:
-        out.append(
-            f"world size differs: the checkpoint was written by a job of {m.environment.world_size} "
-            f"process(es), this job has {expect.world_size}; every rank's RNG and data state belongs "
-            f"to its rank, so resume with --nproc-per-node/--nnodes giving {m.environment.world_size} "
-            "processes (docs/distributed.md)"
-        )
     if m.model != expect.model:
         diff = {
             k: (getattr(m.model, k), getattr(expect.model, k))

@@ -27,6 +27,7 @@ from ..settle import read_run_config
 from .archive import archive_samples, phase_starts
 from .assignbook import AssignmentBook
 from .bandit import Bandit
+from .lives import Lives, TrainerLife
 from .policy import Policy
 from .policystore import store
 from .proxyfiles import (
@@ -79,7 +80,10 @@ class ProxyCore:
         self.last_eval = last_eval(self.run_dir / EVAL_FILE)
         entries = read_entries(self.run_dir / LOSS_FILE)
         check_log_against_checkpoints(self.run_dir, {e.step for e in entries})
-        bandit, max_segment = self._restore_bandit(max((e.step for e in entries), default=0))
+        bandit, max_segment, trainer = self._restore_bandit(
+            max((e.step for e in entries), default=0)
+        )
+        self.lives = Lives(self.run_dir, trainer)
         self.book = AssignmentBook(bandit, self.configured, starts=phase_starts(self.run_dir))
         progress = replay(self.book, entries, max_segment)
         self.durable_step = progress.durable_step
@@ -96,13 +100,14 @@ class ProxyCore:
         self.prometheus = exposition_for(self.opts.cfg.metrics, "proxy", self.run_dir)
         return len(entries)
 
-    def _restore_bandit(self, logged_up_to: int) -> tuple[Bandit, int]:
-        """The bandit and the highest segment number, from `.state.json` or a replay of the log."""
+    def _restore_bandit(self, logged_up_to: int) -> tuple[Bandit, int, TrainerLife | None]:
+        """The bandit, the highest segment number and the live trainer life, from `.state.json`
+        or a replay of the log."""
         restored = restore_bandit(
             self.run_dir, self.configured, self.opts.cfg.seed, self.opts.policy, logged_up_to
         )
         self.policy_changed = restored.policy_changed
-        return restored.bandit, restored.max_segment
+        return restored.bandit, restored.max_segment, restored.trainer
 
     def _load_samples(self) -> SamplesFile:
         return load_samples(self.run_dir)
@@ -141,18 +146,21 @@ class ProxyCore:
 
     # ---- records ----------------------------------------------------------------------------
 
-    def new_segment(self, resume_step: int) -> int:
-        """Number a new trainer life, resuming after `resume_step`."""
+    def new_segment(self, peer: bytes, hello: m.Hello) -> int:
+        """Number a new segment for the life `hello` admitted (`lives.refusal` said None), which
+        resumes after `hello.resume_step`, and make it the live one."""
         self.max_segment += 1
-        self.write_state()  # the number is durable before it is given out
-        self.trainer_step = resume_step
+        self.lives.admit(peer, hello, self.max_segment)
+        self.write_state()  # the number and the live life are durable before they are given out
+        self.trainer_step = hello.resume_step
         return self.max_segment
 
-    def known_segment(self, segment: int) -> None:
-        """A trainer life back with its number: one past the highest known is the most a lost or
-        older `.state.json` can hide, and it is made durable again."""
-        if segment > self.max_segment:
-            self.max_segment = segment
+    def known_segment(self, peer: bytes, hello: m.Hello, segment: int) -> None:
+        """The admitted life `hello` back with its number: one past the highest known is the most
+        a lost or older `.state.json` can hide, and it is made durable again."""
+        grew = segment > self.max_segment
+        self.max_segment = max(self.max_segment, segment)
+        if self.lives.admit(peer, hello, segment) or grew:
             self.write_state()
 
     def append_losses(self, entries: list[LossEntry]) -> None:
@@ -240,6 +248,7 @@ class ProxyCore:
             live_counters=bandit.counters(),
             live_probabilities=bandit.probabilities(),
             zombies=bandit.zombies,
+            trainer=self.lives.live,
         )
         write_state_file(self.run_dir, state)
         self.steps_since_state = 0

@@ -1,8 +1,9 @@
 """The trainer's side of the proxy: `hello`, `assign`, `losses`, `eval` and `samples`.
 
 Every field is checked against the proxy's own state before anything is written, and a refused
-message changes nothing (docs/protocol.md, "What a peer may send"). The records themselves are
-written by the core (`core.ProxyCore`), durable before they are acknowledged.
+message changes nothing (docs/protocol.md, "What a peer may send"). Records are taken only from a
+peer that said a `hello` admitted as the live trainer life (`lives.Lives`). The records themselves
+are written by the core (`core.ProxyCore`), durable before they are acknowledged.
 """
 
 from __future__ import annotations
@@ -22,18 +23,19 @@ class TrainerLink:
     def __init__(self, core: ProxyCore, rejections: ThrottledWarning) -> None:
         self.core = core
         self.rejections = rejections
-        #: The segment each connected trainer (its socket identity) runs as.
-        self.segments: dict[bytes, int] = {}
 
     def hello(self, peer: bytes, msg: m.Hello) -> m.Message:
         """Number a new trainer life (or welcome a known one back) once it proves to be this
-        run's trainer: same protocol, seed and live arms, a segment this proxy numbered."""
+        run's trainer: same protocol, seed and live arms, a segment this proxy numbered, and
+        either the live life itself or a new one whose predecessor is provably gone."""
         core = self.core
         refusal = self._hello_refusal(msg)
+        if refusal is None and (refusal := core.lives.refusal(msg)) is not None:
+            self.rejections.warning("refused a hello: %s", refusal)
         if refusal is not None:
             return m.Reply(id=msg.id, ok=False, error=refusal)
         if msg.segment is None:
-            segment = core.new_segment(msg.resume_step)
+            segment = core.new_segment(peer, msg)
             if msg.resume_step:
                 log.info(
                     "trainer segment %d connected, resuming after step %d", segment, msg.resume_step
@@ -42,9 +44,8 @@ class TrainerLink:
                 log.info("trainer segment %d connected, starting a fresh run", segment)
         else:
             segment = msg.segment
-            core.known_segment(segment)
+            core.known_segment(peer, msg, segment)
             log.info("trainer segment %d reconnected", segment)
-        self.segments[peer] = segment
         b = core.book.bandit
         return m.Welcome(
             id=msg.id,
@@ -118,7 +119,19 @@ class TrainerLink:
             return f"step {e.step} was assigned arm {expected!r}, not {e.arm!r}"
         return None
 
-    def losses(self, msg: m.LossReport) -> m.Message:
+    def _stranger(
+        self, peer: bytes, msg: m.LossReport | m.EvalReport | m.SampleReport
+    ) -> m.Reply | None:
+        """The refusal of a record from a peer that is not the live trainer life, or None."""
+        if self.core.lives.speaks_for_live(peer):
+            return None
+        error = f"{m.UNKNOWN_PEER}: say hello first ('{msg.type}' refused, nothing written)"
+        self.rejections.warning("refused '%s' from a peer that is %s", msg.type, m.UNKNOWN_PEER)
+        return m.Reply(id=msg.id, ok=False, error=error)
+
+    def losses(self, peer: bytes, msg: m.LossReport) -> m.Message:
+        if (refused := self._stranger(peer, msg)) is not None:
+            return refused
         for e in msg.entries:
             problem = self._entry_problem(e)
             if problem is not None:
@@ -128,11 +141,15 @@ class TrainerLink:
         self.core.append_losses(msg.entries)
         return m.LossAck(id=msg.id, keys=[(e.segment, e.step) for e in msg.entries])
 
-    def eval(self, msg: m.EvalReport) -> m.Message:
+    def eval(self, peer: bytes, msg: m.EvalReport) -> m.Message:
+        if (refused := self._stranger(peer, msg)) is not None:
+            return refused
         self.core.append_eval(msg.entry)
         return m.EvalAck(id=msg.id, key=(msg.entry.segment, msg.entry.step))
 
-    def samples(self, msg: m.SampleReport) -> m.Message:
+    def samples(self, peer: bytes, msg: m.SampleReport) -> m.Message:
+        if (refused := self._stranger(peer, msg)) is not None:
+            return refused
         core = self.core
         if msg.segment > core.max_segment or msg.phase > core.book.bandit.phase:
             error = f"samples of segment {msg.segment}, phase {msg.phase}: never numbered"

@@ -88,11 +88,11 @@ class Proxy(ProxyCore):
         if isinstance(msg, m.AssignRequest):
             return self.link.assign(msg)
         if isinstance(msg, m.LossReport):
-            return self.link.losses(msg)
+            return self.link.losses(peer, msg)
         if isinstance(msg, m.EvalReport):
-            return self.link.eval(msg)
+            return self.link.eval(peer, msg)
         if isinstance(msg, m.SampleReport):
-            return self.link.samples(msg)
+            return self.link.samples(peer, msg)
         if isinstance(msg, m.StatusRequest):
             return m.Reply(id=msg.id, ok=True, data=json.loads(self.status().model_dump_json()))
         if isinstance(msg, m.PivotRequest):

@@ -23,6 +23,7 @@ from ..durable import atomic_write_bytes
 from ..rundir import LOSS_FILE, SAMPLES_FILE, STATE_FILE, corrupt_name
 from ..validation import first_problem
 from .bandit import BanditState, PhaseCounters
+from .lives import TrainerLife
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ class ProxyState(BaseModel):
     live_counters: PhaseCounters
     live_probabilities: dict[str, float]
     zombies: list[Zombie]
+    trainer: TrainerLife | None = Field(
+        None, description="the trainer life the proxy serves (absent before any hello)"
+    )
 
 
 class SampleRecord(BaseModel):

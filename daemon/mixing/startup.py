@@ -21,6 +21,7 @@ from ..rundir import LOSS_FILE, POLICY_FILE, STATE_FILE
 from .archive import last_pivot
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditError, ConfiguredArm
+from .lives import TrainerLife
 from .policy import Policy, PolicyError
 from .proxyfiles import check_state, move_aside, parse_state_file
 
@@ -85,6 +86,8 @@ class Restored:
     max_segment: int
     #: The run's policy file differs from the restored bandit's policy: a manual pivot.
     policy_changed: bool
+    #: The trainer life `.state.json` says the proxy serves (None without one).
+    trainer: TrainerLife | None = None
 
 
 def restore_bandit(
@@ -117,7 +120,7 @@ def restore_bandit(
                 bandit.phase,
             )
             changed = state.bandit.policy_fingerprint != policy.fingerprint()
-            return Restored(bandit, state.max_segment, changed)
+            return Restored(bandit, state.max_segment, changed, state.trainer)
     phase, start = last_pivot(run_dir)
     bandit = Bandit(configured, policy, seed=seed, phase=phase, start_step=start)
     log.info(

@@ -4,7 +4,9 @@ manifests read, in one place."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from andrea.protocol.lineage import Lineage
 from andrea.protocol.status import Activity
 
 
@@ -33,3 +35,7 @@ class Counters:
     checkpoints_written: int = 0
     #: The newest step whose held-out evaluation is recorded (a manifest field).
     last_eval_step: int = 0
+    #: Where the run's state came from (world sizes, --init-from); set at the start of a life.
+    lineage: Lineage | None = None
+    #: With --init-from: the source checkpoint's manifest, carried into every manifest.
+    source_manifest: dict[str, Any] | None = None

@@ -49,7 +49,7 @@ def plan_evaluation(
     """Build the fixed evaluation set and decide the cadence (every rank)."""
     every = cfg.eval.every if cfg.eval.every is not None else cfg.checkpoint.every
     evaluator = Evaluator(
-        parts.arms, cfg.model.block_size, cfg.eval.sequences, cfg.batch_size, platform.device
+        parts.arms, cfg.model.block_size, cfg.eval.sequences, parts.micro_batch, platform.device
     )
     if not cfg.data.heldout_fraction:
         log.info(

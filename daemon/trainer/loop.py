@@ -132,7 +132,9 @@ class Trainer:
         opened. Raises ResumeRefused on every rank when rank 0 refuses."""
         cfg, c = self.cfg, self.counters
         manifest, self.checkpointer.config_changed = self.restorer.resume()
-        wrap_for_training(self.parts, self.world, self.platform.device, manifest is not None)
+        wrap_for_training(
+            self.parts, self.world, self.platform.device, self.restorer.moments_restored
+        )
         c.phase = manifest.mixing.phase if manifest is not None else 0
         plan = plan_evaluation(cfg, self.parts, self.platform, c, manifest)
         self.sink = open_sink(cfg, self.opts.run_dir, self.world, c, self.parts, manifest)
@@ -320,4 +322,5 @@ class Trainer:
             compiled=self.parts.compiled if self.parts is not None else None,
             eval_every=ev.every if ev is not None else None,
             last_eval=ev.last_eval if ev is not None else None,
+            lineage=c.lineage,
         )

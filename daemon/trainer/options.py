@@ -23,3 +23,7 @@ class TrainerOptions:
     #: Changes to the run's run.toml accepted with --allow-config-change, recorded there once the
     #: resume is accepted and before the proxy is told (it re-reads the file on a changed seed).
     config_changes: list[str] = field(default_factory=list)
+    #: A new run starts from this checkpoint of another run (--init-from): its weights, and with
+    #: `init_optimizer` Adam's moments and step count.
+    init_from: Path | None = None
+    init_optimizer: bool = False

@@ -18,9 +18,10 @@ import torch
 
 from .. import determinism
 from .. import distributed as dist
+from ..batch import BatchShape, batch_shape
 from ..checkpoint.manager import layout_of
 from ..checkpoint.manifest import LayoutEntry
-from ..config import ConfigError, RunConfig
+from ..config import RunConfig
 from ..data import Arm, ArmStream, FixedMixture, load_arms
 from ..model import GPT
 from ..precision import NumericMode, resolve_device
@@ -62,8 +63,8 @@ class Parts:
     streams: list[ArmStream]
     mixture: FixedMixture
     arm_index: dict[str, int]
-    #: Sequences per step on this rank (the config's batch size is the whole job's).
-    local_batch: int
+    #: How each step's batch is cut over micro-batches and ranks.
+    batch: BatchShape
     model: GPT
     #: What a step calls: the model, or its DDP wrapper in a job (compiled when configured).
     forward: torch.nn.Module
@@ -71,6 +72,16 @@ class Parts:
     layout: list[LayoutEntry]
     optimizer: torch.optim.AdamW
     compiled: bool
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences per micro-batch over the whole job: what every rank draws from the order."""
+        return self.batch.micro_batch
+
+    @property
+    def local_batch(self) -> int:
+        """Sequences per micro-batch on this rank."""
+        return self.batch.per_rank
 
     def adam_states(self) -> list[dict[str, torch.Tensor]]:
         """AdamW's per-parameter state, in parameter order (empty dicts before the first step)."""
@@ -91,11 +102,7 @@ def build_parts(
 ) -> Parts:
     """Load the data (InterruptedError when a stop comes meanwhile, DataError), then build the
     model and its optimizer, seeded for a fresh run."""
-    if cfg.batch_size % world.size:
-        raise ConfigError(
-            f"batch_size {cfg.batch_size} (sequences per step over the whole job) is not divisible "
-            f"by the world size {world.size}"
-        )
+    shape = batch_shape(cfg, world.size)
     tokenizer = load_tokenizer(cfg.data.tokenizer, run_dir)
     arms = load_arms(cfg.data, run_dir, cfg.model.vocab_size, stop_requested, tokenizer)
     streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in arms]
@@ -115,7 +122,7 @@ def build_parts(
         streams=streams,
         mixture=mixture,
         arm_index={a.name: i for i, a in enumerate(arms)},
-        local_batch=cfg.batch_size // world.size,
+        batch=shape,
         model=model,
         forward=model,
         params=[p for _, p in model.named_parameters()],
@@ -129,6 +136,12 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
+
+
+def seed_rank_stream(seed: int, rank: int, step: int) -> None:
+    """A rank's random streams when its checkpoint holds none for it (it resumes a smaller job's
+    run): a pure function of (seed, rank, step), so the same resume draws the same again."""
+    _seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
 
 
 def _seeded_model(cfg: RunConfig, device: torch.device, rank: int) -> GPT:

@@ -64,10 +64,10 @@ class Pivots:
     def _hold(self) -> None:
         """Wait at a boundary checkpoint until resumed (the proxy pivots meanwhile), honouring stop
         and checkpoint requests. On resume every prefetched arm is dropped: it was drawn under
-        the old policy."""
-        hold = self.holds.due() if self.main else None
-        if hold is not None and not self.holds.begin(hold.id, self.counters.step):
-            hold = None
+        the old policy. Every way out is certain: a resume naming the hold, its timeout, a stop;
+        and when no hold began (cancelled while the boundary was evaluated and checkpointed, or
+        failed), rank 0 asks for the agreed resume at once, again at every turn."""
+        hold = self._begin()
         acknowledged = self._announce(hold)
         while True:
             if self.main and not acknowledged:
@@ -76,15 +76,9 @@ class Pivots:
                 acknowledged = self.sink.acknowledged()
                 if acknowledged:
                     self.holds.mark_acknowledged()
-            if hold is not None and self.holds.expired(hold.id):
-                log.warning(
-                    "hold %s: no resume within %.0f s of holding after step %d; continuing under "
-                    "the proxy's current phase (a pivot the proxy made meanwhile still applies)",
-                    hold.id,
-                    hold.timeout_s,
-                    self.counters.step,
-                )
-                self.holds.drop(hold.id)
+            if self.main and hold is not None and self._expired(hold):
+                hold = None
+            if self.main and hold is None:
                 self.flags.request_resume()
             d = self.coord.agree(self.flags, holding=True)
             if d.checkpoint is not None:
@@ -97,20 +91,46 @@ class Pivots:
             self.notifier.tick()
             time.sleep(0.05)
 
+    def _begin(self) -> Hold | None:
+        """Rank 0: the hold that begins at this boundary; None when none can (the other ranks
+        hold for rank 0's)."""
+        if not self.main:
+            return None
+        hold = self.holds.due()
+        if hold is not None and self.holds.begin(hold.id, self.counters.step):
+            return hold
+        log.info(
+            "no pivot holds this trainer after the checkpoint of step %d any more (cancelled or "
+            "failed meanwhile); training continues",
+            self.counters.step,
+        )
+        return None
+
+    def _expired(self, hold: Hold) -> bool:
+        """Whether `hold` timed out, which drops it (the client that asked for it died)."""
+        if not self.holds.expired(hold.id):
+            return False
+        log.warning(
+            "hold %s: no resume within %.0f s of holding after step %d; continuing under "
+            "the proxy's current phase (a pivot the proxy made meanwhile still applies)",
+            hold.id,
+            hold.timeout_s,
+            self.counters.step,
+        )
+        self.holds.drop(hold.id)
+        return True
+
     def _announce(self, hold: Hold | None) -> bool:
         """Rank 0 says it holds. True when nothing is left to acknowledge before a pivot (a proxy
-        still has records to acknowledge; the other ranks never wait for that)."""
-        if not self.main:
+        still has records to acknowledge; the other ranks never wait for that, nor does a
+        boundary where no hold began)."""
+        if not self.main or hold is None:
             return True
         step = self.counters.step
         self.counters.activity = Activity.HOLDING
         self.reporter.publish_metrics(force=True)
         self.notifier.status(f"step {step}: holding at a boundary checkpoint")
-        log.info(
-            "holding after the checkpoint of step %d (hold %s) until resumed",
-            step,
-            hold.id if hold is not None else "-",
-        )
+        log.info("holding after the checkpoint of step %d (hold %s) until resumed", step, hold.id)
         acknowledged = self.sink.acknowledged()
         if acknowledged:
             self.holds.mark_acknowledged()

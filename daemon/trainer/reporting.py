@@ -71,8 +71,8 @@ class Reporter:
         if (why := schedule.disagreement(cfg.optim, cfg.max_steps)) is not None:
             log.warning("%s", why)
         log.info(
-            "model %s: %s parameters on %s, %s, %d threads%s; %s mixing; world size %d, "
-            "batch %d per step (%d per rank); starting at step %d",
+            "model %s: %s parameters on %s, %s, %d threads%s; %s mixing; world size %d; "
+            "starting at step %d",
             cfg.preset,
             f"{parts.model.n_params():,}",
             platform.device,
@@ -81,10 +81,9 @@ class Reporter:
             ", deterministic" if platform.deterministic else "",
             cfg.mixing,
             self.world.size,
-            cfg.batch_size,
-            parts.local_batch,
             self.counters.step,
         )
+        log.info("%s", parts.batch.describe())
 
     # ---- the progress line --------------------------------------------------------------------
 

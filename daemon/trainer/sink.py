@@ -94,6 +94,12 @@ class RecordSink:
         """Flush what is outstanding and release the files or the link."""
 
 
+class RecordLogRefused(Exception):
+    """Fixed mode: `.loss.json` or `.eval.json` is not a (possibly torn) log of records — another
+    kind of file, or damaged before its tail. The same file fails every start: exit 4, as the
+    proxy does with its own."""
+
+
 class FileSink(RecordSink):
     """Fixed mode, rank 0: the trainer's own `.loss.json` and `.eval.json`."""
 
@@ -101,14 +107,26 @@ class FileSink(RecordSink):
         super().__init__(mixture)
         self.loss_path = run_dir / LOSS_FILE
         self.losslog = LossLog.open(self.loss_path)
-        self.evallog = EvalLog.open(run_dir / EVAL_FILE)
+        try:
+            self.evallog = EvalLog.open(run_dir / EVAL_FILE)
+        except BaseException:
+            self.losslog.close()
+            raise
 
-    @staticmethod
-    def next_segment(run_dir: Path, prior_segment: int) -> int:
-        """The number of this life: one more than any life the checkpoint or the log knows."""
+    @classmethod
+    def open(cls, run_dir: Path, mixture: FixedMixture, prior_segment: int) -> tuple[FileSink, int]:
+        """The sink, and the number of this life: one more than any life the checkpoint
+        (`prior_segment`) or the log knows. RecordLogRefused when either file cannot be a log."""
         loss_path = run_dir / LOSS_FILE
-        tail = last_entry(loss_path) if loss_path.exists() else None
-        return max(prior_segment, tail.segment if tail else 0) + 1
+        try:
+            tail = last_entry(loss_path) if loss_path.exists() else None
+            return cls(run_dir, mixture), max(prior_segment, tail.segment if tail else 0) + 1
+        except LossLogError as e:
+            raise RecordLogRefused(
+                f"{e}. The trainer writes no records over it: move it aside (a damaged log: "
+                "keep it for a person to look at, restored from a backup if there is one) and "
+                "start again"
+            ) from None
 
     def record_loss(self, entry: LossEntry) -> bool:
         try:
@@ -224,8 +242,8 @@ def open_sink(
         return RecordSink(parts.mixture if cfg.mixing == "fixed" else None)
     if cfg.mixing == "fixed":
         prior = manifest.progress.segment if manifest is not None else 0
-        counters.segment = FileSink.next_segment(run_dir, prior)
-        return FileSink(run_dir, parts.mixture)
+        sink, counters.segment = FileSink.open(run_dir, parts.mixture, prior)
+        return sink
     # The proxy owns .loss.json and numbers the segments (it sees every life's records).
     link = ProxyLink(
         peer_endpoint(run_dir, "proxy"), counters.step, cfg.seed, [a.name for a in parts.arms]

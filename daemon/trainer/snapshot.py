@@ -116,6 +116,8 @@ class Snapshotter:
             config_hash=cfg.trajectory_hash(),
             config=cfg.model_dump(mode="json"),
             tokenizer=parts.tokenizer.identity,
+            lineage=c.lineage,
+            source_manifest=c.source_manifest,
             distributed=DistributedState(
                 world_size=self.world.size, backend=self.backend or "?", ranks=ranks
             )

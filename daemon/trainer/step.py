@@ -77,7 +77,7 @@ class StepRunner:
             # Every rank draws the whole global batch's chunks (only indices and a gather of
             # tokens), so the cursors advance alike everywhere and the digest names the global
             # batch; each rank trains on its own contiguous rows of it.
-            batch = self.parts.streams[arm].next_batch(self.cfg.batch_size)
+            batch = self.parts.streams[arm].next_batch(self.parts.micro_batch)
             sha.update(batch.tobytes())
             losses.append(self._micro_batch(batch, last=i == accum - 1))
             n_tokens += batch.shape[0] * (batch.shape[1] - 1)
