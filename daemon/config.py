@@ -551,7 +551,8 @@ def record_new_run(path: Path, cfg: RunConfig) -> list[str]:
     dump["data"].pop("cache_dir", None)
     recorded: list[str] = []
     for key in RunConfig.TRAJECTORY_FIELDS:
-        _fill_missing(values, key, dump[key], key, recorded)
+        if key in dump:  # a setting left unset (None) stays unset
+            _fill_missing(values, key, dump[key], key, recorded)
     if recorded:
         atomic_write_bytes(path, tomli_w.dumps(values).encode())
     return recorded

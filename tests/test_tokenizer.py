@@ -105,3 +105,19 @@ def test_held_out_case_of_a_new_run_and_of_a_run_older_than_splits(tmp_path: Pat
     assert old.cfg.data.heldout_fraction is None and "predates held-out splits" in old.heldout
     set_ = settle(build_config({"data": {"heldout_fraction": 0.1}}), tmp_path, True)
     assert set_.cfg.data.heldout_fraction == 0.1
+
+
+def test_a_new_runs_own_run_toml_records_what_it_leaves_open(tmp_path: Path) -> None:
+    from andrea.daemon.config import load_toml, record_new_run
+
+    path = tmp_path / "run.toml"
+    path.write_text('preset = "andrea-tiny"\nseed = 7\n[data]\ntokenizer = "bytes"\n')
+    cfg = settle(build_config(load_toml(path)), tmp_path, predates_splits=False).cfg
+    recorded = record_new_run(path, cfg)
+    values = load_toml(path)
+    assert values["seed"] == 7 and values["data"]["tokenizer"] == "bytes"  # stated: kept
+    assert values["data"]["heldout_fraction"] == 0.05 and values["model"]["vocab_size"] == 256
+    assert "data.heldout_fraction = 0.05" in recorded and "optim.*" in recorded
+    assert "batch_size_per" not in values  # unset stays unset: what the file left to the reading
+    assert build_config(values).trajectory_hash() == cfg.trajectory_hash()
+    assert record_new_run(path, cfg) == []  # nothing left open: the file is not rewritten
