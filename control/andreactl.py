@@ -17,14 +17,18 @@ a bad value) is one ``andreactl: ...`` line and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any, NoReturn
 
+from andrea.daemon.boundedio import FileRejected
 from andrea.daemon.losslog import LossLogError
-from andrea.daemon.rundir import SocketDirError
+from andrea.daemon.rundir import RUN_DIR_ENV, SocketDirError
 
 from .commands import (
     checkpoints,
@@ -37,9 +41,15 @@ from .commands import (
     tools,
     trainer_requests,
 )
-from .commands.conventions import EXIT_CODES, EXIT_FAILED, EXIT_USAGE, Command, UserError
-
-RUN_DIR_ENV = "ANDREA_RUN_DIR"
+from .commands.conventions import (
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    Command,
+    CommandFailed,
+    UserError,
+)
+from .commands.failures import UsageError, failed, usage_error
 
 #: Every subcommand, in the order `andreactl --help` lists them.
 COMMANDS: tuple[Command, ...] = (
@@ -77,9 +87,34 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with systemctl's manners: an option is taken only as spelled (never abbreviated:
+    `--la` is not `--last`, so adding an option never changes what a script meant), a misspelled
+    command gets a suggestion, and an error is raised to main, which reports it (as JSON too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        wrong = re.search(r"argument COMMAND: invalid choice: '([^']*)'", message)
+        if wrong:
+            names = [c.name for c in COMMANDS]
+            close = difflib.get_close_matches(wrong.group(1), names, n=1)
+            message = f"unknown command {wrong.group(1)!r}" + (
+                f"; did you mean {close[0]!r}?" if close else f" (commands: {', '.join(names)})"
+            )
+        raise UsageError(self, message)
+
+
 def _epilog(command: Command | None) -> str:
-    codes = EXIT_CODES + (command.extra_exit_codes if command else ())
-    lines = ["exit codes:"] + [f"  {code}  {meaning}" for code, meaning in codes]
+    if command:
+        codes = [f"  {code}  {meaning}" for code, meaning in EXIT_CODES + command.extra_exit_codes]
+    else:  # every command's codes: those all share, then each command's own
+        codes = [f"  {code}  {meaning}" for code, meaning in EXIT_CODES] + [
+            f"  {code}  {c.name}: {meaning}"
+            for c in COMMANDS
+            for code, meaning in c.extra_exit_codes
+        ]
     examples = (
         command.examples
         if command
@@ -89,8 +124,7 @@ def _epilog(command: Command | None) -> str:
             "andreactl COMMAND --help",
         )
     )
-    lines += ["", "examples:"] + [f"  {e}" for e in examples]
-    return "\n".join(lines)
+    return "\n".join(["exit codes:", *codes, "", "examples:"] + [f"  {e}" for e in examples])
 
 
 def _add_global_options(parser: argparse.ArgumentParser, in_command: bool) -> None:
@@ -122,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         v = version("andrea")
     except PackageNotFoundError:
         v = "unknown"
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="andreactl",
         description="Operate an ANDREA training run.",
         epilog=_epilog(None),
@@ -147,30 +181,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `andreactl` script; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        return usage_error(e, argv, [c.name for c in COMMANDS])
     command: Command = args.command_entry
     sub: argparse.ArgumentParser = args.command_parser
     args.json = args.json or args.output_format == "json"
-    if args.run_dir is None and os.environ.get(RUN_DIR_ENV):
+    # The environment stands in for --run-dir only where a run directory is needed: a default
+    # must never break a command that has no use for it (verify-resume --problem mini).
+    if command.needs_run_dir and args.run_dir is None and os.environ.get(RUN_DIR_ENV):
         args.run_dir = Path(os.environ[RUN_DIR_ENV])
-    if command.needs_run_dir:
-        if args.run_dir is None:
-            sub.error(f"{command.name} needs --run-dir DIR (or ${RUN_DIR_ENV})")
-        if not args.run_dir.is_dir():
-            print(f"andreactl: {args.run_dir}: no such run directory", file=sys.stderr)
-            return EXIT_USAGE
     try:
+        if command.needs_run_dir:
+            if args.run_dir is None:
+                sub.error(f"{command.name} needs --run-dir DIR (or ${RUN_DIR_ENV})")
+            if not args.run_dir.is_dir():
+                raise UserError(f"{args.run_dir}: no such run directory")
         return command.run(args, sub)
+    except UsageError as e:
+        return usage_error(e, argv, [c.name for c in COMMANDS], command.name)
     except BrokenPipeError:
         # The reader went away (`andreactl history | head`): nothing to report, and nothing more
         # may be written to stdout, not even at interpreter exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
-    except (UserError, LossLogError, SocketDirError, OSError) as e:
+    except CommandFailed as e:
+        return failed(args.json, command.name, str(e), EXIT_FAILED)
+    except (UserError, LossLogError, SocketDirError, FileRejected, OSError) as e:
         # A person's mistake or an unreadable file: one line, no traceback.
-        print(f"andreactl: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return failed(args.json, command.name, str(e), EXIT_USAGE)
     except KeyboardInterrupt:
         return 130
 

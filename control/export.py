@@ -14,9 +14,12 @@ again, and a fresh process rebuilds the model from DEST alone and evaluates one 
 must equal, bit for bit, the loss computed at export time from the source. ``export.json`` is written
 last, only when all of that holds: an export without it is not verified.
 
+Only regular files that lie inside RUN are read (:mod:`andrea.control.export_sources`): a link, a
+FIFO or a device among the files an export reads refuses it, each one named.
+
 Exit codes: 0 exported and verified; 1 written but the verification failed (DEST is left for
-inspection, without export.json); 2 refused, nothing written (DEST not empty, no intact checkpoint,
-bad arguments).
+inspection, without export.json); 2 refused, nothing written (DEST not empty or not creatable, no
+intact checkpoint, a file of RUN that is not a regular file inside it, bad arguments).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePath
 from string import Template
 from typing import Literal
 
@@ -40,6 +43,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.daemon import rundir
+from andrea.daemon.boundedio import FileRejected, open_inside, read_bounded
 from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint.manager import (
     Loaded,
@@ -48,24 +52,24 @@ from andrea.daemon.checkpoint.manager import (
     newest_intact,
     verify_checkpoint,
 )
-from andrea.daemon.checkpoint.manifest import Environment, Manifest, MixingState, code_version
+from andrea.daemon.checkpoint.manifest import (
+    MAX_MANIFEST_BYTES,
+    Environment,
+    Manifest,
+    MixingState,
+    code_version,
+)
 from andrea.daemon.checkpoint.state import load_weights
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
 from andrea.daemon.durable import atomic_write_bytes, fsync_dir
 from andrea.daemon.losslog import LossLogError, read_curve
 from andrea.daemon.model import GPT
-from andrea.daemon.rundir import (
-    ARCHIVE_DIR,
-    CONFIG_FILE,
-    LOSS_FILE,
-    POLICY_FILE,
-    SAMPLES_FILE,
-    STATE_FILE,
-)
+from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE
 from andrea.daemon.tokenizer import BYTES, RunTokenizer
 from andrea.protocol.lineage import Lineage
 
+from .export_sources import audit_sources, offenders
 from .export_tokenizer import (
     TOKENIZER_NAME,
     ExportTokenizer,
@@ -75,6 +79,7 @@ from .export_tokenizer import (
     run_tokenizer,
 )
 from .export_tokenizer import record as tokenizer_record
+from .reports import ErrorReport, utc_now
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -319,18 +324,19 @@ def _metrics(run_dir: Path, manifest: Manifest) -> ExportMetrics:
 # --- files --------------------------------------------------------------------------------------------
 
 
-def _copy_hashed(src: Path, dst: Path) -> ExportedFile:
-    """Copy and fsync, hashing the bytes as they pass (a source that changes mid-copy shows in the hash)."""
+def _copy_hashed(run_dir: Path, src: PurePath, dst: Path) -> ExportedFile:
+    """Copy ``run_dir/src`` and fsync, hashing the bytes as they pass (a source that changes mid-copy
+    shows in the hash). The source is opened without following a link below ``run_dir``."""
     sha = hashlib.sha256()
     size = 0
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
+    with os.fdopen(open_inside(run_dir, src), "rb") as fin, open(dst, "xb") as fout:
         while chunk := fin.read(_COPY_CHUNK):
             sha.update(chunk)
             fout.write(chunk)
             size += len(chunk)
         fout.flush()
         os.fsync(fout.fileno())
-    return ExportedFile(name=dst.name, size=size, sha256=sha.hexdigest(), source=str(src))
+    return ExportedFile(name=dst.name, size=size, sha256=sha.hexdigest(), source=str(run_dir / src))
 
 
 def _write_new(dst: Path, data: bytes, source: str | None = None) -> ExportedFile:
@@ -373,17 +379,11 @@ def _write_audit(
 
     audit = dest / AUDIT_DIR
     audit.mkdir()
-    sources = [run_dir / n for n in (LOSS_FILE, POLICY_FILE, STATE_FILE, SAMPLES_FILE)]
-    archive = run_dir / ARCHIVE_DIR
-    if archive.is_dir():
-        sources += sorted(p for p in archive.rglob("*") if p.is_file())
     files = []
-    for src in sources:
-        if not src.is_file():
-            continue
-        dst = audit / src.relative_to(run_dir)
+    for src in audit_sources(run_dir):
+        dst = audit / src
         dst.parent.mkdir(parents=True, exist_ok=True)
-        files.append(_relative(_copy_hashed(src, dst), dest, dst))
+        files.append(_relative(_copy_hashed(run_dir, src, dst), dest, dst))
     if (audit / LOSS_FILE).is_file():
         # Drawn from the copy, so the plot shows exactly the log this export holds.
         curve = read_curve(audit / LOSS_FILE)
@@ -443,10 +443,9 @@ def _write_export(
     readme: str,
     progress: Callable[[str], None],
 ) -> list[ExportedFile]:
-    """Write every file of the export durably; what was written, with sizes and sha256."""
-    created_dest = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True)
-    payload = _copy_hashed(run_dir / manifest.bin_file, dest / manifest.bin_file)
+    """Write every file of the export durably into the existing ``dest``; what was written, with
+    sizes and sha256."""
+    payload = _copy_hashed(run_dir, PurePath(manifest.bin_file), dest / manifest.bin_file)
     if payload.sha256 != manifest.bin_sha256 or payload.size != manifest.bin_size:
         raise ExportFailed(
             f"{manifest.bin_file} changed while it was copied (sha256 {payload.sha256[:16]}…)"
@@ -454,7 +453,7 @@ def _write_export(
     name = rundir.manifest_name(manifest.step)
     files = [payload, _write_new(dest / name, manifest_bytes, str(run_dir / name))]
     if (run_dir / CONFIG_FILE).is_file():
-        files.append(_copy_hashed(run_dir / CONFIG_FILE, dest / CONFIG_FILE))
+        files.append(_copy_hashed(run_dir, PurePath(CONFIG_FILE), dest / CONFIG_FILE))
     else:
         progress(
             f"      WARNING: {run_dir / CONFIG_FILE} is missing; the manifest's config is the only record"
@@ -462,8 +461,7 @@ def _write_export(
     files.append(_write_new(dest / METRICS_NAME, metrics.model_dump_json(indent=2).encode()))
     files.append(_write_new(dest / README_NAME, readme.encode()))
     fsync_dir(dest)
-    if created_dest:
-        fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
     return files
 
 
@@ -476,10 +474,30 @@ def _check_destination(dest: Path) -> None:
         )
 
 
-def _select(run_dir: Path, step: int | None) -> Loaded:
-    """The requested checkpoint, or the newest intact one; damaged newer ones are listed as skipped."""
+def _check_sources(run_dir: Path) -> None:
+    """Every file the export reads is a regular file inside the run directory; the offenders named."""
     if not run_dir.is_dir():
         raise ExportRefused(f"{run_dir}: not a run directory")
+    bad = offenders(run_dir)
+    if bad:
+        raise ExportRefused(
+            f"{run_dir} holds files an export never reads, since only regular files inside the run "
+            "directory are copied (a link could point anywhere):\n  "
+            + "\n  ".join(bad)
+            + "\nReplace each with the file itself, or remove it, and export again."
+        )
+
+
+def _create_destination(dest: Path) -> None:
+    """DEST, made now: a destination that cannot be made is a refusal, with nothing written."""
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportRefused(f"cannot create {dest}: {exc.strerror or exc}") from None
+
+
+def _select(run_dir: Path, step: int | None) -> Loaded:
+    """The requested checkpoint, or the newest intact one; damaged newer ones are listed as skipped."""
     steps = checkpoint_steps(run_dir)
     if step is not None:
         if step not in steps:
@@ -582,6 +600,7 @@ def export_checkpoint(
     """
     clock = _Clock()
     _check_destination(dest)
+    _check_sources(run_dir)
     progress(f"[1/5] verifying the checkpoint in {run_dir}")
     source, manifest_bytes = _verify_source(run_dir, step, progress)
     manifest, weights = source.manifest, source.payload.weights
@@ -670,6 +689,7 @@ def _copy(
     trail and, when asked, the safetensors weights, written durably into ``dest``."""
     manifest = source.manifest
     metrics, readme, tokenizer_file = written
+    _create_destination(dest)
     try:
         files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
         if tokenizer_file is not None:
@@ -678,7 +698,7 @@ def _copy(
         files += _write_audit(run_dir, dest, manifest.step, progress)
         if safetensors:
             files.append(_write_safetensors(dest, manifest, source.payload.weights))
-    except OSError as exc:
+    except (OSError, FileRejected) as exc:
         raise ExportFailed(f"writing {dest} failed: {exc}") from exc
     return files
 
@@ -762,7 +782,7 @@ def _verify_source(
         progress(f"      WARNING: skipped damaged checkpoint {reason}")
     manifest = source.manifest
     name = rundir.manifest_name(manifest.step)
-    manifest_bytes = (run_dir / name).read_bytes()
+    manifest_bytes = read_bounded(run_dir / name, MAX_MANIFEST_BYTES)
     if Manifest.model_validate_json(manifest_bytes) != manifest:
         raise ExportRefused(f"{name} changed while it was being verified; try again")
     progress(
@@ -870,23 +890,33 @@ def run_export(
             safetensors=safetensors,
         )
     except ExportRefused as exc:
-        print(f"export refused: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
+        return _refused(f"export refused: {exc}", EXIT_REFUSED, as_json)
     except ExportFailed as exc:
-        print(
+        return _refused(
             f"EXPORT NOT VERIFIED: {exc}\n{dest} has no {REPORT_NAME}; remove it before exporting again",
-            file=sys.stderr,
+            EXIT_FAILED,
+            as_json,
         )
-        return EXIT_FAILED
     if as_json:
         print(report.model_dump_json(indent=2))
     return EXIT_OK
 
 
+def _refused(message: str, code: int, as_json: bool) -> int:
+    """Say why on stderr and, with --json, as andreactl's error document on stdout."""
+    print(message, file=sys.stderr)
+    if as_json:
+        error = ErrorReport(time=utc_now(), command="export", exit_code=code, error=message)
+        print(error.model_dump_json(indent=1))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m andrea.control.export", description=__doc__.split("\n\n")[0]
+        prog="python -m andrea.control.export",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
     parser.add_argument("--run-dir", type=Path, help="the run directory holding the checkpoints")
     parser.add_argument(

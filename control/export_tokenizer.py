@@ -22,6 +22,7 @@ from andrea.daemon.tokenizer import (
     ByteTokenizer,
     FileTokenizer,
     RunTokenizer,
+    TokenizerError,
     tokenizer_path,
 )
 
@@ -50,7 +51,8 @@ class ExportTokenizer(BaseModel):
 
 def run_tokenizer(run_dir: Path, manifest: Manifest) -> tuple[RunTokenizer, bytes | None]:
     """The tokenizer the checkpoint was trained with, from the run directory, and its file's
-    bytes (None for the byte-level one). TokenizerProblem when the file is not that one."""
+    bytes (None for the byte-level one). TokenizerProblem when the file is not that one, or not
+    a regular file where `[data] tokenizer` says (an export follows no link)."""
     if manifest.tokenizer == BYTES:
         return ByteTokenizer(), None
     spec = str(manifest.config.get("data", {}).get("tokenizer", ""))
@@ -61,7 +63,10 @@ def run_tokenizer(run_dir: Path, manifest: Manifest) -> tuple[RunTokenizer, byte
         raise TokenizerProblem(
             f"the run's tokenizer {path} ([data] tokenizer = {spec!r}) cannot be read: {e}"
         ) from None
-    tokenizer = FileTokenizer(spec, path, raw)
+    try:
+        tokenizer = FileTokenizer(spec, path, raw)
+    except TokenizerError as e:
+        raise TokenizerProblem(str(e)) from None
     if tokenizer.identity != manifest.tokenizer:
         raise TokenizerProblem(
             f"the run's tokenizer {path} has sha256 {tokenizer.identity}, but step "

@@ -53,6 +53,10 @@ class OfflineSummary(_Report):
         None,
         description="of the newest checkpoint: world sizes, and the checkpoint it started from",
     )
+    problems: list[str] = Field(
+        default_factory=list,
+        description="run-directory files that could not be read (a link, a FIFO, garbage), and why",
+    )
 
 
 class StatusReport(_Report):
@@ -348,6 +352,17 @@ class PlanReport(_Report):
     warnings: list[str]
 
 
+class ErrorReport(_Report):
+    """What every command prints with ``--json`` when it ends in an error (a usage error, a refusal,
+    a run that does not answer) instead of its own document: a script reading stdout always gets
+    one document, and the exit code in it."""
+
+    time: datetime
+    command: str | None = Field(description="the command, when it was recognised")
+    exit_code: int
+    error: str
+
+
 #: A model of a --json document: the class, or ``"module:Name"`` for one whose module imports torch
 #: (imported only when its schema or a validation asks for it).
 ModelRef = type[BaseModel] | str
@@ -385,6 +400,12 @@ def _resolve(ref: ModelRef) -> type[BaseModel]:
 
 
 def report_models(command: str) -> tuple[type[BaseModel], ...]:
+    """The models of ``command``'s --json document: its own, then ErrorReport (printed instead when
+    it ends in an error)."""
+    return (*_own_models(command), ErrorReport)
+
+
+def _own_models(command: str) -> tuple[type[BaseModel], ...]:
     """The model(s) of ``command``'s --json document (KeyError for a command that prints none)."""
     return tuple(_resolve(ref) for ref in REPORTS[command])
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .boundedio import FileRejected, read_bounded
 from .durable import atomic_write_bytes
 from .heldout import DEFAULT_FRACTION
 from .rundir import CONFIG_FILE
@@ -484,12 +485,22 @@ def _blame_flags(flags: dict[str, Any] | None) -> Note:
     return note
 
 
-def load_toml(path: Path) -> dict[str, Any]:
+#: The most a run config may hold: a few hundred lines, data arms included. A larger file, or
+#: anything but a regular file (/dev/zero, a FIFO), is refused before it is read.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def load_toml(path: Path, *, follow_symlinks: bool = True) -> dict[str, Any]:
+    """The TOML of a run config: a regular file of at most MAX_CONFIG_BYTES (through a link unless
+    `follow_symlinks` is False: a tool reading another's run directory). ConfigError naming it."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(
+            read_bounded(path, MAX_CONFIG_BYTES, follow_symlinks=follow_symlinks).decode("utf-8")
+        )
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except FileRejected as e:
+        raise ConfigError(f"config file {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     except UnicodeDecodeError as e:

@@ -230,7 +230,8 @@ def read_record(tokens_file: Path) -> TokensRecord | None:
     """The record beside `tokens_file`; None when it has none. DataError naming a damaged one."""
     path = record_path(tokens_file)
     try:
-        return TokensRecord.model_validate_json(read_bounded(path, MAX_RECORD_BYTES))
+        raw = read_bounded(path, MAX_RECORD_BYTES, follow_symlinks=True)
+        return TokensRecord.model_validate_json(raw)
     except FileNotFoundError:
         return None
     except (FileRejected, OSError, ValidationError) as e:

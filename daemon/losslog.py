@@ -82,6 +82,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
 
+from .boundedio import LINK_REFUSED, FileRejected, open_regular
 from .durable import fsync_dir
 from .validation import first_problem
 
@@ -352,6 +353,15 @@ def _check_regular(path: Path, fd: int) -> int:
     return st.st_size
 
 
+def _open_reader(path: Path) -> int:
+    """A descriptor of the log for a reader: a regular file where it lies, never through a link
+    (a tool run by root must not read what a planted link points at)."""
+    try:
+        return open_regular(path)
+    except FileRejected as e:
+        raise LossLogCorrupt(path, 0, str(e).removeprefix(f"{path}: ")) from None
+
+
 def _content_size(path: Path, fd: int, size: int) -> int:
     """Where the file's content ends: the size without a trailing run of NUL bytes. A power loss
     leaves at most a few blocks of them; a longer run (a 64 GiB sparse tail, say) is refused before
@@ -440,8 +450,13 @@ class LossLog:
         """
         path = Path(path)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Never through a link: a daemon would append to whatever it points at.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LossLogCorrupt(
+                    path, 0, f"not a regular file (a symbolic link; {LINK_REFUSED})"
+                ) from None
             if e.errno not in (errno.EISDIR, errno.ENXIO):  # a directory, a socket
                 raise
             raise LossLogCorrupt(path, 0, "not a regular file") from None
@@ -636,7 +651,7 @@ def last_entry(path: str | os.PathLike[str], model: type[BaseModel] = LossEntry)
     Tolerates a torn tail and never modifies the file; raises FileNotFoundError if there is no log.
     """
     path = Path(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = _open_reader(path)
     try:
         size = _content_size(path, fd, _check_regular(path, fd))
         return _scan_tail(path, lambda offset, n: os.pread(fd, n, offset), size, model).last
@@ -647,7 +662,7 @@ def last_entry(path: str | os.PathLike[str], model: type[BaseModel] = LossEntry)
 def _read_content(path: Path) -> bytes:
     """The file's content without a NUL tail, read only once it is known to be a regular file of
     bounded size (readers never modify the file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = _open_reader(path)
     try:
         return _read_all(fd, _content_size(path, fd, _check_regular(path, fd)))
     finally:

@@ -24,8 +24,11 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Literal
+
+from .rundir import RUN_DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +230,19 @@ class Notifier:
 #: Set by `andrea-trainer --with-proxy` for its proxy: both write to one terminal, and every line
 #: says which process wrote it.
 LOG_TAG_ENV = "ANDREA_LOG_TAG"
+
+
+def add_run_dir_argument(parser: argparse.ArgumentParser) -> None:
+    """`--run-dir`, the same for both daemons: $ANDREA_RUN_DIR stands in for it, as for andreactl."""
+    from_env = os.environ.get(RUN_DIR_ENV)
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        required=not from_env,
+        default=Path(from_env) if from_env else None,
+        metavar="DIR",
+        help=f"the run's directory (created if missing; default: ${RUN_DIR_ENV})",
+    )
 
 
 def add_log_level_argument(parser: argparse.ArgumentParser) -> None:

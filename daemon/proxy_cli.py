@@ -9,7 +9,13 @@ import time
 from pathlib import Path
 
 from .exitcodes import ExitCode, for_unexpected
-from .process import Notifier, SignalFlags, add_log_level_argument, setup_logging
+from .process import (
+    Notifier,
+    SignalFlags,
+    add_log_level_argument,
+    add_run_dir_argument,
+    setup_logging,
+)
 from .rundir import CONFIG_FILE, AlreadyRunning, SocketDirError
 
 log = logging.getLogger("andrea.proxy")
@@ -17,11 +23,11 @@ log = logging.getLogger("andrea.proxy")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="andrea-proxy", description="Data-mixing bandit and audit trail of an ANDREA run."
+        prog="andrea-proxy",
+        description="Data-mixing bandit and audit trail of an ANDREA run.",
+        allow_abbrev=False,
     )
-    p.add_argument(
-        "--run-dir", type=Path, required=True, help="the run's directory (created if missing)"
-    )
+    add_run_dir_argument(p)
     p.add_argument(
         "--config",
         type=Path,

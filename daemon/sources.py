@@ -6,6 +6,8 @@ or /sys is "regular" too, but reports 0 bytes and holds something else (``/proc/
 its read (``/proc/self/pagemap``: EINVAL) or waits for data (``/proc/kmsg``); a FIFO waits in its open.
 Each is refused naming the file (`SourceRejected`, exit 2), never read past its size and never waited
 on: the descriptor is opened non-blocking, and after the last byte one more read must find the end.
+Links are followed: a person names these files in run.toml (a corpus of links is common); what they
+reach must be a regular file all the same.
 A stop requested meanwhile is honoured between files (and between batches of lines).
 
 Documents, the unit of the held-out split (daemon/heldout.py):
@@ -63,7 +65,7 @@ class RegularReader(io.RawIOBase):
         super().__init__()
         self.path = path
         try:
-            self.fd = open_regular(path)
+            self.fd = open_regular(path, follow_symlinks=True)
         except FileRejected as e:
             raise SourceRejected(str(e)) from None
         except FileNotFoundError:

@@ -206,7 +206,7 @@ def tokenizer_path(spec: str, base: Path) -> Path:
 def _read(spec: str, base: Path) -> tuple[Path, bytes]:
     path = tokenizer_path(spec, base)
     try:
-        return path, read_bounded(path, MAX_TOKENIZER_BYTES)
+        return path, read_bounded(path, MAX_TOKENIZER_BYTES, follow_symlinks=True)
     except FileNotFoundError:
         raise TokenizerError(
             f"[data] tokenizer = {spec!r}: {path} does not exist; train one with `andreactl "

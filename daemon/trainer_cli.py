@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .exitcodes import ExitCode, for_unexpected
-from .process import Notifier, SignalFlags, add_log_level_argument, setup_logging
+from .process import (
+    Notifier,
+    SignalFlags,
+    add_log_level_argument,
+    add_run_dir_argument,
+    setup_logging,
+)
 from .rundir import CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -38,14 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
             "Train an ANDREA GPT in a run directory; SIGTERM/SIGINT checkpoint and exit,"
             " SIGUSR1 checkpoints and continues."
         ),
+        allow_abbrev=False,
     )
-    p.add_argument(
-        "--run-dir",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="the run's directory (created if missing)",
-    )
+    add_run_dir_argument(p)
     p.add_argument(
         "--config",
         type=Path,

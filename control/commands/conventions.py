@@ -5,7 +5,6 @@ for a person otherwise)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +27,10 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 
 class UserError(Exception):
     """A mistake in the invocation or its inputs: printed as one line, exit code 2."""
+
+
+class CommandFailed(Exception):
+    """The run refused or did not answer: printed as one line, exit code 1."""
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,3 @@ def emit(args: argparse.Namespace, report: BaseModel, text: str) -> None:
         print(report.model_dump_json(indent=1))
     else:
         print(text)
-
-
-def fail(message: str) -> int:
-    """Say on stderr why the run refused or did not answer; the exit code for it."""
-    print(f"andreactl: {message}", file=sys.stderr)
-    return EXIT_FAILED

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import UTC, datetime
 
+from andrea.daemon.boundedio import read_bounded
 from andrea.daemon.evallog import canonical_evals, last_eval, read_evals
 from andrea.daemon.losslog import read_curve
+from andrea.daemon.mixing.proxyfiles import MAX_SAMPLES_BYTES
 from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE
 
 from .. import reports as r
-from .conventions import EXIT_FAILED, EXIT_OK, Command, UserError, emit
+from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 from .formatting import eval_text
 
 
@@ -38,12 +39,8 @@ def _history_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _eval_history(args: argparse.Namespace) -> int:
     path = args.run_dir / EVAL_FILE
-    if not path.exists():
-        print(
-            f"andreactl: {path} does not exist yet (evaluations come every eval.every steps)",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
+    if not path.exists() and not path.is_symlink():
+        raise CommandFailed(f"{path} does not exist yet (evaluations come every eval.every steps)")
     evals = canonical_evals(read_evals(path))
     shown = evals[-args.last :] if args.last else evals
     names = list(dict.fromkeys(n for e in shown for n in e.arms))
@@ -99,14 +96,10 @@ def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The most recent generated samples, from .samples.json."""
     path = args.run_dir / SAMPLES_FILE
-    if not path.exists():
-        print(
-            f"andreactl: {path} does not exist yet (samples come every sample_every steps)",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
+    if not path.exists() and not path.is_symlink():
+        raise CommandFailed(f"{path} does not exist yet (samples come every sample_every steps)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, MAX_SAMPLES_BYTES))
         records = data["records"][-args.last :] if args.last else data["records"]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path}: not a samples file ({e})") from None

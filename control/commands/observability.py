@@ -15,7 +15,7 @@ from andrea.daemon.metrics.tensorboard import export_tensorboard
 from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE
 
 from .. import reports as r
-from .conventions import EXIT_FAILED, EXIT_OK, Command, UserError, emit
+from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 
 
 def _plot_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +42,7 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--out {args.out}: the extension must be one of .png, .svg, .pdf")
     curve = read_curve(args.run_dir / LOSS_FILE)
     if not curve:
-        print("andreactl: .loss.json has no entries yet", file=sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(f"{args.run_dir / LOSS_FILE} has no entries yet")
     events = read_run_events(args.run_dir, curve)
     evals = []
     if (args.run_dir / EVAL_FILE).exists():
@@ -60,8 +59,7 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             evals=evals,
         )
     except ValueError as e:
-        print(f"andreactl: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(str(e)) from None
     save_figure(fig, args.out, args.dpi)
     shown = len(select_steps(curve, args.since, args.until))
     emit(
@@ -111,6 +109,9 @@ def cmd_metrics(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     """Rebuild the run's metrics (loss, EMA, LR, tokens/s, phase, segment, arm shares) from the
     canonical curve in .loss.json, for any run, past or running (see andrea.daemon.metrics)."""
     out: Path = args.out
+    # A link, even one pointing nowhere, is never written through: it could point anywhere.
+    if out.is_symlink():
+        parser.error(f"--out {out}: is a symbolic link (nothing is written through one)")
     if args.format == "tensorboard":
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             parser.error(f"--out {out}: must be a new or empty directory")

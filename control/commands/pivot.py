@@ -24,7 +24,7 @@ from andrea.protocol.status import Activity, HoldState, HoldStatus, ProxyStatus,
 from andrea.protocol.transport import new_id
 
 from .. import reports as r
-from .conventions import EXIT_OK, Command, UserError, emit, fail
+from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 from .daemons import ask
 from .status import status_report
 
@@ -93,7 +93,7 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         boundary = _await_hold(args, hold_id, seen=plan.resuming is not None)
         return _commit(args, plan, hold_id, boundary)
     except _Failed as e:
-        return fail(str(e))
+        raise CommandFailed(str(e)) from None
 
 
 def _live(args: argparse.Namespace) -> tuple[TrainerStatus, ProxyStatus | None]:
@@ -111,13 +111,15 @@ def _read_policy(args: argparse.Namespace) -> str:
     """The new policy's text, once it parses as a policy."""
     # The policy's code is the bandit's (numpy models, tens of milliseconds to import): only a
     # pivot pays for it.
-    from andrea.daemon.mixing.policy import PolicyError, load_policy
+    from andrea.daemon.mixing.policy import PolicyError, parse_policy, read_policy_text
 
     if args.policy is None:
         raise UserError("pivot needs --policy FILE (or --cancel)")
     try:
-        load_policy(args.policy)
-        return args.policy.read_text(encoding="utf-8")
+        # Read once, bounded: the text checked here is the text the proxy gets.
+        text = read_policy_text(args.policy)
+        parse_policy(text, str(args.policy))
+        return text
     except PolicyError as e:
         raise UserError(str(e)) from None
 

@@ -132,6 +132,7 @@ def _offline_lines(report: r.StatusReport, run_dir: Path) -> list[str]:
         lines.append("held-out: " + eval_text(o.last_eval))
     if o.lineage is not None and (o.lineage.init_from or len(o.lineage.world_sizes) > 1):
         lines.append(f"lineage: {o.lineage.describe()}")
+    lines += [f"unreadable: {problem}" for problem in o.problems]
     return lines
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from .. import reports as r
 from .. import verify_options
@@ -47,13 +49,41 @@ def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
     if not args.json:
         return run_problem(parser, args)
+    existed = args.output.exists() or args.output.is_symlink()
     # The verifier prints its progress and table for a person: keep stdout for the report alone.
-    with contextlib.redirect_stdout(sys.stderr):
+    # What it says on stderr is kept too: its last line is why, when it ends without a report.
+    said = _Lines(sys.stderr)
+    with contextlib.redirect_stdout(sys.stderr), contextlib.redirect_stderr(said):
         code = run_problem(parser, args)
     report = args.output / REPORT_NAME
-    if report.is_file():
+    if report.is_file() and not existed:
         print(report.read_text(encoding="utf-8"))
+    else:  # refused, or stopped before a report: never an earlier run's report
+        why = said.last or f"verify-resume ended with exit code {code} without a report"
+        print(
+            r.ErrorReport(
+                time=r.utc_now(), command="verify-resume", exit_code=code, error=why
+            ).model_dump_json(indent=1)
+        )
     return code
+
+
+class _Lines(io.TextIOBase):
+    """A text stream that passes everything on to ``out`` and keeps the last non-empty line."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.last = ""
+
+    def write(self, text: str) -> int:
+        self.out.write(text)
+        lines = [line for line in text.splitlines() if line.strip()]
+        if lines:
+            self.last = lines[-1]
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
 def _schema_arguments(parser: argparse.ArgumentParser) -> None:

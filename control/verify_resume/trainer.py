@@ -238,11 +238,12 @@ def user_config(output: Path, source: Path, base: Path) -> Path:
     return target
 
 
-def check_user_config(source: Path) -> dict[str, Any]:
-    """The values of a run config file, validated as the trainer validates them (ConfigError)."""
+def check_user_config(source: Path, follow_symlinks: bool = True) -> dict[str, Any]:
+    """The values of a run config file, validated as the trainer validates them (ConfigError);
+    without `follow_symlinks` a link is refused (a run directory's run.toml)."""
     from andrea.daemon.config import build_config, load_toml
 
-    values = load_toml(source)
+    values = load_toml(source, follow_symlinks=follow_symlinks)
     build_config(values, source=str(source))
     return values
 

@@ -34,10 +34,9 @@ from .rngstate import RngState
 FORMAT_VERSION = 2
 #: Format 1 had no content hash; it is read, never written.
 LEGACY_FORMAT_VERSION = 1
-#: The most a manifest can need: the layout of the largest preset, the config, every RNG, and the
-#: loss records the proxy had not acknowledged (bounded by the assignment lag). A larger file is
-#: refused before it is read (a 64 GiB sparse file must not be allocated).
-MAX_MANIFEST_BYTES = 16 << 20
+#: The most a manifest can need (defined with the run directory's names, where the torch-free tools
+#: that read manifests find it).
+MAX_MANIFEST_BYTES = rundir.MAX_MANIFEST_BYTES
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 #: What made a checkpoint: a stop or checkpoint request (signal or control), the cadence, the end of

@@ -122,7 +122,10 @@ def write_payload(path: Path, payload) -> str:
     size = len(view)
     tmp = tmp_path(path)
     hasher: _Hasher | None = None
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    # O_NOFOLLOW: the temporary's name is known in advance, and a link planted there must not be
+    # written through.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o644)
     try:
         hasher = _Hasher(view)
         pos = 0

@@ -14,12 +14,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import tomli_w
-from pydantic import ValidationError
 
 from andrea.protocol import messages as m
 
+from ..boundedio import read_bounded, read_inside
 from ..durable import atomic_write_bytes
 from ..rundir import (
+    MAX_PIVOT_RECORD_BYTES,
     PIVOT_RECORD,
     POLICY_FILE,
     SAMPLES_FILE,
@@ -29,7 +30,14 @@ from ..rundir import (
 )
 from .bandit import Bandit
 from .policy import Policy
-from .proxyfiles import SampleRecord, SamplesFile, empty_samples, now_utc
+from .proxyfiles import (
+    MAX_SAMPLES_BYTES,
+    MAX_STATE_BYTES,
+    SampleRecord,
+    SamplesFile,
+    empty_samples,
+    now_utc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +52,10 @@ def write_archive(run_dir: Path, boundary: int, old: Bandit, policy: Policy) -> 
         n += 1
         archive = pivot_archive(run_dir, boundary, f"{stamp}-{n}")
     archive.mkdir(parents=True)
-    for name in (STATE_FILE, SAMPLES_FILE):
+    for name, limit in ((STATE_FILE, MAX_STATE_BYTES), (SAMPLES_FILE, MAX_SAMPLES_BYTES)):
         if (run_dir / name).exists():
-            atomic_write_bytes(archive / name, (run_dir / name).read_bytes())
+            # Never through a link: the archive is exported as the run's own record.
+            atomic_write_bytes(archive / name, read_bounded(run_dir / name, limit))
     atomic_write_bytes(
         archive / POLICY_FILE, tomli_w.dumps(old.policy.model_dump(mode="json")).encode()
     )
@@ -62,10 +71,15 @@ def write_archive(run_dir: Path, boundary: int, old: Bandit, policy: Policy) -> 
     return archive
 
 
+def _read_record(run_dir: Path, record: Path) -> dict:
+    """A pivot record, read where it lies and bounded (FileRejected, a ValueError, otherwise)."""
+    return json.loads(read_inside(run_dir, record.relative_to(run_dir), MAX_PIVOT_RECORD_BYTES))
+
+
 def _pivot_records(run_dir: Path) -> list[tuple[Path, dict]]:
     out = []
     for record in pivot_records(run_dir):
-        out.append((record.parent, json.loads(record.read_text())))
+        out.append((record.parent, _read_record(run_dir, record)))
     return out
 
 
@@ -84,7 +98,7 @@ def last_pivot(run_dir: Path) -> tuple[int, int]:
     """(phase, boundary step) of the newest pivot recorded under archive/, or (0, 0)."""
     best = (0, 0)
     for record in pivot_records(run_dir):
-        data = json.loads(record.read_text())
+        data = _read_record(run_dir, record)
         best = max(best, (int(data["new_phase"]), int(data["boundary_step"])))
     return best
 
@@ -99,8 +113,9 @@ def archive_samples(run_dir: Path, msg: m.SampleReport) -> None:
         return
     path = archive / SAMPLES_FILE
     try:
-        kept = SamplesFile.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError):
+        raw = read_inside(run_dir, path.relative_to(run_dir), MAX_SAMPLES_BYTES)
+        kept = SamplesFile.model_validate_json(raw)
+    except (OSError, ValueError):  # a ValidationError, or a file that is not a regular one
         kept = empty_samples()
     if kept.holds(msg.step, msg.segment):
         return

@@ -22,9 +22,18 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from ..boundedio import read_bounded
 from ..durable import atomic_write_bytes
 from ..rundir import POLICY_FILE, STATE_FILE
-from .policy import Policy, PolicyError, differences, load_policy
+from .policy import (
+    Policy,
+    PolicyError,
+    differences,
+    load_policy,
+    parse_policy,
+    read_policy_text,
+)
+from .proxyfiles import MAX_STATE_BYTES
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ def _state_policy(run_dir: Path) -> Policy | None:
     """The policy recorded in `.state.json`, or None (absent or unreadable: the proxy reports
     that itself when it starts)."""
     try:
-        data = json.loads((run_dir / STATE_FILE).read_bytes())
+        data = json.loads(read_bounded(run_dir / STATE_FILE, MAX_STATE_BYTES))
         return Policy.model_validate(data["bandit"]["policy"])
     except (OSError, ValueError, KeyError, TypeError, ValidationError):
         return None
@@ -68,8 +77,8 @@ def resolve_policy(run_dir: Path, given: Path | None, pivot: bool) -> Resolved:
     stored_path = run_dir / POLICY_FILE
     stored = load_policy(stored_path) if stored_path.exists() else None
     if given is not None:
-        new = load_policy(given)
-        text = given.read_text(encoding="utf-8")
+        text = read_policy_text(given)  # read once: the text checked is the text stored
+        new = parse_policy(text, str(given))
         if given.resolve() == stored_path.resolve():
             return Resolved(new, None, False)
         reference, where = stored, str(stored_path)
