@@ -613,8 +613,7 @@ def export_checkpoint(
     progress(f"      loss {loss!r} ({loss.hex()})")
 
     progress(f"[3/5] copying into {dest}")
-    created = datetime.now(UTC).isoformat(timespec="milliseconds")
-    metrics, written = _contents(run_dir, manifest, created, loss, (tokenizer, tokenizer_file))
+    created, metrics, written = _contents(run_dir, manifest, loss, (tokenizer, tokenizer_file))
     files = _copy(run_dir, dest, source, manifest_bytes, written, safetensors, progress)
     checks = _source_checks(source)
     clock.phase("copy")
@@ -650,14 +649,15 @@ def export_checkpoint(
 def _contents(
     run_dir: Path,
     manifest: Manifest,
-    created: str,
     loss: float,
     tokenizer: tuple[RunTokenizer, tuple[bytes, Path] | None],
-) -> tuple[ExportMetrics, tuple[ExportMetrics, str, tuple[bytes, Path] | None]]:
-    """The metrics, and what phase 3 writes besides the checkpoint: metrics, README, tokenizer."""
+) -> tuple[str, ExportMetrics, tuple[ExportMetrics, str, tuple[bytes, Path] | None]]:
+    """When the export is made, its metrics, and what phase 3 writes besides the checkpoint:
+    metrics, README, tokenizer."""
+    created = datetime.now(UTC).isoformat(timespec="milliseconds")
     metrics = _metrics(run_dir, manifest)
     readme = _readme(manifest.step, manifest, run_dir, created, loss.hex(), tokenizer[0])
-    return metrics, (metrics, readme, tokenizer[1])
+    return created, metrics, (metrics, readme, tokenizer[1])
 
 
 def _intact_detail(manifest: Manifest) -> str:
