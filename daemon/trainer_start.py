@@ -92,12 +92,11 @@ def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> St
     device = _check_machine(cfg, world)
     init_from = _check_init_from(args, cfg, world)
     check_proxy_options(args)
+    skip = _unsafe_options(args, cfg)
     # Only now, when nothing the command line says can be refused any more: a refused start
     # leaves no run directory behind.
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
-    write_later, changes = _settle_run_toml(args, cfg, world, run_toml_existed, write)
-    skip = _unsafe_options(args, cfg)
     own_new = run_toml_existed and not predates and write
     recorded = _record_new_run(args, cfg, world, own_new)
     write_later, changes = _settle_run_toml(args, cfg, world, run_toml_existed, write, predates)
