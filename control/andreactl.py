@@ -37,6 +37,7 @@ from .commands import (
     pivot,
     plan,
     status,
+    tokenizer,
     tools,
     trainer_requests,
 )
@@ -65,6 +66,7 @@ COMMANDS: tuple[Command, ...] = (
     observability.METRICS,
     plan.PLAN,
     plan.SIZE,
+    tokenizer.TOKENIZER,
     tools.EXPORT,
     tools.VERIFY_RESUME,
     tools.SCHEMA,

@@ -40,7 +40,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.daemon import rundir
 from andrea.daemon.boundedio import FileRejected, open_inside, read_bounded
@@ -66,9 +66,19 @@ from andrea.daemon.durable import atomic_write_bytes, fsync_dir
 from andrea.daemon.losslog import LossLogError, read_curve
 from andrea.daemon.model import GPT
 from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE
+from andrea.daemon.tokenizer import BYTES, RunTokenizer
 from andrea.protocol.lineage import Lineage
 
 from .export_sources import audit_sources, offenders
+from .export_tokenizer import (
+    TOKENIZER_NAME,
+    ExportTokenizer,
+    TokenizerProblem,
+    load_export_tokenizer,
+    readme_fields,
+    run_tokenizer,
+)
+from .export_tokenizer import record as tokenizer_record
 from .reports import ErrorReport, utc_now
 
 EXIT_OK = 0
@@ -152,6 +162,8 @@ class ReloadCheck(_Record):
     n_params: int
     eval_loss: float
     eval_loss_hex: str
+    tokenizer: str = Field(description='the tokenizer loaded with the model: "bytes" or its sha256')
+    round_trip: bool = Field(description="it decodes its own encoding of EVAL_TEXT to EVAL_TEXT")
     seconds: float
 
 
@@ -181,6 +193,7 @@ class ExportReport(_Record):
     trigger: str
     skipped: list[str]
     files: list[ExportedFile]
+    tokenizer: ExportTokenizer
     metrics: ExportMetrics
     evaluation: Evaluation
     checks: list[ExportCheck]
@@ -204,10 +217,14 @@ def _single_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def eval_tokens(model: ModelConfig) -> np.ndarray:
-    """The fixed evaluation batch, ``(EVAL_ROWS, block_size + 1)`` int64 token ids."""
-    text = np.frombuffer(EVAL_TEXT, dtype=np.uint8).astype(np.int64) % model.vocab_size
-    return np.resize(text, (EVAL_ROWS, model.block_size + 1))
+def eval_tokens(model: ModelConfig, tokenizer: RunTokenizer | None = None) -> np.ndarray:
+    """The fixed evaluation batch, ``(EVAL_ROWS, block_size + 1)`` int64 token ids: EVAL_TEXT
+    encoded with the run's tokenizer (bytes by default), repeated cyclically."""
+    if tokenizer is None or tokenizer.identity == BYTES:
+        ids = np.frombuffer(EVAL_TEXT, dtype=np.uint8).astype(np.int64)
+    else:
+        ids = np.asarray(tokenizer.encode(EVAL_TEXT.decode("utf-8")), dtype=np.int64)
+    return np.resize(ids % model.vocab_size, (EVAL_ROWS, model.block_size + 1))
 
 
 def build_model(manifest: Manifest, weights: np.ndarray) -> GPT:
@@ -219,9 +236,10 @@ def build_model(manifest: Manifest, weights: np.ndarray) -> GPT:
     return model.eval()
 
 
-def eval_loss(model: GPT) -> float:
-    """Mean cross-entropy of ``model`` on the fixed evaluation batch, one thread, no gradient."""
-    tokens = torch.from_numpy(eval_tokens(model.cfg))
+def eval_loss(model: GPT, tokenizer: RunTokenizer | None = None) -> float:
+    """Mean cross-entropy of ``model`` on the fixed evaluation batch (encoded with ``tokenizer``,
+    the run's: bytes by default), one thread, no gradient."""
+    tokens = torch.from_numpy(eval_tokens(model.cfg, tokenizer))
     with _single_thread(), torch.no_grad():
         _, loss = model(tokens[:, :-1], tokens[:, 1:])
     assert loss is not None
@@ -242,7 +260,9 @@ def reload_check(export_dir: Path) -> ReloadCheck:
     """Run in a fresh process by the exporter: load ``export_dir`` alone and evaluate the fixed batch."""
     started = time.monotonic()
     model, manifest = load_model(export_dir)
-    loss = eval_loss(model)
+    tokenizer = load_export_tokenizer(export_dir, manifest)
+    loss = eval_loss(model, tokenizer)
+    text = EVAL_TEXT.decode("utf-8")
     return ReloadCheck(
         pid=os.getpid(),
         step=manifest.step,
@@ -250,6 +270,8 @@ def reload_check(export_dir: Path) -> ReloadCheck:
         n_params=model.n_params(),
         eval_loss=loss,
         eval_loss_hex=loss.hex(),
+        tokenizer=tokenizer.identity,
+        round_trip=tokenizer.decode(tokenizer.encode(text)) == text,
         seconds=round(time.monotonic() - started, 3),
     )
 
@@ -500,7 +522,12 @@ def _select(run_dir: Path, step: int | None) -> Loaded:
 
 
 def _readme(
-    report_step: int, manifest: Manifest, run_dir: Path, created: str, loss_hex: str
+    report_step: int,
+    manifest: Manifest,
+    run_dir: Path,
+    created: str,
+    loss_hex: str,
+    tokenizer: RunTokenizer,
 ) -> str:
     """The export's README.md: README_TEMPLATE filled in with this checkpoint's figures."""
     m = manifest.model
@@ -530,6 +557,8 @@ def _readme(
         arms=arms,
         threads=manifest.environment.threads,
         torch_version=manifest.environment.torch_version,
+        code_version=manifest.environment.code_version,
+        **readme_fields(tokenizer),
     )
 
 
@@ -575,18 +604,17 @@ def export_checkpoint(
     progress(f"[1/5] verifying the checkpoint in {run_dir}")
     source, manifest_bytes = _verify_source(run_dir, step, progress)
     manifest, weights = source.manifest, source.payload.weights
+    tokenizer, tokenizer_file = _source_tokenizer(run_dir, manifest)
     clock.phase("verify_source")
 
     progress("[2/5] evaluating the fixed batch at export time")
-    loss = eval_loss(build_model(manifest, weights))
+    loss = eval_loss(build_model(manifest, weights), tokenizer)
     clock.phase("eval_at_export")
     progress(f"      loss {loss!r} ({loss.hex()})")
 
     progress(f"[3/5] copying into {dest}")
-    created = datetime.now(UTC).isoformat(timespec="milliseconds")
-    metrics = _metrics(run_dir, manifest)
-    readme = _readme(manifest.step, manifest, run_dir, created, loss.hex())
-    files = _copy(run_dir, dest, source, manifest_bytes, metrics, readme, safetensors, progress)
+    created, metrics, written = _contents(run_dir, manifest, loss, (tokenizer, tokenizer_file))
+    files = _copy(run_dir, dest, source, manifest_bytes, written, safetensors, progress)
     checks = _source_checks(source)
     clock.phase("copy")
     progress(f"      {len(files)} files, {sum(f.size for f in files):,} bytes, fsynced")
@@ -597,7 +625,7 @@ def export_checkpoint(
     clock.phase("verify_destination")
 
     progress("[5/5] reloading in a fresh process")
-    evaluation, reloaded = _reload_phase(dest, manifest, loss, clock, progress)
+    evaluation, reloaded = _reload_phase(dest, manifest, loss, tokenizer, clock, progress)
     report = ExportReport(
         run_dir=str(run_dir),
         dest=str(dest),
@@ -605,6 +633,7 @@ def export_checkpoint(
         trigger=manifest.trigger,
         skipped=source.skipped,
         files=files,
+        tokenizer=tokenizer_record(tokenizer, tokenizer_file),
         metrics=metrics,
         evaluation=evaluation,
         checks=[*checks, reloaded],
@@ -617,8 +646,34 @@ def export_checkpoint(
     return report
 
 
+def _contents(
+    run_dir: Path,
+    manifest: Manifest,
+    loss: float,
+    tokenizer: tuple[RunTokenizer, tuple[bytes, Path] | None],
+) -> tuple[str, ExportMetrics, tuple[ExportMetrics, str, tuple[bytes, Path] | None]]:
+    """When the export is made, its metrics, and what phase 3 writes besides the checkpoint:
+    metrics, README, tokenizer."""
+    created = datetime.now(UTC).isoformat(timespec="milliseconds")
+    metrics = _metrics(run_dir, manifest)
+    readme = _readme(manifest.step, manifest, run_dir, created, loss.hex(), tokenizer[0])
+    return created, metrics, (metrics, readme, tokenizer[1])
+
+
 def _intact_detail(manifest: Manifest) -> str:
     return f"{rundir.checkpoint_stem(manifest.step)}: size, header and sha256 match its manifest"
+
+
+def _source_tokenizer(
+    run_dir: Path, manifest: Manifest
+) -> tuple[RunTokenizer, tuple[bytes, Path] | None]:
+    """The tokenizer the checkpoint was trained with, and its file's bytes and path (None for the
+    byte-level one); refused when the run's file is not that one."""
+    try:
+        tokenizer, raw = run_tokenizer(run_dir, manifest)
+    except TokenizerProblem as exc:
+        raise ExportRefused(str(exc)) from None
+    return tokenizer, (raw, getattr(tokenizer, "path", run_dir)) if raw is not None else None
 
 
 def _copy(
@@ -626,17 +681,20 @@ def _copy(
     dest: Path,
     source: Loaded,
     manifest_bytes: bytes,
-    metrics: ExportMetrics,
-    readme: str,
+    written: tuple[ExportMetrics, str, tuple[bytes, Path] | None],
     safetensors: bool,
     progress: Callable[[str], None],
 ) -> list[ExportedFile]:
-    """Phase 3: the checkpoint, its config, metrics and README, the audit trail and, when asked, the
-    safetensors weights, written durably into ``dest``."""
+    """Phase 3: the checkpoint, its config, metrics, README and tokenizer (`written`), the audit
+    trail and, when asked, the safetensors weights, written durably into ``dest``."""
     manifest = source.manifest
+    metrics, readme, tokenizer_file = written
     _create_destination(dest)
     try:
         files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
+        if tokenizer_file is not None:
+            raw, path = tokenizer_file
+            files.append(_write_new(dest / TOKENIZER_NAME, raw, str(path)))
         files += _write_audit(run_dir, dest, manifest.step, progress)
         if safetensors:
             files.append(_write_safetensors(dest, manifest, source.payload.weights))
@@ -680,16 +738,22 @@ def _destination_checks(
 
 
 def _reload_phase(
-    dest: Path, manifest: Manifest, loss: float, clock: _Clock, progress: Callable[[str], None]
+    dest: Path,
+    manifest: Manifest,
+    loss: float,
+    tokenizer: RunTokenizer,
+    clock: _Clock,
+    progress: Callable[[str], None],
 ) -> tuple[Evaluation, ExportCheck]:
-    """Phase 5: the export reloaded in a fresh process, which must compute the same loss."""
+    """Phase 5: the export reloaded in a fresh process, with its tokenizer, which must compute the
+    same loss."""
     reload = _reload_in_fresh_process(dest)
     clock.phase("reload")
-    evaluation = _compare_reload(manifest, loss, reload)
+    evaluation = _compare_reload(manifest, loss, reload, tokenizer)
     check = ExportCheck(
         name="reloaded in a fresh process",
         detail=(
-            f"pid {reload.pid}: GPT rebuilt from {dest} alone, "
+            f"pid {reload.pid}: GPT and tokenizer rebuilt from {dest} alone, "
             f"eval loss {reload.eval_loss_hex} = export time, bit for bit"
         ),
     )
@@ -748,13 +812,17 @@ def _verify_destination(dest: Path, manifest: Manifest, files: list[ExportedFile
         raise ExportFailed(f"the manifest at {dest} differs from the source's")
 
 
-def _compare_reload(manifest: Manifest, loss: float, reload: ReloadCheck) -> Evaluation:
-    """Phase 5: the fresh process must have loaded this step and computed the same loss, bit for bit."""
-    tokens = eval_tokens(manifest.model)
+def _compare_reload(
+    manifest: Manifest, loss: float, reload: ReloadCheck, tokenizer: RunTokenizer
+) -> Evaluation:
+    """Phase 5: the fresh process must have loaded this step and its tokenizer and computed the same
+    loss, bit for bit."""
+    tokens = eval_tokens(manifest.model, tokenizer)
+    encoding = "byte" if tokenizer.identity == BYTES else f"id of {TOKENIZER_NAME}"
     evaluation = Evaluation(
         tokens=(
             f"EVAL_TEXT of andrea.control.export, cyclic, {EVAL_ROWS} rows x {tokens.shape[1]}"
-            " tokens, token = byte % vocab_size"
+            f" tokens, token = {encoding} % vocab_size"
         ),
         tokens_sha256=hashlib.sha256(tokens.tobytes()).hexdigest(),
         rows=EVAL_ROWS,
@@ -764,6 +832,11 @@ def _compare_reload(manifest: Manifest, loss: float, reload: ReloadCheck) -> Eva
         reload=reload,
         bitwise_equal=reload.eval_loss_hex == loss.hex(),
     )
+    if reload.tokenizer != manifest.tokenizer or not reload.round_trip:
+        raise ExportFailed(
+            f"the fresh process (pid {reload.pid}) loaded the tokenizer {reload.tokenizer} "
+            f"(decodes its own encoding: {reload.round_trip}); the manifest names {manifest.tokenizer}"
+        )
     if (
         not evaluation.bitwise_equal
         or reload.step != manifest.step

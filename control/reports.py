@@ -203,6 +203,52 @@ class SizeReport(_Report):
     checkpoint_bytes: int
 
 
+class TokenizerArm(_Report):
+    arm: str
+    documents: int = Field(description="training documents the tokenizer was trained on")
+    held_out: int = Field(description="held-out documents, never seen by the training")
+    bytes: int = Field(description="bytes of its training documents")
+    bytes_per_token: float | None = Field(
+        description="compression: bytes per token on the first 4 MiB of its training documents"
+    )
+
+
+class TokenizerTrainReport(_Report):
+    """``tokenizer train``: the tokenizer written, and its compression on each arm."""
+
+    time: datetime
+    run_dir: str
+    out: str = Field(description="the tokenizer.json written")
+    sha256: str = Field(description="its identity, part of the run's data identity")
+    n_vocab: int = Field(description="ids the tokenizer has")
+    model_vocab_size: int = Field(
+        description="the [model] vocab_size it implies: n_vocab rounded up to a multiple of 64"
+    )
+    heldout_fraction: float | None = Field(
+        description="the run's held-out fraction, whose documents were left out"
+    )
+    arms: list[TokenizerArm]
+    seconds: float
+
+
+class TokenizerEncodeReport(_Report):
+    """``tokenizer encode``: the tokens file written and the tokenizer that made it."""
+
+    time: datetime
+    out: str
+    record: str = Field(description="OUT.json: which tokenizer made the file")
+    tokenizer: str = Field(description='"bytes", or the sha256 of the tokenizer.json')
+    tokenizer_file: str | None
+    n_vocab: int
+    dtype: Literal["uint8", "uint16", "uint32"]
+    inputs: int = Field(description="input files")
+    input_bytes: int
+    documents: int
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+
+
 class PlanGpu(_Report):
     name: str = Field(
         description='a row of the table ("h100", "h200", "a100-80gb", "l40s"), or "custom"'
@@ -323,8 +369,9 @@ ModelRef = type[BaseModel] | str
 
 #: The model(s) of each command's --json document, the schema registry ``andreactl schema`` shows.
 #: A command with two models prints one or the other: ``history --eval`` an EvalHistoryReport,
-#: ``pivot --cancel`` a PivotCancelReport. ``export`` and ``verify-resume`` print the report file they
-#: write (export.json, verification.json; docs/export.md and docs/resume-proof.md).
+#: ``pivot --cancel`` a PivotCancelReport, ``tokenizer`` train or encode its own. ``export`` and
+#: ``verify-resume`` print the report file they write (export.json, verification.json;
+#: docs/export.md and docs/resume-proof.md).
 REPORTS: dict[str, tuple[ModelRef, ...]] = {
     "status": (StatusReport,),
     "watch": (StatusReport,),
@@ -339,6 +386,7 @@ REPORTS: dict[str, tuple[ModelRef, ...]] = {
     "metrics": (MetricsReport,),
     "size": (SizeReport,),
     "plan": (PlanReport,),
+    "tokenizer": (TokenizerTrainReport, TokenizerEncodeReport),
     "export": ("andrea.control.export:ExportReport",),
     "verify-resume": ("andrea.control.verify_resume.engine:VerificationReport",),
 }

@@ -46,7 +46,12 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """Shape of the GPT. Part of the checkpoint contract: resuming needs an identical one."""
 
-    vocab_size: int = Field(256, ge=2)
+    vocab_size: int = Field(
+        256,
+        ge=2,
+        description="ids the embedding and the head hold; default: the run's tokenizer's size rounded "
+        "up to a multiple of 64 (256 for the byte-level tokenizer)",
+    )
     block_size: int = Field(ge=1)
     n_layer: int = Field(ge=1)
     n_head: int = Field(ge=1)
@@ -90,16 +95,25 @@ class ArmSpec(_Strict):
 
     - ``stdlib``: a part (docstrings, code or comments) of the Python standard library's source tree
       — the embedded default corpus, present wherever Python is;
-    - ``text``: glob patterns of text files (relative patterns are resolved against the run directory);
+    - ``text``: glob patterns of text files, one document each (relative patterns are resolved
+      against the run directory);
+    - ``jsonl``: glob patterns of JSON Lines files (``.jsonl``, or ``.jsonl.gz``), one document per
+      line: the string at ``field`` (default ``"text"``);
     - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped.
+
+    The text of ``stdlib``, ``text`` and ``jsonl`` arms is encoded with the run's tokenizer
+    (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it (daemon/encoding.py).
     """
 
     name: str = Field(pattern=ARM_NAME_PATTERN)
-    kind: Literal["stdlib", "text", "tokens"]
+    kind: Literal["stdlib", "text", "jsonl", "tokens"]
     part: Literal["docstrings", "code", "comments"] | None = None
     paths: list[str] = Field(default_factory=list)
     path: str | None = None
     dtype: Literal["uint8", "uint16", "uint32"] = "uint8"
+    field: str | None = Field(
+        None, min_length=1, description='jsonl arms: the field holding the text (default "text")'
+    )
     weight: float = Field(1.0, ge=0, description="share in the fixed mixture")
 
     @model_validator(mode="after")
@@ -108,11 +122,18 @@ class ArmSpec(_Strict):
             raise ValueError(
                 f"arm {self.name!r}: kind 'stdlib' needs part = docstrings|code|comments"
             )
-        if self.kind == "text" and not self.paths:
-            raise ValueError(f"arm {self.name!r}: kind 'text' needs paths = [glob, ...]")
+        if self.kind in ("text", "jsonl") and not self.paths:
+            raise ValueError(f"arm {self.name!r}: kind {self.kind!r} needs paths = [glob, ...]")
         if self.kind == "tokens" and not self.path:
             raise ValueError(f"arm {self.name!r}: kind 'tokens' needs path")
+        if self.field is not None and self.kind != "jsonl":
+            raise ValueError(f"arm {self.name!r}: field is a setting of jsonl arms only")
         return self
+
+    @property
+    def encoded(self) -> bool:
+        """Whether the arm's text is encoded with the run's tokenizer (not a tokens file)."""
+        return self.kind != "tokens"
 
 
 def default_arms() -> list[ArmSpec]:
@@ -128,6 +149,13 @@ class DataConfig(_Strict):
     cache_dir: str | None = Field(
         None,
         description="where tokenized arms are cached; default $CACHE_DIRECTORY or ~/.cache/andrea",
+    )
+    tokenizer: str = Field(
+        "bytes",
+        min_length=1,
+        description='"bytes" (token = byte value, 256 ids) or a Hugging Face tokenizers file '
+        "(tokenizer.json, relative to the run directory) that encodes the text arms; part of the "
+        "data's identity",
     )
     heldout_fraction: float | None = Field(
         None,
@@ -326,6 +354,15 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
         # so that their hash, and so their resume, is unchanged.
         if traj["data"].get("heldout_fraction") in (None, 0.0):
             traj["data"].pop("heldout_fraction", None)
+        if traj["data"].get("tokenizer") == "bytes":
+            del traj["data"]["tokenizer"]
+        if isinstance(traj["data"].get("arms"), list):
+            traj["data"]["arms"] = [
+                {k: v for k, v in a.items() if not (k == "field" and v is None)}
+                if isinstance(a, dict)
+                else a
+                for a in traj["data"]["arms"]
+            ]
     # Runs created before batch_size_per existed hash as they always did; with one micro-batch a
     # step both readings train the same batches.
     if traj.get("batch_size_per") is None or traj.get("grad_accum", 1) == 1:
@@ -512,6 +549,35 @@ def for_new_run(cfg: RunConfig) -> RunConfig:
         return RunConfig.model_validate(dump)
     except ValidationError as e:
         raise ConfigError(describe(e, "invalid configuration for a new run")) from None
+
+
+def record_new_run(path: Path, cfg: RunConfig) -> list[str]:
+    """A new run's own run.toml, written by a person: record in it every trajectory setting it
+    leaves open, as this first start settled it (a flag, a preset's value, the held-out default,
+    the tokenizer's vocabulary), so that every restart trains under the same ones. A setting the
+    file states is left as it is. Rewritten atomically, only when one is missing; what it records,
+    `key = value` (`table.*` for a whole table)."""
+    values = load_toml(path)
+    dump = cfg.model_dump(mode="json", exclude_none=True)
+    dump["data"].pop("cache_dir", None)
+    recorded: list[str] = []
+    for key in RunConfig.TRAJECTORY_FIELDS:
+        if key in dump:  # a setting left unset (None) stays unset
+            _fill_missing(values, key, dump[key], key, recorded)
+    if recorded:
+        atomic_write_bytes(path, tomli_w.dumps(values).encode())
+    return recorded
+
+
+def _fill_missing(
+    into: dict[str, Any], key: str, value: Any, dotted: str, recorded: list[str]
+) -> None:
+    if key not in into:
+        into[key] = value
+        recorded.append(f"{dotted}.*" if isinstance(value, dict) else f"{dotted} = {_show(value)}")
+    elif isinstance(value, dict) and isinstance(into[key], dict):
+        for k, v in value.items():
+            _fill_missing(into[key], k, v, f"{dotted}.{k}", recorded)
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:

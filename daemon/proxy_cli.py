@@ -82,12 +82,13 @@ def _wait_for(path: Path, flags: SignalFlags) -> bool:
 
 
 def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
-    from .config import ConfigError, build_config, load_toml
+    from .config import ConfigError
     from .losslog import LossLogError
     from .mixing.bandit import BanditError
     from .mixing.policy import PolicyError
     from .mixing.policystore import resolve_policy
     from .mixing.proxy import LogContradiction, Proxy, ProxyOptions
+    from .settle import read_run_config
 
     run_dir: Path = args.run_dir
     try:
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     if not _wait_for(cfg_path, flags):
         return ExitCode.OK
     try:
-        cfg = build_config(load_toml(cfg_path), source=str(cfg_path))
+        cfg = read_run_config(cfg_path, run_dir)
         resolved = resolve_policy(run_dir, args.policy, args.pivot)
     except (ConfigError, PolicyError, OSError) as e:
         log.error("%s", e)

@@ -182,6 +182,14 @@ def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None
     except StartRefused as e:
         log.error("%s", e.message)
         return e.code
+    if world.is_main:
+        log.info("held-out split: %s", plan.heldout)
+        if plan.recorded:
+            log.info(
+                "a new run: recorded in %s what it left open: %s",
+                CONFIG_FILE,
+                ", ".join(plan.recorded),
+            )
     return _train_in_process_group(args, flags, world, plan)
 
 
@@ -323,8 +331,8 @@ def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, b
 
     from . import distributed as dist
     from .config import ConfigError
-    from .data import DataError
     from .rundir import AlreadyRunning, SocketDirError
+    from .sources import DataError, SourceRejected
 
     try:
         dist.check_same(world, "the run's config", _shared_config(plan.cfg))
@@ -333,6 +341,9 @@ def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, b
         return ExitCode.OK, True, ""
     except (AlreadyRunning, SocketDirError, ConfigError, dist.DistributedError) as e:
         return ExitCode.CONFIG_ERROR, False, str(e)
+    except SourceRejected as e:
+        # A glob that names something other than data (a file of /proc, a FIFO): the config's.
+        return ExitCode.CONFIG_ERROR, False, f"data: {e}"
     except DataError as e:
         return ExitCode.DATA_ERROR, False, f"data: {e}"
     except (OSError, zmq.ZMQError) as e:

@@ -50,6 +50,7 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--grad-accum", "grad_accum"),
     ConfigFlag("--eval-every", "eval.every"),
     ConfigFlag("--heldout-fraction", "data.heldout_fraction"),
+    ConfigFlag("--tokenizer", "data.tokenizer", metavar="tokenizer.json|bytes"),
     ConfigFlag("--compile", "compile"),
     ConfigFlag("--decay-steps", "optim.decay_steps"),
     ConfigFlag("--log-every", "log_every"),

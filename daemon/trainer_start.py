@@ -27,12 +27,14 @@ from .config import (
     config_changes,
     for_new_run,
     load_toml,
+    record_new_run,
     save_config,
 )
 from .distributed import World, device_for
 from .exitcodes import ExitCode
 from .precision import resolve, resolve_device
 from .rundir import CONFIG_FILE, bin_name
+from .settle import Settled, settle
 from .trainer_flags import config_overrides
 
 if TYPE_CHECKING:
@@ -67,6 +69,10 @@ class StartPlan:
     changes: list[str] = field(default_factory=list)
     #: A new run starts from this checkpoint of another run (--init-from).
     init_from: Path | None = None
+    #: Which held-out case applies (new run, predates splits, set), for the start log.
+    heldout: str = ""
+    #: Settings a person's run.toml left open that this new run recorded there, `key = value`.
+    recorded: list[str] = field(default_factory=list)
 
 
 def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> StartPlan:
@@ -78,23 +84,43 @@ def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> St
     --allow-config-change, or start one that has checkpoints over again (--init-from)."""
     run_dir: Path = args.run_dir
     # Whether this run already has its own run.toml (read once: another rank of a job may write it
-    # in the meantime).
+    # in the meantime), and checkpoints: only then can a run.toml without a split predate splits.
     run_toml_existed = (run_dir / CONFIG_FILE).exists()
-    cfg = resolve_config(args, run_toml_existed)
+    predates = run_toml_existed and bool(_checkpoints(run_dir))
+    settled = resolve_start(args, run_toml_existed, predates)
+    cfg = settled.cfg
     device = _check_machine(cfg, world)
     init_from = _check_init_from(args, cfg, world)
     check_proxy_options(args)
+    skip = _unsafe_options(args, cfg)
     # Only now, when nothing the command line says can be refused any more: a refused start
     # leaves no run directory behind.
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
-    write_later, changes = _settle_run_toml(args, cfg, world, run_toml_existed, write)
-    skip = _unsafe_options(args, cfg)
-    return StartPlan(run_dir, cfg, device, skip, write_later, changes, init_from)
+    own_new = run_toml_existed and not predates and write
+    recorded = _record_new_run(args, cfg, world, own_new)
+    write_later, changes = _settle_run_toml(args, cfg, world, run_toml_existed, write, predates)
+    return StartPlan(
+        run_dir, cfg, device, skip, write_later, changes, init_from, settled.heldout, recorded
+    )
 
 
-def resolve_config(args: argparse.Namespace, run_toml_existed: bool) -> RunConfig:
-    """The run's config: the preset, then --config or the run's run.toml, then the flags."""
+def resolve_config(
+    args: argparse.Namespace, run_toml_existed: bool, predates_splits: bool | None = None
+) -> RunConfig:
+    """The run's config: the preset, then --config or the run's run.toml, then the flags; settled
+    (`resolve_start`)."""
+    return resolve_start(args, run_toml_existed, predates_splits).cfg
+
+
+def resolve_start(
+    args: argparse.Namespace, run_toml_existed: bool, predates_splits: bool | None = None
+) -> Settled:
+    """`resolve_config`, and which held-out case applies. Settled by daemon/settle.py: a new run's
+    held-out split (a run predates splits only with checkpoints and its own run.toml: by default
+    when `run_toml_existed` and the run directory has checkpoints), the tokenizer's vocabulary."""
+    if predates_splits is None:
+        predates_splits = run_toml_existed and bool(_checkpoints(args.run_dir))
     cfg_path = args.config or (args.run_dir / CONFIG_FILE)
     file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
     run_preset = file_values.get("preset")
@@ -120,8 +146,20 @@ def resolve_config(args: argparse.Namespace, run_toml_existed: bool) -> RunConfi
     # Without run.toml the flags describe a run as this version creates it: with the default
     # held-out split. A run that lost its run.toml is then resumed only if its checkpoints agree;
     # one older than splits is refused naming data.heldout_fraction, and --heldout-fraction 0
-    # restores it.
-    return cfg if run_toml_existed else for_new_run(cfg)
+    # restores it. A run.toml of a new run (no checkpoint) gets the default split too.
+    cfg = cfg if run_toml_existed else for_new_run(cfg)
+    return settle(cfg, args.run_dir, predates_splits)
+
+
+def _record_new_run(
+    args: argparse.Namespace, cfg: RunConfig, world: World, own_new_run_toml: bool
+) -> list[str]:
+    """A new run started from a run.toml a person wrote in the run directory: the trajectory
+    settings it leaves open go into it as this start settled them (flags included), so that every
+    restart resumes alike; one it states and a flag changes is still refused."""
+    if not (world.is_main and own_new_run_toml):
+        return []
+    return record_new_run(args.run_dir / CONFIG_FILE, cfg)
 
 
 def _check_machine(cfg: RunConfig, world: World) -> torch.device:
@@ -134,7 +172,12 @@ def _check_machine(cfg: RunConfig, world: World) -> torch.device:
 
 
 def _settle_run_toml(
-    args: argparse.Namespace, cfg: RunConfig, world: World, run_toml_existed: bool, write: bool
+    args: argparse.Namespace,
+    cfg: RunConfig,
+    world: World,
+    run_toml_existed: bool,
+    write: bool,
+    predates: bool,
 ) -> tuple[bool, list[str]]:
     """The new-run/existing-run decision: (write run.toml only after the resume?, the trajectory
     changes this start makes). A new run's run.toml is written now (if `write`)."""
@@ -147,7 +190,8 @@ def _settle_run_toml(
     if world.is_main and run_toml_existed:
         # Flags that change the trajectory the run's own file describes: named, and refused unless
         # deliberate (then recorded in run.toml once the resume has been accepted).
-        recorded = build_config(load_toml(run_toml), source=CONFIG_FILE)
+        own = build_config(load_toml(run_toml), source=CONFIG_FILE)
+        recorded = settle(own, run_dir, predates).cfg
         changes = config_changes(recorded.trajectory(), cfg.trajectory())
         if changes and not args.allow_config_change:
             raise StartRefused(

@@ -135,10 +135,14 @@ class EvalAck(_Msg):
     key: tuple[int, int]  # (segment, step)
 
 
+#: The longest text of one sample, in characters.
+MAX_SAMPLE_TEXT = 16384
+
+
 class Sample(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     prompt: str = Field(max_length=1024)
-    text: str = Field(max_length=16384)
+    text: str = Field(max_length=MAX_SAMPLE_TEXT)
 
 
 class SampleReport(_Msg):

@@ -104,6 +104,10 @@ class Expectation:
     check: Callable[[Manifest], list[str]] | None = None
     #: The run's trajectory settings (`RunConfig.trajectory()`), to name what changed.
     trajectory: dict[str, Any] | None = None
+    #: The identity of the run's tokenizer ("bytes" or a sha256), and how a person knows it; None:
+    #: not checked by itself (the encoded arms' identities include it all the same).
+    tokenizer: str | None = None
+    tokenizer_description: str = "bytes"
 
 
 @dataclass
@@ -534,6 +538,11 @@ def resume_problems(m: Manifest, expect: Expectation) -> list[str]:
         )
     elif m.layout != expect.layout:
         out.append("parameter layout differs (same config, different code?)")
+    if expect.tokenizer not in (None, m.tokenizer) and not expect.allow_config_change:
+        out.append(
+            f"tokenizer differs: the checkpoint's data was encoded with {_tokenizer(m.tokenizer)}, "
+            f"this run's [data] tokenizer is {expect.tokenizer_description}"
+        )
     saved = {c.name: c.identity for c in m.data}
     if saved != expect.data_identities and not expect.allow_config_change:
         for name in sorted(set(saved) | set(expect.data_identities)):
@@ -556,6 +565,10 @@ def resume_problems(m: Manifest, expect: Expectation) -> list[str]:
             + "; pass --allow-config-change to continue under the new one on purpose"
         )
     return out
+
+
+def _tokenizer(identity: str) -> str:
+    return identity if identity == "bytes" else f"the tokenizer of sha256 {identity}"
 
 
 def _short(identity: str | None) -> str:

@@ -200,6 +200,11 @@ class Manifest(_M):
         description="with lineage.init_from: the manifest of the checkpoint the run started from, "
         "as it was read (its own lineage included)",
     )
+    tokenizer: str = Field(
+        "bytes",
+        description='what the run\'s text was encoded with: "bytes", or the sha256 of its '
+        "tokenizer.json (absent before tokenizers existed: bytes)",
+    )
     content_sha256: str | None = Field(
         None, description="SHA-256 of the canonical content (format 2); absent in format 1"
     )

@@ -18,11 +18,12 @@ from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import ProxyStatus
 
-from ..config import ConfigError, RunConfig, build_config, config_changes, load_toml
+from ..config import ConfigError, RunConfig, config_changes
 from ..evallog import EvalLog, last_eval
 from ..losslog import LossLog, canonical_curve, read_entries
 from ..metrics.prometheus import exposition_for
 from ..rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, STATE_FILE, TENSORBOARD_DIR
+from ..settle import read_run_config
 from .archive import archive_samples, phase_starts
 from .assignbook import AssignmentBook
 from .bandit import Bandit
@@ -127,7 +128,7 @@ class ProxyCore:
         if path is None:
             return
         try:
-            cfg = build_config(load_toml(path), source=str(path))
+            cfg = read_run_config(path, self.run_dir)
         except (ConfigError, OSError) as e:
             log.warning("cannot re-read %s: %s", path, e)
             return
@@ -203,16 +204,23 @@ class ProxyCore:
 
     def keep_samples(self, msg: m.SampleReport) -> None:
         """Keep the samples of a step of the phase that owns it: the current phase's with the arm
-        mix that led to them, an ended phase's (re-sent late) in its archive."""
-        if msg.phase != self.book.bandit.phase:
-            archive_samples(self.run_dir, msg)
-            return
-        if self.samples.holds(msg.step, msg.segment):
-            return
-        rec = SampleRecord.received(msg, arm_mix=dict(sorted(self.mix_since_sample.items())))
-        self.mix_since_sample = {}
-        self.samples.keep(rec)
-        self.samples.write(self.run_dir / SAMPLES_FILE)
+        mix that led to them, an ended phase's (re-sent late) in its archive. Samples are an
+        audit: a file that cannot be written is logged, and the run goes on (a full disk stops
+        the proxy at the next loss record, which is not an audit)."""
+        try:
+            if msg.phase != self.book.bandit.phase:
+                archive_samples(self.run_dir, msg)
+                return
+            if self.samples.holds(msg.step, msg.segment):
+                return
+            rec = SampleRecord.received(msg, arm_mix=dict(sorted(self.mix_since_sample.items())))
+            self.mix_since_sample = {}
+            self.samples.keep(rec)
+            self.samples.write(self.run_dir / SAMPLES_FILE)
+        except OSError as e:
+            log.warning(
+                "the samples of step %d could not be written (%s); kept no further", msg.step, e
+            )
 
     def start_phase(self, bandit: Bandit, policy: Policy) -> None:
         """The commit of a pivot (its archive is written): `bandit` runs the steps after its

@@ -1,7 +1,9 @@
 """Rank 0's audits of the current weights: held-out losses and text samples.
 
 Neither draws from a generator that training uses, so a run with them is bit-identical to the
-same run without them (see daemon/evaluate.py).
+same run without them (see daemon/evaluate.py). Neither ever ends a run: an evaluation or a sample
+that fails is logged, recorded as not done, and training goes on. Samples are encoded and decoded
+with the run's tokenizer (daemon/tokenizer.py), whose decoding never fails.
 """
 
 from __future__ import annotations
@@ -51,8 +53,7 @@ def plan_evaluation(
     )
     if not cfg.data.heldout_fraction:
         log.info(
-            "this run has no held-out split (heldout_fraction unset: the run predates splits, "
-            "or 0): no held-out evaluation"
+            "no held-out evaluation: this run holds nothing out (see its held-out split above)"
         )
         every = 0
     elif not evaluator:
@@ -122,10 +123,15 @@ class Evaluation:
         c = self.counters
         c.activity = Activity.EVALUATING
         log.info("evaluating step %d on held-out data", c.step)
-        result = self.evaluator.evaluate(
-            self.parts.model, self.platform.numerics, self.flags.stop_requested
-        )
-        self.notifier.tick()
+        try:
+            result = self.evaluator.evaluate(
+                self.parts.model, self.platform.numerics, self.flags.stop_requested
+            )
+        except Exception as e:  # an audit never ends a run (out of memory on a large set, say)
+            log.error("evaluation of step %d failed (%r); training goes on without it", c.step, e)
+            return None
+        finally:
+            self.notifier.tick()
         if result is None:
             log.info(
                 "evaluation of step %d abandoned: stop requested (it runs again after the resume)",
@@ -158,33 +164,40 @@ class Evaluation:
 
     def sample(self) -> list[str]:
         """Generate from fixed prompts with a generator of its own, seeded by (seed, step), so that
-        auditing never draws from the RNGs that training uses."""
+        auditing never draws from the RNGs that training uses; encoded and decoded with the run's
+        tokenizer."""
         device, step = self.platform.device, self.counters.step
+        tokenizer = self.parts.tokenizer
         g = torch.Generator(device=device)
         g.manual_seed((self.cfg.seed * 1_000_003 + step) % 2**63)
         out = []
         for prompt in SAMPLE_PROMPTS:
-            idx = torch.tensor([list(prompt.encode())], dtype=torch.long, device=device)
+            idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)
             with self.platform.numerics.autocast(device):
                 toks = self.parts.model.generate(
                     idx, self.cfg.sample_tokens, g, should_stop=self.flags.stop_requested
                 )
-            out.append(bytes(toks[0].tolist()).decode("utf-8", errors="replace"))
+            # A sample's text must fit its record (protocol.messages.Sample).
+            out.append(tokenizer.decode(toks[0].tolist())[: m.MAX_SAMPLE_TEXT])
         return out
 
     def samples(self) -> None:
-        """Log the samples of the current step and record them."""
+        """Log the samples of the current step and record them. A sample that fails is logged,
+        and training goes on: a sample never ends a run."""
         c = self.counters
         log.info("generating samples at step %d", c.step)
-        texts = self.sample()
-        for text in texts:
-            log.info("sample at step %d: %r", c.step, text)
-        self.sink.record_samples(
-            m.SampleReport(
+        try:
+            texts = self.sample()
+            report = m.SampleReport(
                 id=new_id(),
                 step=c.step,
                 segment=c.segment,
                 phase=c.phase,
                 samples=[m.Sample(prompt=p, text=t) for p, t in zip(SAMPLE_PROMPTS, texts)],
             )
-        )
+        except Exception as e:
+            log.error("the samples of step %d failed (%r); training goes on", c.step, e)
+            return
+        for text in texts:
+            log.info("sample at step %d: %r", c.step, text)
+        self.sink.record_samples(report)

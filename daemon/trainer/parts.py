@@ -26,6 +26,7 @@ from ..data import Arm, ArmStream, FixedMixture, load_arms
 from ..model import GPT
 from ..precision import NumericMode, resolve_device
 from ..precision import resolve as resolve_precision
+from ..tokenizer import RunTokenizer, load_tokenizer
 
 #: AdamW's fused kernel, recorded in the manifest's optimizer state.
 FUSED = True
@@ -56,6 +57,8 @@ def resolve_platform(cfg: RunConfig, device: torch.device | None = None) -> Plat
 class Parts:
     """The data, the model and the optimizer of one rank."""
 
+    #: What the arms' text was encoded with, and what samples are decoded with.
+    tokenizer: RunTokenizer
     arms: list[Arm]
     streams: list[ArmStream]
     mixture: FixedMixture
@@ -100,7 +103,8 @@ def build_parts(
     """Load the data (InterruptedError when a stop comes meanwhile, DataError), then build the
     model and its optimizer, seeded for a fresh run."""
     shape = batch_shape(cfg, world.size)
-    arms = load_arms(cfg.data, run_dir, cfg.model.vocab_size, stop_requested)
+    tokenizer = load_tokenizer(cfg.data.tokenizer, run_dir)
+    arms = load_arms(cfg.data, run_dir, cfg.model.vocab_size, stop_requested, tokenizer)
     streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in arms]
     mixture = FixedMixture([a.name for a in arms], [s.weight for s in cfg.data.arms], cfg.seed)
     model = _seeded_model(cfg, platform.device, world.rank)
@@ -113,6 +117,7 @@ def build_parts(
         fused=FUSED,
     )
     return Parts(
+        tokenizer=tokenizer,
         arms=arms,
         streams=streams,
         mixture=mixture,

@@ -267,6 +267,8 @@ class Restorer:
             config_hash=self.cfg.trajectory_hash(),
             allow_config_change=self.opts.allow_config_change,
             trajectory=self.cfg.trajectory(),
+            tokenizer=self.parts.tokenizer.identity,
+            tokenizer_description=self.parts.tokenizer.describe(full=True),
             check=self._manifest_problems,
         )
 

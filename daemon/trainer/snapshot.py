@@ -115,6 +115,7 @@ class Snapshotter:
             environment=self._environment,
             config_hash=cfg.trajectory_hash(),
             config=cfg.model_dump(mode="json"),
+            tokenizer=parts.tokenizer.identity,
             lineage=c.lineage,
             source_manifest=c.source_manifest,
             distributed=DistributedState(
