@@ -76,7 +76,6 @@ class PlanInputs:
     gpu: GpuSpec
     gpus: int
     precision: str
-    deterministic: bool
     steps: int
     mfu: float
     mfu_source: str

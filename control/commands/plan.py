@@ -56,11 +56,6 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision", choices=("auto", "fp32", "tf32", "bf16"), help="default: the config's"
     )
-    parser.add_argument(
-        "--deterministic",
-        choices=("auto", "on", "off"),
-        help="default: the config's; auto and on keep the T x T attention scores (math attention)",
-    )
     parser.add_argument("--steps", type=int, help="planned steps (default: max_steps)")
     parser.add_argument(
         "--mfu",
@@ -97,9 +92,8 @@ def _batched(cfg: RunConfig, args: argparse.Namespace) -> RunConfig:
         dump["batch_size"] = args.batch_size or step_sequences(cfg)
         dump["grad_accum"] = args.grad_accum or cfg.grad_accum
         dump["batch_size_per"] = "step"
-    for key in ("precision", "deterministic"):
-        if getattr(args, key) is not None:
-            dump[key] = getattr(args, key)
+    if args.precision is not None:
+        dump["precision"] = args.precision
     try:
         return RunConfig.model_validate(dump)
     except ValueError as e:
@@ -176,7 +170,6 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         gpu=_gpu(args),
         gpus=args.gpus,
         precision=_precision(cfg),
-        deterministic=cfg.deterministic != "off",
         steps=args.steps if args.steps is not None else cfg.max_steps,
         mfu=mfu[0],
         mfu_source=mfu[1],
