@@ -41,7 +41,8 @@ def test_systemd_accepts_the_torchrun_unit(tmp_path: Path) -> None:
 
 
 def test_torchrun_unit_contract(tmp_path: Path) -> None:
-    cp = sections(installed(tmp_path) / UNIT)
+    path = installed(tmp_path) / UNIT
+    cp, unit_text = sections(path), path.read_text()
     svc, head = cp["Service"], cp["Unit"]
     assert svc["Type"] == "notify" and svc["NotifyAccess"] == "all", "rank 0 is not the main pid"
     start = svc["ExecStart"]
@@ -54,8 +55,10 @@ def test_torchrun_unit_contract(tmp_path: Path) -> None:
     assert start.split()[0].endswith("/torchrun") and "--no-python" in start
     assert "--max-restarts 0" in start, "restarts belong to the unit"
     assert set(svc["RestartPreventExitStatus"].split()) == {"2", "4", "5"}
-    shutdown = float(re.search(r"--shutdown-timeout (\d+)", start).group(1))
-    # TimeoutStopSec > --shutdown-timeout > one step plus one checkpoint (the trainer also asks
+    # torch 2.11's torchrun refuses --shutdown-timeout; 2.12 and later read the variable.
+    assert "--shutdown-timeout" not in start
+    shutdown = float(re.search(r"TORCH_ELASTIC_SHUTDOWN_TIMEOUT=(\d+)", unit_text).group(1))
+    # TimeoutStopSec > the shutdown timeout > one step plus one checkpoint (the trainer also asks
     # for more time with EXTEND_TIMEOUT_USEC while it writes).
     assert seconds(svc["TimeoutStopSec"]) > shutdown >= 120
     assert "stop --wait" in svc["ExecStop"] and "$MAINPID" in svc["ExecStop"]
