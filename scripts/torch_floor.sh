@@ -7,7 +7,8 @@
 #    with torch pinned to the range's minimum must resolve.
 # 2. Where PYTHON (default: .venv/bin/python) imports a torch of that minimum version — on a bare
 #    GPU machine, the venv of scripts/gpu_wheels.sh beside its torch — a smoke test under it: the
-#    unit tests of the step's pieces, and three training steps of andrea-tiny on the CPU.
+#    fast tier (it also reads torchrun's options for the docs' check), and three training steps of
+#    andrea-tiny on the CPU.
 #    Elsewhere it says that the version is not at hand and stops after 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,8 +34,7 @@ if [[ "$have" != "$min".* ]]; then
   exit 0
 fi
 echo "torch_floor: smoke test under torch $have"
-"$python" -m pytest -q -p no:cacheprovider tests/test_step_batches.py tests/test_determinism.py \
-  tests/test_config_model.py
+"$python" -m pytest -q -p no:cacheprovider -m "not process"
 run=$(mktemp -d)
 "$python" -m andrea.daemon.trainer_cli --run-dir "$run" --preset andrea-tiny --device cpu \
   --threads 1 --max-steps 3 --sample-every 0
