@@ -37,6 +37,16 @@ def loss_ema(loss: np.ndarray) -> np.ndarray:
     return np.array(out, dtype=np.float64)
 
 
+def arm_loss_ema(loss: np.ndarray, arm: np.ndarray) -> np.ndarray:
+    """Each row's arm's loss EMA after that row, over the rows of that arm only: the per-arm training
+    loss curve (NaN before the arm's first finite loss). Same weight and rule as :func:`loss_ema`."""
+    out = np.full(len(loss), np.nan)
+    for name in np.unique(arm).tolist():
+        rows = np.flatnonzero(arm == name)
+        out[rows] = loss_ema(loss[rows])
+    return out
+
+
 def tokens_per_second(tokens: np.ndarray, wall_time: np.ndarray, segment: np.ndarray) -> np.ndarray:
     """Throughput of each step: its tokens over the wall time since the previous step of the same
     segment. NaN for the first step of a segment (a restart's downtime is not training time) and

@@ -1,0 +1,95 @@
+"""Per-arm training loss where people look: the CSV/JSON Lines column, the TensorBoard tags of the
+export and of the proxy's live board (with the bandit's rewards), all computed from `.loss.json`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from andrea.daemon.losslog import LossLog, read_curve
+from andrea.daemon.metrics.files import rows
+from andrea.daemon.metrics.series import EMA_WEIGHT, arm_loss_ema
+from andrea.daemon.metrics.tensorboard import LiveBoard, export_tensorboard
+from andrea.protocol.lossentry import LossEntry
+
+ARMS = ["code", "random", "code", "code", "random", "docs", "code"]
+LOSSES = [3.0, 5.6, 2.8, math.nan, 5.7, 3.3, 2.5]
+
+
+def per_arm_ema(arms: list[str], losses: list[float]) -> list[float]:
+    """By hand: each row's arm's EMA over that arm's finite losses so far."""
+    ema: dict[str, float] = {}
+    out = []
+    for arm, x in zip(arms, losses):
+        if math.isfinite(x):
+            ema[arm] = x if arm not in ema else (1 - EMA_WEIGHT) * ema[arm] + EMA_WEIGHT * x
+        out.append(ema.get(arm, math.nan))
+    return out
+
+
+def entry(step: int, arm: str, loss: float, segment: int = 1) -> LossEntry:
+    return LossEntry(
+        step=step, loss=loss, arm=arm, lr=1e-3, tokens=64, wall_time=1000.0 + 10 * segment + step,
+        segment=segment, phase=0, batch_sha256=None,
+    )  # fmt: skip
+
+
+def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def test_arm_loss_ema_follows_each_arm_alone() -> None:
+    got = arm_loss_ema(np.array(LOSSES), np.array(ARMS, dtype=object))
+    np.testing.assert_allclose(got, per_arm_ema(ARMS, LOSSES), rtol=1e-15)
+    assert math.isnan(arm_loss_ema(np.array([math.nan]), np.array(["a"], dtype=object))[0])
+
+
+def test_csv_rows_and_tensorboard_export_carry_the_per_arm_loss(tmp_path: Path) -> None:
+    log = LossLog.open(tmp_path / ".loss.json")
+    log.append_many([entry(s, a, x) for s, (a, x) in enumerate(zip(ARMS, LOSSES), 1)])
+    log.close()
+    curve = read_curve(tmp_path / ".loss.json")
+    expected = per_arm_ema(ARMS, LOSSES)
+    for row, want in zip(rows(curve), expected):
+        assert row["arm_loss_ema"] == (None if math.isnan(want) else pytest.approx(want))
+
+    export_tensorboard(curve, tmp_path / "tb")
+    tb = scalars(tmp_path / "tb")
+    for arm in set(ARMS):
+        steps = [s for s, a in enumerate(ARMS, 1) if a == arm]
+        # A non-finite loss leaves the EMA as it was: the arm's EMA is drawn at each of its steps.
+        assert [s for s, _ in tb[f"loss/arm_ema/{arm}"]] == steps
+        assert [v for _, v in tb[f"loss/arm_ema/{arm}"]] == pytest.approx(
+            [expected[s - 1] for s in steps]
+        )
+        assert [s for s, _ in tb[f"loss/arm/{arm}"]] == steps
+
+
+def test_live_board_per_arm_loss_and_rewards_across_a_restart(tmp_path: Path) -> None:
+    board = LiveBoard(tmp_path, [])
+    first = [entry(s, ARMS[s - 1], 4.0 - s / 10) for s in range(1, 7)]
+    board.log(first, {"code": 0.7, "random": 0.1, "docs": 0.2}, {"code": 0.8, "random": 0.0})
+    # The trainer restarts from step 3: steps 4.. are trained again, with other losses.
+    second = [entry(s, ARMS[s - 1], 3.0 - s / 20, segment=2) for s in range(4, 8)]
+    board.log(second, {"code": 0.6}, {"code": 0.9, "random": 0.05})
+    board.close()
+    canonical = first[:3] + second
+    tb = scalars(tmp_path)
+    arms = [e.arm for e in canonical]
+    losses = [e.loss for e in canonical]
+    expected = per_arm_ema(arms, losses)
+    for arm in set(arms):
+        want = [(e.step, pytest.approx(x)) for e, x in zip(canonical, expected) if e.arm == arm]
+        assert tb[f"loss/arm_ema/{arm}"] == want
+        assert tb[f"loss/arm/{arm}"] == [
+            (e.step, pytest.approx(e.loss)) for e in canonical if e.arm == arm
+        ]
+    # The rewards go with the last entry of each report; step 6's was superseded by the restart.
+    assert tb["mixing/reward/code"] == [(7, pytest.approx(0.9))]
+    assert tb["mixing/reward/random"] == [(7, pytest.approx(0.05))]
