@@ -12,6 +12,12 @@ run, not on the command line:
   detected by the proxy against the fingerprint in `.state.json`.
 
 A run written before the file existed gets it from its `.state.json`, so its policy is kept.
+
+The reward: a policy file that does not name one (`reward = ...`) takes the reward of the run's
+policy in force — a restart or pivot with the same file keeps what the run has — and in a new run
+`NEW_RUN_REWARD`. The file kept as `RUN_DIR/policy.toml` always names it, because there a missing
+key means what it meant before the choice existed: ODM's "loss" reward, so that the runs written
+before keep their reward, and their resume stays bit for bit.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from pydantic import ValidationError
 
 from ..durable import atomic_write_bytes
 from ..rundir import POLICY_FILE, STATE_FILE
-from .policy import Policy, PolicyError, differences, load_policy
+from .policy import NEW_RUN_REWARD, Policy, PolicyError, Reward, differences, load_policy
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,18 @@ def refusal(in_force: Policy, where: str, given: Policy, given_path: Path) -> st
     return "\n".join(lines)
 
 
+def with_reward(policy: Policy, text: str, run_reward: Reward) -> tuple[Policy, str]:
+    """A policy read from `text`, for a run whose reward is `run_reward`: unchanged if it names
+    its reward; else with `run_reward`, and `text` with the key added (so that the run's policy
+    file says it, see the module docstring)."""
+    if policy.names_reward:
+        return policy, text
+    named = Policy.model_validate({**policy.model_dump(mode="json"), "reward": run_reward})
+    # Top-level keys must come before the first table: the line goes first.
+    line = f'reward = "{run_reward}"  # the run\'s reward; the given policy did not name one\n'
+    return named, line + text
+
+
 def resolve_policy(run_dir: Path, given: Path | None, pivot: bool) -> Resolved:
     """Decide the policy of this start (see the module docstring). Reads only; raises
     `PolicyError` for an unusable file or a refused change."""
@@ -67,14 +85,14 @@ def resolve_policy(run_dir: Path, given: Path | None, pivot: bool) -> Resolved:
         raise PolicyError("--pivot needs --policy FILE (the policy of the new phase)")
     stored_path = run_dir / POLICY_FILE
     stored = load_policy(stored_path) if stored_path.exists() else None
+    if given is not None and given.resolve() == stored_path.resolve():
+        return Resolved(load_policy(given), None, False)
+    reference, where = stored, str(stored_path)
+    if reference is None:
+        reference, where = _state_policy(run_dir), f"{run_dir / STATE_FILE}"
     if given is not None:
-        new = load_policy(given)
-        text = given.read_text(encoding="utf-8")
-        if given.resolve() == stored_path.resolve():
-            return Resolved(new, None, False)
-        reference, where = stored, str(stored_path)
-        if reference is None:
-            reference, where = _state_policy(run_dir), f"{run_dir / STATE_FILE}"
+        run_reward = reference.reward if reference is not None else NEW_RUN_REWARD
+        new, text = with_reward(load_policy(given), given.read_text(encoding="utf-8"), run_reward)
         if reference is None or reference.fingerprint() == new.fingerprint():
             return Resolved(new, text if stored is None else None, False)
         if not pivot:
@@ -82,8 +100,7 @@ def resolve_policy(run_dir: Path, given: Path | None, pivot: bool) -> Resolved:
         return Resolved(new, text, True)
     if stored is not None:
         return Resolved(stored, None, False)
-    from_state = _state_policy(run_dir)
-    policy = from_state if from_state is not None else Policy()
+    policy = reference if reference is not None else Policy(reward=NEW_RUN_REWARD)
     return Resolved(policy, _to_toml(policy), False)
 
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
-from andrea.protocol.status import ProxyStatus, Zombie
+from andrea.protocol.status import ProxyStatus, RewardReport, Zombie
 from andrea.protocol.transport import bind_router, close_router
 
 from .. import rundir
@@ -66,7 +66,7 @@ from ..validation import first_problem
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditError, BanditState, ConfiguredArm, PhaseCounters, ZombieReport
 from .policy import Policy, PolicyError, bounds_table, differences, parse_policy
-from .policystore import store
+from .policystore import store, with_reward
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class ProxyState(BaseModel):
     live_counters: PhaseCounters
     live_probabilities: dict[str, float]
     zombies: list[ZombieReport]
+    live_reward: RewardReport | None = None  # absent from states written before the reward choice
 
 
 class SampleRecord(BaseModel):
@@ -347,6 +348,7 @@ class Proxy:
             live_counters=bandit.counters(),
             live_probabilities=bandit.probabilities(),
             zombies=bandit.zombies,
+            live_reward=bandit.reward_report(),
         )
         atomic_write_bytes(self.run_dir / STATE_FILE, state.model_dump_json(indent=1).encode())
         self.steps_since_state = 0
@@ -522,7 +524,9 @@ class Proxy:
         if self.steps_since_state >= STATE_EVERY:
             self._write_state()
         if self.board is not None:
-            self.board.log(msg.entries, self.book.bandit.probabilities())
+            self.board.log(
+                msg.entries, self.book.bandit.probabilities(), self.book.bandit.rewards()
+            )
         self._publish_metrics()
         return m.LossAck(id=msg.id, keys=[(e.segment, e.step) for e in msg.entries])
 
@@ -666,7 +670,11 @@ class Proxy:
             return m.Reply(id=msg.id, ok=False, error=error, data=data)
 
         try:
-            policy = parse_policy(msg.policy_toml, source="pivot policy")
+            policy, policy_toml = with_reward(
+                parse_policy(msg.policy_toml, source="pivot policy"),
+                msg.policy_toml,
+                self.book.bandit.policy.reward,
+            )
             self._check_policy(policy)
         except PolicyError as e:
             return refuse(str(e), kind="policy")
@@ -733,7 +741,7 @@ class Proxy:
             )
         # The policy file first: if the proxy dies before the new state is written, its next start
         # sees the changed policy and completes the same pivot (at the newest checkpoint, b).
-        store(self.run_dir, msg.policy_toml)
+        store(self.run_dir, policy_toml)
         archive = self._pivot(b, policy)
         return m.Reply(
             id=msg.id,
@@ -758,6 +766,7 @@ class Proxy:
             policy_fingerprint=b.policy.fingerprint(),
             trainer_step=self.trainer_step,
             last_eval=self.last_eval,
+            reward=b.reward_report(),
         )
 
     # ---- loop -------------------------------------------------------------------------------
