@@ -251,7 +251,8 @@ def test_zombie_arm_never_draws_and_is_reported(
     """The seed's lesson: a state carrying weight for an arm whose source is gone."""
     state = json.loads((reference / ".state.json").read_text())
     arm = dict(state["bandit"]["arms"][0])
-    # Pulls stay 0 so that the phase counters of the doctored state remain consistent.
+    # Pulls stay 0 so that the phase counters of the doctored state remain consistent (and so
+    # the arm has no loss statistics either).
     arm.update(
         name="repo-docstrings",
         identity="f" * 64,
@@ -259,6 +260,11 @@ def test_zombie_arm_never_draws_and_is_reported(
         pulls=0,
         ema_reward=40.0,
         probability=0.5,
+        loss_ema=None,
+        loss_best=None,
+        progress_sum=0.0,
+        progress_pulls=0.0,
+        last_pull=0,
     )
     state["bandit"]["arms"].append(arm)
     state["bandit"]["arms"].sort(key=lambda a: a["name"])
