@@ -2,7 +2,7 @@
 
     nice -n 10 .venv/bin/python tests/bench/bench_mixing.py [--steps 1500] [--seeds 1 2 3 4 5]
         [--cases a b c] [--mixtures learnability loss uniform uniform-learnable] [--jobs 2]
-        [--eval-sequences 128] [--threads 1] [--out-dir DIR]
+        [--eval-sequences 128] [--threads 1] [--out-dir DIR] [--reuse OLD/mixing.json]
 
 Cases (arms; the held-out loss that counts is the mean over the three learnable stdlib arms):
 - a: docstrings, code, comments (the embedded corpus);
@@ -23,6 +23,10 @@ Reported per case: the mean held-out loss over the learnable arms at the last st
 seeds, and seed by seed against uniform), each arm's share of the steps in the second half, and the
 checks the mixing-quality page states. Also the bandit's own cost per step under each reward
 (observe + assign, in process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
+
+Training is deterministic, so a run does not need repeating: `--reuse` takes, from an earlier
+mixing.json of the same --steps, the runs of every (case, mixture, seed) this invocation does not run
+(e.g. the uniform and loss runs, when only `--mixtures learnability` changed); mixing.json lists them.
 """
 
 from __future__ import annotations
@@ -245,6 +249,22 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def reusable(args: argparse.Namespace, ran: set[tuple[str, str, int]]) -> list[dict]:
+    """The runs of `--reuse` that this invocation did not make, for the same number of steps."""
+    if args.reuse is None:
+        return []
+    old = json.loads(args.reuse.read_text())
+    if int(old["args"]["steps"]) != args.steps:
+        raise SystemExit(f"--reuse {args.reuse}: {old['args']['steps']} steps, not {args.steps}")
+    return [
+        r
+        for r in old["runs"]
+        if (r["case"], r["mixture"], r["seed"]) not in ran
+        and r["case"] in args.cases
+        and r["seed"] in args.seeds
+    ]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=1500)
@@ -259,6 +279,7 @@ def main() -> None:
         type=Path,
         default=Path(os.environ.get("TMPDIR", "/tmp")) / "andrea-bench-mixing",
     )
+    p.add_argument("--reuse", type=Path, help="an earlier mixing.json whose other runs to keep")
     args = p.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     cost = {r: bandit_cost(r) for r in ("loss", "learnability")}
@@ -284,13 +305,15 @@ def main() -> None:
 
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             runs = list(pool.map(go, plan(args)))
-    summary = summarise(runs)
+    reused = reusable(args, {(r["case"], r["mixture"], r["seed"]) for r in runs})
+    summary = summarise(runs + reused)
     doc = {
         "args": {k: str(v) for k, v in vars(args).items() if k != "work_dir"},
         "seconds": time.perf_counter() - t0,
         "bandit_us_per_step": cost,
         "summary": summary,
-        "runs": runs,
+        "runs": runs + reused,
+        "reused": [[r["case"], r["mixture"], r["seed"]] for r in reused],
     }
     (args.out_dir / "mixing.json").write_text(json.dumps(doc, indent=1))
     text = markdown(summary, args)
