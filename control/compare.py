@@ -273,6 +273,65 @@ class _Walk:
             self.report(IssueKind.VALUE_MISMATCH, path, left, right, diff)
 
 
+class _ArrayWalk:
+    """Accumulates the statistics of one vectorised comparison of payload arrays."""
+
+    def __init__(self, layout: Sequence[LayoutEntry]) -> None:
+        self.layout = layout
+        self.offsets = np.array([entry.offset for entry in layout], dtype=np.int64)
+        self.leaves = 0
+        self.numbers = 0
+        self.max_abs_diff = 0.0
+        self.counts: dict[IssueKind, int] = {}
+        self.issues: list[Issue] = []
+
+    def where(self, label: str, flat_index: int) -> str:
+        """The tensor and index of a flat position, as an issue's path."""
+        entry = self.layout[int(np.searchsorted(self.offsets, flat_index, side="right")) - 1]
+        index = np.unravel_index(flat_index - entry.offset, tuple(entry.shape))
+        return f"$.{label}.{entry.name}" + "".join(f"[{int(i)}]" for i in index)
+
+    def report(
+        self, kind: IssueKind, found: np.ndarray, label: str, left: np.ndarray, right: np.ndarray
+    ) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + int(found.size)
+        for i in found[: max(0, MAX_ISSUES_KEPT - (self.counts[kind] - int(found.size)))]:
+            a, b = float(left[i]), float(right[i])
+            diff = abs(a - b) if kind is IssueKind.VALUE_MISMATCH else None
+            self.issues.append(
+                Issue(
+                    kind=kind,
+                    path=self.where(label, int(i)),
+                    left=repr(a),
+                    right=repr(b),
+                    abs_diff=diff,
+                )
+            )
+
+    def visit(self, label: str, left: np.ndarray, right: np.ndarray) -> None:
+        if left.shape != right.shape:
+            kind = IssueKind.LENGTH_MISMATCH
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            self.issues.append(
+                Issue(
+                    kind=kind,
+                    path=f"$.{label}",
+                    left=f"length {left.size}",
+                    right=f"length {right.size}",
+                )
+            )
+            return
+        self.leaves += left.size
+        finite = np.isfinite(left) & np.isfinite(right)
+        self.numbers += int(finite.sum())
+        # Bit patterns, not ==: -0.0 against 0.0 is a difference here, as in compare().
+        differ = finite & (left.view(np.uint32) != right.view(np.uint32))
+        diff = np.abs(left.astype(np.float64) - right.astype(np.float64))
+        self.max_abs_diff = max(self.max_abs_diff, float(diff[finite].max(initial=0.0)))
+        self.report(IssueKind.NON_FINITE, np.flatnonzero(~finite), label, left, right)
+        self.report(IssueKind.VALUE_MISMATCH, np.flatnonzero(differ), label, left, right)
+
+
 def compare_arrays(
     name: str, layout: Sequence[LayoutEntry], groups: Sequence[tuple[str, np.ndarray, np.ndarray]]
 ) -> Comparison:
@@ -282,57 +341,15 @@ def compare_arrays(
     issue names its tensor and index (``$.m.blocks.0.attn.c_attn.weight[3][7]``). Vectorised: a payload
     has 137k numbers per array even for the tiny preset, too many for the generic recursive walk.
     """
-    counts: dict[IssueKind, int] = {}
-    issues: list[Issue] = []
-    leaves = numbers = 0
-    max_abs_diff = 0.0
-    offsets = np.array([entry.offset for entry in layout], dtype=np.int64)
-
-    def where(label: str, flat_index: int) -> str:
-        entry = layout[int(np.searchsorted(offsets, flat_index, side="right")) - 1]
-        index = np.unravel_index(flat_index - entry.offset, tuple(entry.shape))
-        return f"$.{label}.{entry.name}" + "".join(f"[{int(i)}]" for i in index)
-
-    def report(
-        kind: IssueKind, found: np.ndarray, label: str, left: np.ndarray, right: np.ndarray
-    ) -> None:
-        counts[kind] = counts.get(kind, 0) + int(found.size)
-        for i in found[: max(0, MAX_ISSUES_KEPT - (counts[kind] - int(found.size)))]:
-            a, b = float(left[i]), float(right[i])
-            diff = abs(a - b) if kind is IssueKind.VALUE_MISMATCH else None
-            issues.append(
-                Issue(
-                    kind=kind, path=where(label, int(i)), left=repr(a), right=repr(b), abs_diff=diff
-                )
-            )
-
+    walk = _ArrayWalk(layout)
     for label, left, right in groups:
-        if left.shape != right.shape:
-            counts[IssueKind.LENGTH_MISMATCH] = counts.get(IssueKind.LENGTH_MISMATCH, 0) + 1
-            issues.append(
-                Issue(
-                    kind=IssueKind.LENGTH_MISMATCH,
-                    path=f"$.{label}",
-                    left=f"length {left.size}",
-                    right=f"length {right.size}",
-                )
-            )
-            continue
-        leaves += left.size
-        finite = np.isfinite(left) & np.isfinite(right)
-        numbers += int(finite.sum())
-        # Bit patterns, not ==: -0.0 against 0.0 is a difference here, as in compare().
-        differ = finite & (left.view(np.uint32) != right.view(np.uint32))
-        diff = np.abs(left.astype(np.float64) - right.astype(np.float64))
-        max_abs_diff = max(max_abs_diff, float(diff[finite].max(initial=0.0)))
-        report(IssueKind.NON_FINITE, np.flatnonzero(~finite), label, left, right)
-        report(IssueKind.VALUE_MISMATCH, np.flatnonzero(differ), label, left, right)
+        walk.visit(label, left, right)
     return Comparison(
         name=name,
         atol=0.0,
-        leaves_compared=leaves,
-        numbers_compared=numbers,
-        max_abs_diff=max_abs_diff,
-        counts={kind: n for kind, n in counts.items() if n},
-        issues=issues,
+        leaves_compared=walk.leaves,
+        numbers_compared=walk.numbers,
+        max_abs_diff=walk.max_abs_diff,
+        counts={kind: n for kind, n in walk.counts.items() if n},
+        issues=walk.issues,
     )

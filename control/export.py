@@ -14,9 +14,12 @@ again, and a fresh process rebuilds the model from DEST alone and evaluates one 
 must equal, bit for bit, the loss computed at export time from the source. ``export.json`` is written
 last, only when all of that holds: an export without it is not verified.
 
+Only regular files that lie inside RUN are read (:mod:`andrea.control.export_sources`): a link, a
+FIFO or a device among the files an export reads refuses it, each one named.
+
 Exit codes: 0 exported and verified; 1 written but the verification failed (DEST is left for
-inspection, without export.json); 2 refused, nothing written (DEST not empty, no intact checkpoint,
-bad arguments).
+inspection, without export.json); 2 refused, nothing written (DEST not empty or not creatable, no
+intact checkpoint, a file of RUN that is not a regular file inside it, bad arguments).
 """
 
 from __future__ import annotations
@@ -31,15 +34,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePath
 from string import Template
 from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.daemon import rundir
+from andrea.daemon.boundedio import FileRejected, open_inside, read_bounded
 from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint.manager import (
     Loaded,
@@ -48,21 +52,34 @@ from andrea.daemon.checkpoint.manager import (
     newest_intact,
     verify_checkpoint,
 )
-from andrea.daemon.checkpoint.manifest import Environment, Manifest, MixingState, code_version
+from andrea.daemon.checkpoint.manifest import (
+    MAX_MANIFEST_BYTES,
+    Environment,
+    Manifest,
+    MixingState,
+    code_version,
+)
 from andrea.daemon.checkpoint.state import load_weights
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
 from andrea.daemon.durable import atomic_write_bytes, fsync_dir
 from andrea.daemon.losslog import LossLogError, read_curve
 from andrea.daemon.model import GPT
-from andrea.daemon.rundir import (
-    ARCHIVE_DIR,
-    CONFIG_FILE,
-    LOSS_FILE,
-    POLICY_FILE,
-    SAMPLES_FILE,
-    STATE_FILE,
+from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE
+from andrea.daemon.tokenizer import BYTES, RunTokenizer
+from andrea.protocol.lineage import Lineage
+
+from .export_sources import audit_sources, offenders
+from .export_tokenizer import (
+    TOKENIZER_NAME,
+    ExportTokenizer,
+    TokenizerProblem,
+    load_export_tokenizer,
+    readme_fields,
+    run_tokenizer,
 )
+from .export_tokenizer import record as tokenizer_record
+from .reports import ErrorReport, utc_now
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -132,6 +149,8 @@ class ExportMetrics(_Record):
     mixing: MixingState
     config_hash: str
     environment: Environment
+    #: World sizes, and the checkpoint of another run this one started from (--init-from).
+    lineage: Lineage
 
 
 class ReloadCheck(_Record):
@@ -143,6 +162,8 @@ class ReloadCheck(_Record):
     n_params: int
     eval_loss: float
     eval_loss_hex: str
+    tokenizer: str = Field(description='the tokenizer loaded with the model: "bytes" or its sha256')
+    round_trip: bool = Field(description="it decodes its own encoding of EVAL_TEXT to EVAL_TEXT")
     seconds: float
 
 
@@ -172,6 +193,7 @@ class ExportReport(_Record):
     trigger: str
     skipped: list[str]
     files: list[ExportedFile]
+    tokenizer: ExportTokenizer
     metrics: ExportMetrics
     evaluation: Evaluation
     checks: list[ExportCheck]
@@ -195,10 +217,14 @@ def _single_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def eval_tokens(model: ModelConfig) -> np.ndarray:
-    """The fixed evaluation batch, ``(EVAL_ROWS, block_size + 1)`` int64 token ids."""
-    text = np.frombuffer(EVAL_TEXT, dtype=np.uint8).astype(np.int64) % model.vocab_size
-    return np.resize(text, (EVAL_ROWS, model.block_size + 1))
+def eval_tokens(model: ModelConfig, tokenizer: RunTokenizer | None = None) -> np.ndarray:
+    """The fixed evaluation batch, ``(EVAL_ROWS, block_size + 1)`` int64 token ids: EVAL_TEXT
+    encoded with the run's tokenizer (bytes by default), repeated cyclically."""
+    if tokenizer is None or tokenizer.identity == BYTES:
+        ids = np.frombuffer(EVAL_TEXT, dtype=np.uint8).astype(np.int64)
+    else:
+        ids = np.asarray(tokenizer.encode(EVAL_TEXT.decode("utf-8")), dtype=np.int64)
+    return np.resize(ids % model.vocab_size, (EVAL_ROWS, model.block_size + 1))
 
 
 def build_model(manifest: Manifest, weights: np.ndarray) -> GPT:
@@ -210,9 +236,10 @@ def build_model(manifest: Manifest, weights: np.ndarray) -> GPT:
     return model.eval()
 
 
-def eval_loss(model: GPT) -> float:
-    """Mean cross-entropy of ``model`` on the fixed evaluation batch, one thread, no gradient."""
-    tokens = torch.from_numpy(eval_tokens(model.cfg))
+def eval_loss(model: GPT, tokenizer: RunTokenizer | None = None) -> float:
+    """Mean cross-entropy of ``model`` on the fixed evaluation batch (encoded with ``tokenizer``,
+    the run's: bytes by default), one thread, no gradient."""
+    tokens = torch.from_numpy(eval_tokens(model.cfg, tokenizer))
     with _single_thread(), torch.no_grad():
         _, loss = model(tokens[:, :-1], tokens[:, 1:])
     assert loss is not None
@@ -233,7 +260,9 @@ def reload_check(export_dir: Path) -> ReloadCheck:
     """Run in a fresh process by the exporter: load ``export_dir`` alone and evaluate the fixed batch."""
     started = time.monotonic()
     model, manifest = load_model(export_dir)
-    loss = eval_loss(model)
+    tokenizer = load_export_tokenizer(export_dir, manifest)
+    loss = eval_loss(model, tokenizer)
+    text = EVAL_TEXT.decode("utf-8")
     return ReloadCheck(
         pid=os.getpid(),
         step=manifest.step,
@@ -241,6 +270,8 @@ def reload_check(export_dir: Path) -> ReloadCheck:
         n_params=model.n_params(),
         eval_loss=loss,
         eval_loss_hex=loss.hex(),
+        tokenizer=tokenizer.identity,
+        round_trip=tokenizer.decode(tokenizer.encode(text)) == text,
         seconds=round(time.monotonic() - started, 3),
     )
 
@@ -286,24 +317,26 @@ def _metrics(run_dir: Path, manifest: Manifest) -> ExportMetrics:
         mixing=manifest.mixing,
         config_hash=manifest.config_hash,
         environment=manifest.environment,
+        lineage=manifest.lineage_or_default(),
     )
 
 
 # --- files --------------------------------------------------------------------------------------------
 
 
-def _copy_hashed(src: Path, dst: Path) -> ExportedFile:
-    """Copy and fsync, hashing the bytes as they pass (a source that changes mid-copy shows in the hash)."""
+def _copy_hashed(run_dir: Path, src: PurePath, dst: Path) -> ExportedFile:
+    """Copy ``run_dir/src`` and fsync, hashing the bytes as they pass (a source that changes mid-copy
+    shows in the hash). The source is opened without following a link below ``run_dir``."""
     sha = hashlib.sha256()
     size = 0
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
+    with os.fdopen(open_inside(run_dir, src), "rb") as fin, open(dst, "xb") as fout:
         while chunk := fin.read(_COPY_CHUNK):
             sha.update(chunk)
             fout.write(chunk)
             size += len(chunk)
         fout.flush()
         os.fsync(fout.fileno())
-    return ExportedFile(name=dst.name, size=size, sha256=sha.hexdigest(), source=str(src))
+    return ExportedFile(name=dst.name, size=size, sha256=sha.hexdigest(), source=str(run_dir / src))
 
 
 def _write_new(dst: Path, data: bytes, source: str | None = None) -> ExportedFile:
@@ -346,17 +379,11 @@ def _write_audit(
 
     audit = dest / AUDIT_DIR
     audit.mkdir()
-    sources = [run_dir / n for n in (LOSS_FILE, POLICY_FILE, STATE_FILE, SAMPLES_FILE)]
-    archive = run_dir / ARCHIVE_DIR
-    if archive.is_dir():
-        sources += sorted(p for p in archive.rglob("*") if p.is_file())
     files = []
-    for src in sources:
-        if not src.is_file():
-            continue
-        dst = audit / src.relative_to(run_dir)
+    for src in audit_sources(run_dir):
+        dst = audit / src
         dst.parent.mkdir(parents=True, exist_ok=True)
-        files.append(_relative(_copy_hashed(src, dst), dest, dst))
+        files.append(_relative(_copy_hashed(run_dir, src, dst), dest, dst))
     if (audit / LOSS_FILE).is_file():
         # Drawn from the copy, so the plot shows exactly the log this export holds.
         curve = read_curve(audit / LOSS_FILE)
@@ -416,10 +443,9 @@ def _write_export(
     readme: str,
     progress: Callable[[str], None],
 ) -> list[ExportedFile]:
-    """Write every file of the export durably; what was written, with sizes and sha256."""
-    created_dest = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True)
-    payload = _copy_hashed(run_dir / manifest.bin_file, dest / manifest.bin_file)
+    """Write every file of the export durably into the existing ``dest``; what was written, with
+    sizes and sha256."""
+    payload = _copy_hashed(run_dir, PurePath(manifest.bin_file), dest / manifest.bin_file)
     if payload.sha256 != manifest.bin_sha256 or payload.size != manifest.bin_size:
         raise ExportFailed(
             f"{manifest.bin_file} changed while it was copied (sha256 {payload.sha256[:16]}…)"
@@ -427,7 +453,7 @@ def _write_export(
     name = rundir.manifest_name(manifest.step)
     files = [payload, _write_new(dest / name, manifest_bytes, str(run_dir / name))]
     if (run_dir / CONFIG_FILE).is_file():
-        files.append(_copy_hashed(run_dir / CONFIG_FILE, dest / CONFIG_FILE))
+        files.append(_copy_hashed(run_dir, PurePath(CONFIG_FILE), dest / CONFIG_FILE))
     else:
         progress(
             f"      WARNING: {run_dir / CONFIG_FILE} is missing; the manifest's config is the only record"
@@ -435,8 +461,7 @@ def _write_export(
     files.append(_write_new(dest / METRICS_NAME, metrics.model_dump_json(indent=2).encode()))
     files.append(_write_new(dest / README_NAME, readme.encode()))
     fsync_dir(dest)
-    if created_dest:
-        fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
     return files
 
 
@@ -449,10 +474,30 @@ def _check_destination(dest: Path) -> None:
         )
 
 
-def _select(run_dir: Path, step: int | None) -> Loaded:
-    """The requested checkpoint, or the newest intact one; damaged newer ones are listed as skipped."""
+def _check_sources(run_dir: Path) -> None:
+    """Every file the export reads is a regular file inside the run directory; the offenders named."""
     if not run_dir.is_dir():
         raise ExportRefused(f"{run_dir}: not a run directory")
+    bad = offenders(run_dir)
+    if bad:
+        raise ExportRefused(
+            f"{run_dir} holds files an export never reads, since only regular files inside the run "
+            "directory are copied (a link could point anywhere):\n  "
+            + "\n  ".join(bad)
+            + "\nReplace each with the file itself, or remove it, and export again."
+        )
+
+
+def _create_destination(dest: Path) -> None:
+    """DEST, made now: a destination that cannot be made is a refusal, with nothing written."""
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportRefused(f"cannot create {dest}: {exc.strerror or exc}") from None
+
+
+def _select(run_dir: Path, step: int | None) -> Loaded:
+    """The requested checkpoint, or the newest intact one; damaged newer ones are listed as skipped."""
     steps = checkpoint_steps(run_dir)
     if step is not None:
         if step not in steps:
@@ -477,7 +522,12 @@ def _select(run_dir: Path, step: int | None) -> Loaded:
 
 
 def _readme(
-    report_step: int, manifest: Manifest, run_dir: Path, created: str, loss_hex: str
+    report_step: int,
+    manifest: Manifest,
+    run_dir: Path,
+    created: str,
+    loss_hex: str,
+    tokenizer: RunTokenizer,
 ) -> str:
     """The export's README.md: README_TEMPLATE filled in with this checkpoint's figures."""
     m = manifest.model
@@ -507,10 +557,31 @@ def _readme(
         arms=arms,
         threads=manifest.environment.threads,
         torch_version=manifest.environment.torch_version,
+        code_version=manifest.environment.code_version,
+        **readme_fields(tokenizer),
     )
 
 
 # --- the export ---------------------------------------------------------------------------------------
+
+
+class _Clock:
+    """Seconds spent in each phase of an export, for export.json's ``timings_s``."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.monotonic()
+        self.timings: dict[str, float] = {}
+
+    def phase(self, name: str) -> None:
+        """The phase ``name`` ends now."""
+        now = time.monotonic()
+        self.timings[name] = round(now - self.last, 3)
+        self.last = now
+
+    def total(self) -> dict[str, float]:
+        """Every phase's seconds, and the export's whole as ``total``."""
+        self.timings["total"] = round(time.monotonic() - self.started, 3)
+        return self.timings
 
 
 def export_checkpoint(
@@ -527,82 +598,34 @@ def export_checkpoint(
     by another one), and :class:`ExportFailed` when the written export does not verify. ``progress``
     receives one line per phase.
     """
-    started = time.monotonic()
-    timings: dict[str, float] = {}
-    t = started
-
-    def phase(name: str) -> None:
-        nonlocal t
-        now = time.monotonic()
-        timings[name] = round(now - t, 3)
-        t = now
-
+    clock = _Clock()
     _check_destination(dest)
+    _check_sources(run_dir)
     progress(f"[1/5] verifying the checkpoint in {run_dir}")
     source, manifest_bytes = _verify_source(run_dir, step, progress)
     manifest, weights = source.manifest, source.payload.weights
-    phase("verify_source")
+    tokenizer, tokenizer_file = _source_tokenizer(run_dir, manifest)
+    clock.phase("verify_source")
 
     progress("[2/5] evaluating the fixed batch at export time")
-    loss = eval_loss(build_model(manifest, weights))
-    phase("eval_at_export")
+    loss = eval_loss(build_model(manifest, weights), tokenizer)
+    clock.phase("eval_at_export")
     progress(f"      loss {loss!r} ({loss.hex()})")
 
     progress(f"[3/5] copying into {dest}")
-    created = datetime.now(UTC).isoformat(timespec="milliseconds")
-    metrics = _metrics(run_dir, manifest)
-    readme = _readme(manifest.step, manifest, run_dir, created, loss.hex())
-    try:
-        files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
-        files += _write_audit(run_dir, dest, manifest.step, progress)
-        if safetensors:
-            files.append(_write_safetensors(dest, manifest, weights))
-    except OSError as exc:
-        raise ExportFailed(f"writing {dest} failed: {exc}") from exc
-    intact = f"{rundir.checkpoint_stem(manifest.step)}: size, header and sha256 match its manifest"
-    checks = [ExportCheck(name="source checkpoint intact", detail=intact)]
-    if source.skipped:
-        checks.append(
-            ExportCheck(name="newer damaged checkpoints skipped", detail="; ".join(source.skipped))
-        )
-    phase("copy")
+    created, metrics, written = _contents(run_dir, manifest, loss, (tokenizer, tokenizer_file))
+    files = _copy(run_dir, dest, source, manifest_bytes, written, safetensors, progress)
+    checks = _source_checks(source)
+    clock.phase("copy")
     progress(f"      {len(files)} files, {sum(f.size for f in files):,} bytes, fsynced")
 
     progress("[4/5] re-reading at the destination")
     _verify_destination(dest, manifest, files)
-    checks.append(
-        ExportCheck(
-            name="files re-read at the destination",
-            detail=f"{len(files)} files: sizes and sha256 as written",
-        )
-    )
-    checks.append(ExportCheck(name="checkpoint intact at the destination", detail=intact))
-    if safetensors:
-        checks.append(
-            ExportCheck(
-                name="safetensors weights", detail=_check_safetensors(dest, manifest, weights)
-            )
-        )
-    phase("verify_destination")
+    checks += _destination_checks(dest, manifest, files, weights, safetensors)
+    clock.phase("verify_destination")
 
     progress("[5/5] reloading in a fresh process")
-    reload = _reload_in_fresh_process(dest)
-    phase("reload")
-    evaluation = _compare_reload(manifest, loss, reload)
-    checks.append(
-        ExportCheck(
-            name="reloaded in a fresh process",
-            detail=(
-                f"pid {reload.pid}: GPT rebuilt from {dest} alone, "
-                f"eval loss {reload.eval_loss_hex} = export time, bit for bit"
-            ),
-        )
-    )
-    progress(
-        f"      pid {reload.pid}: loss {reload.eval_loss!r}, identical bits"
-        f" ({reload.seconds:.2f} s in the process)"
-    )
-    timings["total"] = round(time.monotonic() - started, 3)
+    evaluation, reloaded = _reload_phase(dest, manifest, loss, tokenizer, clock, progress)
     report = ExportReport(
         run_dir=str(run_dir),
         dest=str(dest),
@@ -610,21 +633,144 @@ def export_checkpoint(
         trigger=manifest.trigger,
         skipped=source.skipped,
         files=files,
+        tokenizer=tokenizer_record(tokenizer, tokenizer_file),
         metrics=metrics,
         evaluation=evaluation,
-        checks=checks,
-        timings_s=timings,
+        checks=[*checks, reloaded],
+        timings_s=clock.total(),
         code_version=code_version(),
         torch_version=torch.__version__,
         created_utc=created,
     )
+    _write_report(dest, report, progress)
+    return report
+
+
+def _contents(
+    run_dir: Path,
+    manifest: Manifest,
+    loss: float,
+    tokenizer: tuple[RunTokenizer, tuple[bytes, Path] | None],
+) -> tuple[str, ExportMetrics, tuple[ExportMetrics, str, tuple[bytes, Path] | None]]:
+    """When the export is made, its metrics, and what phase 3 writes besides the checkpoint:
+    metrics, README, tokenizer."""
+    created = datetime.now(UTC).isoformat(timespec="milliseconds")
+    metrics = _metrics(run_dir, manifest)
+    readme = _readme(manifest.step, manifest, run_dir, created, loss.hex(), tokenizer[0])
+    return created, metrics, (metrics, readme, tokenizer[1])
+
+
+def _intact_detail(manifest: Manifest) -> str:
+    return f"{rundir.checkpoint_stem(manifest.step)}: size, header and sha256 match its manifest"
+
+
+def _source_tokenizer(
+    run_dir: Path, manifest: Manifest
+) -> tuple[RunTokenizer, tuple[bytes, Path] | None]:
+    """The tokenizer the checkpoint was trained with, and its file's bytes and path (None for the
+    byte-level one); refused when the run's file is not that one."""
+    try:
+        tokenizer, raw = run_tokenizer(run_dir, manifest)
+    except TokenizerProblem as exc:
+        raise ExportRefused(str(exc)) from None
+    return tokenizer, (raw, getattr(tokenizer, "path", run_dir)) if raw is not None else None
+
+
+def _copy(
+    run_dir: Path,
+    dest: Path,
+    source: Loaded,
+    manifest_bytes: bytes,
+    written: tuple[ExportMetrics, str, tuple[bytes, Path] | None],
+    safetensors: bool,
+    progress: Callable[[str], None],
+) -> list[ExportedFile]:
+    """Phase 3: the checkpoint, its config, metrics, README and tokenizer (`written`), the audit
+    trail and, when asked, the safetensors weights, written durably into ``dest``."""
+    manifest = source.manifest
+    metrics, readme, tokenizer_file = written
+    _create_destination(dest)
+    try:
+        files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
+        if tokenizer_file is not None:
+            raw, path = tokenizer_file
+            files.append(_write_new(dest / TOKENIZER_NAME, raw, str(path)))
+        files += _write_audit(run_dir, dest, manifest.step, progress)
+        if safetensors:
+            files.append(_write_safetensors(dest, manifest, source.payload.weights))
+    except (OSError, FileRejected) as exc:
+        raise ExportFailed(f"writing {dest} failed: {exc}") from exc
+    return files
+
+
+def _source_checks(source: Loaded) -> list[ExportCheck]:
+    checks = [ExportCheck(name="source checkpoint intact", detail=_intact_detail(source.manifest))]
+    if source.skipped:
+        checks.append(
+            ExportCheck(name="newer damaged checkpoints skipped", detail="; ".join(source.skipped))
+        )
+    return checks
+
+
+def _destination_checks(
+    dest: Path,
+    manifest: Manifest,
+    files: list[ExportedFile],
+    weights: np.ndarray,
+    safetensors: bool,
+) -> list[ExportCheck]:
+    """Phase 4's checks as export.json records them; with ``safetensors`` the weights written in
+    that format are checked against the payload's, bit for bit."""
+    checks = [
+        ExportCheck(
+            name="files re-read at the destination",
+            detail=f"{len(files)} files: sizes and sha256 as written",
+        ),
+        ExportCheck(name="checkpoint intact at the destination", detail=_intact_detail(manifest)),
+    ]
+    if safetensors:
+        checks.append(
+            ExportCheck(
+                name="safetensors weights", detail=_check_safetensors(dest, manifest, weights)
+            )
+        )
+    return checks
+
+
+def _reload_phase(
+    dest: Path,
+    manifest: Manifest,
+    loss: float,
+    tokenizer: RunTokenizer,
+    clock: _Clock,
+    progress: Callable[[str], None],
+) -> tuple[Evaluation, ExportCheck]:
+    """Phase 5: the export reloaded in a fresh process, with its tokenizer, which must compute the
+    same loss."""
+    reload = _reload_in_fresh_process(dest)
+    clock.phase("reload")
+    evaluation = _compare_reload(manifest, loss, reload, tokenizer)
+    check = ExportCheck(
+        name="reloaded in a fresh process",
+        detail=(
+            f"pid {reload.pid}: GPT and tokenizer rebuilt from {dest} alone, "
+            f"eval loss {reload.eval_loss_hex} = export time, bit for bit"
+        ),
+    )
+    progress(
+        f"      pid {reload.pid}: loss {reload.eval_loss!r}, identical bits"
+        f" ({reload.seconds:.2f} s in the process)"
+    )
+    return evaluation, check
+
+
+def _write_report(dest: Path, report: ExportReport, progress: Callable[[str], None]) -> None:
     # Last, and atomically: its presence is what marks the folder as a verified export.
     atomic_write_bytes(dest / REPORT_NAME, report.model_dump_json(indent=2).encode())
     progress(
-        f"exported step {manifest.step} to {dest} in {timings['total']:.1f} s;"
+        f"exported step {report.step} to {dest} in {report.timings_s['total']:.1f} s;"
         f" report: {dest / REPORT_NAME}"
     )
-    return report
 
 
 def _verify_source(
@@ -636,7 +782,7 @@ def _verify_source(
         progress(f"      WARNING: skipped damaged checkpoint {reason}")
     manifest = source.manifest
     name = rundir.manifest_name(manifest.step)
-    manifest_bytes = (run_dir / name).read_bytes()
+    manifest_bytes = read_bounded(run_dir / name, MAX_MANIFEST_BYTES)
     if Manifest.model_validate_json(manifest_bytes) != manifest:
         raise ExportRefused(f"{name} changed while it was being verified; try again")
     progress(
@@ -666,13 +812,17 @@ def _verify_destination(dest: Path, manifest: Manifest, files: list[ExportedFile
         raise ExportFailed(f"the manifest at {dest} differs from the source's")
 
 
-def _compare_reload(manifest: Manifest, loss: float, reload: ReloadCheck) -> Evaluation:
-    """Phase 5: the fresh process must have loaded this step and computed the same loss, bit for bit."""
-    tokens = eval_tokens(manifest.model)
+def _compare_reload(
+    manifest: Manifest, loss: float, reload: ReloadCheck, tokenizer: RunTokenizer
+) -> Evaluation:
+    """Phase 5: the fresh process must have loaded this step and its tokenizer and computed the same
+    loss, bit for bit."""
+    tokens = eval_tokens(manifest.model, tokenizer)
+    encoding = "byte" if tokenizer.identity == BYTES else f"id of {TOKENIZER_NAME}"
     evaluation = Evaluation(
         tokens=(
             f"EVAL_TEXT of andrea.control.export, cyclic, {EVAL_ROWS} rows x {tokens.shape[1]}"
-            " tokens, token = byte % vocab_size"
+            f" tokens, token = {encoding} % vocab_size"
         ),
         tokens_sha256=hashlib.sha256(tokens.tobytes()).hexdigest(),
         rows=EVAL_ROWS,
@@ -682,6 +832,11 @@ def _compare_reload(manifest: Manifest, loss: float, reload: ReloadCheck) -> Eva
         reload=reload,
         bitwise_equal=reload.eval_loss_hex == loss.hex(),
     )
+    if reload.tokenizer != manifest.tokenizer or not reload.round_trip:
+        raise ExportFailed(
+            f"the fresh process (pid {reload.pid}) loaded the tokenizer {reload.tokenizer} "
+            f"(decodes its own encoding: {reload.round_trip}); the manifest names {manifest.tokenizer}"
+        )
     if (
         not evaluation.bitwise_equal
         or reload.step != manifest.step
@@ -735,23 +890,33 @@ def run_export(
             safetensors=safetensors,
         )
     except ExportRefused as exc:
-        print(f"export refused: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
+        return _refused(f"export refused: {exc}", EXIT_REFUSED, as_json)
     except ExportFailed as exc:
-        print(
+        return _refused(
             f"EXPORT NOT VERIFIED: {exc}\n{dest} has no {REPORT_NAME}; remove it before exporting again",
-            file=sys.stderr,
+            EXIT_FAILED,
+            as_json,
         )
-        return EXIT_FAILED
     if as_json:
         print(report.model_dump_json(indent=2))
     return EXIT_OK
 
 
+def _refused(message: str, code: int, as_json: bool) -> int:
+    """Say why on stderr and, with --json, as andreactl's error document on stdout."""
+    print(message, file=sys.stderr)
+    if as_json:
+        error = ErrorReport(time=utc_now(), command="export", exit_code=code, error=message)
+        print(error.model_dump_json(indent=1))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m andrea.control.export", description=__doc__.split("\n\n")[0]
+        prog="python -m andrea.control.export",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
     parser.add_argument("--run-dir", type=Path, help="the run directory holding the checkpoints")
     parser.add_argument(

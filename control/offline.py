@@ -1,5 +1,6 @@
 """What ``andreactl status`` can say without asking a daemon: whether each daemon runs (its lock file),
-and a summary of a stopped run from its files alone. Reads only; creates nothing.
+which processes a stop ends, and a summary of a stopped run from its files alone. Reads only;
+creates nothing.
 
 A daemon holds an exclusive ``flock`` on ``RUN_DIR/.ROLE.lock`` for its whole life
 (:func:`andrea.daemon.rundir.claim`), so a lock nobody holds means a stopped daemon, known at once,
@@ -8,15 +9,28 @@ with no socket, retry or timeout.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+from andrea.daemon.boundedio import FileRejected, open_regular, read_bounded
 from andrea.daemon.evallog import last_eval
+from andrea.daemon.losslog import LossLogError
 from andrea.daemon.metrics.series import ema_update
-from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, STATE_FILE, lock_path, parse_checkpoint_name
+from andrea.daemon.mixing.proxyfiles import MAX_STATE_BYTES
+from andrea.daemon.rundir import (
+    EVAL_FILE,
+    LOSS_FILE,
+    MAX_MANIFEST_BYTES,
+    STATE_FILE,
+    lock_path,
+    parse_checkpoint_name,
+)
+from andrea.protocol.evalentry import EvalEntry
+from andrea.protocol.lineage import Lineage, WorldSpan
 from andrea.protocol.lossentry import LossEntry
 
 from .reports import CheckpointInfo, OfflineSummary
@@ -28,10 +42,16 @@ TAIL_BYTES = 256 * 1024
 
 def daemon_running(run_dir: Path, role: str) -> bool:
     """Whether a process holds ``role``'s lock in ``run_dir`` (never creates the lock file)."""
+    # Non-blocking, and never through a link: a FIFO or a planted link is no daemon's lock, and
+    # must not hang or mislead status.
     try:
-        fd = os.open(lock_path(run_dir, role), os.O_RDONLY)
-    except FileNotFoundError:
+        fd = os.open(lock_path(run_dir, role), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except (FileNotFoundError, IsADirectoryError):
         return False
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return False
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -41,7 +61,65 @@ def daemon_running(run_dir: Path, role: str) -> bool:
     return False
 
 
-def _newest_checkpoint(run_dir: Path, now: datetime) -> tuple[CheckpointInfo | None, int | None]:
+def _lineage(manifest: dict) -> Lineage | None:
+    """The manifest's lineage; one written before lineages were recorded: its own world size."""
+    try:
+        if manifest.get("lineage") is not None:
+            return Lineage.model_validate(manifest["lineage"])
+        size = int(manifest.get("environment", {}).get("world_size", 1))
+        return Lineage(world_sizes=[WorldSpan(from_step=0, world_size=size)])
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def daemon_pid(run_dir: Path, role: str) -> int | None:
+    """The pid a running ``role`` daemon wrote into its lock; None when none runs (or the lock
+    holds no pid yet)."""
+    if not daemon_running(run_dir, role):
+        return None
+    try:
+        return int(read_bounded(lock_path(run_dir, role), 32))
+    except (OSError, ValueError):
+        return None
+
+
+def run_processes(run_dir: Path) -> dict[str, int]:
+    """Role → pid of each process that a stop of the trainer ends: the trainer, and the proxy when
+    the trainer started it (``--with-proxy``: the proxy is its child). A proxy of its own (its own
+    unit) outlives a stop of the trainer, so it is not listed."""
+    trainer = daemon_pid(run_dir, "trainer")
+    if trainer is None:
+        return {}
+    found = {"trainer": trainer}
+    proxy = daemon_pid(run_dir, "proxy")
+    if proxy is not None and _parent_pid(proxy) == trainer:
+        found["proxy"] = proxy
+    return found
+
+
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie waiting for its parent has)."""
+    try:
+        return _proc_stat(pid)[0] not in "ZX"
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        return int(_proc_stat(pid)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state, parent pid, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _newest_checkpoint(
+    run_dir: Path, now: datetime
+) -> tuple[CheckpointInfo | None, int | None, Lineage | None]:
     manifests = sorted(
         (parsed[0], p)
         for p in run_dir.iterdir()
@@ -49,7 +127,7 @@ def _newest_checkpoint(run_dir: Path, now: datetime) -> tuple[CheckpointInfo | N
     )
     for step, path in reversed(manifests):
         try:
-            data = json.loads(path.read_bytes())
+            data = json.loads(read_bounded(path, MAX_MANIFEST_BYTES))
             created = datetime.fromisoformat(data["created_utc"]).astimezone(UTC)
             phase = int(data["mixing"]["phase"])
             trigger = str(data["trigger"])
@@ -58,13 +136,14 @@ def _newest_checkpoint(run_dir: Path, now: datetime) -> tuple[CheckpointInfo | N
         info = CheckpointInfo(
             step=step, trigger=trigger, created=created, age_seconds=(now - created).total_seconds()
         )
-        return info, phase
-    return None, None
+        return info, phase, _lineage(data)
+    return None, None, None
 
 
 def tail_entries(path: Path, max_bytes: int = TAIL_BYTES) -> list[LossEntry]:
-    """The complete entries in the last ``max_bytes`` of a loss log, in file order (never modifies it)."""
-    with path.open("rb") as f:
+    """The complete entries in the last ``max_bytes`` of a loss log, in file order (never modifies it).
+    FileRejected when it is not a regular file (a link, a FIFO, ...)."""
+    with os.fdopen(open_regular(path), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         start = max(0, size - max_bytes)
         f.seek(start)
@@ -83,35 +162,60 @@ def tail_entries(path: Path, max_bytes: int = TAIL_BYTES) -> list[LossEntry]:
     return out
 
 
+def _logged(run_dir: Path, problems: list[str]) -> tuple[LossEntry | None, float | None]:
+    """The newest canonical entry of the loss log's tail, and the loss EMA there."""
+    path = run_dir / LOSS_FILE
+    try:
+        entries = tail_entries(path)
+    except FileNotFoundError:
+        return None, None
+    except (OSError, FileRejected) as e:
+        problems.append(f"{path}: {e}")
+        return None, None
+    newest: dict[int, LossEntry] = {}
+    for e in entries:
+        if e.step not in newest or e.segment >= newest[e.step].segment:
+            newest[e.step] = e
+    ema = None
+    for step in sorted(newest):
+        ema = ema_update(ema, newest[step].loss)
+    return (newest[max(newest)] if newest else None), ema
+
+
+def _last_eval(run_dir: Path, problems: list[str]) -> EvalEntry | None:
+    try:
+        return last_eval(run_dir / EVAL_FILE)
+    except FileNotFoundError:
+        return None
+    except (OSError, LossLogError) as e:
+        problems.append(str(e))
+        return None
+
+
 def offline_summary(run_dir: Path, now: datetime | None = None) -> OfflineSummary:
-    """Last checkpoint, logged step, segment, phase, loss EMA and policy of a run, from its files."""
+    """Last checkpoint, logged step, segment, phase, loss EMA and policy of a run, from its files.
+    A file that cannot be read (a link, a FIFO, garbage) is named in ``problems``, never fatal."""
     now = now or datetime.now(UTC)
-    checkpoint, phase = _newest_checkpoint(run_dir, now)
-    logged = segment = ema = None
-    if (run_dir / LOSS_FILE).exists():
-        newest: dict[int, LossEntry] = {}
-        for e in tail_entries(run_dir / LOSS_FILE):
-            if e.step not in newest or e.segment >= newest[e.step].segment:
-                newest[e.step] = e
-        for step in sorted(newest):
-            ema = ema_update(ema, newest[step].loss)
-        if newest:
-            last = newest[max(newest)]
-            logged, segment, phase = last.step, last.segment, last.phase
+    problems: list[str] = []
+    checkpoint, phase, lineage = _newest_checkpoint(run_dir, now)
+    last, ema = _logged(run_dir, problems)
+    if last is not None:
+        phase = last.phase
     fingerprint = None
     try:
-        state = json.loads((run_dir / STATE_FILE).read_bytes())
+        state = json.loads(read_bounded(run_dir / STATE_FILE, MAX_STATE_BYTES))
         fingerprint = str(state["bandit"]["policy_fingerprint"])
         phase = int(state["bandit"]["phase"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # a fixed-mixture run has no bandit state
-    evals = run_dir / EVAL_FILE
     return OfflineSummary(
-        last_eval=last_eval(evals) if evals.exists() else None,
+        last_eval=_last_eval(run_dir, problems),
         last_checkpoint=checkpoint,
-        logged_step=logged,
-        segment=segment,
+        logged_step=last.step if last else None,
+        segment=last.segment if last else None,
         phase=phase,
         loss_ema=ema,
         policy_fingerprint=fingerprint,
+        lineage=lineage,
+        problems=problems,
     )

@@ -165,6 +165,56 @@ def _draw_marks(ax: Axes, view: PlotView, labels: bool) -> None:
             )
 
 
+def _mark_spikes(ax: Axes, x: np.ndarray, loss: np.ndarray) -> None:
+    """One huge spike would flatten the whole curve: clip the axis above the bulk and mark the
+    spikes beyond it at the top edge, each with its value, so that none disappears."""
+    finite = loss[np.isfinite(loss)]
+    if not len(finite):
+        return
+    low, q, high = np.quantile(finite, [0.0, 0.999, 1.0])
+    if not (high > q + 2 * (q - low) and q > low):
+        return
+    top = q + 0.5 * (q - low)
+    ax.set_ylim(low - 0.05 * (top - low), top)
+    over = np.flatnonzero(loss > top)
+    ax.plot(
+        x[over],
+        np.full(len(over), top),
+        linestyle="none",
+        marker="^",
+        color="tab:red",
+        markersize=5,
+        clip_on=False,
+        label="spike above the axis",
+        gid="spike",
+    )
+    for i in over[np.argsort(loss[over])[::-1][:5]]:
+        ax.annotate(
+            f"{loss[i]:.3g}",
+            (x[i], top),
+            xytext=(2, -9),
+            textcoords="offset points",
+            fontsize=7,
+            color="tab:red",
+        )
+
+
+def _legend_with_marks(ax: Axes, events: RunEvents) -> None:
+    """The panel's legend, with an entry for each kind of mark the run has."""
+    handles, _ = ax.get_legend_handles_labels()
+    kinds = {
+        "restart": events.restarts,
+        "pivot": events.pivots,
+        "audit": events.audit_checkpoints,
+        "zombie": events.zombies,
+    }
+    for kind, present in kinds.items():
+        if present:
+            colour, style, label = MARKS[kind]
+            handles.append(Line2D([], [], color=colour, linestyle=style, label=label))
+    ax.legend(handles=handles, loc="upper right", fontsize=7, ncols=2, framealpha=0.85)
+
+
 def _draw_loss(ax: Axes, view: PlotView) -> None:
     c = view.curve
     x = c.step.astype(np.float64)
@@ -172,35 +222,7 @@ def _draw_loss(ax: Axes, view: PlotView) -> None:
     ax.plot(xs, ys, color="tab:blue", linewidth=0.6, alpha=0.55, label="loss", gid="loss")
     ex, ey = _stride(x, view.ema)
     ax.plot(ex, ey, color="tab:orange", linewidth=1.4, label="loss EMA", gid="ema")
-    finite = c.loss[np.isfinite(c.loss)]
-    if len(finite):
-        low, q, high = np.quantile(finite, [0.0, 0.999, 1.0])
-        # One huge spike would flatten the whole curve: clip the axis above the bulk and mark the
-        # spikes beyond it at the top edge, each with its value, so that none disappears.
-        if high > q + 2 * (q - low) and q > low:
-            top = q + 0.5 * (q - low)
-            ax.set_ylim(low - 0.05 * (top - low), top)
-            over = np.flatnonzero(c.loss > top)
-            ax.plot(
-                x[over],
-                np.full(len(over), top),
-                linestyle="none",
-                marker="^",
-                color="tab:red",
-                markersize=5,
-                clip_on=False,
-                label="spike above the axis",
-                gid="spike",
-            )
-            for i in over[np.argsort(c.loss[over])[::-1][:5]]:
-                ax.annotate(
-                    f"{c.loss[i]:.3g}",
-                    (x[i], top),
-                    xytext=(2, -9),
-                    textcoords="offset points",
-                    fontsize=7,
-                    color="tab:red",
-                )
+    _mark_spikes(ax, x, c.loss)
     bad = np.flatnonzero(~np.isfinite(c.loss))
     if len(bad):
         ax.vlines(
@@ -214,18 +236,7 @@ def _draw_loss(ax: Axes, view: PlotView) -> None:
             gid="nonfinite",
         )
     ax.set_ylabel("loss (nats/token)")
-    handles, _ = ax.get_legend_handles_labels()
-    kinds = {
-        "restart": view.events.restarts,
-        "pivot": view.events.pivots,
-        "audit": view.events.audit_checkpoints,
-        "zombie": view.events.zombies,
-    }
-    for kind, present in kinds.items():
-        if present:
-            colour, style, label = MARKS[kind]
-            handles.append(Line2D([], [], color=colour, linestyle=style, label=label))
-    ax.legend(handles=handles, loc="upper right", fontsize=7, ncols=2, framealpha=0.85)
+    _legend_with_marks(ax, view.events)
 
 
 def _arm_names(curve: LossCurve, events: RunEvents) -> list[str]:
@@ -343,6 +354,49 @@ def select_steps(curve: LossCurve, since: int | None, until: int | None) -> Loss
     return LossCurve(**fields, entries_read=curve.entries_read)
 
 
+def _view(
+    curve: LossCurve,
+    events: RunEvents,
+    since: int | None,
+    until: int | None,
+    evals: Sequence[EvalEntry],
+) -> PlotView:
+    """What the panels draw between ``since`` and ``until``; ValueError when no step lies there."""
+    ema_all = loss_ema(curve.loss)
+    shown = select_steps(curve, since, until)
+    if not len(shown):
+        raise ValueError(f"no logged step between {since or 1} and {until or 'the end'}")
+    ema = ema_all if shown is curve else ema_all[_in_range(curve, since, until)]
+    lo, hi = int(shown.step[0]), int(shown.step[-1])
+    return PlotView(
+        shown,
+        events,
+        ema,
+        (lo, hi),
+        _arm_names(shown, events),
+        [e for e in evals if lo <= e.step <= hi],
+    )
+
+
+def _step_axis(bottom: Axes, view: PlotView) -> None:
+    """The shared step axis, labelled under the bottom panel."""
+    lo, hi = view.x_range
+    bottom.set_xlim(lo - 0.5, hi + 0.5 if hi > lo else lo + 0.5)
+    bottom.xaxis.set_major_locator(MaxNLocator(nbins=10, steps=ROUND_STEPS, integer=True))
+    bottom.xaxis.set_major_formatter(FuncFormatter(_step_label))
+    bottom.set_xlabel("step (optimizer update)")
+
+
+def _summary(view: PlotView) -> str:
+    lo, hi = view.x_range
+    final = view.ema[np.isfinite(view.ema)]
+    return (
+        f"steps {lo:,}–{hi:,} ({len(view.curve):,} logged), {len(view.events.restarts)} restart(s), "
+        f"{len(view.events.pivots)} pivot(s)"
+        + (f", loss EMA {final[-1]:.4f}" if len(final) else "")
+    )
+
+
 def audit_figure(
     curve: LossCurve,
     events: RunEvents,
@@ -357,20 +411,7 @@ def audit_figure(
     The EMA is computed over the whole curve before the range is cut, so a zoom shows the same EMA
     values as the full plot. Raises ValueError when no step lies in the range.
     """
-    ema_all = loss_ema(curve.loss)
-    shown = select_steps(curve, since, until)
-    if not len(shown):
-        raise ValueError(f"no logged step between {since or 1} and {until or 'the end'}")
-    ema = ema_all if shown is curve else ema_all[_in_range(curve, since, until)]
-    lo, hi = int(shown.step[0]), int(shown.step[-1])
-    view = PlotView(
-        shown,
-        events,
-        ema,
-        (lo, hi),
-        _arm_names(shown, events),
-        [e for e in evals if lo <= e.step <= hi],
-    )
+    view = _view(curve, events, since, until, evals)
     panels = [p for p in PANELS if p.shown(view)]
     height = 1.4 + 1.3 * sum(p.height for p in panels)
     # Fixed margins rather than constrained layout: the layout pass measures every text twice and
@@ -392,17 +433,8 @@ def audit_figure(
         _draw_marks(ax, view, labels=i == 0)
         ax.yaxis.set_major_locator(MaxNLocator(nbins=5, steps=ROUND_STEPS))
         ax.grid(True, linewidth=0.3, alpha=0.5)
-    bottom = axes[-1]
-    lo, hi = view.x_range
-    bottom.set_xlim(lo - 0.5, hi + 0.5 if hi > lo else lo + 0.5)
-    bottom.xaxis.set_major_locator(MaxNLocator(nbins=10, steps=ROUND_STEPS, integer=True))
-    bottom.xaxis.set_major_formatter(FuncFormatter(_step_label))
-    bottom.set_xlabel("step (optimizer update)")
-    final = view.ema[np.isfinite(view.ema)]
-    summary = (
-        f"steps {lo:,}–{hi:,} ({len(shown):,} logged), {len(events.restarts)} restart(s), "
-        f"{len(events.pivots)} pivot(s)" + (f", loss EMA {final[-1]:.4f}" if len(final) else "")
-    )
+    _step_axis(axes[-1], view)
+    summary = _summary(view)
     fig.suptitle(f"{title}\n{summary}" if title else summary, fontsize=10)
     return fig
 

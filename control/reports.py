@@ -1,6 +1,7 @@
-"""The JSON document each andreactl command prints with ``--json`` (or ``-o json``): one pydantic model
-per command, so that every output has one schema (``andreactl schema COMMAND`` prints it; docs/andreactl.md
-lists them). Timestamps are RFC 3339 in UTC (``2026-11-30T10:16:00.123Z``); durations are seconds.
+"""The JSON document each andreactl command prints with ``--json`` (or ``-o json``): a pydantic model
+per document, and :data:`REPORTS`, the registry of each command's model(s), so that every output has a
+schema (``andreactl schema COMMAND`` prints it; docs/andreactl.md lists them). Timestamps are
+RFC 3339 in UTC (``2026-11-30T10:16:00.123Z``); durations are seconds.
 
 A command prints exactly one document on stdout (``watch``: one per line), everything meant for a
 person on stderr.
@@ -8,12 +9,16 @@ person on stderr.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import operator
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from andrea.protocol.evalentry import EvalEntry
+from andrea.protocol.lineage import Lineage
 from andrea.protocol.status import ProxyStatus, TrainerStatus
 
 
@@ -44,6 +49,14 @@ class OfflineSummary(_Report):
     loss_ema: float | None = Field(description="loss EMA of the canonical curve at logged_step")
     policy_fingerprint: str | None
     last_eval: EvalEntry | None = Field(None, description="newest entry of .eval.json")
+    lineage: Lineage | None = Field(
+        None,
+        description="of the newest checkpoint: world sizes, and the checkpoint it started from",
+    )
+    problems: list[str] = Field(
+        default_factory=list,
+        description="run-directory files that could not be read (a link, a FIFO, garbage), and why",
+    )
 
 
 class StatusReport(_Report):
@@ -190,19 +203,222 @@ class SizeReport(_Report):
     checkpoint_bytes: int
 
 
-#: The model of each command's --json document (export and verify-resume print the report file they
-#: write, export.json and verification.json, documented in docs/export.md and docs/resume-proof.md).
-REPORTS: dict[str, type[BaseModel]] = {
-    "status": StatusReport,
-    "watch": StatusReport,
-    "checkpoint": RequestReport,
-    "stop": RequestReport,
-    "pivot": PivotReport,
-    "checkpoints": CheckpointsReport,
-    "prune": PruneReport,
-    "history": HistoryReport,
-    "samples": SamplesReport,
-    "plot": PlotReport,
-    "metrics": MetricsReport,
-    "size": SizeReport,
+class TokenizerArm(_Report):
+    arm: str
+    documents: int = Field(description="training documents the tokenizer was trained on")
+    held_out: int = Field(description="held-out documents, never seen by the training")
+    bytes: int = Field(description="bytes of its training documents")
+    bytes_per_token: float | None = Field(
+        description="compression: bytes per token on the first 4 MiB of its training documents"
+    )
+
+
+class TokenizerTrainReport(_Report):
+    """``tokenizer train``: the tokenizer written, and its compression on each arm."""
+
+    time: datetime
+    run_dir: str
+    out: str = Field(description="the tokenizer.json written")
+    sha256: str = Field(description="its identity, part of the run's data identity")
+    n_vocab: int = Field(description="ids the tokenizer has")
+    model_vocab_size: int = Field(
+        description="the [model] vocab_size it implies: n_vocab rounded up to a multiple of 64"
+    )
+    heldout_fraction: float | None = Field(
+        description="the run's held-out fraction, whose documents were left out"
+    )
+    arms: list[TokenizerArm]
+    seconds: float
+
+
+class TokenizerEncodeReport(_Report):
+    """``tokenizer encode``: the tokens file written and the tokenizer that made it."""
+
+    time: datetime
+    out: str
+    record: str = Field(description="OUT.json: which tokenizer made the file")
+    tokenizer: str = Field(description='"bytes", or the sha256 of the tokenizer.json')
+    tokenizer_file: str | None
+    n_vocab: int
+    dtype: Literal["uint8", "uint16", "uint32"]
+    inputs: int = Field(description="input files")
+    input_bytes: int
+    documents: int
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+
+
+class PlanGpu(_Report):
+    name: str = Field(
+        description='a row of the table ("h100", "h200", "a100-80gb", "l40s"), or "custom"'
+    )
+    memory_bytes: int = Field(description="memory of one GPU (nominal, 10^9-byte GB)")
+    peak_tflops: float = Field(description="dense peak of one GPU at the plan's precision")
+    count: int
+
+
+class PlanBatch(_Report):
+    """How a step's batch is cut (daemon/batch.py): per step, per micro-batch, per GPU."""
+
+    sequences_per_step: int = Field(description="batch_size: over the whole job")
+    grad_accum: int
+    sequences_per_micro_batch: int = Field(description="over the whole job")
+    sequences_per_gpu_micro_batch: int
+    tokens_per_step: int
+    tokens_per_gpu_per_step: int
+    tokens_per_gpu_micro_batch: int
+
+
+class PlanMemory(_Report):
+    """One GPU's memory in bytes during a step."""
+
+    weights: int
+    gradients: int
+    adam_moments: int = Field(description="m and v in fp32, and a step count per tensor")
+    bf16_weight_copies: int = Field(
+        description="autocast's bf16 copies of the matrices (bf16 only)"
+    )
+    activations: int = Field(description="estimated peak of a forward and backward pass")
+    activations_per_sequence: int
+    checkpoint_staging: int = Field(
+        description="on the GPU: 0; checkpoints are staged in pinned host memory (host_staging)"
+    )
+    runtime_reserve: int = Field(description="CUDA context, cuBLAS workspace, allocator slack")
+    total: int
+    gpu_memory: int
+    headroom: int = Field(description="gpu_memory - total; negative: does not fit")
+    fits: bool
+    largest_micro_batch: int = Field(description="the most sequences per GPU micro-batch that fit")
+    host_staging: int = Field(description="pinned host memory for checkpoints, on rank 0's machine")
+    attention: str = Field(description='"math" (T x T scores kept) or "fused" (flash)')
+
+
+class PlanSpeed(_Report):
+    mfu: float = Field(description="model FLOPs utilisation assumed or measured")
+    mfu_source: str
+    flops_per_token: int = Field(description="training FLOPs per token (6N + 12 L T C)")
+    compute_seconds: float = Field(description="a step's arithmetic at the MFU")
+    allreduce_seconds: float = Field(description="a step's gradient all-reduce, not overlapped")
+    step_seconds: float
+    tokens_per_second: float = Field(description="over the whole job")
+    steps: int
+    training_seconds: float
+
+
+class PlanCheckpoints(_Report):
+    payload_bytes: int = Field(description="one step_NNNNNN.bin: 8 + 12 bytes per parameter")
+    manifest_bytes: int = Field(description="one manifest, estimated")
+    every: int
+    disk_gbps: float
+    write_seconds: float
+    stall_seconds: float = Field(description="training time lost per cadence checkpoint")
+    stalls_seconds: float = Field(description="over the planned steps")
+    kept_cadence: int = Field(description="checkpoint.keep_latest, and one being written")
+    kept_audit: int = Field(description="checkpoint.max_requested: SIGUSR1, control, pivots")
+    checkpoint_disk_bytes: int
+    loss_log_bytes: int
+    export_bytes: int
+    disk_bytes: int = Field(description="checkpoints, logs and the final export")
+
+
+class PlanRental(_Report):
+    training_hours: float
+    checkpoint_stall_hours: float
+    evaluation_hours: float
+    stop_resume_hours: float = Field(description="one stop (final write), restart and resume")
+    export_hours: float = Field(description="the final export and its verification")
+    total_hours: float
+    fits_days: dict[int, bool] = Field(description="whether it fits a 3, 7 and 30-day rental")
+
+
+class PlanReport(_Report):
+    """``andreactl plan``: memory, time and disk of a run before renting."""
+
+    source: str = Field(description="the preset, or the run.toml the model came from")
+    preset: str
+    model: dict[str, Any]
+    n_params: int
+    parameter_bytes: int
+    optimizer_bytes: int
+    precision: str
+    gpu: PlanGpu
+    batch: PlanBatch
+    memory: PlanMemory
+    speed: PlanSpeed
+    checkpoints: PlanCheckpoints
+    rental: PlanRental
+    assumptions: dict[str, str] = Field(description="each assumed figure and where it comes from")
+    warnings: list[str]
+
+
+class ErrorReport(_Report):
+    """What every command prints with ``--json`` when it ends in an error (a usage error, a refusal,
+    a run that does not answer) instead of its own document: a script reading stdout always gets
+    one document, and the exit code in it."""
+
+    time: datetime
+    command: str | None = Field(description="the command, when it was recognised")
+    exit_code: int
+    error: str
+
+
+#: A model of a --json document: the class, or ``"module:Name"`` for one whose module imports torch
+#: (imported only when its schema or a validation asks for it).
+ModelRef = type[BaseModel] | str
+
+#: The model(s) of each command's --json document, the schema registry ``andreactl schema`` shows.
+#: A command with two models prints one or the other: ``history --eval`` an EvalHistoryReport,
+#: ``pivot --cancel`` a PivotCancelReport, ``tokenizer`` train or encode its own. ``export`` and
+#: ``verify-resume`` print the report file they write (export.json, verification.json;
+#: docs/export.md and docs/resume-proof.md).
+REPORTS: dict[str, tuple[ModelRef, ...]] = {
+    "status": (StatusReport,),
+    "watch": (StatusReport,),
+    "checkpoint": (RequestReport,),
+    "stop": (RequestReport,),
+    "pivot": (PivotReport, PivotCancelReport),
+    "checkpoints": (CheckpointsReport,),
+    "prune": (PruneReport,),
+    "history": (HistoryReport, EvalHistoryReport),
+    "samples": (SamplesReport,),
+    "plot": (PlotReport,),
+    "metrics": (MetricsReport,),
+    "size": (SizeReport,),
+    "plan": (PlanReport,),
+    "tokenizer": (TokenizerTrainReport, TokenizerEncodeReport),
+    "export": ("andrea.control.export:ExportReport",),
+    "verify-resume": ("andrea.control.verify_resume.engine:VerificationReport",),
 }
+
+
+def _resolve(ref: ModelRef) -> type[BaseModel]:
+    if not isinstance(ref, str):
+        return ref
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def report_models(command: str) -> tuple[type[BaseModel], ...]:
+    """The models of ``command``'s --json document: its own, then ErrorReport (printed instead when
+    it ends in an error)."""
+    return (*_own_models(command), ErrorReport)
+
+
+def _own_models(command: str) -> tuple[type[BaseModel], ...]:
+    """The model(s) of ``command``'s --json document (KeyError for a command that prints none)."""
+    return tuple(_resolve(ref) for ref in REPORTS[command])
+
+
+def report_adapter(command: str) -> TypeAdapter[Any]:
+    """Validates a document of ``command`` against its model, or the union of its models."""
+    return TypeAdapter(functools.reduce(operator.or_, report_models(command)))
+
+
+def report_schema(command: str) -> dict[str, Any]:
+    """The JSON Schema of ``command``'s --json document: its model's, or with two models a schema
+    that accepts either (``anyOf``)."""
+    models = report_models(command)
+    if len(models) == 1:
+        return models[0].model_json_schema()
+    return report_adapter(command).json_schema()

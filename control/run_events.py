@@ -9,7 +9,8 @@
   step after its last draw on the canonical curve (where it stopped training anything).
 
 Read-only and tolerant: a missing or unreadable file drops its events (listed in ``problems``),
-never the plot.
+never the plot. Every file is read where it lies, bounded: a link below the run directory (to a file
+or a directory) is unreadable, never followed.
 """
 
 from __future__ import annotations
@@ -21,16 +22,20 @@ from pathlib import Path
 import numpy as np
 from pydantic import TypeAdapter
 
+from andrea.daemon.boundedio import read_inside
 from andrea.daemon.losslog import LossCurve
-from andrea.daemon.mixing.bandit import ZombieReport
-from andrea.daemon.mixing.policy import Policy, PolicyError, load_policy
+from andrea.daemon.mixing.policy import MAX_POLICY_BYTES, Policy, PolicyError, parse_policy
+from andrea.daemon.mixing.proxyfiles import MAX_STATE_BYTES
 from andrea.daemon.process import REQUESTED_TRIGGERS
 from andrea.daemon.rundir import (
+    MAX_MANIFEST_BYTES,
+    MAX_PIVOT_RECORD_BYTES,
     POLICY_FILE,
     STATE_FILE,
     parse_checkpoint_name,
     pivot_records,
 )
+from andrea.protocol.status import Zombie as ZombieReport
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,9 @@ class RunEvents:
 _ZOMBIES = TypeAdapter(list[ZombieReport])
 
 
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_bytes())
+def _read_json(run_dir: Path, path: Path, limit: int) -> dict:
+    """A JSON file of the run, read where it lies (never through a link) and bounded."""
+    return json.loads(read_inside(run_dir, path.relative_to(run_dir), limit))
 
 
 def _first_line(e: Exception) -> str:
@@ -88,7 +94,7 @@ def _pivot_records(run_dir: Path, problems: list[str]) -> list[tuple[dict, Path]
     records = []
     for path in sorted(pivot_records(run_dir)):
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = _read_json(run_dir, path, MAX_PIVOT_RECORD_BYTES)
             int(data["boundary_step"]), int(data["new_phase"]), str(data["new_policy"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             problems.append(f"{path.relative_to(run_dir)}: unreadable ({e})")
@@ -97,10 +103,12 @@ def _pivot_records(run_dir: Path, problems: list[str]) -> list[tuple[dict, Path]
     return sorted(records, key=lambda r: int(r[0]["boundary_step"]))
 
 
-def _archived_policy(archive: Path, problems: list[str]) -> Policy | None:
+def _archived_policy(run_dir: Path, archive: Path, problems: list[str]) -> Policy | None:
+    path = archive / POLICY_FILE
     try:
-        return load_policy(archive / POLICY_FILE)
-    except (OSError, PolicyError) as e:
+        raw = read_inside(run_dir, path.relative_to(run_dir), MAX_POLICY_BYTES)
+        return parse_policy(raw.decode("utf-8"), str(path))
+    except (OSError, ValueError, PolicyError) as e:
         problems.append(f"{archive.name}/{POLICY_FILE}: {_first_line(e)}")
         return None
 
@@ -116,7 +124,7 @@ def _audit_checkpoints(run_dir: Path, problems: list[str]) -> list[tuple[int, st
     out = []
     for step, path in sorted(manifests):
         try:
-            trigger = json.loads(path.read_bytes())["trigger"]
+            trigger = _read_json(run_dir, path, MAX_MANIFEST_BYTES)["trigger"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             problems.append(f"{path.name}: unreadable manifest ({_first_line(e)})")
             continue
@@ -130,10 +138,12 @@ def _zombies(
 ) -> list[Zombie]:
     reported: dict[str, str] = {}
     for state_path in [a / STATE_FILE for a in archives] + [run_dir / STATE_FILE]:
-        if not state_path.exists():
+        if not state_path.exists() and not state_path.is_symlink():
             continue
         try:
-            zombies = _ZOMBIES.validate_python(_read_json(state_path)["zombies"])
+            zombies = _ZOMBIES.validate_python(
+                _read_json(run_dir, state_path, MAX_STATE_BYTES)["zombies"]
+            )
         except (OSError, ValueError, KeyError, TypeError) as e:
             problems.append(f"{state_path.relative_to(run_dir)}: no zombie list ({_first_line(e)})")
             continue
@@ -163,9 +173,10 @@ def read_run_events(run_dir: Path, curve: LossCurve) -> RunEvents:
     ev.zombies = _zombies(run_dir, curve, [a for _, a in records], ev.problems)
 
     current: Policy | None = None
-    if (run_dir / STATE_FILE).exists():
+    if (run_dir / STATE_FILE).exists() or (run_dir / STATE_FILE).is_symlink():
         try:
-            current = Policy.model_validate(_read_json(run_dir / STATE_FILE)["bandit"]["policy"])
+            state = _read_json(run_dir, run_dir / STATE_FILE, MAX_STATE_BYTES)
+            current = Policy.model_validate(state["bandit"]["policy"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             ev.problems.append(f"{STATE_FILE}: no bandit policy ({_first_line(e)})")
     last = int(curve.step[-1]) if len(curve) else 0
@@ -173,7 +184,12 @@ def read_run_events(run_dir: Path, curve: LossCurve) -> RunEvents:
     for r, archive in records:
         boundary = int(r["boundary_step"])
         ev.phases.append(
-            PhaseSpan(int(r["old_phase"]), first, boundary, _archived_policy(archive, ev.problems))
+            PhaseSpan(
+                int(r["old_phase"]),
+                first,
+                boundary,
+                _archived_policy(run_dir, archive, ev.problems),
+            )
         )
         first = boundary + 1
     phase_now = int(records[-1][0]["new_phase"]) if records else 0

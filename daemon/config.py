@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -20,12 +21,16 @@ from typing import Any, ClassVar, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .boundedio import FileRejected, read_bounded
 from .durable import atomic_write_bytes
 from .heldout import DEFAULT_FRACTION
 from .rundir import CONFIG_FILE
 from .validation import Note, describe
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
+
+#: The most sequences one optimizer step may train, over the whole job.
+MAX_STEP_SEQUENCES = 4096
 
 
 class ConfigError(ValueError):
@@ -41,7 +46,12 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """Shape of the GPT. Part of the checkpoint contract: resuming needs an identical one."""
 
-    vocab_size: int = Field(256, ge=2)
+    vocab_size: int = Field(
+        256,
+        ge=2,
+        description="ids the embedding and the head hold; default: the run's tokenizer's size rounded "
+        "up to a multiple of 64 (256 for the byte-level tokenizer)",
+    )
     block_size: int = Field(ge=1)
     n_layer: int = Field(ge=1)
     n_head: int = Field(ge=1)
@@ -62,7 +72,12 @@ class OptimConfig(_Strict):
     lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
     min_lr: float = Field(1e-4, ge=0, allow_inf_nan=False)
     warmup_steps: int = Field(100, ge=0)
-    decay_steps: int = Field(5000, ge=1)
+    decay_steps: int = Field(
+        5000,
+        ge=1,
+        description="length of the LR schedule: cosine decay to min_lr ends at this step, then flat. "
+        "Independent of max_steps, so that extending a run never changes the LR of steps already planned",
+    )
     # AdamW's own range checks, made here so that a bad value is a config error naming the key.
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.999, ge=0, lt=1)
@@ -80,16 +95,25 @@ class ArmSpec(_Strict):
 
     - ``stdlib``: a part (docstrings, code or comments) of the Python standard library's source tree
       — the embedded default corpus, present wherever Python is;
-    - ``text``: glob patterns of text files (relative patterns are resolved against the run directory);
+    - ``text``: glob patterns of text files, one document each (relative patterns are resolved
+      against the run directory);
+    - ``jsonl``: glob patterns of JSON Lines files (``.jsonl``, or ``.jsonl.gz``), one document per
+      line: the string at ``field`` (default ``"text"``);
     - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped.
+
+    The text of ``stdlib``, ``text`` and ``jsonl`` arms is encoded with the run's tokenizer
+    (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it (daemon/encoding.py).
     """
 
     name: str = Field(pattern=ARM_NAME_PATTERN)
-    kind: Literal["stdlib", "text", "tokens"]
+    kind: Literal["stdlib", "text", "jsonl", "tokens"]
     part: Literal["docstrings", "code", "comments"] | None = None
     paths: list[str] = Field(default_factory=list)
     path: str | None = None
     dtype: Literal["uint8", "uint16", "uint32"] = "uint8"
+    field: str | None = Field(
+        None, min_length=1, description='jsonl arms: the field holding the text (default "text")'
+    )
     weight: float = Field(1.0, ge=0, description="share in the fixed mixture")
 
     @model_validator(mode="after")
@@ -98,11 +122,18 @@ class ArmSpec(_Strict):
             raise ValueError(
                 f"arm {self.name!r}: kind 'stdlib' needs part = docstrings|code|comments"
             )
-        if self.kind == "text" and not self.paths:
-            raise ValueError(f"arm {self.name!r}: kind 'text' needs paths = [glob, ...]")
+        if self.kind in ("text", "jsonl") and not self.paths:
+            raise ValueError(f"arm {self.name!r}: kind {self.kind!r} needs paths = [glob, ...]")
         if self.kind == "tokens" and not self.path:
             raise ValueError(f"arm {self.name!r}: kind 'tokens' needs path")
+        if self.field is not None and self.kind != "jsonl":
+            raise ValueError(f"arm {self.name!r}: field is a setting of jsonl arms only")
         return self
+
+    @property
+    def encoded(self) -> bool:
+        """Whether the arm's text is encoded with the run's tokenizer (not a tokens file)."""
+        return self.kind != "tokens"
 
 
 def default_arms() -> list[ArmSpec]:
@@ -119,13 +150,20 @@ class DataConfig(_Strict):
         None,
         description="where tokenized arms are cached; default $CACHE_DIRECTORY or ~/.cache/andrea",
     )
+    tokenizer: str = Field(
+        "bytes",
+        min_length=1,
+        description='"bytes" (token = byte value, 256 ids) or a Hugging Face tokenizers file '
+        "(tokenizer.json, relative to the run directory) that encodes the text arms; part of the "
+        "data's identity",
+    )
     heldout_fraction: float | None = Field(
         None,
         ge=0.0,
         lt=1.0,
         description="fraction of each arm's documents never trained on, chosen by a hash of each document's "
-        "identity (daemon/heldout.py); absent in runs created before splits existed, which keep none; "
-        "0 holds out nothing",
+        f"identity (daemon/heldout.py); a new run's default: {DEFAULT_FRACTION}; absent in runs created "
+        "before splits existed, which keep none; 0 holds out nothing",
     )
 
     @model_validator(mode="after")
@@ -140,7 +178,11 @@ class DataConfig(_Strict):
 
 
 class CheckpointConfig(_Strict):
-    every: int = Field(100, ge=0, description="cadence in steps; 0 disables cadence checkpoints")
+    every: int = Field(
+        100,
+        ge=0,
+        description="cadence of checkpoints in steps; 0: only on request and at exit",
+    )
     # Two at least: the newest may be the one being written when the machine dies.
     keep_latest: int = Field(3, ge=2)
     keep_requested: bool = Field(
@@ -197,29 +239,51 @@ class EvalConfig(_Strict):
 class RunConfig(_Strict):
     """Everything one run needs. Built from a preset, then run.toml, then command-line flags."""
 
-    preset: str = "andrea-tiny"
+    preset: str = Field(
+        "andrea-tiny",
+        description="the model and the defaults it trains with; a run keeps its preset",
+    )
     model: ModelConfig
     optim: OptimConfig = Field(default_factory=OptimConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    # A batch must fit in memory; far beyond this one step already needs tens of GiB, and the
-    # value is recorded in run.toml, so every restart would repeat the failure.
+    # A step's batch must fit in memory and in time; far beyond this one step already needs tens of
+    # GiB of activations, and the value is recorded in run.toml, so every restart would repeat it.
     batch_size: int = Field(
         8,
         ge=1,
-        le=4096,
-        description="sequences per micro-batch over the whole job (global; a step is grad_accum "
-        "micro-batches): each of a job's N ranks trains on a disjoint batch_size / N of them, so the same "
-        "config trains on the same batches at any world size",
+        le=MAX_STEP_SEQUENCES,
+        description="sequences per optimizer step over the whole job (the global batch); grad_accum "
+        "splits it into micro-batches, and each of a job's N ranks trains batch_size / (N x "
+        "grad_accum) sequences per micro-batch, so the same config trains on the same batches at "
+        "any world size; sizes that do not divide are refused, naming sizes that do",
     )
     grad_accum: int = Field(
-        1, ge=1, description="micro-batches per optimizer step (one arm for all of them)"
+        1,
+        ge=1,
+        le=MAX_STEP_SEQUENCES,
+        description="micro-batches per optimizer step (one arm for all of them); it must divide "
+        "batch_size, so at most batch_size",
     )
-    seed: int = Field(1337, ge=0, lt=2**63)
-    mixing: Literal["fixed", "proxy"] = "fixed"
-    max_steps: int = Field(1000, ge=0)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    batch_size_per: Literal["step"] | None = Field(
+        None,
+        description="what batch_size counts: 'step', written by every run this version creates; "
+        "absent in runs created before, whose batch_size counted the sequences of one "
+        "micro-batch (batch_size x grad_accum per step), and which keep that reading",
+    )
+    seed: int = Field(1337, ge=0, lt=2**63, description="seed of every random stream of the run")
+    mixing: Literal["fixed", "proxy"] = Field(
+        "fixed",
+        description="who chooses each step's data arm: the fixed mixture of the arms' weights, or "
+        "andrea-proxy's bandit",
+    )
+    max_steps: int = Field(
+        1000, ge=0, description="stop (with a checkpoint) after this many optimizer steps"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where to train: auto = CUDA when available"
+    )
     precision: Precision = Field(
         "auto",
         description="arithmetic of the training step (daemon/precision.py): auto = bf16 autocast on a CUDA GPU "
@@ -231,15 +295,18 @@ class RunConfig(_Strict):
         "auto = on for CUDA, off on CPU",
     )
     threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads; default: torch's choice"
+        None,
+        ge=1,
+        description="torch intra-op threads (a bit-exact resume needs the same count); default: "
+        "torch's choice",
     )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
         description="torch.compile the training step's model: auto = on for CUDA, off on CPU",
     )
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    log_every: int = Field(10, ge=1)
-    sample_every: int = Field(100, ge=0, description="0 disables periodic samples")
+    log_every: int = Field(10, ge=1, description="steps between progress lines")
+    sample_every: int = Field(100, ge=0, description="steps between generated samples; 0: never")
     sample_tokens: int = Field(120, ge=1, le=4096)  # a sample must fit its message (16 KiB)
 
     TRAJECTORY_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -250,7 +317,23 @@ class RunConfig(_Strict):
         "seed",
         "mixing",
         "grad_accum",
+        "batch_size_per",
     )
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> RunConfig:
+        if self.batch_size_per == "step" and self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"batch_size {self.batch_size} (sequences per optimizer step) is not divisible by "
+                f"grad_accum {self.grad_accum}: "
+                + divisible_choices(self.batch_size, self.grad_accum, "grad_accum")
+            )
+        if self.batch_size_per is None and self.batch_size * self.grad_accum > MAX_STEP_SEQUENCES:
+            raise ValueError(
+                f"batch_size {self.batch_size} x grad_accum {self.grad_accum} sequences per step "
+                f"(this run counts batch_size per micro-batch) exceeds {MAX_STEP_SEQUENCES}"
+            )
+        return self
 
     def trajectory(self) -> dict[str, Any]:
         """The settings that decide the training trajectory, as plain JSON data."""
@@ -271,9 +354,41 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
         # so that their hash, and so their resume, is unchanged.
         if traj["data"].get("heldout_fraction") in (None, 0.0):
             traj["data"].pop("heldout_fraction", None)
+        if traj["data"].get("tokenizer") == "bytes":
+            del traj["data"]["tokenizer"]
+        if isinstance(traj["data"].get("arms"), list):
+            traj["data"]["arms"] = [
+                {k: v for k, v in a.items() if not (k == "field" and v is None)}
+                if isinstance(a, dict)
+                else a
+                for a in traj["data"]["arms"]
+            ]
+    # Runs created before batch_size_per existed hash as they always did; with one micro-batch a
+    # step both readings train the same batches.
+    if traj.get("batch_size_per") is None or traj.get("grad_accum", 1) == 1:
+        traj.pop("batch_size_per", None)
     if traj.get("grad_accum") == 1:
         del traj["grad_accum"]
     return traj
+
+
+def divisible_choices(total: int, divisor: int, name: str) -> str:
+    """The values of `name` that divide `total`, and the nearest multiples of `divisor` around
+    `total`: what a refusal of `total % divisor` offers instead."""
+    fits = [d for d in range(1, total + 1) if total % d == 0]
+    lower = total // divisor * divisor
+    sizes = [s for s in (lower, lower + divisor) if 0 < s <= MAX_STEP_SEQUENCES]
+    return (
+        f"{name} {one_of(fits)} would work, or batch_size {one_of(sizes)}"
+        if sizes
+        else f"{name} {one_of(fits)} would work"
+    )
+
+
+def one_of(values: list[int]) -> str:
+    """`1, 2 or 4`: the choices a refusal offers (the first twelve)."""
+    shown = [str(v) for v in values[:12]] + (["..."] if len(values) > 12 else [])
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
@@ -370,12 +485,22 @@ def _blame_flags(flags: dict[str, Any] | None) -> Note:
     return note
 
 
-def load_toml(path: Path) -> dict[str, Any]:
+#: The most a run config may hold: a few hundred lines, data arms included. A larger file, or
+#: anything but a regular file (/dev/zero, a FIFO), is refused before it is read.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def load_toml(path: Path, *, follow_symlinks: bool = True) -> dict[str, Any]:
+    """The TOML of a run config: a regular file of at most MAX_CONFIG_BYTES (through a link unless
+    `follow_symlinks` is False: a tool reading another's run directory). ConfigError naming it."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(
+            read_bounded(path, MAX_CONFIG_BYTES, follow_symlinks=follow_symlinks).decode("utf-8")
+        )
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except FileRejected as e:
+        raise ConfigError(f"config file {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
@@ -412,18 +537,53 @@ def build_config(
 
 
 def for_new_run(cfg: RunConfig) -> RunConfig:
-    """The config a new run starts with: the default held-out split unless the config sets one.
-    (An existing run whose run.toml has no split keeps none: it predates splits.)"""
-    if cfg.data.heldout_fraction is not None:
-        return cfg
-    data = cfg.data.model_copy(update={"heldout_fraction": DEFAULT_FRACTION})
-    return cfg.model_copy(update={"data": data})
+    """The config a new run starts with: the default held-out split unless the config sets one,
+    and batch_size counted per step. (An existing run whose run.toml has no split keeps none: it
+    predates splits; one without batch_size_per keeps counting batch_size per micro-batch.)
+    ConfigError when the batch does not divide under the new reading."""
+    dump = cfg.model_dump()
+    if cfg.data.heldout_fraction is None:
+        dump["data"]["heldout_fraction"] = DEFAULT_FRACTION
+    dump["batch_size_per"] = "step"
+    try:
+        return RunConfig.model_validate(dump)
+    except ValidationError as e:
+        raise ConfigError(describe(e, "invalid configuration for a new run")) from None
+
+
+def record_new_run(path: Path, cfg: RunConfig) -> list[str]:
+    """A new run's own run.toml, written by a person: record in it every trajectory setting it
+    leaves open, as this first start settled it (a flag, a preset's value, the held-out default,
+    the tokenizer's vocabulary), so that every restart trains under the same ones. A setting the
+    file states is left as it is. Rewritten atomically, only when one is missing; what it records,
+    `key = value` (`table.*` for a whole table)."""
+    values = load_toml(path)
+    dump = cfg.model_dump(mode="json", exclude_none=True)
+    dump["data"].pop("cache_dir", None)
+    recorded: list[str] = []
+    for key in RunConfig.TRAJECTORY_FIELDS:
+        if key in dump:  # a setting left unset (None) stays unset
+            _fill_missing(values, key, dump[key], key, recorded)
+    if recorded:
+        atomic_write_bytes(path, tomli_w.dumps(values).encode())
+    return recorded
+
+
+def _fill_missing(
+    into: dict[str, Any], key: str, value: Any, dotted: str, recorded: list[str]
+) -> None:
+    if key not in into:
+        into[key] = value
+        recorded.append(f"{dotted}.*" if isinstance(value, dict) else f"{dotted} = {_show(value)}")
+    elif isinstance(value, dict) and isinstance(into[key], dict):
+        for k, v in value.items():
+            _fill_missing(into[key], k, v, f"{dotted}.{k}", recorded)
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as run.toml, so the run directory describes itself. Atomically:
     the proxy, started at the same time, and the other ranks of a job may read it at any moment."""
-    atomic_write_bytes(path, tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True)).encode())
+    _write_toml(path, cfg.model_dump(mode="json", exclude_none=True))
 
 
 def record_trajectory(cfg: RunConfig, path: Path) -> None:
@@ -436,8 +596,33 @@ def record_trajectory(cfg: RunConfig, path: Path) -> None:
         values.get("data", {}).get("cache_dir") if isinstance(values.get("data"), dict) else None
     )
     for key in RunConfig.TRAJECTORY_FIELDS:
-        values[key] = dump[key]
+        if key in dump:
+            values[key] = dump[key]
+        else:
+            values.pop(key, None)
     values["data"] = {k: v for k, v in values["data"].items() if k != "cache_dir"}
     if cache_dir is not None:
         values["data"]["cache_dir"] = cache_dir
-    atomic_write_bytes(path, tomli_w.dumps(values).encode())
+    _write_toml(path, values)
+
+
+def _write_toml(path: Path, values: dict[str, Any]) -> None:
+    atomic_write_bytes(path, (run_toml_header(values) + tomli_w.dumps(values)).encode())
+
+
+def run_toml_header(values: dict[str, Any]) -> str:
+    """The comment run.toml opens with: what it is, and what its batch_size counts (the field's
+    own description, or the older reading the run keeps)."""
+    if values.get("batch_size_per") == "step":
+        meaning = RunConfig.model_fields["batch_size"].description or ""
+    else:
+        meaning = (
+            "sequences per micro-batch over the whole job (this run was created before "
+            "batch_size counted a whole step, and keeps that reading: a step trains batch_size x "
+            "grad_accum sequences)"
+        )
+    lines = textwrap.wrap(f"batch_size: {meaning}.", 96)
+    return (
+        "# The run's configuration, written by andrea-trainer; `andrea-trainer --help` describes\n"
+        "# every setting.\n" + "".join(f"# {line}\n" for line in lines) + "\n"
+    )

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
-from pydantic import ValidationError
 
 from andrea.protocol import messages as m
 from andrea.protocol.status import TrainerStatus
@@ -29,6 +28,7 @@ from andrea.protocol.transport import bind_router, close_router
 
 from .dutycycle import Burst
 from .hold import Holds
+from .intake import Rejected, decode_or_reject
 from .logthrottle import ThrottledWarning
 from .process import SignalFlags
 
@@ -116,15 +116,9 @@ class ControlServer:
         return self._status_cache[1]
 
     def _handle(self, peer: bytes, payload: bytes) -> m.Reply | None:
-        try:
-            msg = m.decode(payload)
-        except (ValidationError, ValueError) as e:
-            self._rejections.warning(
-                "rejected an invalid control message (%d bytes): %s",
-                len(payload),
-                str(e).splitlines()[0],
-            )
-            return m.Reply(id="?", ok=False, error=f"invalid message: {str(e).splitlines()[0]}")
+        msg = decode_or_reject(payload, self._rejections, "control message")
+        if isinstance(msg, Rejected):
+            return msg.reply
         if isinstance(msg, m.StatusRequest):
             return m.Reply(id=msg.id, ok=True, data=self._status_data())
         if isinstance(msg, m.CheckpointRequest):

@@ -20,6 +20,8 @@ import tokenize
 from collections.abc import Callable
 from pathlib import Path
 
+from .sources import check_stop, file_digest
+
 PARTS = ("docstrings", "code", "comments")
 #: Bump when the extraction rules change: it is part of every stdlib arm's identity.
 EXTRACTOR_VERSION = 1
@@ -48,13 +50,17 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
     return sorted(out, key=lambda p: p.relative_to(root).as_posix())
 
 
-def listing_digest(files: list[Path], root: Path, salt: str) -> str:
-    """Identity of a set of source files: relative paths, sizes and content hashes."""
+def listing_digest(
+    files: list[Path], root: Path, salt: str, should_stop: Callable[[], bool] | None = None
+) -> str:
+    """Identity of a set of source files: relative paths, sizes and content hashes. Each file is
+    read as a regular file only (daemon/sources.py), and a stop request is honoured between files."""
     h = hashlib.sha256(salt.encode())
     for p in files:
-        data = p.read_bytes()
-        h.update(f"\0{p.relative_to(root).as_posix()}\0{len(data)}\0".encode())
-        h.update(hashlib.sha256(data).digest())
+        check_stop(should_stop, "hashing the data's files")
+        size, digest = file_digest(p)
+        h.update(f"\0{p.relative_to(root).as_posix()}\0{size}\0".encode())
+        h.update(digest)
     return h.hexdigest()
 
 

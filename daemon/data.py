@@ -1,7 +1,10 @@
 """Data arms: materialised token arrays, their identities, and a resumable order over each.
 
-Tokens are bytes (a byte-level tokenizer: token = byte value, vocabulary 256, nothing to download)
-for text arms; `tokens` arms are pre-tokenized flat files of uint8/16/32 ids, memory-mapped.
+The text of `stdlib`, `text` and `jsonl` arms is encoded with the run's tokenizer (daemon/tokenizer.py:
+bytes by default, or a subword `tokenizer.json`) once, and cached under its identity; `tokens` arms
+are pre-tokenized flat files of uint8/16/32 ids, memory-mapped, that say which tokenizer made them
+(daemon/encoding.py). An arm's identity names its source files, its held-out split and, for encoded
+arms under a subword tokenizer, the tokenizer: a run resumes only onto the same data, encoded alike.
 
 Every arm is cut into chunks of `block_size + 1` tokens (stride `block_size`). An epoch visits the
 chunks in a permutation that is a pure function of (seed, arm name, epoch), and an arm's whole
@@ -12,14 +15,15 @@ the uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from glob import glob
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +32,21 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from . import corpus, heldout
 from .config import ArmSpec, DataConfig
 from .durable import atomic_write_bytes
+from .encoding import Document, counts_path, read_record, split_paths, write_arm
+from .sources import (
+    DEFAULT_FIELD,
+    DataError,
+    SourceRejected,
+    Stop,
+    arm_files,
+    jsonl_documents,
+    text_documents,
+)
+from .tokenizer import BYTES, RunTokenizer, check_vocab, load_tokenizer, tokenizer_identity
 
 log = logging.getLogger(__name__)
 
 ORDER_RULE = "argsort(PCG64(SeedSequence([seed, crc32(name), epoch])).random_raw(n_chunks), stable)"
-
-
-class DataError(RuntimeError):
-    """A configured data source is missing, unreadable or unusable."""
 
 
 @dataclass(frozen=True)
@@ -63,14 +74,10 @@ def cache_root(cfg: DataConfig) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "andrea"
 
 
-def _load_u8(path: Path) -> np.ndarray:
+def _load_tokens(path: Path, dtype: np.dtype) -> np.ndarray:
     if path.stat().st_size == 0:
-        return np.zeros(0, dtype=np.uint8)
-    return np.memmap(path, dtype=np.uint8, mode="r")
-
-
-def _split_paths(cache: Path, identity: str, suffix: str = "u8") -> tuple[Path, Path]:
-    return cache / f"{identity}.{suffix}", cache / f"{identity}.heldout.{suffix}"
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
 
 
 def _log_split(arm: Arm, fraction: float) -> None:
@@ -83,38 +90,77 @@ def _log_split(arm: Arm, fraction: float) -> None:
         f"{arm.n_tokens:,}",
         f"{arm.heldout.shape[0]:,}" if arm.heldout is not None else 0,
     )
+    if not arm.documents_held_out:
+        log.warning(
+            "arm %s is too small to hold anything out: none of its %s documents falls in the "
+            "held-out fraction %g, so it has no held-out evaluation; give it more documents (a "
+            "token file's are spans of %s tokens), or a larger [data] heldout_fraction",
+            arm.name,
+            arm.documents if arm.documents is not None else "?",
+            fraction,
+            f"{heldout.TOKEN_SPAN:,}",
+        )
 
 
-def _write_split(
-    cache: Path, identity: str, docs: list[tuple[str, bytes]], fraction: float
+def encoded_identity(base: str, tokenizer: str, fraction: float | None) -> str:
+    """The identity of an arm's tokens from its sources' identity `base`, the identity of the
+    tokenizer that encodes them (the byte-level one adds nothing: the identities runs had before
+    tokenizers existed) and the held-out split."""
+    if tokenizer != BYTES:
+        base = hashlib.sha256(f"{base}\0tokenizer\0{tokenizer}".encode()).hexdigest()
+    return heldout.split_identity(base, fraction) if fraction else base
+
+
+def _cached(
+    name: str, cache: Path, identity: str, tokenizer: RunTokenizer, fraction: float | None
+) -> Arm:
+    train_path, held_path = split_paths(cache, identity, tokenizer.suffix)
+    dtype = tokenizer.dtype
+    if not fraction:
+        return Arm(name, identity, _load_tokens(train_path, dtype))
+    n, n_held = json.loads(counts_path(cache, identity).read_text())
+    return Arm(
+        name, identity, _load_tokens(train_path, dtype), _load_tokens(held_path, dtype), n, n_held
+    )
+
+
+def _is_cached(cache: Path, identity: str, tokenizer: RunTokenizer) -> bool:
+    return split_paths(cache, identity, tokenizer.suffix)[0].exists()
+
+
+def _encode(
+    name: str,
+    cache: Path,
+    identity: str,
+    docs: Iterable[Document],
+    tokenizer: RunTokenizer,
+    fraction: float | None,
+    should_stop: Stop,
 ) -> None:
-    train, held, n, n_held = heldout.split_documents(docs, fraction)
-    train_path, held_path = _split_paths(cache, identity)
-    atomic_write_bytes(held_path, held)
-    atomic_write_bytes(cache / f"{identity}.docs.json", json.dumps([n, n_held]).encode())
-    atomic_write_bytes(train_path, train)  # last: its presence says the split is complete
-
-
-def _load_split(name: str, cache: Path, identity: str) -> Arm:
-    train_path, held_path = _split_paths(cache, identity)
-    n, n_held = json.loads((cache / f"{identity}.docs.json").read_text())
-    return Arm(name, identity, _load_u8(train_path), _load_u8(held_path), n, n_held)
+    """Encode an arm into the cache, saying so: this is the one slow part of a first start."""
+    log.info("encoding arm %s with %s (once; cached in %s)", name, tokenizer.describe(), cache)
+    t0 = time.perf_counter()
+    write_arm(cache, identity, docs, tokenizer, fraction, should_stop)
+    log.info("arm %s encoded in %.1f s", name, time.perf_counter() - t0)
 
 
 def _stdlib_arms(
     specs: list[ArmSpec],
     cache: Path,
-    should_stop: Callable[[], bool] | None,
+    should_stop: Stop,
     fraction: float | None,
+    tokenizer: RunTokenizer,
 ) -> dict[str, Arm]:
     root = corpus.stdlib_root()
     files = corpus.stdlib_files(root)
     if not files:
         raise DataError(f"no Python sources found under {root}")
-    ids = {p: corpus.stdlib_identity(p, files, root) for p in corpus.PARTS}
-    if fraction:
-        ids = {p: heldout.split_identity(i, fraction) for p, i in ids.items()}
-    missing = [p for p in corpus.PARTS if not (cache / f"{ids[p]}.u8").exists()]
+    parts = sorted({s.part for s in specs if s.part is not None})
+    ids = {
+        p: encoded_identity(corpus.stdlib_identity(p, files, root), tokenizer.identity, fraction)
+        for p in parts
+    }
+    missing = [p for p in parts if not _is_cached(cache, ids[p], tokenizer)]
     if missing:
         log.info(
             "building the default corpus from %d files under %s (once; cached in %s)",
@@ -124,62 +170,69 @@ def _stdlib_arms(
         )
         docs = corpus.extract_stdlib_documents(files, root, should_stop)
         for p in missing:
-            if fraction:
-                _write_split(cache, ids[p], docs[p], fraction)
-            else:
-                atomic_write_bytes(
-                    cache / f"{ids[p]}.u8", heldout.DOC_SEPARATOR.join(d for _, d in docs[p])
-                )
-    if fraction:
-        return {s.name: _load_split(s.name, cache, ids[s.part]) for s in specs}
-    return {s.name: Arm(s.name, ids[s.part], _load_u8(cache / f"{ids[s.part]}.u8")) for s in specs}
+            _encode(p, cache, ids[p], docs[p], tokenizer, fraction, should_stop)
+    return {s.name: _cached(s.name, cache, ids[s.part], tokenizer, fraction) for s in specs}
 
 
-def _text_files(spec: ArmSpec, base: Path) -> tuple[list[Path], Path]:
-    """A text arm's files in a fixed order, and their common directory."""
-    files = sorted(
-        {
-            Path(p)
-            for pat in spec.paths
-            for p in glob(str(base / pat), recursive=True)
-            if Path(p).is_file()
-        }
-    )
-    if not files:
-        raise DataError(f"arm {spec.name!r}: no files match {spec.paths} (relative to {base})")
-    return files, Path(os.path.commonpath([f.parent for f in files]))
+def _source_identity(spec: ArmSpec, base: Path, should_stop: Stop = None) -> tuple[str, Path]:
+    """The identity of a text or jsonl arm's files (their listing, sizes and contents), and their
+    common directory."""
+    files, common = arm_files(spec, base)
+    salt = "text:v1" if spec.kind == "text" else f"jsonl:v1:{spec.field or DEFAULT_FIELD}"
+    return corpus.listing_digest(files, common, salt, should_stop), common
 
 
-def _text_arm(
+def _file_arm(
     spec: ArmSpec,
     base: Path,
     cache: Path,
-    should_stop: Callable[[], bool] | None,
+    should_stop: Stop,
     fraction: float | None,
+    tokenizer: RunTokenizer,
 ) -> Arm:
-    files, common = _text_files(spec, base)
-    identity = corpus.listing_digest(files, common, "text:v1")
-    if fraction:
-        identity = heldout.split_identity(identity, fraction)
-    path = cache / f"{identity}.u8"
-    if not path.exists():
-        docs = []
-        for f in files:
-            if should_stop is not None and should_stop():
-                raise InterruptedError("stop requested while reading text arms")
-            docs.append((f.relative_to(common).as_posix(), f.read_bytes()))
-        if fraction:
-            _write_split(cache, identity, docs, fraction)
-        else:
-            atomic_write_bytes(path, heldout.DOC_SEPARATOR.join(d for _, d in docs))
-    if fraction:
-        return _load_split(spec.name, cache, identity)
-    return Arm(spec.name, identity, _load_u8(path))
+    """A text or JSON Lines arm."""
+    with _naming(spec):
+        source, _ = _source_identity(spec, base, should_stop)
+        identity = encoded_identity(source, tokenizer.identity, fraction)
+        if not _is_cached(cache, identity, tokenizer):
+            docs = arm_documents(spec, base, should_stop)
+            _encode(spec.name, cache, identity, docs, tokenizer, fraction, should_stop)
+    return _cached(spec.name, cache, identity, tokenizer, fraction)
 
 
-def _tokens_arm(
-    spec: ArmSpec, base: Path, cache: Path, vocab_size: int, fraction: float | None
-) -> Arm:
+@contextlib.contextmanager
+def _naming(spec: ArmSpec) -> Iterator[None]:
+    """A file of the arm that cannot be read as a regular file is refused naming the arm too."""
+    try:
+        yield
+    except SourceRejected as e:
+        raise SourceRejected(f"arm {spec.name!r}: {e}") from None
+
+
+def arm_documents(
+    spec: ArmSpec,
+    base: Path,
+    should_stop: Stop = None,
+    stdlib: dict[str, list[tuple[str, bytes]]] | None = None,
+) -> Iterable[Document]:
+    """The documents of an arm whose text the run's tokenizer encodes, `(id, text)` in order: the
+    unit of the held-out split. `stdlib`: the embedded corpus's documents, when they were
+    extracted already (for another arm)."""
+    if spec.kind == "stdlib":
+        if stdlib is None:
+            root = corpus.stdlib_root()
+            stdlib = corpus.extract_stdlib_documents(corpus.stdlib_files(root), root, should_stop)
+        return stdlib[spec.part or ""]
+    if spec.kind == "tokens":
+        raise ValueError(f"arm {spec.name!r} is a tokens file: it holds ids, not documents")
+    files, common = arm_files(spec, base)
+    if spec.kind == "text":
+        return text_documents(files, common, should_stop)
+    field = spec.field or DEFAULT_FIELD
+    return jsonl_documents(files, common, field, should_stop, f"arm {spec.name!r}: ")
+
+
+def _tokens_file(spec: ArmSpec, base: Path) -> tuple[Path, np.dtype, os.stat_result]:
     path = (base / spec.path).resolve()
     if not path.is_file():
         raise DataError(f"arm {spec.name!r}: token file {path} does not exist")
@@ -191,29 +244,101 @@ def _tokens_arm(
         raise DataError(
             f"arm {spec.name!r}: {path} is {st.st_size} bytes, not a whole number of {spec.dtype}"
         )
-    # Hashing a large token file takes a while: remember the digest per (path, size, mtime, inode).
+    return path, dtype, st
+
+
+def _made_by(spec: ArmSpec, base: Path) -> tuple[str | None, str]:
+    """Which tokenizer made a tokens arm's file: its record's identity (None: unknown), and where
+    that is said."""
+    path = (base / spec.path).resolve()
+    record = read_record(path)
+    if record is None:
+        return None, f"no {path.name}.json beside it"
+    if record.dtype != spec.dtype:
+        raise DataError(
+            f"arm {spec.name!r}: {path.name}.json says the file holds {record.dtype}, the arm's "
+            f"dtype is {spec.dtype}; set dtype = {record.dtype!r}"
+        )
+    return record.tokenizer, f"per {path.name}.json"
+
+
+def _describe_tokenizer(identity: str) -> str:
+    return BYTES if identity == BYTES else f"sha256 {identity[:12]}…"
+
+
+def check_tokenizers(
+    cfg: DataConfig, base: Path, run_tokenizer: str, only: str | None = None
+) -> list[str]:
+    """Refuse a run whose arms come from different tokenizers (DataError naming the arms); the
+    tokens arms whose tokenizer is unknown, accepted (the caller warns). `only`: check that arm."""
+    unknown, foreign = [], []
+    for spec in cfg.arms:
+        if spec.kind != "tokens" or only not in (None, spec.name):
+            continue
+        made_by, where = _made_by(spec, base)
+        if made_by is None:
+            unknown.append(
+                f"arm {spec.name!r}: which tokenizer made {spec.path} is unknown ({where}); its ids "
+                f"are read as the run's tokenizer's ({_describe_tokenizer(run_tokenizer)}); "
+                "andreactl tokenizer encode writes files that say"
+            )
+        elif made_by != run_tokenizer:
+            foreign.append(f"{spec.name!r} by {_describe_tokenizer(made_by)} ({where})")
+    if foreign:
+        own = [s.name for s in cfg.arms if s.encoded] or ["none"]
+        raise DataError(
+            "the arms come from different tokenizers: arm "
+            + ", arm ".join(foreign)
+            + f"; the run's [data] tokenizer = {cfg.tokenizer!r} is "
+            + _describe_tokenizer(run_tokenizer)
+            + f" (it encodes the arms {', '.join(own)}). Ids of two tokenizers would share one "
+            "embedding table: encode every arm with one tokenizer (andreactl tokenizer encode), or "
+            "set [data] tokenizer to the one that made them"
+        )
+    return unknown
+
+
+def _tokens_identity(spec: ArmSpec, base: Path, cache: Path) -> tuple[str, int]:
+    """A token file's identity (a hash of its content) and largest id; both remembered per
+    (path, size, mtime, inode), since hashing a large file takes a while."""
+    path, dtype, st = _tokens_file(spec, base)
     memo = cache / f"tokens-{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
     key = [st.st_size, st.st_mtime_ns, st.st_ino]
     if memo.exists() and (m := json.loads(memo.read_text())).get("key") == key:
-        identity, max_id = m["identity"], m["max_id"]
-    else:
-        tokens = np.memmap(path, dtype=dtype, mode="r")
-        h = hashlib.sha256(f"tokens:{spec.dtype}:v1".encode())
-        max_id = 0
-        step = 1 << 24
-        for i in range(0, tokens.shape[0], step):
-            block = tokens[i : i + step]
-            h.update(block.tobytes())
-            max_id = max(max_id, int(block.max(initial=0)))
-        identity = h.hexdigest()
-        atomic_write_bytes(
-            memo, json.dumps({"key": key, "identity": identity, "max_id": max_id}).encode()
-        )
+        return m["identity"], m["max_id"]
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    h = hashlib.sha256(f"tokens:{spec.dtype}:v1".encode())
+    max_id = 0
+    step = 1 << 24
+    for i in range(0, tokens.shape[0], step):
+        block = tokens[i : i + step]
+        h.update(block.tobytes())
+        max_id = max(max_id, int(block.max(initial=0)))
+    identity = h.hexdigest()
+    atomic_write_bytes(
+        memo, json.dumps({"key": key, "identity": identity, "max_id": max_id}).encode()
+    )
+    return identity, max_id
+
+
+def _tokens_arm(
+    spec: ArmSpec,
+    base: Path,
+    cache: Path,
+    vocab_size: int,
+    fraction: float | None,
+    tokenizer: str,
+) -> Arm:
+    identity, max_id = _tokens_identity(spec, base, cache)
+    path = (base / spec.path).resolve()
     if max_id >= vocab_size:
         raise DataError(
-            f"arm {spec.name!r}: token id {max_id} in {path} exceeds vocab_size {vocab_size}"
+            f"arm {spec.name!r}: token id {max_id:,} in {path} is not below [model] vocab_size "
+            f"{vocab_size:,}: set [model] vocab_size to at least {max_id + 1:,}, or [data] "
+            "tokenizer to the tokenizer that made the file (the run's is "
+            f"{_describe_tokenizer(tokenizer)}; its size is the default vocab_size)"
         )
-    tokens = np.memmap(path, dtype=dtype, mode="r")
+    tokens = np.memmap(path, dtype=np.dtype(spec.dtype).newbyteorder("<"), mode="r")
     if not fraction:
         return Arm(spec.name, identity, tokens)
     kept, held = heldout.split_token_spans(tokens.shape[0], fraction)
@@ -228,21 +353,30 @@ def _tokens_arm(
 
 
 def load_arms(
-    cfg: DataConfig, base: Path, vocab_size: int, should_stop: Callable[[], bool] | None = None
+    cfg: DataConfig,
+    base: Path,
+    vocab_size: int,
+    should_stop: Callable[[], bool] | None = None,
+    tokenizer: RunTokenizer | None = None,
 ) -> list[Arm]:
-    """Materialise every configured arm, in config order. Raises DataError with the arm named."""
+    """Materialise every configured arm, in config order, encoded with `tokenizer` (default: the
+    one `cfg` names). Raises DataError with the arm named (SourceRejected for a file that is not
+    a regular file's content), TokenizerError for a vocabulary smaller than the tokenizer's, and
+    InterruptedError when a stop is requested meanwhile."""
+    tokenizer = tokenizer or load_tokenizer(cfg.tokenizer, base)
+    check_vocab(vocab_size, tokenizer, any(s.encoded for s in cfg.arms))
+    for warning in check_tokenizers(cfg, base, tokenizer.identity):
+        log.warning("%s", warning)
     cache = cache_root(cfg)
     cache.mkdir(parents=True, exist_ok=True)
     fraction = cfg.heldout_fraction
     stdlib = [s for s in cfg.arms if s.kind == "stdlib"]
-    byname = _stdlib_arms(stdlib, cache, should_stop, fraction) if stdlib else {}
-    if any(s.kind in ("stdlib", "text") for s in cfg.arms) and vocab_size < 256:
-        raise DataError(f"byte-level text arms need vocab_size >= 256, the model has {vocab_size}")
+    byname = _stdlib_arms(stdlib, cache, should_stop, fraction, tokenizer) if stdlib else {}
     for s in cfg.arms:
-        if s.kind == "text":
-            byname[s.name] = _text_arm(s, base, cache, should_stop, fraction)
+        if s.kind in ("text", "jsonl"):
+            byname[s.name] = _file_arm(s, base, cache, should_stop, fraction, tokenizer)
         elif s.kind == "tokens":
-            byname[s.name] = _tokens_arm(s, base, cache, vocab_size, fraction)
+            byname[s.name] = _tokens_arm(s, base, cache, vocab_size, fraction, tokenizer.identity)
     arms = [byname[s.name] for s in cfg.arms]
     if fraction:
         for arm in arms:
@@ -254,23 +388,25 @@ def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) ->
     """The identity `load_arms` gives this arm, without building its data: what the proxy needs
     to reconcile its arms. (It used to build the corpus too, at the same time as the trainer, which
     doubled the CPU time of a first start.) Raises DataError naming the arm, as load_arms does."""
-    if spec.kind in ("stdlib", "text") and vocab_size < 256:
-        raise DataError(f"byte-level text arms need vocab_size >= 256, the model has {vocab_size}")
     fraction = cfg.heldout_fraction
+    if spec.kind == "tokens":
+        tokenizer = tokenizer_identity(cfg.tokenizer, base)
+        check_tokenizers(cfg, base, tokenizer, only=spec.name)
+        cache = cache_root(cfg)
+        cache.mkdir(parents=True, exist_ok=True)
+        return _tokens_arm(spec, base, cache, vocab_size, fraction, tokenizer).identity
+    run_tokenizer = load_tokenizer(cfg.tokenizer, base)
+    check_vocab(vocab_size, run_tokenizer, any(s.encoded for s in cfg.arms))
     if spec.kind == "stdlib":
         root = corpus.stdlib_root()
         files = corpus.stdlib_files(root)
         if not files:
             raise DataError(f"no Python sources found under {root}")
-        identity = corpus.stdlib_identity(spec.part, files, root)
-    elif spec.kind == "text":
-        files, common = _text_files(spec, base)
-        identity = corpus.listing_digest(files, common, "text:v1")
+        source = corpus.stdlib_identity(spec.part, files, root)
     else:
-        cache = cache_root(cfg)
-        cache.mkdir(parents=True, exist_ok=True)
-        return _tokens_arm(spec, base, cache, vocab_size, fraction).identity
-    return heldout.split_identity(identity, fraction) if fraction else identity
+        with _naming(spec):
+            source, _ = _source_identity(spec, base)
+    return encoded_identity(source, run_tokenizer.identity, fraction)
 
 
 class CursorState(BaseModel):
@@ -309,8 +445,15 @@ class ArmStream:
         self.stride = block_size
         self.n_chunks = max(0, (arm.n_tokens - 1) // block_size)
         if self.n_chunks < 1:
+            held = ""
+            if arm.documents_held_out:
+                held = (
+                    f": [data] heldout_fraction holds out {arm.documents_held_out} of its "
+                    f"{arm.documents} documents; lower heldout_fraction, or give the arm more data"
+                )
             raise DataError(
-                f"arm {arm.name!r} has {arm.n_tokens} tokens, fewer than one chunk of {self.chunk}"
+                f"arm {arm.name!r} has {arm.n_tokens} training tokens, fewer than one chunk of "
+                f"{self.chunk}{held}"
             )
         self.epoch = 0
         self.position = 0
@@ -344,8 +487,12 @@ class ArmStream:
 
     def next_batch(self, batch_size: int) -> np.ndarray:
         """(batch_size, block_size + 1) int64 token ids: inputs are [:, :-1], targets [:, 1:]."""
-        starts = self.next_chunks(batch_size) * self.stride
-        return self.arm.tokens[starts[:, None] + self._offsets].astype(np.int64)
+        return self.tokens_of(self.next_chunks(batch_size))
+
+    def tokens_of(self, chunks: np.ndarray) -> np.ndarray:
+        """The (len(chunks), block_size + 1) int64 token ids of chunks drawn by `next_chunks`; reads
+        only (the training step gathers a batch's tokens on another thread)."""
+        return self.arm.tokens[(chunks * self.stride)[:, None] + self._offsets].astype(np.int64)
 
     def state_dict(self) -> CursorState:
         return CursorState(

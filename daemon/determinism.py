@@ -5,28 +5,45 @@ second run — reproduce the first bit for bit; off by default on CPU, where the
 uses are deterministic already at a fixed thread count. Recorded in the manifest's
 ``environment.deterministic``, so a resume that changes it is announced as not bit-exact.
 
-What "on" means:
+What "on" means, and why each part (sources: docs/performance.md, "The deterministic mode"):
+
 - ``torch.use_deterministic_algorithms(True)``: an op without a deterministic implementation
-  raises instead of silently varying;
+  raises instead of silently varying. It also makes the flash and memory-efficient attention
+  backends run their deterministic backward passes (flash: ``deterministic=true`` for
+  ``mha_bwd``; memory-efficient: one key split), and takes cuDNN attention out of SDPA's choice
+  (``check_cudnn_deterministic``) — so attention keeps its fast kernels. And it makes Inductor pick
+  one configuration per reduction kernel by rule instead of by timing, which is what keeps a
+  compiled step's summation order the same in every process.
+- ``torch.utils.deterministic.fill_uninitialized_memory`` off: ``use_deterministic_algorithms``
+  also fills every new ``torch.empty`` with NaN, a kernel per allocation, for code that reads
+  memory it never wrote; nothing here does, and the fill is not what makes sums repeat.
 - ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which cuBLAS needs for reproducible matmuls (set before
   the first cuBLAS call; a value the operator set is kept);
 - cuDNN deterministic, its autotuner off;
-- attention through the math backend of ``scaled_dot_product_attention`` only: the flash and
-  cuDNN backends accumulate dQ with atomics in the backward pass, so their results vary run to run.
-Its cost was not measured on a GPU yet (scripts/gpu_check.py measures it).
+- in a job on CUDA, NCCL's all-reduce pinned to the ring algorithm and the simple protocol
+  (``collective_environment``), set before the process group exists: NCCL otherwise chooses
+  among ring, tree and NVLink SHARP by message size and topology, and NVLS is not repeatable from
+  one call to the next.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Literal
 
 import torch
 
+log = logging.getLogger(__name__)
+
 Deterministic = Literal["auto", "on", "off"]
 
 CUBLAS_WORKSPACE = ":4096:8"
+
+#: What NCCL must use for its sums to follow one order: the ring (whose order is fixed by the
+#: ranks' places in it) in the simple protocol (whose chunking is fixed by the message size).
+NCCL_PINNED = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
 
 
 def resolve(setting: Deterministic, device: torch.device) -> bool:
@@ -43,14 +60,49 @@ def apply(on: bool) -> None:
     if torch.are_deterministic_algorithms_enabled() != on:
         # Only when it changes: the call imports torch's compiler stack (seconds at start-up).
         torch.use_deterministic_algorithms(on)
+    # Read only while the mode is on; off, so that no allocation pays a fill kernel.
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cudnn.deterministic = on
     torch.backends.cudnn.benchmark = False
 
 
+def collective_environment(on: bool, device: torch.device) -> dict[str, str]:
+    """The NCCL settings the mode needs on `device`: none off CUDA or with the mode off."""
+    return dict(NCCL_PINNED) if on and device.type == "cuda" else {}
+
+
+def pin_collectives(on: bool, device: torch.device) -> None:
+    """Set `collective_environment` before the process group is created (NCCL reads it when
+    the communicator is made); a value the operator set is kept, and named in the log."""
+    for name, value in collective_environment(on, device).items():
+        if (current := os.environ.setdefault(name, value)) != value:
+            log.warning(
+                "%s=%s set by the operator (the deterministic mode uses %s): a job's sums may "
+                "not repeat bit for bit",
+                name,
+                current,
+                value,
+            )
+
+
+#: Benchmarks only (scripts/gpu_check.py compares attention kernels): the SDPA backends a CUDA
+#: step may use, by name (e.g. "MATH" or "FLASH_ATTENTION"). Not recorded in a manifest: a run
+#: trained under it is a measurement, not a run to resume.
+BENCH_BACKENDS_ENV = "ANDREA_BENCH_SDPA_BACKENDS"
+
+
 def attention(on: bool, device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """The context the forward and backward passes run in: math attention only when on (CUDA)."""
-    if not on or device.type != "cuda":
+    """The context the forward and backward passes run in: on CUDA with the mode on, the
+    attention backends whose backward is deterministic under it (flash, memory-efficient, math);
+    cuDNN's is not, and is left out explicitly as torch itself does."""
+    if device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([SDPBackend.MATH])
+    if forced := os.environ.get(BENCH_BACKENDS_ENV):
+        return sdpa_kernel([SDPBackend[name.strip()] for name in forced.split(",")])
+    if not on:
+        return contextlib.nullcontext()
+    return sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    )

@@ -377,3 +377,18 @@ class Coordinator:
             arm=int(v[_ARM]) - 1 if v[_ARM] > 0 else None,
             loss=v[0] / self.world.size if loss is not None else None,
         )
+
+    def mean_loss(self, loss: float) -> float:
+        """The mean over the ranks of this rank's `loss`, by one collective of every rank: the
+        loss of a step that no agreement carried. Summed in the agreement's buffer at the
+        agreement's place, so that a step's mean has the same bits whichever of the two carried
+        it (at three ranks or more the order of a sum is the place's)."""
+        if not (self.world.distributed and self.enabled):
+            return loss
+        import torch.distributed as dist
+
+        b = self._buf
+        b.zero_()
+        b[0] = loss
+        dist.all_reduce(b, op=dist.ReduceOp.SUM)
+        return b.tolist()[0] / self.world.size

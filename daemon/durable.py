@@ -32,8 +32,11 @@ def atomic_write(path: Path, fill: Callable[[BinaryIO], None]) -> None:
     and the old file (if any) is untouched.
     """
     tmp = tmp_path(path)
+    # The temporary's name is known in advance: a link planted there is refused (ELOOP), never
+    # written through.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             fill(f)
             f.flush()
             os.fsync(f.fileno())

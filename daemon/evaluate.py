@@ -58,8 +58,8 @@ class Evaluator:
         self.sets: dict[str, torch.Tensor] = {}
         offsets = np.arange(block_size + 1, dtype=np.int64)
         for arm in arms:
-            if arm.heldout is None:
-                continue
+            if arm.heldout is None or arm.heldout.shape[0] == 0:
+                continue  # nothing held out: said once, when the arm was loaded
             starts = eval_starts(int(arm.heldout.shape[0]), block_size, sequences)
             if len(starts) == 0:
                 log.warning(

@@ -60,6 +60,7 @@ the end of the file.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import gc
 import json
@@ -81,6 +82,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
 
+from .boundedio import LINK_REFUSED, FileRejected, open_regular
 from .durable import fsync_dir
 from .validation import first_problem
 
@@ -351,6 +353,15 @@ def _check_regular(path: Path, fd: int) -> int:
     return st.st_size
 
 
+def _open_reader(path: Path) -> int:
+    """A descriptor of the log for a reader: a regular file where it lies, never through a link
+    (a tool run by root must not read what a planted link points at)."""
+    try:
+        return open_regular(path)
+    except FileRejected as e:
+        raise LossLogCorrupt(path, 0, str(e).removeprefix(f"{path}: ")) from None
+
+
 def _content_size(path: Path, fd: int, size: int) -> int:
     """Where the file's content ends: the size without a trailing run of NUL bytes. A power loss
     leaves at most a few blocks of them; a longer run (a 64 GiB sparse tail, say) is refused before
@@ -438,7 +449,17 @@ class LossLog:
         both cases the file is not modified.
         """
         path = Path(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            # Never through a link: a daemon would append to whatever it points at.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LossLogCorrupt(
+                    path, 0, f"not a regular file (a symbolic link; {LINK_REFUSED})"
+                ) from None
+            if e.errno not in (errno.EISDIR, errno.ENXIO):  # a directory, a socket
+                raise
+            raise LossLogCorrupt(path, 0, "not a regular file") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -488,8 +509,10 @@ class LossLog:
     def append_many(self, entries: Iterable[LossEntry]) -> int:
         """Append entries in one write (no fsync), skipping (segment, step) pairs already present.
 
-        Returns the number of entries written. If the write fails the log refuses further use: reopen it,
-        which repairs the tail (entries that did reach the file are then found by the index).
+        Returns the number of entries written. If the write fails (a full disk) it is undone at once: the
+        file is cut back to its last complete entry and its terminator (the cut frees what the write took,
+        so this fits on a full disk). The log then refuses further use: reopen it (which repairs the tail,
+        should the undo have failed too).
         """
         fd = self._usable_fd()
         lines: list[bytes] = []
@@ -510,14 +533,35 @@ class LossLog:
         try:
             _pwrite_all(fd, data, self._end)
         except BaseException:
-            # The file now ends in an unknown state; only a reopen (tail repair) can say what it holds.
             self._broken = True
+            self._undo_append(fd)
             raise
         self._end += len(data) - len(_TERM)
         self._keys |= new_keys
         self._count += len(lines)
         self._last = last
         return len(lines)
+
+    def _undo_append(self, fd: int) -> None:
+        """Cut a failed append off: the file ends, as before it, with the terminator after the last
+        complete entry (the terminator is what the append began by overwriting)."""
+        try:
+            os.ftruncate(fd, self._end)
+            _pwrite_all(fd, _TERM, self._end)
+            os.fsync(fd)
+        except OSError as e:
+            log.error(
+                "%s: a failed append left a torn tail after byte %d, which could not be cut off "
+                "now (%s); the next open repairs it",
+                self._path,
+                self._end,
+                e,
+            )
+        else:
+            log.warning(
+                "%s: a failed append was undone; the log ends with its last complete entry",
+                self._path,
+            )
 
     def sync(self) -> None:
         """fsync: every entry appended so far survives kill -9 and power loss once this returns."""
@@ -607,7 +651,7 @@ def last_entry(path: str | os.PathLike[str], model: type[BaseModel] = LossEntry)
     Tolerates a torn tail and never modifies the file; raises FileNotFoundError if there is no log.
     """
     path = Path(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = _open_reader(path)
     try:
         size = _content_size(path, fd, _check_regular(path, fd))
         return _scan_tail(path, lambda offset, n: os.pread(fd, n, offset), size, model).last
@@ -618,7 +662,7 @@ def last_entry(path: str | os.PathLike[str], model: type[BaseModel] = LossEntry)
 def _read_content(path: Path) -> bytes:
     """The file's content without a NUL tail, read only once it is known to be a regular file of
     bounded size (readers never modify the file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = _open_reader(path)
     try:
         return _read_all(fd, _content_size(path, fd, _check_regular(path, fd)))
     finally:
@@ -714,6 +758,21 @@ def _parse_curve(doc: bytes) -> LossCurve | list[LossEntry]:
             return _ENTRIES.validate_json(doc)
 
 
+def read_columns(path: str | os.PathLike[str]) -> LossCurve:
+    """Every complete entry, in file order, as columns (:func:`read_curve` before it keeps one entry
+    per step). Same checks, errors and torn-tail tolerance as :func:`read_entries`; never modifies
+    the file."""
+    path = Path(path)
+    buf = _read_content(path)
+    tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
+    parsed = _parse_body(path, buf, tail, _parse_curve)
+    return (
+        parsed
+        if isinstance(parsed, LossCurve)
+        else _curve({name: [getattr(e, name) for e in parsed] for name in _FIELD_NAMES})
+    )
+
+
 def read_curve(path: str | os.PathLike[str]) -> LossCurve:
     """The canonical curve (see :func:`canonical_curve`) as columns, without a model per entry.
 
@@ -723,15 +782,7 @@ def read_curve(path: str | os.PathLike[str]) -> LossCurve:
     numbers and strings, so CPython does not track them and the collector does not run (pausing it
     measured no faster).
     """
-    path = Path(path)
-    buf = _read_content(path)
-    tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf))
-    parsed = _parse_body(path, buf, tail, _parse_curve)
-    read = (
-        parsed
-        if isinstance(parsed, LossCurve)
-        else _curve({name: [getattr(e, name) for e in parsed] for name in _FIELD_NAMES})
-    )
+    read = read_columns(path)
     # canonical_curve vectorised: order by step, then segment; the sort is stable, so among equal
     # (step, segment) file order is kept, and the last row of each step is the one to keep.
     order = np.lexsort((read.segment, read.step))

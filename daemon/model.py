@@ -12,7 +12,9 @@ mask needs. So on CPU, in training, a dropout mask is drawn as 32-bit integers f
 (two per 64-bit output, kept where >= round(p * 2**32)), seeded by one 63-bit draw from torch's
 global generator per call: the same Bernoulli(1 - p) keep / scale 1 / (1 - p), a pure function of
 torch's RNG state (which every checkpoint saves and restores, so resume stays bit-exact) and
-independent of the thread count. Attention with dropout is written out (matmul, causal mask,
+independent of the thread count: the stream is drawn in spans on the step's threads, each from a
+generator advanced to its span, which changes no bit. Every CPU run with dropout has trained on
+these masks; they stay as they are. Attention with dropout is written out (matmul, causal mask,
 softmax, dropout, matmul) since SDPA would draw its own mask. Everywhere else — CUDA, evaluation,
 dropout 0 — PyTorch's fused kernels are used. `torch.compile` was measured too and made a CPU step
 slower here (0.93x), so the `compile` setting's default leaves it off on CPU (on on CUDA).
@@ -20,8 +22,10 @@ slower here (0.93x), so the `compile` setting's default leaves it off on CPU (on
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -50,9 +54,38 @@ def _keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
         torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item()
     )  # one draw from torch's RNG
     n = x.numel()
-    bits = np.random.PCG64(seed).random_raw((n + 1) // 2).view(np.uint32)[:n]
-    keep = torch.from_numpy(bits >= np.uint32(min(round(p * 2**32), 2**32 - 1)))
-    return keep.view(x.shape).to(x.dtype).mul_(1.0 / (1.0 - p))
+    keep = np.empty(n, dtype=np.bool_)
+    threshold = np.uint32(min(round(p * 2**32), 2**32 - 1))
+    words = (n + 1) // 2  # 64-bit outputs of the stream: element i is half i % 2 of word i // 2
+
+    def fill(span: tuple[int, int]) -> None:
+        # Words [lo, hi) of the one stream: a generator advanced to lo draws exactly them.
+        lo, hi = span
+        stream = np.random.PCG64(seed)
+        stream.advance(lo)
+        end = min(2 * hi, n)
+        bits = stream.random_raw(hi - lo).view(np.uint32)[: end - 2 * lo]
+        np.greater_equal(bits, threshold, out=keep[2 * lo : end])
+
+    parts = torch.get_num_threads() if n >= _PARALLEL_MASK else 1
+    cuts = [words * i // parts for i in range(parts + 1)]
+    spans = list(zip(cuts[:-1], cuts[1:]))
+    if parts == 1:
+        fill(spans[0])
+    else:
+        # The draws release the GIL: torch's threads are idle meanwhile, so the mask is drawn on
+        # as many threads as the step computes on. The bits do not depend on how it is cut.
+        list(_mask_pool(parts).map(fill, spans))
+    return torch.from_numpy(keep).view(x.shape).to(x.dtype).mul_(1.0 / (1.0 - p))
+
+
+#: Masks smaller than this are drawn on the calling thread (a hand-off costs more than the draw).
+_PARALLEL_MASK = 1 << 16
+
+
+@functools.cache
+def _mask_pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dropout")
 
 
 class Dropout(nn.Module):

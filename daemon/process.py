@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Literal
+
+from .rundir import RUN_DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +38,7 @@ EXTEND_LIMIT = 3600.0
 
 try:
     from systemd import daemon as _sd
-except ImportError:  # systemd-python is optional off Linux
+except ImportError:  # off Linux, or a machine where it could not be built (scripts/gpu_wheels.sh)
     _sd = None
 
 
@@ -148,11 +152,22 @@ class SignalFlags:
         return self.stop_reason is not None
 
 
+@functools.cache
+def _no_notifications() -> None:
+    log.warning(
+        "started by systemd, but systemd-python is not installed: no readiness, status or "
+        "watchdog notifications (a Type=notify unit will time out)"
+    )
+
+
 class Notifier:
     def __init__(self, enabled: bool = True) -> None:
         """`enabled=False` for the ranks of a torchrun job other than global rank 0: they inherit
         NOTIFY_SOCKET from the agent, but one voice (rank 0's) speaks for the job."""
-        self.enabled = bool(enabled and _sd is not None and os.environ.get("NOTIFY_SOCKET"))
+        wanted = bool(enabled and os.environ.get("NOTIFY_SOCKET"))
+        if wanted and _sd is None:
+            _no_notifications()
+        self.enabled = wanted and _sd is not None
         usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0) if self.enabled else 0
         # Ping at half the watchdog interval, as sd_watchdog_enabled(3) recommends.
         self._watchdog_every = usec / 2e6 if usec else 0.0
@@ -227,6 +242,19 @@ class Notifier:
 #: Set by `andrea-trainer --with-proxy` for its proxy: both write to one terminal, and every line
 #: says which process wrote it.
 LOG_TAG_ENV = "ANDREA_LOG_TAG"
+
+
+def add_run_dir_argument(parser: argparse.ArgumentParser) -> None:
+    """`--run-dir`, the same for both daemons: $ANDREA_RUN_DIR stands in for it, as for andreactl."""
+    from_env = os.environ.get(RUN_DIR_ENV)
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        required=not from_env,
+        default=Path(from_env) if from_env else None,
+        metavar="DIR",
+        help=f"the run's directory (created if missing; default: ${RUN_DIR_ENV})",
+    )
 
 
 def add_log_level_argument(parser: argparse.ArgumentParser) -> None:

@@ -9,19 +9,25 @@ import time
 from pathlib import Path
 
 from .exitcodes import ExitCode, for_unexpected
-from .process import Notifier, SignalFlags, add_log_level_argument, setup_logging
-from .rundir import CONFIG_FILE, LOSS_FILE, AlreadyRunning, SocketDirError
+from .process import (
+    Notifier,
+    SignalFlags,
+    add_log_level_argument,
+    add_run_dir_argument,
+    setup_logging,
+)
+from .rundir import CONFIG_FILE, AlreadyRunning, SocketDirError
 
 log = logging.getLogger("andrea.proxy")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="andrea-proxy", description="Data-mixing bandit and audit trail of an ANDREA run."
+        prog="andrea-proxy",
+        description="Data-mixing bandit and audit trail of an ANDREA run.",
+        allow_abbrev=False,
     )
-    p.add_argument(
-        "--run-dir", type=Path, required=True, help="the run's directory (created if missing)"
-    )
+    add_run_dir_argument(p)
     p.add_argument(
         "--config",
         type=Path,
@@ -76,12 +82,13 @@ def _wait_for(path: Path, flags: SignalFlags) -> bool:
 
 
 def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
-    from .config import ConfigError, build_config, load_toml
+    from .config import ConfigError
     from .losslog import LossLogError
     from .mixing.bandit import BanditError
     from .mixing.policy import PolicyError
     from .mixing.policystore import resolve_policy
     from .mixing.proxy import LogContradiction, Proxy, ProxyOptions
+    from .settle import read_run_config
 
     run_dir: Path = args.run_dir
     try:
@@ -93,7 +100,7 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     if not _wait_for(cfg_path, flags):
         return ExitCode.OK
     try:
-        cfg = build_config(load_toml(cfg_path), source=str(cfg_path))
+        cfg = read_run_config(cfg_path, run_dir)
         resolved = resolve_policy(run_dir, args.policy, args.pivot)
     except (ConfigError, PolicyError, OSError) as e:
         log.error("%s", e)
@@ -110,8 +117,8 @@ def run(args: argparse.Namespace, flags: SignalFlags) -> ExitCode:
     except OSError as e:  # a read-only or vanished run directory, say
         log.error("cannot set up in %s: %s", run_dir, e)
         return ExitCode.CONFIG_ERROR
-    except LossLogError as e:
-        log.error("%s: %s", run_dir / LOSS_FILE, e)
+    except LossLogError as e:  # .loss.json or .eval.json: the error names which
+        log.error("%s", e)
         return ExitCode.RESUME_REFUSED
     except BanditError as e:
         # The run's own files contradict its config (a logged arm that is not configured):

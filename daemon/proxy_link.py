@@ -11,6 +11,8 @@ because the proxy keys them by (segment, step).
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -28,6 +30,9 @@ log = logging.getLogger(__name__)
 REPLY_TIMEOUT = 2.0
 POLL_MS = 20
 MAX_BATCH = 256
+#: How long a hello refused because another trainer life is alive is asked again (the previous
+#: trainer may still be exiting when this one starts), once a second.
+HELLO_PATIENCE = 60.0
 
 
 class ProxyRefused(RuntimeError):
@@ -40,6 +45,9 @@ class ProxyLink:
         self.resume_step = resume_step
         self.seed = seed
         self.arms = arms
+        #: Who this life is, to the proxy: the process, and a secret only the proxy hears.
+        self.pid = os.getpid()
+        self.life = secrets.token_hex(16)
         self.segment: int | None = None
         self.welcome: m.Welcome | None = None
         self.refused: str | None = None
@@ -53,6 +61,8 @@ class ProxyLink:
         self._assign_pending: tuple[str, float] | None = None
         self._assign_after = 0.0
         self._hello_pending: tuple[str, float] | None = None
+        self._hello_after = 0.0
+        self._refused_since: float | None = None
         #: The proxy's phases as last heard (Welcome or Assignments), oldest first.
         self._phases: list[m.PhaseStart] = []
         self._last_reply = 0.0
@@ -216,13 +226,15 @@ class ProxyLink:
         out: list[m._Msg] = []
         with self._cv:
             if self.welcome is None:
-                if self._hello_pending is None:
+                if self._hello_pending is None and now >= self._hello_after:
                     hello = m.Hello(
                         id=new_id(),
                         segment=self.segment,
                         resume_step=self.resume_step,
                         seed=self.seed,
                         arms=self.arms,
+                        pid=self.pid,
+                        life=self.life,
                     )
                     self._hello_pending = (hello.id, now)
                     out.append(hello)
@@ -263,6 +275,7 @@ class ProxyLink:
             if isinstance(msg, m.Welcome):
                 if self._hello_pending and msg.id == self._hello_pending[0]:
                     self._hello_pending = None
+                    self._refused_since = None
                     self.welcome = msg
                     self._heard_phases(msg.phases)
                     if self.segment is None:
@@ -301,10 +314,35 @@ class ProxyLink:
                 self._sent_at.pop(("eval", *k), None)
             elif isinstance(msg, m.Reply):
                 if self._hello_pending and msg.id == self._hello_pending[0] and not msg.ok:
-                    self.refused = f"the proxy refused this trainer: {msg.error}"
+                    self._hello_refused(msg.error or "")
+                elif not msg.ok and (msg.error or "").startswith(m.UNKNOWN_PEER):
+                    self._hello_again()
                 elif msg.id in self._samples:
                     self._samples.pop(msg.id)
                     self._sent_at.pop(msg.id, None)
                 elif not msg.ok:
                     log.warning("proxy error: %s", msg.error)
             self._cv.notify_all()
+
+    def _hello_refused(self, error: str) -> None:
+        """Called with the lock held. A refusal because another trainer life is alive is asked
+        again for HELLO_PATIENCE seconds (it may be exiting); any other refusal is final."""
+        now = time.monotonic()
+        self._hello_pending = None
+        if error.startswith(m.TRAINER_ALIVE):
+            self._refused_since = self._refused_since or now
+            if now - self._refused_since < HELLO_PATIENCE:
+                log.warning("the proxy refused this trainer for now (%s); asking again", error)
+                self._hello_after = now + 1.0
+                return
+        self.refused = f"the proxy refused this trainer: {error}"
+
+    def _hello_again(self) -> None:
+        """Called with the lock held: the proxy does not know this socket (it restarted while the
+        socket reconnected by itself). Say hello again; everything unacknowledged follows."""
+        if self.welcome is None:
+            return  # a hello is on its way already
+        log.info("the proxy does not know this link (a restarted proxy?): saying hello again")
+        self.welcome = None
+        self._hello_pending = self._assign_pending = None
+        self._sent_at.clear()

@@ -21,14 +21,19 @@ that the checkpoint reader and the tools can import it cheaply.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
 import re
 import stat
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
+
+from .boundedio import LINK_REFUSED, irregular, read_bounded
 
 CONFIG_FILE = "run.toml"
 POLICY_FILE = "policy.toml"
@@ -41,6 +46,13 @@ ARCHIVE_DIR = "archive"
 TENSORBOARD_DIR = "tensorboard"
 PIVOT_RECORD = "pivot.json"
 
+#: The most a checkpoint manifest can need: the layout of the largest preset, the config, every
+#: RNG, and the loss records the proxy had not acknowledged (bounded by the assignment lag). A larger
+#: file is refused before it is read (a 64 GiB sparse file must not be allocated).
+MAX_MANIFEST_BYTES = 16 << 20
+#: The most a pivot record (archive/pivot-*/pivot.json) can need: two fingerprints and a few steps.
+MAX_PIVOT_RECORD_BYTES = 1 << 20
+
 #: Where the control sockets go when $ANDREA_SOCKET_DIR is unset: RUN_DIR/.sock.
 SOCKET_DIR = ".sock"
 #: The directory of the run's control sockets, one absolute path. Each daemon writes it when it
@@ -48,8 +60,12 @@ SOCKET_DIR = ".sock"
 #: RuntimeDirectory) without being told.
 SOCKET_DIR_RECORD = ".socket-dir"
 SOCKET_DIR_ENV = "ANDREA_SOCKET_DIR"
+#: Stands in for --run-dir (andreactl, andrea-trainer, andrea-proxy).
+RUN_DIR_ENV = "ANDREA_RUN_DIR"
 #: sun_path holds 108 bytes; keep a margin for the socket's own name.
 _MAX_IPC_PATH = 100
+#: The most RUN_DIR/.socket-dir may hold: one path.
+_MAX_RECORD = 4096
 
 #: Temporaries a checkpoint write leaves behind when it is killed (see durable.tmp_path).
 CHECKPOINT_TEMPORARIES = "step_*.tmp"
@@ -100,8 +116,24 @@ def lock_path(run_dir: Path, role: str) -> Path:
 
 def claim(run_dir: Path, role: str) -> IO[bytes]:
     """Hold `RUN_DIR/.ROLE.lock` for the life of the process: two trainers (or two proxies) on one
-    run directory would interleave checkpoints and steal each other's socket."""
-    f = open(lock_path(run_dir, role), "a+b")
+    run directory would interleave checkpoints and steal each other's socket. The lock is opened
+    where it lies: truncated and written through a planted link, it would empty any file the daemon
+    can write (OSError, as for a run directory it cannot write)."""
+    path = lock_path(run_dir, role)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(
+                e.errno, f"not a regular file (a symbolic link; {LINK_REFUSED})", str(path)
+            ) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        kind = irregular(path)
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"not a regular file ({kind})", str(path))
+    f = os.fdopen(fd, "r+b")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -116,6 +148,24 @@ def claim(run_dir: Path, role: str) -> IO[bytes]:
     f.write(str(os.getpid()).encode())
     f.flush()
     return f
+
+
+def lock_holder(run_dir: Path, role: str) -> int | None:
+    """The pid `role`'s lock names: the last process that claimed it (which may have exited since
+    and released it). None without a readable lock file. Never creates, locks or blocks on it."""
+    try:
+        fd = os.open(lock_path(run_dir, role), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 32) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+    try:
+        pid = int(text.decode("ascii").strip())
+    except ValueError:
+        return None
+    return pid if pid > 0 else None
 
 
 class SocketDirError(RuntimeError):
@@ -164,14 +214,97 @@ def _private_dir(d: Path) -> None:
     os.chmod(d, 0o700)
 
 
-def _default_socket_dir(run_dir: Path, uid: int) -> Path:
-    d = run_dir.resolve() / SOCKET_DIR
+def _fits(d: Path) -> bool:
     # sun_path counts bytes: a non-ASCII path is longer than its characters.
-    if len(os.fsencode(d)) + len(b"/trainer.sock") <= _MAX_IPC_PATH:
-        return d
-    # Too long for sun_path: a per-run directory under a private parent, as ssh-agent does.
+    return len(os.fsencode(d)) + len(b"/trainer.sock") <= _MAX_IPC_PATH
+
+
+def _runtime_bases() -> list[Path]:
+    """The user's private runtime directories, where a socket directory cannot be pre-empted: the
+    unit's RuntimeDirectory (systemd sets $RUNTIME_DIRECTORY), then $XDG_RUNTIME_DIR."""
+    bases = []
+    for var in ("RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"):
+        first = os.environ.get(var, "").split(":")[0]
+        if os.path.isabs(first):
+            bases.append(Path(first))
+    return bases
+
+
+def _usable(d: Path) -> bool:
+    """Whether `d` can hold this user's sockets as it is: a short, owner-only directory of ours
+    (created here if its parent is private)."""
+    if not _fits(d):
+        return False
+    try:
+        _private_dir(d)
+    except (SocketDirError, OSError):
+        return False
+    return True
+
+
+def _fallback_dir(run_dir: Path) -> Path:
+    """Where the sockets go when RUN_DIR/.sock is too long for a unix socket: the recorded
+    directory if it is still ours, else one in a private runtime directory, else a new directory
+    with a random name under the temporary directory (mkdtemp: owner-only, never a name another
+    user could create first). The caller records it."""
+    recorded = _read_record(run_dir)
+    if recorded is not None and _usable(recorded):
+        return recorded
     digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
-    return Path(f"/tmp/andrea-{uid}") / digest
+    for base in _runtime_bases():
+        try:
+            _check_dir(base, _own_uid())
+        except SocketDirError:
+            continue
+        if _usable(base / f"andrea-{digest}"):
+            return base / f"andrea-{digest}"
+    d = Path(tempfile.mkdtemp(prefix=f"andrea-{_own_uid()}-"))
+    _check_dir(d, _own_uid())
+    return d
+
+
+def _read_record(run_dir: Path) -> Path | None:
+    """The socket directory recorded in RUN_DIR/.socket-dir: a small regular file (never read
+    through a link) holding an absolute path; None when there is none or it is not one."""
+    try:
+        d = Path(read_bounded(run_dir / SOCKET_DIR_RECORD, _MAX_RECORD).decode().strip())
+    except (OSError, ValueError):
+        return None
+    return d if d.is_absolute() else None
+
+
+def _write_record(run_dir: Path, d: Path) -> None:
+    if _read_record(run_dir) == d:
+        return
+    # A new file of a random name (never through a link planted at a name known in advance),
+    # then renamed over the record.
+    fd, tmp = tempfile.mkstemp(prefix=f"{SOCKET_DIR_RECORD}.", suffix=".tmp", dir=run_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{d}\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, run_dir / SOCKET_DIR_RECORD)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def _run_dir_locked(run_dir: Path) -> Iterator[None]:
+    """The run directory's own flock: the trainer and its proxy, starting together, settle on one
+    socket directory (the second finds the first one's record)."""
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+_AVOID = (
+    f"; set {SOCKET_DIR_ENV} to a directory only you can write (the units set it to their "
+    "RuntimeDirectory)"
+)
 
 
 def socket_dir(run_dir: Path) -> Path:
@@ -179,23 +312,28 @@ def socket_dir(run_dir: Path) -> Path:
     recorded in RUN_DIR/.socket-dir.
 
     $ANDREA_SOCKET_DIR wins (the units point it at the RuntimeDirectory); otherwise RUN_DIR/.sock,
-    or /tmp/andrea-UID/<hash of the run dir> when that path is too long for a unix socket. Raises
-    SocketDirError when a directory on the path is not owned by this user (or root, above the
-    socket directory) or is writable by others.
+    or, when that path is too long for a unix socket, a directory no other user can pre-empt
+    (:func:`_fallback_dir`). Raises SocketDirError when a directory on the path is not owned by
+    this user (or root, above the socket directory) or is writable by others; the message names
+    $ANDREA_SOCKET_DIR, the way around it.
     """
-    if os.environ.get(SOCKET_DIR_ENV):
-        d = Path(os.path.abspath(os.environ[SOCKET_DIR_ENV]))
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    else:
-        d = _default_socket_dir(run_dir, _own_uid())
-        if d.parent.name == f"andrea-{_own_uid()}":
-            _private_dir(d.parent)
-    _private_dir(d)
-    record = run_dir / SOCKET_DIR_RECORD
-    if not record.exists() or record.read_text().strip() != str(d):
-        tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
-        tmp.write_text(f"{d}\n")
-        os.replace(tmp, record)
+    given = os.environ.get(SOCKET_DIR_ENV)
+    try:
+        with _run_dir_locked(run_dir):
+            if given:
+                d = Path(os.path.abspath(given))
+                d.mkdir(mode=0o700, parents=True, exist_ok=True)
+                _private_dir(d)
+            elif _fits(run_dir.resolve() / SOCKET_DIR):
+                d = run_dir.resolve() / SOCKET_DIR
+                _private_dir(d)
+            else:
+                d = _fallback_dir(run_dir)
+            _write_record(run_dir, d)
+    except SocketDirError as e:
+        if given:
+            raise SocketDirError(f"${SOCKET_DIR_ENV}={given}: {e}") from None
+        raise SocketDirError(f"{e}{_AVOID}") from None
     return d
 
 
@@ -211,11 +349,14 @@ def find_socket_dir(run_dir: Path) -> Path:
     try:
         st = os.lstat(record)
     except FileNotFoundError:
-        d = _default_socket_dir(run_dir, owner)
+        d = run_dir.resolve() / SOCKET_DIR
     else:
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_size > 4096:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_size > _MAX_RECORD:
             raise SocketDirError(f"{record} is not a small regular file owned by uid {owner}")
-        d = Path(record.read_text().strip())
+        try:
+            d = Path(read_bounded(record, _MAX_RECORD).decode().strip())
+        except ValueError as e:
+            raise SocketDirError(f"{record}: {e}") from None
         if not d.is_absolute():
             raise SocketDirError(f"{record} does not hold an absolute path: {str(d)!r}")
     if d.exists():

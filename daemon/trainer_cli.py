@@ -14,57 +14,91 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .exitcodes import ExitCode, for_unexpected
-from .process import Notifier, SignalFlags, add_log_level_argument, setup_logging
+from .process import (
+    Notifier,
+    SignalFlags,
+    add_log_level_argument,
+    add_run_dir_argument,
+    setup_logging,
+)
 from .rundir import CONFIG_FILE
 
 if TYPE_CHECKING:
-    import torch
-
+    from .companion import Companion
     from .config import RunConfig
     from .distributed import World
+    from .trainer import Trainer
+    from .trainer_start import StartPlan
 
 log = logging.getLogger("andrea.trainer")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """andrea-trainer's options: the run directory and the launcher's own, written here; every
+    config setting's flag derived from its field (daemon/trainer_flags.py)."""
+    from .trainer_flags import add_config_flags
+
     p = argparse.ArgumentParser(
         prog="andrea-trainer",
         description=(
             "Train an ANDREA GPT in a run directory; SIGTERM/SIGINT checkpoint and exit,"
             " SIGUSR1 checkpoints and continues."
         ),
+        allow_abbrev=False,
+    )
+    add_run_dir_argument(p)
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="run.toml",
+        help="run config TOML (default: RUN_DIR/run.toml if present)",
+    )
+    add_config_flags(p)
+    p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume even though the training config changed since the checkpoint (on purpose)",
+    )
+    _add_start_arguments(p)
+    _add_proxy_arguments(p)
+    p.add_argument(
+        "--unsafe-skip-restore", default="", metavar="rng,cursor,buckets", help=argparse.SUPPRESS
+    )
+    # Benchmarks only: measures what the per-step agreement of a torchrun job costs.
+    p.add_argument("--unsafe-no-coordination", action="store_true", help=argparse.SUPPRESS)
+    add_log_level_argument(p)
+    return p
+
+
+def _add_start_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        metavar="PATH/step_NNNNNN.bin",
+        help="start a new run from another run's checkpoint: its weights (same model shape; "
+        "the new run has its own config, data and schedule); refused into a directory that "
+        "holds checkpoints",
     )
     p.add_argument(
-        "--run-dir", type=Path, required=True, help="the run's directory (created if missing)"
+        "--init-from-optimizer",
+        action="store_true",
+        help="with --init-from: Adam's moments and step count come from the checkpoint too",
     )
     p.add_argument(
-        "--config", type=Path, help="run config TOML (default: RUN_DIR/run.toml if present)"
-    )
-    p.add_argument("--preset", help="andrea-tiny | andrea-12m | andrea-120m")
-    p.add_argument(
-        "--max-steps", type=int, help="stop (with a checkpoint) after this many optimizer steps"
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        help="cadence of checkpoints in steps (0: only on request/exit)",
+        "--check",
+        action="store_true",
+        help="check the config, the data and the newest checkpoint against this start, without "
+        "torchrun, training or writing anything; exit with the code the start would (0, 2, 4, 5)",
     )
     p.add_argument(
-        "--seed", type=int, help="seed of every random stream of the run (preset default: 1337)"
+        "--world-size",
+        metavar="N|gpu",
+        help="with --check: the processes of the job to be started (torchrun's nnodes x "
+        "nproc-per-node; gpu: one per visible GPU; default 1)",
     )
-    p.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        help="auto: CUDA when available (default: auto)",
-    )
-    p.add_argument(
-        "--precision",
-        choices=["auto", "fp32", "tf32", "bf16"],
-        help="arithmetic of the step: auto = bf16 autocast on CUDA, fp32 on CPU (see docs/performance.md)",
-    )
-    p.add_argument(
-        "--mixing", choices=["fixed", "proxy"], help="fixed mixture (default) or the proxy's bandit"
-    )
+
+
+def _add_proxy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--with-proxy",
         action="store_true",
@@ -73,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         type=Path,
+        metavar="policy.toml",
         help="with --with-proxy: the proxy's mixing policy TOML (kept as RUN_DIR/policy.toml; a "
         "different one later is refused unless --pivot)",
     )
@@ -81,59 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --with-proxy --policy: the policy replaces the run's, a pivot at the newest checkpoint",
     )
-    p.add_argument(
-        "--threads", type=int, help="torch intra-op threads (bit-exact resume needs the same count)"
-    )
-    p.add_argument("--batch-size", type=int, help="sequences per micro-batch (preset default: 8)")
-    p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1)")
-    p.add_argument(
-        "--eval-every",
-        type=int,
-        help="steps between held-out evaluations (default: the checkpoint cadence; 0: never)",
-    )
-    p.add_argument(
-        "--heldout-fraction",
-        type=float,
-        help="a new run's fraction of documents held out for evaluation (default 0.05)",
-    )
-    p.add_argument(
-        "--compile",
-        choices=["auto", "on", "off"],
-        help="torch.compile the model for training: auto = on for CUDA, off on CPU",
-    )
-    p.add_argument(
-        "--decay-steps",
-        type=int,
-        help="length of the LR schedule: cosine decay to min_lr ends at this step, then flat "
-        "(optim.decay_steps; default: the preset's). Independent of --max-steps, so that extending "
-        "a run never changes the LR of steps already planned",
-    )
-    p.add_argument("--log-every", type=int, help="steps between progress lines (default: 10)")
-    p.add_argument("--sample-every", type=int, help="steps between generated samples (0: never)")
-    p.add_argument("--cache-dir", help="where tokenized data is cached")
-    p.add_argument(
-        "--allow-config-change",
-        action="store_true",
-        help="resume even though the training config changed since the checkpoint (on purpose)",
-    )
-    p.add_argument(
-        "--deterministic",
-        choices=["auto", "on", "off"],
-        help="deterministic algorithms and attention: auto = on for CUDA, off on CPU",
-    )
-    p.add_argument(
-        "--unsafe-skip-restore", default="", metavar="rng,cursor", help=argparse.SUPPRESS
-    )
-    # Benchmarks only: measures what the per-step agreement of a torchrun job costs.
-    p.add_argument("--unsafe-no-coordination", action="store_true", help=argparse.SUPPRESS)
-    add_log_level_argument(p)
-    return p
 
 
 def main(argv: list[str] | None = None) -> None:
     flags = SignalFlags()
     flags.install()
     args = build_parser().parse_args(argv)
+    if args.check or args.world_size is not None:
+        _check(args)
     from .config import ConfigError
     from .distributed import World
 
@@ -162,244 +152,216 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(int(code))
 
 
+def _check(args: argparse.Namespace) -> None:
+    """`--check`: the preflight of a start (daemon/preflight.py); exits with its code."""
+    setup_logging(args.log_level)
+    if not args.check:
+        log.error("--world-size goes with --check")
+        code = ExitCode.CONFIG_ERROR
+    else:
+        from .preflight import run_check
+
+        code = run_check(args)
+    logging.shutdown()
+    os._exit(int(code))
+
+
 def run(args: argparse.Namespace, flags: SignalFlags, world: World | None = None) -> ExitCode:
-    from .config import (
-        ConfigError,
-        build_config,
-        config_changes,
-        for_new_run,
-        load_toml,
-        save_config,
-    )
+    """Start (or resume) the run `args` describe and train it; the exit code says how it ended."""
+    from .config import ConfigError
     from .distributed import World
+    from .trainer_start import StartRefused, plan_start
 
     world = world or World()
-
-    run_dir: Path = args.run_dir
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cfg_path = args.config or (run_dir / CONFIG_FILE)
-        # Whether this run already has its own run.toml (read once: another rank of a job may
-        # write it in the meantime).
-        run_toml_existed = (run_dir / CONFIG_FILE).exists()
-        file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
-        run_preset = file_values.get("preset")
-        if args.preset and run_preset and args.preset != run_preset:
-            raise ConfigError(
-                f"--preset {args.preset} disagrees with this run's preset {run_preset} ({cfg_path}): "
-                "a run keeps its model; drop --preset, or start a new run directory"
-            )
-        data_overrides: dict = {"cache_dir": args.cache_dir} if args.cache_dir else {}
-        if args.heldout_fraction is not None:
-            data_overrides["heldout_fraction"] = args.heldout_fraction
-        overrides = {
-            "preset": args.preset,
-            "max_steps": args.max_steps,
-            "seed": args.seed,
-            "device": args.device,
-            "precision": args.precision,
-            "mixing": "proxy" if args.with_proxy else args.mixing,
-            "threads": args.threads,
-            "deterministic": args.deterministic,
-            "batch_size": args.batch_size,
-            "grad_accum": args.grad_accum,
-            "compile": args.compile,
-            "log_every": args.log_every,
-            "sample_every": args.sample_every,
-        }
-        if args.checkpoint_every is not None:
-            overrides["checkpoint"] = {"every": args.checkpoint_every}
-        if args.decay_steps is not None:
-            overrides["optim"] = {"decay_steps": args.decay_steps}
-        if data_overrides:
-            overrides["data"] = data_overrides
-        if args.eval_every is not None:
-            overrides["eval"] = {"every": args.eval_every}
-        cfg = build_config(file_values, overrides, source=str(cfg_path))
-        from .checkpoint.manager import checkpoint_steps
-
-        # Without run.toml the flags describe a run as this version creates it: with the default
-        # held-out split. A run that lost its run.toml is then resumed only if its checkpoints
-        # agree; one older than splits is refused naming data.heldout_fraction, and
-        # --heldout-fraction 0 restores it.
-        if not run_toml_existed:
-            cfg = for_new_run(cfg)
-        # A device or precision this machine cannot run is refused before run.toml records it.
-        from .distributed import device_for
-        from .precision import resolve, resolve_device
-
-        device = device_for(world, resolve_device(cfg.device))
-        resolve(cfg.precision, device)
-        if cfg.batch_size % world.size:
-            raise ConfigError(
-                f"batch_size {cfg.batch_size} is the global batch of a step; it must be divisible by "
-                f"the world size {world.size} (each rank trains on an equal share)"
-            )
-        # A run that has checkpoints but lost its run.toml gets one only once the resume is
-        # accepted: written now, a refusal would leave the defaults recorded for every restart.
-        # Rank 0 alone writes the run directory; the others read what it wrote (atomically).
-        write_config_after_setup = (
-            world.is_main
-            and not (run_dir / CONFIG_FILE).exists()
-            and bool(checkpoint_steps(run_dir))
-        )
-        changes: list[str] = []
-        if world.is_main and run_toml_existed:
-            # Flags that change the trajectory the run's own file describes: named, and refused
-            # unless deliberate (then recorded in run.toml once the resume has been accepted).
-            recorded = build_config(load_toml(run_dir / CONFIG_FILE), source=CONFIG_FILE)
-            changes = config_changes(recorded.trajectory(), cfg.trajectory())
-            if changes and not args.allow_config_change:
-                log.error(
-                    "this start changes the run's training config (%s): %s; pass "
-                    "--allow-config-change to continue under the new one on purpose",
-                    run_dir / CONFIG_FILE,
-                    "; ".join(changes),
-                )
-                return ExitCode.RESUME_REFUSED
-        if world.is_main and not (run_dir / CONFIG_FILE).exists() and not write_config_after_setup:
-            save_config(cfg, run_dir / CONFIG_FILE)
-        if (args.policy or args.pivot) and not args.with_proxy:
-            raise ConfigError(
-                "--policy and --pivot are options of the proxy: use them with --with-proxy"
-            )
-        if args.with_proxy:
-            # Refused here, before anything starts, rather than by the child proxy after training began.
-            from .mixing.policy import PolicyError
-            from .mixing.policystore import resolve_policy
-
-            try:
-                resolve_policy(run_dir, args.policy, args.pivot)
-            except PolicyError as e:
-                raise ConfigError(str(e)) from None
-        skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
-        if skip - {"rng", "cursor"}:
-            raise ConfigError(f"--unsafe-skip-restore takes rng and/or cursor, not {sorted(skip)}")
-        if args.unsafe_no_coordination and cfg.mixing != "fixed":
-            raise ConfigError(
-                "--unsafe-no-coordination is for benchmarks of the fixed mixture only"
-            )
+        plan = plan_start(args, world)
     except (ConfigError, OSError) as e:
         # Before the process group exists: torchrun's agent sees this rank fail and stops the others.
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
+    except StartRefused as e:
+        log.error("%s", e.message)
+        return e.code
+    if world.is_main:
+        log.info("held-out split: %s", plan.heldout)
+        if plan.recorded:
+            log.info(
+                "a new run: recorded in %s what it left open: %s",
+                CONFIG_FILE,
+                ", ".join(plan.recorded),
+            )
+    return _train_in_process_group(args, flags, world, plan)
 
-    from .companion import Companion
-    from .distributed import init, shutdown
+
+def _train_in_process_group(
+    args: argparse.Namespace, flags: SignalFlags, world: World, plan: StartPlan
+) -> ExitCode:
+    """Join the job's process group, start the --with-proxy companion, train, and leave the group
+    on every end that all ranks agreed on."""
+    from . import determinism
+    from .distributed import init
     from .rundir import AlreadyRunning, SocketDirError
+    from .trainer_start import StartRefused
 
-    backend = init(world, device)
-    proxy = (
-        Companion(run_dir, flags, args.log_level, args.policy, args.pivot)
-        if args.with_proxy and world.is_main
-        else None
-    )
+    # NCCL reads its settings when the communicator is made, which is now (a CUDA job).
+    deterministic = determinism.resolve(plan.cfg.deterministic, plan.device)
+    determinism.pin_collectives(deterministic and world.distributed, plan.device)
+    backend = init(world, plan.device)
+    proxy = _start_companion(args, flags, world)
     refused: StartRefused | None = None
-    code = ExitCode.OK
     try:
-        code = _train(
-            run_dir,
-            cfg,
-            args,
-            flags,
-            skip,
-            world,
-            device,
-            backend,
-            write_config_after_setup,
-            changes,
-        )
+        code = _train(plan, args, flags, world, backend)
+        # A proxy the trainer gave up on decides the exit code of an otherwise clean stop.
+        if proxy is not None and proxy.exit_code is not None and code == ExitCode.OK:
+            code = proxy.exit_code
     except (AlreadyRunning, SocketDirError) as e:
         refused = StartRefused(str(e), ExitCode.CONFIG_ERROR)
     except StartRefused as e:
         refused = e
-    else:
-        # A proxy the trainer gave up on decides the exit code of an otherwise clean stop.
-        if proxy is not None and proxy.exit_code is not None and code == ExitCode.OK:
-            return proxy.exit_code
-        return code
     finally:
         if proxy is not None:
             proxy.stop()
     if refused is None or refused.agreed:
         # Every rank got here with the same agreed outcome, so none waits in a collective any
-        # more; after a refusal of one rank alone, torchrun stops the others instead.
-        shutdown(world)
+        # more. Never after a refusal of this rank alone, or an exception: another rank may still
+        # wait in a collective, and destroying the group would hang (torchtitan #1342); torchrun
+        # stops the others instead.
+        _leave_process_group(world)
     if refused is None:
-        # A proxy the trainer gave up on decides the exit code of an otherwise clean stop.
-        if proxy is not None and proxy.exit_code is not None and code == ExitCode.OK:
-            return proxy.exit_code
         return code
     # Last, after the proxy's closing lines: the end of the output is where a person looks.
     log.error("%s", refused.message)
     return refused.code
 
 
-class StartRefused(Exception):
-    """The trainer cannot start on this run directory; the message says why, the code tells systemd."""
+def _start_companion(
+    args: argparse.Namespace, flags: SignalFlags, world: World
+) -> Companion | None:
+    """The proxy of a one-command run (--with-proxy), started by rank 0 alone."""
+    if not (args.with_proxy and world.is_main):
+        return None
+    from .companion import Companion
 
-    def __init__(self, message: str, code: ExitCode, agreed: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        #: Every rank of a job refuses alike (so none waits in a collective any more).
-        self.agreed = agreed
+    return Companion(args.run_dir, flags, args.log_level, args.policy, args.pivot)
+
+
+def _leave_process_group(world: World) -> None:
+    if world.distributed:
+        from .distributed import shutdown
+
+        shutdown(world)
+        log.info("left the process group")
 
 
 def _train(
-    run_dir: Path,
-    cfg: RunConfig,
+    plan: StartPlan,
     args: argparse.Namespace,
     flags: SignalFlags,
-    skip: frozenset[str],
     world: World,
-    device: torch.device,
     backend: str | None,
-    write_config_after_setup: bool = False,
-    changes: list[str] | None = None,
 ) -> ExitCode:
-    import zmq
-
-    from . import distributed as dist
+    """Build, resume and run the trainer. StartRefused when it cannot start (agreed by every rank
+    when the refusal came before training)."""
     from .checkpoint.manager import ResumeRefused
-    from .config import ConfigError, save_config
-    from .data import DataError
+    from .config import save_config
     from .proxy_link import ProxyRefused
-    from .rundir import AlreadyRunning, SocketDirError
+    from .trainer.sink import RecordLogRefused
+    from .trainer_start import StartRefused
+
+    trainer = _new_trainer(plan, args, flags, world, backend)
+    code, stopped, message = _build(trainer, plan, world)
+    if _agree_on_start(code, stopped, message, world, flags):
+        log.info("stop requested during start-up; nothing was trained, exiting")
+        return ExitCode.OK
+    try:
+        trainer.resume()
+    except ResumeRefused as e:
+        # Rank 0's refusal reaches every rank by its broadcast.
+        raise StartRefused(str(e), ExitCode.RESUME_REFUSED, agreed=True) from None
+    except RecordLogRefused as e:
+        # Rank 0's alone (it alone keeps the records): torchrun stops the other ranks.
+        raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
+    if plan.write_config_after_setup:
+        log.warning("%s was missing; rewritten from the configuration just resumed", CONFIG_FILE)
+        save_config(plan.cfg, plan.run_dir / CONFIG_FILE)
+    try:
+        return trainer.run()
+    except ProxyRefused as e:
+        trainer.close()
+        raise StartRefused(str(e), ExitCode.CONFIG_ERROR) from None
+    except ResumeRefused as e:
+        trainer.close()
+        raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
+
+
+def _new_trainer(
+    plan: StartPlan,
+    args: argparse.Namespace,
+    flags: SignalFlags,
+    world: World,
+    backend: str | None,
+) -> Trainer:
     from .trainer import Trainer, TrainerOptions
 
     opts = TrainerOptions(
-        run_dir,
-        cfg,
+        plan.run_dir,
+        plan.cfg,
         args.allow_config_change,
-        skip,
+        plan.skip,
         world=world,
         coordinate=not args.unsafe_no_coordination,
-        config_changes=list(changes or []),
+        config_changes=list(plan.changes),
+        init_from=plan.init_from,
+        init_optimizer=args.init_from_optimizer,
     )
     trainer = Trainer(opts, flags)
     trainer.backend = backend
-    if skip and world.is_main:
+    if plan.skip and world.is_main:
         log.warning(
             "UNSAFE: skipping restore of %s — this run is a negative control and will diverge",
-            ",".join(sorted(skip)),
+            ",".join(sorted(plan.skip)),
         )
-    # Start-up ends in an agreed outcome: a rank that fails or is stopped there takes every other
-    # rank with it, instead of leaving them in the next collective.
-    code, stopped, message = ExitCode.OK, False, ""
+    return trainer
+
+
+def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, bool, str]:
+    """Build the trainer on this rank: (exit code, stopped during start-up, why it failed). A
+    mistake the operator must fix maps to its exit code; anything else propagates."""
+    import zmq
+
+    from . import distributed as dist
+    from .config import ConfigError
+    from .rundir import AlreadyRunning, SocketDirError
+    from .sources import DataError, SourceRejected
+
     try:
-        dist.check_same(world, "the run's config", _shared_config(cfg))
-        trainer.build(device)
+        dist.check_same(world, "the run's config", _shared_config(plan.cfg))
+        trainer.build(plan.device)
     except InterruptedError:
-        stopped = True
+        return ExitCode.OK, True, ""
     except (AlreadyRunning, SocketDirError, ConfigError, dist.DistributedError) as e:
-        code, message = ExitCode.CONFIG_ERROR, str(e)
+        return ExitCode.CONFIG_ERROR, False, str(e)
+    except SourceRejected as e:
+        # A glob that names something other than data (a file of /proc, a FIFO): the config's.
+        return ExitCode.CONFIG_ERROR, False, f"data: {e}"
     except DataError as e:
-        code, message = ExitCode.DATA_ERROR, f"data: {e}"
+        return ExitCode.DATA_ERROR, False, f"data: {e}"
     except (OSError, zmq.ZMQError) as e:
         # A read-only run directory, an unusable --cache-dir, a socket path that cannot be bound:
         # the operator's to fix, and a restart would repeat it.
-        code, message = ExitCode.CONFIG_ERROR, f"cannot set up the run: {e}"
+        return ExitCode.CONFIG_ERROR, False, f"cannot set up the run: {e}"
+    return ExitCode.OK, False, ""
+
+
+def _agree_on_start(
+    code: ExitCode, stopped: bool, message: str, world: World, flags: SignalFlags
+) -> bool:
+    """Start-up ends in an agreed outcome: a rank that fails or is stopped there takes every other
+    rank with it, instead of leaving them in the next collective. Whether to stop before training;
+    StartRefused (agreed) when any rank failed."""
+    from . import distributed as dist
+    from .trainer_start import StartRefused
+
     if world.distributed:
         agreed = ExitCode(dist.agree_code(world, int(code)))
         if agreed != ExitCode.OK and not message:
@@ -410,25 +372,7 @@ def _train(
         stopped = bool(dist.agree_code(world, int(stopped or flags.stop_requested())))
     if code != ExitCode.OK:
         raise StartRefused(message, code, agreed=True)
-    if stopped:
-        log.info("stop requested during start-up; nothing was trained, exiting")
-        return ExitCode.OK
-    try:
-        trainer.resume()
-    except ResumeRefused as e:
-        # Rank 0's refusal reaches every rank by its broadcast.
-        raise StartRefused(str(e), ExitCode.RESUME_REFUSED, agreed=True) from None
-    if write_config_after_setup:
-        log.warning("%s was missing; rewritten from the configuration just resumed", CONFIG_FILE)
-        save_config(cfg, run_dir / CONFIG_FILE)
-    try:
-        return trainer.run()
-    except ProxyRefused as e:
-        trainer.close()
-        raise StartRefused(str(e), ExitCode.CONFIG_ERROR) from None
-    except ResumeRefused as e:
-        trainer.close()
-        raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
+    return stopped
 
 
 def _shared_config(cfg: RunConfig) -> str:

@@ -22,7 +22,14 @@ from .evalentry import EvalEntry
 from .lossentry import MAX_STEP, LossEntry
 
 MAX_MESSAGE_BYTES = 4 << 20
-PROTOCOL = 1
+#: 2: a `hello` names its process (`pid`) and its life's secret (`life`).
+PROTOCOL = 2
+#: How the proxy's refusal of a record from a peer that is not the live trainer begins: a genuine
+#: trainer whose socket the proxy does not know (a restarted proxy) says hello again at once.
+UNKNOWN_PEER = "not the live trainer"
+#: How the proxy's refusal of a `hello` begins while another trainer life is alive: a trainer
+#: that started while the previous one was still exiting asks again for a while.
+TRAINER_ALIVE = "another trainer is alive"
 #: Steps, segments and phases fit the checkpoint's int32 header; a larger number is refused when
 #: the message is parsed, before any handler sees it.
 Count = Annotated[int, Field(ge=0, le=MAX_STEP)]
@@ -40,7 +47,9 @@ class _Msg(BaseModel):
 class Hello(_Msg):
     """A trainer life introduces itself. `segment` is None for a new life (the proxy numbers it)
     and the life's number when it reconnects after a proxy restart. A proxy of another `protocol`
-    refuses it."""
+    refuses it. `pid` and `life` (a secret the trainer process draws at start and sends only to
+    the proxy) say which process speaks: a hello that is not the live life is refused while the
+    live one runs (docs/protocol.md, "Who may speak for the trainer")."""
 
     type: Literal["hello"] = "hello"
     protocol: int = PROTOCOL
@@ -48,6 +57,8 @@ class Hello(_Msg):
     resume_step: Count
     seed: int = Field(ge=0, lt=2**63)
     arms: list[ArmName] = Field(max_length=1024)
+    pid: int | None = Field(None, ge=1, lt=2**31)
+    life: str | None = Field(None, min_length=16, max_length=64)
 
 
 class PhaseStart(BaseModel):
@@ -124,10 +135,14 @@ class EvalAck(_Msg):
     key: tuple[int, int]  # (segment, step)
 
 
+#: The longest text of one sample, in characters.
+MAX_SAMPLE_TEXT = 16384
+
+
 class Sample(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     prompt: str = Field(max_length=1024)
-    text: str = Field(max_length=16384)
+    text: str = Field(max_length=MAX_SAMPLE_TEXT)
 
 
 class SampleReport(_Msg):

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .evalentry import EvalEntry
+from .lineage import Lineage
 
 
 class Activity(StrEnum):
@@ -82,10 +83,17 @@ class TrainerStatus(_Status):
     compiled: bool | None = None  # None until the trainer has decided
     eval_every: int | None = None  # None until set up; 0: no held-out evaluation
     last_eval: EvalEntry | None = None
+    #: The world sizes the run trained at and the checkpoint it started from (None until resumed).
+    lineage: Lineage | None = None
 
 
 class Zombie(_Status):
-    """An arm whose source is gone: it never draws (see docs/bandit.md)."""
+    """An arm whose source is gone: it never draws, and its history stays in the bandit's state
+    (see docs/bandit.md). The bandit reports these, `.state.json` keeps them, status shows them."""
+
+    # Strict like the bandit's state: in `.state.json`, a coerced value ("3" for 3) or a non-finite
+    # number means the file was edited or broken.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str
     identity: str

@@ -27,7 +27,9 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 echo "setup: installing the project into .venv/ (torch is the large part; first time only)"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v '^WARNING: Location' || true
+# pyproject.toml gives the ranges the code supports; constraints.txt the exact versions tested.
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]' 2>&1 \
+  | grep -v '^WARNING: Location' || true
 .venv/bin/python -c 'import andrea.daemon.trainer, zmq, systemd.daemon' \
   || { echo "setup: the installation is incomplete (see pip's messages above)" >&2; exit 1; }
 echo "setup: ready (.venv/bin/andrea-trainer)"

@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -16,7 +18,9 @@ from andrea.daemon.checkpoint.manager import CheckpointManager, Expectation, Sna
 from andrea.daemon.checkpoint.manifest import Environment, MixingState, OptimizerState, Progress
 from andrea.daemon.config import CheckpointConfig, ModelConfig, RunConfig, build_config
 from andrea.daemon.data import CursorState
+from andrea.daemon.rundir import claim
 from andrea.daemon.schedule import scheduler_state
+from andrea.protocol import messages as m
 
 MODEL = ModelConfig(block_size=8, n_layer=1, n_head=1, n_embd=8, dropout=0.0)
 ARMS = {"docstrings": "a" * 64, "code": "b" * 64}
@@ -122,3 +126,26 @@ def text_arms_config(run_dir: Path, **extra) -> RunConfig:
         {"data": {"arms": arms, "cache_dir": str(run_dir / "cache")}, "mixing": "proxy", **extra},
         {"preset": "andrea-tiny"},
     )
+
+
+#: The life secret of the trainer that the in-process proxy tests play.
+TRAINER_LIFE = "feedface" * 4
+
+
+def play_trainer(run_dir: Path) -> IO[bytes]:
+    """Hold the run's trainer lock in this process, as a trainer does, so that this process's
+    hellos (`trainer_hello`) may start a trainer life; close it to let go."""
+    return claim(run_dir, "trainer")
+
+
+def trainer_hello(cfg: RunConfig, id: str = "h", **kw) -> m.Hello:
+    """The hello of the trainer this process plays (see `play_trainer`)."""
+    fields = dict(
+        id=id,
+        resume_step=0,
+        seed=cfg.seed,
+        arms=["alpha", "beta"],
+        pid=os.getpid(),
+        life=TRAINER_LIFE,
+    )
+    return m.Hello(**{**fields, **kw})

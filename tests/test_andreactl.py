@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -52,11 +53,20 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
         json.loads((tmp_path / name.replace(".bin", ".json")).read_text())["trigger"] == "control"
     )
 
+    proxy_pid = int((tmp_path / ".proxy.lock").read_text())
     res = ctl(tmp_path, "stop", "--wait", "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     stopped = RequestReport.model_validate_json(res.stdout)
     assert stopped.ok and stopped.detail["exit_code"] == 0 and stopped.checkpoint
+    # Issue 24, item 18: --wait means every process of the run has exited, the trainer that
+    # started the proxy (--with-proxy) and the proxy included.
+    assert t.proc.poll() is not None, "stop --wait returned while the trainer was still running"
+    with pytest.raises(ProcessLookupError):
+        os.kill(proxy_pid, 0)
     assert t.wait() == ExitCode.OK, t.log
+    # Issue 24, item 17: stopping a stopped run is done, as with systemctl.
+    again = ctl(tmp_path, "stop", "--json")
+    assert again.returncode == 0 and RequestReport.model_validate_json(again.stdout).ok
     # Output: the two processes told apart, no "resuming after step 0", an ETA, a closing summary.
     lines = t.log.splitlines()
     assert any(" [proxy] INFO " in x for x in lines) and any(" [trainer] INFO " in x for x in lines)

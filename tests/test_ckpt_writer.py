@@ -272,7 +272,7 @@ def test_sigterm_during_background_write_waits_then_writes_final(
         ),
         env=DELAY,
     )
-    t.wait_for(r"checkpoint of step 5 staged")
+    t.wait_for(r"checkpoint of step 5 handed over")
     t.wait_for(r"step 6/")  # training went on; the write of step 5 (1 s) is still in flight
     t.signal(signal.SIGTERM)
     assert t.wait() == ExitCode.OK, t.log
@@ -313,7 +313,7 @@ def test_sigkill_during_background_write_leaves_no_torn_checkpoint(
         env=DELAY,
     )
     t.wait_for(r"checkpoint step_000005.bin written \(cadence")
-    t.wait_for(r"checkpoint of step 10 staged")
+    t.wait_for(r"checkpoint of step 10 handed over")
     time.sleep(
         0.3
     )  # inside the write of step 10: its payload is written, not yet synced or renamed

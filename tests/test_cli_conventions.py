@@ -138,7 +138,7 @@ def test_every_command_has_a_schema(capsys) -> None:
     assert set(schemas) == set(REPORTS)
     names = {c.name for c in andreactl.COMMANDS}
     assert set(REPORTS) | {"export", "verify-resume", "schema"} == names
-    status = schemas["status"]
+    status = schemas["status"]["$defs"]["StatusReport"]
     assert status["properties"]["time"]["format"] == "date-time"
 
 
@@ -187,6 +187,27 @@ def test_the_parser_is_torch_free_and_names_every_verification_problem() -> None
     assert tuple(PROBLEMS) == verify_options.PROBLEM_NAMES
 
 
+def test_help_and_status_import_neither_torch_nor_matplotlib(tmp_path: Path) -> None:
+    # The commands' modules are all imported to build the parser; the heavy imports of a few
+    # commands (size, export, checkpoints: torch; plot: matplotlib) stay in those commands.
+    code = (
+        "import sys; from andrea.control import andreactl;"
+        f" code = andreactl.main(['--run-dir', {str(tmp_path)!r}, 'status']);"
+        " print(code, 'torch' in sys.modules, 'matplotlib' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "3 False False", out.stdout + out.stderr
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "andrea.control.andreactl", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and "usage: andreactl" in out.stdout
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "matplotlib"}, "andreactl --help imported torch or matplotlib"
+
+
 def test_reading_a_runs_events_is_torch_free(tmp_path: Path) -> None:
     # `andreactl plot`/`history` read each manifest's trigger: the manifest model imports torch,
     # which would cost a plot seconds for one string.
@@ -201,3 +222,116 @@ def test_reading_a_runs_events_is_torch_free(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[(10, 'sigusr1')] False", out.stderr
+
+
+def _code(argv: list[str]) -> int:
+    """andreactl's exit code for ``argv``, in-process (argparse's own exits included)."""
+    try:
+        return andreactl.main(argv)
+    except SystemExit as done:
+        return int(done.code or 0)
+
+
+def _one_log(run_dir: Path) -> None:
+    from andrea.daemon.losslog import LossLog
+    from andrea.protocol.lossentry import LossEntry
+
+    with LossLog.open(run_dir / ".loss.json") as log:
+        for s in range(1, 4):
+            log.append(LossEntry(step=s, loss=3.0, arm="code", lr=1e-3, tokens=64,
+                                 wall_time=1.75e9 + s, segment=1, phase=0, batch_sha256=None))  # fmt: skip
+
+
+def test_no_abbreviated_flag_and_a_suggestion_for_a_misspelled_command(
+    tmp_path: Path, capsys
+) -> None:
+    """Issue 24, item 20: `history --la 2` was taken as --last; a misspelled command got a bare
+    list of choices. Every parser of the project takes an option only as it is spelled."""
+    _one_log(tmp_path)
+    assert _code(["history", "--run-dir", str(tmp_path), "--la", "2"]) == 2
+    assert "unrecognized arguments: --la 2" in capsys.readouterr().err
+    assert _code(["stauts", "--run-dir", str(tmp_path)]) == 2
+    assert "did you mean 'status'?" in capsys.readouterr().err
+    from andrea.control import export
+    from andrea.control.verify_resume import main as verify_main
+
+    for name, parser in [
+        *all_parsers(),
+        ("andrea-trainer", trainer_cli.build_parser()),
+        ("andrea-proxy", proxy_cli.build_parser()),
+    ]:
+        assert parser.allow_abbrev is False, name
+    for main, needed in ((export.main, []), (verify_main, ["--output", str(tmp_path / "o")])):
+        with pytest.raises(SystemExit):
+            main([*needed, "--run", str(tmp_path)])
+        assert "unrecognized arguments: --run" in capsys.readouterr().err
+
+
+def test_the_top_level_help_lists_every_exit_code() -> None:
+    """Issue 24, item 19: `status` exits 3 on a stopped run; the top-level help said nothing of 3."""
+    text = andreactl.build_parser().format_help()
+    assert re.search(r"^  3  status: the run is stopped", text, re.M), text
+
+
+def test_the_environments_run_dir_never_breaks_a_command_without_use_for_it(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Issue 24, item 13: with ANDREA_RUN_DIR set, verify-resume --problem mini was refused
+    ('--config and --run-dir apply to the trainer problem only')."""
+    monkeypatch.setenv("ANDREA_RUN_DIR", str(tmp_path))
+    taken = tmp_path / "proof"
+    taken.mkdir()  # an existing output: the verifier refuses it at once, before any work
+    assert _code(["verify-resume", "--problem", "mini", "--output", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and "trainer problem only" not in err
+
+
+def test_every_json_error_is_a_json_document_with_the_exit_code(tmp_path: Path, capsys) -> None:
+    """Issue 24, item 17: with --json a script reads one document on stdout whatever happens; and
+    `stop` on a stopped run is done, as with systemctl (exit 0)."""
+    from andrea.control.reports import ErrorReport, RequestReport
+
+    cases = [
+        (["--json", "history", "--run-dir", str(tmp_path / "missing")], 2, "history"),
+        (["--json", "checkpoint", "--run-dir", str(tmp_path)], 1, "checkpoint"),
+        (["--json", "samples", "--run-dir", str(tmp_path)], 1, "samples"),
+        (["-o", "json", "stauts", "--run-dir", str(tmp_path)], 2, "stauts"),
+        (["--json", "history", "--run-dir", str(tmp_path), "--la", "2"], 2, "history"),
+        (["--json", "plot", "--run-dir", str(tmp_path), "--out", "x.gif"], 2, "plot"),
+        (["--json", "export", "--run-dir", str(tmp_path), "--to", str(tmp_path / "e")], 2, "export"),
+        (["--json", "verify-resume", "--problem", "mini", "--output", str(tmp_path)], 2, "verify-resume"),
+    ]  # fmt: skip
+    for argv, code, command in cases:
+        assert _code(argv) == code, argv
+        doc = ErrorReport.model_validate_json(capsys.readouterr().out)
+        assert doc.exit_code == code and doc.error, argv
+        assert doc.command == (command if command != "stauts" else None), argv
+    assert _code(["--json", "stop", "--run-dir", str(tmp_path)]) == 0
+    stopped = RequestReport.model_validate_json(capsys.readouterr().out)
+    assert stopped.ok and stopped.detail == {"already_stopped": True}
+    assert _code(["stop", "--run-dir", str(tmp_path), "--wait"]) == 0
+    assert "not running; nothing to stop" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == [], "asking a stopped run creates nothing"
+
+
+def test_metrics_export_never_writes_through_a_link(tmp_path: Path, capsys) -> None:
+    """Issue 24, item 12: --out on a dangling link created the file it points at."""
+    _one_log(tmp_path)
+    target = tmp_path / "elsewhere" / "metrics.csv"
+    target.parent.mkdir()
+    for fmt in ("csv", "jsonl", "tensorboard"):
+        link = tmp_path / f"out-{fmt}"
+        link.symlink_to(target)
+        argv = [
+            "metrics",
+            "export",
+            "--run-dir",
+            str(tmp_path),
+            "--format",
+            fmt,
+            "--out",
+            str(link),
+        ]
+        assert _code(argv) == 2, fmt
+        assert "symbolic link" in capsys.readouterr().err
+        assert not target.exists() and os.readlink(link) == str(target)

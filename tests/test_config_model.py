@@ -66,3 +66,30 @@ def test_operational_settings_do_not_change_the_trajectory_hash() -> None:
     b = build_config(overrides={"max_steps": 99999, "checkpoint": {"every": 7}, "threads": 1})
     c = build_config(overrides={"seed": 7})
     assert a.trajectory_hash() == b.trajectory_hash() != c.trajectory_hash()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_cpu_dropout_masks_are_one_pcg64_stream_at_any_thread_count(threads: int) -> None:
+    """The masks every CPU run with dropout has trained on (daemon/model.py): one PCG64 stream,
+    seeded by one draw from torch's generator, two 32-bit halves per 64-bit output, kept where
+    >= round(p * 2**32). Drawing it on several threads must not move a bit, or old runs would no
+    longer resume exactly."""
+    import numpy as np
+
+    from andrea.daemon.model import dropout
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for shape, p in [((8, 8, 256, 256), 0.1), ((3, 65_537), 0.5), ((5,), 0.25)]:
+            x = torch.randn(shape)
+            torch.manual_seed(11)
+            got = dropout(x, p, training=True)
+            torch.manual_seed(11)
+            seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64).item())
+            n = x.numel()
+            bits = np.random.PCG64(seed).random_raw((n + 1) // 2).view(np.uint32)[:n]
+            keep = torch.from_numpy(bits >= np.uint32(round(p * 2**32))).view(shape)
+            assert torch.equal(got, x * keep.to(x.dtype).mul_(1.0 / (1.0 - p)))
+    finally:
+        torch.set_num_threads(before)

@@ -56,9 +56,9 @@ def test_evaluation_changes_no_bit_of_training(
     assert losses(tmp_path) == losses(evaluated)
     for step in (10, STEPS):
         assert (tmp_path / bin_name(step)).read_bytes() == (evaluated / bin_name(step)).read_bytes()
-    # Each step trained grad_accum micro-batches of batch_size sequences of block_size tokens.
+    # Each step trained batch_size sequences of block_size tokens, in grad_accum micro-batches.
     entries = json.loads((evaluated / ".loss.json").read_text())
-    assert {e["tokens"] for e in entries} == {2 * 8 * 64}
+    assert {e["tokens"] for e in entries} == {8 * 64}
     man = json.loads((evaluated / manifest_name(STEPS)).read_text())
     assert man["last_eval_step"] == STEPS and man["environment"]["compiled"] is False
     assert man["config"]["grad_accum"] == 2 and man["config"]["data"]["heldout_fraction"] == 0.05

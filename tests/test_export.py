@@ -14,6 +14,7 @@ from andrea.control import andreactl
 from andrea.control import export as ex
 from andrea.daemon.rundir import bin_name
 
+from .conftest import andreactl as ctl
 from .conftest import run_trainer
 
 pytestmark = pytest.mark.process
@@ -159,3 +160,56 @@ def test_export_is_an_audit_bundle(audited_run: Path, tmp_path: Path, capsys) ->
         expected = flat[e["offset"] : e["offset"] + n].reshape(e["shape"])
         assert tensors[e["name"]].tobytes() == expected.tobytes(), e["name"]
     assert any(c["name"] == "safetensors weights" for c in report["checks"])
+
+
+def _planted(run_dir: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the run with links planted by whoever can write it: policy.toml to a 0600 file
+    outside, .samples.json to another, an archive's pivot.json to the first and a whole archive
+    directory to a folder outside; .state.json is a FIFO. (The copy and its secrets.)"""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns(".sock"))
+    secret, other = tmp_path / "shadow", tmp_path / "notes.json"
+    secret.write_text("root:$6$secret-hash:19000:0:99999:7:::\n")
+    other.write_text('{"format": "andrea-samples/1", "kept": 1, "records": []}')
+    for f in (secret, other):
+        f.chmod(0o600)
+    (run / "policy.toml").symlink_to(secret)
+    (run / ".samples.json").symlink_to(other)
+    os.mkfifo(run / ".state.json")
+    archive = run / "archive" / "pivot-000005-20250101T000000Z"
+    archive.mkdir(parents=True)
+    (archive / "pivot.json").symlink_to(secret)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "pivot.json").write_text('{"boundary_step": 10}')
+    (run / "archive" / "pivot-000010-20250101T000100Z").symlink_to(outside)
+    return run, secret
+
+
+def test_links_in_the_run_directory_are_refused_and_named(run_dir: Path, tmp_path: Path) -> None:
+    """Issue 24, item 1: an export never copies what a link points at; it refuses, naming each
+    offender, and writes nothing."""
+    run, secret = _planted(run_dir, tmp_path)
+    dest = tmp_path / "export"
+    res = ctl(run, "export", "--to", str(dest), timeout=120)
+    assert res.returncode == ex.EXIT_REFUSED, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    for offender, kind in (
+        ("policy.toml", "a symbolic link"),
+        (".samples.json", "a symbolic link"),
+        (".state.json", "a FIFO"),
+        ("archive/pivot-000005-20250101T000000Z/pivot.json", "a symbolic link"),
+        ("archive/pivot-000010-20250101T000100Z", "a symbolic link"),
+    ):
+        assert f"{offender}: {kind}" in res.stderr, (offender, res.stderr)
+    assert not dest.exists(), "a refused export writes nothing"
+    assert "secret-hash" not in res.stdout + res.stderr
+
+
+def test_a_destination_that_cannot_be_created_is_a_refusal(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24, item 11: nothing was written, so exit 2 and no advice to remove anything."""
+    assert ex.main(["--run-dir", str(run_dir), "--to", "/proc/andrea-export"]) == ex.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert "cannot create /proc/andrea-export" in err and "NOT VERIFIED" not in err

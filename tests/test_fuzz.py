@@ -13,15 +13,23 @@ The oracle, for every kind:
     .venv/bin/python -m pytest -q tests/test_fuzz.py                    # CI: EXAMPLES per kind
     ANDREA_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest -q tests/test_fuzz.py   # the long run
 
+Every run-directory file a command or a daemon reads also gets two kinds of its own: a link to a
+valid copy of it outside the run directory, and a FIFO. Nothing may read through the link (except a
+config a person may link: run.toml, policy.toml, read by the daemons) or block on the FIFO.
+
 Message cases bind real ipc sockets (an in-process proxy, and the trainer's control server with a
-real ZeroMQ client) and are marked `process`.
+real ZeroMQ client) and are marked `process`, as are the commands' link and FIFO cases (an alarm
+signal guards each command against blocking).
 """
 
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
+import shutil
+import signal
 import tomllib
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -48,7 +56,15 @@ from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity, TrainerStatus
 
-from .hostile import expectation, resign, text_arms_config, write_checkpoint
+from .hostile import (
+    TRAINER_LIFE,
+    expectation,
+    play_trainer,
+    resign,
+    text_arms_config,
+    trainer_hello,
+    write_checkpoint,
+)
 
 EXAMPLES = int(os.environ.get("ANDREA_FUZZ_EXAMPLES", "30"))
 ALLOCATION_BOUND = 64 << 20
@@ -268,7 +284,8 @@ def proxy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = Proxy(ProxyOptions(d, text_arms_config(d), Policy(lag=2)), SignalFlags())
     p.setup()
     try:
-        p.handle(b"t", m.Hello(id="h", resume_step=0, seed=p.opts.cfg.seed, arms=["alpha", "beta"]))
+        with play_trainer(d):
+            p.handle(b"t", trainer_hello(p.opts.cfg))
         for step in range(1, 13):
             (a,) = p.handle(b"t", m.AssignRequest(id="a", segment=1, from_step=step, count=1)).items
             entry = LossEntry(
@@ -390,6 +407,8 @@ VALID_MESSAGES: dict[str, dict] = {
         "resume_step": 0,
         "seed": 1337,
         "arms": ["alpha", "beta"],
+        "pid": os.getpid(),
+        "life": TRAINER_LIFE,
     },
     "assign": {"type": "assign", "id": "a", "segment": 1, "from_step": 1, "count": 2},
     "losses": {
@@ -435,7 +454,9 @@ VALID_MESSAGES: dict[str, dict] = {
 def live_proxy(tmp_path: Path) -> Iterator[Proxy]:
     p = Proxy(ProxyOptions(tmp_path, text_arms_config(tmp_path), Policy(lag=2)), SignalFlags())
     p.setup()
-    p.handle(b"t", m.Hello(id="h0", resume_step=0, seed=p.opts.cfg.seed, arms=["alpha", "beta"]))
+    # The fuzzer is the live trainer: its records pass the peer check and meet the entry checks.
+    with play_trainer(tmp_path):
+        p.handle(b"fuzzer", trainer_hello(p.opts.cfg, "h0"))
     yield p
     p.close()
 
@@ -587,3 +608,233 @@ def test_fuzz_trainer_control(live_control: LiveControl, kind: str, data: st.Dat
         assert reply.id == msg.id
     if not reply.ok:
         assert c.state() == before, f"a rejected frame changed the trainer's flags: {frame[:200]!r}"
+
+
+# ---- links and FIFOs: every run-directory file any command reads -------------------------------
+#
+# Two more kinds for each file: a link to a valid copy of it outside the run directory (so that a
+# reader that followed it would succeed, and show it), and a FIFO (so that a reader that opened it
+# as a file would block forever). The oracle: every command returns a documented exit code without
+# a traceback, within ALARM_S; the run directory is left exactly as it was; and the link's target
+# is never read (its access time stays where the test set it: the epoch).
+
+ALARM_S = 60
+PIVOT = "archive/pivot-000010-20250101T000000Z"
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory: pytest.TempPathFactory, proxy_run: Path) -> Path:
+    """A stopped run with one of every file a command reads: checkpoints, the loss and evaluation
+    logs, the proxy's files, run.toml, policy.toml, a pivot archive, both locks, .socket-dir."""
+    from andrea.daemon.config import save_config
+    from andrea.daemon.evallog import ArmEval, EvalEntry, EvalLog
+
+    run = tmp_path_factory.mktemp("fuzz-links") / "run"
+    run.mkdir()
+    for step in (10, 20):
+        write_checkpoint(run, step)
+    for name in (rundir.LOSS_FILE, rundir.STATE_FILE, rundir.SAMPLES_FILE):
+        (run / name).write_bytes((proxy_run / name).read_bytes())
+    with EvalLog.open(run / rundir.EVAL_FILE) as log:
+        arms = {"alpha": ArmEval(loss=2.5, sequences=4, tokens=256)}
+        log.append(EvalEntry(step=10, segment=1, phase=0, arms=arms, seconds=0.5, wall_time=1e9))
+    save_config(text_arms_config(proxy_run), run / rundir.CONFIG_FILE)
+    (run / rundir.POLICY_FILE).write_text("lag = 2\n")
+    archive = run / PIVOT
+    archive.mkdir(parents=True)
+    record = {"boundary_step": 10, "old_phase": 0, "new_phase": 1, "old_policy": "a" * 64,
+              "new_policy": "b" * 64, "utc": "20250101T000000Z"}  # fmt: skip
+    (archive / rundir.PIVOT_RECORD).write_text(json.dumps(record))
+    (archive / rundir.POLICY_FILE).write_text("lag = 2\n")
+    for name in (rundir.STATE_FILE, rundir.SAMPLES_FILE):
+        (archive / name).write_bytes((run / name).read_bytes())
+    for role in ("trainer", "proxy"):
+        rundir.lock_path(run, role).write_bytes(b"")
+    (run / rundir.SOCKET_DIR_RECORD).write_text(f"{run / rundir.SOCKET_DIR}\n")
+    return run
+
+
+def _argv(command: str, run: Path, out: Path) -> list[str]:
+    return {
+        "status": ["status"],
+        "stop": ["stop"],
+        "history": ["history"],
+        "history --eval": ["history", "--eval"],
+        "samples": ["samples"],
+        "plot": ["plot", "--out", str(out / "plot.svg")],
+        "metrics": ["metrics", "export", "--format", "csv", "--out", str(out / "m.csv")],
+        "checkpoints": ["checkpoints"],
+        "prune": ["prune", "--dry-run"],
+        "export": ["export", "--to", str(out / "export")],
+        "verify-resume": ["verify-resume", "--problem", "trainer", "--output", str(out / "v")],
+    }[command] + ["--run-dir", str(run)]
+
+
+#: Each file (or directory) of the run, and the commands that read it.
+READERS: dict[str, tuple[str, ...]] = {
+    rundir.CONFIG_FILE: ("export", "verify-resume"),
+    rundir.POLICY_FILE: ("export",),
+    rundir.LOSS_FILE: ("status", "history", "plot", "metrics", "export"),
+    rundir.EVAL_FILE: ("status", "history", "history --eval", "plot"),
+    rundir.SAMPLES_FILE: ("samples", "export"),
+    rundir.STATE_FILE: ("status", "plot", "export"),
+    rundir.manifest_name(20): ("status", "checkpoints", "prune", "plot", "export"),
+    rundir.bin_name(20): ("checkpoints", "prune", "export"),
+    f"{PIVOT}/{rundir.PIVOT_RECORD}": ("plot", "checkpoints", "prune", "export"),
+    f"{PIVOT}/{rundir.POLICY_FILE}": ("plot", "export"),
+    f"{PIVOT}/{rundir.STATE_FILE}": ("plot", "export"),
+    f"{PIVOT}/{rundir.SAMPLES_FILE}": ("export",),
+    PIVOT: ("plot", "checkpoints", "export"),
+    ".trainer.lock": ("status", "stop"),
+    ".proxy.lock": ("status",),
+    rundir.SOCKET_DIR_RECORD: ("status",),  # read while a trainer holds its lock
+}
+
+
+def _plant(run: Path, name: str, kind: str, outside: Path) -> list[Path]:
+    """Replace ``run/name`` by a link to a copy of it in ``outside``, or by a FIFO; the files a
+    link leads to, their access time set to the epoch."""
+    path = run / name
+    copied = outside / path.name
+    if path.is_dir():
+        shutil.copytree(path, copied)
+        shutil.rmtree(path)
+    else:
+        shutil.copy2(path, copied)
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+        return []
+    path.symlink_to(copied)
+    targets = [p for p in copied.rglob("*") if p.is_file()] if copied.is_dir() else [copied]
+    for t in targets:
+        os.utime(t, (0, t.stat().st_mtime))
+    return targets
+
+
+def _tree(run: Path) -> dict[str, object]:
+    """What lies in the run directory, never through a link and never opening a FIFO."""
+    out: dict[str, object] = {}
+    for here, dirs, files in os.walk(run):
+        for name in dirs + files:
+            p = Path(here, name)
+            key = str(p.relative_to(run))
+            if p.is_symlink():
+                out[key] = ("link", os.readlink(p))
+            elif p.is_fifo():
+                out[key] = "fifo"
+            elif p.is_file():
+                out[key] = p.read_bytes()
+    return out
+
+
+class _Blocked(Exception):
+    pass
+
+
+def _within_alarm(fn: Callable[..., Any], *args: Any) -> Any:
+    def ring(signum: int, frame: object) -> None:
+        raise _Blocked
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, ALARM_S)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def atime_is_kept(tmp_path_factory: pytest.TempPathFactory) -> bool:
+    """Whether this filesystem records a read in the access time (relatime does, once the access
+    time is older than the modification time); the link oracle relies on it."""
+    probe = tmp_path_factory.mktemp("atime") / "probe"
+    probe.write_text("x")
+    os.utime(probe, (0, probe.stat().st_mtime))
+    probe.read_text()
+    return probe.stat().st_atime != 0
+
+
+@pytest.mark.process  # an alarm signal guards each command against blocking; ~1 s a case
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+@pytest.mark.parametrize("name", READERS)
+def test_commands_never_follow_a_link_or_block_on_a_fifo(
+    stopped_run: Path, tmp_path: Path, name: str, kind: str, atime_is_kept: bool, capsys
+) -> None:
+    from andrea.control import andreactl
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    targets = _plant(run, name, kind, outside)
+    before = _tree(run)
+    holder = None
+    if name == rundir.SOCKET_DIR_RECORD:  # as if a trainer ran: status then looks for its socket
+        holder = os.open(rundir.lock_path(run, "trainer"), os.O_RDONLY)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        for command in READERS[name]:
+            out = tmp_path / f"out-{command.replace(' ', '-')}"
+            out.mkdir()
+            try:
+                code = _within_alarm(andreactl.main, _argv(command, run, out))
+            except _Blocked:
+                pytest.fail(f"`andreactl {command}` blocked on {name} ({kind})")
+            said = capsys.readouterr()
+            assert code in (0, 1, 2, 3), (command, code, said.err)
+            assert "Traceback" not in said.err, (command, said.err)
+            if atime_is_kept:
+                unread = [t for t in targets if t.stat().st_atime == 0]
+                assert unread == targets, f"`andreactl {command}` read {name} through its link"
+    finally:
+        if holder is not None:
+            os.close(holder)
+    assert _tree(run) == before, f"a command changed the run directory ({name}, {kind})"
+
+
+#: What the daemons read at start, and the outcome each documents for a link or a FIFO there.
+def _daemon_reads(run: Path, name: str) -> None:
+    if name == rundir.CONFIG_FILE:
+        from andrea.daemon.config import load_toml
+
+        load_toml(run / name)  # a person's config may be a link: followed, regular, bounded
+    elif name == rundir.POLICY_FILE:
+        from andrea.daemon.mixing.policy import load_policy
+
+        load_policy(run / name)
+    else:
+        mgr = CheckpointManager(run, CheckpointConfig(every=0))
+        try:
+            loaded = mgr.load(expectation())
+        finally:
+            mgr.close()
+        assert loaded is not None and loaded.manifest.step == 10, "the newest is skipped"
+        assert "not a regular file" in loaded.skipped[0], loaded.skipped
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+@pytest.mark.parametrize(
+    "name", [rundir.CONFIG_FILE, rundir.POLICY_FILE, rundir.manifest_name(20), rundir.bin_name(20)]
+)
+def test_daemon_reads_of_links_and_fifos(
+    stopped_run: Path, tmp_path: Path, name: str, kind: str, atime_is_kept: bool
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for p in stopped_run.iterdir():
+        if p.is_file():
+            shutil.copy2(p, run / p.name)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    targets = _plant(run, name, kind, outside)
+    followed = kind == "link" and name in (rundir.CONFIG_FILE, rundir.POLICY_FILE)
+    try:
+        _within_alarm(_daemon_reads, run, name)
+    except _Blocked:
+        pytest.fail(f"reading {name} ({kind}) blocked")
+    except (ConfigError, PolicyError) as e:
+        assert kind == "fifo" and "not a regular file (a FIFO)" in str(e), e
+    if atime_is_kept and not followed:
+        assert all(t.stat().st_atime == 0 for t in targets), f"{name} read through its link"

@@ -135,7 +135,7 @@ def test_manifest_symlink_to_dev_zero(run_dir: Path) -> None:
     path = run_dir / fmt.manifest_name(20)
     path.unlink()
     os.symlink("/dev/zero", path)
-    _skips_newest(run_dir, "not a regular file (a character device)")
+    _skips_newest(run_dir, "not a regular file (a symbolic link")
 
 
 def test_payload_that_is_a_directory(run_dir: Path) -> None:

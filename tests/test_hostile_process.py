@@ -4,6 +4,7 @@ recovers by a plain restart."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -105,6 +106,10 @@ def test_disk_full(small_disk: Path, cache_dir: Path, mode: list[str]) -> None:
         assert "andrea-proxy exited with code 3 (CHECKPOINT_FAILED): a restart cannot cure" in t.log
     else:
         assert re.search(r"cannot append the loss of step \d+ to .loss.json", t.log), t.log
+    # The failed append is undone at once, not left for the next start to repair (issue 24,
+    # item 10): the log is whole JSON while the disk is still full, and no line says otherwise.
+    entries = json.loads((run_dir / rundir.LOSS_FILE).read_bytes())
+    assert entries and "repaired a torn tail" not in t.log, t.log
     # Nothing half-written: no temporary, no payload without a manifest.
     names = {p.name for p in run_dir.iterdir()}
     assert not {n for n in names if n.endswith(".tmp")}

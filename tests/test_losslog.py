@@ -124,7 +124,7 @@ def test_non_finite_loss_message_round_trip(value: float, spelling: str) -> None
     loss=st.floats(),
     lr=st.floats(min_value=0, allow_infinity=False),
     wall=st.floats(min_value=0, allow_infinity=False),
-    arm=st.text(min_size=1),
+    arm=st.text(min_size=1, max_size=64),  # LossEntry.arm is at most 64 characters
 )
 def test_floats_and_strings_round_trip_exactly(
     loss: float, lr: float, wall: float, arm: str
@@ -733,7 +733,7 @@ def test_failed_write_poisons_the_handle_and_reopen_repairs(
 
     monkeypatch.setattr(losslog.os, "pwrite", disk_full)
     with pytest.raises(OSError):
-        log.append(entry(4))
+        log.append(entry(4))  # the undo of the torn append fails too: the next open repairs it
     monkeypatch.undo()
     with pytest.raises(LossLogError, match="reopen"):
         log.append(entry(5))
@@ -742,6 +742,40 @@ def test_failed_write_poisons_the_handle_and_reopen_repairs(
         assert len(log) == 3
         assert log.append(entry(4)) is True
     assert path.read_bytes() == clean_bytes([entry(s) for s in range(1, 5)])
+
+
+@pytest.mark.parametrize("n_before", [0, 3])
+def test_failed_append_is_undone_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, n_before: int
+) -> None:
+    """A full disk fails the append after part of it landed; the cut that undoes it frees that
+    space, so the file is whole again before the writer even exits (issue 24, item 10)."""
+    path = tmp_path / ".loss.json"
+    before = [entry(s) for s in range(1, n_before + 1)]
+    log = LossLog.open(path)
+    log.append_many(before)
+    real_pwrite, calls = os.pwrite, []
+
+    def full_once(fd: int, data: bytes, offset: int) -> int:
+        calls.append(offset)
+        if len(calls) > 1:
+            return real_pwrite(fd, data, offset)
+        real_pwrite(fd, bytes(data[:40]), offset)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(losslog.os, "pwrite", full_once)
+    with pytest.raises(OSError):
+        log.append_many([entry(4), entry(5)])
+    monkeypatch.undo()
+    assert path.read_bytes() == clean_bytes(before)
+    assert json.loads(path.read_bytes()) == [e.model_dump(mode="json") for e in before]
+    with pytest.raises(LossLogError, match="reopen"):
+        log.append(entry(6))
+    log.close()
+    caplog.clear()
+    with LossLog.open(path) as log:
+        assert len(log) == len(before)
+    assert "repaired" not in caplog.text
 
 
 # ---------------------------------------------------------------- a real kill -9

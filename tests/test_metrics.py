@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import socket
 import subprocess
 import urllib.request
@@ -18,7 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from andrea.daemon.config import MetricsConfig
-from andrea.daemon.metrics.prometheus import Exposition, exposition_for, textfile_name
+from andrea.daemon.metrics.prometheus import (
+    Exposition,
+    beyond_localhost,
+    exposition_for,
+    textfile_name,
+)
 from andrea.daemon.metrics.tensorboard import LiveBoard
 from andrea.protocol.lossentry import LossEntry
 
@@ -184,6 +190,30 @@ def test_prometheus_http_endpoint_on_localhost() -> None:
     got = {s.name: s.value for fam in text_string_to_metric_families(body) for s in fam.samples
            if s.labels.get("run") == "r"}  # fmt: skip
     assert got == {"andrea_step": 7, "andrea_loss_ema": 2.5}
+
+
+@pytest.mark.process
+def test_an_endpoint_beyond_localhost_is_announced_with_a_warning(caplog) -> None:
+    """Issue 24, item 16: prometheus_address = "0.0.0.0" exposed the run without a word."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with caplog.at_level(logging.INFO, logger="andrea.daemon.metrics.prometheus"):
+        Exposition("trainer", "r").serve("127.0.0.1", port)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        Exposition("trainer", "r").serve("0.0.0.0", port + 1 if port < 65535 else port - 1)
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "0.0.0.0" in warning.getMessage() and "every network" in warning.getMessage()
+    assert "prometheus_address" in warning.getMessage()
+
+
+@pytest.mark.parametrize(
+    ("address", "beyond"),
+    [("127.0.0.1", False), ("::1", False), ("localhost", False), ("127.0.0.53", False),
+     ("0.0.0.0", True), ("::", True), ("10.1.2.3", True), ("metrics.example.org", True)],
+)  # fmt: skip
+def test_which_addresses_reach_beyond_this_host(address: str, beyond: bool) -> None:
+    assert (beyond_localhost(address) is not None) == beyond
 
 
 def entry(step: int, segment: int, loss: float) -> LossEntry:

@@ -5,7 +5,11 @@ nothing — not .loss.json, not the bandit, not what a restarted proxy does."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,11 +20,14 @@ from andrea.daemon.losslog import read_entries
 from andrea.daemon.mixing.policy import Policy
 from andrea.daemon.mixing.proxy import LogContradiction, Proxy, ProxyOptions
 from andrea.daemon.process import SignalFlags
-from andrea.daemon.rundir import LOSS_FILE, SAMPLES_FILE, STATE_FILE
+from andrea.daemon.proxy_link import ProxyLink
+from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, STATE_FILE, peer_endpoint
 from andrea.protocol import messages as m
+from andrea.protocol.evalentry import ArmEval, EvalEntry
 from andrea.protocol.lossentry import LossEntry
+from andrea.protocol.transport import request
 
-from .hostile import text_arms_config, write_checkpoint
+from .hostile import play_trainer, text_arms_config, trainer_hello, write_checkpoint
 
 pytestmark = pytest.mark.process  # binds a real ipc socket
 
@@ -57,14 +64,14 @@ def _entry(step: int, arm: str, segment: int = 1, **kw) -> LossEntry:
 @pytest.fixture(params=["learnability", "loss"])
 def proxy(tmp_path: Path, request: pytest.FixtureRequest):
     p = _proxy(tmp_path, request.param)
-    welcome = p.handle(
-        PEER, m.Hello(id="h", resume_step=0, seed=p.opts.cfg.seed, arms=["alpha", "beta"])
-    )
+    lock = play_trainer(tmp_path)
+    welcome = p.handle(PEER, trainer_hello(p.opts.cfg))
     assert isinstance(welcome, m.Welcome) and welcome.segment == 1
     got = p.handle(PEER, m.AssignRequest(id="a", segment=1, from_step=1, count=2))
     p.arms = {a.step: a.arm for a in got.items}
     yield p
     p.close()
+    lock.close()
 
 
 def _durable(run_dir: Path) -> tuple[bytes, bytes]:
@@ -121,12 +128,7 @@ def test_out_of_range_fields_are_refused_at_decoding(frame: bytes) -> None:
 
 def test_hello_with_an_unnumbered_segment_is_refused(proxy: Proxy) -> None:
     before = _durable(proxy.run_dir)
-    reply = proxy.handle(
-        PEER,
-        m.Hello(
-            id="h2", segment=40, resume_step=0, seed=proxy.opts.cfg.seed, arms=["alpha", "beta"]
-        ),
-    )
+    reply = proxy.handle(PEER, trainer_hello(proxy.opts.cfg, "h2", segment=40))
     assert isinstance(reply, m.Reply) and not reply.ok and "never numbered" in reply.error
     assert _durable(proxy.run_dir) == before
 
@@ -142,6 +144,101 @@ def test_restart_after_an_attack_is_clean(proxy: Proxy) -> None:
     finally:
         again.close()
     proxy.close = lambda: None  # already closed
+
+
+# ---- who may speak for the trainer (issue 24, item 3) ------------------------------------------
+
+#: A process that holds the run's trainer lock until its stdin closes: a trainer life elsewhere.
+_LOCK_HOLDER = (
+    "import sys; from pathlib import Path; from andrea.daemon.rundir import claim; "
+    "lock = claim(Path(sys.argv[1]), 'trainer'); print('ready', flush=True); sys.stdin.read()"
+)
+
+
+def _eval(step: int) -> EvalEntry:
+    arms = {"alpha": ArmEval(loss=0.01, sequences=4, tokens=256)}
+    return EvalEntry(step=step, segment=1, phase=0, arms=arms, seconds=0.1, wall_time=1.0)
+
+
+def _records(run_dir: Path) -> list[bytes]:
+    names = (LOSS_FILE, STATE_FILE, EVAL_FILE, SAMPLES_FILE)
+    return [(run_dir / n).read_bytes() if (run_dir / n).exists() else b"" for n in names]
+
+
+def _stranger_hello(proxy: Proxy, **kw) -> m.Hello:
+    return trainer_hello(proxy.opts.cfg, "x", **{"life": "0badc0de" * 4, **kw})
+
+
+def test_a_second_life_never_displaces_the_live_trainer(proxy: Proxy) -> None:
+    run_dir = proxy.run_dir
+    _run_steps(proxy, 3)
+    before = _records(run_dir)
+    for hello in (
+        _stranger_hello(proxy),
+        _stranger_hello(proxy, resume_step=0, segment=1),
+        _stranger_hello(proxy, pid=None, life=None),
+    ):
+        reply = proxy.handle(b"stranger", hello)
+        assert isinstance(reply, m.Reply) and reply.error.startswith(m.TRAINER_ALIVE), reply
+        assert f"pid {os.getpid()}" in reply.error
+    for msg in (
+        m.LossReport(id="l", entries=[_entry(4, "alpha", loss=0.01)]),
+        m.EvalReport(id="e", entry=_eval(3)),
+        m.SampleReport(id="s", step=3, segment=1, phase=0, samples=[]),
+    ):
+        reply = proxy.handle(b"stranger", msg)
+        assert isinstance(reply, m.Reply) and reply.error.startswith(m.UNKNOWN_PEER), reply
+    assert _records(run_dir) == before
+    assert (proxy.max_segment, proxy.trainer_step) == (1, 3)
+    # The live life itself, on a new socket (a reconnect): welcomed back, its records taken.
+    welcome = proxy.handle(b"again", trainer_hello(proxy.opts.cfg, "h3", segment=1))
+    assert isinstance(welcome, m.Welcome) and welcome.segment == 1
+    (a,) = proxy.handle(b"again", m.AssignRequest(id="a", segment=1, from_step=4, count=1)).items
+    assert isinstance(
+        proxy.handle(b"again", m.LossReport(id="l", entries=[_entry(4, a.arm)])), m.LossAck
+    )
+
+
+def test_a_new_life_begins_once_the_old_one_is_gone(tmp_path: Path) -> None:
+    p = _proxy(tmp_path)
+    old = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert old.stdout.readline() == "ready\n"
+        first = p.handle(b"old", trainer_hello(p.opts.cfg, pid=old.pid, life="01d" * 8))
+        assert isinstance(first, m.Welcome) and first.segment == 1
+        # This process does not hold the lock, and the old life is alive: refused either way.
+        for hello in (trainer_hello(p.opts.cfg), trainer_hello(p.opts.cfg, pid=old.pid)):
+            reply = p.handle(b"new", hello)
+            assert isinstance(reply, m.Reply) and reply.error.startswith(m.TRAINER_ALIVE)
+        old.stdin.close()
+        old.wait(timeout=30)
+        # Gone, but the lock names a dead process: still nobody may begin a life.
+        reply = p.handle(b"new", trainer_hello(p.opts.cfg))
+        assert isinstance(reply, m.Reply) and "does not hold this run's trainer lock" in reply.error
+        with play_trainer(tmp_path):
+            welcome = p.handle(b"new", trainer_hello(p.opts.cfg, resume_step=0))
+        assert isinstance(welcome, m.Welcome) and welcome.segment == 2
+        reply = p.handle(b"old", m.LossReport(id="l", entries=[_entry(1, "alpha")]))
+        assert isinstance(reply, m.Reply) and reply.error.startswith(m.UNKNOWN_PEER)
+        p.close()
+        # A restarted proxy still knows the live life: a stranger is refused, the life welcomed.
+        again = _proxy(tmp_path)
+        try:
+            reply = again.handle(b"x", _stranger_hello(again))
+            assert isinstance(reply, m.Reply) and reply.error.startswith(m.TRAINER_ALIVE)
+            welcome = again.handle(b"t", trainer_hello(again.opts.cfg, segment=2))
+            assert isinstance(welcome, m.Welcome) and welcome.segment == 2
+        finally:
+            again.close()
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait()
 
 
 # ---- files that contradict each other (item 9) ------------------------------------------------
@@ -222,3 +319,91 @@ def _durable_files(run_dir: Path) -> dict[str, bytes]:
     return {
         p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.suffix == ".json"
     }
+
+
+# ---- the trainer's side: a refused hello asked again, an unknown link said hello again -----------
+
+
+class _Served:
+    """A proxy on its real socket, served by a thread of this process."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.flags = SignalFlags()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(run_dir,), daemon=True)
+        self.thread.start()
+        assert self.ready.wait(30)
+
+    def _run(self, run_dir: Path) -> None:
+        p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), Policy(lag=2)), self.flags)
+        p.setup()
+        self.ready.set()
+        try:
+            p.serve()
+        finally:
+            p.close()
+
+    def stop(self) -> None:
+        self.flags.request_stop("sigterm")
+        self.thread.join(30)
+
+
+def _assigned(link: ProxyLink, step: int, within: float = 30) -> m.Assignment | None:
+    """The arm of `step`, asked for as the trainer does (each wait ends at any reply)."""
+    deadline = time.monotonic() + within
+    while (a := link.assignment(step, timeout=0.25)) is None and time.monotonic() < deadline:
+        pass
+    return a
+
+
+def test_the_trainer_link_waits_for_the_old_life_and_says_hello_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = text_arms_config(tmp_path)
+    old = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    served = None
+    link = ProxyLink(peer_endpoint(tmp_path, "proxy"), 0, cfg.seed, ["alpha", "beta"])
+    try:
+        assert old.stdout.readline() == "ready\n"
+        served = _Served(tmp_path)
+        first = request(
+            peer_endpoint(tmp_path, "proxy"),
+            trainer_hello(cfg, pid=old.pid, life="01d" * 8),
+            timeout=10,
+        )
+        assert isinstance(first, m.Welcome), first
+        # A trainer that starts while the previous life still exits is refused, and asks again.
+        link.start()
+        with caplog.at_level(logging.WARNING):
+            assert _assigned(link, 1, within=2.5) is None
+            assert "refused this trainer for now" in caplog.text and link.refused is None
+        old.stdin.close()
+        old.wait(timeout=30)
+        with play_trainer(tmp_path):
+            a = _assigned(link, 1)
+        assert a is not None and link.segment == 2
+        link.submit_loss(_entry(1, a.arm, segment=2))
+        assert link.wait_acknowledged(30)
+        # A restarted proxy does not know the link's socket (ZeroMQ reconnected it by itself): the
+        # records it refuses are sent again after a hello, which the live life passes.
+        served.stop()
+        served = _Served(tmp_path)
+        a = _assigned(link, 2)
+        assert a is not None
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            link.submit_loss(_entry(2, a.arm, segment=2))
+            assert link.wait_acknowledged(30)
+        assert "saying hello again" in caplog.text and link.refused is None
+    finally:
+        link.close()
+        if served is not None:
+            served.stop()
+        if old.poll() is None:
+            old.kill()
+            old.wait()

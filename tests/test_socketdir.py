@@ -10,6 +10,8 @@ import hashlib
 import os
 import shutil
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -97,30 +99,103 @@ def test_a_socket_dir_owned_by_another_user_is_refused(tmp_path: Path, monkeypat
         socket_dir(tmp_path)
 
 
-@needs_root
-def test_a_pre_created_fallback_directory_is_refused(tmp_path: Path, monkeypatch) -> None:
-    """The attack of issue 12: a run directory too long for a unix socket puts the sockets under
-    /tmp/andrea-UID/<hash>; another user creates that hash directory first."""
-    monkeypatch.delenv("ANDREA_SOCKET_DIR", raising=False)
+def _long_run(tmp_path: Path) -> Path:
+    """A run directory whose RUN_DIR/.sock/trainer.sock would not fit a unix socket's path."""
     run = tmp_path / ("r" * 120)
     run.mkdir()
+    return run
+
+
+@needs_root
+def test_another_user_cannot_pre_empt_the_fallback(tmp_path: Path, monkeypatch) -> None:
+    """Issue 24, item 8: the fallback of a run directory too long for a unix socket was
+    /tmp/andrea-UID/<hash of the run dir>, a name another local user could create first (the
+    trainer then exited 2, for good). Every predictable name is planted here, owned by another
+    user; the sockets go to a directory with a random name, recorded in the run directory."""
+    monkeypatch.delenv("ANDREA_SOCKET_DIR", raising=False)
+    for var in ("XDG_RUNTIME_DIR", "RUNTIME_DIRECTORY"):
+        monkeypatch.delenv(var, raising=False)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    os.chmod(tmp, 0o1777)  # a /tmp of its own: what is planted here harms no other test
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # $TMPDIR, as gettempdir() read it
+    run = _long_run(tmp_path)
     digest = hashlib.sha256(str(run.resolve()).encode()).hexdigest()[:16]
-    parent = Path(f"/tmp/andrea-{os.geteuid()}")
-    parent.mkdir(mode=0o700, exist_ok=True)
-    planted = parent / digest
-    planted.mkdir()
+    uid = os.geteuid()
+    planted = [
+        Path(f"/tmp/andrea-{uid}") / digest,
+        tmp / f"andrea-{uid}",
+        tmp / f"andrea-{uid}" / digest,
+    ]
     try:
-        os.chown(planted, OTHER_UID, OTHER_UID)
-        with pytest.raises(SocketDirError, match=f"{planted} is owned by uid {OTHER_UID}"):
-            socket_dir(run)
+        Path(f"/tmp/andrea-{uid}").mkdir(mode=0o700, exist_ok=True)
+        for d in planted:
+            d.mkdir(exist_ok=True)
+            os.chown(d, OTHER_UID, OTHER_UID)
+        d = socket_dir(run)
+        assert d not in planted and d.parent == tmp and d.name.startswith(f"andrea-{uid}-")
+        assert mode(d) == 0o700 and os.stat(d).st_uid == uid
+        assert (run / SOCKET_DIR_RECORD).read_text() == f"{d}\n"
+        # The other daemon of the run, and every later start, use the recorded directory; a
+        # client finds it from the run directory alone.
+        assert socket_dir(run) == d and find_socket_dir(run) == d
     finally:
-        shutil.rmtree(planted)
-    # Without the planted directory the fallback works, under an owner-only parent.
+        shutil.rmtree(planted[0], ignore_errors=True)
+
+
+@pytest.fixture
+def runtime() -> Iterator[Path]:
+    """A private runtime directory (as /run/user/UID), short enough for a socket path below it."""
+    d = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d)
+
+
+def test_the_fallback_prefers_the_runtime_directory(
+    tmp_path: Path, runtime: Path, monkeypatch
+) -> None:
+    monkeypatch.delenv("ANDREA_SOCKET_DIR", raising=False)
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    run = _long_run(tmp_path)
     d = socket_dir(run)
-    try:
-        assert d == planted and mode(d) == 0o700 and mode(parent) == 0o700
-    finally:
-        d.rmdir()
+    assert d.parent == runtime and mode(d) == 0o700
+    assert find_socket_dir(run) == d and socket_dir(run) == d
+
+
+@needs_root
+def test_a_recorded_directory_another_user_took_over_is_not_used(
+    tmp_path: Path, runtime: Path, monkeypatch
+) -> None:
+    """After a reboot the recorded random directory is gone, and its name is known: another user
+    may create it. The daemons choose a new one; a client refuses the stale record meanwhile."""
+    monkeypatch.delenv("ANDREA_SOCKET_DIR", raising=False)
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    run = _long_run(tmp_path)
+    first = socket_dir(run)
+    first.rmdir()
+    first.mkdir()
+    os.chown(first, OTHER_UID, OTHER_UID)
+    with pytest.raises(SocketDirError, match=f"owned by uid {OTHER_UID}"):
+        find_socket_dir(run)
+    # The runtime directory's name for this run is taken too: a random one under $TMPDIR.
+    monkeypatch.setattr(tempfile, "tempdir", str(runtime))
+    second = socket_dir(run)
+    assert second != first and second.parent == runtime
+    assert os.stat(second).st_uid == os.geteuid() and mode(second) == 0o700
+    assert find_socket_dir(run) == second
+
+
+def test_a_refusal_names_the_variable_that_avoids_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("ANDREA_SOCKET_DIR", raising=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o775)
+    run = shared / "run"
+    run.mkdir()
+    with pytest.raises(SocketDirError, match="ANDREA_SOCKET_DIR"):
+        socket_dir(run)
 
 
 @needs_root

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from andrea.control.andreactl import _status_text
+from andrea.control.commands.status import status_text
 from andrea.control.reports import StatusReport
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 
@@ -97,7 +97,7 @@ def _report(trainer: dict | None, proxy: dict | None) -> StatusReport:
 
 
 def test_andreactl_text_names_the_hold_step_and_zombies() -> None:
-    text = _status_text(_report(TRAINER, PROXY), Path("/runs/a"))
+    text = status_text(_report(TRAINER, PROXY), Path("/runs/a"))
     first, second = text.splitlines()[:2]
     assert first.startswith("trainer: holding after step 30, step 30/100 (30%), loss EMA 4.5000")
     assert "last checkpoint 30" in second and "segment 2, pid 4242, cpu float32" in second
@@ -110,7 +110,7 @@ def test_andreactl_text_names_the_hold_step_and_zombies() -> None:
 
 def test_a_trainer_still_starting_has_no_device_yet() -> None:
     starting = {**TRAINER, "activity": "starting", "device": None, "dtype": None}
-    lines = _status_text(_report(starting, None), Path("/runs/a")).splitlines()
+    lines = status_text(_report(starting, None), Path("/runs/a")).splitlines()
     assert lines[0].startswith("trainer: starting, step 30/100")
     assert lines[1].endswith("segment 2, pid 4242")
     assert lines[2] == "proxy:   not running"

@@ -411,3 +411,30 @@ def test_torchrun_unit_starts_reloads_stops_and_resumes(sd: SystemdMachine) -> N
     wait_step(sd, run, final["step"] + 1, unit=unit)
     sd.systemctl("stop", unit, proxy(run), timeout=300)
     assert sd.show(unit, "Result", "ExecMainStatus") == {"Result": "success", "ExecMainStatus": "0"}
+
+
+def test_torchrun_unit_with_a_broken_config_fails_once_with_its_reason(sd: SystemdMachine) -> None:
+    """torchrun reports a worker's exit 2 as 1, which the unit would restart until its start limit.
+    The preflight (`andrea-trainer --check`, first in ExecStart=) exits 2 itself, before torchrun
+    runs: the unit fails after one start, its reason in the journal, and is not restarted."""
+    run = f"{RUN}p"
+    unit = f"andrea-trainer-ddp@{run}.service"
+    sd.write_dropin(unit, "fast", "[Service]\nRestartSec=1s\n")
+    sd.daemon_reload()
+    # Four sequences per micro-batch cannot be shared by three ranks.
+    sd.write_env(run, "ANDREA_NPROC=3", f'ANDREA_TRAINER_ARGS="{TINY} --grad-accum 2"')
+    sd.sh(f"systemctl start {unit}", timeout=120)
+    sd.wait_until(lambda: sd.prop(unit, "ActiveState") == "failed", 60, "the unit to fail")
+    time.sleep(3)  # three RestartSec: a restart would have happened by now
+    props = sd.show(unit, "ActiveState", "NRestarts", "Result", "ExecMainStatus")
+    assert props == {
+        "ActiveState": "failed",
+        "NRestarts": "0",
+        "Result": "exit-code",
+        "ExecMainStatus": "2",
+    }, (props, sd.journal(unit)[-3000:])
+    log = sd.journal(unit)
+    assert "which a job of 3 ranks cannot share equally" in log, log[-3000:]
+    assert "world sizes 1, 2 or 4 would work" in log, log[-3000:]
+    assert "torchrun" not in sd.sh("ps -ef").stdout
+    assert log.count("cannot share equally") == 1, "one start, one refusal"

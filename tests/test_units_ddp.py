@@ -45,8 +45,15 @@ def test_torchrun_unit_contract(tmp_path: Path) -> None:
     svc, head = cp["Service"], cp["Unit"]
     assert svc["Type"] == "notify" and svc["NotifyAccess"] == "all", "rank 0 is not the main pid"
     start = svc["ExecStart"]
+    # The torchrun-free preflight first, as the main process (its exit code reaches systemd),
+    # which then becomes torchrun.
+    assert start.startswith("/bin/sh -c '")
+    check, _, start = start.partition(" && exec ")
+    assert '/andrea-trainer --check --world-size "$ANDREA_NPROC"' in check
+    assert check.count("$ANDREA_TRAINER_ARGS") == start.count("$ANDREA_TRAINER_ARGS") == 1
     assert start.split()[0].endswith("/torchrun") and "--no-python" in start
     assert "--max-restarts 0" in start, "restarts belong to the unit"
+    assert set(svc["RestartPreventExitStatus"].split()) == {"2", "4", "5"}
     shutdown = float(re.search(r"--shutdown-timeout (\d+)", start).group(1))
     # TimeoutStopSec > --shutdown-timeout > one step plus one checkpoint (the trainer also asks
     # for more time with EXTEND_TIMEOUT_USEC while it writes).

@@ -51,7 +51,15 @@ def _cache_is_a_file(run_dir: Path) -> list[str]:
     return ["--cache-dir", str(run_dir / "not-a-dir" / "cache")]
 
 
+def _fifo_toml(run_dir: Path) -> list[str]:
+    # Issue 24, item 4: open() of a FIFO waited for a writer forever, deaf to SIGTERM.
+    run_dir.mkdir(parents=True)
+    os.mkfifo(run_dir / "run.toml")
+    return []
+
+
 CASES: dict[str, tuple[Callable[[Path], list[str]], int, str]] = {
+    "run-toml-fifo": (_fifo_toml, ExitCode.CONFIG_ERROR, "run.toml: not a regular file (a FIFO)"),
     "non-utf8-toml": (_toml(b'preset = "\xff\xfe"\n'), ExitCode.CONFIG_ERROR, "not UTF-8"),
     "deep-toml": (
         _toml(b"x = " + b"[" * 50000 + b"]" * 50000 + b"\n"),
@@ -119,3 +127,34 @@ def test_deleted_run_toml_is_not_rewritten_before_a_refusal(
     res = _trainer(tmp_path, cache_dir, "--seed", "7")
     assert res.returncode == ExitCode.OK, res.stderr
     assert "seed = 7" in (tmp_path / "run.toml").read_text()
+
+
+def test_proxy_policy_linked_to_dev_zero(tmp_path: Path) -> None:
+    """Issue 24, item 4: the proxy read /dev/zero to 3.1 GB; now exit 2 naming the file, at once,
+    under a 4 GiB address-space limit that an unbounded read would exhaust."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\nmixing = "proxy"\n')
+    (tmp_path / "policy.toml").symlink_to("/dev/zero")
+    cmd = [sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, preexec_fn=limited)
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
+    assert "policy.toml: not a regular file (a character device)" in res.stderr
+    assert "Traceback" not in res.stderr and "out of memory" not in res.stderr
+
+
+def test_trainer_takes_the_run_dir_from_the_environment_and_leaves_nothing_on_a_bad_preset(
+    tmp_path: Path,
+) -> None:
+    """Issue 24, item 21: andrea-trainer ignored ANDREA_RUN_DIR (which andreactl honours), and a
+    misspelled preset left an empty run directory behind."""
+    run_dir = tmp_path / "runs" / "demo"
+    cmd = [sys.executable, "-m", "andrea.daemon.trainer_cli", "--preset", "andrea-12n"]
+    env = {**os.environ, "ANDREA_RUN_DIR": str(run_dir)}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
+    assert "unknown preset 'andrea-12n'" in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists(), "a refused start creates no run directory"

@@ -217,7 +217,7 @@ def _tamper_code(c: dict[str, Any]) -> None:
         (_tamper_weights, "model weights are not the weights recorded"),
         (_tamper_adam_step, "optimizer state 0 counts"),
         (_tamper_rng_keys, "rng must hold exactly"),
-        (_tamper_code, "another version of mini_problem.py"),
+        (_tamper_code, "another version of the andrea.control.mini_problem package"),
     ],
 )
 def test_an_inconsistent_checkpoint_is_refused_even_with_a_valid_fingerprint(

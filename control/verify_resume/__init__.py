@@ -68,7 +68,9 @@ PROBLEMS: dict[str, Callable[[Path, ProblemOptions], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m andrea.control.verify_resume", description=__doc__.split("\n\n")[0]
+        prog="python -m andrea.control.verify_resume",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
     add_arguments(parser)
     parser.add_argument(
@@ -104,7 +106,9 @@ def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         # or, for a config file given alone, to the directory that holds it.
         base = (run_dir if run_dir is not None else source.parent).resolve()
         try:
-            check_user_config(source)
+            # A run directory's run.toml is read where it lies (never through a link): the
+            # verifier may run as root on a directory others can write.
+            check_user_config(source, follow_symlinks=config is not None)
             prepared = (source, base)
         except ConfigError as e:
             print(f"verify-resume: {e}", file=sys.stderr)

@@ -175,7 +175,33 @@ def run_path(
     program = "python" if argv[0] == sys.executable else Path(argv[0]).name
     print(f"[{index}/{total}] {name:<16} {program} {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()
-    deadline = started + PATH_TIMEOUT_S
+    returncode, signal_sent = _run_logged(name, argv, log_file, started + PATH_TIMEOUT_S, stop_on)
+    seconds = time.monotonic() - started
+    if returncode not in ok_codes:
+        tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-10:])
+        raise VerificationIncomplete(
+            f"path {name} exited with {returncode} (log: {log_file}):\n{tail}"
+        )
+    print(
+        f"      {name:<16} ok ({seconds:.1f} s){'  [' + signal_sent + ']' if signal_sent else ''}",
+        flush=True,
+    )
+    return PathRecord(
+        name=name,
+        command=list(argv),
+        output_dir=str(output_dir),
+        exit_code=returncode,
+        seconds=round(seconds, 3),
+        log_file=str(log_file),
+        signal_sent=signal_sent,
+    )
+
+
+def _run_logged(
+    name: str, argv: Sequence[str], log_file: Path, deadline: float, stop_on: str | None
+) -> tuple[int, str | None]:
+    """Run ``argv`` until it exits, its output into ``log_file``; returns its exit code and the
+    signal it was sent (see :func:`run_path`), or raises if it outlives ``deadline``."""
     pattern = re.compile(stop_on.encode()) if stop_on else None
     matched = threading.Event()
     signal_sent = None
@@ -212,25 +238,7 @@ def run_path(
             ) from exc
         finally:
             reader.join()
-    seconds = time.monotonic() - started
-    if returncode not in ok_codes:
-        tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-10:])
-        raise VerificationIncomplete(
-            f"path {name} exited with {returncode} (log: {log_file}):\n{tail}"
-        )
-    print(
-        f"      {name:<16} ok ({seconds:.1f} s){'  [' + signal_sent + ']' if signal_sent else ''}",
-        flush=True,
-    )
-    return PathRecord(
-        name=name,
-        command=list(argv),
-        output_dir=str(output_dir),
-        exit_code=returncode,
-        seconds=round(seconds, 3),
-        log_file=str(log_file),
-        signal_sent=signal_sent,
-    )
+    return returncode, signal_sent
 
 
 def _negatives(report: VerificationReport) -> list[tuple[str, list[Comparison]]]:

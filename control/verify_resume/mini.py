@@ -208,87 +208,101 @@ def _mini_resume_quantities(
 
 def _mini_checks(summaries: dict[str, dict[str, Any]], stop_sha256: str) -> list[Check]:
     config = mini.MiniConfig()
-    checks: list[Check] = []
-
-    def check(path: str, name: str, passed: bool, detail: str) -> None:
-        checks.append(Check(path=path, name=name, passed=passed, detail=detail))
-
-    def progress_is(path: str, step: int) -> None:
-        progress = summaries[path]["progress"]
-        rows = step * config.batch_size
-        # A new order is drawn when a batch needs it, so a finished epoch leaves the cursor at n_rows.
-        epoch = (rows - 1) // config.n_rows
-        expected = (step, epoch, rows - epoch * config.n_rows)
-        actual = (progress["step"], progress["epoch"], progress["cursor"])
-        check(
-            path,
-            "progress (step, epoch, cursor)",
-            actual == expected,
-            f"{actual}, expected {expected}",
-        )
-
-    def rows_once_per_epoch(path: str) -> None:
-        history = summaries[path]["history"]
-        by_epoch: dict[int, list[int]] = {}
-        for record in history:
-            by_epoch.setdefault(record["epoch"], []).extend(record["row_ids"])
-        repeated = {
-            epoch: len(rows) - len(set(rows))
-            for epoch, rows in by_epoch.items()
-            if len(rows) != len(set(rows))
-        }
-        steps = [record["step"] for record in history]
-        passed = not repeated and steps == list(range(1, len(steps) + 1))
-        check(
-            path,
-            "every step once, no row skipped or repeated within an epoch",
-            passed,
-            f"steps {steps[:1]}..{steps[-1:]}, repeated rows per epoch {repeated}",
-        )
-
-    progress_is(CONTINUOUS, MINI_TOTAL_STEPS)
-    rows_once_per_epoch(CONTINUOUS)
-    progress_is(STOP, MINI_STOP_STEP)
-    check(
-        STOP,
-        "stops mid-epoch",
-        0 < summaries[STOP]["progress"]["cursor"] < config.n_rows,
-        f"cursor {summaries[STOP]['progress']['cursor']} of {config.n_rows}",
-    )
+    stop_cursor = summaries[STOP]["progress"]["cursor"]
     crossed = {record["epoch"] for record in summaries[CONTINUOUS]["history"][MINI_STOP_STEP:]}
-    check(
-        CONTINUOUS,
-        "the resumed steps cross into a new data order",
-        len(crossed) > 1,
-        f"epochs of steps {MINI_STOP_STEP + 1}-{MINI_TOTAL_STEPS}: {sorted(crossed)}",
-    )
+    checks = [
+        _progress_check(summaries[CONTINUOUS], CONTINUOUS, MINI_TOTAL_STEPS, config),
+        _rows_check(summaries[CONTINUOUS], CONTINUOUS),
+        _progress_check(summaries[STOP], STOP, MINI_STOP_STEP, config),
+        Check(
+            path=STOP,
+            name="stops mid-epoch",
+            passed=0 < stop_cursor < config.n_rows,
+            detail=f"cursor {stop_cursor} of {config.n_rows}",
+        ),
+        Check(
+            path=CONTINUOUS,
+            name="the resumed steps cross into a new data order",
+            passed=len(crossed) > 1,
+            detail=f"epochs of steps {MINI_STOP_STEP + 1}-{MINI_TOTAL_STEPS}: {sorted(crossed)}",
+        ),
+    ]
     for path, rng_restored in ((FULL_RESUME, True), (NO_RNG_RESUME, False)):
-        summary = summaries[path]
-        progress_is(path, MINI_TOTAL_STEPS)
-        rows_once_per_epoch(path)
-        expected_run = list(range(MINI_STOP_STEP + 1, MINI_TOTAL_STEPS + 1))
-        check(
-            path,
-            "ran exactly the steps after the stop",
-            summary["steps_run"] == expected_run,
-            f"{summary['steps_run']}, expected {expected_run}",
-        )
-        resumed = summary["resumed"] or {}
-        check(
-            path,
-            "resumed from the stop path's checkpoint",
-            resumed.get("sha256") == stop_sha256 and resumed.get("step") == MINI_STOP_STEP,
-            f"sha256 {resumed.get('sha256')} at step {resumed.get('step')}",
-        )
-        check(
-            path,
-            "random generators restored"
+        checks += _resume_checks(summaries[path], path, rng_restored, stop_sha256, config)
+    return checks
+
+
+def _progress_check(
+    summary: dict[str, Any], path: str, step: int, config: mini.MiniConfig
+) -> Check:
+    progress = summary["progress"]
+    rows = step * config.batch_size
+    # A new order is drawn when a batch needs it, so a finished epoch leaves the cursor at n_rows.
+    epoch = (rows - 1) // config.n_rows
+    expected = (step, epoch, rows - epoch * config.n_rows)
+    actual = (progress["step"], progress["epoch"], progress["cursor"])
+    return Check(
+        path=path,
+        name="progress (step, epoch, cursor)",
+        passed=actual == expected,
+        detail=f"{actual}, expected {expected}",
+    )
+
+
+def _rows_check(summary: dict[str, Any], path: str) -> Check:
+    history = summary["history"]
+    by_epoch: dict[int, list[int]] = {}
+    for record in history:
+        by_epoch.setdefault(record["epoch"], []).extend(record["row_ids"])
+    repeated = {
+        epoch: len(rows) - len(set(rows))
+        for epoch, rows in by_epoch.items()
+        if len(rows) != len(set(rows))
+    }
+    steps = [record["step"] for record in history]
+    return Check(
+        path=path,
+        name="every step once, no row skipped or repeated within an epoch",
+        passed=not repeated and steps == list(range(1, len(steps) + 1)),
+        detail=f"steps {steps[:1]}..{steps[-1:]}, repeated rows per epoch {repeated}",
+    )
+
+
+def _resume_checks(
+    summary: dict[str, Any],
+    path: str,
+    rng_restored: bool,
+    stop_sha256: str,
+    config: mini.MiniConfig,
+) -> list[Check]:
+    """A resumed path ran exactly the steps after the stop, from the stop's checkpoint, with its
+    generators restored or deliberately not."""
+    expected_run = list(range(MINI_STOP_STEP + 1, MINI_TOTAL_STEPS + 1))
+    resumed = summary["resumed"] or {}
+    return [
+        _progress_check(summary, path, MINI_TOTAL_STEPS, config),
+        _rows_check(summary, path),
+        Check(
+            path=path,
+            name="ran exactly the steps after the stop",
+            passed=summary["steps_run"] == expected_run,
+            detail=f"{summary['steps_run']}, expected {expected_run}",
+        ),
+        Check(
+            path=path,
+            name="resumed from the stop path's checkpoint",
+            passed=resumed.get("sha256") == stop_sha256 and resumed.get("step") == MINI_STOP_STEP,
+            detail=f"sha256 {resumed.get('sha256')} at step {resumed.get('step')}",
+        ),
+        Check(
+            path=path,
+            name="random generators restored"
             if rng_restored
             else "random generators deliberately not restored",
-            resumed.get("rng_restored") is rng_restored,
-            f"rng_restored={resumed.get('rng_restored')}",
-        )
-    return checks
+            passed=resumed.get("rng_restored") is rng_restored,
+            detail=f"rng_restored={resumed.get('rng_restored')}",
+        ),
+    ]
 
 
 def _mini_figures(

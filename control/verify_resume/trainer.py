@@ -238,11 +238,12 @@ def user_config(output: Path, source: Path, base: Path) -> Path:
     return target
 
 
-def check_user_config(source: Path) -> dict[str, Any]:
-    """The values of a run config file, validated as the trainer validates them (ConfigError)."""
+def check_user_config(source: Path, follow_symlinks: bool = True) -> dict[str, Any]:
+    """The values of a run config file, validated as the trainer validates them (ConfigError);
+    without `follow_symlinks` a link is refused (a run directory's run.toml)."""
     from andrea.daemon.config import build_config, load_toml
 
-    values = load_toml(source)
+    values = load_toml(source, follow_symlinks=follow_symlinks)
     build_config(values, source=str(source))
     return values
 
@@ -337,7 +338,6 @@ def _trainer_identity(manifest: Manifest) -> dict[str, Any]:
 def _trainer_resume_comparisons(
     continuous: _TrainerRun, stop: _TrainerRun, resumed: _TrainerRun, stop_step: int
 ) -> list[Comparison]:
-    ref, new = continuous.manifest, resumed.manifest
     comparisons = compare_all(
         _trainer_step_quantities(
             _between(continuous.curve, stop_step + 1, TRAINER_TOTAL_STEPS),
@@ -352,57 +352,69 @@ def _trainer_resume_comparisons(
         },
         TRAINER_ATOL,
     )
+    comparisons += _cadence_comparisons(continuous, resumed, stop_step)
+    layout = continuous.manifest.layout
+    comparisons += [
+        compare_arrays("final weights", layout, [("weights", continuous.weights, resumed.weights)]),
+        compare_arrays("final Adam m", layout, [("m", continuous.m, resumed.m)]),
+        compare_arrays("final Adam v", layout, [("v", continuous.v, resumed.v)]),
+    ]
+    comparisons += compare_all(
+        _final_state_quantities(continuous.manifest, resumed.manifest), TRAINER_ATOL
+    )
+    return comparisons
+
+
+def _cadence_comparisons(
+    continuous: _TrainerRun, resumed: _TrainerRun, stop_step: int
+) -> list[Comparison]:
+    """The cadence checkpoints the resumed segment wrote again, tensor for tensor."""
+    comparisons = []
     for step in range(TRAINER_CHECKPOINT_EVERY, TRAINER_TOTAL_STEPS, TRAINER_CHECKPOINT_EVERY):
         if step > stop_step:
             (_, a), (_, b) = _verified(continuous.run_dir, step), _verified(resumed.run_dir, step)
             comparisons.append(
                 compare_arrays(
                     f"checkpoint of step {step} (cadence): weights, m, v",
-                    ref.layout,
+                    continuous.manifest.layout,
                     [("weights", a.weights, b.weights), ("m", a.m, b.m), ("v", a.v, b.v)],
                 )
             )
-    comparisons += [
-        compare_arrays(
-            "final weights", ref.layout, [("weights", continuous.weights, resumed.weights)]
-        ),
-        compare_arrays("final Adam m", ref.layout, [("m", continuous.m, resumed.m)]),
-        compare_arrays("final Adam v", ref.layout, [("v", continuous.v, resumed.v)]),
-    ]
-    comparisons += compare_all(
-        {
-            "final .bin bytes (step, n_params, sha256)": (
-                [ref.step, ref.n_params, ref.bin_sha256],
-                [new.step, new.n_params, new.bin_sha256],
-            ),
-            "data cursors (epoch, position per arm)": (
-                [c.model_dump(mode="json") for c in ref.data],
-                [c.model_dump(mode="json") for c in new.data],
-            ),
-            "scheduler (last and next lr)": (
-                ref.scheduler.model_dump(mode="json"),
-                new.scheduler.model_dump(mode="json"),
-            ),
-            "optimizer (AdamW step count, hyper-parameters)": (
-                ref.optimizer.model_dump(mode="json"),
-                new.optimizer.model_dump(mode="json"),
-            ),
-            "progress (step, tokens seen)": (
-                [ref.progress.step, ref.progress.tokens_seen],
-                [new.progress.step, new.progress.tokens_seen],
-            ),
-            "random generator states after the last step": (
-                ref.rng.model_dump(mode="json"),
-                new.rng.model_dump(mode="json"),
-            ),
-            "model, layout, config, data identity, environment": (
-                _trainer_identity(ref),
-                _trainer_identity(new),
-            ),
-        },
-        TRAINER_ATOL,
-    )
     return comparisons
+
+
+def _final_state_quantities(ref: Manifest, new: Manifest) -> dict[str, tuple[Any, Any]]:
+    """Everything but the tensors that the final manifests record."""
+    return {
+        "final .bin bytes (step, n_params, sha256)": (
+            [ref.step, ref.n_params, ref.bin_sha256],
+            [new.step, new.n_params, new.bin_sha256],
+        ),
+        "data cursors (epoch, position per arm)": (
+            [c.model_dump(mode="json") for c in ref.data],
+            [c.model_dump(mode="json") for c in new.data],
+        ),
+        "scheduler (last and next lr)": (
+            ref.scheduler.model_dump(mode="json"),
+            new.scheduler.model_dump(mode="json"),
+        ),
+        "optimizer (AdamW step count, hyper-parameters)": (
+            ref.optimizer.model_dump(mode="json"),
+            new.optimizer.model_dump(mode="json"),
+        ),
+        "progress (step, tokens seen)": (
+            [ref.progress.step, ref.progress.tokens_seen],
+            [new.progress.step, new.progress.tokens_seen],
+        ),
+        "random generator states after the last step": (
+            ref.rng.model_dump(mode="json"),
+            new.rng.model_dump(mode="json"),
+        ),
+        "model, layout, config, data identity, environment": (
+            _trainer_identity(ref),
+            _trainer_identity(new),
+        ),
+    }
 
 
 def _cursors(manifest: Manifest) -> str:
@@ -412,75 +424,91 @@ def _cursors(manifest: Manifest) -> str:
 def _trainer_checks(
     runs: dict[str, _TrainerRun], records: list[PathRecord], stop_step: int
 ) -> list[Check]:
-    checks: list[Check] = []
+    signal_sent = next(r.signal_sent for r in records if r.name == STOP)
+    checks = [
+        _continuous_check(runs[CONTINUOUS]),
+        *_stop_checks(runs[STOP], stop_step, signal_sent),
+    ]
+    for path, skipped in [(FULL_RESUME, None), *TRAINER_NEGATIVES.items()]:
+        checks += _resume_checks(runs[path], path, skipped, stop_step)
+    return checks
+
+
+def _steps_of(run: _TrainerRun, segment: int) -> list[int]:
+    return [e.step for e in run.entries if e.segment == segment]
+
+
+def _steps_detail(steps: list[int]) -> str:
+    return f"{len(steps)} entries, steps {steps[:1]}..{steps[-1:]}"
+
+
+def _continuous_check(continuous: _TrainerRun) -> Check:
     last = TRAINER_TOTAL_STEPS
-
-    def check(path: str, name: str, passed: bool, detail: str) -> None:
-        checks.append(Check(path=path, name=name, passed=passed, detail=detail))
-
-    def steps_of(path: str, segment: int) -> list[int]:
-        return [e.step for e in runs[path].entries if e.segment == segment]
-
-    def steps_detail(steps: list[int]) -> str:
-        return f"{len(steps)} entries, steps {steps[:1]}..{steps[-1:]}"
-
-    continuous = runs[CONTINUOUS]
-    check(
-        CONTINUOUS,
-        f"one process life trained steps 1-{last}, each once, and checkpointed the end",
-        steps_of(CONTINUOUS, 1) == list(range(1, last + 1))
+    return Check(
+        path=CONTINUOUS,
+        name=f"one process life trained steps 1-{last}, each once, and checkpointed the end",
+        passed=_steps_of(continuous, 1) == list(range(1, last + 1))
         and len(continuous.entries) == last
         and (continuous.manifest.step, continuous.manifest.trigger) == (last, "end"),
-        f"{steps_detail(steps_of(CONTINUOUS, 1))}; final checkpoint step {continuous.manifest.step}, "
-        f"trigger {continuous.manifest.trigger}",
+        detail=f"{_steps_detail(_steps_of(continuous, 1))}; final checkpoint step "
+        f"{continuous.manifest.step}, trigger {continuous.manifest.trigger}",
     )
-    stop = runs[STOP]
-    signal_sent = next(r.signal_sent for r in records if r.name == STOP)
-    check(
-        STOP,
-        "stopped by a real SIGTERM between cadence points, checkpointing the step it finished",
-        (stop.manifest.step, stop.manifest.trigger) == (stop_step, "sigterm")
-        and steps_of(STOP, 1) == list(range(1, stop_step + 1))
-        and len(stop.entries) == stop_step,
-        f"step {stop.manifest.step}, trigger {stop.manifest.trigger} ({signal_sent}); cadence every "
-        f"{TRAINER_CHECKPOINT_EVERY}; loss log: {steps_detail(steps_of(STOP, 1))}",
+
+
+def _stop_checks(stop: _TrainerRun, stop_step: int, signal_sent: str | None) -> list[Check]:
+    return [
+        Check(
+            path=STOP,
+            name="stopped by a real SIGTERM between cadence points, checkpointing the step it finished",
+            passed=(stop.manifest.step, stop.manifest.trigger) == (stop_step, "sigterm")
+            and _steps_of(stop, 1) == list(range(1, stop_step + 1))
+            and len(stop.entries) == stop_step,
+            detail=f"step {stop.manifest.step}, trigger {stop.manifest.trigger} ({signal_sent}); "
+            f"cadence every {TRAINER_CHECKPOINT_EVERY}; loss log: {_steps_detail(_steps_of(stop, 1))}",
+        ),
+        Check(
+            path=STOP,
+            name="stops mid-epoch (some arm's cursor is inside its order)",
+            passed=any(0 < c.position < c.n_chunks for c in stop.manifest.data),
+            detail=f"cursors (epoch:position/chunks): {_cursors(stop.manifest)}",
+        ),
+    ]
+
+
+def _resume_checks(run: _TrainerRun, path: str, skipped: str | None, stop_step: int) -> list[Check]:
+    """A resumed path continued the stop's checkpoint in a second life, skipping exactly the restore
+    it was told to skip (``skipped``; None: none)."""
+    last = TRAINER_TOTAL_STEPS
+    first_life, second_life = _steps_of(run, 1), _steps_of(run, 2)
+    resumed = Check(
+        path=path,
+        name=f"resumed from the stop checkpoint, trained exactly steps {stop_step + 1}-{last} in a second life",
+        passed=f"resumed from {bin_name(stop_step)}" in run.log
+        and first_life == list(range(1, stop_step + 1))
+        and second_life == list(range(stop_step + 1, last + 1))
+        and len(run.entries) == last
+        and run.manifest.step == last,
+        detail=f"segment 1: {_steps_detail(first_life)}; segment 2: {_steps_detail(second_life)}; "
+        f"final checkpoint step {run.manifest.step}",
     )
-    check(
-        STOP,
-        "stops mid-epoch (some arm's cursor is inside its order)",
-        any(0 < c.position < c.n_chunks for c in stop.manifest.data),
-        f"cursors (epoch:position/chunks): {_cursors(stop.manifest)}",
-    )
-    resumes = [(FULL_RESUME, None)] + list(TRAINER_NEGATIVES.items())
-    for path, skipped in resumes:
-        run = runs[path]
-        check(
-            path,
-            f"resumed from the stop checkpoint, trained exactly steps {stop_step + 1}-{last} in a second life",
-            f"resumed from {bin_name(stop_step)}" in run.log
-            and steps_of(path, 1) == list(range(1, stop_step + 1))
-            and steps_of(path, 2) == list(range(stop_step + 1, last + 1))
-            and len(run.entries) == last
-            and run.manifest.step == last,
-            f"segment 1: {steps_detail(steps_of(path, 1))}; segment 2: {steps_detail(steps_of(path, 2))}; "
-            f"final checkpoint step {run.manifest.step}",
+    unsafe = re.search(r"UNSAFE: skipping restore of (\S+)", run.log)
+    if skipped is None:
+        restore = Check(
+            path=path,
+            name="complete restore",
+            passed=unsafe is None,
+            detail=unsafe.group(0) if unsafe else "nothing skipped",
         )
-        unsafe = re.search(r"UNSAFE: skipping restore of (\S+)", run.log)
-        if skipped is None:
-            check(
-                path,
-                "complete restore",
-                unsafe is None,
-                unsafe.group(0) if unsafe else "nothing skipped",
-            )
-        else:
-            check(
-                path,
-                f"restore of {skipped} deliberately skipped",
-                unsafe is not None and unsafe.group(1) == skipped,
-                unsafe.group(0) if unsafe else "the trainer did not announce the skipped restore",
-            )
-    return checks
+    else:
+        restore = Check(
+            path=path,
+            name=f"restore of {skipped} deliberately skipped",
+            passed=unsafe is not None and unsafe.group(1) == skipped,
+            detail=unsafe.group(0)
+            if unsafe
+            else "the trainer did not announce the skipped restore",
+        )
+    return [resumed, restore]
 
 
 def _trainer_figures(

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import rundir
+from ..boundedio import read_bounded, read_inside, regular_size
 from .manager import checkpoint_steps, verify_checkpoint
 
 
@@ -45,15 +46,17 @@ def pivot_boundaries(run_dir: Path) -> set[int]:
     out = set()
     for record in rundir.pivot_records(run_dir):
         try:
-            out.add(int(json.loads(record.read_text())["boundary_step"]))
+            rel = record.relative_to(run_dir)
+            raw = read_inside(run_dir, rel, rundir.MAX_PIVOT_RECORD_BYTES)
+            out.add(int(json.loads(raw)["boundary_step"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
 
 
 def _quick(run_dir: Path, step: int) -> tuple[dict, str]:
-    man = json.loads((run_dir / rundir.manifest_name(step)).read_bytes())
-    size = (run_dir / rundir.bin_name(step)).stat().st_size
+    man = json.loads(read_bounded(run_dir / rundir.manifest_name(step), rundir.MAX_MANIFEST_BYTES))
+    size = regular_size(run_dir / rundir.bin_name(step))
     if size != man["bin_size"]:
         return man, f"payload is {size} bytes, manifest says {man['bin_size']}"
     return man, "size ok"
@@ -79,7 +82,7 @@ def inventory(
         except (OSError, ValueError, KeyError, TypeError) as e:
             state = f"damaged: {e}"
         try:
-            size = (run_dir / rundir.bin_name(step)).stat().st_size
+            size = (run_dir / rundir.bin_name(step)).lstat().st_size
         except OSError:
             size = 0
         out.append(
@@ -142,7 +145,7 @@ def prune(run_dir: Path, plan: Plan) -> int:
         for name in (rundir.manifest_name(e.step), rundir.bin_name(e.step)):
             path = run_dir / name
             try:
-                freed += path.stat().st_size
+                freed += path.lstat().st_size
                 path.unlink()
             except FileNotFoundError:
                 continue

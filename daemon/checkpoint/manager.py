@@ -102,11 +102,12 @@ class Expectation:
     #: Further checks of a manifest against the run being built (each arm's cursor against the
     #: arm's size, say): a message per problem, and the checkpoint is skipped as damaged.
     check: Callable[[Manifest], list[str]] | None = None
-    #: Processes of the job being started: each rank's RNG and cursor states are its own, so a
-    #: checkpoint resumes exactly only at the world size that wrote it.
-    world_size: int = 1
     #: The run's trajectory settings (`RunConfig.trajectory()`), to name what changed.
     trajectory: dict[str, Any] | None = None
+    #: The identity of the run's tokenizer ("bytes" or a sha256), and how a person knows it; None:
+    #: not checked by itself (the encoded arms' identities include it all the same).
+    tokenizer: str | None = None
+    tokenizer_description: str = "bytes"
 
 
 @dataclass
@@ -311,6 +312,30 @@ class CheckpointManager:
         older checkpoint or a fresh start would silently change the run. None when the directory
         has no checkpoint at all.
         """
+        steps = self._steps_to_search(step)
+        try:
+            loaded = newest_intact(
+                self.run_dir,
+                steps,
+                self.read_buffer,
+                on_skip=_log_skip,
+                check=self._resumable_check(expect, steps),
+            )
+        except NoIntactCheckpoint as e:
+            raise ResumeRefused(
+                f"none of the {len(e.skipped)} checkpoints in {self.run_dir} is intact:\n  "
+                + "\n  ".join(e.skipped)
+                + "\nRefusing to start from scratch over them; move them away to start a new run."
+            ) from None
+        if loaded is not None:
+            # Checkpoints above the resume point were skipped as damaged; they will be rewritten
+            # when training reaches their step again and must not count towards retention.
+            s = loaded.manifest.step
+            self._triggers = {c: self._read_trigger(c) for c in self.candidates() if c <= s}
+        return loaded
+
+    def _steps_to_search(self, step: int) -> list[int]:
+        """The steps `load` looks at, newest first: every committed one, or exactly `step`."""
         orphans = self.orphans()
         for name in orphans:
             log.warning("ignoring %s: it has no manifest (a write was interrupted)", name)
@@ -328,11 +353,15 @@ class CheckpointManager:
             if step not in steps:
                 raise ResumeRefused(f"no checkpoint for step {step} in {self.run_dir}")
             steps = [step]
+        return steps
+
+    def _resumable_check(self, expect: Expectation, steps: list[int]) -> Callable[[Manifest], None]:
+        """The check `newest_intact` runs on each verified manifest. Damage skips the checkpoint
+        (ValueError); a sound one this run cannot resume exactly stops the search (ResumeRefused):
+        an older one would silently change the run."""
         expected_n = sum(int(np.prod(e.shape, dtype=np.int64)) for e in expect.layout)
 
         def resumable(manifest: Manifest) -> None:
-            # Damage skips the checkpoint (ValueError); a sound one this run cannot resume exactly
-            # stops the search (ResumeRefused): an older one would silently change the run.
             s = manifest.step
             if manifest.format_version < FORMAT_VERSION:
                 # A run upgraded to format 2 never writes format 1 again: one after a format 2
@@ -346,7 +375,7 @@ class CheckpointManager:
                     "%s has no content hash (format 1, written by an older version)",
                     rundir.manifest_name(s),
                 )
-            problems = _mismatches(manifest, expect)
+            problems = resume_problems(manifest, expect)
             if problems:
                 raise ResumeRefused(
                     f"checkpoint {rundir.bin_name(s)} cannot resume this run exactly:\n  "
@@ -360,22 +389,7 @@ class CheckpointManager:
             if damage:
                 raise ValueError("; ".join(damage))
 
-        try:
-            loaded = newest_intact(
-                self.run_dir, steps, self.read_buffer, on_skip=_log_skip, check=resumable
-            )
-        except NoIntactCheckpoint as e:
-            raise ResumeRefused(
-                f"none of the {len(e.skipped)} checkpoints in {self.run_dir} is intact:\n  "
-                + "\n  ".join(e.skipped)
-                + "\nRefusing to start from scratch over them; move them away to start a new run."
-            ) from None
-        if loaded is not None:
-            # Checkpoints above the resume point were skipped as damaged; they will be rewritten
-            # when training reaches their step again and must not count towards retention.
-            s = loaded.manifest.step
-            self._triggers = {c: self._read_trigger(c) for c in self.candidates() if c <= s}
-        return loaded
+        return resumable
 
     def _read_trigger(self, step: int) -> str:
         try:
@@ -508,15 +522,10 @@ def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-def _mismatches(m: Manifest, expect: Expectation) -> list[str]:
+def resume_problems(m: Manifest, expect: Expectation) -> list[str]:
+    """Why a sound checkpoint cannot resume the run `expect` describes (empty: it can). Another
+    world size is not among them: the trainer resumes it, announced as not bit-exact."""
     out = []
-    if m.environment.world_size != expect.world_size:
-        out.append(
-            f"world size differs: the checkpoint was written by a job of {m.environment.world_size} "
-            f"process(es), this job has {expect.world_size}; every rank's RNG and data state belongs "
-            f"to its rank, so resume with --nproc-per-node/--nnodes giving {m.environment.world_size} "
-            "processes (docs/distributed.md)"
-        )
     if m.model != expect.model:
         diff = {
             k: (getattr(m.model, k), getattr(expect.model, k))
@@ -529,6 +538,11 @@ def _mismatches(m: Manifest, expect: Expectation) -> list[str]:
         )
     elif m.layout != expect.layout:
         out.append("parameter layout differs (same config, different code?)")
+    if expect.tokenizer not in (None, m.tokenizer) and not expect.allow_config_change:
+        out.append(
+            f"tokenizer differs: the checkpoint's data was encoded with {_tokenizer(m.tokenizer)}, "
+            f"this run's [data] tokenizer is {expect.tokenizer_description}"
+        )
     saved = {c.name: c.identity for c in m.data}
     if saved != expect.data_identities and not expect.allow_config_change:
         for name in sorted(set(saved) | set(expect.data_identities)):
@@ -551,6 +565,10 @@ def _mismatches(m: Manifest, expect: Expectation) -> list[str]:
             + "; pass --allow-config-change to continue under the new one on purpose"
         )
     return out
+
+
+def _tokenizer(identity: str) -> str:
+    return identity if identity == "bytes" else f"the tokenizer of sha256 {identity}"
 
 
 def _short(identity: str | None) -> str:

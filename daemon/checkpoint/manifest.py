@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from andrea.protocol.evalentry import EvalEntry
+from andrea.protocol.lineage import Lineage, WorldSpan
 from andrea.protocol.lossentry import LossEntry
 
 from .. import rundir
@@ -33,10 +34,9 @@ from .rngstate import RngState
 FORMAT_VERSION = 2
 #: Format 1 had no content hash; it is read, never written.
 LEGACY_FORMAT_VERSION = 1
-#: The most a manifest can need: the layout of the largest preset, the config, every RNG, and the
-#: loss records the proxy had not acknowledged (bounded by the assignment lag). A larger file is
-#: refused before it is read (a 64 GiB sparse file must not be allocated).
-MAX_MANIFEST_BYTES = 16 << 20
+#: The most a manifest can need (defined with the run directory's names, where the torch-free tools
+#: that read manifests find it).
+MAX_MANIFEST_BYTES = rundir.MAX_MANIFEST_BYTES
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 #: What made a checkpoint: a stop or checkpoint request (signal or control), the cadence, the end of
@@ -190,9 +190,31 @@ class Manifest(_M):
         default_factory=list,
         description="evaluation records the proxy had not yet acknowledged; re-sent on resume",
     )
+    lineage: Lineage | None = Field(
+        None,
+        description="the world sizes the run trained at and the checkpoint it started from "
+        "(--init-from); absent in manifests written before: one world size, its own start",
+    )
+    source_manifest: dict[str, Any] | None = Field(
+        None,
+        description="with lineage.init_from: the manifest of the checkpoint the run started from, "
+        "as it was read (its own lineage included)",
+    )
+    tokenizer: str = Field(
+        "bytes",
+        description='what the run\'s text was encoded with: "bytes", or the sha256 of its '
+        "tokenizer.json (absent before tokenizers existed: bytes)",
+    )
     content_sha256: str | None = Field(
         None, description="SHA-256 of the canonical content (format 2); absent in format 1"
     )
+
+    def lineage_or_default(self) -> Lineage:
+        """The lineage, or for a manifest written before lineages were recorded: one world size
+        (the one that wrote it) from the start."""
+        if self.lineage is not None:
+            return self.lineage
+        return Lineage(world_sizes=[WorldSpan(from_step=0, world_size=self.environment.world_size)])
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:

@@ -3,8 +3,9 @@
 Three pieces, each used by `checkpoint.CheckpointManager` and the trainer:
 
 - `StagingBuffer`: one preallocated, pre-faulted host buffer holding a whole payload (header, weights,
-  m, v), pinned on CUDA. A snapshot is a handful of memcpys into it (or asynchronous device-to-host
-  copies on CUDA); the write reads from it while training changes the live tensors.
+  m, v), pinned on CUDA. A snapshot is a handful of memcpys into it (on CUDA, asynchronous
+  device-to-host copies on a stream of their own, beside the next step's forward and backward
+  passes); the write reads from it while training changes the live tensors.
 - `write_payload` / `read_payload_into`: large sequential writes and reads, with SHA-256 computed on
   a second thread *while* the bytes move (hashlib and the read/write system calls release the GIL), so
   the hash costs no second pass over the data and, on two cores, almost no wall time. Written pages are
@@ -122,7 +123,10 @@ def write_payload(path: Path, payload) -> str:
     size = len(view)
     tmp = tmp_path(path)
     hasher: _Hasher | None = None
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    # O_NOFOLLOW: the temporary's name is known in advance, and a link planted there must not be
+    # written through.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o644)
     try:
         hasher = _Hasher(view)
         pos = 0
@@ -185,10 +189,13 @@ def read_payload_into(
 class StagingBuffer:
     """A whole checkpoint payload in host memory, allocated and faulted in once per process.
 
-    `fill` copies the weights and AdamW's moments into it in the payload's order; on CUDA the copies
-    are asynchronous into pinned memory and `ready()` blocks until they have landed. The buffer is
-    touched at allocation time (zero-filled by torch's threads): first-touch page faults cost about
-    as much as the copy itself on this machine, and they belong to start-up, not to a checkpoint.
+    `fill` copies the weights and AdamW's moments into it in the payload's order. On CUDA the copies
+    are asynchronous, into pinned memory, on a stream of their own that starts where the compute
+    stream stands: the next step's forward and backward passes run beside them (they only read
+    what is copied), its optimizer update waits for them (`guard`), and `ready()` blocks until they
+    have landed. The buffer is touched at allocation time (zero-filled by torch's threads):
+    first-touch page faults cost about as much as the copy itself on this machine, and they belong
+    to start-up, not to a checkpoint.
     """
 
     def __init__(self, n_params: int, device=None) -> None:
@@ -204,6 +211,11 @@ class StagingBuffer:
         self._dst: list = []
         self._dst_key: tuple = ()
         self._event = None
+        self._unguarded = None
+        self._stream = None
+        self._filled_at = 0.0
+        #: Seconds from `fill` until the staged bytes were in host memory (once `ready` returned).
+        self.staged_seconds: float | None = None
 
     def _destinations(self, tensors: list) -> list:
         key = tuple((t.numel(), tuple(t.shape)) for t in tensors)
@@ -229,18 +241,43 @@ class StagingBuffer:
             fmt.HEADER.pack(step, self.n_params), dtype=np.uint8
         )
         dst = self._destinations(src)
-        with torch.no_grad():
-            torch._foreach_copy_(dst, src, non_blocking=self.device.type == "cuda")
+        self._filled_at = time.perf_counter()
+        self.staged_seconds = None
         if self.device.type == "cuda":
-            self._event = torch.cuda.Event()
-            self._event.record()
+            self._copy_aside(dst, src)
+        else:
+            with torch.no_grad():
+                torch._foreach_copy_(dst, src)
+            self.staged_seconds = time.perf_counter() - self._filled_at
         return self.array
+
+    def _copy_aside(self, dst: list, src: list) -> None:
+        import torch
+
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        # From where the compute stream stands: after the step whose state this is.
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream), torch.no_grad():
+            torch._foreach_copy_(dst, src, non_blocking=True)
+        self._event = self._unguarded = torch.cuda.Event()
+        self._event.record(self._stream)
+
+    def guard(self) -> None:
+        """Make the compute stream wait for a copy still in flight, before anything that writes
+        what it copies (the next optimizer update) is queued on it; a no-op on CPU."""
+        if self._unguarded is not None:
+            import torch
+
+            torch.cuda.current_stream(self.device).wait_event(self._unguarded)
+            self._unguarded = None
 
     def ready(self) -> None:
         """Block until the staged bytes are in host memory (a no-op on CPU)."""
         if self._event is not None:
             self._event.synchronize()
             self._event = None
+            self.staged_seconds = time.perf_counter() - self._filled_at
 
 
 class BackgroundWriter:

@@ -77,9 +77,10 @@ def rows(curve: LossCurve) -> Iterator[dict[str, Any]]:
 
 
 def write_csv(curve: LossCurve, out: Path) -> int:
-    """Write ``curve`` as CSV with a header row; returns the rows written."""
+    """Write ``curve`` as CSV with a header row into the new file ``out`` (never over an existing
+    file, never through a link); returns the rows written."""
     n = 0
-    with out.open("w", newline="", encoding="utf-8") as f:
+    with out.open("x", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         for row in rows(curve):
@@ -89,9 +90,10 @@ def write_csv(curve: LossCurve, out: Path) -> int:
 
 
 def write_jsonl(curve: LossCurve, out: Path) -> int:
-    """Write ``curve`` as JSON Lines (one object per step); returns the rows written."""
+    """Write ``curve`` as JSON Lines (one object per step) into the new file ``out``; returns the
+    rows written."""
     n = 0
-    with out.open("w", encoding="utf-8") as f:
+    with out.open("x", encoding="utf-8") as f:
         for row in rows(curve):
             f.write(json.dumps(row, allow_nan=False, separators=(",", ":")) + "\n")
             n += 1

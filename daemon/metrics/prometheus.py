@@ -28,6 +28,7 @@ collector never reads half a file.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections.abc import Mapping
@@ -95,9 +96,19 @@ class Exposition:
             self._arms.labels(run=self.run, arm=arm).set(p)
 
     def serve(self, address: str, port: int) -> None:
-        """Serve ``/metrics`` on ``address:port`` from a daemon thread."""
+        """Serve ``/metrics`` on ``address:port`` from a daemon thread; a warning when others than
+        this host can read it."""
         start_http_server(port, addr=address, registry=self.registry)
         log.info("Prometheus metrics on http://%s:%d/metrics", address, port)
+        if (reach := beyond_localhost(address)) is not None:
+            log.warning(
+                "Prometheus metrics of this run are served on %s:%d, %s, without authentication;"
+                ' set [metrics] prometheus_address = "127.0.0.1" (the default) unless that is'
+                " intended",
+                address,
+                port,
+                reach,
+            )
 
     def write_to(self, textfile: Path) -> None:
         """Write the textfile at ``textfile`` now and on every :meth:`publish`."""
@@ -145,6 +156,22 @@ def exposition_for(cfg: MetricsConfig, role: str, run_dir: Path) -> Exposition |
         directory = run_dir / cfg.prometheus_textfile_dir  # an absolute path stays as it is
         ex.write_to(directory / textfile_name(role, run))
     return ex
+
+
+def beyond_localhost(address: str) -> str | None:
+    """Who besides this host can reach an endpoint bound to ``address``, in words; None when only
+    this host can (a loopback address, or "localhost")."""
+    if address == "localhost":
+        return None
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return f"reachable by whoever reaches the host name {address!r}"
+    if ip.is_loopback:
+        return None
+    if ip.is_unspecified:
+        return "reachable from every network this host is on"
+    return "reachable from the network of that address"
 
 
 def textfile_name(role: str, run: str) -> str:

@@ -33,7 +33,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from andrea.protocol.status import ArmReward, RewardReport
+from andrea.protocol.status import ArmReward, RewardReport, Zombie
 
 from ..config import ARM_NAME_PATTERN
 from ..rundir import STATE_FILE
@@ -218,17 +218,6 @@ def parse_state(data: str | bytes, origin: str = STATE_FILE) -> BanditState:
         return BanditState.model_validate_json(data)
     except ValidationError as e:
         raise BanditStateError(describe(e, f"unusable bandit state ({origin})")) from e
-
-
-class ZombieReport(_StateModel):
-    """An arm whose source is gone: it never draws, and its history stays in the state."""
-
-    name: str
-    identity: str
-    reason: str
-    pulls: int
-    ema_reward: float
-    weight: float
 
 
 class PhaseCounters(_StateModel):
@@ -450,7 +439,7 @@ class Bandit:
                 "policy bounds for arms that are not live are ignored: %s", ", ".join(unknown)
             )
         self._zombies = [
-            ZombieReport(
+            Zombie(
                 name=a.name,
                 identity=a.identity,
                 reason=a.zombie_reason,
@@ -606,7 +595,7 @@ class Bandit:
         return {a.name: a.weight for a in self._arms.values()}
 
     @property
-    def zombies(self) -> list[ZombieReport]:
+    def zombies(self) -> list[Zombie]:
         return list(self._zombies)
 
     @property

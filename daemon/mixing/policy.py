@@ -45,6 +45,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # The run config's rule, so that every configured arm can be named here.
+from ..boundedio import FileRejected, read_bounded
 from ..config import ARM_NAME_PATTERN
 from ..rundir import POLICY_FILE
 from ..validation import describe
@@ -248,20 +249,34 @@ def parse_policy(text: str, source: str = POLICY_FILE) -> Policy:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PolicyError(f"{source}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise PolicyError(f"{source}: nested too deeply to be a policy") from None
     try:
         return Policy.model_validate(data)
     except ValidationError as e:
         raise PolicyError(describe(e, f"invalid policy ({source})")) from None
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read and validate a policy file. Raises `PolicyError` (unreadable, bad TOML, unknown key,
-    out-of-range value, floor above cap, floors summing above 1)."""
+#: The most a policy file may hold: a few lines per arm. A larger file, or anything but a regular
+#: file (/dev/zero, a FIFO), is refused before it is read.
+MAX_POLICY_BYTES = 1 << 20
+
+
+def read_policy_text(path: str | Path) -> str:
+    """The text of a policy file, read as a regular file of at most MAX_POLICY_BYTES (a link is
+    followed: a person names the file). Raises `PolicyError` naming the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        return read_bounded(path, MAX_POLICY_BYTES, follow_symlinks=True).decode("utf-8")
+    except FileRejected as e:
+        raise PolicyError(f"policy file {e}") from None
     except OSError as e:
         raise PolicyError(f"cannot read policy file {path}: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise PolicyError(f"{path}: not UTF-8 text: {e}") from None
-    return parse_policy(text, str(path))
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a policy file. Raises `PolicyError` (unreadable, not a regular file, too
+    large, bad TOML, unknown key, out-of-range value, floor above cap, floors summing above 1)."""
+    return parse_policy(read_policy_text(path), str(path))

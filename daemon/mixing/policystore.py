@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from ..boundedio import read_bounded
 from ..durable import atomic_write_bytes
 from ..rundir import LOSS_FILE, POLICY_FILE, STATE_FILE
 from .policy import (
@@ -39,8 +40,10 @@ from .policy import (
     PolicyError,
     Reward,
     differences,
-    load_policy,
+    parse_policy,
+    read_policy_text,
 )
+from .proxyfiles import MAX_STATE_BYTES
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ def _state_policy(run_dir: Path) -> Policy | None:
     """The policy recorded in `.state.json`, or None (absent or unreadable: the proxy reports
     that itself when it starts)."""
     try:
-        data = json.loads((run_dir / STATE_FILE).read_bytes())
+        data = json.loads(read_bounded(run_dir / STATE_FILE, MAX_STATE_BYTES))
         return Policy.model_validate(data["bandit"]["policy"])
     except (OSError, ValueError, KeyError, TypeError, ValidationError):
         return None
@@ -91,8 +94,9 @@ def with_reward(policy: Policy, text: str, run_reward: Reward) -> tuple[Policy, 
 def _read(path: Path, run_reward: Reward) -> tuple[Policy, str, bool]:
     """A policy file for a run whose reward is `run_reward`: (policy, text naming the reward,
     whether the file named it)."""
-    raw = load_policy(path)
-    policy, text = with_reward(raw, path.read_text(encoding="utf-8"), run_reward)
+    text = read_policy_text(path)  # read once: the text checked is the text stored
+    raw = parse_policy(text, str(path))
+    policy, text = with_reward(raw, text, run_reward)
     return policy, text, raw.names_reward
 
 

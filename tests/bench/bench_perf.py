@@ -12,7 +12,7 @@ the disk and the two cores of a shared machine are noisy.
   same three tensors (each fsync'd), at andrea-12m and andrea-120m size; then the read-back with
   sha256 verification (`CheckpointManager.verify`) against a cold sequential read of the same file.
 - stall: a real `Trainer` (andrea-12m and andrea-120m): the time the training loop is held by a
-  cadence checkpoint (`_checkpoint_in_background`) against the snapshot copy alone
+  cadence checkpoint (`Checkpointer.write_in_background`) against the snapshot copy alone
   (`StagingBuffer.fill`), and the background write's duration.
 - throughput: the reference GPT (tests/bench/reference_gpt.py, built like nanoGPT's model.py) against
   ours, same config (andrea-12m: dropout 0.1), batch, threads and precision, fresh processes; and the
@@ -363,15 +363,15 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
     tr.setup()
     # Adam's state exists after one update; a real step of andrea-120m takes a minute on two cores,
     # and what a snapshot copies does not depend on the values, so one update with random gradients.
-    for p in tr.params:
+    parts, counters, ckpt = tr.parts, tr.counters, tr.checkpointer
+    for p in parts.params:
         p.grad = torch.randn_like(p) * 1e-3
-    tr.optimizer.step()
-    tr.optimizer.zero_grad(set_to_none=True)
-    tr.step = 1
-    states = [tr.optimizer.state[p] for p in tr.params]
-    ms, vs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+    parts.optimizer.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    counters.step = 1
+    ms, vs = parts.moments()
     writes: list[float] = []
-    orig_save = tr.ckpt.save
+    orig_save = ckpt.manager.save
 
     def timed_save(*a, **k):
         t0 = time.perf_counter()
@@ -379,19 +379,19 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
         writes.append(time.perf_counter() - t0)
         return r
 
-    tr.ckpt.save = timed_save  # type: ignore[method-assign]
+    ckpt.manager.save = timed_save  # type: ignore[method-assign]
 
     def copy_alone() -> None:
-        tr._staging.fill(tr.step, tr.params, ms, vs)
+        ckpt.snapshots.staging.fill(counters.step, parts.params, ms, vs)
 
     def stall() -> None:
-        tr._checkpoint_in_background("cadence")
+        ckpt.write_in_background("cadence")
 
     def before(k: str) -> None:
-        tr.ckpt.wait()  # both measured with no write in flight (the cadence is far longer than a write)
+        ckpt.wait_for_write()  # both measured with no write in flight (the cadence is far longer than a write)
         if k == "stall":
-            tr.step += 1
-            tr.last_saved = 0
+            counters.step += 1
+            counters.last_saved = 0
 
     times = summarize(
         interleave(
@@ -401,16 +401,16 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
             f"stall {preset}",
         )
     )
-    tr.ckpt.wait()
+    ckpt.wait_for_write()
     t0 = time.perf_counter()
-    tr.checkpoint("end")  # synchronous, for the record
+    ckpt.write("end")  # synchronous, for the record
     sync_s = time.perf_counter() - t0
     tr.flags.request_stop("bench")
-    tr.last_saved = tr.step
+    counters.last_saved = counters.step
     tr.finish()
     shutil.rmtree(run_dir, ignore_errors=True)
     return {
-        "n_params": sum(p.numel() for p in tr.params),
+        "n_params": sum(p.numel() for p in parts.params),
         **times,
         "stall_ratio_vs_copy": times["stall (snapshot + submit)"]["median_s"]
         / times["snapshot copy alone"]["median_s"],
@@ -422,7 +422,10 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
 # ---- 3. throughput: reference GPT vs ours vs andrea-trainer ---------------------------------------
 
 
-def _worker(model: str, steps: int, warmup: int, preset: str) -> list[float]:
+def _worker(
+    model: str, steps: int, warmup: int, preset: str, dropout: float | None = None
+) -> list[float]:
+    extra = [] if dropout is None else ["--dropout", str(dropout)]
     res = subprocess.run(
         [
             sys.executable,
@@ -438,6 +441,7 @@ def _worker(model: str, steps: int, warmup: int, preset: str) -> list[float]:
             str(steps),
             "--warmup",
             str(warmup),
+            *extra,
         ],
         check=True,
         capture_output=True,
@@ -447,11 +451,21 @@ def _worker(model: str, steps: int, warmup: int, preset: str) -> list[float]:
 
 
 def _trainer_steps(
-    preset: str, steps: int, warmup: int, cache: Path, every: int, stalls: list[float] | None = None
+    preset: str,
+    steps: int,
+    warmup: int,
+    cache: Path,
+    every: int,
+    stalls: list[float] | None = None,
+    dropout: float | None = None,
 ) -> list[float]:
     """Per-step wall times of a real andrea-trainer (its own progress lines, one per step: each covers
     the whole loop iteration, checkpoint stall included)."""
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
+        if dropout is not None:
+            (Path(d) / "run.toml").write_text(
+                f'preset = "{preset}"\n[model]\ndropout = {dropout}\n'
+            )
         cmd = [
             sys.executable,
             "-m",
@@ -481,7 +495,7 @@ def _trainer_steps(
         if int(m.group(1)) > warmup:
             out.append(float(m.group(2)) / 1000)
     if stalls is not None:
-        stalls.extend(float(x) for x in re.findall(r"staged in ([\d.]+) s", res.stderr))
+        stalls.extend(float(x) for x in re.findall(r"handed over in ([\d.]+) s", res.stderr))
     return out
 
 
@@ -530,10 +544,9 @@ def bench_throughput(preset: str, rounds: int, steps: int, warmup: int, cache: P
 
 
 def _bookkeeping_cost(cache: Path) -> float:
-    """What the loop does per step besides the model's math, timed directly (in-process, tiny preset):
-    the arm, the batch and its hash, the loss entry and its append, the watchdog tick, the flag checks."""
-    import hashlib
-
+    """What the loop does per step besides the model's math, timed directly (in-process, andrea-12m):
+    the arm, the batch (drawn, and taken from the worker that gathered and hashed it), the loss
+    entry and its append, the watchdog tick, the flag checks."""
     from andrea.daemon.process import SignalFlags
     from andrea.daemon.trainer import Trainer, TrainerOptions
     from andrea.protocol.lossentry import LossEntry
@@ -552,30 +565,112 @@ def _bookkeeping_cost(cache: Path) -> float:
         tr.setup()
         n = 200
         t0 = time.perf_counter()
+        batches = tr.stepper.batches
         for s in range(1, n + 1):
-            arm = tr._arm_for(s)
-            batch = tr.streams[arm].next_batch(cfg.batch_size)
-            digest = hashlib.sha256(batch.tobytes()).hexdigest()
-            torch.from_numpy(batch)
+            arm = tr.sink.arm_for(s)
+            step = batches.draw(arm)
+            batches.prefetch(tr.parts.mixture.assign(s + 1))
+            step.micro(0)
+            digest = step.digest()
             entry = LossEntry(
                 step=s,
                 loss=1.0,
-                arm=tr.arms[arm].name,
+                arm=tr.parts.arms[arm].name,
                 lr=1e-3,
                 tokens=2048,
                 wall_time=time.time(),
-                segment=tr.segment,
+                segment=tr.counters.segment,
                 phase=0,
                 batch_sha256=digest,
             )
-            if tr.losslog is not None:
-                tr.losslog.append(entry)
+            tr.sink.record_loss(entry)
             tr.notifier.tick()
-            tr.ckpt.due(s)
+            tr.checkpointer.boundary_allowed(s)
             tr.flags.take_checkpoint_request()
         per_step = (time.perf_counter() - t0) / n
         tr.finish()  # step 0: nothing to write
     return per_step
+
+
+def bench_plain(preset: str, rounds: int, steps: int, warmup: int, cache: Path) -> dict:
+    """The trainer's step against a plain training loop of the same model, at dropout 0 and 0.1:
+    `plain loop, plain GPT` (tests/bench/plain_gpt.py: our shapes, PyTorch's dropout and attention,
+    fused AdamW) is the baseline; `plain loop, our GPT` splits what the model adds from what the
+    loop adds. Fresh processes, interleaved (the order rotated every round), paired per round."""
+    names = ("plain loop, plain GPT", "plain loop, our GPT", "andrea-trainer")
+    out: dict = {}
+    for dropout in (0.0, 0.1):
+        runs = {
+            names[0]: lambda p=dropout: _worker("plain", steps, warmup, preset, p),
+            names[1]: lambda p=dropout: _worker("ours", steps, warmup, preset, p),
+            names[2]: lambda p=dropout: _trainer_steps(preset, steps, warmup, cache, 0, dropout=p),
+        }
+        per: dict[str, list[float]] = {k: [] for k in names}
+        loads = []
+        for r in range(rounds):
+            for k in names[r % 3 :] + names[: r % 3]:
+                per[k].append(med(runs[k]()))
+            loads.append(os.getloadavg()[0])
+            print(
+                f"  plain dropout {dropout} round {r + 1}/{rounds} (load {loads[-1]:.1f}): "
+                + ", ".join(f"{k}={per[k][-1]:.3f} s/step" for k in names),
+                flush=True,
+            )
+
+        out[f"dropout {dropout}"] = {
+            **{k: {"median_step_s": med(v), "rounds": v} for k, v in per.items()},
+            "trainer_over_plain": _paired(per[names[2]], per[names[0]]),
+            "our_model_over_plain": _paired(per[names[1]], per[names[0]]),
+            "trainer_over_our_model": _paired(per[names[2]], per[names[1]]),
+            "load_average": loads,
+        }
+    return {"preset": preset, "threads": THREADS, "steps": steps, **out}
+
+
+def _paired(a: list[float], b: list[float]) -> dict:
+    xs = [x / y for x, y in zip(a, b)]
+    return {"median": med(xs), "min": min(xs), "max": max(xs), "rounds": xs}
+
+
+def bench_batches(cache: Path, reps: int = 300) -> dict:
+    """What a step's batch costs on its critical path, in one process with a real Trainer
+    (andrea-12m): drawn, gathered and hashed in line (as before daemon/trainer/batches.py) against
+    drawn in line and taken from the worker that gathered and hashed it during the step before;
+    and the hash alone. Interleaved, medians of `reps`."""
+    import hashlib
+
+    from andrea.daemon.process import SignalFlags
+    from andrea.daemon.trainer import Trainer, TrainerOptions
+
+    with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
+        cfg = build_config(
+            {},
+            {"preset": "andrea-12m", "threads": THREADS, "data": {"cache_dir": str(cache)}},
+        )
+        tr = Trainer(TrainerOptions(Path(d), cfg), SignalFlags())
+        tr.setup()
+        stream, batches = tr.parts.streams[0], tr.stepper.batches
+        times: dict[str, list[float]] = {"in line": [], "from the worker": [], "sha256 alone": []}
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            batch = stream.next_batch(cfg.batch_size)
+            hashlib.sha256(batch.tobytes()).hexdigest()
+            torch.from_numpy(batch)
+            times["in line"].append(time.perf_counter() - t0)
+            batches.prefetch(0)
+            time.sleep(0.002)  # the step the worker runs beside
+            t0 = time.perf_counter()
+            step = batches.draw(0)
+            step.micro(0)
+            step.digest()
+            times["from the worker"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            hashlib.sha256(batch.tobytes()).hexdigest()
+            times["sha256 alone"].append(time.perf_counter() - t0)
+        tr.flags.request_stop("bench")
+        tr.finish()
+    res = {k: med(v) for k, v in times.items()}
+    return {**res, "worker_over_in_line": res["from the worker"] / res["in line"]}
 
 
 def bench_cadence(
@@ -804,6 +899,33 @@ def markdown(r: dict) -> str:
             f"{100 * x['bookkeeping_per_step_s'] / x['ours (bare loop)']['median_step_s']:.2f}% of a step; target ≤ 1%).",
             "",
         ]
+    if "plain" in r:
+        x = r["plain"]
+        L += [
+            f"## 3b. The trainer against a plain loop ({x['preset']}, {x['threads']} threads, {x['steps']} steps a run)",
+            "",
+            "| dropout | plain loop, plain GPT s/step | plain loop, our GPT | andrea-trainer | trainer ÷ plain (≤ 1.02) | our GPT ÷ plain GPT | trainer ÷ our GPT | load |",
+            "|---|---:|---:|---:|---|---|---|---|",
+        ]
+        for key in ("dropout 0.0", "dropout 0.1"):
+            y = x[key]
+
+            def span(z: dict) -> str:
+                return f"{z['median']:.3f} [{z['min']:.3f}–{z['max']:.3f}]"
+
+            L.append(
+                f"| {key.split()[1]} | {y['plain loop, plain GPT']['median_step_s']:.3f} | {y['plain loop, our GPT']['median_step_s']:.3f} | "
+                f"{y['andrea-trainer']['median_step_s']:.3f} | {span(y['trainer_over_plain'])} | {span(y['our_model_over_plain'])} | "
+                f"{span(y['trainer_over_our_model'])} | {min(y['load_average']):.1f}–{max(y['load_average']):.1f} |"
+            )
+        L.append("")
+    if "batches" in r:
+        x = r["batches"]
+        L += [
+            f"A step's batch on the critical path (andrea-12m): in line {1e6 * x['in line']:.0f} µs, from the worker "
+            f"{1e6 * x['from the worker']:.0f} µs (ratio {x['worker_over_in_line']:.2f}); sha256 alone {1e6 * x['sha256 alone']:.0f} µs.",
+            "",
+        ]
     if "sigterm" in r:
         L += [
             "## 4. SIGTERM to exit",
@@ -847,7 +969,7 @@ def main() -> None:
         help="3 rounds, andrea-12m sizes only, fewer steps (a smoke run)",
     )
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--only", default="write,stall,throughput,cadence,sigterm,losslog")
+    ap.add_argument("--only", default="write,stall,throughput,plain,cadence,sigterm,losslog")
     ap.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "andrea-bench")
     ap.add_argument(
         "--work-dir",
@@ -896,6 +1018,16 @@ def main() -> None:
         report["throughput"] = bench_throughput(
             "andrea-12m", rounds, 3 if args.quick else 5, 2, args.cache_dir
         )
+        save()
+    if "plain" in only:
+        report["plain"] = bench_plain(
+            "andrea-12m",
+            3 if args.quick else args.rounds,
+            3 if args.quick else 5,
+            2,
+            args.cache_dir,
+        )
+        report["batches"] = bench_batches(args.cache_dir)
         save()
     if "cadence" in only:
         report["cadence"] = bench_cadence(

@@ -1,0 +1,20 @@
+"""How a command asks a run's daemon, over its control socket: a reply, or None when it does not
+answer. Whether a daemon runs at all is known from its lock (:func:`andrea.control.offline.daemon_running`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from andrea.daemon.rundir import peer_endpoint
+from andrea.protocol.messages import Message, Reply
+from andrea.protocol.transport import Unreachable, request
+
+
+def ask(
+    run_dir: Path, role: str, msg: Message, timeout: float = 3.0, retries: int = 2
+) -> Reply | None:
+    """The daemon's reply, or None when it does not answer (not running, or wedged)."""
+    try:
+        return request(peer_endpoint(run_dir, role), msg, timeout=timeout, retries=retries)  # type: ignore[return-value]
+    except Unreachable:
+        return None

@@ -1,0 +1,131 @@
+"""``andreactl history`` and ``samples``: what the run logged, from its files (the canonical loss
+curve of ``.loss.json``, the held-out evaluations of ``.eval.json``, the samples of ``.samples.json``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+
+from andrea.daemon.boundedio import read_bounded
+from andrea.daemon.evallog import canonical_evals, last_eval, read_evals
+from andrea.daemon.losslog import read_curve
+from andrea.daemon.mixing.proxyfiles import MAX_SAMPLES_BYTES
+from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE
+
+from .. import reports as r
+from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
+from .formatting import eval_text
+
+
+def _stamp(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def _last_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--last", type=int, default=20, help="how many of the newest steps (0: all)"
+    )
+
+
+def _history_arguments(parser: argparse.ArgumentParser) -> None:
+    _last_arguments(parser)
+    parser.add_argument(
+        "--eval",
+        action="store_true",
+        help="the held-out evaluations (.eval.json) instead of the training loss",
+    )
+
+
+def _eval_history(args: argparse.Namespace) -> int:
+    path = args.run_dir / EVAL_FILE
+    if not path.exists() and not path.is_symlink():
+        raise CommandFailed(f"{path} does not exist yet (evaluations come every eval.every steps)")
+    evals = canonical_evals(read_evals(path))
+    shown = evals[-args.last :] if args.last else evals
+    names = list(dict.fromkeys(n for e in shown for n in e.arms))
+    text = "\n".join(
+        [f"{'step':>8} {'mean':>8} {'worst':<12}" + "".join(f" {n:>12}" for n in names) + " seg"]
+        + [
+            f"{e.step:>8} {e.mean_loss():>8.4f} {e.worst()[0]:<12}"
+            + "".join(f" {e.arms[n].loss:>12.4f}" if n in e.arms else f" {'-':>12}" for n in names)
+            + f" {e.segment:>3}"
+            for e in shown
+        ]
+    )
+    emit(args, r.EvalHistoryReport(run_dir=str(args.run_dir), rows=shown), text)
+    return EXIT_OK
+
+
+def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The canonical loss curve (newest entry per step) from .loss.json, or with --eval the
+    held-out evaluations from .eval.json."""
+    if args.eval:
+        return _eval_history(args)
+    curve = read_curve(args.run_dir / LOSS_FILE)
+    rows = range(len(curve))
+    shown = [
+        curve.entry(i) for i in (rows[-args.last :] if args.last else rows)
+    ]  # models only for these
+    text = "\n".join(
+        [f"{'step':>8} {'loss':>9} {'lr':>9}  {'arm':<14} seg phase"]
+        + [
+            f"{e.step:>8} {e.loss:>9.4f} {e.lr:>9.2e}  {e.arm:<14} {e.segment:>3} {e.phase:>5}"
+            for e in shown
+        ]
+    )
+    report = r.HistoryReport(
+        run_dir=str(args.run_dir),
+        rows=[
+            r.HistoryRow(
+                **e.model_dump(
+                    mode="json", include={"step", "loss", "lr", "arm", "tokens", "segment", "phase"}
+                ),
+                time=_stamp(e.wall_time),
+            )
+            for e in shown
+        ],
+    )
+    if (args.run_dir / EVAL_FILE).exists() and (latest := last_eval(args.run_dir / EVAL_FILE)):
+        text += "\nheld-out " + eval_text(latest)
+        text += " (andreactl history --eval for all)"
+    emit(args, report, text)
+    return EXIT_OK
+
+
+def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The most recent generated samples, from .samples.json."""
+    path = args.run_dir / SAMPLES_FILE
+    if not path.exists() and not path.is_symlink():
+        raise CommandFailed(f"{path} does not exist yet (samples come every sample_every steps)")
+    try:
+        data = json.loads(read_bounded(path, MAX_SAMPLES_BYTES))
+        records = data["records"][-args.last :] if args.last else data["records"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: not a samples file ({e})") from None
+    text = "\n\n".join(
+        f"step {rec['step']} (segment {rec['segment']}, phase {rec['phase']}, arms {rec['arm_mix']}):\n"
+        + "\n".join(f"  {s['text']!r}" for s in rec["samples"])
+        for rec in records
+    )
+    emit(args, r.SamplesReport(run_dir=str(args.run_dir), records=records), text)
+    return EXIT_OK
+
+
+HISTORY = Command(
+    "history",
+    "the canonical loss curve from .loss.json (--eval: the held-out evaluations)",
+    _history_arguments,
+    cmd_history,
+    examples=(
+        "andreactl history --run-dir runs/r1 --last 50",
+        "andreactl history --run-dir runs/r1 -o json",
+    ),
+)
+SAMPLES = Command(
+    "samples",
+    "the most recent generated samples",
+    _last_arguments,
+    cmd_samples,
+    examples=("andreactl samples --run-dir runs/r1 --last 2",),
+)

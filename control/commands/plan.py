@@ -1,0 +1,290 @@
+"""``andreactl plan`` (memory, time and disk of a run before renting GPUs) and ``size`` (its
+parameters and checkpoint bytes alone). Both read a preset, a run.toml (``--config``) or a run
+directory's own run.toml (``--run-dir``); torch-free (control/planning.py, control/sizing.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from andrea.daemon.batch import batch_shape, step_sequences
+from andrea.daemon.boundedio import read_bounded
+from andrea.daemon.config import (
+    PRESETS,
+    ConfigError,
+    RunConfig,
+    build_config,
+    for_new_run,
+    load_toml,
+)
+from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE, manifest_name
+
+from .. import reports as r
+from .. import sizing
+from ..offline import tail_entries
+from ..planning import GB, GPUS, GiB, GpuSpec, PlanInputs, gpu_of, make_plan
+from .conventions import EXIT_OK, Command, UserError, emit
+
+DEFAULT_MFU = 0.30
+
+
+def _source_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--preset", choices=list(PRESETS), help="a preset's model and defaults")
+    group.add_argument(
+        "--config",
+        type=Path,
+        metavar="run.toml",
+        help="a run config (default, with --run-dir: the run's own run.toml)",
+    )
+
+
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    _source_arguments(parser)
+    parser.add_argument("--gpu", choices=list(GPUS), default="h100", help="the GPU to rent")
+    parser.add_argument("--gpu-memory-gb", type=float, help="another GPU: its memory (GB)")
+    parser.add_argument("--gpu-tflops", type=float, help="another GPU: its dense peak TFLOPS")
+    parser.add_argument(
+        "--gpu-allreduce-gbps", type=float, help="another GPU: all-reduce bus bandwidth (GB/s)"
+    )
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs of the job (world size)")
+    parser.add_argument("--batch-size", type=int, help="sequences per optimizer step, whole job")
+    parser.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
+    parser.add_argument(
+        "--precision", choices=("auto", "fp32", "tf32", "bf16"), help="default: the config's"
+    )
+    parser.add_argument(
+        "--deterministic",
+        choices=("auto", "on", "off"),
+        help="default: the config's; auto and on keep the T x T attention scores (math attention)",
+    )
+    parser.add_argument("--steps", type=int, help="planned steps (default: max_steps)")
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        help="model FLOPs utilisation to assume, 0-1 (default: measured in --run-dir's run, else "
+        f"{DEFAULT_MFU:g})",
+    )
+    parser.add_argument("--disk-gbps", type=float, default=1.0, help="disk bandwidth, GB/s")
+    parser.add_argument(
+        "--staging-gbps", type=float, default=20.0, help="device-to-host copy, GB/s"
+    )
+    parser.add_argument(
+        "--startup-seconds", type=float, default=120.0, help="one start of the trainer"
+    )
+
+
+def load_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
+    """The config the command sizes, and where it came from. A preset is sized as a new run."""
+    try:
+        if args.preset:
+            return for_new_run(build_config(overrides={"preset": args.preset})), args.preset
+        path = args.config or (args.run_dir / CONFIG_FILE if args.run_dir else None)
+        if path is None:
+            raise UserError("say what to size: --preset NAME, --config run.toml or --run-dir DIR")
+        return build_config(load_toml(path), source=str(path)), str(path)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+
+
+def _batched(cfg: RunConfig, args: argparse.Namespace) -> RunConfig:
+    """`cfg` with the plan's batch (per step, the whole job) and precision settings."""
+    dump = cfg.model_dump()
+    if args.batch_size is not None or args.grad_accum is not None:
+        dump["batch_size"] = args.batch_size or step_sequences(cfg)
+        dump["grad_accum"] = args.grad_accum or cfg.grad_accum
+        dump["batch_size_per"] = "step"
+    for key in ("precision", "deterministic"):
+        if getattr(args, key) is not None:
+            dump[key] = getattr(args, key)
+    try:
+        return RunConfig.model_validate(dump)
+    except ValueError as e:
+        raise UserError(f"invalid plan: {e}") from None
+
+
+def _gpu(args: argparse.Namespace) -> GpuSpec:
+    spec = GPUS[args.gpu]
+    given = (args.gpu_memory_gb, args.gpu_tflops, args.gpu_allreduce_gbps)
+    if all(v is None for v in given):
+        return spec
+    if any(v is not None and v <= 0 for v in given):
+        raise UserError("--gpu-memory-gb, --gpu-tflops and --gpu-allreduce-gbps must be > 0")
+    tflops = args.gpu_tflops
+    return GpuSpec(
+        "custom",
+        int((args.gpu_memory_gb or spec.memory_bytes / GB) * GB),
+        tflops or spec.bf16_tflops,
+        tflops or spec.tf32_tflops,
+        tflops or spec.fp32_tflops,
+        args.gpu_allreduce_gbps or spec.allreduce_gbps,
+    )
+
+
+def _precision(cfg: RunConfig) -> str:
+    # Every GPU of the table runs bf16, which `auto` chooses on such a GPU.
+    return "bf16" if cfg.precision == "auto" else cfg.precision
+
+
+def measured_mfu(run_dir: Path, cfg: RunConfig) -> tuple[float, str] | None:
+    """The MFU a run reached: its newest segment's tokens/s in .loss.json (the median step), on
+    the GPUs its newest manifest names. None when it cannot be told (no steps, not a GPU of the
+    table)."""
+    from andrea.daemon.checkpoint.manager import checkpoint_steps
+    from andrea.daemon.checkpoint.manifest import MAX_MANIFEST_BYTES
+
+    steps = checkpoint_steps(run_dir) if run_dir.is_dir() else []
+    if not steps or not (run_dir / LOSS_FILE).exists():
+        return None
+    try:
+        raw = read_bounded(run_dir / manifest_name(steps[0]), MAX_MANIFEST_BYTES)
+        env = dict(json.loads(raw).get("environment", {}))
+        entries = tail_entries(run_dir / LOSS_FILE)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    gpu = gpu_of(env.get("gpu"))
+    segment = [e for e in entries if entries and e.segment == entries[-1].segment]
+    gaps = [b.wall_time - a.wall_time for a, b in zip(segment, segment[1:]) if b.step == a.step + 1]
+    if gpu is None or len(gaps) < 3:
+        return None
+    dtype = str(env.get("dtype", ""))
+    precision = "bf16" if "bfloat16" in dtype else "tf32" if "tf32" in dtype else "fp32"
+    tps = segment[-1].tokens / statistics.median(gaps)
+    world = int(env.get("world_size", 1))
+    mfu = tps * sizing.flops_per_token(cfg.model) / (world * gpu.peak(precision) * 1e12)
+    return mfu, f"measured in {run_dir}: {tps:,.0f} tokens/s on {world} {gpu.name} at {precision}"
+
+
+def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Per-GPU memory, the batch per GPU, step time, disk and rental hours of a run."""
+    _check_figures(args)
+    cfg, source = load_config(args)
+    cfg = _batched(cfg, args)
+    try:
+        shape = batch_shape(cfg, args.gpus)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    mfu = (args.mfu, "given") if args.mfu is not None else None
+    if mfu is None and args.run_dir is not None and not args.preset and not args.config:
+        mfu = measured_mfu(args.run_dir, cfg)
+    mfu = mfu or (DEFAULT_MFU, "assumed: a small model in eager mode; measure it with --run-dir")
+    inputs = PlanInputs(
+        source=source,
+        gpu=_gpu(args),
+        gpus=args.gpus,
+        precision=_precision(cfg),
+        deterministic=cfg.deterministic != "off",
+        steps=args.steps if args.steps is not None else cfg.max_steps,
+        mfu=mfu[0],
+        mfu_source=mfu[1],
+        disk_gbps=args.disk_gbps,
+        staging_gbps=args.staging_gbps,
+        startup_seconds=args.startup_seconds,
+    )
+    report = make_plan(cfg, shape, inputs)
+    emit(args, report, plan_text(report))
+    return EXIT_OK
+
+
+def _check_figures(args: argparse.Namespace) -> None:
+    if args.gpus < 1:
+        raise UserError("--gpus must be >= 1")
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        raise UserError("--mfu is a fraction of the peak: 0 < MFU <= 1")
+    if args.steps is not None and args.steps < 0:
+        raise UserError("--steps must be >= 0")
+    if min(args.disk_gbps, args.staging_gbps) <= 0 or args.startup_seconds < 0:
+        raise UserError("--disk-gbps and --staging-gbps must be > 0, --startup-seconds >= 0")
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.1f} min"
+
+
+def _memory_lines(p: r.PlanReport) -> list[str]:
+    m = p.memory
+    return [
+        f"per GPU ({p.gpu.name}, {_gib(m.gpu_memory)}): weights {_gib(m.weights)}, gradients "
+        f"{_gib(m.gradients)}, Adam moments {_gib(m.adam_moments)}, bf16 weight copies "
+        f"{_gib(m.bf16_weight_copies)}, activations {_gib(m.activations)} "
+        f"({_gib(m.activations_per_sequence)} per sequence, {m.attention} attention), "
+        f"checkpoint staging {_gib(m.checkpoint_staging)} (host: {_gib(m.host_staging)} pinned "
+        f"on rank 0's machine), runtime {_gib(m.runtime_reserve)}",
+        f"  total {_gib(m.total)}, headroom {_gib(m.headroom)}"
+        + ("" if m.fits else " (DOES NOT FIT)")
+        + f"; largest micro-batch that fits: {m.largest_micro_batch} sequences per GPU",
+    ]
+
+
+def plan_text(p: r.PlanReport) -> str:
+    """The plan for a person: one line per figure group, then the assumptions and warnings."""
+    b, s, c, t = p.batch, p.speed, p.checkpoints, p.rental
+    lines = [
+        f"{p.source}: {p.preset}, {p.n_params:,} parameters ({_gib(p.parameter_bytes)}; "
+        f"optimizer {_gib(p.optimizer_bytes)}), {p.precision}, {p.gpu.count} x {p.gpu.name}",
+        f"batch: {b.sequences_per_step} sequences per step = {b.tokens_per_step:,} tokens; "
+        f"{b.grad_accum} micro-batch(es) of {b.sequences_per_micro_batch}; per GPU "
+        f"{b.tokens_per_gpu_per_step:,} tokens per step, {b.sequences_per_gpu_micro_batch} "
+        f"sequences ({b.tokens_per_gpu_micro_batch:,} tokens) per micro-batch",
+        *_memory_lines(p),
+        f"speed at {s.mfu:.0%} MFU ({s.mfu_source}): {s.step_seconds * 1000:,.1f} ms per step "
+        f"({s.compute_seconds * 1000:,.1f} compute + {s.allreduce_seconds * 1000:,.1f} "
+        f"all-reduce), {s.tokens_per_second:,.0f} tokens/s; {s.steps:,} steps in "
+        f"{_hours(s.training_seconds)}",
+        f"checkpoints: {c.payload_bytes / GB:,.2f} GB each, written in {c.write_seconds:,.1f} s "
+        f"at {c.disk_gbps:g} GB/s; stall {c.stall_seconds:,.2f} s per cadence (every "
+        f"{c.every}); disk {c.disk_bytes / GB:,.1f} GB ({c.kept_cadence} cadence + "
+        f"{c.kept_audit} audit checkpoints, the loss log, the export)",
+        f"rental: {t.total_hours:,.1f} h = training {t.training_hours:,.1f} + checkpoint stalls "
+        f"{t.checkpoint_stall_hours:,.2f} + evaluation {t.evaluation_hours:,.2f} + one stop and "
+        f"resume {t.stop_resume_hours:,.2f} + export and verification {t.export_hours:,.2f}; "
+        + ", ".join(
+            f"{d}-day window: {'fits' if ok else 'too short'}" for d, ok in t.fits_days.items()
+        ),
+        "assumptions: " + "; ".join(f"{k}: {v}" for k, v in p.assumptions.items()),
+    ]
+    lines += [f"WARNING: {w}" for w in p.warnings]
+    return "\n".join(lines)
+
+
+def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Parameter count and checkpoint size (8 + 12 bytes per parameter) of a model."""
+    cfg, _ = load_config(args)
+    params = sizing.parameters(cfg.model)
+    size = params.checkpoint_bytes
+    emit(
+        args,
+        r.SizeReport(preset=cfg.preset, n_params=params.n_params, checkpoint_bytes=size),
+        f"{cfg.preset}: {params.n_params:,} parameters, checkpoint {size:,} bytes "
+        f"({size / 1e6:.1f} MB)",
+    )
+    return EXIT_OK
+
+
+PLAN = Command(
+    "plan",
+    "memory per GPU, step time, disk and rental hours of a run, before renting",
+    _plan_arguments,
+    cmd_plan,
+    needs_run_dir=False,
+    examples=(
+        "andreactl plan --preset andrea-120m --gpu h200 --gpus 8 --steps 200000",
+        "andreactl plan --run-dir runs/r1 --gpu a100-80gb --gpus 2",
+        "andreactl plan --config run.toml --gpu-memory-gb 24 --gpu-tflops 165 --json",
+    ),
+)
+SIZE = Command(
+    "size",
+    "parameters and checkpoint bytes of a model (the first lines of plan)",
+    _source_arguments,
+    cmd_size,
+    needs_run_dir=False,
+    examples=("andreactl size --preset andrea-120m", "andreactl size --run-dir runs/r1"),
+)

@@ -1,0 +1,200 @@
+"""``andreactl status`` and ``watch``: what the trainer and the proxy are doing, live from their
+control sockets, or for a stopped run a summary from its files (:mod:`andrea.control.offline`)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from andrea.daemon.progress import format_duration
+from andrea.protocol import messages as m
+from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
+from andrea.protocol.transport import new_id
+
+from .. import reports as r
+from ..offline import daemon_running, offline_summary
+from .conventions import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, Command, emit, no_arguments
+from .daemons import ask
+from .formatting import ago, eval_text
+
+
+def status_report(run_dir: Path) -> r.StatusReport:
+    """Live status from each daemon that holds its lock; an offline summary when the trainer does not
+    run. A stopped daemon is known from its lock at once: no socket is touched, nothing created."""
+    running = {role: daemon_running(run_dir, role) for role in ("trainer", "proxy")}
+    live: dict[str, dict | None] = {}
+    for role, up in running.items():
+        # A daemon that holds its lock runs: it answers within one round of its fair queue, even
+        # among 100 clients polling as fast as it answers (0.24 s median, 0.74 s at most, measured
+        # in docs/performance.md), so a loaded machine gets 3 s. Only a wedged daemon makes this
+        # wait 2 × 3 s.
+        reply = ask(run_dir, role, m.StatusRequest(id=new_id()), timeout=3.0) if up else None
+        live[role] = reply.data if reply is not None and reply.ok else None
+    trainer = TrainerStatus.model_validate(live["trainer"]) if live["trainer"] else None
+    proxy = ProxyStatus.model_validate(live["proxy"]) if live["proxy"] else None
+    if trainer is not None:
+        state = "running"
+    elif not any(running.values()):
+        state = "stopped"
+    else:
+        state = "partial"
+    return r.StatusReport(
+        time=r.utc_now(),
+        run_dir=str(run_dir),
+        state=state,
+        trainer=trainer,
+        proxy=proxy,
+        offline=offline_summary(run_dir) if trainer is None else None,
+    )
+
+
+def _trainer_lines(report: r.StatusReport) -> list[str]:
+    t = report.trainer
+    if t is None:
+        why = "holds its lock but does not answer" if report.state == "partial" else "not running"
+        return [f"trainer: {why}"]
+    loss = f"{t.loss_ema:.4f}" if t.loss_ema is not None else "-"
+    done = t.step / t.max_steps if t.max_steps else 1.0
+    activity = f"holding after step {t.step}" if t.activity is Activity.HOLDING else t.activity
+    lines = [
+        f"trainer: {activity}, step {t.step:,}/{t.max_steps:,} ({done:.0%}), loss EMA {loss}"
+        + (f", lr {t.lr:.2e}" if t.lr is not None else "")
+        + (f", {t.tokens_per_second:,.0f} tok/s" if t.tokens_per_second else ""),
+        f"         elapsed {ago(t.elapsed_seconds)}, ETA {ago(t.eta_seconds)}, "
+        + (
+            f"last checkpoint {t.last_checkpoint} ({ago(t.last_checkpoint_age_seconds)} ago)"
+            if t.last_checkpoint
+            else "no checkpoint yet"
+        )
+        + f", segment {t.segment}, pid {t.pid}"
+        + (f", {t.device} {t.dtype}" if t.device else ""),
+    ]
+    if t.lineage is not None and (t.lineage.init_from or len(t.lineage.world_sizes) > 1):
+        lines.append(f"         lineage: {t.lineage.describe()}")
+    if (h := t.hold) is not None:
+        where = f"after step {h.step}" if h.step is not None else "until its next boundary"
+        lines.append(
+            f"         hold {h.id} ({h.state} {where}, {h.age_s:.0f} s, client pid "
+            f"{h.owner_pid or '?'}): release with `andreactl pivot --policy FILE` or "
+            "`andreactl pivot --cancel`"
+        )
+    return lines
+
+
+def _proxy_lines(report: r.StatusReport) -> list[str]:
+    p = report.proxy
+    if p is None:
+        not_running = report.state != "partial" or report.trainer
+        return ["proxy:   not running" if not_running else "proxy:   not answering"]
+    probs = ", ".join(f"{k} {v:.3f}" for k, v in p.probabilities.items())
+    lines = [
+        f"proxy:   phase {p.phase} (after step {p.phase_start_step}, policy "
+        f"{p.policy_fingerprint[:12]}), logged up to step {p.durable_step:,}",
+        f"         probabilities: {probs}",
+    ]
+    lines += [f"         ZOMBIE arm {z.name!r}: {z.reason} (never draws)" for z in p.zombies]
+    return lines
+
+
+def _live_eval_lines(report: r.StatusReport) -> list[str]:
+    t, p = report.trainer, report.proxy
+    evals = [d.last_eval for d in (t, p) if d is not None and d.last_eval is not None]
+    if evals:
+        return ["held-out: " + eval_text(max(evals, key=lambda e: (e.step, e.segment)))]
+    if t is not None and t.eval_every == 0:
+        return ["held-out: not evaluated (no held-out split in this run, or eval.every = 0)"]
+    return []
+
+
+def _offline_lines(report: r.StatusReport, run_dir: Path) -> list[str]:
+    o = report.offline
+    if o is None:
+        return []
+    c = o.last_checkpoint
+    lines = [
+        f"{run_dir}: stopped; last checkpoint "
+        + (
+            f"step {c.step:,} ({c.trigger}, {c.created.isoformat(timespec='seconds')}, "
+            f"{format_duration(c.age_seconds)} ago)"
+            if c
+            else "none"
+        )
+    ]
+    if o.logged_step is not None:
+        ema = "-" if o.loss_ema is None else f"{o.loss_ema:.4f}"
+        lines.append(
+            f"logged up to step {o.logged_step:,} (segment {o.segment}, phase {o.phase}), "
+            f"loss EMA {ema}"
+            + (f", policy {o.policy_fingerprint[:12]}" if o.policy_fingerprint else "")
+        )
+    if o.last_eval is not None:
+        lines.append("held-out: " + eval_text(o.last_eval))
+    if o.lineage is not None and (o.lineage.init_from or len(o.lineage.world_sizes) > 1):
+        lines.append(f"lineage: {o.lineage.describe()}")
+    lines += [f"unreadable: {problem}" for problem in o.problems]
+    return lines
+
+
+def status_text(report: r.StatusReport, run_dir: Path) -> str:
+    """The status report for a person: the trainer, the proxy, the newest held-out evaluation and,
+    for a stopped run, what its files say."""
+    return "\n".join(
+        _trainer_lines(report)
+        + _proxy_lines(report)
+        + _live_eval_lines(report)
+        + _offline_lines(report, run_dir)
+    )
+
+
+def cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """What the trainer and the proxy are doing; for a stopped run, a summary from its files."""
+    report = status_report(args.run_dir)
+    emit(args, report, status_text(report, args.run_dir))
+    return (
+        EXIT_OK
+        if report.state == "running"
+        else EXIT_STOPPED
+        if report.state == "stopped"
+        else EXIT_FAILED
+    )
+
+
+def _watch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between updates")
+
+
+def cmd_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Status every --interval seconds until Ctrl-C (with --json: one document per line)."""
+    try:
+        while True:
+            report = status_report(args.run_dir)
+            if args.json:
+                print(report.model_dump_json(), flush=True)
+            else:
+                stamp = report.time.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+                text = status_text(report, args.run_dir).replace("\n", "\n" + " " * 22)
+                print(f"[{stamp}] {text}", flush=True)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+STATUS = Command(
+    "status",
+    "what the trainer and the proxy are doing (a stopped run: a summary from its files)",
+    no_arguments,
+    cmd_status,
+    examples=(
+        "andreactl status --run-dir runs/r1",
+        "ANDREA_RUN_DIR=runs/r1 andreactl status -o json",
+    ),
+    extra_exit_codes=((EXIT_STOPPED, "the run is stopped (the summary is from its files)"),),
+)
+WATCH = Command(
+    "watch",
+    "status every few seconds until Ctrl-C",
+    _watch_arguments,
+    cmd_watch,
+    examples=("andreactl watch --run-dir runs/r1 --interval 10",),
+)

@@ -1,0 +1,121 @@
+"""``andreactl tokenizer train|encode``: a run's subword tokenizer, trained offline on its training
+documents, and token files encoded with it (:mod:`andrea.control.tokenizer_tool`; docs/data.md)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from .conventions import EXIT_OK, Command, UserError, emit
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action",
+        choices=("train", "encode"),
+        help="train: a byte-level BPE on the run's training documents; encode: text or JSON "
+        "Lines into a tokens file",
+    )
+    train = parser.add_argument_group("train")
+    train.add_argument("--vocab-size", type=int, metavar="N", help="ids of the tokenizer")
+    train.add_argument(
+        "--arm",
+        action="append",
+        metavar="NAME",
+        help="train on this arm's documents (repeatable; default: every text arm of the run)",
+    )
+    both = parser.add_argument_group("train and encode")
+    both.add_argument(
+        "--out",
+        type=Path,
+        help="train: the tokenizer.json to write (default: the run's [data] tokenizer, else "
+        "RUN_DIR/tokenizer.json); encode: the tokens file to write (and OUT.json beside it)",
+    )
+    encode = parser.add_argument_group("encode")
+    encode.add_argument(
+        "--input",
+        dest="inputs",
+        action="extend",
+        nargs="+",
+        metavar="FILE",
+        help="text files (one document each) and .jsonl/.jsonl.gz files (one per line), encoded in "
+        "this order; quoted globs are expanded (repeatable)",
+    )
+    encode.add_argument(
+        "--tokenizer",
+        metavar="FILE",
+        help='the tokenizer.json to encode with, or "bytes" (default: the run\'s [data] tokenizer)',
+    )
+    encode.add_argument(
+        "--field", default="text", help="the field of a JSON Lines line that holds the text"
+    )
+
+
+def cmd_tokenizer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Train the run's tokenizer, or encode files into a tokens file."""
+    if args.action == "train":
+        return _train(args, parser)
+    return _encode(args, parser)
+
+
+def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.inputs or args.tokenizer:
+        parser.error("train takes no --input or --tokenizer: it trains on the run's own arms")
+    if args.run_dir is None or args.vocab_size is None:
+        parser.error("train needs --run-dir DIR and --vocab-size N")
+    if not args.run_dir.is_dir():
+        raise UserError(f"{args.run_dir}: no such run directory")
+    from andrea.control import tokenizer_tool as tool
+
+    report = tool.train(
+        args.run_dir, args.vocab_size, args.arm, args.out, progress=sys.stderr.isatty()
+    )
+    cfg_tokenizer = tool.run_config(args.run_dir).data.tokenizer
+    emit(args, report, tool.train_text(report, args.run_dir, cfg_tokenizer))
+    return EXIT_OK
+
+
+def _encode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.vocab_size is not None or args.arm:
+        parser.error("--vocab-size and --arm are options of train")
+    if not args.inputs or args.out is None:
+        parser.error("encode needs --input FILE... and --out FILE")
+    from andrea.control import tokenizer_tool as tool
+    from andrea.daemon.config import ConfigError
+    from andrea.daemon.tokenizer import load_tokenizer
+
+    files = tool.input_files(args.inputs)
+    try:
+        if args.tokenizer is not None:
+            tokenizer = load_tokenizer(args.tokenizer, Path.cwd())
+        elif args.run_dir is not None:
+            tokenizer = load_tokenizer(tool.run_config(args.run_dir).data.tokenizer, args.run_dir)
+        else:
+            parser.error("encode needs --tokenizer FILE, or --run-dir DIR for the run's tokenizer")
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    report = tool.encode(files, args.out, tokenizer, args.field)
+    emit(args, report, tool.encode_text(report, _arm_name(args.out), args.run_dir))
+    return EXIT_OK
+
+
+def _arm_name(out: Path) -> str:
+    """A name for the arm of a tokens file: its name without the suffix, in the arms' alphabet."""
+    stem = out.name.split(".")[0] or "tokens"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:64]
+
+
+TOKENIZER = Command(
+    "tokenizer",
+    "train the run's subword tokenizer, or encode text and JSON Lines into a tokens file",
+    _arguments,
+    cmd_tokenizer,
+    needs_run_dir=False,
+    examples=(
+        "andreactl tokenizer train --run-dir runs/r1 --vocab-size 8192",
+        "andreactl tokenizer encode --run-dir runs/r1 --input 'data/web/*.jsonl.gz' --out runs/r1/web.u16",
+        "andreactl tokenizer encode --tokenizer tokenizer.json --input notes/*.md --out notes.u16",
+    ),
+)

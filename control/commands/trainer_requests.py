@@ -1,0 +1,139 @@
+"""``andreactl checkpoint`` and ``stop``: one request to the running trainer, and its answer.
+
+``stop`` behaves as ``systemctl stop``: on a stopped run there is nothing to do, and that is success
+(exit 0). ``stop --wait`` returns once every process the stop ends has exited: the trainer, and the
+proxy it started with ``--with-proxy`` (which the trainer stops after its final checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from andrea.protocol import messages as m
+from andrea.protocol.transport import new_id
+
+from .. import reports as r
+from ..offline import daemon_running, process_running, run_processes
+from .conventions import EXIT_FAILED, EXIT_OK, Command, CommandFailed, emit
+from .daemons import ask
+
+
+def _checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--boundary",
+        action="store_true",
+        help="at the next cadence boundary instead of the next step",
+    )
+    parser.add_argument("--wait", action="store_true", help="return once the checkpoint is durable")
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="with --wait: give up after this many seconds"
+    )
+
+
+def _stop_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="return once the trainer has checkpointed and every process of the run it ends "
+        "(the trainer, its --with-proxy proxy) has exited",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="with --wait: give up after this many seconds"
+    )
+
+
+def _ask_trainer(
+    args: argparse.Namespace, msg: m.Message, wait: bool
+) -> tuple[r.RequestReport, str]:
+    """The trainer's answer to ``msg`` as the command's report and text; CommandFailed when it does
+    not answer."""
+    # One long try for a waiting request: re-sending it would only coalesce, but a retry loop of
+    # short timeouts would print nothing useful while a slow checkpoint is written.
+    reply = ask(
+        args.run_dir,
+        "trainer",
+        msg,
+        timeout=args.timeout if wait else 3.0,
+        retries=1 if wait else 2,
+    )
+    if reply is None:
+        raise CommandFailed(f"the trainer of {args.run_dir} does not answer (not running?)")
+    data = dict(reply.data or {})
+    step = data.pop("step", None)
+    checkpoint = data.pop("checkpoint", None)
+    report = r.RequestReport(
+        time=r.utc_now(),
+        command=args.command,
+        ok=reply.ok,
+        step=step,
+        checkpoint=checkpoint,
+        detail=data,
+        error=reply.error,
+    )
+    text = (
+        "ok: " + ", ".join(f"{k} {v}" for k, v in (reply.data or {}).items())
+        if reply.ok
+        else f"error: {reply.error}"
+    )
+    return report, text
+
+
+def cmd_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Ask the trainer for a checkpoint (an audit point, kept by retention)."""
+    if not daemon_running(args.run_dir, "trainer"):
+        raise CommandFailed(f"the trainer of {args.run_dir} is not running")
+    msg = m.CheckpointRequest(id=new_id(), boundary=args.boundary, wait=args.wait)
+    report, text = _ask_trainer(args, msg, args.wait)
+    emit(args, report, text)
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Ask the trainer to finish its step, checkpoint and exit; a stopped run is left as it is."""
+    deadline = time.monotonic() + args.timeout
+    if not daemon_running(args.run_dir, "trainer"):
+        report = r.RequestReport(
+            time=r.utc_now(),
+            command="stop",
+            ok=True,
+            step=None,
+            checkpoint=None,
+            detail={"already_stopped": True},
+            error=None,
+        )
+        emit(args, report, f"the trainer of {args.run_dir} is not running; nothing to stop")
+        return EXIT_OK
+    # Known before the request: once the trainer exits, its lock no longer names it.
+    processes = run_processes(args.run_dir) if args.wait else {}
+    report, text = _ask_trainer(args, m.StopRequest(id=new_id(), wait=args.wait), args.wait)
+    if report.ok:
+        _await_exit(processes, deadline)
+    emit(args, report, text)
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _await_exit(processes: dict[str, int], deadline: float) -> None:
+    """Return once every process has exited; CommandFailed naming those still running at the
+    deadline."""
+    while running := {role: pid for role, pid in processes.items() if process_running(pid)}:
+        if time.monotonic() > deadline:
+            names = ", ".join(f"the {role} (pid {pid})" for role, pid in running.items())
+            raise CommandFailed(f"the trainer checkpointed, but {names} had not exited in time")
+        time.sleep(0.05)
+
+
+CHECKPOINT = Command(
+    "checkpoint",
+    "checkpoint after the current step (or at the next boundary) and continue",
+    _checkpoint_arguments,
+    cmd_checkpoint,
+    examples=("andreactl checkpoint --run-dir runs/r1 --wait",),
+)
+STOP = Command(
+    "stop",
+    "finish the current step, checkpoint and exit (a stopped run: nothing to do, exit 0)",
+    _stop_arguments,
+    cmd_stop,
+    examples=("andreactl stop --run-dir runs/r1 --wait",),
+)

@@ -1,0 +1,308 @@
+"""The figures of `andreactl plan`: per-GPU memory, the batch per GPU, step time, disk under the
+retention policy and the hours to rent, from a run's config and a GPU. Pure arithmetic on the
+config (control/sizing.py) and the stated assumptions; torch-free.
+
+What is exact and what is assumed: parameter, optimizer and checkpoint bytes are exact (tested
+against a real run); activations are an estimate (within a few percent of torch's measured peak
+on CPU, tests/test_plan.py); speed follows from an MFU that is assumed unless measured in a run;
+disk and rental hours follow from the stated bandwidths and start-up time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from andrea.daemon.batch import BatchShape
+from andrea.daemon.config import RunConfig
+
+from . import reports as r
+from . import sizing
+
+GB = 10**9
+GiB = 2**30
+#: A loss record in .loss.json (measured: 225 bytes with its batch digest).
+LOSS_ENTRY_BYTES = 230
+#: An evaluation record per arm in .eval.json (measured: about 100 bytes).
+EVAL_ARM_BYTES = 100
+#: A manifest: its layout and config, one rank's random states (measured: 34 kB at andrea-tiny
+#: for one process, 99 kB for two), more per parameter tensor and per rank.
+MANIFEST_BASE_BYTES, MANIFEST_TENSOR_BYTES, MANIFEST_RANK_BYTES = 30_000, 120, 33_000
+#: CUDA context, cuBLAS workspace and the allocator's slack, per GPU.
+RUNTIME_RESERVE = 1 * GiB
+RENTAL_WINDOWS_DAYS = (3, 7, 30)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """A GPU as the plan needs it: memory and dense peak TFLOPS per precision."""
+
+    name: str
+    memory_bytes: int
+    bf16_tflops: float
+    tf32_tflops: float
+    fp32_tflops: float
+    #: NCCL all-reduce bus bandwidth between the GPUs of one machine, GB/s.
+    allreduce_gbps: float
+
+    def peak(self, precision: str) -> float:
+        return {"bf16": self.bf16_tflops, "tf32": self.tf32_tflops}.get(precision, self.fp32_tflops)
+
+
+#: Data-sheet figures (dense, no sparsity; SXM boards where there are several). The all-reduce
+#: bandwidths are typical NCCL bus bandwidths of an 8-GPU machine: NVLink 4 (H100, H200),
+#: NVLink 3 (A100), PCIe 4 (L40S, which has no NVLink).
+GPUS: dict[str, GpuSpec] = {
+    "h100": GpuSpec("h100", 80 * GB, 989.4, 494.7, 66.9, 350.0),
+    "h200": GpuSpec("h200", 141 * GB, 989.4, 494.7, 66.9, 350.0),
+    "a100-80gb": GpuSpec("a100-80gb", 80 * GB, 312.0, 156.0, 19.5, 230.0),
+    "l40s": GpuSpec("l40s", 48 * GB, 362.05, 183.0, 91.6, 20.0),
+}
+
+
+def gpu_of(device_name: str | None) -> GpuSpec | None:
+    """The table's row for a GPU as torch names it ('NVIDIA H100 80GB HBM3'), if any."""
+    name = (device_name or "").upper()
+    for key, marker in (("h200", "H200"), ("h100", "H100"), ("l40s", "L40S")):
+        if marker in name:
+            return GPUS[key]
+    return GPUS["a100-80gb"] if "A100" in name and "80GB" in name else None
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the plan assumes besides the run's config."""
+
+    source: str
+    gpu: GpuSpec
+    gpus: int
+    precision: str
+    deterministic: bool
+    steps: int
+    mfu: float
+    mfu_source: str
+    disk_gbps: float
+    staging_gbps: float
+    startup_seconds: float
+
+
+@dataclass(frozen=True)
+class _Costs:
+    params: sizing.ParameterCount
+    numerics: sizing.Numerics
+    flops_per_token: int
+
+
+def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> r.PlanReport:
+    """The plan of `cfg` trained as `shape` (daemon/batch.py) under `inputs`."""
+    costs = _Costs(
+        sizing.parameters(cfg.model),
+        sizing.cuda_numerics(inputs.precision),
+        sizing.flops_per_token(cfg.model),
+    )
+    memory = _memory(cfg, shape, inputs, costs)
+    speed = _speed(shape, inputs, costs)
+    checkpoints = _checkpoints(cfg, inputs, costs)
+    return r.PlanReport(
+        source=inputs.source,
+        preset=cfg.preset,
+        model=cfg.model.model_dump(mode="json"),
+        n_params=costs.params.n_params,
+        parameter_bytes=costs.params.weight_bytes,
+        optimizer_bytes=costs.params.optimizer_bytes,
+        precision=inputs.precision,
+        gpu=r.PlanGpu(
+            name=inputs.gpu.name,
+            memory_bytes=inputs.gpu.memory_bytes,
+            peak_tflops=inputs.gpu.peak(inputs.precision),
+            count=inputs.gpus,
+        ),
+        batch=_batch(shape),
+        memory=memory,
+        speed=speed,
+        checkpoints=checkpoints,
+        rental=_rental(cfg, inputs, costs, speed, checkpoints),
+        assumptions=_assumptions(inputs, costs),
+        warnings=_warnings(shape, memory),
+    )
+
+
+def _batch(shape: BatchShape) -> r.PlanBatch:
+    t = shape.tokens_per_sequence
+    return r.PlanBatch(
+        sequences_per_step=shape.per_step,
+        grad_accum=shape.grad_accum,
+        sequences_per_micro_batch=shape.micro_batch,
+        sequences_per_gpu_micro_batch=shape.per_rank,
+        tokens_per_step=shape.tokens_per_step,
+        tokens_per_gpu_per_step=shape.tokens_per_step // shape.world,
+        tokens_per_gpu_micro_batch=shape.per_rank * t,
+    )
+
+
+def _memory(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs, costs: _Costs) -> r.PlanMemory:
+    p, n = costs.params, costs.numerics
+    per_sequence = sizing.activation_bytes(cfg.model, 1, n)
+    activations = sizing.activation_bytes(cfg.model, shape.per_rank, n)
+    copies = 2 * (p.n_params - p.embedding_params) if inputs.precision == "bf16" else 0
+    fixed = p.weight_bytes + p.gradient_bytes + p.optimizer_bytes + copies + RUNTIME_RESERVE
+    total = fixed + activations
+    room = inputs.gpu.memory_bytes - fixed
+    return r.PlanMemory(
+        weights=p.weight_bytes,
+        gradients=p.gradient_bytes,
+        adam_moments=p.optimizer_bytes,
+        bf16_weight_copies=copies,
+        activations=activations,
+        activations_per_sequence=per_sequence,
+        checkpoint_staging=0,
+        runtime_reserve=RUNTIME_RESERVE,
+        total=total,
+        gpu_memory=inputs.gpu.memory_bytes,
+        headroom=inputs.gpu.memory_bytes - total,
+        fits=total <= inputs.gpu.memory_bytes,
+        largest_micro_batch=_largest_fitting(cfg, n, room, per_sequence),
+        host_staging=p.checkpoint_bytes,
+        attention=n.attention,
+    )
+
+
+def _largest_fitting(cfg: RunConfig, n: sizing.Numerics, room: int, per_sequence: int) -> int:
+    """The most sequences whose activations fit in `room` bytes (activations are linear in the
+    sequences: the estimate of one, scaled, then checked)."""
+    if room < per_sequence:
+        return 0
+    b = room // per_sequence
+    while b > 0 and sizing.activation_bytes(cfg.model, b, n) > room:
+        b -= 1
+    return b
+
+
+def _speed(shape: BatchShape, inputs: PlanInputs, costs: _Costs) -> r.PlanSpeed:
+    peak = inputs.gpus * inputs.gpu.peak(inputs.precision) * 1e12
+    compute = shape.tokens_per_step * costs.flops_per_token / (inputs.mfu * peak)
+    # A ring all-reduce moves 2 (k - 1) / k of the fp32 gradients through each GPU, once a step.
+    # DDP overlaps it with the backward pass; counted in full, the step time is an upper bound.
+    k = inputs.gpus
+    allreduce = 2 * (k - 1) / k * costs.params.gradient_bytes / (inputs.gpu.allreduce_gbps * GB)
+    step = compute + allreduce
+    return r.PlanSpeed(
+        mfu=inputs.mfu,
+        mfu_source=inputs.mfu_source,
+        flops_per_token=costs.flops_per_token,
+        compute_seconds=compute,
+        allreduce_seconds=allreduce,
+        step_seconds=step,
+        tokens_per_second=shape.tokens_per_step / step,
+        steps=inputs.steps,
+        training_seconds=step * inputs.steps,
+    )
+
+
+def _checkpoints(cfg: RunConfig, inputs: PlanInputs, costs: _Costs) -> r.PlanCheckpoints:
+    ck, p = cfg.checkpoint, costs.params
+    payload = p.checkpoint_bytes
+    manifest = MANIFEST_BASE_BYTES + MANIFEST_TENSOR_BYTES * p.n_tensors
+    manifest += MANIFEST_RANK_BYTES * inputs.gpus if inputs.gpus > 1 else 0
+    write = payload / (inputs.disk_gbps * GB)
+    # A cadence checkpoint written in the background stalls training for its staging copy only.
+    stall = payload / (inputs.staging_gbps * GB) if ck.async_write else write
+    cadences = inputs.steps // ck.every if ck.every else 0
+    audit = ck.max_requested if ck.keep_requested else 0
+    kept = ck.keep_latest + 1
+    checkpoint_disk = (kept + audit) * (payload + manifest)
+    loss_log = LOSS_ENTRY_BYTES * inputs.steps
+    return r.PlanCheckpoints(
+        payload_bytes=payload,
+        manifest_bytes=manifest,
+        every=ck.every,
+        disk_gbps=inputs.disk_gbps,
+        write_seconds=write,
+        stall_seconds=stall,
+        stalls_seconds=stall * cadences,
+        kept_cadence=kept,
+        kept_audit=audit,
+        checkpoint_disk_bytes=checkpoint_disk,
+        loss_log_bytes=loss_log,
+        export_bytes=payload + manifest,
+        disk_bytes=checkpoint_disk + loss_log + payload + manifest,
+    )
+
+
+def _rental(
+    cfg: RunConfig,
+    inputs: PlanInputs,
+    costs: _Costs,
+    speed: r.PlanSpeed,
+    ck: r.PlanCheckpoints,
+) -> r.PlanRental:
+    every = cfg.eval.every if cfg.eval.every is not None else cfg.checkpoint.every
+    evals = inputs.steps // every if every else 0
+    eval_tokens = cfg.eval.sequences * len(cfg.data.arms) * cfg.model.block_size
+    # Forward only (a third of a training token's FLOPs), on rank 0's GPU.
+    one_gpu = inputs.mfu * inputs.gpu.peak(inputs.precision) * 1e12
+    evaluation = evals * eval_tokens * costs.flops_per_token / 3 / one_gpu
+    read = ck.payload_bytes / (inputs.disk_gbps * GB)
+    stop_resume = ck.write_seconds + inputs.startup_seconds + read
+    # The export hashes the source, writes the copy and reads it back to verify it.
+    export = inputs.startup_seconds + 3 * read
+    hours = [s / 3600 for s in (speed.training_seconds, ck.stalls_seconds, evaluation)]
+    hours += [stop_resume / 3600, export / 3600]
+    total = sum(hours)
+    return r.PlanRental(
+        training_hours=hours[0],
+        checkpoint_stall_hours=hours[1],
+        evaluation_hours=hours[2],
+        stop_resume_hours=hours[3],
+        export_hours=hours[4],
+        total_hours=total,
+        fits_days={d: total <= 24 * d for d in RENTAL_WINDOWS_DAYS},
+    )
+
+
+def _assumptions(inputs: PlanInputs, costs: _Costs) -> dict[str, str]:
+    attention = "fused attention (flash or memory-efficient, deterministic in that mode)"
+    return {
+        "gpu": f"{inputs.gpu.name}: {inputs.gpu.memory_bytes / GB:.0f} GB, "
+        f"{inputs.gpu.peak(inputs.precision):g} dense TFLOPS at {inputs.precision}",
+        "mfu": f"{inputs.mfu:.0%} ({inputs.mfu_source})",
+        "allreduce": f"{inputs.gpu.allreduce_gbps:g} GB/s all-reduce bus bandwidth, not "
+        "overlapped with the backward pass",
+        "activations": f"eager mode, {attention}; estimated (control/sizing.py)",
+        "runtime_reserve": f"{RUNTIME_RESERVE / GiB:.0f} GiB per GPU for the CUDA context, "
+        "cuBLAS workspace and allocator slack",
+        "disk": f"{inputs.disk_gbps:g} GB/s sustained write and read",
+        "staging": f"{inputs.staging_gbps:g} GB/s device-to-host copy of a background checkpoint",
+        "startup": f"{inputs.startup_seconds:g} s per start (interpreter, data from its cache, "
+        "resume, compile)",
+        "disk_used": "checkpoint.keep_latest cadence checkpoints and one being written, "
+        "checkpoint.max_requested audit points (SIGUSR1, control, pivot boundaries) all used, "
+        f"{LOSS_ENTRY_BYTES} bytes of .loss.json per step, one export; tokenized data not counted",
+    }
+
+
+def _warnings(shape: BatchShape, memory: r.PlanMemory) -> list[str]:
+    out = []
+    if shape.per_rank == 1:
+        out.append(
+            f"each GPU trains a single sequence per micro-batch ({shape.per_step} per step over "
+            f"{shape.world} GPUs in {shape.grad_accum} micro-batch(es)): the GPU is mostly idle "
+            "and the step's arithmetic is latency-bound; raise batch_size (docs/distributed.md, "
+            "choosing the batch)"
+        )
+    if not memory.fits:
+        accum = _accumulation_to_fit(shape, memory.largest_micro_batch)
+        out.append(
+            f"does not fit: {memory.total / GiB:.1f} GiB per GPU needed, "
+            f"{memory.gpu_memory / GiB:.1f} GiB there; at most {memory.largest_micro_batch} "
+            "sequences per GPU micro-batch fit" + (f": grad_accum {accum} would" if accum else "")
+        )
+    return out
+
+
+def _accumulation_to_fit(shape: BatchShape, largest: int) -> int | None:
+    """The smallest grad_accum that cuts the step into micro-batches that fit, if any does."""
+    for accum in range(shape.grad_accum, shape.per_step + 1):
+        micro, rest = divmod(shape.per_step, accum)
+        if not rest and micro % shape.world == 0 and 0 < micro // shape.world <= largest:
+            return accum
+    return None

@@ -1,0 +1,341 @@
+"""``andreactl tokenizer``: a subword tokenizer without the internet, and token files from text.
+
+- ``train``: a byte-level BPE (Hugging Face `tokenizers`) trained on the **training** documents of a
+  run's text arms (stdlib, text, jsonl), never on its held-out ones: the split is the one the run
+  uses (daemon/heldout.py), decided before the tokenizer exists. It writes the run's
+  ``tokenizer.json`` and measures the compression (bytes per token) of each arm.
+- ``encode``: text files and JSON Lines into one flat tokens file, documents joined as in an arm,
+  with ``FILE.json`` beside it saying which tokenizer made it (daemon/encoding.py): the role of
+  nanoGPT's ``prepare.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from glob import glob
+from pathlib import Path
+from typing import TextIO
+
+from andrea.daemon.checkpoint.manager import checkpoint_steps
+from andrea.daemon.config import ArmSpec, ConfigError, RunConfig, build_config, load_toml
+from andrea.daemon.data import arm_documents
+from andrea.daemon.durable import atomic_write_bytes
+from andrea.daemon.encoding import Document, record_path, write_tokens_file
+from andrea.daemon.heldout import is_held_out
+from andrea.daemon.rundir import CONFIG_FILE
+from andrea.daemon.settle import settle_heldout
+from andrea.daemon.sources import DEFAULT_FIELD, DataError, jsonl_documents, read_file
+from andrea.daemon.tokenizer import BYTES, FileTokenizer, RunTokenizer, padded_vocab
+
+from . import reports as r
+from .commands.conventions import UserError
+from .commands.formatting import human_bytes
+
+#: The byte-level alphabet: a BPE vocabulary starts with these 256 ids.
+ALPHABET = 256
+#: The largest vocabulary `train` makes (uint32 token files hold any, the embedding is the limit).
+MAX_VOCAB = 1 << 20
+#: Bytes of each arm's training documents that its compression is measured on.
+COMPRESSION_SAMPLE = 4 << 20
+
+
+@dataclass
+class _Tally:
+    """One arm's documents as training went through them."""
+
+    arm: str
+    documents: int = 0
+    held_out: int = 0
+    bytes: int = 0
+    sample: list[str] = field(default_factory=list)
+    sample_bytes: int = 0
+
+    def add(self, text: str, size: int) -> None:
+        self.documents += 1
+        self.bytes += size
+        if self.sample_bytes < COMPRESSION_SAMPLE:
+            self.sample.append(text)
+            self.sample_bytes += size
+
+
+def run_config(run_dir: Path) -> RunConfig:
+    """The config of the run in `run_dir`, as its run.toml says (UserError without one)."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise UserError(
+            f"{path} does not exist: write the run's run.toml (its [[data.arms]]) first, or start "
+            "the run once"
+        )
+    try:
+        return build_config(load_toml(path), source=str(path))
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+
+
+def _text(doc_id: str, doc: str | bytes) -> str:
+    if isinstance(doc, str):
+        return doc
+    try:
+        return doc.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"document {doc_id}: not UTF-8 text (byte {e.start:,}); a subword tokenizer encodes "
+            "text: convert it, or leave it out of the arm"
+        ) from None
+
+
+def _training_texts(
+    specs: list[ArmSpec], run_dir: Path, fraction: float | None, tallies: dict[str, _Tally]
+) -> Iterator[str]:
+    """The training documents of `specs`, in order, as text; held-out ones are counted, never
+    yielded."""
+    stdlib = None
+    for spec in specs:
+        if spec.kind == "stdlib" and stdlib is None:
+            from andrea.daemon import corpus
+
+            root = corpus.stdlib_root()
+            stdlib = corpus.extract_stdlib_documents(corpus.stdlib_files(root), root)
+        tally = tallies[spec.name]
+        for doc_id, doc in arm_documents(spec, run_dir, stdlib=stdlib):
+            if fraction and is_held_out(doc_id, fraction):
+                tally.held_out += 1
+                continue
+            text = _text(doc_id, doc)
+            tally.add(text, len(doc) if isinstance(doc, bytes) else len(text.encode()))
+            yield text
+
+
+def _select_arms(cfg: RunConfig, names: list[str] | None) -> list[ArmSpec]:
+    text_arms = [s for s in cfg.data.arms if s.encoded]
+    if names:
+        known = {s.name: s for s in cfg.data.arms}
+        for name in names:
+            if name not in known:
+                raise UserError(
+                    f"--arm {name}: the run has no such arm (its arms: {', '.join(known)})"
+                )
+            if not known[name].encoded:
+                raise UserError(f"--arm {name}: a tokens arm holds ids, not text to train on")
+        text_arms = [s for s in text_arms if s.name in names]
+    if not text_arms:
+        raise UserError("the run has no text arm (stdlib, text or jsonl) to train a tokenizer on")
+    return text_arms
+
+
+def _new_bpe(vocab_size: int, progress: bool) -> tuple[object, object]:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=progress,
+    )
+    return tokenizer, trainer
+
+
+def default_out(run_dir: Path, cfg: RunConfig) -> Path:
+    """Where `train` writes: the run's [data] tokenizer, or tokenizer.json in the run directory."""
+    return run_dir / ("tokenizer.json" if cfg.data.tokenizer == BYTES else cfg.data.tokenizer)
+
+
+def train(
+    run_dir: Path, vocab_size: int, arms: list[str] | None, out: Path | None, progress: bool
+) -> r.TokenizerTrainReport:
+    """Train a byte-level BPE of `vocab_size` ids on the training documents of the run's text
+    arms (or of `arms`), write it to `out` (default: `default_out`), and measure it."""
+    if not ALPHABET < vocab_size <= MAX_VOCAB:
+        raise UserError(
+            f"--vocab-size {vocab_size}: a byte-level BPE needs {ALPHABET + 1}..{MAX_VOCAB:,}"
+        )
+    started = time.monotonic()
+    cfg, _ = settle_heldout(run_config(run_dir), bool(checkpoint_steps(run_dir)))
+    specs = _select_arms(cfg, arms)
+    out = out if out is not None else default_out(run_dir, cfg)
+    if out.exists():
+        raise UserError(f"{out} exists: remove it first (a run that uses it resumes only under it)")
+    fraction = cfg.data.heldout_fraction
+    tallies = {s.name: _Tally(s.name) for s in specs}
+    bpe, trainer = _new_bpe(vocab_size, progress)
+    try:
+        bpe.train_from_iterator(_training_texts(specs, run_dir, fraction, tallies), trainer)
+    except DataError as e:
+        raise UserError(str(e)) from None
+    raw = bpe.to_str().encode()
+    atomic_write_bytes(out, raw)
+    made = FileTokenizer(str(out), out, raw)
+    return r.TokenizerTrainReport(
+        time=r.utc_now(),
+        run_dir=str(run_dir),
+        out=str(out),
+        sha256=made.identity,
+        n_vocab=made.n_vocab,
+        model_vocab_size=padded_vocab(made.n_vocab),
+        heldout_fraction=fraction,
+        arms=[_arm_row(t, made) for t in tallies.values()],
+        seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def _arm_row(tally: _Tally, tokenizer: RunTokenizer) -> r.TokenizerArm:
+    tokens = sum(int(ids.shape[0]) for ids in tokenizer.encode_batch(tally.sample))
+    return r.TokenizerArm(
+        arm=tally.arm,
+        documents=tally.documents,
+        held_out=tally.held_out,
+        bytes=tally.bytes,
+        bytes_per_token=round(tally.sample_bytes / tokens, 4) if tokens else None,
+    )
+
+
+def train_text(report: r.TokenizerTrainReport, run_dir: Path, cfg_tokenizer: str) -> str:
+    """`train`'s report for a person."""
+    held = (
+        f"{report.heldout_fraction:.0%} of each arm held out, never seen"
+        if report.heldout_fraction
+        else "nothing held out"
+    )
+    lines = [
+        f"{report.out}: byte-level BPE of {report.n_vocab:,} ids (model vocab_size "
+        f"{report.model_vocab_size:,}), sha256 {report.sha256[:16]}…, trained in "
+        f"{report.seconds:.1f} s on the arms' training documents ({held})",
+        f"  {'arm':<16} {'documents':>10} {'held out':>9} {'size':>10} {'bytes/token':>12}",
+    ]
+    for a in report.arms:
+        bpt = f"{a.bytes_per_token:.2f}" if a.bytes_per_token is not None else "-"
+        lines.append(
+            f"  {a.arm:<16} {a.documents:>10,} {a.held_out:>9,} {human_bytes(a.bytes):>10} {bpt:>12}"
+        )
+    relative = Path(report.out)
+    if relative.parent == run_dir:
+        relative = Path(relative.name)
+    if cfg_tokenizer == BYTES:
+        lines.append(
+            f'to train with it: [data] tokenizer = "{relative}" in {run_dir / CONFIG_FILE} '
+            "(before the run's first start: a tokenizer is part of its data)"
+        )
+    return "\n".join(lines)
+
+
+class ProgressBar:
+    """An encode's progress on a terminal: percent, bytes, rate and time left, redrawn at most
+    five times a second; nothing when `stream` is not a terminal (a log, a pipe)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.total = max(total, 1)
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty()
+        self.started = self.drawn = time.monotonic()
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.drawn < 0.2:
+            return
+        self.drawn = now
+        rate = done / max(now - self.started, 1e-9)
+        # The documents' text is a little smaller than the files (JSON's quoting, gzip): the bar
+        # stays below 100% until the end.
+        frac = min(done / self.total, 0.99)
+        eta = (self.total - done) / rate if rate > 0 and done < self.total else 0
+        bar = "#" * int(30 * frac)
+        self.stream.write(
+            f"\r  encoding {frac:4.0%} [{bar:<30}] {human_bytes(done)} of ~{human_bytes(self.total)}"
+            f", {human_bytes(rate)}/s, {eta:4.0f} s left "
+        )
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.flush()
+
+
+def input_files(patterns: list[str]) -> list[Path]:
+    """The inputs, in the order given (each glob's matches sorted), once each."""
+    out: list[Path] = []
+    for pattern in patterns:
+        matches = (
+            sorted(glob(pattern, recursive=True)) if any(c in pattern for c in "*?[") else [pattern]
+        )
+        files = [Path(m) for m in matches if Path(m).is_file()]
+        if not files:
+            raise UserError(f"{pattern}: no such file")
+        out.extend(f for f in files if f not in out)
+    return out
+
+
+def _documents(files: list[Path], field: str) -> Iterator[Document]:
+    for f in files:
+        if f.name.endswith((".jsonl", ".jsonl.gz")):
+            yield from jsonl_documents([f], f.parent, field)
+        else:
+            yield f.name, read_file(f)
+
+
+def encode(
+    files: list[Path], out: Path, tokenizer: RunTokenizer, field: str = DEFAULT_FIELD
+) -> r.TokenizerEncodeReport:
+    """Encode `files` (`input_files`) into the tokens file `out` and its record (`FILE.json`)."""
+    for path in (out, record_path(out)):
+        if path.exists():
+            raise UserError(f"{path} exists: remove it first, or choose another --out")
+    total = sum(f.stat().st_size for f in files)
+    bar = ProgressBar(total)
+    started = time.monotonic()
+    try:
+        record = write_tokens_file(
+            out, _documents(files, field), tokenizer, [str(f) for f in files], progress=bar.update
+        )
+    except DataError as e:
+        raise UserError(str(e)) from None
+    finally:
+        bar.close()
+    seconds = time.monotonic() - started
+    return r.TokenizerEncodeReport(
+        time=r.utc_now(),
+        out=str(out),
+        record=str(record_path(out)),
+        tokenizer=record.tokenizer,
+        tokenizer_file=record.tokenizer_file,
+        n_vocab=record.n_vocab,
+        dtype=record.dtype,
+        inputs=len(files),
+        input_bytes=total,
+        documents=record.documents,
+        tokens=record.tokens,
+        seconds=round(seconds, 3),
+        tokens_per_second=round(record.tokens / max(seconds, 1e-9), 1),
+    )
+
+
+def encode_text(report: r.TokenizerEncodeReport, arm_name: str, run_dir: Path | None) -> str:
+    """`encode`'s report for a person, with the arm that trains on the file (its path relative
+    to `run_dir` when it lies inside)."""
+    path = Path(report.out).resolve()
+    if run_dir is not None and path.is_relative_to(run_dir.resolve()):
+        path = path.relative_to(run_dir.resolve())
+    made_by = (
+        "the byte-level tokenizer"
+        if report.tokenizer == BYTES
+        else f"{report.tokenizer_file} (sha256 {report.tokenizer[:16]}…)"
+    )
+    return "\n".join(
+        [
+            f"{report.out}: {report.tokens:,} tokens ({report.dtype}) from {report.documents:,} "
+            f"documents of {report.inputs} file(s), {human_bytes(report.input_bytes)}, in "
+            f"{report.seconds:.1f} s ({report.tokens_per_second:,.0f} tokens/s)",
+            f"{report.record}: made by {made_by}",
+            "the arm that trains on it (in run.toml):",
+            "  [[data.arms]]",
+            f'  name = "{arm_name}"',
+            '  kind = "tokens"',
+            f'  path = "{path}"',
+            f'  dtype = "{report.dtype}"',
+        ]
+    )

@@ -1,0 +1,168 @@
+"""The trainer's side of the proxy: `hello`, `assign`, `losses`, `eval` and `samples`.
+
+Every field is checked against the proxy's own state before anything is written, and a refused
+message changes nothing (docs/protocol.md, "What a peer may send"). Records are taken only from a
+peer that said a `hello` admitted as the live trainer life (`lives.Lives`). The records themselves
+are written by the core (`core.ProxyCore`), durable before they are acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from andrea.protocol import messages as m
+from andrea.protocol.lossentry import LossEntry
+
+from ..logthrottle import ThrottledWarning
+from .core import ProxyCore
+
+log = logging.getLogger(__name__)
+
+
+class TrainerLink:
+    def __init__(self, core: ProxyCore, rejections: ThrottledWarning) -> None:
+        self.core = core
+        self.rejections = rejections
+
+    def hello(self, peer: bytes, msg: m.Hello) -> m.Message:
+        """Number a new trainer life (or welcome a known one back) once it proves to be this
+        run's trainer: same protocol, seed and live arms, a segment this proxy numbered, and
+        either the live life itself or a new one whose predecessor is provably gone."""
+        core = self.core
+        refusal = self._hello_refusal(msg)
+        if refusal is None and (refusal := core.lives.refusal(msg)) is not None:
+            self.rejections.warning("refused a hello: %s", refusal)
+        if refusal is not None:
+            return m.Reply(id=msg.id, ok=False, error=refusal)
+        if msg.segment is None:
+            segment = core.new_segment(peer, msg)
+            if msg.resume_step:
+                log.info(
+                    "trainer segment %d connected, resuming after step %d", segment, msg.resume_step
+                )
+            else:
+                log.info("trainer segment %d connected, starting a fresh run", segment)
+        else:
+            segment = msg.segment
+            core.known_segment(peer, msg, segment)
+            log.info("trainer segment %d reconnected", segment)
+        b = core.book.bandit
+        return m.Welcome(
+            id=msg.id,
+            segment=segment,
+            phase=b.phase,
+            phase_start_step=b.phase_start_step,
+            lag=core.book.lag,
+            phases=self._phases(),
+        )
+
+    def _hello_refusal(self, msg: m.Hello) -> str | None:
+        """Why this hello is refused, or None. A seed or arm set that differs from what the proxy
+        read may be a deliberate change of run.toml: it is re-read before judging."""
+        core = self.core
+        if msg.protocol != m.PROTOCOL:
+            return f"protocol {msg.protocol}, this proxy speaks {m.PROTOCOL}"
+        if msg.segment is not None and msg.segment > core.max_segment + 1:
+            # Segments are numbered here and made durable before the trainer hears them; one past
+            # the highest known is the most a lost or older .state.json can hide.
+            return f"segment {msg.segment} was never numbered (highest: {core.max_segment})"
+        if msg.seed != core.opts.cfg.seed or set(core.book.bandit.live_arms) - set(msg.arms):
+            core.reload_config()
+        if msg.seed != core.opts.cfg.seed:
+            return f"trainer seed {msg.seed} differs from run.toml's {core.opts.cfg.seed}"
+        missing = sorted(set(core.book.bandit.live_arms) - set(msg.arms))
+        if missing:
+            return f"the trainer lacks live arms {missing}"
+        return None
+
+    def _phases(self) -> list[m.PhaseStart]:
+        starts = self.core.book.starts
+        return [m.PhaseStart(phase=p, after_step=s) for p, s in sorted(starts.items())]
+
+    def assign(self, msg: m.AssignRequest) -> m.Message:
+        book = self.core.book
+        items, waiting = [], None
+        for step in range(msg.from_step, msg.from_step + msg.count):
+            arm = book.assign(step)
+            if arm is None:
+                waiting = book.waiting_for(step)
+                break
+            items.append(m.Assignment(step=step, arm=arm, phase=book.phase_of(step)))
+        return m.Assignments(
+            id=msg.id, items=items, waiting_for_step=waiting, phases=self._phases()
+        )
+
+    def _entry_problem(self, e: LossEntry) -> str | None:
+        """Why `e` cannot be a record of a step the trainer trained, judged against this proxy's
+        own state; None when it can. A genuine trainer trains only arms this proxy assigned, and
+        an assignment needs the losses it depends on to be durable here already, so the arm of
+        every genuine step can be recomputed now (and is the same: assignments are pure)."""
+        core, book = self.core, self.core.book
+        if e.segment > core.max_segment:
+            return f"step {e.step}: segment {e.segment} was never numbered (highest: {core.max_segment})"
+        if e.phase > book.bandit.phase:
+            return f"step {e.step}: phase {e.phase} is after the current phase {book.bandit.phase}"
+        if e.phase < book.phase_of(e.step):
+            # Superseded: trained past a pivot's boundary under the old phase (the manual pivot,
+            # before the trainer rolled back). Kept in the log, counted by nothing; the old phase's
+            # bandit that assigned it is archived, so only its arm can be checked.
+            if e.arm not in {c.name for c in core.configured}:
+                return f"step {e.step}: arm {e.arm!r} is not an arm of this run"
+            return None
+        try:
+            expected = book.assign(e.step)
+        except ValueError as err:  # a step of an earlier phase that was never trained
+            return f"step {e.step}: {err}"
+        if expected is None:
+            return f"step {e.step} was never assigned (the losses it depends on are not logged)"
+        if e.arm != expected:
+            return f"step {e.step} was assigned arm {expected!r}, not {e.arm!r}"
+        return None
+
+    def _stranger(
+        self, peer: bytes, msg: m.LossReport | m.EvalReport | m.SampleReport
+    ) -> m.Reply | None:
+        """The refusal of a record from a peer that is not the live trainer life, or None."""
+        if self.core.lives.speaks_for_live(peer):
+            return None
+        error = f"{m.UNKNOWN_PEER}: say hello first ('{msg.type}' refused, nothing written)"
+        self.rejections.warning("refused '%s' from a peer that is %s", msg.type, m.UNKNOWN_PEER)
+        return m.Reply(id=msg.id, ok=False, error=error)
+
+    def losses(self, peer: bytes, msg: m.LossReport) -> m.Message:
+        if (refused := self._stranger(peer, msg)) is not None:
+            return refused
+        for e in msg.entries:
+            problem = self._entry_problem(e)
+            if problem is not None:
+                # Nothing of the message is written: one bad entry makes the whole report suspect.
+                self.rejections.warning("rejected a loss report: %s", problem)
+                return m.Reply(id=msg.id, ok=False, error=f"losses rejected: {problem}")
+        self.core.append_losses(msg.entries)
+        return m.LossAck(id=msg.id, keys=[(e.segment, e.step) for e in msg.entries])
+
+    def eval(self, peer: bytes, msg: m.EvalReport) -> m.Message:
+        if (refused := self._stranger(peer, msg)) is not None:
+            return refused
+        self.core.append_eval(msg.entry)
+        return m.EvalAck(id=msg.id, key=(msg.entry.segment, msg.entry.step))
+
+    def samples(self, peer: bytes, msg: m.SampleReport) -> m.Message:
+        if (refused := self._stranger(peer, msg)) is not None:
+            return refused
+        core = self.core
+        if msg.segment > core.max_segment or msg.phase > core.book.bandit.phase:
+            error = f"samples of segment {msg.segment}, phase {msg.phase}: never numbered"
+            self.rejections.warning("rejected a sample report: %s", error)
+            return m.Reply(id=msg.id, ok=False, error=error)
+        owner = core.book.phase_of(msg.step)
+        if msg.phase != owner:
+            log.info(
+                "samples of step %d (phase %d) are superseded by the pivot to phase %d; not kept",
+                msg.step,
+                msg.phase,
+                owner,
+            )
+        else:
+            core.keep_samples(msg)
+        return m.Reply(id=msg.id, ok=True)

@@ -1,0 +1,179 @@
+"""How the proxy finds its place in a run directory when it starts: which arms are available, whether
+`.loss.json` agrees with the checkpoints, the bandit (from `.state.json`, or rebuilt by replaying
+the log), the progress the log shows, and where a manual pivot would start.
+
+Nothing here serves a request; `core.ProxyCore.start` puts the pieces together.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from andrea.protocol.lossentry import LossEntry
+
+from .. import rundir
+from ..checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpoint
+from ..config import RunConfig
+from ..data import DataError, arm_identity
+from ..rundir import LOSS_FILE, POLICY_FILE, STATE_FILE
+from .archive import last_pivot
+from .assignbook import AssignmentBook
+from .bandit import Bandit, BanditError, ConfiguredArm
+from .lives import TrainerLife
+from .policy import Policy, PolicyError
+from .proxyfiles import check_state, move_aside, parse_state_file
+
+log = logging.getLogger(__name__)
+
+
+class LogContradiction(ValueError):
+    """.loss.json contradicts the checkpoints: a person must restore it (exit 4)."""
+
+
+def configured_arms(cfg: RunConfig, run_dir: Path) -> list[ConfiguredArm]:
+    """Each configured source with its identity and whether it is available right now."""
+    out = []
+    for spec in cfg.data.arms:
+        try:
+            identity = arm_identity(spec, cfg.data, run_dir, cfg.model.vocab_size)
+            out.append(ConfiguredArm(spec.name, identity, True))
+        except DataError as e:
+            log.warning("arm %r is not available: %s", spec.name, e)
+            out.append(ConfiguredArm(spec.name, "", False))
+    return out
+
+
+def _ranges(steps: list[int]) -> str:
+    out, start = [], steps[0]
+    for a, b in zip(steps, steps[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out[:5]) + (", ..." if len(out) > 5 else "")
+
+
+def check_log_against_checkpoints(run_dir: Path, logged: set[int]) -> None:
+    """Refuse a .loss.json that lacks steps the trainer's newest checkpoint says were trained
+    (a truncated or replaced log): the trainer would resume there and wait forever for
+    assignments that need those losses. A checkpoint may legitimately be ahead of the log
+    by the records the proxy had not acknowledged; those travel in its manifest."""
+    for step in checkpoint_steps(run_dir):
+        try:
+            manifest = read_manifest(run_dir, step)
+        except (ValueError, OSError):
+            continue  # damaged: the trainer skips it too
+        if manifest.mixing.mode != "proxy":
+            return
+        pending = {e.step for e in manifest.pending_losses}
+        first = last_pivot(run_dir)[1] + 1  # earlier phases' steps are not replayed
+        missing = [s for s in range(first, step + 1) if s not in logged and s not in pending]
+        if missing:
+            raise LogContradiction(
+                f"{LOSS_FILE} lacks the losses of {len(missing)} steps ({_ranges(missing)}) that"
+                f" checkpoint {rundir.bin_name(step)} says were trained and acknowledged: the log"
+                " was truncated or replaced. Restore it from a backup; the proxy will not run on"
+                " a log that contradicts the checkpoints"
+            )
+        return
+
+
+@dataclass(frozen=True)
+class Restored:
+    bandit: Bandit
+    #: The highest segment `.state.json` numbered (0 without one).
+    max_segment: int
+    #: The run's policy file differs from the restored bandit's policy: a manual pivot.
+    policy_changed: bool
+    #: The trainer life `.state.json` says the proxy serves (None without one).
+    trainer: TrainerLife | None = None
+
+
+def restore_bandit(
+    run_dir: Path,
+    configured: list[ConfiguredArm],
+    seed: int,
+    policy: Policy,
+    logged_up_to: int,
+) -> Restored:
+    """The bandit from .state.json, or a fresh one that replays .loss.json.
+
+    The fresh bandit is not a reset: assignments are a pure function of the logged losses, so
+    replaying them from the phase start rebuilds exactly the bandit the state file held. That
+    is also the documented recovery from a damaged state file (moved aside, never deleted).
+    """
+    path = run_dir / STATE_FILE
+    if path.exists():
+        try:
+            state = parse_state_file(path)
+            check_state(state, seed, logged_up_to)
+            bandit = Bandit.from_state(state.bandit, configured)
+        except (ValueError, BanditError) as e:
+            bad = move_aside(path)
+            log.warning("%s; moved to %s and rebuilding the bandit from .loss.json", e, bad.name)
+        else:
+            log.info(
+                "bandit restored from %s at step %d (phase %d)",
+                path.name,
+                bandit.last_step,
+                bandit.phase,
+            )
+            changed = state.bandit.policy_fingerprint != policy.fingerprint()
+            return Restored(bandit, state.max_segment, changed, state.trainer)
+    phase, start = last_pivot(run_dir)
+    bandit = Bandit(configured, policy, seed=seed, phase=phase, start_step=start)
+    log.info(
+        "bandit for phase %d (after step %d) over arms %s; logged losses are replayed as needed",
+        phase,
+        start,
+        ", ".join(bandit.live_arms),
+    )
+    return Restored(bandit, 0, False)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far the run got, as the log shows."""
+
+    durable_step: int  # every counted loss up to here is logged
+    max_segment: int
+    trainer_step: int  # the newest trainer life's progress
+
+
+def replay(book: AssignmentBook, entries: list[LossEntry], max_segment: int) -> Progress:
+    """Record every logged loss in `book`; entries a pivot superseded are kept in the log but
+    counted by nothing."""
+    durable_step = trainer_step = superseded = 0
+    for e in entries:
+        if book.record(e.step, e.arm, e.loss, e.phase):
+            durable_step = max(durable_step, e.step)
+        else:
+            superseded += 1
+        if e.segment > max_segment:
+            max_segment, trainer_step = e.segment, e.step
+        elif e.segment == max_segment:
+            trainer_step = max(trainer_step, e.step)
+    if superseded:
+        log.info("%d logged entries are superseded by pivots (kept, not counted)", superseded)
+    return Progress(durable_step, max_segment, trainer_step)
+
+
+def manual_pivot_boundary(run_dir: Path, book: AssignmentBook) -> int:
+    """The boundary of a manual pivot: the trainer's newest intact checkpoint, where `andreactl
+    pivot` would have held it. Raises PolicyError when no checkpoint of the current phase is
+    intact."""
+    for step in checkpoint_steps(run_dir):
+        if step < book.phase_start:
+            break
+        try:
+            verify_checkpoint(run_dir, step)
+        except ValueError as e:
+            log.warning("checkpoint %d cannot be a pivot point: %s", step, e)
+            continue
+        return step
+    raise PolicyError(
+        f"{POLICY_FILE} differs from the policy of phase {book.bandit.phase} (a pivot), "
+        f"but no intact checkpoint at or after the phase's start (step {book.phase_start}) "
+        "can be its boundary; let the trainer write one (SIGUSR1) and start the proxy again"
+    )

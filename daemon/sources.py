@@ -1,0 +1,219 @@
+"""The files of a data arm: which files an arm's globs name, how each one is read, and the documents
+they hold.
+
+Only the content of a regular file is read, and only as many bytes as its size says. A file of /proc
+or /sys is "regular" too, but reports 0 bytes and holds something else (``/proc/self/environ``), fails
+its read (``/proc/self/pagemap``: EINVAL) or waits for data (``/proc/kmsg``); a FIFO waits in its open.
+Each is refused naming the file (`SourceRejected`, exit 2), never read past its size and never waited
+on: the descriptor is opened non-blocking, and after the last byte one more read must find the end.
+Links are followed: a person names these files in run.toml (a corpus of links is common); what they
+reach must be a regular file all the same.
+A stop requested meanwhile is honoured between files (and between batches of lines).
+
+Documents, the unit of the held-out split (daemon/heldout.py):
+- ``text``: one file; its id is its path relative to the arm's common directory;
+- ``jsonl``: one line of a ``.jsonl`` or ``.jsonl.gz`` file, the string at the arm's ``field``; its
+  id is ``<relative path>:<line number>``. A malformed line is an error naming the file and line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from glob import glob
+from pathlib import Path
+
+from .boundedio import FileRejected, open_regular
+from .config import ArmSpec
+
+#: Bytes per read.
+_CHUNK = 1 << 20
+#: JSON Lines lines between two checks of a stop request.
+_LINES_PER_CHECK = 4096
+#: The field of a JSON Lines arm unless its config names another.
+DEFAULT_FIELD = "text"
+
+Stop = Callable[[], bool] | None
+
+
+class DataError(RuntimeError):
+    """A configured data source is missing, unreadable or unusable."""
+
+
+class SourceRejected(DataError):
+    """A data file that is not a regular file's content: a FIFO, a device, a file of /proc or /sys,
+    one that changed while it was read, or one this process may not read. A mistake of the
+    configuration's globs or of the file's permissions (exit 2), never waited on."""
+
+
+def check_stop(should_stop: Stop, what: str) -> None:
+    """InterruptedError when a stop was requested (a stop during data preparation is honoured at
+    once)."""
+    if should_stop is not None and should_stop():
+        raise InterruptedError(f"stop requested while {what}")
+
+
+class RegularReader(io.RawIOBase):
+    """A regular file's bytes, exactly as many as its size says; then the end must follow."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        try:
+            self.fd = open_regular(path, follow_symlinks=True)
+        except FileRejected as e:
+            raise SourceRejected(str(e)) from None
+        except FileNotFoundError:
+            raise DataError(f"{path} does not exist") from None
+        except OSError as e:
+            raise SourceRejected(f"{path}: cannot be read: {e.strerror or e}") from None
+        self.size = os.fstat(self.fd).st_size
+        self.done = 0
+        self._ended = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        want = min(len(buffer), self.size - self.done)
+        if want <= 0:
+            self._check_end()
+            return 0
+        try:
+            n = os.readv(self.fd, [memoryview(buffer)[:want]])
+        except OSError as e:
+            raise SourceRejected(f"{self.path}: cannot be read: {e.strerror or e}") from None
+        if n == 0:
+            raise SourceRejected(
+                f"{self.path}: ended after {self.done:,} of its {self.size:,} bytes: it changed "
+                "while it was read"
+            )
+        self.done += n
+        return n
+
+    def _check_end(self) -> None:
+        if self._ended:
+            return
+        try:
+            more = os.read(self.fd, 1)
+        except BlockingIOError:
+            raise SourceRejected(
+                f"{self.path}: a read would wait for data: not a regular file's content "
+                "(a file of /proc?)"
+            ) from None
+        except OSError as e:
+            raise SourceRejected(f"{self.path}: cannot be read: {e.strerror or e}") from None
+        if more:
+            raise SourceRejected(
+                f"{self.path}: holds more than the {self.size:,} bytes its size says: a file of "
+                "/proc or /sys, or one still being written"
+            )
+        self._ended = True
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self.fd)
+        super().close()
+
+
+def read_file(path: Path) -> bytes:
+    """The whole content of the regular file `path` (SourceRejected, DataError naming it)."""
+    with RegularReader(path) as r:
+        return r.readall()
+
+
+def file_digest(path: Path) -> tuple[int, bytes]:
+    """(size, sha256 digest) of the regular file `path`, streamed."""
+    sha = hashlib.sha256()
+    buf = bytearray(_CHUNK)
+    with RegularReader(path) as r:
+        while n := r.readinto(buf):
+            sha.update(memoryview(buf)[:n])
+        return r.size, sha.digest()
+
+
+def arm_files(spec: ArmSpec, base: Path) -> tuple[list[Path], Path]:
+    """A `text` or `jsonl` arm's files in a fixed order, and their common directory. Directories
+    that a `**` glob matches are passed over; so is anything that is not a file (a FIFO, a
+    socket), which `stat` tells without opening it."""
+    files = sorted(
+        {
+            Path(p)
+            for pat in spec.paths
+            for p in glob(str(base / pat), recursive=True)
+            if Path(p).is_file()
+        }
+    )
+    if not files:
+        raise DataError(f"arm {spec.name!r}: no files match {spec.paths} (relative to {base})")
+    return files, Path(os.path.commonpath([f.parent for f in files]))
+
+
+def text_documents(
+    files: list[Path], common: Path, should_stop: Stop = None
+) -> Iterator[tuple[str, bytes]]:
+    """A text arm's documents: `(path relative to common, bytes)` per file."""
+    for f in files:
+        check_stop(should_stop, "reading text arms")
+        yield f.relative_to(common).as_posix(), read_file(f)
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    raw = RegularReader(path)
+    with io.BufferedReader(raw, _CHUNK) as buffered:
+        if path.name.endswith(".gz"):
+            with gzip.GzipFile(fileobj=buffered, mode="rb") as unzipped:
+                yield from unzipped
+                # Whatever follows the last member must be read too (and the end checked).
+                buffered.read()
+        else:
+            yield from buffered
+
+
+def _document(line: bytes, field: str) -> str:
+    """The string at `field` of one JSON Lines line; ValueError saying what is wrong with it."""
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as e:
+        what = "an empty line" if not line.strip() else f"not JSON ({e.msg}, column {e.colno})"
+        raise ValueError(what) from None
+    except (UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"not JSON ({type(e).__name__})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    if field not in value:
+        keys = ", ".join(sorted(value)[:8]) or "none"
+        raise ValueError(f"no field {field!r} (its fields: {keys}); set the arm's field = ...")
+    text = value[field]
+    if not isinstance(text, str):
+        raise ValueError(f"field {field!r} is a JSON {type(text).__name__}, not a string")
+    return text
+
+
+def jsonl_documents(
+    files: list[Path], common: Path, field: str, should_stop: Stop = None, label: str = ""
+) -> Iterator[tuple[str, str]]:
+    """A JSON Lines arm's documents: `(relative path:line number, text)` per line. DataError
+    naming the file and the line (after `label`: "arm 'web': ") for a malformed one; never a
+    silent skip."""
+    for f in files:
+        check_stop(should_stop, "reading JSON Lines arms")
+        rel = f.relative_to(common).as_posix()
+        lineno = 0
+        try:
+            for lineno, line in enumerate(_lines(f), 1):
+                if lineno % _LINES_PER_CHECK == 0:
+                    check_stop(should_stop, "reading JSON Lines arms")
+                try:
+                    yield f"{rel}:{lineno}", _document(line, field)
+                except ValueError as e:
+                    raise DataError(f"{label}{f}:{lineno}: {e}") from None
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            raise DataError(
+                f"{label}{f}: not a readable gzip file after line {lineno} ({e})"
+            ) from None

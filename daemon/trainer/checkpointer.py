@@ -1,0 +1,310 @@
+"""When and where the trainer checkpoints: the one place that decides.
+
+The loop says why at a step boundary (`save("cadence")` after every fresh step, `save(reason)` for
+an agreed request or a pivot's boundary) and `final(stop)` when it ends; this module decides
+whether that calls for a checkpoint, writes it synchronously or in the background, answers whoever
+asked, and keeps systemd's timeouts long enough for it. Every rank calls it at the same boundary
+(the states of every rank are gathered to rank 0); rank 0 alone writes. What a checkpoint holds:
+snapshot.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from typing import TYPE_CHECKING
+
+from ..checkpoint.manager import CheckpointManager
+from ..checkpoint.manifest import Manifest, RankState, Trigger
+from ..exitcodes import ExitCode
+from ..losslog import LossLogError
+from ..process import Notifier, SignalFlags, StopReason
+from ..rundir import bin_name
+from .counters import Counters
+from .options import TrainerOptions
+from .parts import Parts, Platform
+from .sink import RecordSink
+from .snapshot import Snapshotter, gather_ranks
+
+if TYPE_CHECKING:
+    from ..control_server import ControlServer
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    """The trainer's checkpoint policy: cadence, boundary, request and final checkpoints."""
+
+    def __init__(
+        self,
+        opts: TrainerOptions,
+        platform: Platform,
+        parts: Parts,
+        counters: Counters,
+        flags: SignalFlags,
+        notifier: Notifier,
+        control: ControlServer | None,
+        backend: str | None,
+    ) -> None:
+        """`control`: rank 0's control socket, told when a requested checkpoint is durable."""
+        self.cfg = opts.cfg
+        self.world = opts.world
+        self.main = opts.world.is_main
+        self.platform = platform
+        self.parts = parts
+        self.counters = counters
+        self.flags = flags
+        self.notifier = notifier
+        self.control = control
+        #: Where the records go; the loss history must be durable before a checkpoint commits.
+        #: Set by `Trainer.resume` once the sink is open.
+        self.sink = RecordSink()
+        #: A change accepted with --allow-config-change that no checkpoint records yet.
+        self.config_changed = False
+        self.last_write_seconds = 0.0
+        self.snapshots: Snapshotter | None = None
+        #: Rank 0's; None on the other ranks of a job.
+        self.manager: CheckpointManager | None = None
+        if self.main:
+            self.snapshots = Snapshotter(opts.cfg, opts.world, platform, parts, counters, backend)
+            self.manager = CheckpointManager(
+                opts.run_dir, opts.cfg.checkpoint, read_buffer=self.snapshots.staging.array
+            )
+
+    # ---- the policy --------------------------------------------------------------------------
+
+    def grace_seconds(self) -> float:
+        """How long to ask systemd for a checkpoint write: four times the last one, 30 s at least."""
+        return max(30.0, 4 * self.last_write_seconds)
+
+    def boundary_allowed(self, step: int) -> bool:
+        """Whether a pivot's boundary checkpoint may be taken after `step` (a cadence point)."""
+        every = self.cfg.checkpoint.every
+        return every == 0 or step % every == 0
+
+    def save(self, reason: Trigger) -> bool:
+        """Checkpoint the current step for `reason`, if the policy says so. Every rank calls it at
+        the same step boundary, and gets the same answer.
+
+        "cadence": after every fresh step; only a step on the cadence is checkpointed, in the
+        background when so configured. "boundary", "sigusr1", "control": an agreed request,
+        written synchronously (whoever asked is told once it is durable). True when the step
+        called for a checkpoint, whether or not it could be written."""
+        step = self.counters.step
+        if reason != "cadence":
+            self._requested(reason)
+            return True
+        every = self.cfg.checkpoint.every
+        if not (every > 0 and step % every == 0):
+            return False
+        ranks = gather_ranks(self.world, self.platform, self.parts)
+        if not self.main or self.sink.unlogged is not None:
+            return True
+        if self.cfg.checkpoint.async_write:
+            self.write_in_background("cadence", ranks)
+        else:
+            self._write_and_continue("cadence", ranks)
+        return True
+
+    def _requested(self, reason: Trigger) -> None:
+        step = self.counters.step
+        if step == 0:
+            if self.main:
+                log.warning(
+                    "checkpoint requested (%s) before the first step: there is nothing to save yet",
+                    reason,
+                )
+                self.control.checkpoint_served(
+                    {"step": 0}, error="nothing trained yet: there is no step to checkpoint"
+                )
+            return
+        ranks = gather_ranks(self.world, self.platform, self.parts)
+        if not self.main:
+            return
+        if self.sink.unlogged is not None:
+            self.control.checkpoint_served(
+                {"step": step},
+                error=f"the loss of step {step} could not be written; no checkpoint of it",
+            )
+            return
+        self._write_and_continue(reason, ranks)
+        if self.counters.last_saved == step:
+            self.control.checkpoint_served({"step": step, "checkpoint": bin_name(step)})
+        else:
+            self.control.checkpoint_served(
+                {"step": step}, error=f"checkpoint of step {step} failed (see the trainer's log)"
+            )
+
+    def _write_and_continue(self, trigger: Trigger, ranks: list[RankState] | None) -> None:
+        # Requested checkpoints are synchronous: whoever asked is told once it is durable. A
+        # background write of this very step that was in flight serves the request.
+        # A failed write mid-run (disk full, say) must not end a multi-day run: the previous
+        # checkpoint stays valid, the error is logged, and the next cadence point tries again.
+        self.wait_for_write()
+        step = self.counters.step
+        if self.counters.last_saved == step:
+            self.manager.mark_requested(step, trigger)
+            log.info("checkpoint of step %d already written; kept as requested (%s)", step, trigger)
+            return
+        try:
+            with self.notifier.keepalive(f"writing checkpoint of step {step} ({trigger})"):
+                self.write(trigger, ranks)
+        except OSError as e:
+            log.error(
+                "checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
+                step,
+                trigger,
+                e,
+                self.counters.last_saved or "none",
+            )
+
+    # ---- the end -----------------------------------------------------------------------------
+
+    def finish_background_write(self) -> None:
+        """Rank 0, stopping: a background write in flight is waited for (never abandoned
+        half-way); the final checkpoint follows unless that write already holds the newest step."""
+        extend = self.grace_seconds()
+        if self.main and (writing := self.manager.in_flight()) is not None:
+            log.info("waiting for the checkpoint of step %d being written", writing)
+            with self.notifier.keepalive(f"finishing the checkpoint of step {writing}", extend):
+                self.wait_for_write()
+
+    def final(self, reason: StopReason | None) -> ExitCode:
+        """Every rank, at the end: the final checkpoint of the newest step, if it has none yet
+        (rank 0 writes; the others answer OK). CHECKPOINT_FAILED when it could not be written."""
+        c = self.counters
+        ranks = gather_ranks(self.world, self.platform, self.parts) if c.step > 0 else None
+        if not self.main:
+            return ExitCode.OK
+        trigger: Trigger = reason if reason is not None else "end"
+        # A checkpoint request that came with the stop is served by the final checkpoint, which
+        # then counts as requested (an audit point kept by retention).
+        requested = self.flags.take_checkpoint_request()
+        if requested is not None and c.step > c.last_saved:
+            trigger = requested
+        elif requested is not None and c.step > 0:
+            self.manager.mark_requested(c.step, requested)
+        if self.sink.unlogged is not None and not self.sink.retry_unlogged():
+            log.error(
+                "no final checkpoint: the loss of step %d could not be written; the newest valid"
+                " checkpoint is step %s, and a restart once there is space resumes from it",
+                c.step,
+                c.last_saved or "none",
+            )
+            return ExitCode.CHECKPOINT_FAILED
+        # After an accepted config change the newest checkpoint must carry the new config, or the
+        # next plain restart would be refused against the old one: it is written again.
+        if c.step <= c.last_saved and not (self.config_changed and c.step > 0):
+            log.info("step %d is already checkpointed; nothing to write", c.step)
+            return ExitCode.OK
+        try:
+            extend = self.grace_seconds()
+            with self.notifier.keepalive(f"writing final checkpoint of step {c.step}", extend):
+                self.write(trigger, ranks)
+        except (OSError, LossLogError) as e:
+            log.error(
+                "final checkpoint of step %d FAILED (%s); the newest valid checkpoint is step %s",
+                c.step,
+                e,
+                c.last_saved or "none",
+            )
+            return ExitCode.CHECKPOINT_FAILED
+        return ExitCode.OK
+
+    # ---- the writes (rank 0) -----------------------------------------------------------------
+
+    def write(self, trigger: Trigger, ranks: list[RankState] | None = None) -> None:
+        """Write a checkpoint of the current step, durably, before returning (after a background
+        write in flight, if any, has finished)."""
+        t0 = time.perf_counter()
+        self.wait_for_write()
+        snap = self.snapshots.take(self.sink, ranks)
+        manifest = self.manager.save(snap, trigger, before_commit=self.sink.sync)
+        c = self.counters
+        c.last_saved = c.step
+        self.config_changed = False
+        c.last_saved_at = time.time()
+        c.checkpoints_written += 1
+        self.last_write_seconds = time.perf_counter() - t0
+        log.info(
+            "checkpoint %s written (%s, %.1f MB, %.2f s)",
+            manifest.bin_file,
+            trigger,
+            manifest.bin_size / 1e6,
+            self.last_write_seconds,
+        )
+
+    def write_in_background(self, trigger: Trigger, ranks: list[RankState] | None = None) -> None:
+        """Stage the current step's state (the only part training waits for), then write and fsync
+        it on the writer thread while training continues. A write still in flight is waited for
+        first: a cadence checkpoint is delayed, never skipped."""
+        t0 = time.perf_counter()
+        self.wait_for_write()
+        snap = self.snapshots.take(self.sink, ranks)
+        self.manager.save_async(
+            snap,
+            trigger,
+            on_done=partial(self._written, snap.step, trigger),
+            before_commit=self.sink.sync,
+        )
+        log.debug(
+            "checkpoint of step %d handed over in %.4f s (training held); the copy to host "
+            "memory and the write go on in the background",
+            snap.step,
+            time.perf_counter() - t0,
+        )
+
+    def _written(
+        self,
+        step: int,
+        trigger: Trigger,
+        manifest: Manifest | None,
+        error: BaseException | None,
+        seconds: float,
+    ) -> None:
+        # On the writer's thread. last_saved moves only once the manifest is committed.
+        c = self.counters
+        if manifest is not None:
+            c.last_saved = max(c.last_saved, step)
+            c.last_saved_at = time.time()
+            c.checkpoints_written += 1
+            self.last_write_seconds = seconds
+            log.info(
+                "checkpoint %s written (%s, %.1f MB, %.2f s in the background; staged in %.3f s)",
+                manifest.bin_file,
+                trigger,
+                manifest.bin_size / 1e6,
+                seconds,
+                self.snapshots.staging.staged_seconds or 0.0,
+            )
+        elif isinstance(error, OSError):
+            log.error(
+                "checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
+                step,
+                trigger,
+                error,
+                c.last_saved or "none",
+            )
+        else:
+            log.error("checkpoint of step %d (%s) FAILED unexpectedly: %r", step, trigger, error)
+
+    def before_update(self) -> None:
+        """Before the optimizer writes the weights and moments: on CUDA the compute stream waits
+        for a checkpoint's copy of them still in flight (rank 0; a no-op elsewhere)."""
+        if self.snapshots is not None:
+            self.snapshots.staging.guard()
+
+    def wait_for_write(self) -> None:
+        """Block until no background checkpoint write is in flight (rank 0; others never write)."""
+        if self.main:
+            self.manager.wait()
+
+    def mark_requested(self, step: int, trigger: Trigger) -> None:
+        """Keep the existing checkpoint of `step` as an audit point (rank 0)."""
+        self.manager.mark_requested(step, trigger)
+
+    def close(self) -> None:
+        """Finish a write in flight (it syncs the records before committing), stop retention."""
+        if self.main:
+            self.manager.close()

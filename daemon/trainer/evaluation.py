@@ -1,0 +1,203 @@
+"""Rank 0's audits of the current weights: held-out losses and text samples.
+
+Neither draws from a generator that training uses, so a run with them is bit-identical to the
+same run without them (see daemon/evaluate.py). Neither ever ends a run: an evaluation or a sample
+that fails is logged, recorded as not done, and training goes on. Samples are encoded and decoded
+with the run's tokenizer (daemon/tokenizer.py), whose decoding never fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from andrea.protocol import messages as m
+from andrea.protocol.status import Activity
+from andrea.protocol.transport import new_id
+
+from ..checkpoint.manifest import Manifest
+from ..config import RunConfig
+from ..evallog import ArmEval, EvalEntry
+from ..evaluate import Evaluator
+from ..process import Notifier, SignalFlags
+from .counters import Counters
+from .parts import Parts, Platform
+from .sink import RecordSink
+
+log = logging.getLogger(__name__)
+
+SAMPLE_PROMPTS = ("def ", "The ", "# ")
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """The run's held-out evaluation as this life starts."""
+
+    evaluator: Evaluator
+    #: Evaluate every this many steps; 0: never.
+    every: int
+    #: A stop interrupted the evaluation of the checkpointed step: it is done first.
+    catch_up: bool
+
+
+def plan_evaluation(
+    cfg: RunConfig, parts: Parts, platform: Platform, counters: Counters, manifest: Manifest | None
+) -> EvalPlan:
+    """Build the fixed evaluation set and decide the cadence (every rank)."""
+    every = cfg.eval.every if cfg.eval.every is not None else cfg.checkpoint.every
+    evaluator = Evaluator(
+        parts.arms, cfg.model.block_size, cfg.eval.sequences, parts.micro_batch, platform.device
+    )
+    if not cfg.data.heldout_fraction:
+        log.info(
+            "no held-out evaluation: this run holds nothing out (see its held-out split above)"
+        )
+        every = 0
+    elif not evaluator:
+        log.warning("no arm has held-out data for even one sequence: no held-out evaluation")
+        every = 0
+    catch_up = False
+    if manifest is not None:
+        counters.last_eval_step = manifest.last_eval_step
+        catch_up = bool(
+            every and counters.step % every == 0 and counters.last_eval_step < counters.step
+        )
+    return EvalPlan(evaluator, every, catch_up)
+
+
+class Evaluation:
+    """Held-out evaluation and samples at their cadences (rank 0: the other ranks wait for it at
+    the next agreement)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        plan: EvalPlan,
+        main: bool,
+        platform: Platform,
+        parts: Parts,
+        counters: Counters,
+        flags: SignalFlags,
+        notifier: Notifier,
+        sink: RecordSink,
+    ) -> None:
+        self.cfg = cfg
+        self.evaluator = plan.evaluator
+        self.every = plan.every
+        self.main = main
+        self.platform = platform
+        self.parts = parts
+        self.counters = counters
+        self.flags = flags
+        self.notifier = notifier
+        self.sink = sink
+        self.last_eval: EvalEntry | None = None
+        self.eval_seconds = 0.0
+        self._catch_up = plan.catch_up and main
+
+    def due(self, step: int) -> bool:
+        """Whether this rank evaluates `step`."""
+        return self.main and bool(self.every) and step % self.every == 0
+
+    def samples_due(self, step: int) -> bool:
+        """Whether this rank samples at `step` (not once a stop is requested)."""
+        every = self.cfg.sample_every
+        return self.main and bool(every) and step % every == 0 and not self.flags.stop_requested()
+
+    def catch_up(self) -> bool:
+        """The evaluation of the checkpointed step that a stop interrupted in the last life, once,
+        before the first step of this one (after its first assignment: with the proxy, that is
+        when the segment is known). False when a stop interrupted it again."""
+        if not self._catch_up:
+            return True
+        self._catch_up = False
+        return self.evaluate() is not None
+
+    def evaluate(self) -> EvalEntry | None:
+        """Score the current weights on every arm's held-out sequences and record the result
+        (the proxy's .eval.json, or the trainer's own in fixed mode). None, recording nothing,
+        when a stop request interrupted it."""
+        c = self.counters
+        c.activity = Activity.EVALUATING
+        log.info("evaluating step %d on held-out data", c.step)
+        try:
+            result = self.evaluator.evaluate(
+                self.parts.model, self.platform.numerics, self.flags.stop_requested
+            )
+        except Exception as e:  # an audit never ends a run (out of memory on a large set, say)
+            log.error("evaluation of step %d failed (%r); training goes on without it", c.step, e)
+            return None
+        finally:
+            self.notifier.tick()
+        if result is None:
+            log.info(
+                "evaluation of step %d abandoned: stop requested (it runs again after the resume)",
+                c.step,
+            )
+            return None
+        self.eval_seconds += result.seconds
+        entry = EvalEntry(
+            step=c.step,
+            segment=c.segment,
+            phase=c.phase,
+            arms={
+                name: ArmEval(loss=r.loss, sequences=r.sequences, tokens=r.tokens)
+                for name, r in result.losses.items()
+            },
+            seconds=result.seconds,
+            wall_time=time.time(),
+        )
+        self.sink.record_eval(entry)
+        self.last_eval, c.last_eval_step = entry, c.step
+        log.info(
+            "held-out loss at step %d: mean %.4f | %s | %.2f s (%.1f%% of training time so far)",
+            c.step,
+            entry.mean_loss(),
+            " | ".join(f"{n} {a.loss:.4f}" for n, a in entry.arms.items()),
+            result.seconds,
+            100 * self.eval_seconds / max(c.train_seconds, 1e-9),
+        )
+        return entry
+
+    def sample(self) -> list[str]:
+        """Generate from fixed prompts with a generator of its own, seeded by (seed, step), so that
+        auditing never draws from the RNGs that training uses; encoded and decoded with the run's
+        tokenizer."""
+        device, step = self.platform.device, self.counters.step
+        tokenizer = self.parts.tokenizer
+        g = torch.Generator(device=device)
+        g.manual_seed((self.cfg.seed * 1_000_003 + step) % 2**63)
+        out = []
+        for prompt in SAMPLE_PROMPTS:
+            idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)
+            with self.platform.numerics.autocast(device):
+                toks = self.parts.model.generate(
+                    idx, self.cfg.sample_tokens, g, should_stop=self.flags.stop_requested
+                )
+            # A sample's text must fit its record (protocol.messages.Sample).
+            out.append(tokenizer.decode(toks[0].tolist())[: m.MAX_SAMPLE_TEXT])
+        return out
+
+    def samples(self) -> None:
+        """Log the samples of the current step and record them. A sample that fails is logged,
+        and training goes on: a sample never ends a run."""
+        c = self.counters
+        log.info("generating samples at step %d", c.step)
+        try:
+            texts = self.sample()
+            report = m.SampleReport(
+                id=new_id(),
+                step=c.step,
+                segment=c.segment,
+                phase=c.phase,
+                samples=[m.Sample(prompt=p, text=t) for p, t in zip(SAMPLE_PROMPTS, texts)],
+            )
+        except Exception as e:
+            log.error("the samples of step %d failed (%r); training goes on", c.step, e)
+            return
+        for text in texts:
+            log.info("sample at step %d: %r", c.step, text)
+        self.sink.record_samples(report)

@@ -1,0 +1,30 @@
+"""How the entry point configures one Trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import distributed as dist
+from ..config import RunConfig
+
+
+@dataclass
+class TrainerOptions:
+    run_dir: Path
+    cfg: RunConfig
+    allow_config_change: bool = False
+    #: Deliberately broken resumes, for the negative controls only: "rng", "cursor", and "buckets"
+    #: (DDP's first step in its first-iteration bucket layout, `parts.settle_buckets` skipped).
+    skip_restore: frozenset[str] = field(default_factory=frozenset)
+    #: This process's place in a torchrun job (a world of one by default).
+    world: dist.World = field(default_factory=dist.World)
+    #: False only to measure what the per-step agreement costs (tests/bench/bench_distributed.py).
+    coordinate: bool = True
+    #: Changes to the run's run.toml accepted with --allow-config-change, recorded there once the
+    #: resume is accepted and before the proxy is told (it re-reads the file on a changed seed).
+    config_changes: list[str] = field(default_factory=list)
+    #: A new run starts from this checkpoint of another run (--init-from): its weights, and with
+    #: `init_optimizer` Adam's moments and step count.
+    init_from: Path | None = None
+    init_optimizer: bool = False

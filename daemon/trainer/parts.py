@@ -1,0 +1,202 @@
+"""What a run trains with: the platform (device, numerics, determinism), the data streams, the
+model and its optimizer.
+
+They are built in the order that fixes a fresh run's random draws: the global generators are
+seeded from the config just before the model is built, and the ranks other than 0 of a job reseed
+their own streams after it. A resumed run overwrites all of it from the manifest.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import determinism
+from .. import distributed as dist
+from ..batch import BatchShape, batch_shape
+from ..checkpoint.manager import layout_of
+from ..checkpoint.manifest import LayoutEntry
+from ..config import RunConfig
+from ..data import Arm, ArmStream, FixedMixture, load_arms
+from ..model import GPT
+from ..precision import NumericMode, resolve_device
+from ..precision import resolve as resolve_precision
+from ..tokenizer import RunTokenizer, load_tokenizer
+
+#: AdamW's fused kernel, recorded in the manifest's optimizer state.
+FUSED = True
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Where and how the arithmetic runs, resolved from the config and applied to the process."""
+
+    device: torch.device
+    deterministic: bool
+    numerics: NumericMode
+
+
+def resolve_platform(cfg: RunConfig, device: torch.device | None = None) -> Platform:
+    """Apply the config's threads, determinism and precision on `device` (default: the config's)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = device if device is not None else resolve_device(cfg.device)
+    deterministic = determinism.resolve(cfg.deterministic, device)
+    determinism.apply(deterministic)
+    numerics = resolve_precision(cfg.precision, device)
+    numerics.apply()
+    return Platform(device, deterministic, numerics)
+
+
+@dataclass
+class Parts:
+    """The data, the model and the optimizer of one rank."""
+
+    #: What the arms' text was encoded with, and what samples are decoded with.
+    tokenizer: RunTokenizer
+    arms: list[Arm]
+    streams: list[ArmStream]
+    mixture: FixedMixture
+    arm_index: dict[str, int]
+    #: How each step's batch is cut over micro-batches and ranks.
+    batch: BatchShape
+    model: GPT
+    #: What a step calls: the model, or its DDP wrapper in a job (compiled when configured).
+    forward: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    layout: list[LayoutEntry]
+    optimizer: torch.optim.AdamW
+    compiled: bool
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences per micro-batch over the whole job: what every rank draws from the order."""
+        return self.batch.micro_batch
+
+    @property
+    def local_batch(self) -> int:
+        """Sequences per micro-batch on this rank."""
+        return self.batch.per_rank
+
+    def adam_states(self) -> list[dict[str, torch.Tensor]]:
+        """AdamW's per-parameter state, in parameter order (empty dicts before the first step)."""
+        return [self.optimizer.state[p] for p in self.params]
+
+    def moments(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Adam's first and second moments (m, v), in parameter order."""
+        states = self.adam_states()
+        return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+
+
+def build_parts(
+    cfg: RunConfig,
+    platform: Platform,
+    world: dist.World,
+    run_dir: Path,
+    stop_requested: Callable[[], bool],
+) -> Parts:
+    """Load the data (InterruptedError when a stop comes meanwhile, DataError), then build the
+    model and its optimizer, seeded for a fresh run."""
+    shape = batch_shape(cfg, world.size)
+    tokenizer = load_tokenizer(cfg.data.tokenizer, run_dir)
+    arms = load_arms(cfg.data, run_dir, cfg.model.vocab_size, stop_requested, tokenizer)
+    streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in arms]
+    mixture = FixedMixture([a.name for a in arms], [s.weight for s in cfg.data.arms], cfg.seed)
+    model = _seeded_model(cfg, platform.device, world.rank)
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(
+        model.decay_groups(o.weight_decay),
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        fused=FUSED,
+    )
+    return Parts(
+        tokenizer=tokenizer,
+        arms=arms,
+        streams=streams,
+        mixture=mixture,
+        arm_index={a.name: i for i, a in enumerate(arms)},
+        batch=shape,
+        model=model,
+        forward=model,
+        params=[p for _, p in model.named_parameters()],
+        layout=layout_of((n, tuple(p.shape)) for n, p in model.named_parameters()),
+        optimizer=optimizer,
+        compiled=cfg.compile == "on" or (cfg.compile == "auto" and platform.device.type == "cuda"),
+    )
+
+
+def _seed(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def seed_rank_stream(seed: int, rank: int, step: int) -> None:
+    """A rank's random streams when its checkpoint holds none for it (it resumes a smaller job's
+    run): a pure function of (seed, rank, step), so the same resume draws the same again."""
+    _seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
+
+
+def _seeded_model(cfg: RunConfig, device: torch.device, rank: int) -> GPT:
+    # Seed everything for a fresh run; a resumed run overwrites all of it from the manifest.
+    _seed(cfg.seed)
+    model = GPT(cfg.model).to(device)
+    if rank:
+        # Same initial weights everywhere (DDP also broadcasts rank 0's), but each rank's own
+        # random stream afterwards: identical dropout masks on every rank would waste the data.
+        _seed(int(np.random.SeedSequence([cfg.seed, rank]).generate_state(1)[0]))
+    return model
+
+
+def wrap_for_training(
+    parts: Parts, world: dist.World, device: torch.device, restored: bool, settle: bool = True
+) -> None:
+    """After a resume: in a job, rank 0's restored moments (`restored`) and weights reach every
+    rank, and DDP wraps the model, its buckets settled (`settle_buckets`; `settle` False only for
+    a negative control); then the compiler, when configured."""
+    if world.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        m, v = parts.moments() if restored else ([], [])
+        dist.broadcast_tensors(world, m + v)
+        # Broadcasts rank 0's parameters to every rank as it is built.
+        ddp = DistributedDataParallel(
+            parts.model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+        )
+        if settle:
+            settle_buckets(ddp, parts.model, device)
+        parts.forward = ddp
+    if parts.compiled:
+        # Evaluation and sampling run the plain model (eval mode would only add a second
+        # compiled graph); the compiled module shares its parameters.
+        parts.forward = torch.compile(parts.forward)
+
+
+def settle_buckets(ddp: torch.nn.Module, model: GPT, device: torch.device) -> None:
+    """Give DDP's gradient buckets their final layout before the first step of every life.
+
+    DDP reduces its first iteration in one bucket of every gradient, then rebuilds its buckets in
+    the order the gradients became ready (torch/nn/parallel/distributed.py,
+    `compute_bucket_size_limits` and `_pre_forward`; the reducer's `rebuild_buckets`). An
+    uninterrupted run therefore reduces step k + 1 in the rebuilt layout, and a run resumed at
+    step k in the first-iteration one. An element's place in the bucket decides the order in which
+    a ring all-reduce (gloo's, NCCL's) sums the ranks' values, and at three ranks or more float
+    sums depend on that order: the resume would not be bit-exact. One backward of a tiny dummy
+    batch here records the ready order on every life, fresh or resumed, so that the rebuild
+    happens at the first forward of both and every step is reduced in the same layout. It changes
+    no state: no optimizer step, its gradients are dropped, and the generators are put back."""
+    idx = torch.zeros((1, min(8, model.cfg.block_size)), dtype=torch.int64, device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        _, loss = ddp(idx, idx)
+        loss.backward()
+    for p in model.parameters():
+        p.grad = None

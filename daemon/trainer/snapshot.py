@@ -1,0 +1,126 @@
+"""What a checkpoint holds: the state after the current step, staged for the writer, with every
+rank's own states gathered at an agreed point. When and where it is written: checkpointer.py."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import distributed as dist
+from ..checkpoint import rngstate
+from ..checkpoint.manager import Snapshot
+from ..checkpoint.manifest import (
+    DistributedState,
+    Environment,
+    MixingState,
+    OptimizerState,
+    Progress,
+    RankState,
+)
+from ..checkpoint.writer import StagingBuffer
+from ..config import RunConfig
+from ..schedule import scheduler_state
+from .counters import Counters
+from .environment import environment_of
+from .parts import FUSED, Parts, Platform
+from .sink import RecordSink
+
+
+def gather_ranks(world: dist.World, platform: Platform, parts: Parts) -> list[RankState] | None:
+    """Every rank, at an agreed checkpoint point: check that the replicas agree, and gather each
+    rank's RNG and cursor states to rank 0 (None on the other ranks and for a single process).
+    DistributedError on every rank when the replicas diverged."""
+    if not world.distributed:
+        return None
+    m, v = parts.moments()
+    dist.check_replicas(world, {"weights": parts.params, "m": m, "v": v})
+    mine = RankState(
+        rank=world.rank,
+        rng=rngstate.capture(platform.device),
+        data=[s.state_dict() for s in parts.streams],
+    )
+    got = dist.gather_bytes(world, mine.model_dump_json().encode())
+    return [RankState.model_validate_json(b) for b in got] if got is not None else None
+
+
+class Snapshotter:
+    """Rank 0's copies of the current step into one preallocated host buffer (pinned on CUDA,
+    where the copies are asynchronous and `Snapshot.ready` waits for them)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        world: dist.World,
+        platform: Platform,
+        parts: Parts,
+        counters: Counters,
+        backend: str | None,
+    ) -> None:
+        self.cfg = cfg
+        self.world = world
+        self.platform = platform
+        self.parts = parts
+        self.counters = counters
+        self.backend = backend
+        self.staging = StagingBuffer(sum(p.numel() for p in parts.params), platform.device)
+        self._environment: Environment | None = None  # fixed for the life of the process
+
+    def take(self, sink: RecordSink, ranks: list[RankState] | None = None) -> Snapshot:
+        """The state after the current step. `ranks`: every rank's states, gathered by
+        `gather_ranks` (rank 0 of a job). The caller makes sure no background write is still
+        reading the buffer."""
+        states = self.parts.adam_states()
+        adam_steps = {int(x) for x in torch.stack([s["step"] for s in states]).tolist()}  # one sync
+        if len(adam_steps) != 1:
+            raise RuntimeError(f"parameters disagree on Adam's step count: {sorted(adam_steps)}")
+        step = self.counters.step
+        m, v = self.parts.moments()
+        payload = self.staging.fill(step, self.parts.params, m, v)
+        if self._environment is None:
+            self._environment = environment_of(self.platform, self.world, self.parts.compiled)
+        return Snapshot(
+            step=step,
+            fields=self._fields(sink, adam_steps.pop(), ranks),
+            payload=payload,
+            ready=self.staging.ready,
+        )
+
+    def _fields(
+        self, sink: RecordSink, adam_step: int, ranks: list[RankState] | None
+    ) -> dict[str, object]:
+        cfg, o, c, parts = self.cfg, self.cfg.optim, self.counters, self.parts
+        return dict(
+            layout=parts.layout,
+            model=cfg.model,
+            optimizer=OptimizerState(
+                betas=(o.beta1, o.beta2),
+                eps=o.eps,
+                weight_decay=o.weight_decay,
+                grad_clip=o.grad_clip,
+                fused=FUSED,
+                adam_step=adam_step,
+            ),
+            scheduler=scheduler_state(c.step, o),
+            rng=ranks[0].rng if ranks else rngstate.capture(self.platform.device),
+            data=[s.state_dict() for s in parts.streams],
+            mixing=MixingState(mode=cfg.mixing, phase=c.phase, arms=[a.name for a in parts.arms]),
+            pending_losses=sink.pending_losses(c.step),
+            last_eval_step=c.last_eval_step,
+            pending_evals=sink.pending_evals(c.step),
+            progress=Progress(
+                step=c.step,
+                tokens_seen=c.tokens_seen,
+                segment=c.segment,
+                train_seconds=c.train_seconds,
+            ),
+            environment=self._environment,
+            config_hash=cfg.trajectory_hash(),
+            config=cfg.model_dump(mode="json"),
+            tokenizer=parts.tokenizer.identity,
+            lineage=c.lineage,
+            source_manifest=c.source_manifest,
+            distributed=DistributedState(
+                world_size=self.world.size, backend=self.backend or "?", ranks=ranks
+            )
+            if ranks
+            else None,
+        )

@@ -1,0 +1,52 @@
+"""Data a user brings, for the tests: a small subword tokenizer, text files, JSON Lines, and names
+that the held-out rule puts on either side of the split."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from andrea.daemon.heldout import is_held_out
+
+PROSE = (
+    "The trainer reads the documents a person brings, encodes them once with the run's tokenizer "
+    "and trains on every arm. Held-out documents are never trained on; they score the model. "
+)
+
+
+def bpe_file(path: Path, texts: Iterable[str], vocab_size: int = 300) -> Path:
+    """Train a byte-level BPE on `texts` (as `andreactl tokenizer train` does) and save it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+def write_jsonl(path: Path, rows: Iterable[dict], gz: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def names(pattern: str, fraction: float, held: bool, count: int) -> list[str]:
+    """`count` document ids `pattern.format(i)` that the held-out rule puts held out (or not)."""
+    out, i = [], 0
+    while len(out) < count:
+        name = pattern.format(i)
+        if is_held_out(name, fraction) == held:
+            out.append(name)
+        i += 1
+    return out

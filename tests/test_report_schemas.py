@@ -1,0 +1,216 @@
+"""Every --json document of andreactl is in the schema registry, and real output validates against
+the schema `andreactl schema COMMAND` prints for it: against a prepared run directory in-process,
+and against live daemons (pivot, its cancel, checkpoint, stop, watch) in a process test."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from andrea.control import andreactl
+from andrea.control.reports import REPORTS, report_adapter, report_models
+from andrea.daemon.evallog import ArmEval, EvalEntry, EvalLog
+from andrea.daemon.losslog import LossLog
+from andrea.daemon.rundir import peer_endpoint
+from andrea.protocol import messages as m
+from andrea.protocol.lossentry import LossEntry
+from andrea.protocol.transport import new_id, request
+
+from .conftest import Daemon, trainer_cmd
+from .conftest import andreactl as ctl
+from .test_cli_conventions import RFC3339
+
+#: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
+WAIT = 300
+
+
+def printed_schema(command: str, capsys: pytest.CaptureFixture[str]) -> dict:
+    assert andreactl.main(["schema", command]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def variants(schema: dict) -> dict[str, dict]:
+    """Title → object schema of each document a schema accepts (one, or each of its anyOf)."""
+    if "anyOf" not in schema:
+        return {schema["title"]: schema}
+    refs = [alt["$ref"].rsplit("/", 1)[1] for alt in schema["anyOf"]]
+    return {ref: schema["$defs"][ref] for ref in refs}
+
+
+TYPES = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "null": type(None),
+}
+
+
+def errors(schema: dict, doc: object, root: dict, at: str = "$") -> list[str]:
+    """Where ``doc`` breaks ``schema``: the JSON Schema keywords pydantic writes for these models."""
+    if "$ref" in schema:
+        return errors(root["$defs"][schema["$ref"].rsplit("/", 1)[1]], doc, root, at)
+    if "anyOf" in schema:
+        tries = [errors(alt, doc, root, at) for alt in schema["anyOf"]]
+        return [] if any(not e for e in tries) else [f"{at}: no alternative fits: {tries}"]
+    kind = schema.get("type")
+    if kind is not None and (
+        not isinstance(doc, TYPES[kind]) or (isinstance(doc, bool) and kind != "boolean")
+    ):
+        return [f"{at}: {doc!r} is not {kind}"]
+    if "const" in schema and doc != schema["const"]:
+        return [f"{at}: {doc!r} != {schema['const']!r}"]
+    if "enum" in schema and doc not in schema["enum"]:
+        return [f"{at}: {doc!r} not in {schema['enum']}"]
+    if "minimum" in schema and doc < schema["minimum"]:
+        return [f"{at}: {doc!r} < {schema['minimum']}"]
+    if schema.get("format") == "date-time" and not RFC3339.match(doc):
+        return [f"{at}: {doc!r} is not RFC 3339"]
+    out = []
+    if kind == "array":
+        for i, item in enumerate(doc):
+            out += errors(schema.get("items", {}), item, root, f"{at}[{i}]")
+    if kind == "object":
+        props = schema.get("properties", {})
+        out += [f"{at}: {k} missing" for k in schema.get("required", ()) if k not in doc]
+        for k, v in doc.items():
+            out += errors(schema.get("propertyNames", {}), k, root, f"{at} key {k}")
+            extra = schema.get("additionalProperties", True)
+            if k in props:
+                out += errors(props[k], v, root, f"{at}.{k}")
+            elif extra is False:
+                out.append(f"{at}.{k}: not in the schema")
+            elif isinstance(extra, dict):
+                out += errors(extra, v, root, f"{at}.{k}")
+    return out
+
+
+def check(command: str, stdout: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """Validate one document of ``command`` against the schema `andreactl schema` prints for it;
+    the name of the model it is (the one alternative it fits)."""
+    doc = json.loads(stdout)
+    schema = printed_schema(command, capsys)
+    fitting = [title for title, v in variants(schema).items() if not errors(v, doc, schema)]
+    assert len(fitting) == 1, (command, [errors(v, doc, schema) for v in variants(schema).values()])
+    model = type(report_adapter(command).validate_json(stdout)).__name__
+    assert model == fitting[0], (command, model, fitting)
+    return model
+
+
+def test_the_registry_names_every_command_and_the_schema_prints_it(capsys) -> None:
+    names = {c.name for c in andreactl.COMMANDS}
+    assert set(REPORTS) == names - {"schema"}, "a command whose --json document has no schema"
+    for command in REPORTS:
+        models = report_models(command)
+        assert set(variants(printed_schema(command, capsys))) == {m.__name__ for m in models}
+    assert {c: len(models) for c, models in REPORTS.items() if len(models) > 1} == {
+        "history": 2,
+        "pivot": 2,
+        "tokenizer": 2,
+    }
+
+
+@pytest.fixture
+def prepared_run(tmp_path: Path) -> Path:
+    """A stopped run's files: two segments of a two-arm loss curve, evaluations, samples."""
+    run = tmp_path / "run"
+    run.mkdir()
+    with LossLog.open(run / ".loss.json") as log:
+        for s in range(1, 31):
+            log.append(LossEntry(step=s, loss=3.0 - s / 50, arm=("code", "prose")[s % 2], lr=1e-3,
+                                 tokens=64, wall_time=1.75e9 + s, segment=1 + (s > 20), phase=0,
+                                 batch_sha256=None))  # fmt: skip
+    with EvalLog.open(run / ".eval.json") as log:
+        for s in (10, 20, 30):
+            arms = {
+                a: ArmEval(loss=2.5 + s / 100, sequences=4, tokens=256) for a in ("code", "prose")
+            }
+            log.append(EvalEntry(step=s, segment=1 + (s > 20), phase=0, arms=arms, seconds=0.5,
+                                 wall_time=1.75e9 + s))  # fmt: skip
+    record = {"step": 30, "segment": 2, "phase": 0, "received_utc": "2025-06-15T15:07:10.000+00:00",
+              "arm_mix": {"code": 5, "prose": 5}, "samples": [{"prompt": "def", "text": " f():"}]}  # fmt: skip
+    (run / ".samples.json").write_text(
+        json.dumps({"format": "andrea-samples/1", "kept": 4, "records": [record]})
+    )
+    return run
+
+
+def test_every_report_of_a_stopped_run_validates(
+    prepared_run: Path, tmp_path: Path, capsys
+) -> None:
+    run = ["--run-dir", str(prepared_run), "--json"]
+    cases = [
+        (["status"], 3, "StatusReport"),
+        (["history", "--last", "0"], 0, "HistoryReport"),
+        (["history", "--eval"], 0, "EvalHistoryReport"),
+        (["samples"], 0, "SamplesReport"),
+        (["checkpoints", "--quick"], 0, "CheckpointsReport"),
+        (["prune", "--dry-run"], 0, "PruneReport"),
+        (["plot", "--out", str(tmp_path / "run.svg")], 0, "PlotReport"),
+        (["metrics", "export", "--format", "csv", "--out", str(tmp_path / "m.csv")], 0, "MetricsReport"),
+        (["size", "--preset", "andrea-tiny"], 0, "SizeReport"),
+        (["plan", "--preset", "andrea-tiny", "--gpus", "2"], 0, "PlanReport"),
+    ]  # fmt: skip
+    for argv, code, model in cases:
+        assert andreactl.main([*run, *argv]) == code, argv
+        out = capsys.readouterr().out
+        assert check(argv[0], out, capsys) == model, argv
+    assert andreactl.main([*run, "history", "--eval"]) == 0
+    assert [row["step"] for row in json.loads(capsys.readouterr().out)["rows"]] == [10, 20, 30]
+
+
+@pytest.mark.process
+def test_live_reports_validate(tmp_path: Path, cache_dir: Path, capsys) -> None:
+    run = tmp_path / "run"
+    t = Daemon(
+        trainer_cmd(
+            run, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "25"
+        )
+    )
+    t.wait_for(r"step 3/", timeout=WAIT)
+
+    def ok(*argv: str, code: int = 0) -> str:
+        res = ctl(run, "--json", *argv, timeout=WAIT)
+        assert res.returncode == code, (argv, res.stderr)
+        return res.stdout
+
+    assert check("status", ok("status"), capsys) == "StatusReport"
+    cli = [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run), "--json"]
+    watch = subprocess.Popen([*cli, "watch"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = watch.stdout.readline()
+    finally:
+        watch.send_signal(signal.SIGINT)
+    assert watch.wait(timeout=60) == 0, "watch ends on Ctrl-C with exit code 0"
+    assert check("watch", line, capsys) == "StatusReport"
+    assert check("checkpoint", ok("checkpoint", "--wait"), capsys) == "RequestReport"
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[arms.code]\ncap = 0.5\n")
+    assert (
+        check("pivot", ok("pivot", "--policy", str(policy), "--dry-run"), capsys) == "PivotReport"
+    )
+    assert check("pivot", ok("pivot", "--policy", str(policy)), capsys) == "PivotReport"
+    # A hold no pivot completes (as of a client that died): cancelled by the command.
+    reply = request(
+        peer_endpoint(run, "trainer"),
+        m.CheckpointRequest(id=new_id(), boundary=True, hold=True, hold_timeout_s=600),
+        timeout=10,
+    )
+    assert reply.ok, reply
+    cancelled = ok("pivot", "--cancel")
+    assert check("pivot", cancelled, capsys) == "PivotCancelReport"
+    assert json.loads(cancelled)["hold_id"] == reply.data["hold_id"]
+
+    assert check("stop", ok("stop", "--wait"), capsys) == "RequestReport"
+    assert t.wait() == 0, t.log
+    assert check("status", ok("status", code=3), capsys) == "StatusReport"
+    assert check("checkpoints", ok("checkpoints"), capsys) == "CheckpointsReport"
+    assert check("prune", ok("prune", "--dry-run"), capsys) == "PruneReport"
