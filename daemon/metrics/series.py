@@ -72,6 +72,21 @@ def rolling_share(arm: np.ndarray, names: list[str], window: int) -> dict[str, n
     return shares
 
 
+def phase_share(arm: np.ndarray, phase: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+    """For each arm name, its share of the rows of the current phase so far: the rows from the
+    first of the row's phase up to the row, that drew it. A pivot starts every count again, so the
+    last row of a phase holds the phase's share, the figure its policy's floors and caps bound."""
+    n = len(arm)
+    starts = np.flatnonzero(np.concatenate(([True], phase[1:] != phase[:-1])))
+    first = starts[np.searchsorted(starts, np.arange(n), side="right") - 1]
+    counted = (np.arange(n) - first + 1).astype(np.float64)
+    shares = {}
+    for name in names:
+        hits = np.concatenate(([0], np.cumsum(arm == name)))
+        shares[name] = (hits[1:] - hits[first]) / counted
+    return shares
+
+
 def default_window(rows: int) -> int:
     """The rolling window of the share panel: 1% of the rows shown, at least 20, at most 5,000."""
     return int(min(5000, max(20, rows // 100)))
