@@ -195,6 +195,9 @@ class MetricsReport(_Report):
     format: Literal["tensorboard", "csv", "jsonl"]
     out: str
     steps: int
+    evaluations: int = Field(
+        0, description="held-out evaluations of .eval.json written (tensorboard only)"
+    )
 
 
 class SizeReport(_Report):

@@ -1,5 +1,6 @@
 """Per-arm training loss where people look: the CSV/JSON Lines column, the TensorBoard tags of the
-export and of the proxy's live board (with the bandit's rewards), all computed from `.loss.json`."""
+export and of the proxy's live board (with the bandit's rewards), all computed from `.loss.json`;
+and the held-out losses of `.eval.json` in the TensorBoard export."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from andrea.daemon.evallog import EvalLog, canonical_evals, read_evals
 from andrea.daemon.losslog import LossLog, read_curve
 from andrea.daemon.metrics.files import rows
 from andrea.daemon.metrics.series import EMA_WEIGHT, arm_loss_ema
-from andrea.daemon.metrics.tensorboard import LiveBoard, export_tensorboard
+from andrea.daemon.metrics.tensorboard import (
+    EVAL_ARM_TAG,
+    EVAL_MEAN_TAG,
+    LiveBoard,
+    export_tensorboard,
+)
+from andrea.protocol.evalentry import ArmEval, EvalEntry
 from andrea.protocol.lossentry import LossEntry
 
 ARMS = ["code", "random", "code", "code", "random", "docs", "code"]
@@ -93,3 +101,42 @@ def test_live_board_per_arm_loss_and_rewards_across_a_restart(tmp_path: Path) ->
     # The rewards go with the last entry of each report; step 6's was superseded by the restart.
     assert tb["mixing/reward/code"] == [(7, pytest.approx(0.9))]
     assert tb["mixing/reward/random"] == [(7, pytest.approx(0.05))]
+
+
+def evaluation(step: int, losses: dict[str, float], segment: int = 1) -> EvalEntry:
+    arms = {a: ArmEval(loss=x, sequences=4, tokens=256) for a, x in losses.items()}
+    return EvalEntry(step=step, segment=segment, phase=0, arms=arms, seconds=0.5,
+                     wall_time=2000.0 + step)  # fmt: skip
+
+
+def test_tensorboard_export_carries_the_held_out_losses(tmp_path: Path) -> None:
+    log = LossLog.open(tmp_path / ".loss.json")
+    log.append_many([entry(s, a, x) for s, (a, x) in enumerate(zip(ARMS, LOSSES), 1)])
+    log.close()
+    with EvalLog.open(tmp_path / ".eval.json") as evals:
+        evals.append(evaluation(3, {"code": 2.9, "docs": 3.4, "random": 5.6}))
+        evals.append(evaluation(6, {"code": 9.9, "docs": 9.9, "random": 9.9}))
+        # Step 6 evaluated again by a later trainer life: the canonical entry is this one.
+        evals.append(evaluation(6, {"code": 2.7, "docs": 3.1, "random": 5.5}, segment=2))
+    canonical = canonical_evals(read_evals(tmp_path / ".eval.json"))
+    export_tensorboard(read_curve(tmp_path / ".loss.json"), tmp_path / "tb", evals=canonical)
+    tb = scalars(tmp_path / "tb")
+    assert tb[EVAL_ARM_TAG.format(arm="code")] == [(3, pytest.approx(2.9)), (6, pytest.approx(2.7))]
+    assert tb[EVAL_ARM_TAG.format(arm="random")] == [
+        (3, pytest.approx(5.6)),
+        (6, pytest.approx(5.5)),
+    ]
+    assert tb[EVAL_MEAN_TAG] == [(3, pytest.approx(11.9 / 3)), (6, pytest.approx(11.3 / 3))]
+    # Written with the step's loss, which stays as it was.
+    assert [s for s, _ in tb["loss/train"]] == list(range(1, len(ARMS) + 1))
+
+
+def test_an_evaluation_of_a_step_without_a_loss_is_its_own_event(tmp_path: Path) -> None:
+    log = LossLog.open(tmp_path / ".loss.json")
+    log.append_many([entry(s, "code", 3.0) for s in (1, 2, 4)])
+    log.close()
+    evals = [evaluation(s, {"code": 2.0 + s / 10}) for s in (2, 3, 5)]
+    export_tensorboard(read_curve(tmp_path / ".loss.json"), tmp_path / "tb", evals=evals)
+    tb = scalars(tmp_path / "tb")
+    assert [s for s, _ in tb[EVAL_MEAN_TAG]] == [2, 3, 5]
+    assert [s for s, _ in tb["loss/train"]] == [1, 2, 4]

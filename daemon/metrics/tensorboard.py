@@ -14,6 +14,8 @@ Tags (:data:`TAGS`; the arm tags are per arm)::
     mixing/reward/ARM        live only: the bandit's reward of ARM after the step (docs/bandit.md)
     mixing/share/ARM         export only: ARM's share of the last N steps (the probabilities and
                              rewards are the bandit's internal state, which .loss.json does not record)
+    eval/arm/ARM  eval/mean  export only: the held-out loss of ARM and the mean over the arms at each
+                             evaluation of .eval.json (its canonical entries), at the evaluated step
 
 A trainer restart re-trains the steps after its checkpoint: the live writer then writes a session
 start at the first re-trained step, which tells TensorBoard to drop the superseded points, so the
@@ -24,12 +26,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from andrea.daemon.losslog import LossCurve
+from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lossentry import LossEntry
 
 from .series import (
@@ -54,6 +57,8 @@ ARM_EMA_TAG = "loss/arm_ema/{arm}"
 PROBABILITY_TAG = "mixing/probability/{arm}"
 REWARD_TAG = "mixing/reward/{arm}"
 SHARE_TAG = "mixing/share/{arm}"
+EVAL_ARM_TAG = "eval/arm/{arm}"
+EVAL_MEAN_TAG = "eval/mean"
 
 
 class EventWriter:
@@ -137,18 +142,52 @@ def curve_scalars(curve: LossCurve, arms: list[str] | None = None) -> Iterator[d
         yield row
 
 
-def export_tensorboard(
-    curve: LossCurve, logdir: Path, progress: Callable[[int, int], None] | None = None
-) -> int:
-    """Write the canonical ``curve`` as one event file under ``logdir``; returns the steps written."""
-    writer = EventWriter(logdir)
+def eval_scalars(e: EvalEntry) -> dict[str, float]:
+    """The scalars of one held-out evaluation (tag -> value): each arm's loss and their mean."""
+    return {
+        **{EVAL_ARM_TAG.format(arm=name): a.loss for name, a in e.arms.items()},
+        EVAL_MEAN_TAG: e.mean_loss(),
+    }
+
+
+def _events(
+    curve: LossCurve, evals: Sequence[EvalEntry]
+) -> Iterator[tuple[int, float, dict[str, float]]]:
+    """(step, wall time, scalars) of every event of the export, in step order: a step's
+    evaluation goes with its loss in one event; one of a step without a loss has its own."""
     steps, walls = curve.step.tolist(), curve.wall_time.tolist()
-    every = max(1, len(curve) // 10)
+    pending = sorted(evals, key=lambda e: e.step)
+    j = 0
+    for i, scalars in enumerate(curve_scalars(curve)):
+        while j < len(pending) and pending[j].step < steps[i]:
+            yield pending[j].step, pending[j].wall_time, eval_scalars(pending[j])
+            j += 1
+        if j < len(pending) and pending[j].step == steps[i]:
+            scalars.update(eval_scalars(pending[j]))
+            j += 1
+        yield steps[i], walls[i], scalars
+    for e in pending[j:]:
+        yield e.step, e.wall_time, eval_scalars(e)
+
+
+def export_tensorboard(
+    curve: LossCurve,
+    logdir: Path,
+    progress: Callable[[int, int], None] | None = None,
+    evals: Sequence[EvalEntry] = (),
+) -> int:
+    """Write the canonical ``curve``, with the canonical held-out evaluations ``evals`` (one per
+    step, as ``evallog.canonical_evals`` gives them), as one event file under ``logdir``; returns
+    the steps of ``curve`` written."""
+    writer = EventWriter(logdir)
+    # Events: one per step, and one per evaluation of a step without a loss.
+    total = len(curve) + len({e.step for e in evals}.difference(curve.step.tolist()))
+    every = max(1, total // 10)
     try:
-        for i, scalars in enumerate(curve_scalars(curve)):
-            writer.write_step(steps[i], walls[i], scalars)
+        for i, (step, wall, scalars) in enumerate(_events(curve, evals)):
+            writer.write_step(step, wall, scalars)
             if progress is not None and (i + 1) % every == 0:
-                progress(i + 1, len(curve))
+                progress(i + 1, total)
     finally:
         writer.close()
     return len(curve)
