@@ -169,10 +169,18 @@ class HistoryRow(_Report):
     segment: int
     phase: int
     time: datetime
+    arm_loss_ema: float | None = Field(
+        None,
+        description="the loss EMA of the row's arm over that arm's steps only (as metrics "
+        "export's arm_loss_ema); null before the arm's first finite loss",
+    )
 
 
 class HistoryReport(_Report):
+    """``andreactl history``: the canonical loss curve, or with --arm one arm's steps of it."""
+
     run_dir: str
+    arm: str | None = Field(None, description="--arm: the arm whose steps the rows are")
     rows: list[HistoryRow]
 
 
