@@ -4,6 +4,7 @@ and the held-out losses of `.eval.json` in the TensorBoard export."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from andrea.control import andreactl
 from andrea.daemon.evallog import EvalLog, canonical_evals, read_evals
 from andrea.daemon.losslog import LossLog, read_curve
 from andrea.daemon.metrics.files import rows
@@ -140,3 +142,23 @@ def test_an_evaluation_of_a_step_without_a_loss_is_its_own_event(tmp_path: Path)
     tb = scalars(tmp_path / "tb")
     assert [s for s, _ in tb[EVAL_MEAN_TAG]] == [2, 3, 5]
     assert [s for s, _ in tb["loss/train"]] == [1, 2, 4]
+
+
+def test_metrics_export_command_reads_the_runs_evaluations(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    log = LossLog.open(run / ".loss.json")
+    log.append_many([entry(s, a, x) for s, (a, x) in enumerate(zip(ARMS, LOSSES), 1)])
+    log.close()
+    argv = ["--run-dir", str(run), "--json", "metrics", "export", "--format", "tensorboard"]
+    # No .eval.json (a run without a held-out split): the export has no eval tags.
+    assert andreactl.main([*argv, "--out", str(tmp_path / "none")]) == 0
+    assert json.loads(capsys.readouterr().out)["evaluations"] == 0
+    assert not [t for t in scalars(tmp_path / "none") if t.startswith("eval/")]
+    with EvalLog.open(run / ".eval.json") as evals:
+        for s in (2, 4, 6):
+            evals.append(evaluation(s, {"code": 3.0 - s / 10, "docs": 3.5}))
+    assert andreactl.main([*argv, "--out", str(tmp_path / "tb")]) == 0
+    assert json.loads(capsys.readouterr().out)["evaluations"] == 3
+    tb = scalars(tmp_path / "tb")
+    assert tb[EVAL_MEAN_TAG] == [(s, pytest.approx((6.5 - s / 10) / 2)) for s in (2, 4, 6)]
