@@ -28,7 +28,7 @@ scripts can check the figure itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +67,10 @@ class PlotView:
     ema: np.ndarray
     x_range: tuple[int, int]
     arms: list[str]  # every arm drawn, zombies' and policies' included
-    evals: Sequence[EvalEntry] = ()  # canonical evaluations within x_range
     # Per row, computed over the whole curve before the range is cut (as `ema`):
-    arm_ema: np.ndarray = field(default_factory=lambda: np.empty(0))  # the row's arm's loss EMA
-    shares: dict[str, np.ndarray] = field(default_factory=dict)  # each arm's share of its phase
+    arm_ema: np.ndarray  # the row's arm's loss EMA over that arm's rows
+    shares: dict[str, np.ndarray]  # each arm's share of the rows of its phase so far
+    evals: Sequence[EvalEntry] = ()  # canonical evaluations within x_range
 
     def colours(self) -> dict[str, str]:
         """Each arm's colour, the same on every panel."""
@@ -438,9 +438,9 @@ def _view(
         ema_all[keep],
         (lo, hi),
         arms,
-        [e for e in evals if lo <= e.step <= hi],
         arm_loss_ema(curve.loss, curve.arm)[keep],
         {n: v[keep] for n, v in shares.items()},
+        [e for e in evals if lo <= e.step <= hi],
     )
 
 
