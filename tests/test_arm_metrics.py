@@ -162,3 +162,20 @@ def test_metrics_export_command_reads_the_runs_evaluations(tmp_path: Path, capsy
     assert json.loads(capsys.readouterr().out)["evaluations"] == 3
     tb = scalars(tmp_path / "tb")
     assert tb[EVAL_MEAN_TAG] == [(s, pytest.approx((6.5 - s / 10) / 2)) for s in (2, 4, 6)]
+
+
+def test_live_board_writes_each_evaluation_and_a_restart_drops_the_superseded(
+    tmp_path: Path,
+) -> None:
+    board = LiveBoard(tmp_path, [])
+    board.log([entry(s, ARMS[s - 1], 4.0 - s / 10) for s in range(1, 7)], {"code": 1.0})
+    board.log_eval(evaluation(3, {"code": 2.9, "docs": 3.4}))
+    board.log_eval(evaluation(6, {"code": 9.9, "docs": 9.9}))
+    # The trainer restarts from step 4's checkpoint: step 6 is trained and evaluated again.
+    board.log([entry(s, ARMS[s - 1], 3.0, segment=2) for s in range(5, 7)], {"code": 1.0})
+    board.log_eval(evaluation(6, {"code": 2.7, "docs": 3.1}, segment=2))
+    board.close()
+    tb = scalars(tmp_path)
+    assert tb["eval/arm/code"] == [(3, pytest.approx(2.9)), (6, pytest.approx(2.7))]
+    assert tb["eval/arm/docs"] == [(3, pytest.approx(3.4)), (6, pytest.approx(3.1))]
+    assert tb["eval/mean"] == [(3, pytest.approx(3.15)), (6, pytest.approx(2.9))]

@@ -14,8 +14,8 @@ Tags (:data:`TAGS`; the arm tags are per arm)::
     mixing/reward/ARM        live only: the bandit's reward of ARM after the step (docs/bandit.md)
     mixing/share/ARM         export only: ARM's share of the last N steps (the probabilities and
                              rewards are the bandit's internal state, which .loss.json does not record)
-    eval/arm/ARM  eval/mean  export only: the held-out loss of ARM and the mean over the arms at each
-                             evaluation of .eval.json (its canonical entries), at the evaluated step
+    eval/arm/ARM  eval/mean  the held-out loss of ARM and the mean over the arms at each evaluation
+                             of .eval.json (the export: its canonical entries), at the evaluated step
 
 A trainer restart re-trains the steps after its checkpoint: the live writer then writes a session
 start at the first re-trained step, which tells TensorBoard to drop the superseded points, so the
@@ -258,6 +258,12 @@ class LiveBoard:
             self._writer.write_step(e.step, e.wall_time, scalars)
         if fresh:
             self._writer.flush()
+
+    def log_eval(self, e: EvalEntry) -> None:
+        """Write a held-out evaluation at the evaluated step (the export's tags); a restart's
+        session start drops it with the steps it supersedes, as it does the losses."""
+        self._writer.write_step(e.step, e.wall_time, eval_scalars(e))
+        self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()

@@ -192,6 +192,8 @@ class ProxyCore:
         if self.evallog.append(e):
             self.evallog.sync()  # acknowledged means durable
             self.last_eval = e
+            if self.board is not None:
+                self.board.log_eval(e)
             name, worst = e.worst()
             log.info(
                 "held-out loss at step %d (segment %d): mean %.4f, worst %s %.4f",
