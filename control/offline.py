@@ -16,6 +16,8 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from andrea.daemon.boundedio import FileRejected, open_regular, read_bounded
 from andrea.daemon.evallog import last_eval
 from andrea.daemon.losslog import LossLogError
@@ -29,9 +31,11 @@ from andrea.daemon.rundir import (
     lock_path,
     parse_checkpoint_name,
 )
+from andrea.daemon.validation import first_problem
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lineage import Lineage, WorldSpan
 from andrea.protocol.lossentry import LossEntry
+from andrea.protocol.status import RewardReport
 
 from .reports import CheckpointInfo, OfflineSummary
 
@@ -192,6 +196,26 @@ def _last_eval(run_dir: Path, problems: list[str]) -> EvalEntry | None:
         return None
 
 
+def _bandit_view(
+    run_dir: Path, problems: list[str]
+) -> tuple[str | None, int | None, RewardReport | None]:
+    """The policy fingerprint, phase and reward report of the proxy's last ``.state.json``; all
+    None for a fixed-mixture run (no state) and an unreadable one. The reward is None too in a
+    state written before the reward could be chosen (no ``live_reward``)."""
+    try:
+        state = json.loads(read_bounded(run_dir / STATE_FILE, MAX_STATE_BYTES))
+        fingerprint = str(state["bandit"]["policy_fingerprint"])
+        phase = int(state["bandit"]["phase"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None, None
+    try:
+        report = state.get("live_reward")
+        return fingerprint, phase, None if report is None else RewardReport.model_validate(report)
+    except ValidationError as e:
+        problems.append(f"{run_dir / STATE_FILE}: live_reward: {first_problem(e)}")
+        return fingerprint, phase, None
+
+
 def offline_summary(run_dir: Path, now: datetime | None = None) -> OfflineSummary:
     """Last checkpoint, logged step, segment, phase, loss EMA and policy of a run, from its files.
     A file that cannot be read (a link, a FIFO, garbage) is named in ``problems``, never fatal."""
@@ -201,21 +225,16 @@ def offline_summary(run_dir: Path, now: datetime | None = None) -> OfflineSummar
     last, ema = _logged(run_dir, problems)
     if last is not None:
         phase = last.phase
-    fingerprint = None
-    try:
-        state = json.loads(read_bounded(run_dir / STATE_FILE, MAX_STATE_BYTES))
-        fingerprint = str(state["bandit"]["policy_fingerprint"])
-        phase = int(state["bandit"]["phase"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # a fixed-mixture run has no bandit state
+    fingerprint, bandit_phase, reward = _bandit_view(run_dir, problems)
     return OfflineSummary(
         last_eval=_last_eval(run_dir, problems),
         last_checkpoint=checkpoint,
         logged_step=last.step if last else None,
         segment=last.segment if last else None,
-        phase=phase,
+        phase=phase if bandit_phase is None else bandit_phase,
         loss_ema=ema,
         policy_fingerprint=fingerprint,
+        reward=reward,
         lineage=lineage,
         problems=problems,
     )

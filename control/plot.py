@@ -4,8 +4,13 @@ Panels, top to bottom (:data:`PANELS`; a new panel is one more row there):
 
 - **loss**: the canonical loss of every step and its EMA (:mod:`andrea.daemon.metrics.series`), with
   non-finite losses ticked in red on the axis and spikes above the shown range marked at the top;
-- **arm share**: each arm's share of the steps over a rolling window, with each phase's floor and
-  cap drawn as bands in the arm's colour (only when the run mixes more than one arm);
+- **arm loss**: each arm's training loss EMA over the steps trained on it, one line per arm (the
+  loss the bandit sees per arm; only when the run mixes more than one arm);
+- **arm share**: each arm's share of the steps of its phase so far (the count starts again at each
+  pivot, so the line ends each phase at the phase's share), with each phase's floor and cap drawn as
+  bands in the arm's colour (only when the run mixes more than one arm). A rolling share over a
+  short window would cross bounds that the phase as a whole meets: the bounds are on the bandit's
+  probabilities, and a realised share over N steps strays from them by about sqrt(p (1 - p) / N);
 - **held-out loss**: each arm's loss on its held-out sequences at every evaluation (``.eval.json``,
   see docs/evaluation.md) and their mean, in the arms' colours (only when the run has evaluations);
 - **learning rate**.
@@ -16,7 +21,7 @@ pivots (labelled with the new phase and its policy fingerprint), audit checkpoin
 Long curves are drawn as the minimum and maximum of each of :data:`BUCKETS` step buckets: every spike
 stays visible (a plain stride would drop it) and 200,000 steps draw as fast as 4,000. Artists carry a
 ``gid`` naming what they show (``loss``, ``ema``, ``restart``, ``pivot``, ``audit``, ``zombie``,
-``share:ARM``, ``band:ARM:PHASE``, ``heldout:ARM``, ``heldout:mean``, ``lr``, ...) so that tests and
+``arm_loss:ARM``, ``share:ARM``, ``band:ARM:PHASE``, ``heldout:ARM``, ``heldout:mean``, ``lr``, ...) so that tests and
 scripts can check the figure itself.
 """
 
@@ -34,7 +39,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from andrea.control.run_events import RunEvents
 from andrea.daemon.losslog import LossCurve
-from andrea.daemon.metrics.series import default_window, loss_ema, rolling_share
+from andrea.daemon.metrics.series import arm_loss_ema, loss_ema, phase_share
 from andrea.protocol.evalentry import EvalEntry
 
 #: Buckets of the min/max reduction: about one per horizontal pixel of the default figure.
@@ -62,7 +67,14 @@ class PlotView:
     ema: np.ndarray
     x_range: tuple[int, int]
     arms: list[str]  # every arm drawn, zombies' and policies' included
+    # Per row, computed over the whole curve before the range is cut (as `ema`):
+    arm_ema: np.ndarray  # the row's arm's loss EMA over that arm's rows
+    shares: dict[str, np.ndarray]  # each arm's share of the rows of its phase so far
     evals: Sequence[EvalEntry] = ()  # canonical evaluations within x_range
+
+    def colours(self) -> dict[str, str]:
+        """Each arm's colour, the same on every panel."""
+        return {n: f"C{i % 10}" for i, n in enumerate(self.arms)}
 
 
 @dataclass(frozen=True)
@@ -248,22 +260,41 @@ def _arm_names(curve: LossCurve, events: RunEvents) -> list[str]:
     return sorted(names)
 
 
-def _draw_shares(ax: Axes, view: PlotView) -> None:
+def _draw_arm_loss(ax: Axes, view: PlotView) -> None:
     c = view.curve
-    names = view.arms
-    window = default_window(len(c))
-    shares = rolling_share(c.arm, names, window)
-    colours = {n: f"C{i % 10}" for i, n in enumerate(names)}
+    colours = view.colours()
     x = c.step.astype(np.float64)
+    for name in view.arms:
+        rows = np.flatnonzero(c.arm == name)
+        if not len(rows):
+            continue  # a zombie or a policy's arm that trained nothing in range
+        sx, sy = _stride(x[rows], view.arm_ema[rows])
+        ax.plot(sx, sy, color=colours[name], linewidth=1.1, label=name, gid=f"arm_loss:{name}")
+    ax.set_ylabel("training loss EMA\nper arm (nats/token)")
+    ax.legend(
+        loc="upper right",
+        fontsize=7,
+        ncols=min(len(view.arms), 4),
+        framealpha=0.85,
+        title="EMA over the arm's own steps",
+        title_fontsize=7,
+    )
+
+
+def _phase_rows(phase: np.ndarray) -> list[np.ndarray]:
+    """The row indices of each run of equal phases, in order."""
+    cuts = np.flatnonzero(phase[1:] != phase[:-1]) + 1
+    return np.split(np.arange(len(phase)), cuts)
+
+
+def _draw_bounds(ax: Axes, view: PlotView, colours: dict[str, str]) -> None:
+    """Every phase's floor and cap of each arm: a band between dashed lines."""
     lo, hi = view.x_range
-    for name in names:
-        sx, sy = _stride(x, shares[name])
-        ax.plot(sx, sy, color=colours[name], linewidth=1.1, label=name, gid=f"share:{name}")
     for phase in view.events.phases:
         first, last = max(phase.first_step, lo), min(phase.last_step, hi)
         if phase.policy is None or first > last:
             continue
-        for name in names:
+        for name in view.arms:
             bounds = phase.policy.arms.get(name)
             if bounds is None or (bounds.floor == 0.0 and bounds.cap == 1.0):
                 continue
@@ -285,14 +316,44 @@ def _draw_shares(ax: Axes, view: PlotView) -> None:
                 linestyles=(0, (3, 2)),
                 gid=f"bounds:{name}:{phase.phase}",
             )
+
+
+def _draw_shares(ax: Axes, view: PlotView) -> None:
+    c = view.curve
+    colours = view.colours()
+    x = c.step.astype(np.float64)
+    phases = _phase_rows(c.phase)
+    for name in view.arms:
+        # One line per arm, broken between phases: each phase's count starts from zero.
+        xs, ys = [], []
+        for rows in phases:
+            px, py = _stride(x[rows], view.shares[name][rows])
+            xs += [px, [np.nan]]
+            ys += [py, [np.nan]]
+        ax.plot(
+            np.concatenate(xs[:-1]),
+            np.concatenate(ys[:-1]),
+            color=colours[name],
+            linewidth=1.1,
+            label=name,
+            gid=f"share:{name}",
+        )
+    _draw_bounds(ax, view, colours)
     ax.set_ylim(0, 1)
-    ax.set_ylabel(f"arm share\n(last {window:,} steps)")
-    ax.legend(loc="upper right", fontsize=7, ncols=min(len(names), 4), framealpha=0.85)
+    ax.set_ylabel("arm share\n(of the phase so far)")
+    ax.legend(
+        loc="upper right",
+        fontsize=7,
+        ncols=min(len(view.arms), 4),
+        framealpha=0.85,
+        title="share of the phase's steps so far; bands: the phase's floor and cap",
+        title_fontsize=7,
+    )
 
 
 def _draw_heldout(ax: Axes, view: PlotView) -> None:
     names = sorted({n for e in view.evals for n in e.arms} | set(view.arms))
-    colours = {n: f"C{i % 10}" for i, n in enumerate(view.arms)}
+    colours = view.colours()
     steps = np.array([e.step for e in view.evals], dtype=np.float64)
     for name in names:
         if not any(name in e.arms for e in view.evals):
@@ -326,6 +387,7 @@ def _draw_lr(ax: Axes, view: PlotView) -> None:
 
 PANELS: tuple[Panel, ...] = (
     Panel("loss", 3.0, lambda v: True, _draw_loss),
+    Panel("arm loss", 1.6, lambda v: len(v.arms) > 1, _draw_arm_loss),
     Panel("arm share", 1.6, lambda v: len(v.arms) > 1, _draw_shares),
     Panel("held-out loss", 1.6, lambda v: len(v.evals) > 0, _draw_heldout),
     Panel("learning rate", 1.0, lambda v: True, _draw_lr),
@@ -366,14 +428,18 @@ def _view(
     shown = select_steps(curve, since, until)
     if not len(shown):
         raise ValueError(f"no logged step between {since or 1} and {until or 'the end'}")
-    ema = ema_all if shown is curve else ema_all[_in_range(curve, since, until)]
+    keep = slice(None) if shown is curve else _in_range(curve, since, until)
     lo, hi = int(shown.step[0]), int(shown.step[-1])
+    arms = _arm_names(shown, events)
+    shares = phase_share(curve.arm, curve.phase, arms)
     return PlotView(
         shown,
         events,
-        ema,
+        ema_all[keep],
         (lo, hi),
-        _arm_names(shown, events),
+        arms,
+        arm_loss_ema(curve.loss, curve.arm)[keep],
+        {n: v[keep] for n, v in shares.items()},
         [e for e in evals if lo <= e.step <= hi],
     )
 

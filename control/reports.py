@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lineage import Lineage
-from andrea.protocol.status import ProxyStatus, TrainerStatus
+from andrea.protocol.status import ProxyStatus, RewardReport, TrainerStatus
 
 
 def utc_now() -> datetime:
@@ -48,6 +48,12 @@ class OfflineSummary(_Report):
     phase: int | None
     loss_ema: float | None = Field(description="loss EMA of the canonical curve at logged_step")
     policy_fingerprint: str | None
+    reward: RewardReport | None = Field(
+        None,
+        description="the bandit's reward and each arm's standing as of the proxy's last "
+        ".state.json (its live_reward); null for a fixed mixture or a state written before the "
+        "reward could be chosen",
+    )
     last_eval: EvalEntry | None = Field(None, description="newest entry of .eval.json")
     lineage: Lineage | None = Field(
         None,
@@ -163,10 +169,18 @@ class HistoryRow(_Report):
     segment: int
     phase: int
     time: datetime
+    arm_loss_ema: float | None = Field(
+        None,
+        description="the loss EMA of the row's arm over that arm's steps only (as metrics "
+        "export's arm_loss_ema); null before the arm's first finite loss",
+    )
 
 
 class HistoryReport(_Report):
+    """``andreactl history``: the canonical loss curve, or with --arm one arm's steps of it."""
+
     run_dir: str
+    arm: str | None = Field(None, description="--arm: the arm whose steps the rows are")
     rows: list[HistoryRow]
 
 
@@ -195,6 +209,9 @@ class MetricsReport(_Report):
     format: Literal["tensorboard", "csv", "jsonl"]
     out: str
     steps: int
+    evaluations: int = Field(
+        0, description="held-out evaluations of .eval.json written (tensorboard only)"
+    )
 
 
 class SizeReport(_Report):

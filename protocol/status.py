@@ -103,6 +103,29 @@ class Zombie(_Status):
     weight: float
 
 
+class ArmReward(_Status):
+    """One arm as the bandit sees it now (docs/bandit.md, "What the bandit reports")."""
+
+    reward: float = Field(description="the arm's reward, in the units RewardReport.meaning names")
+    loss: float | None = Field(
+        description="recent training loss: EMA of the losses of the arm's own steps in the phase "
+        "(about 10 of them); null before its first"
+    )
+    progress: float = Field(
+        description="nats per step by which that EMA still sets new lows (the learnability "
+        "reward's measure, kept under either reward)"
+    )
+    pulls: int = Field(description="steps of the phase trained on the arm")
+
+
+class RewardReport(_Status):
+    """What the bandit rewards, and each arm's standing (live arms and zombies)."""
+
+    kind: str = Field(description="the policy's reward: 'learnability' or 'loss'")
+    meaning: str = Field(description="what the reward measures, in a few words")
+    arms: dict[str, ArmReward]
+
+
 class ProxyStatus(_Status):
     role: Literal["proxy"] = "proxy"
     durable_step: int
@@ -117,3 +140,5 @@ class ProxyStatus(_Status):
     #: against it).
     trainer_step: int
     last_eval: EvalEntry | None = None
+    #: None from a proxy older than the reward choice.
+    reward: RewardReport | None = None

@@ -40,10 +40,18 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
     assert len(status["proxy"]["policy_fingerprint"]) == 64
     assert (status["trainer"]["device"], status["trainer"]["dtype"]) == ("cpu", "float32")
     assert abs(sum(status["proxy"]["probabilities"].values()) - 1) < 1e-12
+    # A new run's reward, and each arm's standing under it.
+    reward = status["proxy"]["reward"]
+    assert (
+        reward["kind"] == "learnability"
+        and reward["arms"].keys() == status["proxy"]["probabilities"].keys()
+    )
+    assert sum(a["pulls"] for a in reward["arms"].values()) > 0
     human = ctl(tmp_path, "status").stdout
     assert (
         "trainer: training, step" in human and "cpu float32" in human and "probabilities:" in human
     )
+    assert f"reward: learnability: {reward['meaning']}" in human and "train loss" in human
     assert "tok/s" in human and "ETA" in human and "elapsed" in human and "policy" in human
 
     res = ctl(tmp_path, "checkpoint", "--wait")

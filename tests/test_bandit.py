@@ -25,11 +25,11 @@ from andrea.daemon.mixing.bandit import (
     LagError,
     ObservationOrderError,
     draw_uniform,
-    exploration_rate,
     parse_state,
     project_capped_simplex,
 )
 from andrea.daemon.mixing.policy import Policy, PolicyError, load_policy, parse_policy
+from andrea.daemon.mixing.reward import exploration_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 ABC = [
@@ -224,6 +224,7 @@ def test_bounds_hold_after_every_update(bounds, data) -> None:
     names = [f"arm{i}" for i in range(k)]
     # A zombie with a big floor must not count against feasibility.
     policy = Policy(
+        reward=data.draw(st.sampled_from(["loss", "learnability"])),
         lag=1,
         alpha=data.draw(st.floats(0.0, 0.99)),
         arms={n: {"floor": fl, "cap": c} for n, fl, c in zip(names, floors, caps)},
@@ -300,8 +301,9 @@ def test_huge_and_tiny_losses_stay_finite() -> None:
 # -------------------------------------------------------------------------------- determinism
 
 
-def test_same_inputs_same_arm_sequence() -> None:
-    policy = Policy(lag=4, arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}})
+@pytest.mark.parametrize("reward", ["loss", "learnability"])
+def test_same_inputs_same_arm_sequence(reward: str) -> None:
+    policy = Policy(reward=reward, lag=4, arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}})
     one = drive(Bandit(ABC, policy, seed=42), 1, 300, {})
     # Configuration order does not matter either.
     two = drive(Bandit(list(reversed(ABC)), policy, seed=42), 1, 300, {})
@@ -311,10 +313,14 @@ def test_same_inputs_same_arm_sequence() -> None:
     assert set(one.values()) == {"a", "b", "c"}
 
 
+@pytest.mark.parametrize("reward", ["loss", "learnability"])
 @pytest.mark.parametrize("k", [0, 3, 4, 57, 200])
-def test_restart_from_state_continues_bit_for_bit(k: int) -> None:
+def test_restart_from_state_continues_bit_for_bit(k: int, reward: str) -> None:
     policy = Policy(
-        lag=4, arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}}, initial_weights={"b": 3.0}
+        reward=reward,
+        lag=4,
+        arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}},
+        initial_weights={"b": 3.0},
     )
     reference = drive(Bandit(ABC, policy, seed=9, phase=2, start_step=100), 101, 400, {})
 

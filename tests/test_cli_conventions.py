@@ -168,9 +168,16 @@ def test_status_of_a_stopped_run_is_immediate_and_creates_nothing(audited_run: P
     assert o.loss_ema == pytest.approx(ema, rel=1e-12)
     state = json.loads((audited_run / ".state.json").read_text())
     assert o.policy_fingerprint == state["bandit"]["policy_fingerprint"]
+    # What the bandit saw when the proxy stopped: its reward and each arm's recent training loss.
+    assert o.reward is not None and o.reward.model_dump(mode="json") == state["live_reward"]
     assert all(RFC3339.match(t) for t in timestamps(json.loads(res.stdout)))
     text = run("status", "--run-dir", str(audited_run))
     assert f"last checkpoint step {newest}" in text.stdout and "loss EMA" in text.stdout
+    kind = state["live_reward"]["kind"]
+    assert f"reward: {kind} (as the proxy last wrote .state.json): " in text.stdout
+    for arm, standing in state["live_reward"]["arms"].items():
+        row = next(line for line in text.stdout.splitlines() if line.startswith(f"{arm} "))
+        assert row.split()[-1] == f"{standing['pulls']:,}"
 
 
 def test_the_parser_is_torch_free_and_names_every_verification_problem() -> None:

@@ -153,6 +153,7 @@ def test_audit_plot_has_a_held_out_panel_per_arm(evaluated: Path) -> None:
     axes = {ax.get_gid(): ax for ax in fig.axes if ax.get_gid()}
     assert list(axes) == [
         "panel:loss",
+        "panel:arm loss",
         "panel:arm share",
         "panel:held-out loss",
         "panel:learning rate",

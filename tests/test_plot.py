@@ -16,8 +16,10 @@ from matplotlib.figure import Figure
 
 from andrea.control import andreactl
 from andrea.control.plot import audit_figure, reduce_minmax
-from andrea.control.run_events import RunEvents, read_run_events
+from andrea.control.run_events import PhaseSpan, RunEvents, read_run_events
 from andrea.daemon.losslog import LossCurve, read_curve
+from andrea.daemon.metrics.series import rolling_share
+from andrea.daemon.mixing.policy import parse_policy
 
 from .audited_run import canonical_rows
 
@@ -62,7 +64,7 @@ def test_every_panel_and_mark_of_a_real_run(audited_run: Path) -> None:
     events = read_run_events(audited_run, curve)
     fig = audit_figure(curve, events, title="audited run")
     p = panels(fig)
-    assert list(p) == ["loss", "arm share", "learning rate"]
+    assert list(p) == ["loss", "arm loss", "arm share", "learning rate"]
     loss, share, lr = p["loss"], p["arm share"], p["learning rate"]
     assert loss.get_shared_x_axes().joined(loss, lr) and loss.get_shared_x_axes().joined(
         loss, share
@@ -197,3 +199,76 @@ def test_minmax_reduction_keeps_every_extreme() -> None:
     xs, ys = reduce_minmax(x, y, buckets=1000)
     assert len(xs) == 2000 and ys.max() == y.max() and ys.min() == y.min()
     assert np.all(np.diff(xs) >= 0)
+
+
+def mixed_curve(arms: list[str], phases: list[int]) -> LossCurve:
+    """A loss curve of the given arms and phases, each arm at its own slowly falling loss."""
+    n = len(arms)
+    step = np.arange(1, n + 1, dtype=np.int64)
+    base = {"comments": 4.0, "code": 3.0}
+    loss = np.array([base[a] - s / 1000 for a, s in zip(arms, step.tolist())])
+    return LossCurve(
+        step=step,
+        loss=loss,
+        arm=np.array(arms, dtype=object),
+        lr=np.full(n, 1e-3),
+        tokens=np.full(n, 512, dtype=np.int64),
+        wall_time=1.7e9 + step.astype(np.float64),
+        segment=np.ones(n, dtype=np.int64),
+        phase=np.array(phases, dtype=np.int64),
+        batch_sha256=np.full(n, None, dtype=object),
+        entries_read=n,
+    )
+
+
+def test_arm_share_shows_a_floor_the_phase_meets_as_met() -> None:
+    # Phase 0 floors `comments` at 0.40 and meets it: 24 of its first 40 steps, then 8 of the next
+    # 40, 32 of 80 in all. A 20-step rolling share falls to 0.20 in the second half; the share of
+    # the phase so far never falls below 0.40. Phase 1 (no bounds) starts its count afresh.
+    first = (["comments"] * 3 + ["code"] * 2) * 8
+    second = (["comments"] + ["code"] * 4) * 8
+    after = ["code"] * 10 + ["comments"] * 10
+    curve = mixed_curve(first + second + after, [0] * 80 + [1] * 20)
+    assert rolling_share(curve.arm, ["comments"], 20)["comments"][:80].min() == 0.2
+    policy = parse_policy("[arms.comments]\nfloor = 0.40\n\n[arms.code]\ncap = 0.60\n")
+    events = RunEvents(phases=[PhaseSpan(0, 1, 80, policy), PhaseSpan(1, 81, 100, None)])
+    p = panels(audit_figure(curve, events))
+    assert list(p) == ["loss", "arm loss", "arm share", "learning rate"]
+    share = p["arm share"]
+    (comments,) = by_gid(share, "share:comments")
+    (code,) = by_gid(share, "share:code")
+    xs, ys = np.asarray(comments.get_xdata()), np.asarray(comments.get_ydata())
+    in_phase0 = xs <= 80
+    assert ys[in_phase0].min() == pytest.approx(0.40) and ys[xs == 80] == pytest.approx(0.40)
+    assert np.asarray(code.get_ydata())[in_phase0].max() == pytest.approx(0.60)
+    # Broken between the phases, and counted from phase 1's own first step.
+    assert np.isnan(ys[np.flatnonzero(xs == 80)[0] + 1])
+    assert list(ys[xs > 80]) == [0.0] * 10 + [i / (10 + i) for i in range(1, 11)]
+    assert "phase" in share.get_ylabel() and "phase" in share.get_legend().get_title().get_text()
+    (band,) = by_gid(share, "band:comments:0")
+    assert band.get_paths()[0].vertices[:, 1].min() == pytest.approx(0.40)
+
+    # A zoom into the second half of phase 0 shows the same shares, counted from the phase start.
+    zoom = panels(audit_figure(curve, events, since=41, until=80))["arm share"]
+    (zoomed,) = by_gid(zoom, "share:comments")
+    np.testing.assert_array_equal(zoomed.get_ydata(), ys[(xs >= 41) & (xs <= 80)])
+
+
+def test_arm_loss_panel_is_each_arms_ema_over_its_own_steps() -> None:
+    arms = ["code", "comments", "code", "code", "comments", "code"]
+    curve = mixed_curve(arms, [0] * 6)
+    arm_loss = panels(audit_figure(curve, RunEvents()))["arm loss"]
+    for name in ("code", "comments"):
+        (line,) = by_gid(arm_loss, f"arm_loss:{name}")
+        steps = [s for s, a in enumerate(arms, 1) if a == name]
+        assert list(line.get_xdata()) == steps
+        ema, want = None, []
+        for s in steps:
+            x = curve.loss[s - 1]
+            ema = x if ema is None else 0.9 * ema + 0.1 * x
+            want.append(ema)
+        np.testing.assert_allclose(line.get_ydata(), want, rtol=1e-12)
+    assert "per arm" in arm_loss.get_ylabel()
+    # A run of one arm has neither per-arm panel.
+    single = mixed_curve(["code"] * 4, [0] * 4)
+    assert list(panels(audit_figure(single, RunEvents()))) == ["loss", "learning rate"]

@@ -65,16 +65,27 @@ def stop(p: Daemon) -> int:
     return p.wait()
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
-    """Trainer and proxy, never killed."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    proxy = start_proxy(run_dir)
-    t = proxy_trainer(run_dir, cache_dir)
+def never_killed(run_dir: Path, cache: Path, *proxy_args: str) -> Path:
+    proxy = start_proxy(run_dir, *proxy_args)
+    t = proxy_trainer(run_dir, cache)
     assert t.wait() == ExitCode.OK, t.log
     assert stop(proxy) == ExitCode.OK, proxy.log
     assert [s for s, _, _ in curve(run_dir)] == list(range(1, STEPS + 1))
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """Trainer and proxy, never killed: a new run, so the learnability reward."""
+    return never_killed(tmp_path_factory.mktemp("reference"), cache_dir)
+
+
+@pytest.fixture(scope="module")
+def loss_reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """The same under ODM's loss reward, which runs created before the choice keep."""
+    root = tmp_path_factory.mktemp("loss-reference")
+    (root / "loss.toml").write_text('reward = "loss"\n')
+    return never_killed(root / "run", cache_dir, "--policy", str(root / "loss.toml"))
 
 
 def test_reference_mixes_arms_and_writes_the_satellite_files(reference: Path) -> None:
@@ -85,9 +96,23 @@ def test_reference_mixes_arms_and_writes_the_satellite_files(reference: Path) ->
     assert abs(sum(state["live_probabilities"].values()) - 1) < 1e-12
     # The persisted bandit lags the log by at least W - 1 steps, by design (see assignbook).
     assert state["bandit"]["last_step"] <= STEPS + 1 - state["bandit"]["policy"]["lag"]
+    # A new run names its reward in its policy file, and reports each arm's standing.
+    assert 'reward = "learnability"' in (reference / "policy.toml").read_text()
+    assert state["bandit"]["version"] == 2 and state["live_reward"]["kind"] == "learnability"
+    for arm, report in state["live_reward"]["arms"].items():
+        assert report["pulls"] > 0 and report["loss"] > 0, arm
+    assert sum(r["reward"] for r in state["live_reward"]["arms"].values()) == pytest.approx(1.0)
 
 
-def test_proxy_sigkill_is_invisible(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
+@pytest.mark.parametrize("reward", ["learnability", "loss"])
+def test_proxy_sigkill_is_invisible(
+    tmp_path: Path, cache_dir: Path, reward: str, request: pytest.FixtureRequest
+) -> None:
+    reference = request.getfixturevalue(
+        "reference" if reward == "learnability" else "loss_reference"
+    )
+    if reward == "loss":
+        shutil.copy(reference / "policy.toml", tmp_path / "policy.toml")
     proxy = start_proxy(tmp_path)
     t = proxy_trainer(tmp_path, cache_dir)
     t.wait_for(r"step 25/")
@@ -226,7 +251,8 @@ def test_zombie_arm_never_draws_and_is_reported(
     """The seed's lesson: a state carrying weight for an arm whose source is gone."""
     state = json.loads((reference / ".state.json").read_text())
     arm = dict(state["bandit"]["arms"][0])
-    # Pulls stay 0 so that the phase counters of the doctored state remain consistent.
+    # Pulls stay 0 so that the phase counters of the doctored state remain consistent (and so
+    # the arm has no loss statistics either).
     arm.update(
         name="repo-docstrings",
         identity="f" * 64,
@@ -234,6 +260,11 @@ def test_zombie_arm_never_draws_and_is_reported(
         pulls=0,
         ema_reward=40.0,
         probability=0.5,
+        loss_ema=None,
+        loss_best=None,
+        progress_sum=0.0,
+        progress_pulls=0.0,
+        last_pull=0,
     )
     state["bandit"]["arms"].append(arm)
     state["bandit"]["arms"].sort(key=lambda a: a["name"])

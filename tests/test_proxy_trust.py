@@ -34,10 +34,16 @@ pytestmark = pytest.mark.process  # binds a real ipc socket
 PEER = b"trainer"
 
 
-def _proxy(run_dir: Path) -> Proxy:
-    p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), Policy(lag=2)), SignalFlags())
+def _proxy(run_dir: Path, reward: str = "learnability") -> Proxy:
+    policy = Policy(lag=2, reward=reward)
+    p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), policy), SignalFlags())
     p.setup()
     return p
+
+
+def _again(proxy: Proxy) -> Proxy:
+    """The proxy restarted on the same run, under the same reward."""
+    return _proxy(proxy.run_dir, proxy.opts.policy.reward)
 
 
 def _entry(step: int, arm: str, segment: int = 1, **kw) -> LossEntry:
@@ -55,9 +61,9 @@ def _entry(step: int, arm: str, segment: int = 1, **kw) -> LossEntry:
     return LossEntry(**{**fields, **kw})
 
 
-@pytest.fixture
-def proxy(tmp_path: Path):
-    p = _proxy(tmp_path)
+@pytest.fixture(params=["learnability", "loss"])
+def proxy(tmp_path: Path, request: pytest.FixtureRequest):
+    p = _proxy(tmp_path, request.param)
     lock = play_trainer(tmp_path)
     welcome = p.handle(PEER, trainer_hello(p.opts.cfg))
     assert isinstance(welcome, m.Welcome) and welcome.segment == 1
@@ -132,7 +138,7 @@ def test_restart_after_an_attack_is_clean(proxy: Proxy) -> None:
         proxy.handle(PEER, m.LossReport(id="x", entries=[bad]))
     proxy.handle(PEER, m.LossReport(id="y", entries=[_entry(1, proxy.arms[1])]))
     proxy.close()
-    again = _proxy(proxy.run_dir)  # would fail with "unknown arm" had the first one been written
+    again = _again(proxy)  # would fail with "unknown arm" had the first one been written
     try:
         assert again.durable_step == 1 and again.max_segment == 1
     finally:
@@ -252,7 +258,7 @@ def test_state_of_another_seed_is_moved_aside(proxy: Proxy, caplog) -> None:
     state = json.loads((proxy.run_dir / STATE_FILE).read_text())
     state["bandit"]["seed"] += 1
     (proxy.run_dir / STATE_FILE).write_text(json.dumps(state))
-    again = _proxy(proxy.run_dir)
+    again = _again(proxy)
     try:
         assert "bandit seed" in caplog.text and "is not run.toml's seed" in caplog.text
         assert again.book.bandit.seed == again.opts.cfg.seed and again.durable_step == 12
@@ -266,7 +272,7 @@ def test_state_ahead_of_a_truncated_log_is_moved_aside(proxy: Proxy, caplog) -> 
     _run_steps(proxy, 12)
     proxy.close()
     (proxy.run_dir / LOSS_FILE).unlink()  # the log is gone; .state.json still says step 12
-    again = _proxy(proxy.run_dir)
+    again = _again(proxy)
     try:
         assert "ends at step 0" in caplog.text and again.durable_step == 0
     finally:
@@ -286,7 +292,7 @@ def test_log_that_lacks_checkpointed_steps_is_refused(proxy: Proxy) -> None:
     (proxy.run_dir / STATE_FILE).unlink()
     before = _durable_files(proxy.run_dir)
     with pytest.raises(LogContradiction, match=r"lacks the losses of \d+ steps \(\d+-12\)"):
-        _proxy(proxy.run_dir)
+        _again(proxy)
     assert _durable_files(proxy.run_dir) == before
     proxy.close = lambda: None
 

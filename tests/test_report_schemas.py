@@ -149,6 +149,7 @@ def test_every_report_of_a_stopped_run_validates(
     cases = [
         (["status"], 3, "StatusReport"),
         (["history", "--last", "0"], 0, "HistoryReport"),
+        (["history", "--arm", "prose"], 0, "HistoryReport"),
         (["history", "--eval"], 0, "EvalHistoryReport"),
         (["samples"], 0, "SamplesReport"),
         (["checkpoints", "--quick"], 0, "CheckpointsReport"),

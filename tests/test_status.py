@@ -10,7 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from andrea.control.commands.status import status_text
-from andrea.control.reports import StatusReport
+from andrea.control.offline import offline_summary
+from andrea.control.reports import OfflineSummary, StatusReport
+from andrea.daemon.rundir import STATE_FILE
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 
 TRAINER = {
@@ -115,3 +117,75 @@ def test_a_trainer_still_starting_has_no_device_yet() -> None:
     assert lines[1].endswith("segment 2, pid 4242")
     assert lines[2] == "proxy:   not running"
     assert len(lines) == 4 and lines[3].startswith("held-out: step 30")
+
+
+REWARD = {
+    "kind": "learnability",
+    "meaning": "share of the recent progress",
+    "arms": {
+        "code": {"reward": 0.75, "loss": 2.8312, "progress": 0.0031, "pulls": 1200},
+        "prose": {"reward": 0.25, "loss": None, "progress": 0.0, "pulls": 0},
+        "gone": {"reward": 0.0, "loss": 5.5, "progress": 0.0, "pulls": 3},
+    },
+}
+
+
+def test_status_shows_each_arms_reward_and_training_loss_and_what_the_reward_means() -> None:
+    lines = status_text(_report(TRAINER, {**PROXY, "reward": REWARD}), Path("/runs/a")).splitlines()
+    at = lines.index("         reward: learnability: share of the recent progress")
+    header, code, prose, gone = (line.split() for line in lines[at + 1 : at + 5])
+    assert header == ["arm", "reward", "train", "loss", "progress", "phase", "steps"]
+    assert code == ["code", "0.75", "2.8312", "0.0031", "1,200"]
+    assert prose == ["prose", "0.25", "-", "0", "0"]
+    assert gone == ["gone", "(zombie)", "0", "5.5000", "0", "3"]
+    # A proxy older than the reward choice reports none: nothing is said about it.
+    assert not any("reward" in line for line in status_text(_report(TRAINER, PROXY), Path("/r")))
+
+
+def _stopped_run(tmp_path: Path, state: dict | None) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    if state is not None:
+        (run / STATE_FILE).write_text(json.dumps(state))
+    return run
+
+
+def _stopped_text(run: Path) -> tuple[OfflineSummary, str]:
+    summary = offline_summary(run)
+    report = StatusReport(time=datetime(2026, 1, 1, tzinfo=UTC), run_dir=str(run),
+                          state="stopped", trainer=None, proxy=None, offline=summary)  # fmt: skip
+    assert StatusReport.model_validate_json(report.model_dump_json()) == report
+    return summary, status_text(report, run)
+
+
+def test_a_stopped_run_shows_the_reward_its_proxy_last_wrote(tmp_path: Path) -> None:
+    bandit = {"policy_fingerprint": "f" * 64, "phase": 2}
+    summary, text = _stopped_text(_stopped_run(tmp_path, {"bandit": bandit, "live_reward": REWARD}))
+    assert summary.reward is not None and summary.reward.model_dump(mode="json") == REWARD
+    assert "reward: learnability (as the proxy last wrote .state.json): share of the" in text
+    assert "code" in text and "2.8312" in text
+
+
+BANDIT = {"policy_fingerprint": "f" * 64, "phase": 0}
+
+
+@pytest.mark.parametrize(
+    ("state", "damaged"),
+    [
+        (None, False),  # a fixed mixture: no proxy state
+        ({"bandit": BANDIT}, False),  # written before the reward could be chosen
+        ({"bandit": BANDIT, "live_reward": {"kind": 1}}, True),
+    ],
+)
+def test_a_stopped_run_without_a_readable_reward_says_nothing_of_it(
+    tmp_path: Path, state: dict | None, damaged: bool
+) -> None:
+    run = _stopped_run(tmp_path, state)
+    summary, text = _stopped_text(run)
+    assert summary.reward is None
+    if damaged:
+        (problem,) = summary.problems
+        assert problem.startswith(f"{run / STATE_FILE}: live_reward: ")
+    else:
+        assert summary.problems == []
+    assert not [line for line in text.splitlines() if line.startswith("reward")]

@@ -4,12 +4,17 @@ curve of ``.loss.json``, the held-out evaluations of ``.eval.json``, the samples
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import math
 from datetime import UTC, datetime
+
+import numpy as np
 
 from andrea.daemon.boundedio import read_bounded
 from andrea.daemon.evallog import canonical_evals, last_eval, read_evals
-from andrea.daemon.losslog import read_curve
+from andrea.daemon.losslog import LossCurve, read_curve
+from andrea.daemon.metrics.series import arm_loss_ema
 from andrea.daemon.mixing.proxyfiles import MAX_SAMPLES_BYTES
 from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE
 
@@ -30,10 +35,16 @@ def _last_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _history_arguments(parser: argparse.ArgumentParser) -> None:
     _last_arguments(parser)
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
         "--eval",
         action="store_true",
         help="the held-out evaluations (.eval.json) instead of the training loss",
+    )
+    which.add_argument(
+        "--arm",
+        metavar="NAME",
+        help="only the steps trained on arm NAME: its training loss curve (--last counts its steps)",
     )
 
 
@@ -57,33 +68,57 @@ def _eval_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rows_of_arm(curve: LossCurve, arm: str | None) -> np.ndarray:
+    """The rows of ``curve`` trained on ``arm`` (every row for None); an arm with no row is a
+    usage error naming the arms that have some."""
+    if arm is None:
+        return np.arange(len(curve))
+    rows = np.flatnonzero(curve.arm == arm)
+    if not len(rows):
+        names = sorted(set(curve.arm.tolist()))
+        close = difflib.get_close_matches(arm, names, n=1)
+        raise UserError(
+            f"--arm {arm}: no step of {LOSS_FILE} was trained on it; the arms there: "
+            + (", ".join(names) or "none")
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+        )
+    return rows
+
+
 def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """The canonical loss curve (newest entry per step) from .loss.json, or with --eval the
-    held-out evaluations from .eval.json."""
+    """The canonical loss curve (newest entry per step) from .loss.json, with each step's arm's
+    loss EMA (over that arm's steps); with --arm only one arm's steps; with --eval the held-out
+    evaluations from .eval.json."""
     if args.eval:
         return _eval_history(args)
     curve = read_curve(args.run_dir / LOSS_FILE)
-    rows = range(len(curve))
-    shown = [
-        curve.entry(i) for i in (rows[-args.last :] if args.last else rows)
-    ]  # models only for these
+    rows = _rows_of_arm(curve, args.arm)
+    # Over the whole curve, so that --last shows the values the full history has.
+    arm_ema = arm_loss_ema(curve.loss, curve.arm)
+    picked = (rows[-args.last :] if args.last else rows).tolist()
+    shown = [(curve.entry(i), arm_ema.item(i)) for i in picked]  # models only for these
     text = "\n".join(
-        [f"{'step':>8} {'loss':>9} {'lr':>9}  {'arm':<14} seg phase"]
+        [f"{'step':>8} {'loss':>9} {'arm EMA':>9} {'lr':>9}  {'arm':<14} seg phase"]
         + [
-            f"{e.step:>8} {e.loss:>9.4f} {e.lr:>9.2e}  {e.arm:<14} {e.segment:>3} {e.phase:>5}"
-            for e in shown
+            f"{e.step:>8} {e.loss:>9.4f} {ema:>9.4f} {e.lr:>9.2e}  {e.arm:<14} {e.segment:>3}"
+            f" {e.phase:>5}"
+            for e, ema in shown
         ]
     )
+    if args.arm is not None:
+        text += f"\narm {args.arm}: {len(rows):,} of the {len(curve):,} logged steps"
     report = r.HistoryReport(
         run_dir=str(args.run_dir),
+        arm=args.arm,
         rows=[
             r.HistoryRow(
                 **e.model_dump(
                     mode="json", include={"step", "loss", "lr", "arm", "tokens", "segment", "phase"}
                 ),
+                arm_loss_ema=None if math.isnan(ema) else ema,
                 time=_stamp(e.wall_time),
             )
-            for e in shown
+            for e, ema in shown
         ],
     )
     if (args.run_dir / EVAL_FILE).exists() and (latest := last_eval(args.run_dir / EVAL_FILE)):
@@ -114,11 +149,12 @@ def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 HISTORY = Command(
     "history",
-    "the canonical loss curve from .loss.json (--eval: the held-out evaluations)",
+    "the canonical loss curve from .loss.json (--arm: one arm's steps; --eval: held-out losses)",
     _history_arguments,
     cmd_history,
     examples=(
         "andreactl history --run-dir runs/r1 --last 50",
+        "andreactl history --run-dir runs/r1 --arm code --last 0",
         "andreactl history --run-dir runs/r1 -o json",
     ),
 )

@@ -13,6 +13,7 @@ from andrea.daemon.losslog import LossCurve, read_curve
 from andrea.daemon.metrics import files
 from andrea.daemon.metrics.tensorboard import export_tensorboard
 from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE
+from andrea.protocol.evalentry import EvalEntry
 
 from .. import reports as r
 from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
@@ -44,9 +45,7 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not curve:
         raise CommandFailed(f"{args.run_dir / LOSS_FILE} has no entries yet")
     events = read_run_events(args.run_dir, curve)
-    evals = []
-    if (args.run_dir / EVAL_FILE).exists():
-        evals = canonical_evals(read_evals(args.run_dir / EVAL_FILE))
+    evals = _canonical_evals(args.run_dir)
     for problem in events.problems:
         print(f"andreactl: warning: {problem}", file=sys.stderr)
     try:
@@ -95,19 +94,28 @@ def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _tensorboard(curve: LossCurve, out: Path) -> int:
+def _canonical_evals(run_dir: Path) -> list[EvalEntry]:
+    """The run's held-out evaluations, one per step; none when it has no .eval.json."""
+    path = run_dir / EVAL_FILE
+    if not path.exists() and not path.is_symlink():
+        return []
+    return canonical_evals(read_evals(path))
+
+
+def _tensorboard(curve: LossCurve, evals: list[EvalEntry], out: Path) -> int:
     def progress(done: int, total: int) -> None:
-        print(f"metrics: {done:,}/{total:,} steps written", file=sys.stderr, flush=True)
+        print(f"metrics: {done:,}/{total:,} events written", file=sys.stderr, flush=True)
 
     try:
-        return export_tensorboard(curve, out, progress)
+        return export_tensorboard(curve, out, progress, evals)
     except ValueError as e:  # tensorboardX is not installed
         raise UserError(str(e)) from None
 
 
 def cmd_metrics(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Rebuild the run's metrics (loss, EMA, LR, tokens/s, phase, segment, arm shares) from the
-    canonical curve in .loss.json, for any run, past or running (see andrea.daemon.metrics)."""
+    """Rebuild the run's metrics (loss, EMA, LR, tokens/s, phase, segment, arm shares, per-arm
+    loss) from the canonical curve in .loss.json, and for TensorBoard the held-out losses of
+    .eval.json, for any run, past or running (see andrea.daemon.metrics)."""
     out: Path = args.out
     # A link, even one pointing nowhere, is never written through: it could point anywhere.
     if out.is_symlink():
@@ -118,21 +126,24 @@ def cmd_metrics(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     elif out.exists():
         parser.error(f"--out {out}: already exists (nothing is overwritten)")
     curve = read_curve(args.run_dir / LOSS_FILE)
+    evals: list[EvalEntry] = []
     if args.format == "tensorboard":
-        n = _tensorboard(curve, out)
+        evals = _canonical_evals(args.run_dir)
+        n = _tensorboard(curve, evals, out)
     else:
         n = (files.write_csv if args.format == "csv" else files.write_jsonl)(curve, out)
+    held_out = f" and {len(evals):,} held-out evaluations" if evals else ""
     emit(
         args,
-        r.MetricsReport(format=args.format, out=str(out), steps=n),
-        f"wrote {n:,} steps as {args.format} to {out}",
+        r.MetricsReport(format=args.format, out=str(out), steps=n, evaluations=len(evals)),
+        f"wrote {n:,} steps{held_out} as {args.format} to {out}",
     )
     return EXIT_OK
 
 
 PLOT = Command(
     "plot",
-    "the audit plot (loss, EMA, arm shares, LR, restarts, pivots) as PNG/SVG/PDF",
+    "the audit plot (loss, per-arm loss, arm shares, held-out, LR, run events) as PNG/SVG/PDF",
     _plot_arguments,
     cmd_plot,
     examples=(

@@ -16,7 +16,7 @@ from .. import reports as r
 from ..offline import daemon_running, offline_summary
 from .conventions import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, Command, emit, no_arguments
 from .daemons import ask
-from .formatting import ago, eval_text
+from .formatting import ago, eval_text, reward_lines
 
 
 def status_report(run_dir: Path) -> r.StatusReport:
@@ -94,6 +94,9 @@ def _proxy_lines(report: r.StatusReport) -> list[str]:
         f"         probabilities: {probs}",
     ]
     lines += [f"         ZOMBIE arm {z.name!r}: {z.reason} (never draws)" for z in p.zombies]
+    if p.reward is not None:
+        zombies = frozenset(z.name for z in p.zombies)
+        lines += ["         " + line for line in reward_lines(p.reward, zombies)]
     return lines
 
 
@@ -128,6 +131,8 @@ def _offline_lines(report: r.StatusReport, run_dir: Path) -> list[str]:
             f"loss EMA {ema}"
             + (f", policy {o.policy_fingerprint[:12]}" if o.policy_fingerprint else "")
         )
+    if o.reward is not None and report.proxy is None:
+        lines += reward_lines(o.reward, source="as the proxy last wrote .state.json")
     if o.last_eval is not None:
         lines.append("held-out: " + eval_text(o.last_eval))
     if o.lineage is not None and (o.lineage.init_from or len(o.lineage.world_sizes) > 1):

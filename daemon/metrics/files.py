@@ -1,9 +1,11 @@
 """The canonical curve with its derived series as CSV or JSON Lines (``andreactl metrics export``).
 
 One row per step, columns :data:`COLUMNS`: the ``.loss.json`` fields a spreadsheet or pandas wants,
-plus ``loss_ema`` and ``tokens_per_second`` (:mod:`andrea.daemon.metrics.series`) and ``utc`` (the
-step's wall time in RFC 3339). A non-finite loss is spelled as in ``.loss.json`` ("NaN", "Infinity",
-"-Infinity"); a missing EMA or rate is empty (CSV) or null (JSON Lines).
+plus ``loss_ema``, ``arm_loss_ema`` (the loss EMA of the step's arm over that arm's steps only:
+grouped by ``arm``, the per-arm training loss curves) and ``tokens_per_second``
+(:mod:`andrea.daemon.metrics.series`), and ``utc`` (the step's wall time in RFC 3339). A non-finite
+loss is spelled as in ``.loss.json`` ("NaN", "Infinity", "-Infinity"); a missing EMA or rate is
+empty (CSV) or null (JSON Lines).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from andrea.daemon.losslog import LossCurve
 
-from .series import loss_ema, tokens_per_second
+from .series import arm_loss_ema, loss_ema, tokens_per_second
 
 COLUMNS = (
     "step",
@@ -26,6 +28,7 @@ COLUMNS = (
     "loss_ema",
     "lr",
     "arm",
+    "arm_loss_ema",
     "tokens",
     "tokens_per_second",
     "segment",
@@ -49,6 +52,7 @@ def _optional(value: float) -> float | None:
 def rows(curve: LossCurve) -> Iterator[dict[str, Any]]:
     """Each step of ``curve`` as a dict of :data:`COLUMNS`."""
     ema = loss_ema(curve.loss).tolist()
+    arm_ema = arm_loss_ema(curve.loss, curve.arm).tolist()
     tps = tokens_per_second(curve.tokens, curve.wall_time, curve.segment).tolist()
     cols = {
         name: getattr(curve, name).tolist()
@@ -62,6 +66,7 @@ def rows(curve: LossCurve) -> Iterator[dict[str, Any]]:
             "loss_ema": _optional(ema[i]),
             "lr": cols["lr"][i],
             "arm": cols["arm"][i],
+            "arm_loss_ema": _optional(arm_ema[i]),
             "tokens": cols["tokens"][i],
             "tokens_per_second": _optional(tps[i]),
             "segment": cols["segment"][i],

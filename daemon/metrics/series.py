@@ -37,6 +37,16 @@ def loss_ema(loss: np.ndarray) -> np.ndarray:
     return np.array(out, dtype=np.float64)
 
 
+def arm_loss_ema(loss: np.ndarray, arm: np.ndarray) -> np.ndarray:
+    """Each row's arm's loss EMA after that row, over the rows of that arm only: the per-arm training
+    loss curve (NaN before the arm's first finite loss). Same weight and rule as :func:`loss_ema`."""
+    out = np.full(len(loss), np.nan)
+    for name in np.unique(arm).tolist():
+        rows = np.flatnonzero(arm == name)
+        out[rows] = loss_ema(loss[rows])
+    return out
+
+
 def tokens_per_second(tokens: np.ndarray, wall_time: np.ndarray, segment: np.ndarray) -> np.ndarray:
     """Throughput of each step: its tokens over the wall time since the previous step of the same
     segment. NaN for the first step of a segment (a restart's downtime is not training time) and
@@ -59,6 +69,21 @@ def rolling_share(arm: np.ndarray, names: list[str], window: int) -> dict[str, n
         hits = np.concatenate(([0], np.cumsum(arm == name)))
         lower = np.maximum(np.arange(1, n + 1) - window, 0)
         shares[name] = (hits[1:] - hits[lower]) / counted
+    return shares
+
+
+def phase_share(arm: np.ndarray, phase: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+    """For each arm name, its share of the rows of the current phase so far: the rows from the
+    first of the row's phase up to the row, that drew it. A pivot starts every count again, so the
+    last row of a phase holds the phase's share, the figure its policy's floors and caps bound."""
+    n = len(arm)
+    starts = np.flatnonzero(np.concatenate(([True], phase[1:] != phase[:-1])))
+    first = starts[np.searchsorted(starts, np.arange(n), side="right") - 1]
+    counted = (np.arange(n) - first + 1).astype(np.float64)
+    shares = {}
+    for name in names:
+        hits = np.concatenate(([0], np.cumsum(arm == name)))
+        shares[name] = (hits[1:] - hits[first]) / counted
     return shares
 
 

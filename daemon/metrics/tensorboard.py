@@ -8,9 +8,14 @@ One event per step carries every scalar of that step.
 Tags (:data:`TAGS`; the arm tags are per arm)::
 
     loss/train  loss/ema  optim/lr  throughput/tokens_per_second  mixing/phase  run/segment
+    loss/arm/ARM             the loss of each step trained on ARM (at those steps only)
+    loss/arm_ema/ARM         ARM's loss EMA over ARM's steps only (series.arm_loss_ema)
     mixing/probability/ARM   live only: the bandit's probability of ARM after the step
-    mixing/share/ARM         export only: ARM's share of the last N steps (the probabilities are the
-                             bandit's internal state, which .loss.json does not record)
+    mixing/reward/ARM        live only: the bandit's reward of ARM after the step (docs/bandit.md)
+    mixing/share/ARM         export only: ARM's share of the last N steps (the probabilities and
+                             rewards are the bandit's internal state, which .loss.json does not record)
+    eval/arm/ARM  eval/mean  the held-out loss of ARM and the mean over the arms at each evaluation
+                             of .eval.json (the export: its canonical entries), at the evaluated step
 
 A trainer restart re-trains the steps after its checkpoint: the live writer then writes a session
 start at the first re-trained step, which tells TensorBoard to drop the superseded points, so the
@@ -21,15 +26,23 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from andrea.daemon.losslog import LossCurve
+from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lossentry import LossEntry
 
-from .series import default_window, ema_update, loss_ema, rolling_share, tokens_per_second
+from .series import (
+    arm_loss_ema,
+    default_window,
+    ema_update,
+    loss_ema,
+    rolling_share,
+    tokens_per_second,
+)
 
 TAGS = {
     "loss": "loss/train",
@@ -39,8 +52,13 @@ TAGS = {
     "phase": "mixing/phase",
     "segment": "run/segment",
 }
+ARM_LOSS_TAG = "loss/arm/{arm}"
+ARM_EMA_TAG = "loss/arm_ema/{arm}"
 PROBABILITY_TAG = "mixing/probability/{arm}"
+REWARD_TAG = "mixing/reward/{arm}"
 SHARE_TAG = "mixing/share/{arm}"
+EVAL_ARM_TAG = "eval/arm/{arm}"
+EVAL_MEAN_TAG = "eval/mean"
 
 
 class EventWriter:
@@ -98,9 +116,11 @@ class EventWriter:
 def curve_scalars(curve: LossCurve, arms: list[str] | None = None) -> Iterator[dict[str, float]]:
     """The export's scalars of each row of ``curve`` (tag -> value), in row order."""
     ema = loss_ema(curve.loss)
+    arm_ema = arm_loss_ema(curve.loss, curve.arm).tolist()
     tps = tokens_per_second(curve.tokens, curve.wall_time, curve.segment)
     names = arms if arms is not None else sorted(np.unique(curve.arm).tolist())
     shares = rolling_share(curve.arm, names, default_window(len(curve)))
+    trained, losses = curve.arm.tolist(), curve.loss.tolist()
     columns = {
         TAGS["loss"]: curve.loss.tolist(),
         TAGS["ema"]: ema.tolist(),
@@ -113,23 +133,61 @@ def curve_scalars(curve: LossCurve, arms: list[str] | None = None) -> Iterator[d
     for i in range(len(curve)):
         # A missing rate (first step of a segment) or EMA (before the first finite loss) is left out
         # rather than written as NaN, which TensorBoard would draw as a real point.
-        yield {
+        row = {
             tag: v[i] for tag, v in columns.items() if tag == TAGS["loss"] or not math.isnan(v[i])
         }
+        row[ARM_LOSS_TAG.format(arm=trained[i])] = losses[i]
+        if not math.isnan(arm_ema[i]):
+            row[ARM_EMA_TAG.format(arm=trained[i])] = arm_ema[i]
+        yield row
+
+
+def eval_scalars(e: EvalEntry) -> dict[str, float]:
+    """The scalars of one held-out evaluation (tag -> value): each arm's loss and their mean."""
+    return {
+        **{EVAL_ARM_TAG.format(arm=name): a.loss for name, a in e.arms.items()},
+        EVAL_MEAN_TAG: e.mean_loss(),
+    }
+
+
+def _events(
+    curve: LossCurve, evals: Sequence[EvalEntry]
+) -> Iterator[tuple[int, float, dict[str, float]]]:
+    """(step, wall time, scalars) of every event of the export, in step order: a step's
+    evaluation goes with its loss in one event; one of a step without a loss has its own."""
+    steps, walls = curve.step.tolist(), curve.wall_time.tolist()
+    pending = sorted(evals, key=lambda e: e.step)
+    j = 0
+    for i, scalars in enumerate(curve_scalars(curve)):
+        while j < len(pending) and pending[j].step < steps[i]:
+            yield pending[j].step, pending[j].wall_time, eval_scalars(pending[j])
+            j += 1
+        if j < len(pending) and pending[j].step == steps[i]:
+            scalars.update(eval_scalars(pending[j]))
+            j += 1
+        yield steps[i], walls[i], scalars
+    for e in pending[j:]:
+        yield e.step, e.wall_time, eval_scalars(e)
 
 
 def export_tensorboard(
-    curve: LossCurve, logdir: Path, progress: Callable[[int, int], None] | None = None
+    curve: LossCurve,
+    logdir: Path,
+    progress: Callable[[int, int], None] | None = None,
+    evals: Sequence[EvalEntry] = (),
 ) -> int:
-    """Write the canonical ``curve`` as one event file under ``logdir``; returns the steps written."""
+    """Write the canonical ``curve``, with the canonical held-out evaluations ``evals`` (one per
+    step, as ``evallog.canonical_evals`` gives them), as one event file under ``logdir``; returns
+    the steps of ``curve`` written."""
     writer = EventWriter(logdir)
-    steps, walls = curve.step.tolist(), curve.wall_time.tolist()
-    every = max(1, len(curve) // 10)
+    # Events: one per step, and one per evaluation of a step without a loss.
+    total = len(curve) + len({e.step for e in evals}.difference(curve.step.tolist()))
+    every = max(1, total // 10)
     try:
-        for i, scalars in enumerate(curve_scalars(curve)):
-            writer.write_step(steps[i], walls[i], scalars)
+        for i, (step, wall, scalars) in enumerate(_events(curve, evals)):
+            writer.write_step(step, wall, scalars)
             if progress is not None and (i + 1) % every == 0:
-                progress(i + 1, len(curve))
+                progress(i + 1, total)
     finally:
         writer.close()
     return len(curve)
@@ -141,41 +199,53 @@ class LiveBoard:
 
     def __init__(self, logdir: Path, canonical: list[LossEntry]) -> None:
         self._writer = EventWriter(logdir)
-        self._loss = {e.step: e.loss for e in canonical}
+        self._loss = {e.step: (e.loss, e.arm) for e in canonical}
         self._last_step = canonical[-1].step if canonical else 0
         self._newest = {e.segment: e.step for e in canonical}  # highest step seen per segment
         self._previous: tuple[int, float] | None = (
             (canonical[-1].segment, canonical[-1].wall_time) if canonical else None
         )
-        self._ema = self._ema_before(self._last_step + 1)
+        self._ema, self._arm_ema = self._emas_before(self._last_step + 1)
 
-    def _ema_before(self, step: int) -> float | None:
-        ema = None
+    def _emas_before(self, step: int) -> tuple[float | None, dict[str, float | None]]:
+        """The loss EMA and each arm's, over the canonical steps before `step`."""
+        ema, per_arm = None, {}
         for s in sorted(k for k in self._loss if k < step):
-            ema = ema_update(ema, self._loss[s])
-        return ema
+            loss, arm = self._loss[s]
+            ema = ema_update(ema, loss)
+            per_arm[arm] = ema_update(per_arm.get(arm), loss)
+        return ema, per_arm
 
-    def log(self, entries: list[LossEntry], probabilities: Mapping[str, float]) -> None:
+    def log(
+        self,
+        entries: list[LossEntry],
+        probabilities: Mapping[str, float],
+        rewards: Mapping[str, float] | None = None,
+    ) -> None:
         """Write the entries not written before (a re-sent entry is skipped); the bandit's
-        ``probabilities`` go with the last one."""
+        ``probabilities`` and ``rewards`` go with the last one."""
         fresh = [e for e in entries if e.step > self._newest.get(e.segment, 0)]
         for i, e in enumerate(fresh):
             if e.step <= self._last_step:
                 # A restart re-trains from here: TensorBoard drops the superseded points.
                 self._writer.restart_at(e.step, e.wall_time)
-                self._ema = self._ema_before(e.step)
+                self._ema, self._arm_ema = self._emas_before(e.step)
             self._newest[e.segment] = e.step
-            self._loss[e.step] = e.loss
+            self._loss[e.step] = (e.loss, e.arm)
             self._last_step = e.step
             self._ema = ema_update(self._ema, e.loss)
+            arm_ema = self._arm_ema[e.arm] = ema_update(self._arm_ema.get(e.arm), e.loss)
             scalars = {
                 TAGS["loss"]: e.loss,
                 TAGS["lr"]: e.lr,
                 TAGS["phase"]: e.phase,
                 TAGS["segment"]: e.segment,
+                ARM_LOSS_TAG.format(arm=e.arm): e.loss,
             }
             if self._ema is not None:
                 scalars[TAGS["ema"]] = self._ema
+            if arm_ema is not None:
+                scalars[ARM_EMA_TAG.format(arm=e.arm)] = arm_ema
             prev = self._previous
             if prev is not None and prev[0] == e.segment and e.wall_time > prev[1]:
                 scalars[TAGS["tokens_per_second"]] = e.tokens / (e.wall_time - prev[1])
@@ -183,9 +253,17 @@ class LiveBoard:
             if i == len(fresh) - 1:
                 for arm, p in probabilities.items():
                     scalars[PROBABILITY_TAG.format(arm=arm)] = p
+                for arm, r in (rewards or {}).items():
+                    scalars[REWARD_TAG.format(arm=arm)] = r
             self._writer.write_step(e.step, e.wall_time, scalars)
         if fresh:
             self._writer.flush()
+
+    def log_eval(self, e: EvalEntry) -> None:
+        """Write a held-out evaluation at the evaluated step (the export's tags); a restart's
+        session start drops it with the steps it supersedes, as it does the losses."""
+        self._writer.write_step(e.step, e.wall_time, eval_scalars(e))
+        self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()

@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .bandit import MAX_EXP_LOSS, Bandit, BanditState, ConfiguredArm
+from .bandit import Bandit, BanditState, ConfiguredArm
+from .reward import MAX_EXP_LOSS
 
 SNAPSHOT_EVERY = 32
 
@@ -88,8 +89,9 @@ class AssignmentBook:
             if j not in self.loss_of:
                 return None
             loss = self.loss_of[j]
-            # A diverged step (NaN/inf) counts as the hardest possible: its arm's reward saturates
-            # instead of the bandit refusing to go on.
+            # A diverged step (NaN/inf) counts as the hardest possible instead of the bandit
+            # refusing to go on: the loss reward saturates; under the learnability reward the
+            # arm's loss EMA jumps up, which sets no new low (no progress) until it comes down.
             self.bandit.observe(j, self.arm_of[j], loss if math.isfinite(loss) else MAX_EXP_LOSS)
             if j % SNAPSHOT_EVERY == 0:
                 self.snapshots.append(self.bandit.state_dict())

@@ -1,20 +1,12 @@
 """Online data mixing: an EXP3-style bandit over data sources ("arms"), with caps, floors and a lag.
 
-The update follows ODM (Albalak et al. 2023, reference ``SmoothedMeanWeightUpdater``). With K live arms
-and t the number of losses incorporated in the current phase:
+With K live arms and t the number of losses incorporated in the current phase, the policy's reward
+(`reward.py`: ODM's "loss", or "learnability", the default of new runs) turns the arms' loss
+statistics into mixture weights w, with EXP3's exploration ``eps_t = min(1/K, sqrt(ln K / (K t)))``
+mixed in, and for t = 0 the policy's normalised initial weights. Then
 
-- reward of the arm trained at a step, nothing for the others:
-  ``R_i <- alpha * R_i + (1 - alpha) * exp(min(loss, 700))``  (no 1/p_i importance weight, see below);
-- exploration: ``eps_0 = 1/K``, ``eps_t = min(1/K, sqrt(ln K / (K t)))`` for t >= 1;
-- mixture: ``w = (1 - K eps_t) * softmax(eps_{t-1} * R) + eps_t`` for t >= 1, and for t = 0 the
-  policy's normalised initial weights;
 - probabilities: ``p = clip(c * w, floor, cap)`` with the unique c that makes ``sum(p) = 1`` — the
   KL projection of w onto the capped simplex, solved exactly from the breakpoints of c.
-
-ODM's reward is an EMA that moves only when its arm is pulled: it already estimates the arm's recent
-exp(loss) given a pull, so EXP3's 1/p_i factor (which unbiases *cumulative sums*, where an unpulled arm
-implicitly adds 0) would bias it upward by 1/p_i and, with exp(loss) rewards of order 10^2, overflow
-exp(eps * R) within a few steps. We follow the reference code and the anchors: no importance weight.
 
 Determinism: the arm of step s is a pure function of (seed, phase, policy, live arms, losses of the
 phase's steps <= s - W). Losses are incorporated strictly in step order, `assign` refuses to run at any
@@ -41,18 +33,16 @@ from typing import Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from andrea.protocol.status import Zombie
+from andrea.protocol.status import ArmReward, RewardReport, Zombie
 
 from ..config import ARM_NAME_PATTERN
 from ..rundir import STATE_FILE
 from ..validation import describe
-from .policy import Policy
+from . import reward
+from .policy import IMPLICIT_REWARD, Policy
+from .reward import ArmStats
 
 log = logging.getLogger(__name__)
-
-#: exp() overflows float64 just above 709.78; losses above this many nats count as this many, so a
-#: diverging step still reads as "very hard" without turning the reward into inf (and then NaN).
-MAX_EXP_LOSS = 700.0
 
 #: Version of the draw: bumping it changes every assignment, so it is part of the state's format.
 _DRAW_DOMAIN = b"andrea.bandit.draw.v1"
@@ -102,17 +92,43 @@ class ArmState(_StateModel):
     live: bool
     zombie_reason: str | None = None
     pulls: int = Field(ge=0, description="steps of the current phase trained on this arm")
-    ema_reward: float = Field(ge=0.0, description="R_i, the EMA of exp(loss)")
+    ema_reward: float = Field(ge=0.0, description="the loss reward's R_i, the EMA of exp(loss)")
     weight: float = Field(ge=0.0, description="mixture weight w_i before the cap/floor projection")
     probability: float = Field(ge=0.0, le=1.0)
+    # Version 2: the learnability reward's statistics (reward.py); absent from version 1 states.
+    loss_ema: float | None = Field(
+        None, description="m_i, EMA of the arm's training loss; null before its first step"
+    )
+    loss_best: float | None = Field(None, description="b_i, the lowest m_i of the phase")
+    progress_sum: float = Field(0.0, ge=0.0, description="D_i, the age-weighted sum of new lows")
+    progress_pulls: float = Field(0.0, ge=0.0, description="P_i, the age-weighted count of steps")
+    last_pull: int = Field(0, ge=0, description="the step of the arm's last loss (0: none yet)")
 
     @model_validator(mode="after")
-    def _reason_iff_zombie(self) -> ArmState:
+    def _consistent(self) -> ArmState:
         if self.live == (self.zombie_reason is not None):
             raise ValueError(
                 f"arm {self.name!r}: a zombie_reason is required exactly when live is false"
             )
+        if (self.loss_ema is None) != (self.loss_best is None):
+            raise ValueError(f"arm {self.name!r}: loss_ema and loss_best come together")
+        if self.loss_ema is not None and self.loss_best is not None:
+            if self.loss_best > self.loss_ema:
+                raise ValueError(
+                    f"arm {self.name!r}: loss_best {self.loss_best} is above loss_ema "
+                    f"{self.loss_ema} (it is their minimum)"
+                )
         return self
+
+    def stats(self) -> ArmStats:
+        return ArmStats(
+            self.ema_reward,
+            self.loss_ema,
+            self.loss_best,
+            self.progress_sum,
+            self.progress_pulls,
+            self.last_pull,
+        )
 
 
 class LastObservation(_StateModel):
@@ -124,7 +140,9 @@ class LastObservation(_StateModel):
 class BanditState(_StateModel):
     """Everything needed to continue a phase exactly; stored as `.state.json` (JSON, never pickle)."""
 
-    version: Literal[1] = 1
+    #: 1: written before the reward could be chosen (the loss reward, no loss statistics);
+    #: 2: with each arm's loss statistics.
+    version: Literal[1, 2] = 2
     seed: int = Field(ge=0, lt=2**63)
     phase: int = Field(ge=0)
     phase_start_step: int = Field(
@@ -173,6 +191,24 @@ class BanditState(_StateModel):
             raise ValueError(
                 f"last_observation {obs} does not match last_step {self.last_step} and the arms"
             )
+        if self.version == 1 and self.policy.reward != IMPLICIT_REWARD:
+            raise ValueError(
+                f"a version 1 state has the {IMPLICIT_REWARD!r} reward, not {self.policy.reward!r}"
+            )
+        late = [a.name for a in self.arms if a.last_pull > self.last_step]
+        if late:
+            raise ValueError(
+                f"arms {late}: last_pull {max(a.last_pull for a in self.arms)} is "
+                f"after last_step {self.last_step}"
+            )
+        if self.policy.reward == "learnability":
+            # Its mixture is made of these statistics: each measured arm must carry them.
+            unmeasured = [a.name for a in self.arms if (a.loss_ema is None) != (a.pulls == 0)]
+            if unmeasured:
+                raise ValueError(
+                    f"arms {unmeasured}: loss_ema must be present exactly when pulls > 0 "
+                    "under the learnability reward"
+                )
         return self
 
 
@@ -197,28 +233,6 @@ class PhaseCounters(_StateModel):
 # --------------------------------------------------------------------------------------------------
 # The math (pure functions, float64)
 # --------------------------------------------------------------------------------------------------
-
-
-def exploration_rate(k: int, t: int) -> float:
-    """eps_t = min(1/K, sqrt(ln K / (K t))) for t >= 1; eps_0 = 1/K (ODM's starting value)."""
-    if k < 1 or t < 0:
-        raise ValueError(f"exploration_rate needs K >= 1 and t >= 0, got K={k}, t={t}")
-    if t == 0:
-        return 1.0 / k
-    return min(1.0 / k, math.sqrt(math.log(k) / (k * t)))
-
-
-def mixture_weights(rewards: np.ndarray, t: int) -> np.ndarray:
-    """w = (1 - K eps_t) softmax(eps_{t-1} R) + eps_t, for t >= 1 incorporated losses (sums to 1)."""
-    r = np.asarray(rewards, dtype=np.float64)
-    k = r.size
-    eps_prev, eps = exploration_rate(k, t - 1), exploration_rate(k, t)
-    z = eps_prev * r
-    # Subtracting the max keeps exp() finite for rewards up to exp(MAX_EXP_LOSS).
-    e = np.exp(z - z.max())
-    soft = e / math.fsum(e)
-    # K * fl(1/K) can exceed 1 by an ulp; the mixture coefficient must not go negative.
-    return max(0.0, 1.0 - k * eps) * soft + eps
 
 
 def project_capped_simplex(y: np.ndarray, floor: np.ndarray, cap: np.ndarray) -> np.ndarray:
@@ -283,13 +297,19 @@ class _Arm:
     identity: str
     zombie_reason: str | None
     pulls: int
-    reward: float
+    stats: ArmStats
     weight: float
     probability: float
 
     @property
     def live(self) -> bool:
         return self.zombie_reason is None
+
+
+def _fresh(c: ConfiguredArm) -> _Arm:
+    """An arm at the start of its phase: no steps, no statistics."""
+    reason = None if c.available else "source not available"
+    return _Arm(c.name, c.identity, reason, 0, ArmStats(), 0.0, 0.0)
 
 
 def _index_configured(
@@ -325,18 +345,7 @@ class Bandit:
     ) -> None:
         """A fresh bandit for a new phase whose first step is `start_step + 1`. Configured arms that
         are not available join as zombies (reported, never drawn)."""
-        records = [
-            _Arm(
-                c.name,
-                c.identity,
-                None if c.available else "source not available",
-                0,
-                0.0,
-                0.0,
-                0.0,
-            )
-            for c in _index_configured(arms).values()
-        ]
+        records = [_fresh(c) for c in _index_configured(arms).values()]
         self._setup(
             records,
             policy,
@@ -380,23 +389,13 @@ class Bandit:
                         a.identity,
                     )
             records.append(
-                _Arm(a.name, a.identity, reason, a.pulls, a.ema_reward, a.weight, a.probability)
+                _Arm(a.name, a.identity, reason, a.pulls, a.stats(), a.weight, a.probability)
             )
         known = {a.name for a in state.arms}
         for c in configured.values():
             if c.name not in known:
                 log.info("arm %r joins phase %d with a fresh reward", c.name, state.phase)
-                records.append(
-                    _Arm(
-                        c.name,
-                        c.identity,
-                        None if c.available else "source not available",
-                        0,
-                        0.0,
-                        0.0,
-                        0.0,
-                    )
-                )
+                records.append(_fresh(c))
         obj = cls.__new__(cls)
         obj._setup(
             records,
@@ -445,7 +444,7 @@ class Bandit:
                 identity=a.identity,
                 reason=a.zombie_reason,
                 pulls=a.pulls,
-                ema_reward=a.reward,
+                ema_reward=a.stats.ema_reward,
                 weight=a.weight,
             )
             for a in self._arms.values()
@@ -470,8 +469,14 @@ class Bandit:
         if t == 0:
             raw = np.array([self._policy.initial_weight(a.name) for a in live], dtype=np.float64)
             w = raw / math.fsum(raw)
+        elif self._policy.reward == "learnability":
+            w = reward.learnability_weights(
+                [a.stats.progress for a in live], [a.pulls for a in live], t
+            )
         else:
-            w = mixture_weights(np.array([a.reward for a in live], dtype=np.float64), t)
+            w = reward.mixture_weights(
+                np.array([a.stats.ema_reward for a in live], dtype=np.float64), t
+            )
         lo, hi = self._policy.bounds([a.name for a in live])
         p = project_capped_simplex(w, lo, hi)
         for a, wi, pi in zip(live, w.tolist(), p.tolist()):
@@ -505,8 +510,7 @@ class Bandit:
             raise ObservationOrderError(
                 f"losses are incorporated in step order: expected step {self._last_step + 1}, got {step}"
             )
-        a = self._policy.alpha
-        rec.reward = a * rec.reward + (1.0 - a) * math.exp(min(loss, MAX_EXP_LOSS))
+        reward.observe(rec.stats, step, loss, self._policy.alpha)
         rec.pulls += 1
         self._last_step = step
         self._last = LastObservation(step=step, arm=arm, loss=loss)
@@ -557,7 +561,34 @@ class Bandit:
         return {a.name: a.probability for a in self._arms.values()}
 
     def rewards(self) -> dict[str, float]:
-        return {a.name: a.reward for a in self._arms.values()}
+        """Each arm's current reward under the policy's reward (`reward.MEANING`): the loss
+        reward's R_i, or the learnability reward's share of the recent progress (zombies: 0)."""
+        if self._policy.reward != "learnability":
+            return {a.name: a.stats.ema_reward for a in self._arms.values()}
+        live = [a for a in self._arms.values() if a.live]
+        shares = reward.progress_shares(
+            [a.stats.progress for a in live], [a.pulls for a in live]
+        ).tolist()
+        out = dict.fromkeys(self._arms, 0.0)
+        out.update(zip((a.name for a in live), shares))
+        return out
+
+    def reward_report(self) -> RewardReport:
+        """Per arm: the reward, the recent training loss and the progress, for people."""
+        rewards = self.rewards()
+        return RewardReport(
+            kind=self._policy.reward,
+            meaning=reward.MEANING[self._policy.reward],
+            arms={
+                a.name: ArmReward(
+                    reward=rewards[a.name],
+                    loss=a.stats.loss_ema,
+                    progress=a.stats.progress,
+                    pulls=a.pulls,
+                )
+                for a in self._arms.values()
+            },
+        )
 
     def weights(self) -> dict[str, float]:
         """Mixture weights before the cap/floor projection (zombies: last value, as history)."""
@@ -622,9 +653,14 @@ class Bandit:
                     live=a.live,
                     zombie_reason=a.zombie_reason,
                     pulls=a.pulls,
-                    ema_reward=a.reward,
+                    ema_reward=a.stats.ema_reward,
                     weight=a.weight,
                     probability=a.probability,
+                    loss_ema=a.stats.loss_ema,
+                    loss_best=a.stats.loss_best,
+                    progress_sum=a.stats.progress_sum,
+                    progress_pulls=a.stats.progress_pulls,
+                    last_pull=a.stats.last_pull,
                 )
                 for a in self._arms.values()
             ],

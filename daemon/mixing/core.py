@@ -184,7 +184,7 @@ class ProxyCore:
         if self.steps_since_state >= STATE_EVERY:
             self.write_state()
         if self.board is not None:
-            self.board.log(entries, self.book.bandit.probabilities())
+            self.board.log(entries, self.book.bandit.probabilities(), self.book.bandit.rewards())
         self.publish_metrics()
 
     def append_eval(self, e: EvalEntry) -> None:
@@ -192,6 +192,8 @@ class ProxyCore:
         if self.evallog.append(e):
             self.evallog.sync()  # acknowledged means durable
             self.last_eval = e
+            if self.board is not None:
+                self.board.log_eval(e)
             name, worst = e.worst()
             log.info(
                 "held-out loss at step %d (segment %d): mean %.4f, worst %s %.4f",
@@ -248,6 +250,7 @@ class ProxyCore:
             live_counters=bandit.counters(),
             live_probabilities=bandit.probabilities(),
             zombies=bandit.zombies,
+            live_reward=bandit.reward_report(),
             trainer=self.lives.live,
         )
         write_state_file(self.run_dir, state)
@@ -282,6 +285,7 @@ class ProxyCore:
             policy_fingerprint=b.policy.fingerprint(),
             trainer_step=self.trainer_step,
             last_eval=self.last_eval,
+            reward=b.reward_report(),
         )
 
     def close_files(self) -> None:

@@ -20,7 +20,7 @@ from .archive import archive_of_phase, write_archive
 from .bandit import Bandit
 from .core import ProxyCore
 from .policy import Policy, PolicyError, bounds_table, differences, parse_policy
-from .policystore import store
+from .policystore import store, with_reward
 from .startup import manual_pivot_boundary
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,11 @@ class PivotDesk:
         for a pivot already made (same boundary, same policy) is answered as done."""
         core = self.core
         try:
-            policy = parse_policy(msg.policy_toml, source="pivot policy")
+            policy, policy_toml = with_reward(
+                parse_policy(msg.policy_toml, source="pivot policy"),
+                msg.policy_toml,
+                core.book.bandit.policy.reward,
+            )
             core.check_policy(policy)
         except PolicyError as e:
             return _refuse(msg, str(e), kind="policy")
@@ -76,7 +80,7 @@ class PivotDesk:
             return answer
         # The policy file first: if the proxy dies before the new state is written, its next start
         # sees the changed policy and completes the same pivot (at the newest checkpoint, b).
-        store(core.run_dir, msg.policy_toml)
+        store(core.run_dir, policy_toml)
         archive = self.pivot(msg.boundary_step, policy)
         return m.Reply(
             id=msg.id,

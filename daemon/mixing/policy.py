@@ -1,9 +1,10 @@
-"""The data-mixing policy: per-arm floors and caps, the reward smoothing and the reward lag.
+"""The data-mixing policy: the reward, per-arm floors and caps, the reward smoothing and the lag.
 
 A policy is one phase's rules for the bandit (`andrea.daemon.mixing.bandit`). It is read from TOML, validated
 by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
 recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
 
+    reward = "learnability"  # what the bandit rewards (see docs/bandit.md); or "loss" (ODM's)
     alpha = 0.9   # EMA smoothing of the per-arm reward (ODM's default)
     lag = 8       # W: the assignment of step s sees the losses of steps <= s - W
 
@@ -23,6 +24,10 @@ recorded in the bandit state and in every pivot archive. Example ``policy.toml``
 Arms the policy does not list get floor 0 and cap 1. Bounds of arms that are not live (zombies,
 unconfigured sources) are ignored; feasibility over the live arms is checked by
 `Policy.check_feasible` when a bandit is built.
+
+A policy that does not name its reward means "loss": every policy written before the choice existed
+did, and its fingerprint is unchanged. A new run's policy names it (`policystore`: a new run gets
+`NEW_RUN_REWARD` unless its policy says otherwise).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -46,6 +52,13 @@ from ..validation import describe
 
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9
+
+Reward = Literal["loss", "learnability"]
+REWARDS: tuple[str, ...] = get_args(Reward)
+#: What a policy without a `reward` key means: ODM's reward, the only one before the choice existed.
+IMPLICIT_REWARD: Reward = "loss"
+#: The reward a new run gets when its policy does not name one (decided in `policystore`).
+NEW_RUN_REWARD: Reward = "learnability"
 
 #: Slack for comparing sums of probabilities written in decimal (ten floors of 0.1 must pass).
 FEASIBILITY_TOLERANCE = 1e-12
@@ -76,6 +89,11 @@ class ArmBounds(_Strict):
 class Policy(_Strict):
     """One phase's mixing rules. See the module docstring for the file format."""
 
+    reward: Reward = Field(
+        IMPLICIT_REWARD,
+        description="what the bandit rewards: 'learnability' (what training on the arm still "
+        "buys) or 'loss' (ODM's EMA of exp(loss))",
+    )
     alpha: float = Field(
         0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last"
     )
@@ -158,11 +176,20 @@ class Policy(_Strict):
                 f"(the run's arms: {', '.join(known)})"
             )
 
+    @property
+    def names_reward(self) -> bool:
+        """Whether the text this policy was read from said `reward = ...` (a policy that does not
+        takes the reward of the run it joins, see `policystore`)."""
+        return "reward" in self.model_fields_set
+
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of the policy (defaults included, keys sorted)."""
-        text = json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False
-        )
+        """sha256 of the canonical JSON of the policy (defaults included, keys sorted), except
+        that the implicit reward is left out: the fingerprints of policies written before the
+        reward could be chosen (recorded in states and pivot archives) stay what they were."""
+        data = self.model_dump(mode="json")
+        if data["reward"] == IMPLICIT_REWARD:
+            del data["reward"]
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -196,6 +223,8 @@ def bounds_table(old: Policy, new: Policy, arms: Sequence[str]) -> list[dict[str
 def differences(old: Policy, new: Policy) -> list[str]:
     """Each setting that differs, as `key: old → new` (numbers rounded for people)."""
     out = []
+    if old.reward != new.reward:
+        out.append(f"reward: {old.reward} → {new.reward}")
     for key in ("alpha", "lag"):
         a, b = getattr(old, key), getattr(new, key)
         if a != b:

@@ -12,6 +12,14 @@ run, not on the command line:
   detected by the proxy against the fingerprint in `.state.json`.
 
 A run written before the file existed gets it from its `.state.json`, so its policy is kept.
+
+The reward: a policy text that does not name one (`reward = ...`) takes the run's — the one its
+`policy.toml` names, else the one of its `.state.json`, else, in a run with logged steps but neither,
+ODM's "loss", and in a new run `NEW_RUN_REWARD`. So a restart or pivot with the file a run was started
+with keeps the reward it has, whether made by command or by editing `policy.toml`, and the runs written
+before the choice existed (whose files name none, and whose states say "loss") keep theirs, and their
+resume stays bit for bit. Whatever the run's `policy.toml` says is written back naming the reward, so
+that the file alone says it from then on.
 """
 
 from __future__ import annotations
@@ -24,12 +32,14 @@ from pydantic import ValidationError
 
 from ..boundedio import read_bounded
 from ..durable import atomic_write_bytes
-from ..rundir import POLICY_FILE, STATE_FILE
+from ..rundir import LOSS_FILE, POLICY_FILE, STATE_FILE
 from .policy import (
+    IMPLICIT_REWARD,
+    NEW_RUN_REWARD,
     Policy,
     PolicyError,
+    Reward,
     differences,
-    load_policy,
     parse_policy,
     read_policy_text,
 )
@@ -69,30 +79,60 @@ def refusal(in_force: Policy, where: str, given: Policy, given_path: Path) -> st
     return "\n".join(lines)
 
 
+def with_reward(policy: Policy, text: str, run_reward: Reward) -> tuple[Policy, str]:
+    """A policy read from `text`, for a run whose reward is `run_reward`: unchanged if it names
+    its reward; else with `run_reward`, and `text` with the key added (so that the run's policy
+    file says it, see the module docstring)."""
+    if policy.names_reward:
+        return policy, text
+    named = Policy.model_validate({**policy.model_dump(mode="json"), "reward": run_reward})
+    # Top-level keys must come before the first table: the line goes first.
+    line = f'reward = "{run_reward}"  # the run\'s reward; this policy did not name one\n'
+    return named, line + text
+
+
+def _read(path: Path, run_reward: Reward) -> tuple[Policy, str, bool]:
+    """A policy file for a run whose reward is `run_reward`: (policy, text naming the reward,
+    whether the file named it)."""
+    text = read_policy_text(path)  # read once: the text checked is the text stored
+    raw = parse_policy(text, str(path))
+    policy, text = with_reward(raw, text, run_reward)
+    return policy, text, raw.names_reward
+
+
 def resolve_policy(run_dir: Path, given: Path | None, pivot: bool) -> Resolved:
     """Decide the policy of this start (see the module docstring). Reads only; raises
     `PolicyError` for an unusable file or a refused change."""
     if pivot and given is None:
         raise PolicyError("--pivot needs --policy FILE (the policy of the new phase)")
+    from_state = _state_policy(run_dir)
+    if from_state is not None:
+        run_reward = from_state.reward
+    elif (run_dir / LOSS_FILE).exists():
+        run_reward = IMPLICIT_REWARD  # steps logged before this proxy kept any state
+    else:
+        run_reward = NEW_RUN_REWARD
     stored_path = run_dir / POLICY_FILE
-    stored = load_policy(stored_path) if stored_path.exists() else None
+    stored = rewrite = None
+    if stored_path.exists():
+        stored, text, named = _read(stored_path, run_reward)
+        rewrite = None if named else text
+        run_reward = stored.reward
+    if stored is not None and given is not None and given.resolve() == stored_path.resolve():
+        return Resolved(stored, rewrite, False)
+    reference, where = stored, str(stored_path)
+    if reference is None:
+        reference, where = from_state, f"{run_dir / STATE_FILE}"
     if given is not None:
-        text = read_policy_text(given)  # read once: the text checked is the text stored
-        new = parse_policy(text, str(given))
-        if given.resolve() == stored_path.resolve():
-            return Resolved(new, None, False)
-        reference, where = stored, str(stored_path)
-        if reference is None:
-            reference, where = _state_policy(run_dir), f"{run_dir / STATE_FILE}"
+        new, text, _ = _read(given, run_reward)
         if reference is None or reference.fingerprint() == new.fingerprint():
-            return Resolved(new, text if stored is None else None, False)
+            return Resolved(new, text if stored is None else rewrite, False)
         if not pivot:
             raise PolicyError(refusal(reference, where, new, given))
         return Resolved(new, text, True)
     if stored is not None:
-        return Resolved(stored, None, False)
-    from_state = _state_policy(run_dir)
-    policy = from_state if from_state is not None else Policy()
+        return Resolved(stored, rewrite, False)
+    policy = reference if reference is not None else Policy(reward=run_reward)
     return Resolved(policy, _to_toml(policy), False)
 
 

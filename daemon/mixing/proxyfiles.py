@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.protocol import messages as m
-from andrea.protocol.status import Zombie
+from andrea.protocol.status import RewardReport, Zombie
 
 from ..boundedio import read_bounded
 from ..durable import atomic_write_bytes
@@ -48,6 +48,7 @@ class ProxyState(BaseModel):
     live_counters: PhaseCounters
     live_probabilities: dict[str, float]
     zombies: list[Zombie]
+    live_reward: RewardReport | None = None  # absent from states written before the reward choice
     trainer: TrainerLife | None = Field(
         None, description="the trainer life the proxy serves (absent before any hello)"
     )

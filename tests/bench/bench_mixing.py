@@ -1,29 +1,38 @@
-"""Mixing quality: the proxy's bandit against a uniform and a natural-proportion fixed mixture.
+"""Mixing quality: the bandit's two rewards against uniform mixtures, on three sets of arms.
 
-    .venv/bin/python tests/bench/bench_mixing.py [--steps 1000] [--seeds 1 2 3] [--eval-every 50]
-        [--eval-sequences 128] [--threads 1] [--policy FILE] [--out-dir DIR]
+    nice -n 10 .venv/bin/python tests/bench/bench_mixing.py [--steps 1500] [--seeds 1 2 3 4 5]
+        [--cases a b c] [--mixtures learnability loss uniform uniform-learnable] [--jobs 2]
+        [--eval-sequences 128] [--threads 1] [--out-dir DIR] [--reuse OLD/mixing.json]
 
-Each run is a real `andrea-trainer` at andrea-tiny on the embedded corpus (5% of each arm's
-modules held out), in a fresh run directory:
-- bandit:  `--with-proxy` (the proxy's ODM bandit, under `--policy` if given);
+Cases (arms; the held-out loss that counts is the mean over the three learnable stdlib arms):
+- a: docstrings, code, comments (the embedded corpus);
+- b: the three plus `random`, 300 files of 4,096 random bytes (irreducible loss ln 256 = 5.55 nats);
+- c: the three plus `dup`, 300 copies of one 45-byte sentence (learnt to its floor, then worthless).
+The extra arms' files are generated deterministically (SHA-256 counter stream, fixed text) into the
+work directory.
+
+Mixtures, each a real `andrea-trainer` at andrea-tiny (5% of each arm's documents held out), the LR
+decaying over the whole run (optim.decay_steps = --steps):
+- learnability: `--with-proxy`, policy `reward = "learnability"` (the default of new runs);
+- loss: `--with-proxy`, policy `reward = "loss"` (ODM's reward);
 - uniform: `--mixing fixed`, every arm weight 1;
-- natural: `--mixing fixed`, each arm weighted by its training tokens (what concatenating the
-  sources and sampling uniformly would give).
-Runs are interleaved (seed 1: bandit, uniform, natural; seed 2: uniform, natural, bandit; ...) so
-that a change of machine load touches every mixture alike. The LR schedule is shortened to end at
-`--steps` (optim.decay_steps), so every run finishes its cosine decay.
+- uniform-learnable: `--mixing fixed`, the extra arm weight 0 (cases b and c; in case a it is
+  uniform, and is not run twice).
 
-Read from each run's `.eval.json`: each arm's held-out loss every `--eval-every` steps. Reported:
-the mean over arms and the worst arm at equal steps (mean ± standard deviation over seeds), and the
-steps each mixture needs to reach the uniform mixture's final mean held-out loss (on the
-seed-averaged curve, linearly interpolated between evaluations) — the online-data-mixing paper's
-"fewer iterations" figure — as a ratio to uniform's. Writes `mixing.json` and `mixing.md` to
-`--out-dir` (default `$TMPDIR/andrea-bench-mixing`).
+Reported per case: the mean held-out loss over the learnable arms at the last step (mean ± sd over
+seeds, and seed by seed against uniform), each arm's share of the steps in the second half, and the
+checks the mixing-quality page states. Also the bandit's own cost per step under each reward
+(observe + assign, in process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
+
+Training is deterministic, so a run does not need repeating: `--reuse` takes, from an earlier
+mixing.json of the same --steps, the runs of every (case, mixture, seed) this invocation does not run
+(e.g. the uniform and loss runs, when only `--mixtures learnability` changed); mixing.json lists them.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -31,199 +40,286 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import tomli_w
 
-from andrea.daemon.config import DataConfig, default_arms
-from andrea.daemon.data import load_arms
+from andrea.daemon.config import default_arms
 from andrea.daemon.evallog import canonical_evals, read_evals
 from andrea.daemon.heldout import DEFAULT_FRACTION
 from andrea.daemon.losslog import canonical_curve, read_entries
+from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm
+from andrea.daemon.mixing.policy import Policy
 
-MIXTURES = ("bandit", "uniform", "natural")
+MIXTURES = ("learnability", "loss", "uniform", "uniform-learnable")
+LEARNABLE = ("code", "comments", "docstrings")
+EXTRA = {"a": None, "b": "random", "c": "dup"}
+DUP_TEXT = b"The quick brown fox jumps over the lazy dog.\n"
 
 
-def natural_weights() -> dict[str, float]:
-    arms = load_arms(DataConfig(heldout_fraction=DEFAULT_FRACTION), Path("."), 256)
-    return {a.name: float(a.n_tokens) for a in arms}
+def write_inputs(work: Path) -> None:
+    """The bandit's policies, and the random and duplicate arms' files (the same bytes on every
+    machine)."""
+    for reward in ("learnability", "loss"):
+        (work / f"policy-{reward}.toml").write_text(f'reward = "{reward}"\n')
+    for i in range(300):
+        stream = b"".join(
+            hashlib.sha256(b"andrea.bench.random:%d:%d" % (i, k)).digest() for k in range(128)
+        )
+        (work / "random").mkdir(exist_ok=True)
+        (work / "random" / f"r{i:03d}.bin.txt").write_bytes(stream)
+        (work / "dup").mkdir(exist_ok=True)
+        (work / "dup" / f"d{i:03d}.txt").write_bytes(DUP_TEXT)
 
 
-def run_config(mixture: str, seed: int, args: argparse.Namespace, natural: dict) -> dict:
-    arms = []
-    for spec in default_arms():
-        weight = natural[spec.name] if mixture == "natural" else 1.0
-        arms.append({"name": spec.name, "kind": "stdlib", "part": spec.part, "weight": weight})
+def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dict:
+    arms: list[dict] = [
+        {"name": s.name, "kind": "stdlib", "part": s.part, "weight": 1.0} for s in default_arms()
+    ]
+    extra = EXTRA[case]
+    if extra is not None:
+        weight = 0.0 if mixture == "uniform-learnable" else 1.0
+        paths = [str(Path(args.work_dir) / extra / "*.txt")]
+        arms.append({"name": extra, "kind": "text", "paths": paths, "weight": weight})
     return {
         "preset": "andrea-tiny",
         "seed": seed,
         "max_steps": args.steps,
         "threads": args.threads,
         "sample_every": 0,
-        "log_every": 100,
-        "mixing": "proxy" if mixture == "bandit" else "fixed",
+        "log_every": 500,
+        "mixing": "fixed" if mixture.startswith("uniform") else "proxy",
         "optim": {"decay_steps": args.steps},
         "checkpoint": {"every": 0},
-        "eval": {"every": args.eval_every, "sequences": args.eval_sequences},
+        "eval": {"every": args.steps, "sequences": args.eval_sequences},
         "data": {"arms": arms, "heldout_fraction": DEFAULT_FRACTION},
     }
 
 
-def one_run(mixture: str, seed: int, args: argparse.Namespace, natural: dict) -> dict:
-    run_dir = Path(args.work_dir) / f"{mixture}-seed{seed}"
+def one_run(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dict:
+    run_dir = Path(args.work_dir) / f"{case}-{mixture}-seed{seed}"
     run_dir.mkdir(parents=True)
-    (run_dir / "run.toml").write_text(tomli_w.dumps(run_config(mixture, seed, args, natural)))
+    (run_dir / "run.toml").write_text(tomli_w.dumps(run_config(case, mixture, seed, args)))
     cmd = [sys.executable, "-m", "andrea.daemon.trainer_cli", "--run-dir", str(run_dir)]
-    if mixture == "bandit":
-        cmd.append("--with-proxy")
-        if args.policy:
-            cmd += ["--policy", str(args.policy)]
+    if not mixture.startswith("uniform"):
+        cmd += ["--with-proxy", "--policy", str(Path(args.work_dir) / f"policy-{mixture}.toml")]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(
-            f"{mixture} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+            f"{case} {mixture} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
         )
-    evals = canonical_evals(read_evals(run_dir / ".eval.json"))
-    losses = canonical_curve(read_entries(run_dir / ".loss.json"))
-    pulls: dict[str, int] = {}
-    for e in losses:
-        pulls[e.arm] = pulls.get(e.arm, 0) + 1
+    (final,) = [
+        e for e in canonical_evals(read_evals(run_dir / ".eval.json")) if e.step == args.steps
+    ]
+    arms = [e.arm for e in canonical_curve(read_entries(run_dir / ".loss.json"))]
+    second = arms[len(arms) // 2 :]
+    held = {n: a.loss for n, a in final.arms.items()}
     return {
+        "case": case,
         "mixture": mixture,
         "seed": seed,
         "seconds": seconds,
-        "steps": len(losses),
-        "pulls": dict(sorted(pulls.items())),
-        "evals": {e.step: {n: a.loss for n, a in e.arms.items()} for e in evals},
+        "steps": len(arms),
+        "heldout": held,
+        "mean": statistics.fmean(held[n] for n in LEARNABLE),
+        "share": {n: arms.count(n) / len(arms) for n in sorted(set(arms))},
+        "share_second_half": {n: second.count(n) / len(second) for n in sorted(set(arms))},
     }
 
 
-def steps_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
-    """First step at which the curve reaches `target`, interpolated between evaluations."""
-    prev = None
-    for step, value in curve:
-        if value <= target:
-            if prev is None:
-                return float(step)
-            (s0, v0) = prev
-            return s0 + (step - s0) * (v0 - target) / (v0 - value)
-        prev = (step, value)
-    return None
+def bandit_cost(reward: str, steps: int = 20000) -> float:
+    """Microseconds per step of the proxy's bandit work (observe one loss, assign one step)."""
+    names = [*LEARNABLE, "random"]
+    b = Bandit([ConfiguredArm(n, n, True) for n in names], Policy(reward=reward), seed=1)
+    lag, arms = b.policy.lag, {}
+    t0 = time.perf_counter()
+    for s in range(1, steps + 1):
+        if s > lag:
+            b.observe(s - lag, arms[s - lag], 2.0 + (s % 7) / 10)
+        arms[s] = b.assign(s)
+    return 1e6 * (time.perf_counter() - t0) / steps
 
 
-def summarise(runs: list[dict], steps: int) -> dict:
-    by_mix: dict[str, list[dict]] = {m: [r for r in runs if r["mixture"] == m] for m in MIXTURES}
-    by_mix = {m: rs for m, rs in by_mix.items() if rs}
-    out: dict = {"mixtures": {}}
-    for m, rs in by_mix.items():
-        final = [r["evals"][steps] for r in rs]
-        means = [statistics.fmean(f.values()) for f in final]
-        worsts = [max(f.values()) for f in final]
-        arm_names = sorted(final[0])
-        eval_steps = sorted(set.intersection(*(set(r["evals"]) for r in rs)))
-        curve = [
-            (s, statistics.fmean(statistics.fmean(r["evals"][s].values()) for r in rs))
-            for s in eval_steps
-        ]
-        out["mixtures"][m] = {
-            "seeds": [r["seed"] for r in rs],
-            "final_mean": statistics.fmean(means),
-            "final_mean_sd": statistics.stdev(means) if len(means) > 1 else 0.0,
-            "final_worst": statistics.fmean(worsts),
-            "final_worst_sd": statistics.stdev(worsts) if len(worsts) > 1 else 0.0,
-            "worst_arm": max(arm_names, key=lambda a: statistics.fmean(f[a] for f in final)),
-            "per_arm": {a: statistics.fmean(f[a] for f in final) for a in arm_names},
-            "per_seed_mean": means,
-            "curve": curve,
-            "pull_share": {
-                a: statistics.fmean(r["pulls"].get(a, 0) / r["steps"] for r in rs)
-                for a in arm_names
-            },
-            "seconds": statistics.fmean(r["seconds"] for r in rs),
-        }
-    if "uniform" in out["mixtures"]:
-        target = out["mixtures"]["uniform"]["final_mean"]
-        out["target"] = target
-        base = steps_to_reach(out["mixtures"]["uniform"]["curve"], target)
-        for s in out["mixtures"].values():
-            reached = steps_to_reach(s["curve"], target)
-            s["steps_to_target"] = reached
-            s["ratio_to_uniform"] = reached / base if reached is not None and base else None
+def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    jobs = []
+    for seed in args.seeds:
+        for case in args.cases:
+            mixtures = [m for m in args.mixtures if not (case == "a" and m == "uniform-learnable")]
+            k = seed % len(mixtures)  # interleaved, so that a change of load touches all alike
+            jobs += [(case, m, seed) for m in mixtures[k:] + mixtures[:k]]
+    return jobs
+
+
+def summarise(runs: list[dict]) -> dict:
+    out: dict = {}
+    for case in sorted({r["case"] for r in runs}):
+        rs = [r for r in runs if r["case"] == case]
+        by = {m: {r["seed"]: r for r in rs if r["mixture"] == m} for m in MIXTURES}
+        if case == "a":
+            by["uniform-learnable"] = by["uniform"]
+        by = {m: v for m, v in by.items() if v}
+        extra = EXTRA[case]
+        mixtures = {}
+        for m, seeds in by.items():
+            means = [r["mean"] for r in seeds.values()]
+            mixtures[m] = {
+                "mean": statistics.fmean(means),
+                "sd": statistics.stdev(means) if len(means) > 1 else 0.0,
+                "per_seed": {s: r["mean"] for s, r in sorted(seeds.items())},
+                "share_second_half": {
+                    n: statistics.fmean(r["share_second_half"].get(n, 0.0) for r in seeds.values())
+                    for n in [*LEARNABLE, *([extra] if extra else [])]
+                },
+                "per_arm": {
+                    n: statistics.fmean(r["heldout"][n] for r in seeds.values()) for n in LEARNABLE
+                },
+                "seconds": statistics.fmean(r["seconds"] for r in seeds.values()),
+            }
+        out[case] = {"extra": extra, "mixtures": mixtures, "checks": checks(case, mixtures)}
+    return out
+
+
+def checks(case: str, mx: dict) -> dict:
+    """The done-when figures of docs/mixing-quality.md, where the runs to compute them exist."""
+    new, uni = mx.get("learnability"), mx.get("uniform")
+    if new is None or uni is None:
+        return {}
+    out = {"learnability_minus_uniform": new["mean"] - uni["mean"]}
+    extra = EXTRA[case]
+    if extra is not None:
+        out["extra_share_second_half"] = new["share_second_half"][extra]
+        learnable = mx.get("uniform-learnable")
+        if learnable is not None:
+            gap = uni["mean"] - learnable["mean"]
+            out["gap_recovered"] = (uni["mean"] - new["mean"]) / gap if gap else None
     return out
 
 
 def markdown(summary: dict, args: argparse.Namespace) -> str:
     lines = [
-        f"andrea-tiny, {args.steps} steps, seeds {' '.join(map(str, args.seeds))}, held-out loss "
-        f"(nats/token) on {args.eval_sequences} sequences per arm, evaluated every {args.eval_every} steps.",
-        "",
-        "| mixture | mean over arms at step "
-        f"{args.steps} | worst arm at step {args.steps} | steps to uniform's final mean | "
-        "ratio to uniform | share of steps per arm |",
-        "|---|---|---|---|---|---|",
+        f"andrea-tiny, {args.steps} steps (LR decay over the run), seeds "
+        f"{' '.join(map(str, args.seeds))}; held-out loss (nats/token) at step {args.steps}, mean "
+        f"over {', '.join(LEARNABLE)} ({args.eval_sequences} sequences each).",
     ]
-    for m, s in summary["mixtures"].items():
-        reached = s.get("steps_to_target")
-        ratio = s.get("ratio_to_uniform")
-        share = ", ".join(f"{a} {v:.2f}" for a, v in s["pull_share"].items())
-        lines.append(
-            f"| {m} | {s['final_mean']:.4f} ± {s['final_mean_sd']:.4f} | "
-            f"{s['final_worst']:.4f} ± {s['final_worst_sd']:.4f} ({s['worst_arm']}) | "
-            f"{'not reached' if reached is None else f'{reached:.0f}'} | "
-            f"{'—' if ratio is None else f'{ratio:.3f}'} | {share} |"
-        )
-    lines += ["", "Per arm at the last step (mean over seeds):", ""]
-    for m, s in summary["mixtures"].items():
-        lines.append(f"- {m}: " + ", ".join(f"{a} {v:.4f}" for a, v in s["per_arm"].items()))
+    for case, s in summary.items():
+        extra = s["extra"]
+        lines += ["", f"### Case {case}" + (f" (+ {extra})" if extra else ""), ""]
+        seeds = sorted({seed for m in s["mixtures"].values() for seed in m["per_seed"]})
+        head = "| mixture | mean ± sd | " + " | ".join(f"seed {x}" for x in seeds)
+        head += " | second-half share " + (f"of {extra}" if extra else "(code/comments/docstrings)")
+        lines += [head + " |", "|---" * (3 + len(seeds)) + "|"]
+        uni = s["mixtures"].get("uniform")
+        for m, v in s["mixtures"].items():
+            if case == "a" and m == "uniform-learnable":
+                continue
+            cells = []
+            for x in seeds:
+                value = v["per_seed"].get(x)
+                if value is None:
+                    cells.append("—")
+                elif uni is not None and m != "uniform" and x in uni["per_seed"]:
+                    cells.append(f"{value:.4f} ({value - uni['per_seed'][x]:+.4f})")
+                else:
+                    cells.append(f"{value:.4f}")
+            share = v["share_second_half"]
+            shown = (
+                f"{share[extra]:.3f}" if extra else " / ".join(f"{share[n]:.2f}" for n in LEARNABLE)
+            )
+            lines.append(
+                f"| {m} | {v['mean']:.4f} ± {v['sd']:.4f} | " + " | ".join(cells) + f" | {shown} |"
+            )
+        c = s["checks"]
+        if c:
+            said = [f"learnability − uniform: {c['learnability_minus_uniform']:+.4f} nats"]
+            if "extra_share_second_half" in c:
+                said.append(f"{extra}'s second-half share: {c['extra_share_second_half']:.3f}")
+            if c.get("gap_recovered") is not None:
+                said.append(
+                    "gap between uniform over all and over the learnable arms recovered: "
+                    f"{100 * c['gap_recovered']:.0f}%"
+                )
+            lines += ["", "Checks: " + "; ".join(said) + "."]
+    lines += [
+        "",
+        "Per seed, in parentheses: the difference to uniform over all arms of the same seed.",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def reusable(args: argparse.Namespace, ran: set[tuple[str, str, int]]) -> list[dict]:
+    """The runs of `--reuse` that this invocation did not make, for the same number of steps."""
+    if args.reuse is None:
+        return []
+    old = json.loads(args.reuse.read_text())
+    if int(old["args"]["steps"]) != args.steps:
+        raise SystemExit(f"--reuse {args.reuse}: {old['args']['steps']} steps, not {args.steps}")
+    return [
+        r
+        for r in old["runs"]
+        if (r["case"], r["mixture"], r["seed"]) not in ran
+        and r["case"] in args.cases
+        and r["seed"] in args.seeds
+    ]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    p.add_argument("--cases", nargs="+", choices=sorted(EXTRA), default=sorted(EXTRA))
     p.add_argument("--mixtures", nargs="+", choices=MIXTURES, default=list(MIXTURES))
-    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time")
     p.add_argument("--eval-sequences", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--policy", type=Path, help="the bandit's policy TOML (default: built-in)")
     p.add_argument(
         "--out-dir",
         type=Path,
         default=Path(os.environ.get("TMPDIR", "/tmp")) / "andrea-bench-mixing",
     )
+    p.add_argument("--reuse", type=Path, help="an earlier mixing.json whose other runs to keep")
     args = p.parse_args()
-    if args.steps % args.eval_every:
-        p.error("--steps must be a multiple of --eval-every")
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    natural = natural_weights()
-    runs = []
+    cost = {r: bandit_cost(r) for r in ("loss", "learnability")}
+    print(
+        "bandit cost per step: " + ", ".join(f"{r} {us:.0f} µs" for r, us in cost.items()),
+        flush=True,
+    )
+    runs: list[dict] = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="andrea-mixing-") as work:
         args.work_dir = work
-        for i, seed in enumerate(args.seeds):
-            k = i % len(args.mixtures)
-            for mixture in args.mixtures[k:] + args.mixtures[:k]:
-                run = one_run(mixture, seed, args, natural)
-                runs.append(run)
-                final = run["evals"][args.steps]
-                print(
-                    f"[{time.perf_counter() - t0:6.0f} s] {mixture:8s} seed {seed}: mean "
-                    f"{statistics.fmean(final.values()):.4f}, worst {max(final.values()):.4f} "
-                    f"({run['seconds']:.0f} s, pulls {run['pulls']})",
-                    flush=True,
-                )
-    summary = summarise(runs, args.steps)
-    summary["args"] = {k: str(v) for k, v in vars(args).items() if k != "work_dir"}
-    summary["natural_weights"] = natural
-    summary["runs"] = runs
-    (args.out_dir / "mixing.json").write_text(json.dumps(summary, indent=1))
+        write_inputs(Path(work))
+
+        def go(job: tuple[str, str, int]) -> dict:
+            run = one_run(*job, args)
+            print(
+                f"[{time.perf_counter() - t0:6.0f} s] case {run['case']} {run['mixture']:17s} seed "
+                f"{run['seed']}: mean {run['mean']:.4f} ({run['seconds']:.0f} s, second-half shares "
+                f"{ {n: round(v, 3) for n, v in run['share_second_half'].items()} })",
+                flush=True,
+            )
+            return run
+
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            runs = list(pool.map(go, plan(args)))
+    reused = reusable(args, {(r["case"], r["mixture"], r["seed"]) for r in runs})
+    summary = summarise(runs + reused)
+    doc = {
+        "args": {k: str(v) for k, v in vars(args).items() if k != "work_dir"},
+        "seconds": time.perf_counter() - t0,
+        "bandit_us_per_step": cost,
+        "summary": summary,
+        "runs": runs + reused,
+        "reused": [[r["case"], r["mixture"], r["seed"]] for r in reused],
+    }
+    (args.out_dir / "mixing.json").write_text(json.dumps(doc, indent=1))
     text = markdown(summary, args)
     (args.out_dir / "mixing.md").write_text(text)
     print(text)
-    print(f"total {time.perf_counter() - t0:.0f} s; results in {args.out_dir}")
+    print(f"total {doc['seconds']:.0f} s; results in {args.out_dir}")
 
 
 if __name__ == "__main__":

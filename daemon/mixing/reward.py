@@ -1,0 +1,146 @@
+"""What the bandit rewards an arm for, and the mixture weights that follow: the two rewards a policy
+can choose (`Policy.reward`), as pure float64 functions of each arm's loss statistics.
+
+**loss** (ODM, Albalak et al. 2023): ``R_i <- alpha R_i + (1 - alpha) exp(min(loss, 700))`` when arm i
+is trained, and ``w = (1 - K eps_t) softmax(eps_{t-1} R) + eps_t``. It rewards *difficulty*: an arm
+the model cannot learn (random bytes: 5.55 nats however long it trains) keeps the highest reward and
+takes most steps (87% measured, docs/mixing-quality.md). No 1/p_i importance weight: R_i is an EMA
+that moves only when its arm is trained, already an estimate given a pull; EXP3's 1/p_i unbiases
+cumulative sums, and here it would bias R_i upward and overflow exp(eps R) within a few steps (as in
+the reference code; docs/bandit.md).
+
+**learnability**: how much training on the arm still lowers its loss. Per arm, over its own steps:
+
+- ``m_i``: EMA of its training loss (``LEVEL_DECAY``: about 10 of its steps; the first loss starts it);
+- ``b_i``: the lowest ``m_i`` so far in the phase;
+- at each of its steps, its drop ``max(0, b_i - m_i)`` (taken before ``b_i`` moves down to ``m_i``):
+  how far its loss just set a new low;
+- ``rho_i``: the mean of its drops, each weighted by ``PROGRESS_DECAY ** (steps since it)`` — the
+  nats per step of the arm by which its loss still sets new lows, over about the last 100 steps of
+  the run (an arm trained rarely keeps few drops in that window, so old progress fades for it too).
+
+Mixture: ``w = (1 - K eps_t) rho / sum(rho) + eps_t``, the reward of an arm being its share
+``rho_i / sum(rho)`` of the recent progress: ratios only, so the same for any loss scale or rate of
+learning. An arm with fewer than ``WARMUP_PULLS`` steps counts as the best measured one (it has not
+been measured yet); when no arm makes progress the mixture is uniform.
+
+Why new lows and not a slope: an arm the model cannot learn gets worse while other arms train (its
+loss rises as the model specialises) and better again when it is trained — progress that only undoes
+forgetting. A slope or a fast-minus-slow EMA sees that recovery as learning and keeps feeding the arm
+(measured: 24-39% of the second half's steps on random bytes, 95% in stretches); its *lowest* loss
+does not move, so it earns nothing and stays at its floor plus exploration. The same holds for an arm
+learnt to its floor (a document repeated) once its loss stops setting lows. An arm that the other
+arms' training improves sets a new low at each of its rarer steps, so starving a learnable arm
+corrects itself.
+Why proportional, not a softmax: late in a run every learnable arm's progress is a few thousandths of
+a nat per step, within the noise of the estimate; a softmax sharp enough to starve a zero-progress arm
+turns that noise into winner-take-all swings between learnable arms (measured: 95% on one arm).
+Exploration is ODM's, eps_t per arm: besides re-measuring, it is the least share a learnable arm keeps
+when the proportional rule favours another (measured: with eps_t / K instead, the three stdlib arms'
+held-out mean was 0.01 and 0.04 nats worse on two seeds, for a saving of 0.03 on an unlearnable arm's
+exploration in one replay).
+
+Both rewards keep all these statistics (a few float operations per step), so that status shows each
+arm's recent loss and progress whichever reward makes the mixture.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: exp() overflows float64 just above 709.78; losses above this many nats count as this many, so a
+#: diverging step still reads as "very hard" without turning the reward into inf (and then NaN).
+MAX_EXP_LOSS = 700.0
+#: Weight of the previous value in each arm's loss EMA (m_i), per step of that arm.
+LEVEL_DECAY = 0.9
+#: Weight kept per step of the run by each past drop in rho_i (about 100 steps).
+PROGRESS_DECAY = 0.99
+#: An arm with fewer steps in the phase than this has not been measured: it counts as the best.
+WARMUP_PULLS = 3
+
+#: What each reward means, in a few words, for status displays and exports.
+MEANING = {
+    "loss": "EMA of exp(training loss) per arm (ODM): rewards difficulty",
+    "learnability": "share of the recent progress (nats per step by which each arm's loss EMA "
+    "still sets new lows)",
+}
+
+
+@dataclass
+class ArmStats:
+    """One arm's loss statistics in the current phase (all None/0 before its first step)."""
+
+    ema_reward: float = 0.0  # the loss reward's R_i
+    loss_ema: float | None = None  # m_i, also the arm's "recent training loss" for people
+    loss_best: float | None = None  # b_i
+    progress_sum: float = 0.0  # D_i: its drops, each weighted by PROGRESS_DECAY ** its age in steps
+    progress_pulls: float = 0.0  # P_i: its steps, weighted alike (rho_i = D_i / P_i)
+    last_pull: int = 0  # the step of its last loss
+
+    @property
+    def progress(self) -> float:
+        """rho_i: the mean drop per step of this arm, over its recent steps."""
+        return self.progress_sum / self.progress_pulls if self.progress_pulls > 0.0 else 0.0
+
+
+def observe(stats: ArmStats, step: int, loss: float, alpha: float) -> None:
+    """Fold the training loss of `step`, trained on this arm, into its statistics (`alpha`: the
+    loss reward's EMA)."""
+    stats.ema_reward = alpha * stats.ema_reward + (1.0 - alpha) * math.exp(min(loss, MAX_EXP_LOSS))
+    # Clamped so that the differences below stay finite for any finite loss reported.
+    x = min(max(loss, -MAX_EXP_LOSS), MAX_EXP_LOSS)
+    age = PROGRESS_DECAY ** (step - stats.last_pull)
+    stats.last_pull = step
+    if stats.loss_ema is None or stats.loss_best is None:
+        stats.loss_ema = stats.loss_best = x
+        return
+    stats.loss_ema = LEVEL_DECAY * stats.loss_ema + (1.0 - LEVEL_DECAY) * x
+    drop = max(0.0, stats.loss_best - stats.loss_ema)
+    stats.loss_best = min(stats.loss_best, stats.loss_ema)
+    stats.progress_sum = age * stats.progress_sum + drop
+    stats.progress_pulls = age * stats.progress_pulls + 1.0
+
+
+def exploration_rate(k: int, t: int) -> float:
+    """eps_t = min(1/K, sqrt(ln K / (K t))) for t >= 1; eps_0 = 1/K (ODM's starting value)."""
+    if k < 1 or t < 0:
+        raise ValueError(f"exploration_rate needs K >= 1 and t >= 0, got K={k}, t={t}")
+    if t == 0:
+        return 1.0 / k
+    return min(1.0 / k, math.sqrt(math.log(k) / (k * t)))
+
+
+def _explore(soft: np.ndarray, t: int) -> np.ndarray:
+    k = soft.size
+    eps = exploration_rate(k, t)
+    # K * fl(1/K) can exceed 1 by an ulp; the mixture coefficient must not go negative.
+    return max(0.0, 1.0 - k * eps) * soft + eps
+
+
+def mixture_weights(rewards: np.ndarray, t: int) -> np.ndarray:
+    """The loss reward: w = (1 - K eps_t) softmax(eps_{t-1} R) + eps_t, for t >= 1 (sums to 1)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    z = exploration_rate(r.size, t - 1) * r
+    # Subtracting the max keeps exp() finite for rewards up to exp(MAX_EXP_LOSS).
+    e = np.exp(z - z.max())
+    return _explore(e / math.fsum(e), t)
+
+
+def progress_shares(progress: list[float], pulls: list[int]) -> np.ndarray:
+    """The learnability reward of each arm: its share of the recent progress (sums to 1)."""
+    rho = np.array(progress, dtype=np.float64)
+    measured = np.array(pulls) >= WARMUP_PULLS
+    best = float(rho[measured].max()) if measured.any() else 0.0
+    rho[~measured] = best if best > 0.0 else 1.0
+    total = math.fsum(rho)
+    if total <= 0.0:
+        return np.full(rho.size, 1.0 / rho.size)
+    return rho / total
+
+
+def learnability_weights(progress: list[float], pulls: list[int], t: int) -> np.ndarray:
+    """The learnability reward: w = (1 - K eps_t) shares + eps_t, for t >= 1 (sums to 1)."""
+    return _explore(progress_shares(progress, pulls), t)

@@ -1,0 +1,307 @@
+"""The bandit's rewards: the learnability reward's statistics by hand, what it does with an arm that
+cannot be learned and with one learnt to its floor (fed losses shaped like andrea-tiny's), the
+choice of reward in the policy, and the state's format versions."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from andrea.daemon.mixing import reward
+from andrea.daemon.mixing.bandit import Bandit, BanditStateError, ConfiguredArm, parse_state
+from andrea.daemon.mixing.policy import Policy, parse_policy
+from andrea.daemon.mixing.policystore import resolve_policy, store, with_reward
+from andrea.daemon.mixing.reward import (
+    LEVEL_DECAY,
+    PROGRESS_DECAY,
+    ArmStats,
+    exploration_rate,
+    progress_shares,
+)
+from andrea.daemon.rundir import POLICY_FILE, STATE_FILE
+
+from .test_bandit import _seed_state
+
+# ------------------------------------------------------------------------------ the statistics
+
+
+def test_learnability_statistics_by_hand() -> None:
+    s = ArmStats()
+    steps = [3, 4, 10, 11, 40, 41]
+    losses = [5.0, 4.0, 4.5, 3.0, 6.0, 2.0]
+    m = b = None
+    drops: list[tuple[int, float]] = []  # (step, drop) of every step after the first
+    for step, x in zip(steps, losses):
+        reward.observe(s, step, x, alpha=0.9)
+        if m is None:
+            m = b = x
+        else:
+            m = LEVEL_DECAY * m + (1 - LEVEL_DECAY) * x
+            drops.append((step, max(0.0, b - m)))
+            b = min(b, m)
+        assert (s.loss_ema, s.loss_best, s.last_pull) == (m, b, step)
+    # rho: the mean drop per step, each weighted by PROGRESS_DECAY ** (steps since it).
+    weights = [PROGRESS_DECAY ** (steps[-1] - st) for st, _ in drops]
+    expected = sum(w * d for w, (_, d) in zip(weights, drops)) / sum(weights)
+    assert s.progress == pytest.approx(expected, rel=1e-12)
+    # The loss reward's R_i is kept alongside, as ODM computes it.
+    r = 0.0
+    for x in losses:
+        r = 0.9 * r + (1 - 0.9) * math.exp(x)
+    assert s.ema_reward == r
+
+
+def test_a_rise_and_its_recovery_earn_nothing() -> None:
+    """Forgetting and re-learning (the loss back to a level it had) is not progress."""
+    s = ArmStats()
+    for step, x in enumerate([5.55] * 5 + [6.5] * 10 + [5.6] * 40, 1):
+        reward.observe(s, 7 * step, x, alpha=0.9)
+    assert s.progress == 0.0
+    assert s.loss_best == 5.55
+
+
+def test_progress_shares() -> None:
+    # Unmeasured arms (fewer than WARMUP_PULLS steps) count as the best measured one.
+    shares = progress_shares([0.02, 0.0, 0.0], [10, 10, 0])
+    assert shares.tolist() == [0.5, 0.0, 0.5]
+    # Nothing makes progress: uniform.
+    assert progress_shares([0.0, 0.0], [10, 10]).tolist() == [0.5, 0.5]
+    # Scale-free: the same shares whatever the unit or rate of learning.
+    a = progress_shares([3e-3, 1e-3, 0.0], [9, 9, 9])
+    assert np.allclose(a, progress_shares([3e-6, 1e-6, 0.0], [9, 9, 9]), rtol=1e-12)
+    assert np.allclose(a, [0.75, 0.25, 0.0])
+
+
+# ------------------------------------------------------------------------ losses like a trainer's
+
+
+class Learner:
+    """Losses shaped like andrea-tiny's on its arms (tests/bench/bench_mixing.py measures the
+    real thing): each arm's loss is a function of what has been trained so far, plus noise."""
+
+    def __init__(self, kinds: dict[str, str], seed: int = 0) -> None:
+        self.kinds = kinds
+        self.rng = np.random.default_rng(seed)
+        self.pulls = dict.fromkeys(kinds, 0)
+        self.last = dict.fromkeys(kinds, 0)
+        self.t = 0
+
+    def loss(self, arm: str) -> float:
+        """The loss of training `arm` at the next step (then it counts as trained)."""
+        kind, n, t = self.kinds[arm], self.pulls[arm], self.t
+        if kind == "text":  # learns from its own steps, and a little from the others'
+            value = 1.6 + 3.9 / math.sqrt(1 + (n + 0.3 * (t - n)) / 8) + self.rng.normal(0, 0.12)
+        elif kind == "random":  # 5.55 nats at best; worse while the model trains on text
+            idle = t - self.last[arm] if n else t
+            value = 5.55 + 0.6 * (1 - math.exp(-idle / 60)) + self.rng.normal(0, 0.013)
+        else:  # one short document repeated: learnt to its floor in a few hundred steps
+            value = 0.15 + 5.4 * math.exp(-n / 40) + abs(self.rng.normal(0, 0.04))
+        self.t += 1
+        self.pulls[arm] += 1
+        self.last[arm] = self.t
+        return value
+
+
+def run(kinds: dict[str, str], policy: Policy, steps: int, seed: int = 5) -> list[str]:
+    """What the proxy does, with the loss of each step coming from a `Learner`."""
+    arms = [ConfiguredArm(n, n, True) for n in kinds]
+    b = Bandit(arms, policy, seed=seed)
+    learner = Learner(kinds, seed)
+    losses: dict[int, tuple[str, float]] = {}
+    trained = []
+    for s in range(1, steps + 1):
+        while b.last_step < s - policy.lag:
+            j = b.last_step + 1
+            b.observe(j, *losses[j])
+        arm = b.assign(s)
+        losses[s] = (arm, learner.loss(arm))
+        trained.append(arm)
+    return trained
+
+
+def second_half_share(trained: list[str], arm: str) -> float:
+    half = trained[len(trained) // 2 :]
+    return half.count(arm) / len(half)
+
+
+TEXT3 = {"code": "text", "comments": "text", "docstrings": "text"}
+
+
+def test_an_unlearnable_arm_stays_at_its_floor_plus_exploration() -> None:
+    kinds = {**TEXT3, "random": "random"}
+    steps = 1500
+    trained = run(kinds, Policy(reward="learnability"), steps)
+    # Exploration alone over the second half: eps_t is at most 0.0215 there.
+    assert second_half_share(trained, "random") <= exploration_rate(4, steps // 2) + 0.01
+    with_floor = run(kinds, Policy(reward="learnability", arms={"random": {"floor": 0.1}}), steps)
+    assert 0.1 <= second_half_share(with_floor, "random") <= 0.1 + 0.04
+    # The negative control: ODM's reward feeds the arm it cannot learn.
+    assert second_half_share(run(kinds, Policy(reward="loss"), steps), "random") > 0.5
+
+
+def test_an_arm_learnt_to_its_floor_gives_way() -> None:
+    trained = run({**TEXT3, "dup": "dup"}, Policy(reward="learnability"), 1500)
+    # While it is being learnt it makes the most progress and gets more than a quarter of the
+    # steps; once its loss stops setting new lows its share falls below uniform's.
+    assert trained[100:500].count("dup") / 400 > 0.3
+    assert second_half_share(trained, "dup") <= 0.16
+
+
+def test_learnable_arms_share_alike() -> None:
+    trained = run(TEXT3, Policy(reward="learnability"), 1500)
+    for arm in TEXT3:
+        assert 0.25 <= second_half_share(trained, arm) <= 0.42
+
+
+# -------------------------------------------------------------------------- the state's versions
+
+
+def test_a_version_1_state_continues_under_the_loss_reward() -> None:
+    state = parse_state(_seed_state())
+    assert state.version == 1 and state.policy.reward == "loss"
+    configured = [ConfiguredArm(n, f"id-{n}", True) for n in ("code", "comments")]
+    configured.append(ConfiguredArm("repo-docstrings", "id-repo", True))
+    b = Bandit.from_state(state, configured)
+    again = b.state_dict()
+    assert again.version == 2 and again.policy.fingerprint() == state.policy_fingerprint
+    # The loss statistics start at the next step of each arm; R_i carries on.
+    assert b.rewards()["code"] == 40.0
+    b.observe(112620, "code", 3.0)
+    report = b.reward_report()
+    assert report.kind == "loss" and report.arms["code"].loss == 3.0
+    assert report.arms["comments"].loss is None
+    assert b.rewards()["code"] == 0.9 * 40.0 + (1 - 0.9) * math.exp(3.0)
+
+
+def test_a_version_1_state_cannot_claim_the_learnability_reward() -> None:
+    d = json.loads(_seed_state())
+    policy = Policy(
+        reward="learnability", **{k: v for k, v in d["policy"].items() if k != "reward"}
+    )
+    d["policy"], d["policy_fingerprint"] = policy.model_dump(mode="json"), policy.fingerprint()
+    with pytest.raises(BanditStateError, match="version 1 state has the 'loss' reward"):
+        parse_state(json.dumps(d))
+    d["version"] = 2
+    with pytest.raises(BanditStateError, match="loss_ema must be present exactly when pulls > 0"):
+        parse_state(json.dumps(d))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("loss_best", 9.0, "loss_best 9.0 is above loss_ema"),
+    ("loss_ema", None, "loss_ema and loss_best come together"),
+    ("progress_sum", -1.0, "progress_sum"),
+    ("last_pull", 99, "last_pull 99 is after last_step 4"),
+])  # fmt: skip
+def test_bad_learnability_statistics(field: str, value: object, message: str) -> None:
+    b = Bandit([ConfiguredArm("a", "a", True), ConfiguredArm("b", "b", True)], Policy(
+        reward="learnability", lag=1), seed=0)  # fmt: skip
+    for s, arm in enumerate("abab", 1):
+        b.observe(s, arm, 3.0 - s / 10)
+    d = json.loads(b.state_dict().model_dump_json())
+    d["arms"][0][field] = value
+    with pytest.raises(BanditStateError, match=message):
+        parse_state(json.dumps(d))
+
+
+def test_a_pivot_starts_the_reward_afresh() -> None:
+    policy = Policy(reward="learnability", lag=1)
+    arms = [ConfiguredArm("a", "a", True), ConfiguredArm("b", "b", True)]
+    old = Bandit(arms, policy, seed=0)
+    for s, arm in enumerate("abab", 1):
+        old.observe(s, arm, 3.0 - s / 10)
+    assert old.reward_report().arms["a"].loss is not None
+    new = Bandit(arms, policy, seed=0, phase=old.phase + 1, start_step=old.last_step)
+    for arm in new.reward_report().arms.values():
+        assert (arm.loss, arm.progress, arm.pulls) == (None, 0.0, 0)
+
+
+# ------------------------------------------------------------------------- the reward of a run
+
+
+IMPLICIT_FINGERPRINT = "c2aa11347dc9437b5decb7155fae4ea3181bd69d9a93628e147db57c1cca7440"
+
+
+def test_a_policy_without_the_key_keeps_its_fingerprint() -> None:
+    """The fingerprint of the default policy before the reward could be chosen: states and pivot
+    records hold it, and the runs that wrote them must find it unchanged."""
+    assert Policy().fingerprint() == IMPLICIT_FINGERPRINT
+    assert parse_policy('reward = "loss"\n').fingerprint() == IMPLICIT_FINGERPRINT
+    assert Policy(reward="learnability").fingerprint() != IMPLICIT_FINGERPRINT
+    assert (
+        not parse_policy("lag = 8\n").names_reward and parse_policy('reward = "loss"').names_reward
+    )
+
+
+def test_a_new_run_gets_the_learnability_reward_and_its_file_says_so(tmp_path: Path) -> None:
+    resolved = resolve_policy(tmp_path, None, False)
+    assert resolved.policy.reward == "learnability"
+    assert resolved.write is not None and parse_policy(resolved.write).reward == "learnability"
+
+    given = tmp_path / "base.toml"
+    given.write_text("[arms.code]\ncap = 0.5\n")
+    first = resolve_policy(tmp_path, given, False)
+    assert first.policy.reward == "learnability" and first.write is not None
+    stored = parse_policy(first.write)
+    assert stored.reward == "learnability" and stored.arms["code"].cap == 0.5
+    store(tmp_path, first.write)
+    # A restart with the same file (which does not name the reward) keeps the run's.
+    again = resolve_policy(tmp_path, given, False)
+    assert (again.policy, again.write, again.pivot) == (first.policy, None, False)
+
+
+def test_a_run_whose_policy_predates_the_choice_keeps_the_loss_reward(tmp_path: Path) -> None:
+    """Its policy.toml and its (version 1) state name no reward: it keeps ODM's, and its file is
+    written back naming it, with the same fingerprint."""
+    old = "[arms.code]\ncap = 0.5\n"
+    (tmp_path / POLICY_FILE).write_text(old)
+    (tmp_path / STATE_FILE).write_text(json.dumps({"bandit": json.loads(_seed_state())}))
+    resolved = resolve_policy(tmp_path, None, False)
+    assert resolved.policy.reward == "loss"
+    assert resolved.policy.fingerprint() == parse_policy(old).fingerprint()
+    assert resolved.write is not None and parse_policy(resolved.write).names_reward
+    store(tmp_path, resolved.write)
+    given = tmp_path / "base.toml"
+    given.write_text(old)
+    again = resolve_policy(tmp_path, given, False)
+    assert again.policy == resolved.policy and again.write is None
+
+
+def test_a_run_older_than_its_policy_file_keeps_the_loss_reward(tmp_path: Path) -> None:
+    """A run whose policy is only in .state.json (written before policy.toml existed)."""
+    (tmp_path / STATE_FILE).write_text(json.dumps({"bandit": json.loads(_seed_state())}))
+    resolved = resolve_policy(tmp_path, None, False)
+    assert resolved.policy.reward == "loss" and resolved.write is not None
+    assert parse_policy(resolved.write).reward == "loss"
+
+
+def test_a_policy_without_the_key_takes_the_reward_of_the_run(tmp_path: Path) -> None:
+    """A new run's state says learnability: a policy.toml edited without the key (the manual
+    pivot) keeps it, as `andreactl pivot` with the same file does; logged steps without any state
+    (a run from before) mean the loss reward."""
+    state = json.loads(_seed_state())
+    policy = Policy(reward="learnability")
+    state.update(version=2, policy=policy.model_dump(mode="json"))
+    state["policy_fingerprint"] = policy.fingerprint()
+    for arm in state["arms"]:
+        arm.update(loss_ema=3.0, loss_best=2.9, last_pull=112619)
+    (tmp_path / STATE_FILE).write_text(json.dumps({"bandit": state}))
+    (tmp_path / POLICY_FILE).write_text("[arms.code]\nfloor = 0.2\n")
+    resolved = resolve_policy(tmp_path, None, False)
+    assert resolved.policy.reward == "learnability" and resolved.write is not None
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / ".loss.json").write_text("[\n]\n")
+    assert resolve_policy(bare, None, False).policy.reward == "loss"
+
+
+def test_a_pivot_policy_without_the_key_keeps_the_run_reward() -> None:
+    text = "[arms.code]\nfloor = 0.2\n"
+    policy, stored = with_reward(parse_policy(text), text, "learnability")
+    assert policy.reward == "learnability" and parse_policy(stored) == policy
+    named = 'reward = "loss"\n' + text
+    assert with_reward(parse_policy(named), named, "learnability") == (parse_policy(named), named)
