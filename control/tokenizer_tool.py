@@ -155,7 +155,7 @@ def train(
             f"--vocab-size {vocab_size}: a byte-level BPE needs {ALPHABET + 1}..{MAX_VOCAB:,}"
         )
     started = time.monotonic()
-    cfg, _ = settle_heldout(run_config(run_dir), bool(checkpoint_steps(run_dir)))
+    cfg, _ = settle_heldout(run_config(run_dir), bool(checkpoint_steps(run_dir)), run_dir)
     specs = _select_arms(cfg, arms)
     out = out if out is not None else default_out(run_dir, cfg)
     if out.exists():
