@@ -30,6 +30,16 @@ needs_root = pytest.mark.skipif(
 )
 
 
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short directory of its own under /tmp, in place of pytest's: these tests need
+    RUN_DIR/.sock/trainer.sock to fit a unix socket's path (or, for the long run directory, not to),
+    wherever pytest keeps its temporary directories (a parallel worker's are longer)."""
+    d = Path(tempfile.mkdtemp(prefix="sd-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def mode(p: Path) -> int:
     return stat.S_IMODE(os.lstat(p).st_mode)
 
