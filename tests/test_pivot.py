@@ -99,17 +99,28 @@ def trainer_status(run_dir: Path) -> dict:
     return reply.data
 
 
-def wait_hold(run_dir: Path, state: str, timeout: float = 120) -> dict:
+def interrupt(run_dir: Path, client: subprocess.Popen) -> None:
+    """Kill a pivot's client while its hold is in force: stopped as soon as the hold shows (it is
+    pending only until the trainer reaches the boundary, which may come before a poll sees it)."""
+    wait_hold(run_dir, ("pending", "holding"), timeout=60)
+    client.send_signal(signal.SIGSTOP)
+    assert client.poll() is None, "the client returned while its hold was in force"
+    client.send_signal(signal.SIGKILL)
+
+
+def wait_hold(run_dir: Path, state: str | tuple[str, ...], timeout: float = 120) -> dict:
+    """The trainer's hold once it is in `state` (one of them); "holding" only once acknowledged."""
+    states = (state,) if isinstance(state, str) else state
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         hold = trainer_status(run_dir)["hold"]
         if (
             hold is not None
-            and hold["state"] == state
-            and (state != "holding" or hold["acknowledged"])
+            and hold["state"] in states
+            and (hold["state"] != "holding" or hold["acknowledged"])
         ):
             return hold
-        time.sleep(0.1)
+        time.sleep(0.02)
     raise AssertionError(f"the trainer never reached hold state {state!r}")
 
 
@@ -288,8 +299,7 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
     # Interrupted: the client dies while its hold is pending. The trainer holds at the boundary
     # (status shows the hold and its age); re-running the command completes the pivot.
     client = ctl_bg(run, "pivot", "--policy", str(polish))
-    hold = wait_hold(run, "pending", timeout=60)
-    client.send_signal(signal.SIGKILL)
+    interrupt(run, client)
     client.wait()
     hold = wait_hold(run, "holding")
     assert hold["owner_pid"] == client.pid and hold["age_s"] >= 0
@@ -303,8 +313,7 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
 
     # Interrupted again, then cancelled: released without a pivot.
     client = ctl_bg(run, "pivot", "--policy", str(other))
-    wait_hold(run, "pending", timeout=60)
-    client.send_signal(signal.SIGKILL)
+    interrupt(run, client)
     client.wait()
     held = wait_hold(run, "holding")
     res = ctl(run, "pivot", "--cancel")
