@@ -271,12 +271,17 @@ def _draw_arm_loss(ax: Axes, view: PlotView) -> None:
         sx, sy = _stride(x[rows], view.arm_ema[rows])
         ax.plot(sx, sy, color=colours[name], linewidth=1.1, label=name, gid=f"arm_loss:{name}")
     ax.set_ylabel("training loss EMA\nper arm (nats/token)")
+    _arm_legend(ax, view, "EMA over the arm's own steps")
+
+
+def _arm_legend(ax: Axes, view: PlotView, title: str) -> None:
+    """One entry per arm, titled with what the lines are (and over which window)."""
     ax.legend(
         loc="upper right",
         fontsize=7,
         ncols=min(len(view.arms), 4),
         framealpha=0.85,
-        title="EMA over the arm's own steps",
+        title=title,
         title_fontsize=7,
     )
 
@@ -341,14 +346,7 @@ def _draw_shares(ax: Axes, view: PlotView) -> None:
     _draw_bounds(ax, view, colours)
     ax.set_ylim(0, 1)
     ax.set_ylabel("arm share\n(of the phase so far)")
-    ax.legend(
-        loc="upper right",
-        fontsize=7,
-        ncols=min(len(view.arms), 4),
-        framealpha=0.85,
-        title="share of the phase's steps so far; bands: the phase's floor and cap",
-        title_fontsize=7,
-    )
+    _arm_legend(ax, view, "share of the phase's steps so far; bands: the phase's floor and cap")
 
 
 def _draw_heldout(ax: Axes, view: PlotView) -> None:
