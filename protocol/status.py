@@ -113,7 +113,7 @@ class ArmReward(_Status):
     )
     progress: float = Field(
         description="nats per step by which that EMA still sets new lows (the learnability "
-        "reward's measure, kept under either reward)"
+        "rewards' measure, kept under every reward)"
     )
     pulls: int = Field(description="steps of the phase trained on the arm")
 
@@ -121,7 +121,9 @@ class ArmReward(_Status):
 class RewardReport(_Status):
     """What the bandit rewards, and each arm's standing (live arms and zombies)."""
 
-    kind: str = Field(description="the policy's reward: 'learnability' or 'loss'")
+    kind: str = Field(
+        description="the policy's reward: 'gated-learnability', 'learnability' or 'loss'"
+    )
     meaning: str = Field(description="what the reward measures, in a few words")
     arms: dict[str, ArmReward]
 

@@ -12,6 +12,7 @@ import pytest
 
 from andrea.control.reports import HistoryReport, RequestReport, StatusReport
 from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.mixing.policy import NEW_RUN_REWARD
 
 from .conftest import Daemon, trainer_cmd
 from .conftest import andreactl as ctl
@@ -43,7 +44,7 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
     # A new run's reward, and each arm's standing under it.
     reward = status["proxy"]["reward"]
     assert (
-        reward["kind"] == "learnability"
+        reward["kind"] == NEW_RUN_REWARD
         and reward["arms"].keys() == status["proxy"]["probabilities"].keys()
     )
     assert sum(a["pulls"] for a in reward["arms"].values()) > 0
@@ -51,7 +52,7 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
     assert (
         "trainer: training, step" in human and "cpu float32" in human and "probabilities:" in human
     )
-    assert f"reward: learnability: {reward['meaning']}" in human and "train loss" in human
+    assert f"reward: {NEW_RUN_REWARD}: {reward['meaning']}" in human and "train loss" in human
     assert "tok/s" in human and "ETA" in human and "elapsed" in human and "policy" in human
 
     res = ctl(tmp_path, "checkpoint", "--wait")

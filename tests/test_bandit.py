@@ -28,7 +28,7 @@ from andrea.daemon.mixing.bandit import (
     parse_state,
     project_capped_simplex,
 )
-from andrea.daemon.mixing.policy import Policy, PolicyError, load_policy, parse_policy
+from andrea.daemon.mixing.policy import REWARDS, Policy, PolicyError, load_policy, parse_policy
 from andrea.daemon.mixing.reward import exploration_rate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ def test_bounds_hold_after_every_update(bounds, data) -> None:
     names = [f"arm{i}" for i in range(k)]
     # A zombie with a big floor must not count against feasibility.
     policy = Policy(
-        reward=data.draw(st.sampled_from(["loss", "learnability"])),
+        reward=data.draw(st.sampled_from(REWARDS)),
         lag=1,
         alpha=data.draw(st.floats(0.0, 0.99)),
         arms={n: {"floor": fl, "cap": c} for n, fl, c in zip(names, floors, caps)},
@@ -301,7 +301,7 @@ def test_huge_and_tiny_losses_stay_finite() -> None:
 # -------------------------------------------------------------------------------- determinism
 
 
-@pytest.mark.parametrize("reward", ["loss", "learnability"])
+@pytest.mark.parametrize("reward", REWARDS)
 def test_same_inputs_same_arm_sequence(reward: str) -> None:
     policy = Policy(reward=reward, lag=4, arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}})
     one = drive(Bandit(ABC, policy, seed=42), 1, 300, {})
@@ -313,7 +313,7 @@ def test_same_inputs_same_arm_sequence(reward: str) -> None:
     assert set(one.values()) == {"a", "b", "c"}
 
 
-@pytest.mark.parametrize("reward", ["loss", "learnability"])
+@pytest.mark.parametrize("reward", REWARDS)
 @pytest.mark.parametrize("k", [0, 3, 4, 57, 200])
 def test_restart_from_state_continues_bit_for_bit(k: int, reward: str) -> None:
     policy = Policy(

@@ -13,6 +13,7 @@ import tomli_w
 
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
+from andrea.daemon.mixing.policy import NEW_RUN_REWARD
 from andrea.daemon.mixing.reward import exploration_rate
 
 from .conftest import REPO, Daemon, trainer_cmd
@@ -63,7 +64,7 @@ def test_a_random_arm_is_kept_at_its_floor(tmp_path: Path) -> None:
     assert share <= exploration_rate(2, STEPS // 2 - 8) + 0.05, share
     state = json.loads((tmp_path / "new" / ".state.json").read_text())
     report = state["live_reward"]
-    assert report["kind"] == "learnability"
+    assert report["kind"] == NEW_RUN_REWARD
     assert report["arms"]["random"]["reward"] < 0.05 < report["arms"]["prose"]["reward"]
     assert report["arms"]["random"]["loss"] > 5.0 > report["arms"]["prose"]["loss"]
 

@@ -16,7 +16,7 @@ import pytest
 
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
-from andrea.daemon.mixing.policy import parse_policy
+from andrea.daemon.mixing.policy import NEW_RUN_REWARD, parse_policy
 from andrea.daemon.rundir import bin_name, endpoint
 from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id, request
@@ -40,7 +40,7 @@ def kept_as(run: Path, text: str) -> bool:
     """Whether the run's policy file is `text`, naming the run's reward (a new run's) if `text`
     did not."""
     kept = (run / "policy.toml").read_text()
-    return kept.endswith(text) and parse_policy(kept).reward == "learnability"
+    return kept.endswith(text) and parse_policy(kept).reward == NEW_RUN_REWARD
 
 
 def proxy(run_dir: Path) -> Daemon:

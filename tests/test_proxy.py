@@ -20,6 +20,7 @@ import pytest
 
 from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.losslog import canonical_curve, read_entries
+from andrea.daemon.mixing.policy import NEW_RUN_REWARD
 from andrea.daemon.rundir import bin_name, peer_endpoint
 from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id, request
@@ -97,19 +98,19 @@ def test_reference_mixes_arms_and_writes_the_satellite_files(reference: Path) ->
     # The persisted bandit lags the log by at least W - 1 steps, by design (see assignbook).
     assert state["bandit"]["last_step"] <= STEPS + 1 - state["bandit"]["policy"]["lag"]
     # A new run names its reward in its policy file, and reports each arm's standing.
-    assert 'reward = "learnability"' in (reference / "policy.toml").read_text()
-    assert state["bandit"]["version"] == 2 and state["live_reward"]["kind"] == "learnability"
+    assert f'reward = "{NEW_RUN_REWARD}"' in (reference / "policy.toml").read_text()
+    assert state["bandit"]["version"] == 2 and state["live_reward"]["kind"] == NEW_RUN_REWARD
     for arm, report in state["live_reward"]["arms"].items():
         assert report["pulls"] > 0 and report["loss"] > 0, arm
     assert sum(r["reward"] for r in state["live_reward"]["arms"].values()) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("reward", ["learnability", "loss"])
+@pytest.mark.parametrize("reward", [NEW_RUN_REWARD, "loss"])
 def test_proxy_sigkill_is_invisible(
     tmp_path: Path, cache_dir: Path, reward: str, request: pytest.FixtureRequest
 ) -> None:
     reference = request.getfixturevalue(
-        "reference" if reward == "learnability" else "loss_reference"
+        "reference" if reward == NEW_RUN_REWARD else "loss_reference"
     )
     if reward == "loss":
         shutil.copy(reference / "policy.toml", tmp_path / "policy.toml")

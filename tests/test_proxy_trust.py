@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from andrea.daemon.losslog import read_entries
-from andrea.daemon.mixing.policy import Policy
+from andrea.daemon.mixing.policy import NEW_RUN_REWARD, REWARDS, Policy
 from andrea.daemon.mixing.proxy import LogContradiction, Proxy, ProxyOptions
 from andrea.daemon.process import SignalFlags
 from andrea.daemon.proxy_link import ProxyLink
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.process  # binds a real ipc socket
 PEER = b"trainer"
 
 
-def _proxy(run_dir: Path, reward: str = "learnability") -> Proxy:
+def _proxy(run_dir: Path, reward: str = NEW_RUN_REWARD) -> Proxy:
     policy = Policy(lag=2, reward=reward)
     p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), policy), SignalFlags())
     p.setup()
@@ -61,7 +61,7 @@ def _entry(step: int, arm: str, segment: int = 1, **kw) -> LossEntry:
     return LossEntry(**{**fields, **kw})
 
 
-@pytest.fixture(params=["learnability", "loss"])
+@pytest.fixture(params=REWARDS)
 def proxy(tmp_path: Path, request: pytest.FixtureRequest):
     p = _proxy(tmp_path, request.param)
     lock = play_trainer(tmp_path)

@@ -13,13 +13,16 @@ import pytest
 
 from andrea.daemon.mixing import reward
 from andrea.daemon.mixing.bandit import Bandit, BanditStateError, ConfiguredArm, parse_state
-from andrea.daemon.mixing.policy import Policy, parse_policy
+from andrea.daemon.mixing.policy import LEARNABILITY_REWARDS, NEW_RUN_REWARD, Policy, parse_policy
 from andrea.daemon.mixing.policystore import resolve_policy, store, with_reward
 from andrea.daemon.mixing.reward import (
+    GATE,
     LEVEL_DECAY,
     PROGRESS_DECAY,
     ArmStats,
     exploration_rate,
+    gated_shares,
+    gated_weights,
     progress_shares,
 )
 from andrea.daemon.rundir import POLICY_FILE, STATE_FILE
@@ -74,6 +77,31 @@ def test_progress_shares() -> None:
     a = progress_shares([3e-3, 1e-3, 0.0], [9, 9, 9])
     assert np.allclose(a, progress_shares([3e-6, 1e-6, 0.0], [9, 9, 9]), rtol=1e-12)
     assert np.allclose(a, [0.75, 0.25, 0.0])
+
+
+def test_gated_shares() -> None:
+    # Every arm at GATE of the best arm's progress or above gets one full share; below, less in
+    # proportion; none, nothing.
+    top = 0.004
+    shares = gated_shares([top, 0.9 * top, GATE * top, GATE * top / 4, 0.0], [20] * 5)
+    assert np.allclose(shares, np.array([1, 1, 1, 0.25, 0]) / 3.25, rtol=1e-12, atol=0)
+    # Unmeasured arms count as the best; nothing measured or no progress anywhere: uniform.
+    assert gated_shares([0.001, 0.0, 0.0], [10, 10, 2]).tolist() == [0.5, 0.0, 0.5]
+    assert gated_shares([0.0, 0.0, 0.0], [10, 10, 10]).tolist() == [1 / 3] * 3
+    # Scale-free, as the proportional shares are.
+    assert np.allclose(
+        gated_shares([3e-3, 1e-3, 0.0], [9] * 3), gated_shares([3e-6, 1e-6, 0.0], [9] * 3)
+    )
+
+
+def test_gated_weights_explore_eps_over_k() -> None:
+    k, t = 4, 300
+    w = gated_weights([0.003, 0.003, 0.003, 0.0], [80] * 4, t)
+    eps = exploration_rate(k, t) / k
+    assert w.sum() == pytest.approx(1.0, abs=1e-15)
+    assert w[3] == eps and np.allclose(w[:3], (1 - k * eps) / 3 + eps)
+    # Arms that all learn alike are mixed exactly as a uniform mixture.
+    assert np.allclose(gated_weights([0.003, 0.002, 0.0025], [80] * 3, t), 1 / 3, rtol=1e-15)
 
 
 # ------------------------------------------------------------------------ losses like a trainer's
@@ -131,30 +159,38 @@ def second_half_share(trained: list[str], arm: str) -> float:
 TEXT3 = {"code": "text", "comments": "text", "docstrings": "text"}
 
 
-def test_an_unlearnable_arm_stays_at_its_floor_plus_exploration() -> None:
+@pytest.mark.parametrize("kind", LEARNABILITY_REWARDS)
+def test_an_unlearnable_arm_stays_at_its_floor_plus_exploration(kind: str) -> None:
     kinds = {**TEXT3, "random": "random"}
     steps = 1500
-    trained = run(kinds, Policy(reward="learnability"), steps)
-    # Exploration alone over the second half: eps_t is at most 0.0215 there.
-    assert second_half_share(trained, "random") <= exploration_rate(4, steps // 2) + 0.01
-    with_floor = run(kinds, Policy(reward="learnability", arms={"random": {"floor": 0.1}}), steps)
+    trained = run(kinds, Policy(reward=kind), steps)
+    # Exploration alone over the second half: eps_t is at most 0.0215 there (a quarter of it
+    # under the gated reward, which explores eps_t / K).
+    explore = exploration_rate(4, steps // 2) / (4 if kind == "gated-learnability" else 1)
+    assert second_half_share(trained, "random") <= explore + 0.01
+    with_floor = run(kinds, Policy(reward=kind, arms={"random": {"floor": 0.1}}), steps)
     assert 0.1 <= second_half_share(with_floor, "random") <= 0.1 + 0.04
     # The negative control: ODM's reward feeds the arm it cannot learn.
     assert second_half_share(run(kinds, Policy(reward="loss"), steps), "random") > 0.5
 
 
-def test_an_arm_learnt_to_its_floor_gives_way() -> None:
-    trained = run({**TEXT3, "dup": "dup"}, Policy(reward="learnability"), 1500)
-    # While it is being learnt it makes the most progress and gets more than a quarter of the
-    # steps; once its loss stops setting new lows its share falls below uniform's.
-    assert trained[100:500].count("dup") / 400 > 0.3
-    assert second_half_share(trained, "dup") <= 0.16
+@pytest.mark.parametrize("kind", LEARNABILITY_REWARDS)
+def test_an_arm_learnt_to_its_floor_gives_way(kind: str) -> None:
+    trained = run({**TEXT3, "dup": "dup"}, Policy(reward=kind), 1500)
+    # While it is being learnt it makes the most progress: the proportional reward gives it more
+    # than a quarter of the steps, the gated one a full share. Once its loss stops setting new
+    # lows its share falls below uniform's.
+    assert trained[100:500].count("dup") / 400 > (0.3 if kind == "learnability" else 0.2)
+    # The gate keeps a full share for an arm whose lows, noise-made, still come half as fast as
+    # the learnable arms' slow ones: it gives way less than the proportional reward does.
+    assert second_half_share(trained, "dup") <= (0.16 if kind == "learnability" else 0.2)
 
 
-def test_learnable_arms_share_alike() -> None:
-    trained = run(TEXT3, Policy(reward="learnability"), 1500)
+@pytest.mark.parametrize(("kind", "spread"), [("learnability", 0.09), ("gated-learnability", 0.05)])
+def test_learnable_arms_share_alike(kind: str, spread: float) -> None:
+    trained = run(TEXT3, Policy(reward=kind), 1500)
     for arm in TEXT3:
-        assert 0.25 <= second_half_share(trained, arm) <= 0.42
+        assert abs(second_half_share(trained, arm) - 1 / 3) <= spread
 
 
 # -------------------------------------------------------------------------- the state's versions
@@ -236,17 +272,17 @@ def test_a_policy_without_the_key_keeps_its_fingerprint() -> None:
     )
 
 
-def test_a_new_run_gets_the_learnability_reward_and_its_file_says_so(tmp_path: Path) -> None:
+def test_a_new_run_gets_the_gated_reward_and_its_file_says_so(tmp_path: Path) -> None:
     resolved = resolve_policy(tmp_path, None, False)
-    assert resolved.policy.reward == "learnability"
-    assert resolved.write is not None and parse_policy(resolved.write).reward == "learnability"
+    assert resolved.policy.reward == NEW_RUN_REWARD == "gated-learnability"
+    assert resolved.write is not None and parse_policy(resolved.write).reward == NEW_RUN_REWARD
 
     given = tmp_path / "base.toml"
     given.write_text("[arms.code]\ncap = 0.5\n")
     first = resolve_policy(tmp_path, given, False)
-    assert first.policy.reward == "learnability" and first.write is not None
+    assert first.policy.reward == NEW_RUN_REWARD and first.write is not None
     stored = parse_policy(first.write)
-    assert stored.reward == "learnability" and stored.arms["code"].cap == 0.5
+    assert stored.reward == NEW_RUN_REWARD and stored.arms["code"].cap == 0.5
     store(tmp_path, first.write)
     # A restart with the same file (which does not name the reward) keeps the run's.
     again = resolve_policy(tmp_path, given, False)
@@ -279,9 +315,10 @@ def test_a_run_older_than_its_policy_file_keeps_the_loss_reward(tmp_path: Path) 
 
 
 def test_a_policy_without_the_key_takes_the_reward_of_the_run(tmp_path: Path) -> None:
-    """A new run's state says learnability: a policy.toml edited without the key (the manual
-    pivot) keeps it, as `andreactl pivot` with the same file does; logged steps without any state
-    (a run from before) mean the loss reward."""
+    """A run made when new runs got the proportional learnability reward says so in its state:
+    a policy.toml edited without the key (the manual pivot) keeps it, as `andreactl pivot` with
+    the same file does; logged steps without any state (a run from before) mean the loss
+    reward."""
     state = json.loads(_seed_state())
     policy = Policy(reward="learnability")
     state.update(version=2, policy=policy.model_dump(mode="json"))

@@ -1,7 +1,7 @@
 """Online data mixing: an EXP3-style bandit over data sources ("arms"), with caps, floors and a lag.
 
 With K live arms and t the number of losses incorporated in the current phase, the policy's reward
-(`reward.py`: ODM's "loss", or "learnability", the default of new runs) turns the arms' loss
+(`reward.py`: ODM's "loss", "learnability", or "gated-learnability", the default of new runs) turns the arms' loss
 statistics into mixture weights w, with EXP3's exploration ``eps_t = min(1/K, sqrt(ln K / (K t)))``
 mixed in, and for t = 0 the policy's normalised initial weights. Then
 
@@ -39,7 +39,7 @@ from ..config import ARM_NAME_PATTERN
 from ..rundir import STATE_FILE
 from ..validation import describe
 from . import reward
-from .policy import IMPLICIT_REWARD, Policy
+from .policy import IMPLICIT_REWARD, LEARNABILITY_REWARDS, Policy
 from .reward import ArmStats
 
 log = logging.getLogger(__name__)
@@ -201,13 +201,13 @@ class BanditState(_StateModel):
                 f"arms {late}: last_pull {max(a.last_pull for a in self.arms)} is "
                 f"after last_step {self.last_step}"
             )
-        if self.policy.reward == "learnability":
+        if self.policy.reward in LEARNABILITY_REWARDS:
             # Its mixture is made of these statistics: each measured arm must carry them.
             unmeasured = [a.name for a in self.arms if (a.loss_ema is None) != (a.pulls == 0)]
             if unmeasured:
                 raise ValueError(
                     f"arms {unmeasured}: loss_ema must be present exactly when pulls > 0 "
-                    "under the learnability reward"
+                    f"under the {self.policy.reward} reward"
                 )
         return self
 
@@ -473,6 +473,8 @@ class Bandit:
             w = reward.learnability_weights(
                 [a.stats.progress for a in live], [a.pulls for a in live], t
             )
+        elif self._policy.reward == "gated-learnability":
+            w = reward.gated_weights([a.stats.progress for a in live], [a.pulls for a in live], t)
         else:
             w = reward.mixture_weights(
                 np.array([a.stats.ema_reward for a in live], dtype=np.float64), t
@@ -562,13 +564,16 @@ class Bandit:
 
     def rewards(self) -> dict[str, float]:
         """Each arm's current reward under the policy's reward (`reward.MEANING`): the loss
-        reward's R_i, or the learnability reward's share of the recent progress (zombies: 0)."""
-        if self._policy.reward != "learnability":
+        reward's R_i, or the share the learnability rewards give it (zombies: 0)."""
+        if self._policy.reward not in LEARNABILITY_REWARDS:
             return {a.name: a.stats.ema_reward for a in self._arms.values()}
         live = [a for a in self._arms.values() if a.live]
-        shares = reward.progress_shares(
-            [a.stats.progress for a in live], [a.pulls for a in live]
-        ).tolist()
+        shares_of = (
+            reward.gated_shares
+            if self._policy.reward == "gated-learnability"
+            else reward.progress_shares
+        )
+        shares = shares_of([a.stats.progress for a in live], [a.pulls for a in live]).tolist()
         out = dict.fromkeys(self._arms, 0.0)
         out.update(zip((a.name for a in live), shares))
         return out

@@ -4,7 +4,7 @@ A policy is one phase's rules for the bandit (`andrea.daemon.mixing.bandit`). It
 by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
 recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
 
-    reward = "learnability"  # what the bandit rewards (see docs/bandit.md); or "loss" (ODM's)
+    reward = "gated-learnability"  # what the bandit rewards (docs/bandit.md); "learnability", "loss"
     alpha = 0.9   # EMA smoothing of the per-arm reward (ODM's default)
     lag = 8       # W: the assignment of step s sees the losses of steps <= s - W
 
@@ -53,12 +53,14 @@ from ..validation import describe
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9
 
-Reward = Literal["loss", "learnability"]
+Reward = Literal["loss", "learnability", "gated-learnability"]
 REWARDS: tuple[str, ...] = get_args(Reward)
+#: The rewards whose mixture is made of each arm's progress statistics (reward.py).
+LEARNABILITY_REWARDS: tuple[str, ...] = ("learnability", "gated-learnability")
 #: What a policy without a `reward` key means: ODM's reward, the only one before the choice existed.
 IMPLICIT_REWARD: Reward = "loss"
 #: The reward a new run gets when its policy does not name one (decided in `policystore`).
-NEW_RUN_REWARD: Reward = "learnability"
+NEW_RUN_REWARD: Reward = "gated-learnability"
 
 #: Slack for comparing sums of probabilities written in decimal (ten floors of 0.1 must pass).
 FEASIBILITY_TOLERANCE = 1e-12
@@ -91,8 +93,9 @@ class Policy(_Strict):
 
     reward: Reward = Field(
         IMPLICIT_REWARD,
-        description="what the bandit rewards: 'learnability' (what training on the arm still "
-        "buys) or 'loss' (ODM's EMA of exp(loss))",
+        description="what the bandit rewards: 'gated-learnability' (an equal share for every arm "
+        "training still improves), 'learnability' (shares proportional to that progress) or "
+        "'loss' (ODM's EMA of exp(loss))",
     )
     alpha: float = Field(
         0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last"

@@ -1,4 +1,4 @@
-"""What the bandit rewards an arm for, and the mixture weights that follow: the two rewards a policy
+"""What the bandit rewards an arm for, and the mixture weights that follow: the three rewards a policy
 can choose (`Policy.reward`), as pure float64 functions of each arm's loss statistics.
 
 **loss** (ODM, Albalak et al. 2023): ``R_i <- alpha R_i + (1 - alpha) exp(min(loss, 700))`` when arm i
@@ -9,7 +9,9 @@ that moves only when its arm is trained, already an estimate given a pull; EXP3'
 cumulative sums, and here it would bias R_i upward and overflow exp(eps R) within a few steps (as in
 the reference code; docs/bandit.md).
 
-**learnability**: how much training on the arm still lowers its loss. Per arm, over its own steps:
+**learnability**: how much training on the arm still lowers its loss, the mixture proportional to
+it (new runs got it before gated-learnability; their policies name it, and they keep it). Per arm,
+over its own steps:
 
 - ``m_i``: EMA of its training loss (``LEVEL_DECAY``: about 10 of its steps; the first loss starts it);
 - ``b_i``: the lowest ``m_i`` so far in the phase;
@@ -40,7 +42,22 @@ when the proportional rule favours another (measured: with eps_t / K instead, th
 held-out mean was 0.01 and 0.04 nats worse on two seeds, for a saving of 0.03 on an unlearnable arm's
 exploration in one replay).
 
-Both rewards keep all these statistics (a few float operations per step), so that status shows each
+**gated-learnability** (the default of new runs): the same statistics, used as a gate rather
+than as proportions. With ``r_i = rho_i / max_j rho_j``, each arm's share is ``min(1, r_i / GATE)``
+normalised: every arm whose progress is at least ``GATE`` (half) of the best arm's gets one equal
+share, an arm below gets proportionally less, an arm that makes none gets nothing. Mixture:
+``w = (1 - eps_t) shares + eps_t / K``.
+Why a gate: late in a run every learnable arm's progress is a few thousandths of a nat per step and
+its ratio to the best arm's wanders between 0.05 and 1 within a few hundred steps (new lows of a
+noisy curve come in bursts). Proportions turn that noise into lasting tilts between learnable arms
+(seed by seed one arm had 0.04 to 0.70 of the second half), and an arm tilted away trains less,
+sets fewer lows and is tilted further. With the gate, arms that are all still learning share
+alike, which is what a uniform mixture would do, and an arm drops out only when its progress is
+well below the others'. Exploration eps_t / K, not per arm: the gate, not exploration, keeps a
+learnable arm's share, and every step spent exploring an arm that cannot be learnt costs the
+learnable ones (docs/mixing-quality.md measures both rewards).
+
+All rewards keep all these statistics (a few float operations per step), so that status shows each
 arm's recent loss and progress whichever reward makes the mixture.
 """
 
@@ -60,12 +77,16 @@ LEVEL_DECAY = 0.9
 PROGRESS_DECAY = 0.99
 #: An arm with fewer steps in the phase than this has not been measured: it counts as the best.
 WARMUP_PULLS = 3
+#: gated-learnability: the fraction of the best arm's progress from which an arm gets a full share.
+GATE = 0.5
 
 #: What each reward means, in a few words, for status displays and exports.
 MEANING = {
     "loss": "EMA of exp(training loss) per arm (ODM): rewards difficulty",
     "learnability": "share of the recent progress (nats per step by which each arm's loss EMA "
     "still sets new lows)",
+    "gated-learnability": "share of the mixture its recent progress earns: equal for every arm "
+    "whose loss EMA still sets new lows at least half as fast as the best arm's, less below",
 }
 
 
@@ -129,12 +150,18 @@ def mixture_weights(rewards: np.ndarray, t: int) -> np.ndarray:
     return _explore(e / math.fsum(e), t)
 
 
-def progress_shares(progress: list[float], pulls: list[int]) -> np.ndarray:
-    """The learnability reward of each arm: its share of the recent progress (sums to 1)."""
+def _progress(progress: list[float], pulls: list[int]) -> np.ndarray:
+    """rho per arm, an arm not measured yet counted as the best measured one (or 1 if none)."""
     rho = np.array(progress, dtype=np.float64)
     measured = np.array(pulls) >= WARMUP_PULLS
     best = float(rho[measured].max()) if measured.any() else 0.0
     rho[~measured] = best if best > 0.0 else 1.0
+    return rho
+
+
+def progress_shares(progress: list[float], pulls: list[int]) -> np.ndarray:
+    """The learnability reward of each arm: its share of the recent progress (sums to 1)."""
+    rho = _progress(progress, pulls)
     total = math.fsum(rho)
     if total <= 0.0:
         return np.full(rho.size, 1.0 / rho.size)
@@ -144,3 +171,21 @@ def progress_shares(progress: list[float], pulls: list[int]) -> np.ndarray:
 def learnability_weights(progress: list[float], pulls: list[int], t: int) -> np.ndarray:
     """The learnability reward: w = (1 - K eps_t) shares + eps_t, for t >= 1 (sums to 1)."""
     return _explore(progress_shares(progress, pulls), t)
+
+
+def gated_shares(progress: list[float], pulls: list[int]) -> np.ndarray:
+    """The gated-learnability reward of each arm: min(1, r_i / GATE) normalised (sums to 1)."""
+    rho = _progress(progress, pulls)
+    top = float(rho.max())
+    if top <= 0.0:
+        return np.full(rho.size, 1.0 / rho.size)
+    r = np.minimum(1.0, rho / top / GATE)
+    return r / math.fsum(r)
+
+
+def gated_weights(progress: list[float], pulls: list[int], t: int) -> np.ndarray:
+    """The gated-learnability reward: w = (1 - eps_t) shares + eps_t / K, for t >= 1."""
+    shares = gated_shares(progress, pulls)
+    k = shares.size
+    eps = exploration_rate(k, t) / k
+    return max(0.0, 1.0 - k * eps) * shares + eps
