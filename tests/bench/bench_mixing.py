@@ -1,7 +1,8 @@
-"""Mixing quality: the bandit's two rewards against uniform mixtures, on three sets of arms.
+"""Mixing quality: the bandit's rewards against uniform mixtures, on three sets of arms.
 
     nice -n 10 .venv/bin/python tests/bench/bench_mixing.py [--steps 1500] [--seeds 1 2 3 4 5]
-        [--cases a b c] [--mixtures learnability loss uniform uniform-learnable] [--jobs 2]
+        [--cases a b c] [--mixtures gated-learnability learnability loss uniform-paired
+        uniform-learnable-paired uniform uniform-learnable] [--jobs 2]
         [--eval-sequences 128] [--threads 1] [--out-dir DIR] [--reuse OLD/mixing.json]
 
 Cases (arms; the held-out loss that counts is the mean over the three learnable stdlib arms):
@@ -13,11 +14,18 @@ work directory.
 
 Mixtures, each a real `andrea-trainer` at andrea-tiny (5% of each arm's documents held out), the LR
 decaying over the whole run (optim.decay_steps = --steps):
-- learnability: `--with-proxy`, policy `reward = "learnability"` (the default of new runs);
+- gated-learnability: `--with-proxy`, policy `reward = "gated-learnability"` (the default of new
+  runs);
+- learnability: `--with-proxy`, policy `reward = "learnability"` (proportional to progress);
 - loss: `--with-proxy`, policy `reward = "loss"` (ODM's reward);
-- uniform: `--mixing fixed`, every arm weight 1;
-- uniform-learnable: `--mixing fixed`, the extra arm weight 0 (cases b and c; in case a it is
-  uniform, and is not run twice).
+- uniform-paired: `--with-proxy`, a policy whose floors and caps are all 1/K: uniform, drawn from
+  the same per-step uniforms as the bandit's runs of the same seed, so that wherever a bandit mixes
+  uniformly it trains on the very same steps (common random numbers: the difference between two
+  mixtures is then theirs, not the luck of two draw streams);
+- uniform-learnable-paired: the same, the extra arm capped at 0;
+- uniform, uniform-learnable: `--mixing fixed` (the trainer's own draws), every arm weight 1, or
+  the extra arm weight 0.
+In case a, the "-learnable" mixtures are the uniform ones and are not run twice.
 
 Reported per case: the mean held-out loss over the learnable arms at the last step (mean ± sd over
 seeds, and seed by seed against uniform), each arm's share of the steps in the second half, and the
@@ -26,7 +34,7 @@ checks the mixing-quality page states. Also the bandit's own cost per step under
 
 Training is deterministic, so a run does not need repeating: `--reuse` takes, from an earlier
 mixing.json of the same --steps, the runs of every (case, mixture, seed) this invocation does not run
-(e.g. the uniform and loss runs, when only `--mixtures learnability` changed); mixing.json lists them.
+(e.g. the uniform and loss runs, when only `--mixtures gated-learnability` changed); mixing.json lists them.
 """
 
 from __future__ import annotations
@@ -52,7 +60,11 @@ from andrea.daemon.losslog import canonical_curve, read_entries
 from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm
 from andrea.daemon.mixing.policy import Policy
 
-MIXTURES = ("learnability", "loss", "uniform", "uniform-learnable")
+REWARDS = ("gated-learnability", "learnability", "loss")
+PAIRED = ("uniform-paired", "uniform-learnable-paired")
+FIXED = ("uniform", "uniform-learnable")
+MIXTURES = (*REWARDS, *PAIRED, *FIXED)
+NEW = "gated-learnability"
 LEARNABLE = ("code", "comments", "docstrings")
 EXTRA = {"a": None, "b": "random", "c": "dup"}
 DUP_TEXT = b"The quick brown fox jumps over the lazy dog.\n"
@@ -61,7 +73,7 @@ DUP_TEXT = b"The quick brown fox jumps over the lazy dog.\n"
 def write_inputs(work: Path) -> None:
     """The bandit's policies, and the random and duplicate arms' files (the same bytes on every
     machine)."""
-    for reward in ("learnability", "loss"):
+    for reward in REWARDS:
         (work / f"policy-{reward}.toml").write_text(f'reward = "{reward}"\n')
     for i in range(300):
         stream = b"".join(
@@ -79,7 +91,7 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
     ]
     extra = EXTRA[case]
     if extra is not None:
-        weight = 0.0 if mixture == "uniform-learnable" else 1.0
+        weight = 0.0 if mixture == "uniform-learnable" else 1.0  # the proxy ignores weights
         paths = [str(Path(args.work_dir) / extra / "*.txt")]
         arms.append({"name": extra, "kind": "text", "paths": paths, "weight": weight})
     return {
@@ -89,7 +101,7 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
         "threads": args.threads,
         "sample_every": 0,
         "log_every": 500,
-        "mixing": "fixed" if mixture.startswith("uniform") else "proxy",
+        "mixing": "fixed" if mixture in FIXED else "proxy",
         "optim": {"decay_steps": args.steps},
         "checkpoint": {"every": 0},
         "eval": {"every": args.steps, "sequences": args.eval_sequences},
@@ -97,12 +109,26 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
     }
 
 
+def paired_policy(case: str, mixture: str) -> dict:
+    """Floors and caps that pin every drawn arm at 1/K (the extra arm at 0 when it is left out)."""
+    extra = EXTRA[case]
+    drawn = [*LEARNABLE, *([extra] if extra and mixture == "uniform-paired" else [])]
+    arms = {n: {"floor": 1.0 / len(drawn), "cap": 1.0 / len(drawn)} for n in drawn}
+    if extra and extra not in drawn:
+        arms[extra] = {"floor": 0.0, "cap": 0.0}
+    return {"reward": "loss", "arms": arms}
+
+
 def one_run(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dict:
     run_dir = Path(args.work_dir) / f"{case}-{mixture}-seed{seed}"
     run_dir.mkdir(parents=True)
     (run_dir / "run.toml").write_text(tomli_w.dumps(run_config(case, mixture, seed, args)))
     cmd = [sys.executable, "-m", "andrea.daemon.trainer_cli", "--run-dir", str(run_dir)]
-    if not mixture.startswith("uniform"):
+    if mixture in PAIRED:
+        policy = run_dir.parent / f"policy-{case}-{mixture}.toml"
+        policy.write_text(tomli_w.dumps(paired_policy(case, mixture)))
+        cmd += ["--with-proxy", "--policy", str(policy)]
+    elif mixture in REWARDS:
         cmd += ["--with-proxy", "--policy", str(Path(args.work_dir) / f"policy-{mixture}.toml")]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -147,7 +173,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     jobs = []
     for seed in args.seeds:
         for case in args.cases:
-            mixtures = [m for m in args.mixtures if not (case == "a" and m == "uniform-learnable")]
+            mixtures = [m for m in args.mixtures if not (case == "a" and "learnable" in m)]
             k = seed % len(mixtures)  # interleaved, so that a change of load touches all alike
             jobs += [(case, m, seed) for m in mixtures[k:] + mixtures[:k]]
     return jobs
@@ -160,6 +186,7 @@ def summarise(runs: list[dict]) -> dict:
         by = {m: {r["seed"]: r for r in rs if r["mixture"] == m} for m in MIXTURES}
         if case == "a":
             by["uniform-learnable"] = by["uniform"]
+            by["uniform-learnable-paired"] = by["uniform-paired"]
         by = {m: v for m, v in by.items() if v}
         extra = EXTRA[case]
         mixtures = {}
@@ -183,18 +210,28 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def checks(case: str, mx: dict) -> dict:
-    """The done-when figures of docs/mixing-quality.md, where the runs to compute them exist."""
-    new, uni = mx.get("learnability"), mx.get("uniform")
-    if new is None or uni is None:
+    """The done-when figures of docs/mixing-quality.md, where the runs to compute them exist: the
+    new reward against each pair of uniform baselines (the paired ones, drawn from the bandit's
+    uniforms, and the fixed ones, from the trainer's)."""
+    new = mx.get(NEW)
+    if new is None:
         return {}
-    out = {"learnability_minus_uniform": new["mean"] - uni["mean"]}
+    out: dict = {}
     extra = EXTRA[case]
     if extra is not None:
         out["extra_share_second_half"] = new["share_second_half"][extra]
-        learnable = mx.get("uniform-learnable")
-        if learnable is not None:
-            gap = uni["mean"] - learnable["mean"]
-            out["gap_recovered"] = (uni["mean"] - new["mean"]) / gap if gap else None
+    for all_arms, learnable, tag in (
+        ("uniform-paired", "uniform-learnable-paired", "paired"),
+        ("uniform", "uniform-learnable", "fixed"),
+    ):
+        uni = mx.get(all_arms)
+        if uni is None:
+            continue
+        out[f"minus_uniform_{tag}"] = new["mean"] - uni["mean"]
+        ref = mx.get(learnable)
+        if extra is not None and ref is not None:
+            gap = uni["mean"] - ref["mean"]
+            out[f"gap_recovered_{tag}"] = (uni["mean"] - new["mean"]) / gap if gap else None
     return out
 
 
@@ -211,16 +248,16 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
         head = "| mixture | mean ± sd | " + " | ".join(f"seed {x}" for x in seeds)
         head += " | second-half share " + (f"of {extra}" if extra else "(code/comments/docstrings)")
         lines += [head + " |", "|---" * (3 + len(seeds)) + "|"]
-        uni = s["mixtures"].get("uniform")
+        uni = s["mixtures"].get("uniform-paired")
         for m, v in s["mixtures"].items():
-            if case == "a" and m == "uniform-learnable":
+            if case == "a" and "learnable" in m:
                 continue
             cells = []
             for x in seeds:
                 value = v["per_seed"].get(x)
                 if value is None:
                     cells.append("—")
-                elif uni is not None and m != "uniform" and x in uni["per_seed"]:
+                elif uni is not None and m != "uniform-paired" and x in uni["per_seed"]:
                     cells.append(f"{value:.4f} ({value - uni['per_seed'][x]:+.4f})")
                 else:
                     cells.append(f"{value:.4f}")
@@ -231,22 +268,29 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
             lines.append(
                 f"| {m} | {v['mean']:.4f} ± {v['sd']:.4f} | " + " | ".join(cells) + f" | {shown} |"
             )
-        c = s["checks"]
-        if c:
-            said = [f"learnability − uniform: {c['learnability_minus_uniform']:+.4f} nats"]
-            if "extra_share_second_half" in c:
-                said.append(f"{extra}'s second-half share: {c['extra_share_second_half']:.3f}")
-            if c.get("gap_recovered") is not None:
-                said.append(
-                    "gap between uniform over all and over the learnable arms recovered: "
-                    f"{100 * c['gap_recovered']:.0f}%"
-                )
-            lines += ["", "Checks: " + "; ".join(said) + "."]
+        if s["checks"]:
+            lines += ["", "Checks: " + "; ".join(said_checks(s["checks"], extra)) + "."]
     lines += [
         "",
-        "Per seed, in parentheses: the difference to uniform over all arms of the same seed.",
+        "Per seed, in parentheses: the difference to uniform-paired (uniform over all arms, drawn "
+        "from the same per-step uniforms as the bandit) of the same seed.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def said_checks(c: dict, extra: str | None) -> list[str]:
+    said = []
+    for tag in ("paired", "fixed"):
+        if f"minus_uniform_{tag}" in c:
+            said.append(f"{NEW} − uniform ({tag}): {c[f'minus_uniform_{tag}']:+.4f} nats")
+        if c.get(f"gap_recovered_{tag}") is not None:
+            said.append(
+                f"gap between uniform over all and over the learnable arms ({tag}) recovered: "
+                f"{100 * c[f'gap_recovered_{tag}']:.0f}%"
+            )
+    if "extra_share_second_half" in c:
+        said.append(f"{extra}'s second-half share: {c['extra_share_second_half']:.3f}")
+    return said
 
 
 def reusable(args: argparse.Namespace, ran: set[tuple[str, str, int]]) -> list[dict]:
@@ -282,7 +326,7 @@ def main() -> None:
     p.add_argument("--reuse", type=Path, help="an earlier mixing.json whose other runs to keep")
     args = p.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    cost = {r: bandit_cost(r) for r in ("loss", "learnability")}
+    cost = {r: bandit_cost(r) for r in REWARDS}
     print(
         "bandit cost per step: " + ", ".join(f"{r} {us:.0f} µs" for r, us in cost.items()),
         flush=True,
