@@ -52,10 +52,11 @@ its ratio to the best arm's wanders between 0.05 and 1 within a few hundred step
 noisy curve come in bursts). Proportions turn that noise into lasting tilts between learnable arms
 (seed by seed one arm had 0.04 to 0.70 of the second half), and an arm tilted away trains less,
 sets fewer lows and is tilted further. With the gate, arms that are all still learning share
-alike, which is what a uniform mixture would do, and an arm drops out only when its progress is
-well below the others'. Exploration eps_t / K, not per arm: the gate, not exploration, keeps a
-learnable arm's share, and every step spent exploring an arm that cannot be learnt costs the
-learnable ones (docs/mixing-quality.md measures both rewards).
+alike, which is what a uniform mixture would do, and an arm loses share only when its progress
+stays under half the best arm's (measured: the tilt remains, weaker; docs/mixing-quality.md).
+Exploration eps_t / K per arm, not ODM's eps_t: the gate, not exploration, keeps a learnable arm's
+share, and every step spent exploring an arm that cannot be learnt is taken from the learnable
+ones.
 
 All rewards keep all these statistics (a few float operations per step), so that status shows each
 arm's recent loss and progress whichever reward makes the mixture.
