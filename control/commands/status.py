@@ -4,6 +4,7 @@ control sockets, or for a stopped run a summary from its files (:mod:`andrea.con
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from pathlib import Path
 
@@ -171,6 +172,9 @@ def _watch_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Status every --interval seconds until Ctrl-C (with --json: one document per line)."""
+    # SIGINT is the only way this loop ends, so it must be heard even where it was inherited as
+    # ignored (a background job of a non-interactive shell starts so): `kill -INT` stops it too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             report = status_report(args.run_dir)
