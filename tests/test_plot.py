@@ -155,19 +155,25 @@ def test_step_range_and_the_command(audited_run: Path, tmp_path: Path, capsys) -
 
 def synthetic_curve(n: int, spikes: dict[int, float]) -> LossCurve:
     rng = np.random.default_rng(3)
-    step = np.arange(1, n + 1, dtype=np.int64)
     loss = 3.0 + rng.normal(0, 0.05, n)
     for s, v in spikes.items():
         loss[s - 1] = v
+    return curve_of(loss, ["a", "b"] * (n // 2), [0] * n)
+
+
+def curve_of(loss: np.ndarray, arms: list[str], phases: list[int]) -> LossCurve:
+    """A loss curve of steps 1..n with these losses, arms and phases (the rest constant)."""
+    n = len(loss)
+    step = np.arange(1, n + 1, dtype=np.int64)
     return LossCurve(
         step=step,
         loss=loss,
-        arm=np.array(["a", "b"] * (n // 2), dtype=object),
+        arm=np.array(arms, dtype=object),
         lr=np.full(n, 1e-3),
         tokens=np.full(n, 512, dtype=np.int64),
         wall_time=1.7e9 + step.astype(np.float64),
         segment=np.ones(n, dtype=np.int64),
-        phase=np.zeros(n, dtype=np.int64),
+        phase=np.array(phases, dtype=np.int64),
         batch_sha256=np.full(n, None, dtype=object),
         entries_read=n,
     )
@@ -207,18 +213,7 @@ def mixed_curve(arms: list[str], phases: list[int]) -> LossCurve:
     step = np.arange(1, n + 1, dtype=np.int64)
     base = {"comments": 4.0, "code": 3.0}
     loss = np.array([base[a] - s / 1000 for a, s in zip(arms, step.tolist())])
-    return LossCurve(
-        step=step,
-        loss=loss,
-        arm=np.array(arms, dtype=object),
-        lr=np.full(n, 1e-3),
-        tokens=np.full(n, 512, dtype=np.int64),
-        wall_time=1.7e9 + step.astype(np.float64),
-        segment=np.ones(n, dtype=np.int64),
-        phase=np.array(phases, dtype=np.int64),
-        batch_sha256=np.full(n, None, dtype=object),
-        entries_read=n,
-    )
+    return curve_of(loss, arms, phases)
 
 
 def test_arm_share_shows_a_floor_the_phase_meets_as_met() -> None:
