@@ -131,13 +131,16 @@ class ControlServer:
                     return m.Reply(id=msg.id, ok=False, error=error)
                 self.flags.request_boundary_checkpoint(hold=True)
                 return m.Reply(id=msg.id, ok=True, data={"accepted": "hold", "hold_id": msg.id})
+            # A waiter is registered before its flag is set: once set, the training loop may
+            # serve it (or finish) at once, and answers only the waiters it finds.
+            if msg.wait:
+                with self._lock:
+                    self._checkpoint_waiters.append((peer, msg.id))
             if msg.boundary:
                 self.flags.request_boundary_checkpoint()
             else:
                 self.flags.request_checkpoint("control")
             if msg.wait:
-                with self._lock:
-                    self._checkpoint_waiters.append((peer, msg.id))
                 return None
             return m.Reply(
                 id=msg.id, ok=True, data={"accepted": "boundary" if msg.boundary else "next step"}
@@ -152,10 +155,11 @@ class ControlServer:
                 self.flags.request_resume()
             return m.Reply(id=msg.id, ok=True, data={"hold_id": msg.hold_id, "outcome": done})
         if isinstance(msg, m.StopRequest):
-            self.flags.request_stop("control")
             if msg.wait:
                 with self._lock:
                     self._stop_waiters.append((peer, msg.id))
+            self.flags.request_stop("control")
+            if msg.wait:
                 return None
             return m.Reply(id=msg.id, ok=True, data={"accepted": "stop"})
         return m.Reply(

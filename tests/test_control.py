@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import zmq
 
+from andrea.daemon.control_server import ControlServer
 from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.process import SignalFlags, StopReason
 from andrea.daemon.rundir import endpoint, socket_dir
 from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id, request
@@ -159,3 +161,30 @@ def test_operator_is_answered_during_a_status_flood(tmp_path: Path, cache_dir: P
         assert stop.returncode == 0, stop.stderr
     assert t.wait() == ExitCode.OK, t.log
     assert any(tmp_path.glob("step_*.bin"))
+
+
+class _FinishAtOnce(SignalFlags):
+    """Flags whose stop request the training loop serves at once: `close` runs (from another
+    thread, as the loop would) before `request_stop` returns to the socket thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.server: ControlServer | None = None
+
+    def request_stop(self, reason: StopReason) -> None:
+        super().request_stop(reason)
+        assert self.server is not None
+        closing = threading.Thread(target=self.server.close, args=({"exit_code": 0},))
+        closing.start()
+        time.sleep(0.5)  # close() takes its snapshot of the waiters meanwhile
+
+
+def test_stop_wait_is_answered_when_the_loop_finishes_at_once(tmp_path: Path) -> None:
+    """A `stop --wait` whose stop the loop serves before the request's handler has returned is
+    still answered (its waiter is registered before the stop flag is set)."""
+    tmp_path.chmod(0o700)
+    flags = _FinishAtOnce()
+    flags.server = ControlServer(endpoint(tmp_path, "trainer"), flags, lambda: None)
+    reply = request(endpoint(tmp_path, "trainer"), m.StopRequest(id=new_id(), wait=True),
+                    timeout=10, retries=1)  # fmt: skip
+    assert reply.ok and reply.data == {"exit_code": 0}
