@@ -170,12 +170,13 @@ class _FinishAtOnce(SignalFlags):
     def __init__(self) -> None:
         super().__init__()
         self.server: ControlServer | None = None
+        self.closing: threading.Thread | None = None
 
     def request_stop(self, reason: StopReason) -> None:
         super().request_stop(reason)
         assert self.server is not None
-        closing = threading.Thread(target=self.server.close, args=({"exit_code": 0},))
-        closing.start()
+        self.closing = threading.Thread(target=self.server.close, args=({"exit_code": 0},))
+        self.closing.start()
         time.sleep(0.5)  # close() takes its snapshot of the waiters meanwhile
 
 
@@ -188,3 +189,6 @@ def test_stop_wait_is_answered_when_the_loop_finishes_at_once(tmp_path: Path) ->
     reply = request(endpoint(tmp_path, "trainer"), m.StopRequest(id=new_id(), wait=True),
                     timeout=10, retries=1)  # fmt: skip
     assert reply.ok and reply.data == {"exit_code": 0}
+    assert flags.closing is not None
+    flags.closing.join(timeout=10)
+    assert not flags.closing.is_alive()
