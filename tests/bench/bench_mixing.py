@@ -1,6 +1,7 @@
 """Mixing quality: the bandit's rewards against uniform mixtures, on three sets of arms.
 
-    nice -n 10 .venv/bin/python tests/bench/bench_mixing.py [--steps 1500] [--seeds 1 2 3 4 5]
+    nice -n 10 .venv/bin/python tests/bench/bench_mixing.py [--steps 1500] [--batch-size 32]
+        [--seeds 1 2 3 4 5]
         [--cases a b c] [--mixtures gated-learnability learnability loss uniform-paired
         uniform-learnable-paired uniform uniform-learnable] [--jobs 2]
         [--eval-sequences 128] [--threads 1] [--out-dir DIR] [--reuse OLD/mixing.json]
@@ -13,7 +14,9 @@ The extra arms' files are generated deterministically (SHA-256 counter stream, f
 work directory.
 
 Mixtures, each a real `andrea-trainer` at andrea-tiny (5% of each arm's documents held out), the LR
-decaying over the whole run (optim.decay_steps = --steps):
+decaying over the whole run (optim.decay_steps = --steps), batches of --batch-size sequences: 32 by
+default, 2,048 tokens a step as in andrea-12m's, so that each step's loss (all the bandit sees) is no
+noisier than in a real run; the preset's 8 is noisier (docs/mixing-quality.md):
 - gated-learnability: `--with-proxy`, policy `reward = "gated-learnability"` (the default of new
   runs);
 - learnability: `--with-proxy`, policy `reward = "learnability"` (proportional to progress);
@@ -33,7 +36,7 @@ checks the mixing-quality page states. Also the bandit's own cost per step under
 (observe + assign, in process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
 
 Training is deterministic, so a run does not need repeating: `--reuse` takes, from an earlier
-mixing.json of the same --steps, the runs of every (case, mixture, seed) this invocation does not run
+mixing.json of the same --steps and --batch-size, the runs of every (case, mixture, seed) this invocation does not run
 (e.g. the uniform and loss runs, when only `--mixtures gated-learnability` changed); mixing.json lists them.
 """
 
@@ -98,6 +101,7 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
         "preset": "andrea-tiny",
         "seed": seed,
         "max_steps": args.steps,
+        "batch_size": args.batch_size,
         "threads": args.threads,
         "sample_every": 0,
         "log_every": 500,
@@ -237,7 +241,8 @@ def checks(case: str, mx: dict) -> dict:
 
 def markdown(summary: dict, args: argparse.Namespace) -> str:
     lines = [
-        f"andrea-tiny, {args.steps} steps (LR decay over the run), seeds "
+        f"andrea-tiny, {args.batch_size} sequences per step, {args.steps} steps (LR decay over "
+        "the run), seeds "
         f"{' '.join(map(str, args.seeds))}; held-out loss (nats/token) at step {args.steps}, mean "
         f"over {', '.join(LEARNABLE)} ({args.eval_sequences} sequences each).",
     ]
@@ -294,12 +299,15 @@ def said_checks(c: dict, extra: str | None) -> list[str]:
 
 
 def reusable(args: argparse.Namespace, ran: set[tuple[str, str, int]]) -> list[dict]:
-    """The runs of `--reuse` that this invocation did not make, for the same number of steps."""
+    """The runs of `--reuse` that this invocation did not make, for the same steps and batch."""
     if args.reuse is None:
         return []
     old = json.loads(args.reuse.read_text())
-    if int(old["args"]["steps"]) != args.steps:
-        raise SystemExit(f"--reuse {args.reuse}: {old['args']['steps']} steps, not {args.steps}")
+    for key in ("steps", "batch_size"):
+        # Runs of the earlier benchmark's default batch (8) recorded no batch size.
+        was, now = int(old["args"].get(key, 8)), getattr(args, key)
+        if was != now:
+            raise SystemExit(f"--reuse {args.reuse}: {key} {was}, not {now}")
     return [
         r
         for r in old["runs"]
@@ -312,6 +320,12 @@ def reusable(args: argparse.Namespace, ran: set[tuple[str, str, int]]) -> list[d
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=1500)
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="sequences per step (32: 2,048 tokens, as a step of andrea-12m)",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument("--cases", nargs="+", choices=sorted(EXTRA), default=sorted(EXTRA))
     p.add_argument("--mixtures", nargs="+", choices=MIXTURES, default=list(MIXTURES))
