@@ -31,7 +31,6 @@ steps). Writes exposure.json and exposure.md to --out-dir.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -40,7 +39,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from bench_mixing import LEARNABLE, write_inputs
+from bench_mixing import LEARNABLE, write_inputs, write_results
 
 from andrea.daemon.config import ArmSpec, DataConfig, ModelConfig, OptimConfig, default_arms
 from andrea.daemon.data import ArmStream, load_arms
@@ -193,11 +192,7 @@ def main() -> None:
                 )
     args_out = {k: str(v) for k, v in vars(args).items() if k != "work_dir"}
     doc = {"args": args_out, "seconds": time.perf_counter() - t0, "runs": runs}
-    (args.out_dir / "exposure.json").write_text(json.dumps(doc, indent=1))
-    text = markdown(runs, args)
-    (args.out_dir / "exposure.md").write_text(text)
-    print(text)
-    print(f"total {doc['seconds']:.0f} s; results in {args.out_dir}")
+    write_results(args.out_dir, "exposure", doc, markdown(runs, args))
 
 
 if __name__ == "__main__":

@@ -340,6 +340,9 @@ def main() -> None:
     p.add_argument("--reuse", type=Path, help="an earlier mixing.json whose other runs to keep")
     args = p.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = plan(args)
+    # Before any run: a --reuse of other steps or batches is refused at once, not an hour later.
+    reused = reusable(args, set(jobs))
     cost = {r: bandit_cost(r) for r in REWARDS}
     print(
         "bandit cost per step: " + ", ".join(f"{r} {us:.0f} µs" for r, us in cost.items()),
@@ -362,8 +365,7 @@ def main() -> None:
             return run
 
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            runs = list(pool.map(go, plan(args)))
-    reused = reusable(args, {(r["case"], r["mixture"], r["seed"]) for r in runs})
+            runs = list(pool.map(go, jobs))
     summary = summarise(runs + reused)
     doc = {
         "args": {k: str(v) for k, v in vars(args).items() if k != "work_dir"},
@@ -373,11 +375,15 @@ def main() -> None:
         "runs": runs + reused,
         "reused": [[r["case"], r["mixture"], r["seed"]] for r in reused],
     }
-    (args.out_dir / "mixing.json").write_text(json.dumps(doc, indent=1))
-    text = markdown(summary, args)
-    (args.out_dir / "mixing.md").write_text(text)
+    write_results(args.out_dir, "mixing", doc, markdown(summary, args))
+
+
+def write_results(out_dir: Path, name: str, doc: dict, text: str) -> None:
+    """NAME.json and NAME.md in `out_dir`; the markdown printed, with the time taken."""
+    (out_dir / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    (out_dir / f"{name}.md").write_text(text)
     print(text)
-    print(f"total {doc['seconds']:.0f} s; results in {args.out_dir}")
+    print(f"total {doc['seconds']:.0f} s; results in {out_dir}")
 
 
 if __name__ == "__main__":
