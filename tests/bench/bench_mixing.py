@@ -15,8 +15,8 @@ work directory.
 
 Mixtures, each a real `andrea-trainer` at andrea-tiny (5% of each arm's documents held out), the LR
 decaying over the whole run (optim.decay_steps = --steps), batches of --batch-size sequences: 32 by
-default, 2,048 tokens a step as in andrea-12m's, so that each step's loss (all the bandit sees) is no
-noisier than in a real run; the preset's 8 is noisier (docs/mixing-quality.md):
+default, 2,048 tokens a step as in andrea-12m, so that each step's loss (all the bandit sees) averages
+as many tokens as there; at the preset's 8 it averages a quarter as many (docs/mixing-quality.md):
 - gated-learnability: `--with-proxy`, policy `reward = "gated-learnability"` (the default of new
   runs);
 - learnability: `--with-proxy`, policy `reward = "learnability"` (proportional to progress);
@@ -36,8 +36,9 @@ checks the mixing-quality page states. Also the bandit's own cost per step under
 (observe + assign, in process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
 
 Training is deterministic, so a run does not need repeating: `--reuse` takes, from an earlier
-mixing.json of the same --steps and --batch-size, the runs of every (case, mixture, seed) this invocation does not run
-(e.g. the uniform and loss runs, when only `--mixtures gated-learnability` changed); mixing.json lists them.
+mixing.json of the same --steps and --batch-size, the runs of every (case, mixture, seed) this
+invocation does not run (e.g. the uniform and loss runs, when only `--mixtures gated-learnability`
+changed); mixing.json lists them.
 """
 
 from __future__ import annotations
