@@ -2,8 +2,8 @@
 reordered: the two figures that say what the mixing benchmark can resolve.
 
     nice -n 10 .venv/bin/python tests/bench/bench_exposure.py [--steps 1500] [--batch-size 32]
-        [--seeds 1 2 3 4 5] [--variants base early-random early-shift late-random] [--jobs 2]
-        [--out-dir DIR]
+        [--seeds 1 2 3 4 5] [--variants base early-random early-shift late-random measured
+        uniform] [--jobs 2] [--out-dir DIR]
 
 Each run trains andrea-tiny on the three stdlib arms, uniformly, each step's arm drawn from the
 bandit's own per-step uniforms (`draw_uniform`, phase 0, the arms in name order: the arm sequence of
@@ -41,7 +41,14 @@ from pathlib import Path
 import torch
 from bench_mixing import LEARNABLE, write_inputs, write_results
 
-from andrea.daemon.config import ArmSpec, DataConfig, ModelConfig, OptimConfig, default_arms
+from andrea.daemon.config import (
+    PRESETS,
+    ArmSpec,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    default_arms,
+)
 from andrea.daemon.data import ArmStream, load_arms
 from andrea.daemon.evaluate import Evaluator
 from andrea.daemon.heldout import DEFAULT_FRACTION
@@ -97,19 +104,22 @@ def one_run(variant: str, seed: int, args: argparse.Namespace) -> dict:
     """Train one arm sequence; the held-out loss of each learnable arm at the last step."""
     torch.set_num_threads(1)
     specs = [*default_arms(), ArmSpec(name="random", kind="text", paths=["random/*.txt"])]
+    preset = PRESETS["andrea-tiny"]
+    model_cfg = ModelConfig(**preset["model"])
+    optim = OptimConfig(**{**preset["optim"], "decay_steps": args.steps})
     data = load_arms(
-        DataConfig(arms=specs, heldout_fraction=DEFAULT_FRACTION), Path(args.work_dir), 256
+        DataConfig(arms=specs, heldout_fraction=DEFAULT_FRACTION),
+        Path(args.work_dir),
+        model_cfg.vocab_size,
     )
-    model_cfg = ModelConfig(block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.1)
-    optim = OptimConfig(lr=3e-3, min_lr=3e-4, warmup_steps=20, decay_steps=args.steps)
     torch.manual_seed(seed)
     streams = {a.name: ArmStream(a, seed, model_cfg.block_size) for a in data}
     model = GPT(model_cfg)
     opt = torch.optim.AdamW(
         model.decay_groups(optim.weight_decay),
         lr=optim.lr,
-        betas=(0.9, 0.999),
-        eps=1e-8,
+        betas=(optim.beta1, optim.beta2),
+        eps=optim.eps,
         fused=FUSED,
     )
     t0 = time.perf_counter()
