@@ -52,7 +52,7 @@ def drive(bandit: Bandit, first: int, last: int, assigned: dict[int, str]) -> di
         while bandit.last_step < s - lag:
             j = bandit.last_step + 1
             bandit.observe(j, assigned[j], synthetic_loss(j, assigned[j]))
-        assigned[s] = bandit.assign(s)
+        assigned[s] = bandit.assign(s, [assigned[j] for j in range(bandit.last_step + 1, s)])
     return assigned
 
 

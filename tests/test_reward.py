@@ -23,6 +23,8 @@ from andrea.daemon.mixing.reward import (
     exploration_rate,
     gated_shares,
     gated_weights,
+    measuring_shares,
+    measuring_weights,
     progress_shares,
 )
 from andrea.daemon.rundir import POLICY_FILE, STATE_FILE
@@ -38,6 +40,7 @@ def test_learnability_statistics_by_hand() -> None:
     losses = [5.0, 4.0, 4.5, 3.0, 6.0, 2.0]
     m = b = None
     drops: list[tuple[int, float]] = []  # (step, drop) of every step after the first
+    fruitless = 0
     for step, x in zip(steps, losses):
         reward.observe(s, step, x, alpha=0.9)
         if m is None:
@@ -45,8 +48,10 @@ def test_learnability_statistics_by_hand() -> None:
         else:
             m = LEVEL_DECAY * m + (1 - LEVEL_DECAY) * x
             drops.append((step, max(0.0, b - m)))
+            fruitless = 0 if b > m else fruitless + 1
             b = min(b, m)
         assert (s.loss_ema, s.loss_best, s.last_pull) == (m, b, step)
+        assert s.fruitless == fruitless
     # rho: the mean drop per step, each weighted by PROGRESS_DECAY ** (steps since it).
     weights = [PROGRESS_DECAY ** (steps[-1] - st) for st, _ in drops]
     expected = sum(w * d for w, (_, d) in zip(weights, drops)) / sum(weights)
@@ -104,6 +109,52 @@ def test_gated_weights_explore_eps_over_k() -> None:
     assert np.allclose(gated_weights([0.003, 0.002, 0.0025], [80] * 3, t), 1 / 3, rtol=1e-15)
 
 
+def test_measuring_shares() -> None:
+    # Measured arms (MEASURE_PULLS losses known) are gated as under gated-learnability; an arm
+    # still short of its measurement counting its pending steps gets a full share; an arm whose
+    # measurement is under way (enough steps assigned, losses not known yet) gets none.
+    top = 0.004
+    shares = measuring_shares(
+        [top, GATE * top / 2, 0.0, 0.0, 0.0], [9, 9, 1, 1, 0], [0, 0, 0, 1, 1]
+    )
+    assert np.allclose(shares, np.array([1, 0.5, 1, 0, 1]) / 3.5, rtol=1e-12, atol=0)
+    # Before any loss is known, the policy's initial weights rank the arms still to measure.
+    ranked = measuring_shares([0.0] * 3, [0] * 3, [0, 2, 1], [2.0, 5.0, 6.0])
+    assert ranked.tolist() == [0.25, 0.0, 0.75]
+    # Every measurement under way and none done: nothing is known, uniform.
+    assert measuring_shares([0.0] * 3, [0, 1, 1], [2, 1, 3]).tolist() == [1 / 3] * 3
+    # Measured arms that all stopped progressing share alike.
+    assert measuring_shares([0.0, 0.0, 0.0], [9, 9, 0], [0, 0, 2]).tolist() == [0.5, 0.5, 0.0]
+
+
+def test_measuring_weights_explore_less_an_arm_whose_steps_bring_nothing() -> None:
+    # Exploration eps_t / K per arm, divided by 1 + the arm's steps since its last new low: an
+    # arm trained 9 times in vain is explored a tenth as much as one still setting lows.
+    k, t = 4, 300
+    w = measuring_weights([0.003, 0.003, 0.003, 0.0], [80] * 4, [0] * 4, [0, 2, 0, 9], t)
+    e = exploration_rate(k, t) / k * np.array([1, 1 / 3, 1, 1 / 10])
+    assert w.sum() == pytest.approx(1.0, abs=1e-15)
+    assert w[3] == pytest.approx(e[3], rel=1e-15)
+    assert np.allclose(w[:3], (1 - e.sum()) / 3 + e[:3], rtol=1e-15)
+
+
+def test_an_arm_under_measurement_draws_only_its_exploration() -> None:
+    arms = [ConfiguredArm(n, n, True) for n in "abc"]
+    b = Bandit(arms, Policy(reward="gated-learnability-2"), seed=0)
+    eps = exploration_rate(3, 0) / 3
+    p = b.probabilities(["a", "b", "a"])
+    assert p["a"] == eps and p["b"] == p["c"] == (1 - 3 * eps) / 2 + eps
+    assert sum(p.values()) == pytest.approx(1.0, abs=1e-15)
+    # Bounds still hold exactly: a floor keeps the arm at it even while it waits.
+    floored = Bandit(
+        arms, Policy(reward="gated-learnability-2", arms={"a": {"floor": 0.3}}), seed=0
+    )
+    assert floored.probabilities(["a", "a"])["a"] == 0.3
+    # The other rewards ignore pending steps.
+    plain = Bandit(arms, Policy(reward="gated-learnability"), seed=0)
+    assert plain.probabilities(["a", "a"]) == plain.probabilities()
+
+
 # ------------------------------------------------------------------------ losses like a trainer's
 
 
@@ -145,7 +196,7 @@ def run(kinds: dict[str, str], policy: Policy, steps: int, seed: int = 5) -> lis
         while b.last_step < s - policy.lag:
             j = b.last_step + 1
             b.observe(j, *losses[j])
-        arm = b.assign(s)
+        arm = b.assign(s, [losses[j][0] for j in range(b.last_step + 1, s)])
         losses[s] = (arm, learner.loss(arm))
         trained.append(arm)
     return trained
@@ -157,6 +208,8 @@ def second_half_share(trained: list[str], arm: str) -> float:
 
 
 TEXT3 = {"code": "text", "comments": "text", "docstrings": "text"}
+#: What each learnability reward divides eps_t by to explore one arm.
+EXPLORED_SHARE = {"learnability": 1, "gated-learnability": 4, "gated-learnability-2": 4}
 
 
 @pytest.mark.parametrize("kind", LEARNABILITY_REWARDS)
@@ -165,13 +218,38 @@ def test_an_unlearnable_arm_stays_at_its_floor_plus_exploration(kind: str) -> No
     steps = 1500
     trained = run(kinds, Policy(reward=kind), steps)
     # Exploration alone over the second half: eps_t is at most 0.0215 there (a quarter of it
-    # under the gated reward, which explores eps_t / K).
-    explore = exploration_rate(4, steps // 2) / (4 if kind == "gated-learnability" else 1)
+    # under the gated rewards, which explore eps_t / K, less as the arm's steps bring nothing).
+    explore = exploration_rate(4, steps // 2) / EXPLORED_SHARE[kind]
     assert second_half_share(trained, "random") <= explore + 0.01
     with_floor = run(kinds, Policy(reward=kind, arms={"random": {"floor": 0.1}}), steps)
     assert 0.1 <= second_half_share(with_floor, "random") <= 0.1 + 0.04
     # The negative control: ODM's reward feeds the arm it cannot learn.
     assert second_half_share(run(kinds, Policy(reward="loss"), steps), "random") > 0.5
+
+
+def test_gated_learnability_2_spends_fewer_steps_on_an_unlearnable_arm() -> None:
+    """gated-learnability trains an arm it has not measured as if it were the best until its third
+    loss is known, W = 8 steps late, and explores it eps_t / K for the rest of the run;
+    gated-learnability-2 stops at the two steps its measurement needs, counting the steps assigned
+    whose losses are not known yet, and explores it less with each step that brings nothing."""
+    kinds = {**TEXT3, "random": "random"}
+    rewards = ("gated-learnability", "gated-learnability-2")
+    first_40 = {
+        kind: np.mean(
+            [run(kinds, Policy(reward=kind), 40, seed).count("random") for seed in range(20)]
+        )
+        for kind in rewards
+    }
+    # 2 measuring steps, plus what the first losses (all 4 arms unmeasured) and exploration add.
+    assert first_40["gated-learnability-2"] <= 4.0
+    assert first_40["gated-learnability"] >= first_40["gated-learnability-2"] + 2.0
+    whole = {
+        kind: np.mean(
+            [run(kinds, Policy(reward=kind), 1500, seed).count("random") for seed in range(6)]
+        )
+        for kind in rewards
+    }
+    assert whole["gated-learnability-2"] <= whole["gated-learnability"] / 2
 
 
 @pytest.mark.parametrize("kind", LEARNABILITY_REWARDS)
@@ -186,7 +264,10 @@ def test_an_arm_learnt_to_its_floor_gives_way(kind: str) -> None:
     assert second_half_share(trained, "dup") <= (0.16 if kind == "learnability" else 0.2)
 
 
-@pytest.mark.parametrize(("kind", "spread"), [("learnability", 0.09), ("gated-learnability", 0.05)])
+@pytest.mark.parametrize(
+    ("kind", "spread"),
+    [("learnability", 0.09), ("gated-learnability", 0.05), ("gated-learnability-2", 0.05)],
+)
 def test_learnable_arms_share_alike(kind: str, spread: float) -> None:
     trained = run(TEXT3, Policy(reward=kind), 1500)
     for arm in TEXT3:
@@ -231,6 +312,7 @@ def test_a_version_1_state_cannot_claim_the_learnability_reward() -> None:
     ("loss_ema", None, "loss_ema and loss_best come together"),
     ("progress_sum", -1.0, "progress_sum"),
     ("last_pull", 99, "last_pull 99 is after last_step 4"),
+    ("fruitless", -1, "fruitless"),
 ])  # fmt: skip
 def test_bad_learnability_statistics(field: str, value: object, message: str) -> None:
     b = Bandit([ConfiguredArm("a", "a", True), ConfiguredArm("b", "b", True)], Policy(
@@ -272,9 +354,9 @@ def test_a_policy_without_the_key_keeps_its_fingerprint() -> None:
     )
 
 
-def test_a_new_run_gets_the_gated_reward_and_its_file_says_so(tmp_path: Path) -> None:
+def test_a_new_run_gets_the_newest_reward_and_its_file_says_so(tmp_path: Path) -> None:
     resolved = resolve_policy(tmp_path, None, False)
-    assert resolved.policy.reward == NEW_RUN_REWARD == "gated-learnability"
+    assert resolved.policy.reward == NEW_RUN_REWARD == "gated-learnability-2"
     assert resolved.write is not None and parse_policy(resolved.write).reward == NEW_RUN_REWARD
 
     given = tmp_path / "base.toml"
@@ -314,13 +396,14 @@ def test_a_run_older_than_its_policy_file_keeps_the_loss_reward(tmp_path: Path) 
     assert parse_policy(resolved.write).reward == "loss"
 
 
-def test_a_policy_without_the_key_takes_the_reward_of_the_run(tmp_path: Path) -> None:
-    """A run made when new runs got the proportional learnability reward says so in its state:
-    a policy.toml edited without the key (the manual pivot) keeps it, as `andreactl pivot` with
+@pytest.mark.parametrize("older", ["learnability", "gated-learnability"])
+def test_a_policy_without_the_key_takes_the_reward_of_the_run(tmp_path: Path, older: str) -> None:
+    """A run made when new runs got an earlier learnability reward says so in its state: a
+    policy.toml edited without the key (the manual pivot) keeps it, as `andreactl pivot` with
     the same file does; logged steps without any state (a run from before) mean the loss
     reward."""
     state = json.loads(_seed_state())
-    policy = Policy(reward="learnability")
+    policy = Policy(reward=older)
     state.update(version=2, policy=policy.model_dump(mode="json"))
     state["policy_fingerprint"] = policy.fingerprint()
     for arm in state["arms"]:
@@ -328,7 +411,7 @@ def test_a_policy_without_the_key_takes_the_reward_of_the_run(tmp_path: Path) ->
     (tmp_path / STATE_FILE).write_text(json.dumps({"bandit": state}))
     (tmp_path / POLICY_FILE).write_text("[arms.code]\nfloor = 0.2\n")
     resolved = resolve_policy(tmp_path, None, False)
-    assert resolved.policy.reward == "learnability" and resolved.write is not None
+    assert resolved.policy.reward == older and resolved.write is not None
 
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -7,6 +7,9 @@ steps <= s - W). This book makes that true across crashes of either process:
   restarted from an older checkpoint; after a proxy restart the trained steps' arms come back from
   .loss.json and the rest are recomputed, which gives the same arms;
 - losses are incorporated lazily, in step order, only as far as the next assignment needs;
+- under a reward whose draw counts the steps pending (`Bandit.counts_pending`), the steps between
+  s - W and s are assigned before s, so a trainer that asks for a later step first (after a restart of
+  either process) gets the same arms as one that asked in order;
 - a loss trained under a phase that did not own its step (a step after a pivot's boundary that the
   trainer had already trained under the old policy) is superseded: it stays in .loss.json but
   counts for nothing here;
@@ -82,6 +85,15 @@ class AssignmentBook:
         if step in self.arm_of:
             return self.arm_of[step]
         need = max(self.phase_start, step - self.lag)
+        between = range(need + 1, step)
+        if self.bandit.counts_pending:
+            if self.waiting_for(step) is not None:
+                return None
+            # The arms of the steps in between are inputs of this one: assign them first (their
+            # own inputs are then all known: the losses up to `need`, and the steps before them).
+            for j in between:
+                if j not in self.arm_of:
+                    self.assign(j)
         if self.bandit.last_step > need:
             self._rewind(need)
         while self.bandit.last_step < need:
@@ -95,7 +107,8 @@ class AssignmentBook:
             self.bandit.observe(j, self.arm_of[j], loss if math.isfinite(loss) else MAX_EXP_LOSS)
             if j % SNAPSHOT_EVERY == 0:
                 self.snapshots.append(self.bandit.state_dict())
-        arm = self.bandit.assign(step)
+        pending = [self.arm_of[j] for j in between] if self.bandit.counts_pending else None
+        arm = self.bandit.assign(step, pending)
         self.arm_of[step] = arm
         return arm
 

@@ -1,9 +1,10 @@
 """Online data mixing: an EXP3-style bandit over data sources ("arms"), with caps, floors and a lag.
 
 With K live arms and t the number of losses incorporated in the current phase, the policy's reward
-(`reward.py`: ODM's "loss", "learnability", or "gated-learnability", the default of new runs) turns the arms' loss
-statistics into mixture weights w, with EXP3's exploration ``eps_t = min(1/K, sqrt(ln K / (K t)))``
-mixed in, and for t = 0 the policy's normalised initial weights. Then
+(`reward.py`: ODM's "loss", "learnability", "gated-learnability", or "gated-learnability-2", the default
+of new runs) turns the arms' loss statistics into mixture weights w, with EXP3's exploration
+``eps_t = min(1/K, sqrt(ln K / (K t)))`` mixed in, and for t = 0 the policy's normalised initial
+weights. Then
 
 - probabilities: ``p = clip(c * w, floor, cap)`` with the unique c that makes ``sum(p) = 1`` — the
   KL projection of w onto the capped simplex, solved exactly from the breakpoints of c.
@@ -11,7 +12,9 @@ mixed in, and for t = 0 the policy's normalised initial weights. Then
 Determinism: the arm of step s is a pure function of (seed, phase, policy, live arms, losses of the
 phase's steps <= s - W). Losses are incorporated strictly in step order, `assign` refuses to run at any
 other point than "everything up to s - W, nothing after", and the draw itself is a counter-based uniform
-(SHA-256 of seed, phase and step), so a restarted proxy recomputes every assignment bit for bit.
+(SHA-256 of seed, phase and step), so a restarted proxy recomputes every assignment bit for bit. Under
+gated-learnability-2 the draw of s also depends on the arms assigned to the steps between s - W and s,
+which are functions of the same losses; `assign` takes them from the caller (the assignment book).
 
 Zombies: `Bandit.from_state` reconciles the arms of a saved state with the configured sources. An arm
 whose source is gone never draws (p = 0, its floor not counted), stays in the state with its history,
@@ -103,6 +106,10 @@ class ArmState(_StateModel):
     progress_sum: float = Field(0.0, ge=0.0, description="D_i, the age-weighted sum of new lows")
     progress_pulls: float = Field(0.0, ge=0.0, description="P_i, the age-weighted count of steps")
     last_pull: int = Field(0, ge=0, description="the step of the arm's last loss (0: none yet)")
+    # Absent from the states written before gated-learnability-2, whose rewards do not use it.
+    fruitless: int = Field(
+        0, ge=0, description="the arm's steps since its loss EMA last set a new low"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ArmState:
@@ -128,6 +135,7 @@ class ArmState(_StateModel):
             self.progress_sum,
             self.progress_pulls,
             self.last_pull,
+            self.fruitless,
         )
 
 
@@ -465,27 +473,36 @@ class Bandit:
     def _refresh(self) -> None:
         """Recompute weights and probabilities from the rewards and t (nothing else)."""
         live = [a for a in self._arms.values() if a.live]
-        t = self.steps_in_phase
-        if t == 0:
-            raw = np.array([self._policy.initial_weight(a.name) for a in live], dtype=np.float64)
-            w = raw / math.fsum(raw)
-        elif self._policy.reward == "learnability":
-            w = reward.learnability_weights(
-                [a.stats.progress for a in live], [a.pulls for a in live], t
-            )
-        elif self._policy.reward == "gated-learnability":
-            w = reward.gated_weights([a.stats.progress for a in live], [a.pulls for a in live], t)
-        else:
-            w = reward.mixture_weights(
-                np.array([a.stats.ema_reward for a in live], dtype=np.float64), t
-            )
-        lo, hi = self._policy.bounds([a.name for a in live])
-        p = project_capped_simplex(w, lo, hi)
+        w, p = self._mixture(live, [0] * len(live))
         for a, wi, pi in zip(live, w.tolist(), p.tolist()):
             a.weight, a.probability = wi, pi
         for a in self._arms.values():
             if not a.live:
                 a.probability = 0.0
+
+    def _mixture(self, live: list[_Arm], pending: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The weights and the probabilities of the live arms, given each one's pending steps."""
+        t = self.steps_in_phase
+        kind = self._policy.reward
+        progress, pulls = [a.stats.progress for a in live], [a.pulls for a in live]
+        initial = [self._policy.initial_weight(a.name) for a in live]
+        if kind == "gated-learnability-2":
+            fruitless = [a.stats.fruitless for a in live]
+            w = reward.measuring_weights(
+                progress, pulls, pending, fruitless, t, initial if t == 0 else None
+            )
+        elif t == 0:
+            w = np.array(initial, dtype=np.float64) / math.fsum(initial)
+        elif kind == "learnability":
+            w = reward.learnability_weights(progress, pulls, t)
+        elif kind == "gated-learnability":
+            w = reward.gated_weights(progress, pulls, t)
+        else:
+            w = reward.mixture_weights(
+                np.array([a.stats.ema_reward for a in live], dtype=np.float64), t
+            )
+        lo, hi = self._policy.bounds([a.name for a in live])
+        return w, project_capped_simplex(w, lo, hi)
 
     # ---------------------------------------------------------------------------------------------
 
@@ -523,6 +540,9 @@ class Bandit:
         """The arm that the current probabilities and the uniform of (seed, phase, step) select.
         Pure: the same call gives the same arm however often, in whatever order, it is made.
         Use `assign` to get the arm *for* a step; `draw` does not check the lag."""
+        return self._pick(step, {a.name: a.probability for a in self._arms.values()})
+
+    def _pick(self, step: int, probabilities: dict[str, float]) -> str:
         if step <= self._start:
             raise BanditError(
                 f"step {step} belongs to an earlier phase (this one starts after step {self._start})"
@@ -530,19 +550,22 @@ class Bandit:
         u = draw_uniform(self._seed, self._phase, step)
         acc = 0.0
         chosen = None
-        for a in self._arms.values():
-            if a.probability > 0.0:
-                acc += a.probability
-                chosen = a.name
+        for name, p in probabilities.items():
+            if p > 0.0:
+                acc += p
+                chosen = name
                 if u < acc:
-                    return a.name
+                    return name
         # The running sum can end an ulp below 1 while u lies in that ulp: the last drawable arm.
         assert chosen is not None  # check_feasible guarantees one live arm with p > 0
         return chosen
 
-    def assign(self, step: int) -> str:
+    def assign(self, step: int, pending: Sequence[str] | None = None) -> str:
         """The arm for `step`, using exactly the losses of steps <= step - W of this phase. Raises
-        `LagError` if the bandit has incorporated fewer or more steps than that."""
+        `LagError` if the bandit has incorporated fewer or more steps than that. `pending`: the
+        arms assigned to the steps between the last incorporated one and `step`, in order; the
+        gated-learnability-2 reward needs them (an arm whose measurement is under way draws no
+        more steps for it), the others ignore them."""
         need = max(self._start, step - self._policy.lag)
         if self._last_step < need:
             raise LagError(
@@ -554,13 +577,29 @@ class Bandit:
                 f"assign(step={step}) may only use losses of steps up to {need} (lag W={self._policy.lag}), "
                 f"but step {self._last_step} is already incorporated; re-serve the logged assignment instead"
             )
-        return self.draw(step)
+        if not self.counts_pending:
+            return self.draw(step)
+        if pending is None or len(pending) != step - 1 - self._last_step:
+            raise BanditError(
+                f"assign(step={step}) under the {self._policy.reward} reward needs the arms of "
+                f"steps {self._last_step + 1} to {step - 1}, got {pending!r}"
+            )
+        return self._pick(step, self.probabilities(pending))
 
     # ---------------------------------------------------------------------------------------------
 
-    def probabilities(self) -> dict[str, float]:
-        """Current sampling probability per arm (sorted by name; zombies 0). Sums to 1 within 1e-12."""
-        return {a.name: a.probability for a in self._arms.values()}
+    def probabilities(self, pending: Sequence[str] = ()) -> dict[str, float]:
+        """Current sampling probability per arm (sorted by name; zombies 0). Sums to 1 within 1e-12.
+        `pending`: arms assigned to steps whose losses are not incorporated yet; under the
+        gated-learnability-2 reward they change the probabilities until every arm is measured."""
+        live = [a for a in self._arms.values() if a.live]
+        measured = all(a.pulls >= reward.MEASURE_PULLS for a in live)
+        if not pending or not self.counts_pending or measured:
+            return {a.name: a.probability for a in self._arms.values()}
+        _, p = self._mixture(live, [sum(1 for x in pending if x == a.name) for a in live])
+        out = dict.fromkeys(self._arms, 0.0)
+        out.update(zip((a.name for a in live), p.tolist()))
+        return out
 
     def rewards(self) -> dict[str, float]:
         """Each arm's current reward under the policy's reward (`reward.MEANING`): the loss
@@ -568,12 +607,13 @@ class Bandit:
         if self._policy.reward not in LEARNABILITY_REWARDS:
             return {a.name: a.stats.ema_reward for a in self._arms.values()}
         live = [a for a in self._arms.values() if a.live]
-        shares_of = (
-            reward.gated_shares
-            if self._policy.reward == "gated-learnability"
-            else reward.progress_shares
-        )
-        shares = shares_of([a.stats.progress for a in live], [a.pulls for a in live]).tolist()
+        progress, pulls = [a.stats.progress for a in live], [a.pulls for a in live]
+        if self._policy.reward == "gated-learnability-2":
+            shares = reward.measuring_shares(progress, pulls, [0] * len(live)).tolist()
+        elif self._policy.reward == "gated-learnability":
+            shares = reward.gated_shares(progress, pulls).tolist()
+        else:
+            shares = reward.progress_shares(progress, pulls).tolist()
         out = dict.fromkeys(self._arms, 0.0)
         out.update(zip((a.name for a in live), shares))
         return out
@@ -598,6 +638,12 @@ class Bandit:
     def weights(self) -> dict[str, float]:
         """Mixture weights before the cap/floor projection (zombies: last value, as history)."""
         return {a.name: a.weight for a in self._arms.values()}
+
+    @property
+    def counts_pending(self) -> bool:
+        """Whether `assign` needs the arms of the steps between the last incorporated one and
+        the step assigned (the gated-learnability-2 reward)."""
+        return self._policy.reward == "gated-learnability-2"
 
     @property
     def zombies(self) -> list[Zombie]:
@@ -666,6 +712,7 @@ class Bandit:
                     progress_sum=a.stats.progress_sum,
                     progress_pulls=a.stats.progress_pulls,
                     last_pull=a.stats.last_pull,
+                    fruitless=a.stats.fruitless,
                 )
                 for a in self._arms.values()
             ],

@@ -4,7 +4,8 @@ A policy is one phase's rules for the bandit (`andrea.daemon.mixing.bandit`). It
 by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
 recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
 
-    reward = "gated-learnability"  # what the bandit rewards (docs/bandit.md); "learnability", "loss"
+    reward = "gated-learnability-2"  # what the bandit rewards (docs/bandit.md); or
+                                     # "gated-learnability", "learnability", "loss"
     alpha = 0.9   # EMA smoothing of the per-arm reward (ODM's default)
     lag = 8       # W: the assignment of step s sees the losses of steps <= s - W
 
@@ -53,14 +54,18 @@ from ..validation import describe
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9
 
-Reward = Literal["loss", "learnability", "gated-learnability"]
+Reward = Literal["loss", "learnability", "gated-learnability", "gated-learnability-2"]
 REWARDS: tuple[str, ...] = get_args(Reward)
 #: The rewards whose mixture is made of each arm's progress statistics (reward.py).
-LEARNABILITY_REWARDS: tuple[str, ...] = ("learnability", "gated-learnability")
+LEARNABILITY_REWARDS: tuple[str, ...] = (
+    "learnability",
+    "gated-learnability",
+    "gated-learnability-2",
+)
 #: What a policy without a `reward` key means: ODM's reward, the only one before the choice existed.
 IMPLICIT_REWARD: Reward = "loss"
 #: The reward a new run gets when its policy does not name one (decided in `policystore`).
-NEW_RUN_REWARD: Reward = "gated-learnability"
+NEW_RUN_REWARD: Reward = "gated-learnability-2"
 
 #: Slack for comparing sums of probabilities written in decimal (ten floors of 0.1 must pass).
 FEASIBILITY_TOLERANCE = 1e-12
@@ -93,8 +98,9 @@ class Policy(_Strict):
 
     reward: Reward = Field(
         IMPLICIT_REWARD,
-        description="what the bandit rewards: 'gated-learnability' (an equal share for every arm "
-        "training still improves), 'learnability' (shares proportional to that progress) or "
+        description="what the bandit rewards: 'gated-learnability-2' (an equal share for every "
+        "arm training still improves, each arm measured first), 'gated-learnability' (the same, "
+        "without measuring first), 'learnability' (shares proportional to that progress) or "
         "'loss' (ODM's EMA of exp(loss))",
     )
     alpha: float = Field(
@@ -109,7 +115,8 @@ class Policy(_Strict):
     arms: dict[str, ArmBounds] = Field(default_factory=dict)
     initial_weights: dict[str, float] = Field(
         default_factory=dict,
-        description="relative weights of the first W draws; unlisted arms weigh 1",
+        description="relative weights of the first W draws (under gated-learnability-2, of the "
+        "arms still to measure); unlisted arms weigh 1",
     )
 
     @model_validator(mode="after")
