@@ -2,8 +2,8 @@
 
     nice -n 10 .venv/bin/python tests/bench/bench_mixing.py [--steps 1500] [--batch-size 32]
         [--seeds 1 2 3 4 5]
-        [--cases a b c] [--mixtures gated-learnability learnability loss uniform-paired
-        uniform-learnable-paired uniform uniform-learnable] [--jobs 2]
+        [--cases a b c] [--mixtures gated-learnability-2 gated-learnability learnability loss
+        uniform-paired uniform-learnable-paired uniform uniform-learnable] [--jobs 2]
         [--eval-sequences 128] [--threads 1] [--out-dir DIR] [--reuse OLD/mixing.json]
 
 Cases (arms; the held-out loss that counts is the mean over the three learnable stdlib arms):
@@ -17,8 +17,10 @@ Mixtures, each a real `andrea-trainer` at andrea-tiny (5% of each arm's document
 decaying over the whole run (optim.decay_steps = --steps), batches of --batch-size sequences: 32 by
 default, 2,048 tokens a step as in andrea-12m, so that each step's loss (all the bandit sees) averages
 as many tokens as there; at the preset's 8 it averages a quarter as many (docs/mixing-quality.md):
-- gated-learnability: `--with-proxy`, policy `reward = "gated-learnability"` (the default of new
-  runs);
+- gated-learnability-2: `--with-proxy`, policy `reward = "gated-learnability-2"` (the default of
+  new runs);
+- gated-learnability: `--with-proxy`, policy `reward = "gated-learnability"` (the same gate, without
+  measuring each arm first, and exploring each arm K times as much);
 - learnability: `--with-proxy`, policy `reward = "learnability"` (proportional to progress);
 - loss: `--with-proxy`, policy `reward = "loss"` (ODM's reward);
 - uniform-paired: `--with-proxy`, a policy whose floors and caps are all 1/K: uniform, drawn from
@@ -61,14 +63,15 @@ from andrea.daemon.config import default_arms
 from andrea.daemon.evallog import canonical_evals, read_evals
 from andrea.daemon.heldout import DEFAULT_FRACTION
 from andrea.daemon.losslog import canonical_curve, read_entries
+from andrea.daemon.mixing.assignbook import AssignmentBook
 from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm
 from andrea.daemon.mixing.policy import Policy
 
-REWARDS = ("gated-learnability", "learnability", "loss")
+REWARDS = ("gated-learnability-2", "gated-learnability", "learnability", "loss")
 PAIRED = ("uniform-paired", "uniform-learnable-paired")
 FIXED = ("uniform", "uniform-learnable")
 MIXTURES = (*REWARDS, *PAIRED, *FIXED)
-NEW = "gated-learnability"
+NEW = "gated-learnability-2"
 LEARNABLE = ("code", "comments", "docstrings")
 EXTRA = {"a": None, "b": "random", "c": "dup"}
 DUP_TEXT = b"The quick brown fox jumps over the lazy dog.\n"
@@ -162,15 +165,16 @@ def one_run(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dic
 
 
 def bandit_cost(reward: str, steps: int = 20000) -> float:
-    """Microseconds per step of the proxy's bandit work (observe one loss, assign one step)."""
-    names = [*LEARNABLE, "random"]
-    b = Bandit([ConfiguredArm(n, n, True) for n in names], Policy(reward=reward), seed=1)
-    lag, arms = b.policy.lag, {}
+    """Microseconds per step of the proxy's bandit work (record one loss, assign one step), through
+    the assignment book as the proxy does it."""
+    arms = [ConfiguredArm(n, n, True) for n in (*LEARNABLE, "random")]
+    book = AssignmentBook(Bandit(arms, Policy(reward=reward), seed=1), arms)
+    lag, assigned = book.lag, {}
     t0 = time.perf_counter()
     for s in range(1, steps + 1):
         if s > lag:
-            b.observe(s - lag, arms[s - lag], 2.0 + (s % 7) / 10)
-        arms[s] = b.assign(s)
+            book.record(s - lag, assigned[s - lag], 2.0 + (s % 7) / 10, 0)
+        assigned[s] = book.assign(s)
     return 1e6 * (time.perf_counter() - t0) / steps
 
 
