@@ -20,7 +20,7 @@ as many tokens as there; at the preset's 8 it averages a quarter as many (docs/m
 - gated-learnability-2: `--with-proxy`, policy `reward = "gated-learnability-2"` (the default of
   new runs);
 - gated-learnability: `--with-proxy`, policy `reward = "gated-learnability"` (the same gate, without
-  measuring each arm first, and exploring each arm K times as much);
+  measuring each arm first, exploring each arm eps_t / K whatever its steps bring);
 - learnability: `--with-proxy`, policy `reward = "learnability"` (proportional to progress);
 - loss: `--with-proxy`, policy `reward = "loss"` (ODM's reward);
 - uniform-paired: `--with-proxy`, a policy whose floors and caps are all 1/K: uniform, drawn from
