@@ -29,7 +29,7 @@ from andrea.daemon.mixing.reward import (
 )
 from andrea.daemon.rundir import POLICY_FILE, STATE_FILE
 
-from .test_bandit import _seed_state
+from .test_bandit import _seed_state, drive
 
 # ------------------------------------------------------------------------------ the statistics
 
@@ -153,6 +153,22 @@ def test_an_arm_under_measurement_draws_only_its_exploration() -> None:
     # The other rewards ignore pending steps.
     plain = Bandit(arms, Policy(reward="gated-learnability"), seed=0)
     assert plain.probabilities(["a", "a"]) == plain.probabilities()
+
+
+def test_a_zombie_never_draws_while_a_new_arm_is_measured() -> None:
+    arms = [ConfiguredArm(n, n, True) for n in "abc"]
+    b = Bandit(arms, Policy(reward="gated-learnability-2", lag=2), seed=0)
+    for s, arm in enumerate("abcabc", 1):
+        b.observe(s, arm, 3.0 - s / 10)
+    # "a" goes away and "d" joins: d is measured first (the pending steps count), a never draws,
+    # even where a step still pending had been assigned to it.
+    now = [ConfiguredArm("a", "a", False), *arms[1:], ConfiguredArm("d", "d", True)]
+    b2 = Bandit.from_state(b.state_dict(), now)
+    p = b2.probabilities(["a"])
+    assert p["a"] == 0.0 and p["d"] >= p["b"] > 0.0 and p["d"] >= p["c"] > 0.0
+    drawn = drive(b2, 8, 300, {7: "a"})
+    assert "a" not in set(drawn.values()) - {drawn[7]}
+    assert [drawn[s] for s in range(8, 20)].count("d") >= 2
 
 
 # ------------------------------------------------------------------------ losses like a trainer's
