@@ -42,8 +42,8 @@ when the proportional rule favours another (measured: with eps_t / K instead, th
 held-out mean was 0.01 and 0.04 nats worse on two seeds, for a saving of 0.03 on an unlearnable arm's
 exploration in one replay).
 
-**gated-learnability** (new runs got it before gated-learnability-2): the same statistics, used as a gate rather
-than as proportions. With ``r_i = rho_i / max_j rho_j``, each arm's share is ``min(1, r_i / GATE)``
+**gated-learnability** (new runs got it before gated-learnability-2): the same statistics, used as a
+gate rather than as proportions. With ``r_i = rho_i / max_j rho_j``, each arm's share is ``min(1, r_i / GATE)``
 normalised: every arm whose progress is at least ``GATE`` (half) of the best arm's gets one equal
 share, an arm below gets proportionally less, an arm that makes none gets nothing. Mixture:
 ``w = (1 - eps_t) shares + eps_t / K``.
