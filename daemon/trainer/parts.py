@@ -21,7 +21,7 @@ from .. import distributed as dist
 from ..batch import BatchShape, batch_shape
 from ..checkpoint.manager import layout_of
 from ..checkpoint.manifest import LayoutEntry
-from ..config import RunConfig
+from ..config import OptimConfig, RunConfig
 from ..data import Arm, ArmStream, FixedMixture, load_arms
 from ..model import GPT
 from ..precision import NumericMode, resolve_device
@@ -93,6 +93,17 @@ class Parts:
         return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
 
 
+def adamw(model: GPT, optim: OptimConfig) -> torch.optim.AdamW:
+    """The run's optimizer: AdamW over the model's weight-decay groups, with the config's settings."""
+    return torch.optim.AdamW(
+        model.decay_groups(optim.weight_decay),
+        lr=optim.lr,
+        betas=(optim.beta1, optim.beta2),
+        eps=optim.eps,
+        fused=FUSED,
+    )
+
+
 def build_parts(
     cfg: RunConfig,
     platform: Platform,
@@ -108,14 +119,7 @@ def build_parts(
     streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in arms]
     mixture = FixedMixture([a.name for a in arms], [s.weight for s in cfg.data.arms], cfg.seed)
     model = _seeded_model(cfg, platform.device, world.rank)
-    o = cfg.optim
-    optimizer = torch.optim.AdamW(
-        model.decay_groups(o.weight_decay),
-        lr=o.lr,
-        betas=(o.beta1, o.beta2),
-        eps=o.eps,
-        fused=FUSED,
-    )
+    optimizer = adamw(model, cfg.optim)
     return Parts(
         tokenizer=tokenizer,
         arms=arms,

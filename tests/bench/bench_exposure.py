@@ -58,7 +58,7 @@ from andrea.daemon.mixing.reward import WARMUP_PULLS
 from andrea.daemon.model import GPT
 from andrea.daemon.precision import resolve
 from andrea.daemon.schedule import lr_at
-from andrea.daemon.trainer.parts import FUSED
+from andrea.daemon.trainer.parts import adamw
 
 VARIANTS = ("base", "early-random", "early-shift", "late-random", "measured", "uniform")
 EARLY = (5, 12, 20, 35, 50)
@@ -115,13 +115,7 @@ def one_run(variant: str, seed: int, args: argparse.Namespace) -> dict:
     torch.manual_seed(seed)
     streams = {a.name: ArmStream(a, seed, model_cfg.block_size) for a in data}
     model = GPT(model_cfg)
-    opt = torch.optim.AdamW(
-        model.decay_groups(optim.weight_decay),
-        lr=optim.lr,
-        betas=(optim.beta1, optim.beta2),
-        eps=optim.eps,
-        fused=FUSED,
-    )
+    opt = adamw(model, optim)
     t0 = time.perf_counter()
     for step, arm in enumerate(arm_sequence(variant, seed, args.steps), start=1):
         for group in opt.param_groups:

@@ -60,16 +60,10 @@ def build(kind: str, preset: str, dropout: float | None, compile_: bool):
             return train_step(fwd, opt, x, y)  # type: ignore[arg-type]
     else:
         from andrea.daemon.model import GPT
+        from andrea.daemon.trainer.parts import adamw
 
         model = GPT(mc)
-        o = cfg.optim
-        opt = torch.optim.AdamW(
-            model.decay_groups(o.weight_decay),
-            lr=o.lr,
-            betas=(o.beta1, o.beta2),
-            eps=o.eps,
-            fused=True,
-        )
+        opt = adamw(model, cfg.optim)
         params = list(model.parameters())
         fwd = torch.compile(model) if compile_ else model
 
@@ -78,7 +72,7 @@ def build(kind: str, preset: str, dropout: float | None, compile_: bool):
             _, loss = fwd(x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, o.grad_clip, foreach=True)
+            torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip, foreach=True)
             opt.step()
             return loss.item()
 
