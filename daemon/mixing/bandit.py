@@ -593,10 +593,13 @@ class Bandit:
         `pending`: arms assigned to steps whose losses are not incorporated yet; under the
         gated-learnability-2 reward they change the probabilities until every arm is measured."""
         live = [a for a in self._arms.values() if a.live]
-        measured = all(a.pulls >= reward.MEASURE_PULLS for a in live)
-        if not pending or not self.counts_pending or measured:
+        if (
+            not pending
+            or not self.counts_pending
+            or all(a.pulls >= reward.MEASURE_PULLS for a in live)
+        ):
             return {a.name: a.probability for a in self._arms.values()}
-        _, p = self._mixture(live, [sum(1 for x in pending if x == a.name) for a in live])
+        _, p = self._mixture(live, [pending.count(a.name) for a in live])
         out = dict.fromkeys(self._arms, 0.0)
         out.update(zip((a.name for a in live), p.tolist()))
         return out
