@@ -198,6 +198,11 @@ class FileTokenizer(RunTokenizer):
             return _REPLACEMENT * len(ids)
 
 
+def describe_identity(identity: str) -> str:
+    """A tokenizer known by its identity alone (a manifest's, a record's), for a person."""
+    return BYTES if identity == BYTES else f"the tokenizer of sha256 {identity}"
+
+
 def tokenizer_path(spec: str, base: Path) -> Path:
     """Where `[data] tokenizer = spec` points (relative paths against the run directory)."""
     return base / Path(spec).expanduser()

@@ -85,6 +85,12 @@ def _add_start_arguments(p: argparse.ArgumentParser) -> None:
         help="with --init-from: Adam's moments and step count come from the checkpoint too",
     )
     p.add_argument(
+        "--init-from-other-tokenizer",
+        action="store_true",
+        help="with --init-from: start from a checkpoint trained under another tokenizer on purpose "
+        "(vocabulary surgery: each embedding row keeps its id, now another token's)",
+    )
+    p.add_argument(
         "--check",
         action="store_true",
         help="check the config, the data and the newest checkpoint against this start, without "

@@ -35,6 +35,7 @@ from .exitcodes import ExitCode
 from .precision import resolve, resolve_device
 from .rundir import CONFIG_FILE, bin_name
 from .settle import Settled, settle
+from .tokenizer import RunTokenizer, describe_identity
 from .trainer_flags import config_overrides
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> St
     settled = resolve_start(args, run_toml_existed, predates)
     cfg = settled.cfg
     device = _check_machine(cfg, world)
-    init_from = _check_init_from(args, cfg, world)
+    init_from = _check_init_from(args, cfg, world, settled.tokenizer)
     check_proxy_options(args)
     skip = _unsafe_options(args, cfg)
     # Only now, when nothing the command line says can be refused any more: a refused start
@@ -209,14 +210,20 @@ def _checkpoints(run_dir: Path) -> list[int]:
     return checkpoint_steps(run_dir) if run_dir.is_dir() else []
 
 
-def _check_init_from(args: argparse.Namespace, cfg: RunConfig, world: World) -> Path | None:
+def _check_init_from(
+    args: argparse.Namespace, cfg: RunConfig, world: World, tokenizer: RunTokenizer
+) -> Path | None:
     """The checkpoint a new run starts from (--init-from), checked before anything is written:
-    an intact manifest of a model of the same shape, into a directory without checkpoints. None
+    an intact manifest of a model of the same shape and tokenizer (another one only with
+    --init-from-other-tokenizer), into a directory without checkpoints. None
     without --init-from, and for a restart of the run that already started from it. Every rank
     that can see the source checks it, so that a refusal ends them all at once; a rank on another
     machine leaves it to rank 0."""
-    if args.init_from_optimizer and args.init_from is None:
-        raise ConfigError("--init-from-optimizer goes with --init-from PATH/step_NNNNNN.bin")
+    for flag in ("init_from_optimizer", "init_from_other_tokenizer"):
+        if getattr(args, flag) and args.init_from is None:
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} goes with --init-from PATH/step_NNNNNN.bin"
+            )
     if args.init_from is None:
         return None
     try:
@@ -230,6 +237,7 @@ def _check_init_from(args: argparse.Namespace, cfg: RunConfig, world: World) -> 
             f"--init-from {source.path}: its model is not this run's shape ({'; '.join(diff)}, "
             "checkpoint → this run); a run starts from a checkpoint of the same shape"
         )
+    _check_tokenizer(args, source.path, source.manifest.tokenizer, tokenizer, world)
     steps = _checkpoints(args.run_dir)
     if not steps:
         return source.path
@@ -248,6 +256,28 @@ def _check_init_from(args: argparse.Namespace, cfg: RunConfig, world: World) -> 
         "without --init-from, or start the new run in a new directory",
         ExitCode.RESUME_REFUSED,
     )
+
+
+def _check_tokenizer(
+    args: argparse.Namespace, path: Path, source: str, tokenizer: RunTokenizer, world: World
+) -> None:
+    """Embedding rows stand for the tokens of the tokenizer they were trained under: a source of
+    another tokenizer (even of the same size) is refused, naming both, unless the person says they
+    mean it (vocabulary surgery)."""
+    if source == tokenizer.identity:
+        return
+    what = (
+        f"--init-from {path}: its model was trained under {describe_identity(source)}, this "
+        f"run's [data] tokenizer is {tokenizer.describe(full=True)}"
+    )
+    if not args.init_from_other_tokenizer:
+        raise ConfigError(
+            f"{what}: each embedding row would stand for another token; start from a checkpoint "
+            "of the same tokenizer, or pass --init-from-other-tokenizer to start from it on "
+            "purpose (vocabulary surgery)"
+        )
+    if world.is_main:
+        log.warning("%s; starting from it anyway (--init-from-other-tokenizer)", what)
 
 
 def _started_from(run_dir: Path, step: int) -> InitSource | None:

@@ -21,7 +21,7 @@ CONTRACT = {
     "--precision", "--mixing", "--with-proxy", "--policy", "--pivot", "--threads", "--batch-size",
     "--grad-accum", "--eval-every", "--heldout-fraction", "--compile", "--decay-steps",
     "--log-every", "--sample-every", "--cache-dir", "--allow-config-change", "--deterministic",
-    "--log-level", "--init-from", "--init-from-optimizer", "--check", "--world-size",
+    "--log-level", "--init-from", "--init-from-optimizer", "--init-from-other-tokenizer", "--check", "--world-size",
     "--tokenizer",
 }  # fmt: skip
 

@@ -34,6 +34,7 @@ from ..boundedio import FileRejected, read_bounded, regular_size
 from ..config import CheckpointConfig, ModelConfig, config_changes, trajectory_of
 from ..durable import atomic_write_bytes
 from ..process import REQUESTED_TRIGGERS
+from ..tokenizer import describe_identity
 from ..validation import first_problem
 from . import format as fmt
 from .manifest import (
@@ -540,7 +541,7 @@ def resume_problems(m: Manifest, expect: Expectation) -> list[str]:
         out.append("parameter layout differs (same config, different code?)")
     if expect.tokenizer not in (None, m.tokenizer) and not expect.allow_config_change:
         out.append(
-            f"tokenizer differs: the checkpoint's data was encoded with {_tokenizer(m.tokenizer)}, "
+            f"tokenizer differs: the checkpoint's data was encoded with {describe_identity(m.tokenizer)}, "
             f"this run's [data] tokenizer is {expect.tokenizer_description}"
         )
     saved = {c.name: c.identity for c in m.data}
@@ -565,10 +566,6 @@ def resume_problems(m: Manifest, expect: Expectation) -> list[str]:
             + "; pass --allow-config-change to continue under the new one on purpose"
         )
     return out
-
-
-def _tokenizer(identity: str) -> str:
-    return identity if identity == "bytes" else f"the tokenizer of sha256 {identity}"
 
 
 def _short(identity: str | None) -> str:
