@@ -27,7 +27,15 @@ from andrea.daemon.encoding import Document, record_path, write_tokens_file
 from andrea.daemon.heldout import is_held_out
 from andrea.daemon.rundir import CONFIG_FILE
 from andrea.daemon.settle import settle_heldout
-from andrea.daemon.sources import DEFAULT_FIELD, DataError, jsonl_documents, read_file
+from andrea.daemon.sources import (
+    DEFAULT_FIELD,
+    DataError,
+    SourceRejected,
+    check_link,
+    jsonl_documents,
+    link_roots,
+    read_file,
+)
 from andrea.daemon.tokenizer import BYTES, FileTokenizer, RunTokenizer, padded_vocab
 
 from . import reports as r
@@ -100,7 +108,11 @@ def _training_texts(
             root = corpus.stdlib_root()
             stdlib = corpus.extract_stdlib_documents(corpus.stdlib_files(root), root)
         tally = tallies[spec.name]
-        for doc_id, doc in arm_documents(spec, run_dir, stdlib=stdlib):
+        try:
+            docs = arm_documents(spec, run_dir, stdlib=stdlib)
+        except SourceRejected as e:
+            raise UserError(f"arm {spec.name!r}: {e}") from None
+        for doc_id, doc in docs:
             if fraction and is_held_out(doc_id, fraction):
                 tally.held_out += 1
                 continue
@@ -256,16 +268,23 @@ class ProgressBar:
             self.stream.flush()
 
 
-def input_files(patterns: list[str]) -> list[Path]:
-    """The inputs, in the order given (each glob's matches sorted), once each."""
+def input_files(patterns: list[str], follow_links: bool = False) -> list[Path]:
+    """The inputs, in the order given (each glob's matches sorted), once each. A glob's match that
+    leads out of the glob's directory through a link is refused unless `follow_links` (a file
+    named in full is the person's to name)."""
     out: list[Path] = []
     for pattern in patterns:
-        matches = (
-            sorted(glob(pattern, recursive=True)) if any(c in pattern for c in "*?[") else [pattern]
-        )
+        globbed = any(c in pattern for c in "*?[")
+        matches = sorted(glob(pattern, recursive=True)) if globbed else [pattern]
         files = [Path(m) for m in matches if Path(m).is_file()]
         if not files:
             raise UserError(f"{pattern}: no such file")
+        roots = None if follow_links or not globbed else link_roots([pattern], Path.cwd())
+        for f in files:
+            try:
+                check_link(f, roots, advice="pass --follow-links to read files kept behind links")
+            except SourceRejected as e:
+                raise UserError(f"--input {pattern}: {e}") from None
         out.extend(f for f in files if f not in out)
     return out
 

@@ -115,6 +115,13 @@ class ArmSpec(_Strict):
         None, min_length=1, description='jsonl arms: the field holding the text (default "text")'
     )
     weight: float = Field(1.0, ge=0, description="share in the fixed mixture")
+    links: Literal["inside", "follow"] | None = Field(
+        None,
+        description="text and jsonl arms: a link among the files its globs match is followed "
+        "only when it leads inside the arm's directory or the run's (\"inside\", the default: "
+        'any other is refused, naming it); "follow" follows every link (data kept behind links '
+        "on purpose)",
+    )
 
     @model_validator(mode="after")
     def _fields_match_kind(self) -> ArmSpec:
@@ -128,6 +135,8 @@ class ArmSpec(_Strict):
             raise ValueError(f"arm {self.name!r}: kind 'tokens' needs path")
         if self.field is not None and self.kind != "jsonl":
             raise ValueError(f"arm {self.name!r}: field is a setting of jsonl arms only")
+        if self.links is not None and self.kind not in ("text", "jsonl"):
+            raise ValueError(f"arm {self.name!r}: links is a setting of text and jsonl arms only")
         return self
 
     @property
@@ -357,8 +366,9 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
         if traj["data"].get("tokenizer") == "bytes":
             del traj["data"]["tokenizer"]
         if isinstance(traj["data"].get("arms"), list):
+            # Which links an arm may follow changes no token (its identity names its files).
             traj["data"]["arms"] = [
-                {k: v for k, v in a.items() if not (k == "field" and v is None)}
+                {k: v for k, v in a.items() if not (k == "field" and v is None) and k != "links"}
                 if isinstance(a, dict)
                 else a
                 for a in traj["data"]["arms"]

@@ -20,7 +20,7 @@ import tokenize
 from collections.abc import Callable
 from pathlib import Path
 
-from .sources import check_stop, file_digest
+from .sources import Roots, check_stop, file_digest
 
 PARTS = ("docstrings", "code", "comments")
 #: Bump when the extraction rules change: it is part of every stdlib arm's identity.
@@ -51,14 +51,19 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
 
 
 def listing_digest(
-    files: list[Path], root: Path, salt: str, should_stop: Callable[[], bool] | None = None
+    files: list[Path],
+    root: Path,
+    salt: str,
+    should_stop: Callable[[], bool] | None = None,
+    inside: Roots = None,
 ) -> str:
     """Identity of a set of source files: relative paths, sizes and content hashes. Each file is
-    read as a regular file only (daemon/sources.py), and a stop request is honoured between files."""
+    read as a regular file only (daemon/sources.py), lying in `inside` when given, and a stop
+    request is honoured between files."""
     h = hashlib.sha256(salt.encode())
     for p in files:
         check_stop(should_stop, "hashing the data's files")
-        size, digest = file_digest(p)
+        size, digest = file_digest(p, inside)
         h.update(f"\0{p.relative_to(root).as_posix()}\0{size}\0".encode())
         h.update(digest)
     return h.hexdigest()

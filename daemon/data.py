@@ -39,6 +39,7 @@ from .sources import (
     SourceRejected,
     Stop,
     arm_files,
+    arm_roots,
     jsonl_documents,
     text_documents,
 )
@@ -179,7 +180,8 @@ def _source_identity(spec: ArmSpec, base: Path, should_stop: Stop = None) -> tup
     common directory."""
     files, common = arm_files(spec, base)
     salt = "text:v1" if spec.kind == "text" else f"jsonl:v1:{spec.field or DEFAULT_FIELD}"
-    return corpus.listing_digest(files, common, salt, should_stop), common
+    inside = arm_roots(spec, base)
+    return corpus.listing_digest(files, common, salt, should_stop, inside), common
 
 
 def _file_arm(
@@ -226,10 +228,11 @@ def arm_documents(
     if spec.kind == "tokens":
         raise ValueError(f"arm {spec.name!r} is a tokens file: it holds ids, not documents")
     files, common = arm_files(spec, base)
+    inside = arm_roots(spec, base)
     if spec.kind == "text":
-        return text_documents(files, common, should_stop)
+        return text_documents(files, common, should_stop, inside)
     field = spec.field or DEFAULT_FIELD
-    return jsonl_documents(files, common, field, should_stop, f"arm {spec.name!r}: ")
+    return jsonl_documents(files, common, field, should_stop, f"arm {spec.name!r}: ", inside)
 
 
 def _tokens_file(spec: ArmSpec, base: Path) -> tuple[Path, np.dtype, os.stat_result]:

@@ -6,8 +6,15 @@ or /sys is "regular" too, but reports 0 bytes and holds something else (``/proc/
 its read (``/proc/self/pagemap``: EINVAL) or waits for data (``/proc/kmsg``); a FIFO waits in its open.
 Each is refused naming the file (`SourceRejected`, exit 2), never read past its size and never waited
 on: the descriptor is opened non-blocking, and after the last byte one more read must find the end.
-Links are followed: a person names these files in run.toml (a corpus of links is common); what they
-reach must be a regular file all the same.
+Links among an arm's files are followed only where they stay: inside the arm's directory (the part
+of a glob before its first wildcard) or the run directory. Whoever can write a folder an arm reads can
+plant ``notes/zz.md -> /home/op/.ssh/id_ed25519``, and its text would end up in the tokenizer's
+vocabulary and the token cache, which anyone may read; so a link that leads elsewhere is refused
+(`SourceRejected`, exit 2), naming it and where it leads, when the arm is listed and again on the
+opened descriptor (a link swapped in after the listing is refused, not followed). An arm whose data
+is kept behind links on purpose says ``links = "follow"``. A file a person names in full (a glob
+without a wildcard) is theirs to name, link or not; what it reaches must be a regular file all
+the same.
 A stop requested meanwhile is honoured between files (and between batches of lines).
 
 Documents, the unit of the held-out split (daemon/heldout.py):
@@ -58,10 +65,59 @@ def check_stop(should_stop: Stop, what: str) -> None:
         raise InterruptedError(f"stop requested while {what}")
 
 
-class RegularReader(io.RawIOBase):
-    """A regular file's bytes, exactly as many as its size says; then the end must follow."""
+#: The directories an arm's links may lead into (resolved); None: any (``links = "follow"``).
+Roots = tuple[Path, ...] | None
 
-    def __init__(self, path: Path) -> None:
+
+def link_roots(patterns: list[str], base: Path) -> tuple[Path, ...]:
+    """The directories of `patterns` (relative to `base`), resolved: each glob's part before its
+    first wildcard (a pattern without one names its file: whatever it is, it was named)."""
+    roots = []
+    for pattern in patterns:
+        path = base / Path(pattern).expanduser()
+        fixed = []
+        for part in path.parts:
+            if any(c in part for c in "*?["):
+                break
+            fixed.append(part)
+        roots.append(Path(*fixed) if len(fixed) < len(path.parts) else path)
+    return tuple(sorted({Path(os.path.realpath(r)) for r in roots}))
+
+
+#: What a refused link of an arm's says to do about it.
+FOLLOW_ARM_LINKS = 'set links = "follow" on the arm in run.toml to read data kept behind links'
+
+
+def check_link(
+    path: Path, roots: Roots, real: str | None = None, advice: str = FOLLOW_ARM_LINKS
+) -> None:
+    """SourceRejected when `path` (or, once opened, `real`: where its descriptor leads) lies
+    outside every one of `roots`; its message ends with `advice`."""
+    if roots is None:
+        return
+    target = Path(real if real is not None else os.path.realpath(path))
+    if any(target.is_relative_to(r) for r in roots):
+        return
+    raise SourceRejected(
+        f"{path} leads to {target} through a link, outside {' and '.join(map(str, roots))}: "
+        "refused, so that a planted link never puts another file's text into the tokenizer or "
+        f"the token cache; {advice} on purpose"
+    )
+
+
+def _opened(fd: int, path: Path) -> str:
+    """Where the descriptor `fd` (opened through `path`) leads, as the kernel knows it."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: where the path leads now
+        return os.path.realpath(path)
+
+
+class RegularReader(io.RawIOBase):
+    """A regular file's bytes, exactly as many as its size says; then the end must follow. With
+    `inside`, the file opened must lie in one of those directories (`check_link`)."""
+
+    def __init__(self, path: Path, inside: Roots = None) -> None:
         super().__init__()
         self.path = path
         try:
@@ -72,6 +128,12 @@ class RegularReader(io.RawIOBase):
             raise DataError(f"{path} does not exist") from None
         except OSError as e:
             raise SourceRejected(f"{path}: cannot be read: {e.strerror or e}") from None
+        if inside is not None:
+            try:
+                check_link(path, inside, _opened(self.fd, path))
+            except SourceRejected:
+                os.close(self.fd)
+                raise
         self.size = os.fstat(self.fd).st_size
         self.done = 0
         self._ended = False
@@ -121,26 +183,35 @@ class RegularReader(io.RawIOBase):
         super().close()
 
 
-def read_file(path: Path) -> bytes:
+def read_file(path: Path, inside: Roots = None) -> bytes:
     """The whole content of the regular file `path` (SourceRejected, DataError naming it)."""
-    with RegularReader(path) as r:
+    with RegularReader(path, inside) as r:
         return r.readall()
 
 
-def file_digest(path: Path) -> tuple[int, bytes]:
+def file_digest(path: Path, inside: Roots = None) -> tuple[int, bytes]:
     """(size, sha256 digest) of the regular file `path`, streamed."""
     sha = hashlib.sha256()
     buf = bytearray(_CHUNK)
-    with RegularReader(path) as r:
+    with RegularReader(path, inside) as r:
         while n := r.readinto(buf):
             sha.update(memoryview(buf)[:n])
         return r.size, sha.digest()
 
 
+def arm_roots(spec: ArmSpec, base: Path) -> Roots:
+    """Where links among a text or jsonl arm's files may lead: the run directory `base` and the
+    arm's directories (`link_roots`); None when the arm follows every link."""
+    if spec.links == "follow":
+        return None
+    return tuple(sorted({Path(os.path.realpath(base)), *link_roots(spec.paths, base)}))
+
+
 def arm_files(spec: ArmSpec, base: Path) -> tuple[list[Path], Path]:
     """A `text` or `jsonl` arm's files in a fixed order, and their common directory. Directories
     that a `**` glob matches are passed over; so is anything that is not a file (a FIFO, a
-    socket), which `stat` tells without opening it."""
+    socket), which `stat` tells without opening it. A link that leads out of the arm's directory
+    and the run's is refused (`check_link`) before any file is read."""
     files = sorted(
         {
             Path(p)
@@ -151,20 +222,23 @@ def arm_files(spec: ArmSpec, base: Path) -> tuple[list[Path], Path]:
     )
     if not files:
         raise DataError(f"arm {spec.name!r}: no files match {spec.paths} (relative to {base})")
+    roots = arm_roots(spec, base)
+    for f in files:
+        check_link(f, roots)
     return files, Path(os.path.commonpath([f.parent for f in files]))
 
 
 def text_documents(
-    files: list[Path], common: Path, should_stop: Stop = None
+    files: list[Path], common: Path, should_stop: Stop = None, inside: Roots = None
 ) -> Iterator[tuple[str, bytes]]:
     """A text arm's documents: `(path relative to common, bytes)` per file."""
     for f in files:
         check_stop(should_stop, "reading text arms")
-        yield f.relative_to(common).as_posix(), read_file(f)
+        yield f.relative_to(common).as_posix(), read_file(f, inside)
 
 
-def _lines(path: Path) -> Iterator[bytes]:
-    raw = RegularReader(path)
+def _lines(path: Path, inside: Roots = None) -> Iterator[bytes]:
+    raw = RegularReader(path, inside)
     with io.BufferedReader(raw, _CHUNK) as buffered:
         if path.name.endswith(".gz"):
             with gzip.GzipFile(fileobj=buffered, mode="rb") as unzipped:
@@ -196,7 +270,12 @@ def _document(line: bytes, field: str) -> str:
 
 
 def jsonl_documents(
-    files: list[Path], common: Path, field: str, should_stop: Stop = None, label: str = ""
+    files: list[Path],
+    common: Path,
+    field: str,
+    should_stop: Stop = None,
+    label: str = "",
+    inside: Roots = None,
 ) -> Iterator[tuple[str, str]]:
     """A JSON Lines arm's documents: `(relative path:line number, text)` per line. DataError
     naming the file and the line (after `label`: "arm 'web': ") for a malformed one; never a
@@ -206,7 +285,7 @@ def jsonl_documents(
         rel = f.relative_to(common).as_posix()
         lineno = 0
         try:
-            for lineno, line in enumerate(_lines(f), 1):
+            for lineno, line in enumerate(_lines(f, inside), 1):
                 if lineno % _LINES_PER_CHECK == 0:
                     check_stop(should_stop, "reading JSON Lines arms")
                 try:

@@ -51,6 +51,12 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     encode.add_argument(
         "--field", default="text", help="the field of a JSON Lines line that holds the text"
     )
+    encode.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="read a quoted glob's matches that lead out of its directory through a link "
+        "(refused by default: a planted link would put another file's text in the tokens file)",
+    )
 
 
 def cmd_tokenizer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -61,8 +67,11 @@ def cmd_tokenizer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.inputs or args.tokenizer:
-        parser.error("train takes no --input or --tokenizer: it trains on the run's own arms")
+    if args.inputs or args.tokenizer or args.follow_links:
+        parser.error(
+            "train takes no --input, --tokenizer or --follow-links: it trains on the run's own "
+            'arms (an arm says links = "follow" in run.toml)'
+        )
     if args.run_dir is None or args.vocab_size is None:
         parser.error("train needs --run-dir DIR and --vocab-size N")
     if not args.run_dir.is_dir():
@@ -86,7 +95,7 @@ def _encode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from andrea.daemon.config import ConfigError
     from andrea.daemon.tokenizer import load_tokenizer
 
-    files = tool.input_files(args.inputs)
+    files = tool.input_files(args.inputs, args.follow_links)
     try:
         if args.tokenizer is not None:
             tokenizer = load_tokenizer(args.tokenizer, Path.cwd())
