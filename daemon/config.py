@@ -43,12 +43,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+#: The largest vocabulary a model may hold: 16 times the largest public tokenizers' (256k). Past it
+#: a value is a mistake (a tokenizer with one id at 100,000,000), whose embedding and head alone
+#: would not fit any memory.
+MAX_VOCAB_SIZE = 1 << 22
+
+
 class ModelConfig(_Strict):
     """Shape of the GPT. Part of the checkpoint contract: resuming needs an identical one."""
 
     vocab_size: int = Field(
         256,
         ge=2,
+        le=MAX_VOCAB_SIZE,
         description="ids the embedding and the head hold; default: the run's tokenizer's size rounded "
         "up to a multiple of 64 (256 for the byte-level tokenizer)",
     )

@@ -32,6 +32,22 @@ NO_RESTART = (ExitCode.CONFIG_ERROR, ExitCode.RESUME_REFUSED, ExitCode.DATA_ERRO
 _PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
+#: How torch reports an allocation that failed as a plain RuntimeError: the CPU allocator (a model
+#: built too large), CUDA's caching allocator and the CUDA runtime.
+_OOM_MESSAGES = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
+
+
 def for_unexpected(exc: BaseException) -> tuple[ExitCode, str]:
     """The exit code for an exception nothing else handled, and a log line that says what
     happens next (the journal's last lines are what `systemctl status` shows).
@@ -40,10 +56,11 @@ def for_unexpected(exc: BaseException) -> tuple[ExitCode, str]:
     limit ends a loop. Out of memory at a fixed model and batch size, or a permission the service
     lacks, fails the same way on every start: those exit CONFIG_ERROR, never restarted.
     """
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+    if _out_of_memory(exc):
         return ExitCode.CONFIG_ERROR, (
-            f"out of memory ({exc!r}); exit 2, not restarted: lower --batch-size or use a"
-            " smaller --preset"
+            f"out of memory ({exc!r}); exit 2, not restarted: the model or its batch does not fit"
+            " this machine: lower --batch-size, use a smaller --preset, or a smaller [model]"
+            " vocab_size (`andreactl plan` sizes them)"
         )
     if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
         return ExitCode.CONFIG_ERROR, (

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .boundedio import FileRejected, read_bounded
-from .config import ConfigError
+from .config import MAX_VOCAB_SIZE, ConfigError
 
 #: `[data] tokenizer` of the byte-level tokenizer.
 BYTES = "bytes"
@@ -36,6 +36,8 @@ DOC_SEPARATOR_TEXT = "\n\n"
 #: The largest tokenizer file read (the big public ones are a few tens of MB).
 MAX_TOKENIZER_BYTES = 256 << 20
 _REPLACEMENT = "\ufffd"
+#: Ids a tokenizer may leave unused beyond as many as it has tokens (reserved ranges are common).
+SPARSE_SLACK = 1024
 
 
 class TokenizerError(ConfigError):
@@ -167,15 +169,23 @@ class FileTokenizer(RunTokenizer):
             raise TokenizerError(
                 f"[data] tokenizer = {spec!r}: {path} is not a tokenizers file ({e})"
             ) from None
-        ids = self.hf.get_vocab(with_added_tokens=True).values()
+        ids = set(self.hf.get_vocab(with_added_tokens=True).values())
         self.n_vocab = max(self.hf.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)
         if self.n_vocab < 1:
             raise TokenizerError(f"[data] tokenizer = {spec!r}: {path} has an empty vocabulary")
+        _check_dense(spec, path, len(ids), self.n_vocab)
         self._encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)
 
     def encode_raw(self, docs: Sequence[str | bytes]) -> list[Any]:
         texts = [d if isinstance(d, str) else d.decode("utf-8") for d in docs]
-        return self._encode(texts, add_special_tokens=False)
+        try:
+            return self._encode(texts, add_special_tokens=False)
+        except Exception as e:  # the library raises a bare Exception ("Missing [UNK] token")
+            raise TokenizerError(
+                f"[data] tokenizer = {self.spec!r}: {self.path} cannot encode the data ({e}): "
+                "a tokenizer must encode any text; give it an unknown token ([UNK]) or a byte "
+                "alphabet (andreactl tokenizer train makes one that encodes anything)"
+            ) from None
 
     def as_array(self, encoded: Any) -> np.ndarray:
         return np.array(encoded.ids, dtype=self.dtype)
@@ -201,6 +211,24 @@ class FileTokenizer(RunTokenizer):
 def describe_identity(identity: str) -> str:
     """A tokenizer known by its identity alone (a manifest's, a record's), for a person."""
     return BYTES if identity == BYTES else f"the tokenizer of sha256 {identity}"
+
+
+def _check_dense(spec: str, path: Path, tokens: int, n_vocab: int) -> None:
+    """TokenizerError, before any model is built, for ids a model cannot or should not hold: past
+    `MAX_VOCAB_SIZE`, or mostly unused (the model's rows are ids, not tokens)."""
+    unused = n_vocab - tokens
+    if n_vocab > MAX_VOCAB_SIZE or unused > max(tokens, SPARSE_SLACK):
+        raise TokenizerError(
+            f"[data] tokenizer = {spec!r}: {path} has {tokens:,} tokens with ids up to "
+            f"{n_vocab - 1:,}: a model would need {n_vocab:,} rows ([model] vocab_size), "
+            f"{unused:,} of them for ids no token has"
+            + (
+                f", more than the {MAX_VOCAB_SIZE:,} a model may hold"
+                if n_vocab > MAX_VOCAB_SIZE
+                else ""
+            )
+            + "; renumber its ids from 0 without gaps, or train one (andreactl tokenizer train)"
+        )
 
 
 def tokenizer_path(spec: str, base: Path) -> Path:

@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
         code = run(args, flags, world)
     except Exception as e:
         code, advice = for_unexpected(e)
-        log.critical("%s", advice, exc_info=True)
+        # A traceback helps with what nobody foresaw, not with what a person must change.
+        log.critical("%s", advice, exc_info=code == ExitCode.FAILURE)
     Notifier(enabled=world.is_main).stopping()
     # Everything that matters is durable now. Tearing down torch's interpreter state takes
     # 0.5–0.8 s here, time a stop budget (TimeoutStopSec, a preemption notice) should not pay.

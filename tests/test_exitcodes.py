@@ -40,3 +40,15 @@ def test_other_errors_exit_1_and_say_that_the_start_limit_ends_a_loop(exc: BaseE
     code, advice = for_unexpected(exc)
     assert code == ExitCode.FAILURE
     assert "start limit" in advice and repr(exc) in advice
+
+
+def test_torchs_failed_cpu_allocation_is_not_restarted() -> None:
+    """torch reports a CPU allocation it cannot make (a model built too large) as a plain
+    RuntimeError; a real one, of a petabyte, is refused by any allocator without touching memory."""
+    import torch
+
+    with pytest.raises(RuntimeError) as failed:
+        torch.empty(1 << 50, dtype=torch.uint8)
+    code, advice = for_unexpected(failed.value)
+    assert code == ExitCode.CONFIG_ERROR, advice
+    assert "out of memory" in advice and "vocab_size" in advice
