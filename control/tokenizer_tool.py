@@ -19,6 +19,7 @@ from glob import glob
 from pathlib import Path
 from typing import TextIO
 
+from andrea.daemon.boundedio import irregular
 from andrea.daemon.checkpoint.manager import checkpoint_steps
 from andrea.daemon.config import ArmSpec, ConfigError, RunConfig, build_config, load_toml
 from andrea.daemon.data import arm_documents
@@ -72,11 +73,15 @@ class _Tally:
 def run_config(run_dir: Path) -> RunConfig:
     """The config of the run in `run_dir`, as its run.toml says (UserError without one)."""
     path = run_dir / CONFIG_FILE
-    if not path.is_file():
+    try:
+        kind = irregular(path, follow_symlinks=True)
+    except FileNotFoundError:
         raise UserError(
             f"{path} does not exist: write the run's run.toml (its [[data.arms]]) first, or start "
             "the run once"
-        )
+        ) from None
+    if kind is not None:
+        raise UserError(f"{path}: not a regular file ({kind}); the run's run.toml must be one")
     try:
         return build_config(load_toml(path), source=str(path))
     except ConfigError as e:
@@ -277,6 +282,8 @@ def input_files(patterns: list[str], follow_links: bool = False) -> list[Path]:
         globbed = any(c in pattern for c in "*?[")
         matches = sorted(glob(pattern, recursive=True)) if globbed else [pattern]
         files = [Path(m) for m in matches if Path(m).is_file()]
+        if not globbed and not files:
+            _named_input(Path(pattern))
         if not files:
             raise UserError(f"{pattern}: no such file")
         roots = None if follow_links or not globbed else link_roots([pattern], Path.cwd())
@@ -287,6 +294,18 @@ def input_files(patterns: list[str], follow_links: bool = False) -> list[Path]:
                 raise UserError(f"--input {pattern}: {e}") from None
         out.extend(f for f in files if f not in out)
     return out
+
+
+def _named_input(path: Path) -> None:
+    """UserError saying what an input named in full is, when it is no file to read: nothing, or
+    a FIFO, a device, a directory (looked at, never opened: a FIFO would block)."""
+    try:
+        kind = irregular(path, follow_symlinks=True)
+    except FileNotFoundError:
+        raise UserError(f"--input {path}: no such file") from None
+    except OSError as e:
+        raise UserError(f"--input {path}: {e.strerror or e}") from None
+    raise UserError(f"--input {path}: not a regular file ({kind}); name text or JSON Lines files")
 
 
 def _documents(files: list[Path], field: str) -> Iterator[Document]:
@@ -311,7 +330,7 @@ def encode(
         record = write_tokens_file(
             out, _documents(files, field), tokenizer, [str(f) for f in files], progress=bar.update
         )
-    except DataError as e:
+    except (DataError, ConfigError) as e:  # ConfigError: a tokenizer that cannot encode the text
         raise UserError(str(e)) from None
     finally:
         bar.close()

@@ -33,11 +33,12 @@ class FileRejected(ValueError):
     larger than its format allows."""
 
 
-def irregular(path: Path) -> str | None:
+def irregular(path: Path, *, follow_symlinks: bool = False) -> str | None:
     """What lies at `path` when it is not a regular file ("a symbolic link", "a FIFO", ...), None for
-    a regular file. The link itself is looked at, never its target. FileNotFoundError when nothing
+    a regular file. The link itself is looked at, never its target, unless `follow_symlinks` (a
+    file a person names). Nothing is opened, so a FIFO never blocks. FileNotFoundError when nothing
     is there."""
-    mode = os.lstat(path).st_mode
+    mode = os.stat(path, follow_symlinks=follow_symlinks).st_mode
     return None if stat.S_ISREG(mode) else _kind(mode)
 
 

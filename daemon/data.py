@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from . import corpus, heldout
+from .boundedio import irregular
 from .config import ArmSpec, DataConfig
 from .durable import atomic_write_bytes
 from .encoding import Document, counts_path, read_record, split_paths, write_arm
@@ -237,8 +238,15 @@ def arm_documents(
 
 def _tokens_file(spec: ArmSpec, base: Path) -> tuple[Path, np.dtype, os.stat_result]:
     path = (base / spec.path).resolve()
-    if not path.is_file():
-        raise DataError(f"arm {spec.name!r}: token file {path} does not exist")
+    try:
+        kind = irregular(path, follow_symlinks=True)
+    except FileNotFoundError:
+        raise DataError(f"arm {spec.name!r}: token file {path} does not exist") from None
+    if kind is not None:
+        raise SourceRejected(
+            f"arm {spec.name!r}: token file {path} is not a regular file ({kind}); set the arm's "
+            "path to a file of token ids"
+        )
     dtype = np.dtype(spec.dtype).newbyteorder("<")
     st = path.stat()
     if st.st_size == 0:
@@ -252,8 +260,9 @@ def _tokens_file(spec: ArmSpec, base: Path) -> tuple[Path, np.dtype, os.stat_res
 
 def _made_by(spec: ArmSpec, base: Path) -> tuple[str | None, str]:
     """Which tokenizer made a tokens arm's file: its record's identity (None: unknown), and where
-    that is said."""
-    path = (base / spec.path).resolve()
+    that is said. The record is the one beside the path the arm names (a link's own, not its
+    target's: whoever links a file from elsewhere says, beside the link, what made it)."""
+    path = base / spec.path
     record = read_record(path)
     if record is None:
         return None, f"no {path.name}.json beside it"

@@ -50,3 +50,25 @@ def names(pattern: str, fraction: float, held: bool, count: int) -> list[str]:
             out.append(name)
         i += 1
     return out
+
+
+def word_level_file(path: Path, words: Iterable[str], unk: bool = False) -> Path:
+    """A WordLevel tokenizer of `words` (whitespace-split), with or without an unknown token: one
+    without cannot encode a word it lacks."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(dict.fromkeys([*words, *(["[UNK]"] if unk else [])]))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]" if unk else None))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+def sparse_bpe_file(path: Path, top: int = 100_000_000) -> Path:
+    """A BPE of two tokens whose second id is `top`: a model would need `top + 1` rows."""
+    from tokenizers import Tokenizer, models
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Tokenizer(models.BPE(vocab={"a": 0, "b": top}, merges=[])).save(str(path))
+    return path

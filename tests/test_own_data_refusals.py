@@ -3,6 +3,7 @@ message that names what to change; and a stop while the data is being prepared, 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -16,7 +17,7 @@ from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.tokenizer import load_tokenizer
 
 from .conftest import Daemon, andreactl, trainer_cmd
-from .owndata import PROSE, bpe_file, names, write_jsonl
+from .owndata import PROSE, bpe_file, names, sparse_bpe_file, word_level_file, write_jsonl
 
 pytestmark = pytest.mark.process
 
@@ -77,6 +78,26 @@ def _proc_self(run: Path) -> None:
     )
 
 
+def _word_level_without_unk(run: Path) -> None:
+    _notes(run, f'[data]\ntokenizer = "tokenizer.json"\n{TEXT_ARM}', tokenizer=False)
+    word_level_file(run / "tokenizer.json", ["The", "trainer", "reads"])
+
+
+def _sparse_tokenizer(run: Path) -> None:
+    _notes(run, f'[data]\ntokenizer = "tokenizer.json"\n{TEXT_ARM}', tokenizer=False)
+    sparse_bpe_file(run / "tokenizer.json")
+
+
+def _absurd_vocab(run: Path) -> None:
+    _notes(run, f"[model]\nvocab_size = 100000000\n{TEXT_ARM}", tokenizer=False)
+
+
+def _tokens_fifo(run: Path) -> None:
+    run.mkdir()
+    os.mkfifo(run / "pre.u16")
+    (run / "run.toml").write_text(TOKENS_ARM)
+
+
 def _all_held_out(run: Path) -> None:
     (run / "notes").mkdir(parents=True)
     (run / "notes" / names("{}.txt", 0.99, True, 1)[0]).write_text(PROSE * 20)
@@ -104,6 +125,22 @@ CASES: dict[str, tuple[Callable[[Path], None], list[str], int, list[str]]] = {
         _malformed_jsonl, [], ExitCode.DATA_ERROR, ["a.jsonl:6: not JSON"],
     ),
     "proc-self-glob": (_proc_self, [], ExitCode.CONFIG_ERROR, ["data: arm 'p': /proc/self/"]),
+    "word-level-without-unk": (
+        _word_level_without_unk, [], ExitCode.CONFIG_ERROR,
+        ["[data] tokenizer = 'tokenizer.json'", "cannot encode the data", "[UNK]"],
+    ),
+    "sparse-tokenizer": (
+        _sparse_tokenizer, [], ExitCode.CONFIG_ERROR,
+        ["[data] tokenizer = 'tokenizer.json'", "2 tokens with ids up to 100,000,000",
+         "[model] vocab_size"],
+    ),
+    "absurd-vocab-size": (
+        _absurd_vocab, [], ExitCode.CONFIG_ERROR, ["vocab_size", "4194304"],
+    ),
+    "tokens-arm-fifo": (
+        _tokens_fifo, [], ExitCode.CONFIG_ERROR,
+        ["arm 'pre': token file", "is not a regular file (a FIFO)"],
+    ),
     "heldout-fraction-0.99": (
         _all_held_out, ["--heldout-fraction", "0.99"], ExitCode.DATA_ERROR,
         ["0 training tokens", "[data] heldout_fraction holds out 1 of its 1 documents"],
@@ -159,3 +196,18 @@ def test_samples_the_proxy_cannot_write_never_stop_the_run(tmp_path: Path, cache
     assert t.wait() == 0, t.log
     assert "the samples of step 20 could not be written" in t.log, t.log
     assert "step 30/30" in t.log and "proxy stopped" in t.log, t.log
+
+
+@pytest.mark.skipif(
+    Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1",
+    reason="memory is overcommitted: an allocation that cannot fit is granted, then killed",
+)
+def test_a_model_that_cannot_be_allocated_exits_2(tmp_path: Path, cache_dir: Path) -> None:
+    """13 TB of attention weights (n_embd 2^20): torch's CPU allocator refuses them at the model's
+    build, and the trainer exits 2 (not restarted), without a traceback."""
+    run = tmp_path / "run"
+    _notes(run, f"[model]\nn_embd = 1048576\nn_head = 1\n{TEXT_ARM}", tokenizer=False)
+    res = _trainer(run, cache_dir, timeout=120)
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
+    assert "out of memory" in res.stderr and "DefaultCPUAllocator" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr

@@ -16,7 +16,7 @@ from andrea.daemon.encoding import read_record
 from andrea.daemon.heldout import is_held_out
 from andrea.daemon.tokenizer import load_tokenizer
 
-from .owndata import PROSE, names, write_jsonl
+from .owndata import PROSE, names, sparse_bpe_file, word_level_file, write_jsonl
 from .test_report_schemas import check
 
 RUN_TOML = """\
@@ -137,3 +137,19 @@ def test_train_needs_a_run_toml_and_never_writes_over_a_tokenizer(run: Path, cap
     (run / "run.toml").unlink()
     assert andreactl.main(["tokenizer", "train", "--run-dir", str(run), "--vocab-size", "300"]) == 2
     assert "run.toml does not exist" in capsys.readouterr().err
+
+
+def test_encode_with_a_tokenizer_that_cannot_encode_is_exit_2(tmp_path: Path, capsys) -> None:
+    """A WordLevel without [UNK] fails on the first word it lacks; a vocabulary with one id at
+    100,000,000 is refused before anything is built. Both name the tokenizer, without a traceback."""
+    (tmp_path / "in.txt").write_text(PROSE)
+    out = tmp_path / "out.u16"
+    for tok, needle in (
+        (word_level_file(tmp_path / "wl.json", ["The"]), "cannot encode the data (WordLevel"),
+        (sparse_bpe_file(tmp_path / "sparse.json"), "2 tokens with ids up to 100,000,000"),
+    ):
+        argv = ["tokenizer", "encode", "--tokenizer", str(tok), "--input", str(tmp_path / "in.txt")]
+        assert ctl(*argv, "--out", str(out)) == 2
+        err = capsys.readouterr().err
+        assert f"[data] tokenizer = '{tok}'" in err and needle in err, err
+        assert not out.exists() and not list(tmp_path.glob("*.tmp"))

@@ -18,7 +18,7 @@ from typing import Any
 from andrea.protocol.lineage import InitSource
 
 from .. import rundir
-from ..boundedio import read_bounded
+from ..boundedio import irregular, read_bounded
 from ..config import ModelConfig
 from . import format as fmt
 from .manager import verify_payload
@@ -74,11 +74,17 @@ def read_source(path: Path) -> Source:
     """The checkpoint at `path` (a `step_NNNNNN.bin` beside its manifest), its manifest verified.
     SourceError naming the path and the problem."""
     path = path.expanduser().absolute()
+    try:
+        kind = irregular(path, follow_symlinks=True)
+    except FileNotFoundError:
+        raise SourceError(f"--init-from {path}: no such file") from None
+    except OSError as e:
+        raise SourceError(f"--init-from {path}: {e.strerror or e}") from None
+    if kind is not None:
+        raise SourceError(f"--init-from {path}: not a regular file ({kind}): not a checkpoint")
     parsed = rundir.parse_checkpoint_name(path.name)
     if parsed is None or parsed[1] != "bin":
         raise SourceError(f"--init-from {path}: not a checkpoint payload (step_NNNNNN.bin)")
-    if not path.is_file():
-        raise SourceError(f"--init-from {path}: no such file")
     try:
         raw = read_bounded(path.parent / rundir.manifest_name(parsed[0]), MAX_MANIFEST_BYTES)
         manifest = decode_manifest(raw)
