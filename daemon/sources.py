@@ -249,6 +249,15 @@ def _lines(path: Path, inside: Roots = None) -> Iterator[bytes]:
             yield from buffered
 
 
+def json_type(value: object) -> str:
+    """A decoded value for a person who wrote the line: its type by JSON's names ("JSON null",
+    "a JSON array", "a JSON number"), never Python's."""
+    if value is None:
+        return "JSON null"
+    names = ((bool, "boolean"), (dict, "object"), (list, "array"), (str, "string"))
+    return "a JSON " + next((n for kind, n in names if isinstance(value, kind)), "number")
+
+
 def _document(line: bytes, field: str) -> str:
     """The string at `field` of one JSON Lines line; ValueError saying what is wrong with it."""
     try:
@@ -259,13 +268,13 @@ def _document(line: bytes, field: str) -> str:
     except (UnicodeDecodeError, RecursionError) as e:
         raise ValueError(f"not JSON ({type(e).__name__})") from None
     if not isinstance(value, dict):
-        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+        raise ValueError(f"{json_type(value)}, not an object")
     if field not in value:
         keys = ", ".join(sorted(value)[:8]) or "none"
         raise ValueError(f"no field {field!r} (its fields: {keys}); set the arm's field = ...")
     text = value[field]
     if not isinstance(text, str):
-        raise ValueError(f"field {field!r} is a JSON {type(text).__name__}, not a string")
+        raise ValueError(f"field {field!r} is {json_type(text)}, not a string")
     return text
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from andrea.daemon.config import ArmSpec, DataConfig
-from andrea.daemon.data import Arm, ArmStream, DataError, arm_identity, load_arms
-from andrea.daemon.encoding import read_record, write_tokens_file
+from andrea.daemon.data import Arm, ArmStream, DataError, arm_identity, check_tokenizers, load_arms
+from andrea.daemon.encoding import TokensRecord, read_record, write_tokens_file
 from andrea.daemon.heldout import is_held_out
 from andrea.daemon.sources import SourceRejected, arm_files, jsonl_documents, read_file
 from andrea.daemon.tokenizer import ByteTokenizer, load_tokenizer
@@ -56,7 +56,7 @@ def test_jsonl_lines_are_documents_of_the_split(tmp_path: Path) -> None:
     assert arm.documents == 39 and 0 < arm.documents_held_out < 39
     assert held  # the rule puts some documents on each side
     other = _data(tmp_path, [{**spec[0], "field": "id"}], heldout_fraction=0.5)
-    with pytest.raises(DataError, match="field 'id' is a JSON int, not a string"):
+    with pytest.raises(DataError, match="field 'id' is a JSON number, not a string"):
         load_arms(other, tmp_path, 256)
 
 
@@ -65,9 +65,13 @@ def test_jsonl_lines_are_documents_of_the_split(tmp_path: Path) -> None:
     [
         (b'{"text": "ok"}\n{"text": "cut\n', 2, "not JSON"),
         (b'{"text": "ok"}\n\n{"text": "x"}\n', 2, "an empty line"),
-        (b'{"text": "ok"}\n["text"]\n', 2, "a JSON list, not an object"),
+        (b'{"text": "ok"}\n["text"]\n', 2, "a JSON array, not an object"),
         (b'{"text": "ok"}\n{"body": "x"}\n', 2, "no field 'text' (its fields: body)"),
-        (b'{"text": 1}\n', 1, "field 'text' is a JSON int"),
+        (b'{"text": 1}\n', 1, "field 'text' is a JSON number"),
+        (b'{"text": null}\n', 1, "field 'text' is JSON null, not a string"),
+        (b'{"text": true}\n', 1, "field 'text' is a JSON boolean"),
+        (b'{"text": {"a": 1}}\n', 1, "field 'text' is a JSON object"),
+        (b"7\n", 1, "a JSON number, not an object"),
     ],
 )
 def test_a_malformed_line_names_the_file_and_line(
@@ -216,3 +220,27 @@ def test_byte_tokens_file_is_the_documents_joined(tmp_path: Path) -> None:
     out = tmp_path / "b.u8"
     record = write_tokens_file(out, [("a", b"one"), ("b", "two")], ByteTokenizer(), ["a", "b"])
     assert out.read_bytes() == b"one\n\ntwo" and record.documents == 2 and record.tokens == 8
+
+
+def test_a_linked_tokens_file_has_its_record_beside_the_link(tmp_path: Path) -> None:
+    """The record that says which tokenizer made a tokens file is the one beside the path the arm
+    names: a link from elsewhere is described beside the link, never by its target's record."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    np.arange(200, dtype="<u2").tofile(elsewhere / "x.u16")
+
+    def record(path: Path, tokenizer: str) -> None:
+        fields = dict(n_vocab=300, dtype="uint16", tokens=200, documents=1, separator=[1],
+                      sources=[], created_utc="2026-01-01T00:00:00+00:00")  # fmt: skip
+        path.write_text(TokensRecord(tokenizer=tokenizer, **fields).model_dump_json())
+
+    record(elsewhere / "x.u16.json", "a" * 64)  # the target's: another tokenizer
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "pre.u16").symlink_to(elsewhere / "x.u16")
+    arm = {"name": "pre", "kind": "tokens", "path": "pre.u16", "dtype": "uint16"}
+    cfg = _data(run, [arm])
+    unknown = check_tokenizers(cfg, run, "bytes")
+    assert len(unknown) == 1 and "no pre.u16.json beside it" in unknown[0], unknown
+    record(run / "pre.u16.json", "bytes")  # the link's own: the run's tokenizer
+    assert check_tokenizers(cfg, run, "bytes") == []
