@@ -228,6 +228,11 @@ class TokenizerArm(_Report):
     bytes_per_token: float | None = Field(
         description="compression: bytes per token on the first 4 MiB of its training documents"
     )
+    warning: str | None = Field(
+        None,
+        description="set when the tokenizer drops most of that text (its ids decode back to "
+        "less than half of its characters), with the figures",
+    )
 
 
 class TokenizerTrainReport(_Report):
@@ -264,6 +269,11 @@ class TokenizerEncodeReport(_Report):
     tokens: int
     seconds: float
     tokens_per_second: float
+    warning: str | None = Field(
+        None,
+        description="set when the tokenizer drops most of the text (measured on the first "
+        "512 KiB of documents: bytes per token, the share its ids decode back to)",
+    )
 
 
 class PlanGpu(_Report):

@@ -21,6 +21,7 @@ from typing import TextIO
 
 from andrea.daemon.boundedio import irregular
 from andrea.daemon.checkpoint.manager import checkpoint_steps
+from andrea.daemon.compression import measure, sampled
 from andrea.daemon.config import ArmSpec, ConfigError, RunConfig, build_config, load_toml
 from andrea.daemon.data import arm_documents
 from andrea.daemon.durable import atomic_write_bytes
@@ -201,13 +202,15 @@ def train(
 
 
 def _arm_row(tally: _Tally, tokenizer: RunTokenizer) -> r.TokenizerArm:
-    tokens = sum(int(ids.shape[0]) for ids in tokenizer.encode_batch(tally.sample))
+    sample = measure(tokenizer, tally.sample)
+    bpt = sample.bytes_per_token
     return r.TokenizerArm(
         arm=tally.arm,
         documents=tally.documents,
         held_out=tally.held_out,
         bytes=tally.bytes,
-        bytes_per_token=round(tally.sample_bytes / tokens, 4) if tokens else None,
+        bytes_per_token=round(bpt, 4) if bpt is not None else None,
+        warning=sample.warning(),
     )
 
 
@@ -229,6 +232,7 @@ def train_text(report: r.TokenizerTrainReport, run_dir: Path, cfg_tokenizer: str
         lines.append(
             f"  {a.arm:<16} {a.documents:>10,} {a.held_out:>9,} {human_bytes(a.bytes):>10} {bpt:>12}"
         )
+    lines += [f"warning: arm {a.arm}: {a.warning}" for a in report.arms if a.warning]
     relative = Path(report.out)
     if relative.parent == run_dir:
         relative = Path(relative.name)
@@ -327,8 +331,9 @@ def encode(
     bar = ProgressBar(total)
     started = time.monotonic()
     try:
+        docs, sample = sampled(_documents(files, field), tokenizer)
         record = write_tokens_file(
-            out, _documents(files, field), tokenizer, [str(f) for f in files], progress=bar.update
+            out, docs, tokenizer, [str(f) for f in files], progress=bar.update
         )
     except (DataError, ConfigError) as e:  # ConfigError: a tokenizer that cannot encode the text
         raise UserError(str(e)) from None
@@ -349,6 +354,7 @@ def encode(
         tokens=record.tokens,
         seconds=round(seconds, 3),
         tokens_per_second=round(record.tokens / max(seconds, 1e-9), 1),
+        warning=sample.warning() if sample is not None else None,
     )
 
 
@@ -375,5 +381,6 @@ def encode_text(report: r.TokenizerEncodeReport, arm_name: str, run_dir: Path | 
             '  kind = "tokens"',
             f'  path = "{path}"',
             f'  dtype = "{report.dtype}"',
+            *([f"warning: {report.warning}"] if report.warning else []),
         ]
     )

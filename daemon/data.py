@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from . import corpus, heldout
 from .boundedio import irregular
+from .compression import sampled
 from .config import ArmSpec, DataConfig
 from .durable import atomic_write_bytes
 from .encoding import Document, counts_path, read_record, split_paths, write_arm
@@ -141,6 +142,9 @@ def _encode(
 ) -> None:
     """Encode an arm into the cache, saying so: this is the one slow part of a first start."""
     log.info("encoding arm %s with %s (once; cached in %s)", name, tokenizer.describe(), cache)
+    docs, sample = sampled(docs, tokenizer)
+    if sample is not None and (warning := sample.warning()):
+        log.warning("arm %s: %s", name, warning)
     t0 = time.perf_counter()
     write_arm(cache, identity, docs, tokenizer, fraction, should_stop)
     log.info("arm %s encoded in %.1f s", name, time.perf_counter() - t0)

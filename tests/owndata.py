@@ -72,3 +72,13 @@ def sparse_bpe_file(path: Path, top: int = 100_000_000) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Tokenizer(models.BPE(vocab={"a": 0, "b": top}, merges=[])).save(str(path))
     return path
+
+
+def two_id_bpe_file(path: Path) -> Path:
+    """A BPE of two tokens ("a" and "e") without a byte alphabet or an unknown token: it leaves
+    out every other character without a word."""
+    from tokenizers import Tokenizer, models
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Tokenizer(models.BPE(vocab={"a": 0, "e": 1}, merges=[])).save(str(path))
+    return path

@@ -17,11 +17,22 @@ from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.tokenizer import load_tokenizer
 
 from .conftest import Daemon, andreactl, trainer_cmd
-from .owndata import PROSE, bpe_file, names, sparse_bpe_file, word_level_file, write_jsonl
+from .owndata import (
+    PROSE,
+    bpe_file,
+    names,
+    sparse_bpe_file,
+    two_id_bpe_file,
+    word_level_file,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.process
 
 TEXT_ARM = '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.txt"]\n'
+#: The share of PROSE's characters (whitespace aside) that are "a" or "e": all a BPE of those two
+#: tokens keeps of it.
+AE_SHARE = sum(c in "ae" for c in PROSE) / len("".join(PROSE.split()))
 TOKENS_ARM = '[[data.arms]]\nname = "pre"\nkind = "tokens"\npath = "pre.u16"\ndtype = "uint16"\n'
 
 
@@ -98,6 +109,11 @@ def _tokens_fifo(run: Path) -> None:
     (run / "run.toml").write_text(TOKENS_ARM)
 
 
+def _drops_text(run: Path) -> None:
+    _notes(run, f'[data]\ntokenizer = "tokenizer.json"\n{TEXT_ARM}', tokenizer=False)
+    two_id_bpe_file(run / "tokenizer.json")
+
+
 def _all_held_out(run: Path) -> None:
     (run / "notes").mkdir(parents=True)
     (run / "notes" / names("{}.txt", 0.99, True, 1)[0]).write_text(PROSE * 20)
@@ -136,6 +152,11 @@ CASES: dict[str, tuple[Callable[[Path], None], list[str], int, list[str]]] = {
     ),
     "absurd-vocab-size": (
         _absurd_vocab, [], ExitCode.CONFIG_ERROR, ["vocab_size", "4194304"],
+    ),
+    "tokenizer-drops-text": (  # trained on, with a warning and its figures
+        _drops_text, [], ExitCode.OK,
+        ["WARNING arm notes: the tokenizer drops most of the text:", "bytes per token",
+         f"which decode back to {AE_SHARE:.0%} of its"],
     ),
     "tokens-arm-fifo": (
         _tokens_fifo, [], ExitCode.CONFIG_ERROR,

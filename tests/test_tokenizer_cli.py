@@ -10,13 +10,21 @@ import numpy as np
 import pytest
 
 from andrea.control import andreactl
-from andrea.control.reports import TokenizerTrainReport
-from andrea.control.tokenizer_tool import train_text
+from andrea.control.reports import TokenizerEncodeReport, TokenizerTrainReport
+from andrea.control.tokenizer_tool import _arm_row, _Tally, encode_text, train_text
 from andrea.daemon.encoding import read_record
 from andrea.daemon.heldout import is_held_out
 from andrea.daemon.tokenizer import load_tokenizer
 
-from .owndata import PROSE, names, sparse_bpe_file, word_level_file, write_jsonl
+from .owndata import (
+    PROSE,
+    bpe_file,
+    names,
+    sparse_bpe_file,
+    two_id_bpe_file,
+    word_level_file,
+    write_jsonl,
+)
 from .test_report_schemas import check
 
 RUN_TOML = """\
@@ -153,3 +161,36 @@ def test_encode_with_a_tokenizer_that_cannot_encode_is_exit_2(tmp_path: Path, ca
         err = capsys.readouterr().err
         assert f"[data] tokenizer = '{tok}'" in err and needle in err, err
         assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_tokenizer_that_drops_text_is_said_with_its_figures(tmp_path: Path, capsys) -> None:
+    """A BPE of two ids without a byte alphabet keeps only "a" and "e": encode warns, giving
+    bytes per token and the share decoded back; a byte-level BPE (the negative control) does not."""
+    (tmp_path / "in.txt").write_text(PROSE * 50)
+    argv = ["--json", "tokenizer", "encode", "--input", str(tmp_path / "in.txt")]
+    two = two_id_bpe_file(tmp_path / "two.json")
+    assert andreactl.main([*argv, "--tokenizer", str(two), "--out", str(tmp_path / "a.u8")]) == 0
+    report = TokenizerEncodeReport.model_validate_json(capsys.readouterr().out)
+    size = len((PROSE * 50).encode())
+    assert report.warning is not None, report
+    assert f"{size:,} bytes became {report.tokens:,} tokens" in report.warning
+    assert f"({size / report.tokens:.1f} bytes per token)" in report.warning
+    assert "the tokenizer drops most of the text" in encode_text(report, "a", None)
+    good = bpe_file(tmp_path / "bpe.json", [PROSE * 10])
+    assert andreactl.main([*argv, "--tokenizer", str(good), "--out", str(tmp_path / "b.u16")]) == 0
+    assert TokenizerEncodeReport.model_validate_json(capsys.readouterr().out).warning is None
+
+
+def test_train_reports_a_tokenizer_that_drops_text(tmp_path: Path) -> None:
+    """`tokenizer train` measures each arm's sample with the tokenizer it wrote; the rows (and
+    the text) carry the warning when that tokenizer drops most of the text."""
+    tally = _Tally("notes")
+    tally.add(PROSE * 50, len((PROSE * 50).encode()))
+    dropped = _arm_row(tally, load_tokenizer(str(two_id_bpe_file(tmp_path / "two.json")), tmp_path))
+    assert dropped.warning is not None and "bytes per token" in dropped.warning
+    kept = _arm_row(tally, load_tokenizer(str(bpe_file(tmp_path / "b.json", [PROSE])), tmp_path))
+    assert kept.warning is None
+    report = TokenizerTrainReport(time="2026-01-01T00:00:00Z", run_dir=".", out="t.json",
+                                  sha256="0" * 64, n_vocab=2, model_vocab_size=64,
+                                  heldout_fraction=None, arms=[dropped], seconds=1.0)  # fmt: skip
+    assert f"warning: arm notes: {dropped.warning}" in train_text(report, tmp_path, "bytes")
