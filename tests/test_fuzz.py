@@ -17,6 +17,11 @@ Every run-directory file a command or a daemon reads also gets two kinds of its 
 valid copy of it outside the run directory, and a FIFO. Nothing may read through the link (except a
 config a person may link: run.toml, policy.toml, read by the daemons) or block on the FIFO.
 
+The data arms get links among their files (to a 0600 file outside, through a directory, a relative
+`../..` or a chain; inside the arm or the run; dangling; to a FIFO or /dev/zero): one that leaves the
+arm's directory and the run's refuses the arm unless it says links = "follow", and the secret is
+never read nor cached.
+
 Message cases bind real ipc sockets (an in-process proxy, and the trainer's control server with a
 real ZeroMQ client) and are marked `process`, as are the commands' link and FIFO cases (an alarm
 signal guards each command against blocking).
@@ -838,3 +843,137 @@ def test_daemon_reads_of_links_and_fifos(
         assert kind == "fifo" and "not a regular file (a FIFO)" in str(e), e
     if atime_is_kept and not followed:
         assert all(t.stat().st_atime == 0 for t in targets), f"{name} read through its link"
+
+
+# ---- links among an arm's files -----------------------------------------------------------------
+#
+# A run's text and JSON Lines arms with links planted among their files: to a 0600 file outside
+# (directly, through a directory link, a relative `../..`, or a chain of links), inside the arm or
+# the run (directly, or through a hop outside that comes back), dangling, to a FIFO or /dev/zero.
+# The oracle: a link whose target lies outside the arm's directory and the run's refuses the arm
+# (SourceRejected) unless the arm says links = "follow", and then nothing of the secret is read (its
+# access time stays at the epoch) nor reaches the cache; any other planting is read or passed over;
+# nothing blocks, and nothing else escapes.
+
+SECRET_TEXT = "SECRET-6f1c-"
+#: Each planting: (where the link goes, whether it leaves the arm's directory and the run's).
+LINK_KINDS = {
+    "secret": True,
+    "secret-dir": True,
+    "relative-escape": True,
+    "chain-out": True,
+    "inside-arm": False,
+    "inside-run": False,
+    "chain-back-in": False,
+    "dangling": False,
+    "fifo": False,
+    "dev-zero": False,
+}
+
+
+def _links_run(base: Path) -> tuple[Path, Path]:
+    """A run with a text arm (notes/**/*.md) and a JSON Lines arm (web/*.jsonl), and beside it a
+    folder `outside` holding 0600 secrets of both kinds, a directory of them and a FIFO."""
+    run, outside = base / "run", base / "outside"
+    for d in (run / "notes" / "sub", run / "web", run / "shared", outside / "dir"):
+        d.mkdir(parents=True)
+    for i in range(2):
+        (run / "notes" / f"n{i}.md").write_text(f"note {i} " * 50)
+    (run / "web" / "a.jsonl").write_text(json.dumps({"text": "web page " * 40}) + "\n")
+    (run / "shared" / "b.md").write_text("shared note " * 30)
+    (run / "shared" / "b.jsonl").write_text(json.dumps({"text": "shared page"}) + "\n")
+    for where in (outside, outside / "dir"):
+        (where / "secret.md").write_text(SECRET_TEXT * 100)
+        (where / "secret.jsonl").write_text(json.dumps({"text": SECRET_TEXT * 100}) + "\n")
+    os.mkfifo(outside / "fifo")
+    for p in outside.rglob("secret.*"):
+        p.chmod(0o600)
+        os.utime(p, (0, p.stat().st_mtime))
+    return run, outside
+
+
+def _plant_link(run: Path, outside: Path, arm: str, kind: str, i: int) -> None:
+    """One link of `kind` among the files of arm `arm` (notes or web), named to match its glob."""
+    ext = "md" if arm == "notes" else "jsonl"
+    where = run / arm / ("sub" if arm == "notes" and i % 2 else "")
+    link = where / f"zz{i}.{ext}"
+    if kind == "secret-dir":  # only a recursive glob descends into it
+        (run / "notes" / f"d{i}").symlink_to(outside / "dir", target_is_directory=True)
+        return
+    hop = outside / f"hop{i}.{ext}"
+    target = {
+        "secret": outside / f"secret.{ext}",
+        "relative-escape": Path(os.path.relpath(outside / f"secret.{ext}", where)),
+        "chain-out": run / "shared" / f"hop{i}.{ext}",
+        "inside-arm": run / arm / ("n0.md" if ext == "md" else "a.jsonl"),
+        "inside-run": run / "shared" / f"b.{ext}",
+        "chain-back-in": hop,
+        "dangling": outside / "missing",
+        "fifo": outside / "fifo",
+        "dev-zero": Path("/dev/zero"),
+    }[kind]
+    if kind == "chain-out":
+        (run / "shared" / f"hop{i}.{ext}").symlink_to(outside / f"secret.{ext}")
+    elif kind == "chain-back-in":
+        hop.symlink_to(run / "shared" / f"b.{ext}")
+    link.symlink_to(target)
+
+
+def _links_config(run: Path, follow: bool) -> Any:
+    links = {"links": "follow"} if follow else {}
+    arms = [
+        {"name": "notes", "kind": "text", "paths": ["notes/**/*.md"], **links},
+        {"name": "web", "kind": "jsonl", "paths": ["web/*.jsonl"], **links},
+    ]
+    return build_config(
+        {"data": {"arms": arms, "cache_dir": str(run / "cache")}}, {"preset": "andrea-tiny"}
+    )
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_links_among_arm_files(
+    tmp_path: Path, atime_is_kept: bool, data: st.DataObject
+) -> None:
+    import tempfile
+
+    from andrea.daemon.data import arm_identity, load_arms
+    from andrea.daemon.sources import SourceRejected
+
+    plantings = data.draw(
+        st.lists(
+            st.tuples(st.sampled_from(["notes", "web"]), st.sampled_from(list(LINK_KINDS))),
+            min_size=1,
+            max_size=3,
+        )  # fmt: skip
+    )
+    follow = data.draw(st.booleans())
+    with tempfile.TemporaryDirectory(dir=tmp_path) as base:
+        run, outside = _links_run(Path(base))
+        for i, (arm, kind) in enumerate(plantings):
+            _plant_link(run, outside, arm, kind, i)
+        cfg = _links_config(run, follow)
+        escapes = any(LINK_KINDS[kind] for _, kind in plantings) and not follow
+        try:
+            for spec in cfg.data.arms:
+                _within_alarm(arm_identity, spec, cfg.data, run, cfg.model.vocab_size)
+            arms = _within_alarm(load_arms, cfg.data, run, cfg.model.vocab_size)
+        except _Blocked:
+            pytest.fail(f"reading the arms blocked ({plantings})")
+        except SourceRejected as e:
+            assert escapes, f"refused, though no link leaves ({plantings}): {e}"
+            assert "through a link" in str(e) and 'links = "follow"' in str(e), e
+        else:
+            assert not escapes, f"a link out of the arm was followed ({plantings})"
+            assert [a.name for a in arms] == ["notes", "web"]
+        if escapes:
+            secrets = list(outside.rglob("secret.*"))
+            if atime_is_kept:
+                assert all(p.stat().st_atime == 0 for p in secrets), "a secret was read"
+            cache = run / "cache"
+            leaked = [
+                p
+                for p in cache.rglob("*")
+                if p.is_file() and SECRET_TEXT.encode() in p.read_bytes()
+            ]
+            assert not leaked, leaked
