@@ -30,6 +30,7 @@ from .data import DataError, arm_identity
 from .distributed import World
 from .exitcodes import ExitCode
 from .rundir import bin_name, manifest_name
+from .sources import SourceRejected
 from .trainer_start import StartPlan, StartRefused, plan_start
 
 log = logging.getLogger("andrea.trainer")
@@ -49,6 +50,9 @@ def run_check(args: argparse.Namespace) -> ExitCode:
     except StartRefused as e:
         log.error("%s", e.message)
         return e.code
+    except SourceRejected as e:  # as the start maps it: the config's globs, a link, a FIFO
+        log.error("data: %s", e)
+        return ExitCode.CONFIG_ERROR
     except DataError as e:
         log.error("data: %s", e)
         return ExitCode.DATA_ERROR

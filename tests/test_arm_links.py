@@ -133,3 +133,6 @@ def test_the_trainer_refuses_a_link_out_of_the_arm(tmp_path: Path) -> None:
     assert _unread(tmp_path / "secret.txt"), "the link's target was read"
     leaked = [p for p in cache.rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()]
     assert not leaked, leaked
+    # --check says so with the start's exit code.
+    res = subprocess.run([*cmd, "--check"], capture_output=True, text=True, timeout=180)
+    assert res.returncode == ExitCode.CONFIG_ERROR and "zz.md leads to" in res.stderr, res.stderr
