@@ -276,10 +276,10 @@ def write_arm(
     except BaseException as e:
         for w in writers:
             w.abort()
-        if isinstance(e, OSError):
-            raise OSError(
-                e.errno, f"cannot write the token cache in {cache}: {e.strerror or e}"
-            ) from None
+        # A stop is an InterruptedError, an OSError too: it is no failure of the cache.
+        if isinstance(e, OSError) and not isinstance(e, InterruptedError):
+            why = f"cannot write the token cache in {cache}: {e.strerror or e}"
+            raise (OSError(e.errno, why) if e.errno else OSError(why)) from None
         raise
     return Written(
         files,
