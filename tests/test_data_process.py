@@ -7,6 +7,7 @@ warmed."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -170,3 +171,40 @@ def test_the_exit_code_when_python_itself_cannot_write(tmp_path: Path) -> None:
         text=True,
     )
     assert res.returncode == 1 and "File too large" in res.stderr, res.stderr
+
+
+_ENCODE_WITH_THREADS = """
+import sys
+from pathlib import Path
+from andrea.daemon.config import DataConfig
+from andrea.daemon.data import load_arms
+root = Path(sys.argv[1])
+cfg = DataConfig.model_validate({
+    "arms": [{"name": "notes", "kind": "text", "paths": ["notes/*.txt"]},
+             {"name": "web", "kind": "jsonl", "paths": ["web/*"]}],
+    "cache_dir": sys.argv[2], "tokenizer": "tokenizer.json", "heldout_fraction": 0.1})
+load_arms(cfg, root, 320)
+"""
+
+
+def test_encoding_on_one_thread_or_many_writes_the_same_cache(tmp_path: Path) -> None:
+    """The tokenizer encodes a batch on every core (its own threads); the ids, the token streams
+    and the cache files never depend on how many: one thread and four write the same bytes."""
+    run = tmp_path / "run"
+    _surrogate_run(run)
+    (run / "notes").mkdir()
+    for i in range(30):
+        (run / "notes" / f"n{i}.txt").write_text(f"{i} {PROSE}" * (20 + i))
+    bpe_file(run / "tokenizer.json", [PROSE * 10])
+    caches = {}
+    for threads in ("1", "4"):
+        cache = tmp_path / f"cache{threads}"
+        subprocess.run(
+            [sys.executable, "-c", _ENCODE_WITH_THREADS, str(run), str(cache)],
+            env={**os.environ, "RAYON_NUM_THREADS": threads},
+            check=True,
+            timeout=300,
+        )
+        caches[threads] = {p.name: p.read_bytes() for p in sorted(cache.iterdir())}
+    assert len(caches["1"]) == 8  # two arms: tokens, held-out tokens, counts, record
+    assert caches["1"] == caches["4"]
