@@ -251,6 +251,12 @@ class TokenizerTrainReport(_Report):
     )
     arms: list[TokenizerArm]
     seconds: float
+    cache_dir: str | None = Field(
+        None,
+        description="the token cache the arms were encoded into with the new tokenizer, so that "
+        "the run's first start reads no document again (null: not warmed, --no-cache)",
+    )
+    cache_seconds: float | None = Field(None, description="how long that encoding took")
 
 
 class TokenizerEncodeReport(_Report):

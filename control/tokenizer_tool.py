@@ -22,8 +22,16 @@ from typing import TextIO
 from andrea.daemon.boundedio import irregular
 from andrea.daemon.checkpoint.manager import checkpoint_steps
 from andrea.daemon.compression import measure, sampled
-from andrea.daemon.config import ArmSpec, ConfigError, RunConfig, build_config, load_toml
-from andrea.daemon.data import arm_documents
+from andrea.daemon.config import (
+    DEFAULT_MAX_DOCUMENT_BYTES,
+    ArmSpec,
+    ConfigError,
+    DataConfig,
+    RunConfig,
+    build_config,
+    load_toml,
+)
+from andrea.daemon.data import arm_documents, cache_root, load_arms
 from andrea.daemon.durable import atomic_write_bytes
 from andrea.daemon.encoding import Document, record_path, write_tokens_file
 from andrea.daemon.heldout import is_held_out
@@ -102,7 +110,7 @@ def _text(doc_id: str, doc: str | bytes) -> str:
 
 
 def _training_texts(
-    specs: list[ArmSpec], run_dir: Path, fraction: float | None, tallies: dict[str, _Tally]
+    specs: list[ArmSpec], run_dir: Path, data: DataConfig, tallies: dict[str, _Tally]
 ) -> Iterator[str]:
     """The training documents of `specs`, in order, as text; held-out ones are counted, never
     yielded."""
@@ -114,8 +122,9 @@ def _training_texts(
             root = corpus.stdlib_root()
             stdlib = corpus.extract_stdlib_documents(corpus.stdlib_files(root), root)
         tally = tallies[spec.name]
+        fraction = data.heldout_fraction
         try:
-            docs = arm_documents(spec, run_dir, stdlib=stdlib)
+            docs = arm_documents(spec, run_dir, stdlib=stdlib, bound=data.document_bound)
         except SourceRejected as e:
             raise UserError(f"arm {spec.name!r}: {e}") from None
         for doc_id, doc in docs:
@@ -164,10 +173,18 @@ def default_out(run_dir: Path, cfg: RunConfig) -> Path:
 
 
 def train(
-    run_dir: Path, vocab_size: int, arms: list[str] | None, out: Path | None, progress: bool
+    run_dir: Path,
+    vocab_size: int,
+    arms: list[str] | None,
+    out: Path | None,
+    progress: bool,
+    cache_dir: Path | None = None,
+    warm: bool = True,
 ) -> r.TokenizerTrainReport:
     """Train a byte-level BPE of `vocab_size` ids on the training documents of the run's text
-    arms (or of `arms`), write it to `out` (default: `default_out`), and measure it."""
+    arms (or of `arms`), write it to `out` (default: `default_out`), and measure it. With `warm`,
+    encode those arms with it into the token cache (`cache_dir`, default the run's), as the run's
+    first start would: that start then reads no document again."""
     if not ALPHABET < vocab_size <= MAX_VOCAB:
         raise UserError(
             f"--vocab-size {vocab_size}: a byte-level BPE needs {ALPHABET + 1}..{MAX_VOCAB:,}"
@@ -182,12 +199,13 @@ def train(
     tallies = {s.name: _Tally(s.name) for s in specs}
     bpe, trainer = _new_bpe(vocab_size, progress)
     try:
-        bpe.train_from_iterator(_training_texts(specs, run_dir, fraction, tallies), trainer)
+        bpe.train_from_iterator(_training_texts(specs, run_dir, cfg.data, tallies), trainer)
     except DataError as e:
         raise UserError(str(e)) from None
     raw = bpe.to_str().encode()
     atomic_write_bytes(out, raw)
     made = FileTokenizer(str(out), out, raw)
+    warmed = _warm_cache(cfg, specs, run_dir, made, cache_dir) if warm else None
     return r.TokenizerTrainReport(
         time=r.utc_now(),
         run_dir=str(run_dir),
@@ -198,7 +216,27 @@ def train(
         heldout_fraction=fraction,
         arms=[_arm_row(t, made) for t in tallies.values()],
         seconds=round(time.monotonic() - started, 3),
+        cache_dir=str(warmed[0]) if warmed else None,
+        cache_seconds=round(warmed[1], 3) if warmed else None,
     )
+
+
+def _warm_cache(
+    cfg: RunConfig, specs: list[ArmSpec], run_dir: Path, made: RunTokenizer, cache: Path | None
+) -> tuple[Path, float]:
+    """Encode the arms `specs` with the new tokenizer into the token cache the run's first start
+    reads (their entries do not depend on where the tokenizer file lies, only on its bytes)."""
+    started = time.monotonic()
+    data = cfg.data.model_copy(
+        update={"arms": specs, "cache_dir": str(cache) if cache else cfg.data.cache_dir}
+    )
+    try:
+        load_arms(data, run_dir, padded_vocab(made.n_vocab), tokenizer=made)
+    except DataError as e:
+        raise UserError(str(e)) from None
+    except OSError as e:
+        raise UserError(f"the token cache could not be warmed: {e}") from None
+    return cache_root(data), time.monotonic() - started
 
 
 def _arm_row(tally: _Tally, tokenizer: RunTokenizer) -> r.TokenizerArm:
@@ -233,6 +271,11 @@ def train_text(report: r.TokenizerTrainReport, run_dir: Path, cfg_tokenizer: str
             f"  {a.arm:<16} {a.documents:>10,} {a.held_out:>9,} {human_bytes(a.bytes):>10} {bpt:>12}"
         )
     lines += [f"warning: arm {a.arm}: {a.warning}" for a in report.arms if a.warning]
+    if report.cache_dir is not None:
+        lines.append(
+            f"the arms are encoded with it into the token cache {report.cache_dir} "
+            f"({report.cache_seconds:.1f} s): the run's first start reads no document again"
+        )
     relative = Path(report.out)
     if relative.parent == run_dir:
         relative = Path(relative.name)
@@ -254,7 +297,7 @@ class ProgressBar:
         self.enabled = self.stream.isatty()
         self.started = self.drawn = time.monotonic()
 
-    def update(self, done: int) -> None:
+    def update(self, done: int, documents: int = 0) -> None:
         now = time.monotonic()
         if not self.enabled or now - self.drawn < 0.2:
             return
@@ -312,18 +355,23 @@ def _named_input(path: Path) -> None:
     raise UserError(f"--input {path}: not a regular file ({kind}); name text or JSON Lines files")
 
 
-def _documents(files: list[Path], field: str) -> Iterator[Document]:
+def _documents(files: list[Path], field: str, bound: int) -> Iterator[Document]:
     for f in files:
         if f.name.endswith((".jsonl", ".jsonl.gz")):
-            yield from jsonl_documents([f], f.parent, field)
+            yield from jsonl_documents([f], f.parent, field, bound=bound)
         else:
             yield f.name, read_file(f)
 
 
 def encode(
-    files: list[Path], out: Path, tokenizer: RunTokenizer, field: str = DEFAULT_FIELD
+    files: list[Path],
+    out: Path,
+    tokenizer: RunTokenizer,
+    field: str = DEFAULT_FIELD,
+    bound: int = DEFAULT_MAX_DOCUMENT_BYTES,
 ) -> r.TokenizerEncodeReport:
-    """Encode `files` (`input_files`) into the tokens file `out` and its record (`FILE.json`)."""
+    """Encode `files` (`input_files`) into the tokens file `out` and its record (`FILE.json`);
+    a JSON Lines line longer than `bound` bytes is refused naming the file and line."""
     for path in (out, record_path(out)):
         if path.exists():
             raise UserError(f"{path} exists: remove it first, or choose another --out")
@@ -331,7 +379,7 @@ def encode(
     bar = ProgressBar(total)
     started = time.monotonic()
     try:
-        docs, sample = sampled(_documents(files, field), tokenizer)
+        docs, sample = sampled(_documents(files, field, bound), tokenizer)
         record = write_tokens_file(
             out, docs, tokenizer, [str(f) for f in files], progress=bar.update
         )

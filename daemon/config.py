@@ -160,6 +160,11 @@ def default_arms() -> list[ArmSpec]:
     ]
 
 
+#: The largest JSON Lines line read unless `[data] max_document_bytes` says otherwise: far above any
+#: real document (a long book is a few MB), far below what would exhaust a machine's memory.
+DEFAULT_MAX_DOCUMENT_BYTES = 64 << 20
+
+
 class DataConfig(_Strict):
     arms: list[ArmSpec] = Field(default_factory=default_arms, min_length=1)
     cache_dir: str | None = Field(
@@ -173,6 +178,13 @@ class DataConfig(_Strict):
         "(tokenizer.json, relative to the run directory) that encodes the text arms; part of the "
         "data's identity",
     )
+    max_document_bytes: int | None = Field(
+        None,
+        ge=1 << 10,
+        le=1 << 36,
+        description="the largest JSON Lines line (one document) read, in bytes; a longer one is a "
+        f"data error naming the file and line (default {DEFAULT_MAX_DOCUMENT_BYTES:,}: 64 MiB)",
+    )
     heldout_fraction: float | None = Field(
         None,
         ge=0.0,
@@ -181,6 +193,11 @@ class DataConfig(_Strict):
         f"identity (daemon/heldout.py); a new run's default: {DEFAULT_FRACTION}; absent in runs created "
         "before splits existed, which keep none; 0 holds out nothing",
     )
+
+    @property
+    def document_bound(self) -> int:
+        """The largest JSON Lines line read, in bytes."""
+        return self.max_document_bytes or DEFAULT_MAX_DOCUMENT_BYTES
 
     @model_validator(mode="after")
     def _unique_names(self) -> DataConfig:
@@ -366,6 +383,8 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
     # Where tokenized data is cached changes nothing about the tokens themselves.
     if isinstance(traj.get("data"), dict):
         traj["data"] = {k: v for k, v in traj["data"].items() if k != "cache_dir"}
+        # A bound on what is read refuses data; it never changes the tokens of data it accepts.
+        traj["data"].pop("max_document_bytes", None)
         # Settings added after runs existed are left out at the value those runs implicitly had,
         # so that their hash, and so their resume, is unchanged.
         if traj["data"].get("heldout_fraction") in (None, 0.0):

@@ -63,7 +63,7 @@ def listing_digest(
     h = hashlib.sha256(salt.encode())
     for p in files:
         check_stop(should_stop, "hashing the data's files")
-        size, digest = file_digest(p, inside)
+        size, digest = file_digest(p, inside, should_stop)
         h.update(f"\0{p.relative_to(root).as_posix()}\0{size}\0".encode())
         h.update(digest)
     return h.hexdigest()

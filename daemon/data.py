@@ -29,15 +29,17 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from . import corpus, heldout
-from .boundedio import irregular
+from . import corpus, heldout, tokencache
+from .boundedio import FileRejected, irregular, read_bounded
 from .compression import sampled
-from .config import ArmSpec, DataConfig
+from .config import DEFAULT_MAX_DOCUMENT_BYTES, ArmSpec, DataConfig
+from .dataprogress import EncodingProgress
 from .durable import atomic_write_bytes
-from .encoding import Document, counts_path, read_record, split_paths, write_arm
+from .encoding import Document, read_record, split_paths, write_arm
 from .sources import (
     DEFAULT_FIELD,
     DataError,
+    Meter,
     SourceRejected,
     Stop,
     arm_files,
@@ -114,40 +116,79 @@ def encoded_identity(base: str, tokenizer: str, fraction: float | None) -> str:
     return heldout.split_identity(base, fraction) if fraction else base
 
 
-def _cached(
-    name: str, cache: Path, identity: str, tokenizer: RunTokenizer, fraction: float | None
+@dataclass(frozen=True)
+class _Source:
+    """An arm's documents to encode, how many bytes of files they come from, and what counts the
+    bytes read (None: the documents are in memory, their own bytes are counted)."""
+
+    docs: Iterable[Document]
+    total_bytes: int
+    meter: Meter | None = None
+
+
+def _arm(
+    name: str,
+    cache: Path,
+    identity: str,
+    tokenizer: RunTokenizer,
+    source: Callable[[], _Source],
+    fraction: float | None,
+    should_stop: Stop,
+    progress: EncodingProgress,
 ) -> Arm:
+    """An encoded arm from its cache entry, verified first (daemon/tokencache.py); encoded from
+    `source()` when there is none or it is damaged."""
+    record = tokencache.verified(cache, identity, tokenizer, should_stop)
+    if record is None:
+        record = _encode(
+            name, cache, identity, source(), tokenizer, fraction, should_stop, progress
+        )
     train_path, held_path = split_paths(cache, identity, tokenizer.suffix)
     dtype = tokenizer.dtype
-    if not fraction:
+    if record.documents_held_out is None:
         return Arm(name, identity, _load_tokens(train_path, dtype))
-    n, n_held = json.loads(counts_path(cache, identity).read_text())
     return Arm(
-        name, identity, _load_tokens(train_path, dtype), _load_tokens(held_path, dtype), n, n_held
+        name,
+        identity,
+        _load_tokens(train_path, dtype),
+        _load_tokens(held_path, dtype),
+        record.documents,
+        record.documents_held_out,
     )
-
-
-def _is_cached(cache: Path, identity: str, tokenizer: RunTokenizer) -> bool:
-    return split_paths(cache, identity, tokenizer.suffix)[0].exists()
 
 
 def _encode(
     name: str,
     cache: Path,
     identity: str,
-    docs: Iterable[Document],
+    source: _Source,
     tokenizer: RunTokenizer,
     fraction: float | None,
     should_stop: Stop,
-) -> None:
+    progress: EncodingProgress,
+) -> tokencache.EntryRecord:
     """Encode an arm into the cache, saying so: this is the one slow part of a first start."""
-    log.info("encoding arm %s with %s (once; cached in %s)", name, tokenizer.describe(), cache)
-    docs, sample = sampled(docs, tokenizer)
+    log.info(
+        "encoding arm %s with %s (once; cached in %s): %.1f MB",
+        name,
+        tokenizer.describe(),
+        cache,
+        source.total_bytes / 1e6,
+    )
+    docs, sample = sampled(source.docs, tokenizer)
     if sample is not None and (warning := sample.warning()):
         log.warning("arm %s: %s", name, warning)
     t0 = time.perf_counter()
-    write_arm(cache, identity, docs, tokenizer, fraction, should_stop)
+    progress.start(name, source.total_bytes, source.meter)
+    try:
+        written = write_arm(
+            cache, identity, docs, tokenizer, fraction, should_stop, progress.update
+        )
+        record = tokencache.write_record(cache, identity, tokenizer, written)
+    finally:
+        progress.finish()
     log.info("arm %s encoded in %.1f s", name, time.perf_counter() - t0)
+    return record
 
 
 def _stdlib_arms(
@@ -156,6 +197,7 @@ def _stdlib_arms(
     should_stop: Stop,
     fraction: float | None,
     tokenizer: RunTokenizer,
+    progress: EncodingProgress,
 ) -> dict[str, Arm]:
     root = corpus.stdlib_root()
     files = corpus.stdlib_files(root)
@@ -166,18 +208,36 @@ def _stdlib_arms(
         p: encoded_identity(corpus.stdlib_identity(p, files, root), tokenizer.identity, fraction)
         for p in parts
     }
-    missing = [p for p in parts if not _is_cached(cache, ids[p], tokenizer)]
-    if missing:
-        log.info(
-            "building the default corpus from %d files under %s (once; cached in %s)",
-            len(files),
-            root,
+    extracted: dict[str, list[tuple[str, bytes]]] = {}
+
+    def source(part: str) -> Callable[[], _Source]:
+        def documents() -> _Source:
+            if not extracted:  # once, for every part that needs encoding
+                log.info(
+                    "building the default corpus from %d files under %s (once; cached in %s)",
+                    len(files),
+                    root,
+                    cache,
+                )
+                extracted.update(corpus.extract_stdlib_documents(files, root, should_stop))
+            return _Source(extracted[part], sum(len(d) for _, d in extracted[part]))
+
+        return documents
+
+    return {
+        s.name: _arm(
+            s.name,
             cache,
+            ids[s.part],
+            tokenizer,
+            source(s.part),
+            fraction,
+            should_stop,
+            progress,
         )
-        docs = corpus.extract_stdlib_documents(files, root, should_stop)
-        for p in missing:
-            _encode(p, cache, ids[p], docs[p], tokenizer, fraction, should_stop)
-    return {s.name: _cached(s.name, cache, ids[s.part], tokenizer, fraction) for s in specs}
+        for s in specs
+        if s.part is not None
+    }
 
 
 def _source_identity(spec: ArmSpec, base: Path, should_stop: Stop = None) -> tuple[str, Path]:
@@ -193,18 +253,24 @@ def _file_arm(
     spec: ArmSpec,
     base: Path,
     cache: Path,
-    should_stop: Stop,
-    fraction: float | None,
+    cfg: DataConfig,
     tokenizer: RunTokenizer,
+    should_stop: Stop,
+    progress: EncodingProgress,
 ) -> Arm:
     """A text or JSON Lines arm."""
+
+    def source() -> _Source:
+        files, _ = arm_files(spec, base)
+        meter = Meter()
+        docs = arm_documents(spec, base, should_stop, bound=cfg.document_bound, meter=meter)
+        return _Source(docs, sum(f.stat().st_size for f in files), meter)
+
+    fraction = cfg.heldout_fraction
     with _naming(spec):
-        source, _ = _source_identity(spec, base, should_stop)
-        identity = encoded_identity(source, tokenizer.identity, fraction)
-        if not _is_cached(cache, identity, tokenizer):
-            docs = arm_documents(spec, base, should_stop)
-            _encode(spec.name, cache, identity, docs, tokenizer, fraction, should_stop)
-    return _cached(spec.name, cache, identity, tokenizer, fraction)
+        digest, _ = _source_identity(spec, base, should_stop)
+        identity = encoded_identity(digest, tokenizer.identity, fraction)
+        return _arm(spec.name, cache, identity, tokenizer, source, fraction, should_stop, progress)
 
 
 @contextlib.contextmanager
@@ -221,10 +287,13 @@ def arm_documents(
     base: Path,
     should_stop: Stop = None,
     stdlib: dict[str, list[tuple[str, bytes]]] | None = None,
+    bound: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    meter: Meter | None = None,
 ) -> Iterable[Document]:
     """The documents of an arm whose text the run's tokenizer encodes, `(id, text)` in order: the
     unit of the held-out split. `stdlib`: the embedded corpus's documents, when they were
-    extracted already (for another arm)."""
+    extracted already (for another arm); `bound`: the longest JSON Lines line read (`[data]
+    max_document_bytes`); `meter`: counts the bytes read from the arm's files."""
     if spec.kind == "stdlib":
         if stdlib is None:
             root = corpus.stdlib_root()
@@ -235,9 +304,10 @@ def arm_documents(
     files, common = arm_files(spec, base)
     inside = arm_roots(spec, base)
     if spec.kind == "text":
-        return text_documents(files, common, should_stop, inside)
+        return text_documents(files, common, should_stop, inside, meter)
     field = spec.field or DEFAULT_FIELD
-    return jsonl_documents(files, common, field, should_stop, f"arm {spec.name!r}: ", inside)
+    label = f"arm {spec.name!r}: "
+    return jsonl_documents(files, common, field, should_stop, label, inside, bound, meter)
 
 
 def _tokens_file(spec: ArmSpec, base: Path) -> tuple[Path, np.dtype, os.stat_result]:
@@ -314,14 +384,34 @@ def check_tokenizers(
     return unknown
 
 
+class _TokensMemo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: list[int]
+    identity: str
+    max_id: int
+
+
+def _memo(path: Path) -> _TokensMemo | None:
+    """A token file's remembered identity; None when there is none or it is damaged (it is then
+    computed again, and the memo rewritten)."""
+    try:
+        return _TokensMemo.model_validate_json(read_bounded(path, 1 << 16))
+    except FileNotFoundError:
+        return None
+    except (OSError, FileRejected, ValueError) as e:
+        log.warning("token cache: %s is damaged (%s); hashing the file again", path, e)
+        return None
+
+
 def _tokens_identity(spec: ArmSpec, base: Path, cache: Path) -> tuple[str, int]:
     """A token file's identity (a hash of its content) and largest id; both remembered per
     (path, size, mtime, inode), since hashing a large file takes a while."""
     path, dtype, st = _tokens_file(spec, base)
     memo = cache / f"tokens-{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
     key = [st.st_size, st.st_mtime_ns, st.st_ino]
-    if memo.exists() and (m := json.loads(memo.read_text())).get("key") == key:
-        return m["identity"], m["max_id"]
+    remembered = _memo(memo)
+    if remembered is not None and remembered.key == key:
+        return remembered.identity, remembered.max_id
     tokens = np.memmap(path, dtype=dtype, mode="r")
     h = hashlib.sha256(f"tokens:{spec.dtype}:v1".encode())
     max_id = 0
@@ -374,23 +464,29 @@ def load_arms(
     vocab_size: int,
     should_stop: Callable[[], bool] | None = None,
     tokenizer: RunTokenizer | None = None,
+    progress: EncodingProgress | None = None,
 ) -> list[Arm]:
     """Materialise every configured arm, in config order, encoded with `tokenizer` (default: the
-    one `cfg` names). Raises DataError with the arm named (SourceRejected for a file that is not
-    a regular file's content), TokenizerError for a vocabulary smaller than the tokenizer's, and
-    InterruptedError when a stop is requested meanwhile."""
+    one `cfg` names), reporting an encoding's progress to `progress`. Raises DataError with the
+    arm named (SourceRejected for a file that is not a regular file's content), TokenizerError
+    for a vocabulary smaller than the tokenizer's, InterruptedError when a stop is requested
+    meanwhile, and OSError naming the cache directory when the cache cannot be written."""
     tokenizer = tokenizer or load_tokenizer(cfg.tokenizer, base)
     check_vocab(vocab_size, tokenizer, any(s.encoded for s in cfg.arms))
     for warning in check_tokenizers(cfg, base, tokenizer.identity):
         log.warning("%s", warning)
+    progress = progress or EncodingProgress()
     cache = cache_root(cfg)
     cache.mkdir(parents=True, exist_ok=True)
+    tokencache.remove_stale_temporaries(cache)
     fraction = cfg.heldout_fraction
     stdlib = [s for s in cfg.arms if s.kind == "stdlib"]
-    byname = _stdlib_arms(stdlib, cache, should_stop, fraction, tokenizer) if stdlib else {}
+    byname = (
+        _stdlib_arms(stdlib, cache, should_stop, fraction, tokenizer, progress) if stdlib else {}
+    )
     for s in cfg.arms:
         if s.kind in ("text", "jsonl"):
-            byname[s.name] = _file_arm(s, base, cache, should_stop, fraction, tokenizer)
+            byname[s.name] = _file_arm(s, base, cache, cfg, tokenizer, should_stop, progress)
         elif s.kind == "tokens":
             byname[s.name] = _tokens_arm(s, base, cache, vocab_size, fraction, tokenizer.identity)
     arms = [byname[s.name] for s in cfg.arms]

@@ -10,10 +10,14 @@ once complete, so a stop or a crash never leaves a partial cache entry.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -35,14 +39,16 @@ BATCH_BYTES = 4 << 20
 STOP_POLL_S = 0.05
 #: The most a tokens file's record may hold (it lists the inputs by name).
 MAX_RECORD_BYTES = 16 << 20
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Document = tuple[str, str | bytes]
-#: Called with the bytes of documents encoded so far.
-Progress = Callable[[int], None]
+#: Called with the bytes and the number of the documents encoded so far.
+Progress = Callable[[int, int], None]
 
 
 class TokenWriter:
-    """One token file being written: documents joined by the separator, in order."""
+    """One token file being written: documents joined by the separator, in order; its size and
+    sha256 are taken as it is written (what the token cache verifies an entry against)."""
 
     def __init__(self, path: Path, tokenizer: RunTokenizer) -> None:
         self.path = path
@@ -51,15 +57,27 @@ class TokenWriter:
         self.separator = tokenizer.separator.astype(self.dtype).tobytes()
         self.documents = 0
         self.tokens = 0
-        self._file: BinaryIO = open(self.tmp, "wb")
+        self.sha256 = hashlib.sha256()
+        # The temporary's name is known in advance: a link planted there is refused, never
+        # written through.
+        fd = os.open(self.tmp, _CREATE, 0o644)
+        self._file: BinaryIO = os.fdopen(fd, "wb")
+
+    def _put(self, data: bytes) -> None:
+        self._file.write(data)
+        self.sha256.update(data)
 
     def add(self, ids: np.ndarray) -> None:
         if self.documents:
-            self._file.write(self.separator)
+            self._put(self.separator)
             self.tokens += len(self.separator) // self.dtype.itemsize
-        self._file.write(ids.astype(self.dtype, copy=False).tobytes())
+        self._put(ids.astype(self.dtype, copy=False).tobytes())
         self.documents += 1
         self.tokens += int(ids.shape[0])
+
+    @property
+    def size(self) -> int:
+        return self.tokens * self.dtype.itemsize
 
     def commit(self) -> None:
         """Make the file durable under its name (its directory's fsync is the caller's)."""
@@ -69,8 +87,14 @@ class TokenWriter:
         os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
-        self._file.close()
-        self.tmp.unlink(missing_ok=True)
+        """Remove the temporary file, whatever closing it says: on a full disk the close fails
+        too (it writes what is buffered), and the file must go all the same."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
 
 def _batches(docs: Iterable[Document]) -> Iterator[tuple[list[Document], int]]:
@@ -95,30 +119,62 @@ def encode_documents(
 ) -> None:
     """Encode `docs` in batches and add each one's ids to the writer `route(doc_id)` names.
     DataError naming a document that a subword tokenizer cannot take (not UTF-8 text);
-    InterruptedError when a stop is requested, within `STOP_POLL_S`.
+    InterruptedError when a stop is requested, within `STOP_POLL_S`. `progress` is called after
+    each batch and every `STOP_POLL_S` while one is encoded.
 
     The tokenizer encodes one batch on a worker thread (it releases the GIL and uses its own
     threads) while this thread reads the next batch's files and writes the previous batch's ids:
-    the encoder, the slow part, never waits for either."""
-    pool = ThreadPoolExecutor(1, thread_name_prefix="encode")
+    the encoder, the slow part, never waits for either. The worker is a daemon thread: a stop
+    leaves its batch behind, and nothing waits for it, not even the interpreter's exit."""
+    worker = _Worker(tokenizer)
     pending: tuple[list[Document], int, Future[list[np.ndarray]]] | None = None
-    done = 0
+    done = [0, 0]  # bytes and documents encoded
+
+    def tick() -> None:
+        check_stop(should_stop, "encoding the data")
+        if progress is not None:
+            progress(done[0], done[1])
+
     try:
         for batch, size in _batches(docs):
-            check_stop(should_stop, "encoding the data")
-            future = pool.submit(_encode, tokenizer, batch)
+            tick()
+            future = worker.submit(batch)
             if pending is not None:
-                done += _write(*pending, route, should_stop)
-                if progress is not None:
-                    progress(done)
+                _write(*pending, route, tick, done)
             pending = (batch, size, future)
         if pending is not None:
-            done += _write(*pending, route, should_stop)
-            if progress is not None:
-                progress(done)
+            _write(*pending, route, tick, done)
     finally:
-        # A stop leaves the batch in flight to the worker: nobody waits for it.
-        pool.shutdown(wait=False, cancel_futures=True)
+        worker.close()
+
+
+class _Worker:
+    """One daemon thread that encodes the batches handed to it, in order."""
+
+    def __init__(self, tokenizer: RunTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.jobs: queue.SimpleQueue[tuple[list[Document], Future[list[np.ndarray]]] | None] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._run, name="encode", daemon=True).start()
+
+    def submit(self, batch: list[Document]) -> Future[list[np.ndarray]]:
+        future: Future[list[np.ndarray]] = Future()
+        self.jobs.put((batch, future))
+        return future
+
+    def close(self) -> None:
+        self.jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            batch, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(_encode(self.tokenizer, batch))
+            except BaseException as e:
+                future.set_exception(e)
 
 
 def _write(
@@ -126,18 +182,21 @@ def _write(
     size: int,
     future: Future[list[np.ndarray]],
     route: Callable[[str], TokenWriter],
-    should_stop: Stop,
-) -> int:
-    """Wait for a batch's ids (looking at stop requests meanwhile) and write them."""
+    tick: Callable[[], None],
+    done: list[int],
+) -> None:
+    """Wait for a batch's ids (ticking meanwhile: stop requests, progress) and write them."""
     while True:
         try:
             encoded = future.result(timeout=STOP_POLL_S)
             break
         except TimeoutError:
-            check_stop(should_stop, "encoding the data")
+            tick()
     for (doc_id, _), ids in zip(batch, encoded, strict=True):
         route(doc_id).add(ids)
-    return size
+    done[0] += size
+    done[1] += len(batch)
+    tick()
 
 
 def _encode(tokenizer: RunTokenizer, batch: list[Document]) -> list[np.ndarray]:
@@ -166,6 +225,16 @@ def counts_path(cache: Path, identity: str) -> Path:
     return cache / f"{identity}.docs.json"
 
 
+@dataclass(frozen=True)
+class Written:
+    """A cache entry as `write_arm` wrote it: each file's (path, size, sha256), in the order
+    written, and the document counts (None without a held-out split)."""
+
+    files: list[tuple[Path, int, str]]
+    documents: int
+    documents_held_out: int | None
+
+
 def write_arm(
     cache: Path,
     identity: str,
@@ -174,32 +243,53 @@ def write_arm(
     fraction: float | None,
     should_stop: Stop = None,
     progress: Progress | None = None,
-) -> None:
+) -> Written:
     """Encode an arm's documents into the cache under `identity`: with a held-out `fraction`, the
-    training tokens, the held-out tokens and the document counts (the training file last: its
-    presence says the entry is complete); without one, the training tokens alone."""
+    held-out tokens, the document counts and the training tokens; without one, the training
+    tokens alone. Every file is written under a temporary name, removed whatever ends the
+    write; an OSError names the cache directory."""
     train_path, held_path = split_paths(cache, identity, tokenizer.suffix)
-    train = TokenWriter(train_path, tokenizer)
-    held = TokenWriter(held_path, tokenizer) if fraction else None
-
-    def route(doc_id: str) -> TokenWriter:
-        if held is not None and heldout.is_held_out(doc_id, fraction or 0.0):
-            return held
-        return train
-
+    writers: list[TokenWriter] = []
     try:
+        train = TokenWriter(train_path, tokenizer)
+        writers.append(train)
+        held = TokenWriter(held_path, tokenizer) if fraction else None
+        if held is not None:
+            writers.append(held)
+
+        def route(doc_id: str) -> TokenWriter:
+            if held is not None and heldout.is_held_out(doc_id, fraction or 0.0):
+                return held
+            return train
+
         encode_documents(docs, tokenizer, route, should_stop, progress)
+        files = []
         if held is not None:
             held.commit()
-            counts = [train.documents + held.documents, held.documents]
-            atomic_write_bytes(counts_path(cache, identity), json.dumps(counts).encode())
+            counts = json.dumps([train.documents + held.documents, held.documents]).encode()
+            atomic_write_bytes(counts_path(cache, identity), counts)
+            files.append((held.path, held.size, held.sha256.hexdigest()))
+            files.append((counts_path(cache, identity), len(counts), _sha256(counts)))
         train.commit()
-    except BaseException:
-        train.abort()
-        if held is not None:
-            held.abort()
+        files.append((train.path, train.size, train.sha256.hexdigest()))
+        fsync_dir(cache)
+    except BaseException as e:
+        for w in writers:
+            w.abort()
+        # A stop is an InterruptedError, an OSError too: it is no failure of the cache.
+        if isinstance(e, OSError) and not isinstance(e, InterruptedError):
+            why = f"cannot write the token cache in {cache}: {e.strerror or e}"
+            raise (OSError(e.errno, why) if e.errno else OSError(why)) from None
         raise
-    fsync_dir(cache)
+    return Written(
+        files,
+        train.documents + (held.documents if held else 0),
+        held.documents if held else None,
+    )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class TokensRecord(BaseModel):

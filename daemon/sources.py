@@ -29,21 +29,26 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from glob import glob
 from pathlib import Path
 
 from .boundedio import FileRejected, open_regular
-from .config import ArmSpec
+from .config import DEFAULT_MAX_DOCUMENT_BYTES, ArmSpec
 
-#: Bytes per read.
+log = logging.getLogger(__name__)
+
+#: Bytes per read; a stop request is looked at between two.
 _CHUNK = 1 << 20
-#: JSON Lines lines between two checks of a stop request.
-_LINES_PER_CHECK = 4096
 #: The field of a JSON Lines arm unless its config names another.
 DEFAULT_FIELD = "text"
+#: What a lone surrogate of a JSON string becomes.
+REPLACEMENT_CHARACTER = "\ufffd"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 Stop = Callable[[], bool] | None
 
@@ -113,13 +118,22 @@ def _opened(fd: int, path: Path) -> str:
         return os.path.realpath(path)
 
 
+class Meter:
+    """Bytes read so far from an arm's files, as they are read (what the progress of its encoding
+    counts: for a .gz file, the compressed bytes)."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+
 class RegularReader(io.RawIOBase):
     """A regular file's bytes, exactly as many as its size says; then the end must follow. With
     `inside`, the file opened must lie in one of those directories (`check_link`)."""
 
-    def __init__(self, path: Path, inside: Roots = None) -> None:
+    def __init__(self, path: Path, inside: Roots = None, meter: Meter | None = None) -> None:
         super().__init__()
         self.path = path
+        self.meter = meter
         try:
             self.fd = open_regular(path, follow_symlinks=True)
         except FileRejected as e:
@@ -156,6 +170,8 @@ class RegularReader(io.RawIOBase):
                 "while it was read"
             )
         self.done += n
+        if self.meter is not None:
+            self.meter.read += n
         return n
 
     def _check_end(self) -> None:
@@ -183,18 +199,30 @@ class RegularReader(io.RawIOBase):
         super().close()
 
 
-def read_file(path: Path, inside: Roots = None) -> bytes:
-    """The whole content of the regular file `path` (SourceRejected, DataError naming it)."""
-    with RegularReader(path, inside) as r:
-        return r.readall()
+def read_file(
+    path: Path, inside: Roots = None, should_stop: Stop = None, meter: Meter | None = None
+) -> bytes:
+    """The whole content of the regular file `path` (SourceRejected, DataError naming it), read in
+    chunks with a look at `should_stop` after each: a large file never delays a stop."""
+    with RegularReader(path, inside, meter) as r:
+        out = bytearray(r.size)
+        view = memoryview(out)
+        while r.done < r.size:
+            check_stop(should_stop, "reading text arms")
+            if not r.readinto(view[r.done : r.done + _CHUNK]):
+                break
+        r.readinto(bytearray(1))  # the end must follow
+        return bytes(out)
 
 
-def file_digest(path: Path, inside: Roots = None) -> tuple[int, bytes]:
-    """(size, sha256 digest) of the regular file `path`, streamed."""
+def file_digest(path: Path, inside: Roots = None, should_stop: Stop = None) -> tuple[int, bytes]:
+    """(size, sha256 digest) of the regular file `path`, streamed (a stop request is looked at
+    after each chunk)."""
     sha = hashlib.sha256()
     buf = bytearray(_CHUNK)
     with RegularReader(path, inside) as r:
         while n := r.readinto(buf):
+            check_stop(should_stop, "hashing the data's files")
             sha.update(memoryview(buf)[:n])
         return r.size, sha.digest()
 
@@ -229,24 +257,64 @@ def arm_files(spec: ArmSpec, base: Path) -> tuple[list[Path], Path]:
 
 
 def text_documents(
-    files: list[Path], common: Path, should_stop: Stop = None, inside: Roots = None
+    files: list[Path],
+    common: Path,
+    should_stop: Stop = None,
+    inside: Roots = None,
+    meter: Meter | None = None,
 ) -> Iterator[tuple[str, bytes]]:
     """A text arm's documents: `(path relative to common, bytes)` per file."""
     for f in files:
         check_stop(should_stop, "reading text arms")
-        yield f.relative_to(common).as_posix(), read_file(f, inside)
+        yield f.relative_to(common).as_posix(), read_file(f, inside, should_stop, meter)
 
 
-def _lines(path: Path, inside: Roots = None) -> Iterator[bytes]:
-    raw = RegularReader(path, inside)
+class _Oversize(Exception):
+    """A line longer than the bound: `line` is its number."""
+
+    def __init__(self, line: int) -> None:
+        self.line = line
+
+
+def _lines(
+    path: Path, bound: int, should_stop: Stop, meter: Meter | None, inside: Roots = None
+) -> Iterator[bytes]:
+    """The lines of a JSON Lines file (gunzipped when its name ends in .gz), without their
+    newline. Read in chunks of `_CHUNK` bytes whatever the lines' length: a line longer than
+    `bound` (a gzip bomb of NULs holds no newline at all) raises `_Oversize` once `bound` bytes of
+    it are held, never more; a stop request is looked at after every chunk."""
+    raw = RegularReader(path, inside, meter)
     with io.BufferedReader(raw, _CHUNK) as buffered:
-        if path.name.endswith(".gz"):
-            with gzip.GzipFile(fileobj=buffered, mode="rb") as unzipped:
-                yield from unzipped
-                # Whatever follows the last member must be read too (and the end checked).
-                buffered.read()
-        else:
-            yield from buffered
+        if not path.name.endswith(".gz"):
+            yield from _split(buffered, bound, should_stop)
+            return
+        with gzip.GzipFile(fileobj=buffered, mode="rb") as unzipped:
+            yield from _split(unzipped, bound, should_stop)
+        # Whatever follows the last member must be read too (and the end checked).
+        buffered.read()
+
+
+def _split(stream: io.BufferedIOBase, bound: int, should_stop: Stop) -> Iterator[bytes]:
+    partial: list[bytes] = []
+    held = 0  # bytes of the unfinished line in `partial`
+    number = 0  # lines yielded
+    while chunk := stream.read(_CHUNK):
+        check_stop(should_stop, "reading JSON Lines arms")
+        lines = chunk.split(b"\n")
+        if len(lines) > 1:
+            lines[0] = b"".join([*partial, lines[0]])
+            partial, held = [], 0
+        for line in lines[:-1]:
+            number += 1
+            if len(line) > bound:
+                raise _Oversize(number)
+            yield line
+        held += len(lines[-1])
+        if held > bound:
+            raise _Oversize(number + 1)
+        partial.append(lines[-1])
+    if held:
+        yield b"".join(partial)
 
 
 def json_type(value: object) -> str:
@@ -278,6 +346,14 @@ def _document(line: bytes, field: str) -> str:
     return text
 
 
+def replace_surrogates(text: str) -> tuple[str, int]:
+    """`text` with each lone surrogate (a `\\ud800` escape without its pair, valid JSON but not
+    text: no UTF-8 encodes it) replaced by U+FFFD, and how many there were."""
+    if _SURROGATE.search(text) is None:
+        return text, 0
+    return _SURROGATE.subn(REPLACEMENT_CHARACTER, text)
+
+
 def jsonl_documents(
     files: list[Path],
     common: Path,
@@ -285,23 +361,42 @@ def jsonl_documents(
     should_stop: Stop = None,
     label: str = "",
     inside: Roots = None,
+    bound: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    meter: Meter | None = None,
 ) -> Iterator[tuple[str, str]]:
     """A JSON Lines arm's documents: `(relative path:line number, text)` per line. DataError
-    naming the file and the line (after `label`: "arm 'web': ") for a malformed one; never a
-    silent skip."""
+    naming the file and the line (after `label`: "arm 'web': ") for a malformed one or one longer
+    than `bound` bytes; never a silent skip. Lone surrogates are replaced (`replace_surrogates`),
+    counted and logged once per file."""
     for f in files:
         check_stop(should_stop, "reading JSON Lines arms")
         rel = f.relative_to(common).as_posix()
-        lineno = 0
+        lineno = replaced = first = 0
         try:
-            for lineno, line in enumerate(_lines(f, inside), 1):
-                if lineno % _LINES_PER_CHECK == 0:
-                    check_stop(should_stop, "reading JSON Lines arms")
+            for lineno, line in enumerate(_lines(f, bound, should_stop, meter, inside), 1):
                 try:
-                    yield f"{rel}:{lineno}", _document(line, field)
+                    text, n = replace_surrogates(_document(line, field))
                 except ValueError as e:
                     raise DataError(f"{label}{f}:{lineno}: {e}") from None
+                if n and not replaced:
+                    first = lineno
+                replaced += n
+                yield f"{rel}:{lineno}", text
+        except _Oversize as e:
+            raise DataError(
+                f"{label}{f}:{e.line}: a line longer than {bound:,} bytes ([data] "
+                "max_document_bytes; no newline within it, if this is not meant as one document)"
+            ) from None
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             raise DataError(
                 f"{label}{f}: not a readable gzip file after line {lineno} ({e})"
             ) from None
+        if replaced:
+            log.warning(
+                "%s%s: %d lone surrogate escape(s) (first on line %d) replaced by U+FFFD: JSON "
+                "allows them, but no text holds them",
+                label,
+                f,
+                replaced,
+                first,
+            )

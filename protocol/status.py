@@ -53,6 +53,19 @@ class HoldStatus(_Status):
     error: str | None
 
 
+class DataPreparation(_Status):
+    """The arm a starting trainer is encoding into its token cache, and how far it is
+    (daemon/dataprogress.py)."""
+
+    arm: str
+    bytes_done: int = Field(description="read from the arm's files so far (for .gz: compressed)")
+    bytes_total: int = Field(description="the arm's files' sizes")
+    documents: int = Field(description="documents encoded so far")
+    elapsed_seconds: float
+    bytes_per_second: float | None = None
+    eta_seconds: float | None = Field(None, description="to the arm's end at the rate so far")
+
+
 class TrainerStatus(_Status):
     role: Literal["trainer"] = "trainer"
     pid: int  # in a torchrun job: global rank 0's, the process SIGUSR1 checkpoints through
@@ -85,6 +98,8 @@ class TrainerStatus(_Status):
     last_eval: EvalEntry | None = None
     #: The world sizes the run trained at and the checkpoint it started from (None until resumed).
     lineage: Lineage | None = None
+    #: While the trainer starts: the arm being encoded into the token cache, and how far it is.
+    preparing: DataPreparation | None = None
 
 
 class Zombie(_Status):

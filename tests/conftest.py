@@ -17,6 +17,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _default_cache_outside_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The default token cache (`$XDG_CACHE_HOME/andrea`), which `andreactl tokenizer train` warms
+    when a test gives no --cache-dir, lies in the session's temporary directory, never in $HOME."""
+    if "XDG_CACHE_HOME" not in os.environ:
+        os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tokenized-corpus cache for the whole session: the first trainer builds it."""

@@ -22,6 +22,11 @@ The data arms get links among their files (to a 0600 file outside, through a dir
 arm's directory and the run's refuses the arm unless it says links = "follow", and the secret is
 never read nor cached.
 
+What an arm reads is fuzzed too: JSON Lines lines (lone and raw surrogates, bytes that are not
+JSON, lines around the bound), gzip bombs without a newline (16 to 64 MiB of NUL bytes, read under
+the allocation bound), and token-cache entries cut, grown, bit-flipped or given ids out of range
+(the arm must come out as the tokens its files encode to, the entry as encoding wrote it).
+
 Message cases bind real ipc sockets (an in-process proxy, and the trainer's control server with a
 real ZeroMQ client) and are marked `process`, as are the commands' link and FIFO cases (an alarm
 signal guards each command against blocking).
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import fcntl
+import gzip
 import json
 import os
 import shutil
@@ -41,6 +47,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tomli_w
 import zmq
@@ -50,13 +57,16 @@ from pydantic import ValidationError
 
 from andrea.daemon import rundir
 from andrea.daemon.checkpoint.manager import CheckpointManager, ResumeRefused
-from andrea.daemon.config import CheckpointConfig, ConfigError, build_config
+from andrea.daemon.config import CheckpointConfig, ConfigError, DataConfig, build_config
 from andrea.daemon.control_server import ControlServer
+from andrea.daemon.data import load_arms
 from andrea.daemon.hold import Holds
 from andrea.daemon.losslog import LossLog, LossLogCorrupt, read_curve, read_entries
 from andrea.daemon.mixing.policy import Policy, PolicyError, parse_policy
 from andrea.daemon.mixing.proxy import Proxy, ProxyOptions, configured_arms
 from andrea.daemon.process import SignalFlags
+from andrea.daemon.sources import DataError, jsonl_documents
+from andrea.daemon.tokenizer import ByteTokenizer
 from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity, TrainerStatus
@@ -930,6 +940,54 @@ def _links_config(run: Path, follow: bool) -> Any:
     )
 
 
+# ---- what an arm reads: JSON Lines lines, and the token cache -----------------------------------
+
+#: The line bound of the JSON Lines cases (small, so that a case crosses it cheaply).
+JSONL_BOUND = 1 << 16
+
+
+@pytest.fixture(scope="module")
+def nul_member() -> bytes:
+    """A gzip member of 16 MiB of NUL bytes: repeated, a bomb of any size without a newline."""
+    return gzip.compress(bytes(16 << 20), compresslevel=9)
+
+
+@st.composite
+def jsonl_line(draw: st.DrawFn) -> bytes:
+    kind = draw(
+        st.sampled_from(["object", "surrogates", "raw surrogate", "bytes", "long", "empty"])
+    )
+    text = draw(st.text(max_size=40))
+    if kind == "object":
+        return json.dumps({"text": text}).encode()
+    if kind == "surrogates":  # lone escapes, valid JSON
+        escape = st.sampled_from(["\\ud800", "\\udfff", "\\udbff", "\\ud83d\\ude00"])
+        escapes = draw(st.lists(escape, min_size=1, max_size=4))
+        return ('{"text": "' + "x".join(escapes) + json.dumps(text)[1:-1] + '"}').encode()
+    if kind == "raw surrogate":  # the UTF-8 form of a surrogate, which json.loads passes
+        return b'{"text": "a\xed\xa0\x80b"}'
+    if kind == "bytes":
+        return draw(st.binary(max_size=40)).replace(b"\n", b"")
+    if kind == "long":
+        fill = draw(st.sampled_from([b"\x00", b"a"]))
+        return b'{"text": "' + fill * (JSONL_BOUND + draw(st.integers(-20, 20))) + b'"}'
+    return b""
+
+
+def _jsonl_case(path: Path, content: bytes) -> None:
+    path.write_bytes(content)
+    try:
+        docs = bounded(
+            lambda: list(jsonl_documents([path], path.parent, "text", bound=JSONL_BOUND))
+        )
+    except DataError as e:
+        assert path.name in str(e)
+        return
+    for _, text in docs:
+        text.encode("utf-8")  # no lone surrogate is left
+    ByteTokenizer().encode_batch([t for _, t in docs])
+
+
 @FUZZ
 @given(data=st.data())
 def test_fuzz_links_among_arm_files(
@@ -977,3 +1035,64 @@ def test_fuzz_links_among_arm_files(
                 if p.is_file() and SECRET_TEXT.encode() in p.read_bytes()
             ]
             assert not leaked, leaked
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_jsonl_lines(tmp_path: Path, data: st.DataObject) -> None:
+    lines = data.draw(st.lists(jsonl_line(), min_size=1, max_size=6))
+    content = b"\n".join(lines) + data.draw(st.sampled_from([b"", b"\n"]))
+    if data.draw(st.booleans()):
+        _jsonl_case(tmp_path / "a.jsonl.gz", gzip.compress(content))
+    else:
+        _jsonl_case(tmp_path / "a.jsonl", content)
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_jsonl_bombs(tmp_path: Path, nul_member: bytes, data: st.DataObject) -> None:
+    before = data.draw(st.lists(jsonl_line(), max_size=3))
+    head = gzip.compress(b"".join(line + b"\n" for line in before))
+    members = data.draw(st.integers(1, 4))  # 16 to 64 MiB of NUL bytes, no newline
+    tail = data.draw(st.sampled_from([b"", gzip.compress(b'\n{"text": "after"}\n')]))
+    _jsonl_case(tmp_path / "bomb.jsonl.gz", head + nul_member * members + tail)
+
+
+@pytest.fixture(scope="module")
+def cached_arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, DataConfig, np.ndarray]:
+    root = tmp_path_factory.mktemp("fuzz-cache")
+    (root / "notes").mkdir()
+    for i in range(12):
+        (root / "notes" / f"n{i}.md").write_text(f"note {i}: " + "words and more words. " * (i + 3))
+    data = DataConfig.model_validate(
+        {
+            "arms": [{"name": "notes", "kind": "text", "paths": ["notes/*.md"]}],
+            "cache_dir": str(root / "cache"),
+            "heldout_fraction": 0.25,
+        }  # fmt: skip
+    )
+    (arm,) = load_arms(data, root, 256)
+    return root, data, np.asarray(arm.tokens).copy()
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_cache_entries(cached_arm: tuple[Path, DataConfig, np.ndarray], data: st.DataObject) -> None:  # fmt: skip
+    """A damaged cache entry is never trusted: the arm is always the tokens its files encode to,
+    and the entry afterwards is the one encoding wrote."""
+    root, cfg, expected = cached_arm
+    cache = root / "cache"
+    good = snapshot(cache)
+    name = data.draw(st.sampled_from(sorted(good)))
+
+    def ids_out_of_range(buf: bytearray, at: int) -> None:
+        buf[at : at + 4] = b"\xff\xff\xff\xff"
+
+    (cache / name).write_bytes(mutate_bytes(good[name], data, ids_out_of_range))
+    try:
+        (arm,) = bounded(lambda: load_arms(cfg, root, 256))
+        assert np.array_equal(np.asarray(arm.tokens), expected)
+        assert snapshot(cache) == good
+    finally:
+        for n, raw in good.items():
+            (cache / n).write_bytes(raw)

@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+from andrea.daemon.dataprogress import describe as describe_preparation
 from andrea.daemon.progress import format_duration
 from andrea.protocol import messages as m
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
@@ -73,6 +74,8 @@ def _trainer_lines(report: r.StatusReport) -> list[str]:
     ]
     if t.lineage is not None and (t.lineage.init_from or len(t.lineage.world_sizes) > 1):
         lines.append(f"         lineage: {t.lineage.describe()}")
+    if t.preparing is not None:
+        lines.append(f"         data: {describe_preparation(t.preparing)}")
     if (h := t.hold) is not None:
         where = f"after step {h.step}" if h.step is not None else "until its next boundary"
         lines.append(

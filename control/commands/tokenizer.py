@@ -26,6 +26,18 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="train on this arm's documents (repeatable; default: every text arm of the run)",
     )
+    train.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="the token cache to encode the arms into with the new tokenizer (default: the run's "
+        "[data] cache_dir, $CACHE_DIRECTORY, or ~/.cache/andrea; give the trainer's --cache-dir)",
+    )
+    train.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not encode the arms into the token cache (the run's first start will)",
+    )
     both = parser.add_argument_group("train and encode")
     both.add_argument(
         "--out",
@@ -57,6 +69,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         help="read a quoted glob's matches that lead out of its directory through a link "
         "(refused by default: a planted link would put another file's text in the tokens file)",
     )
+    encode.add_argument(
+        "--max-document-bytes",
+        type=int,
+        metavar="N",
+        help="the longest JSON Lines line read (default: the run's [data] max_document_bytes, "
+        "else 64 MiB)",
+    )
 
 
 def cmd_tokenizer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -67,10 +86,10 @@ def cmd_tokenizer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.inputs or args.tokenizer or args.follow_links:
+    if args.inputs or args.tokenizer or args.follow_links or args.max_document_bytes is not None:
         parser.error(
-            "train takes no --input, --tokenizer or --follow-links: it trains on the run's own "
-            'arms (an arm says links = "follow" in run.toml)'
+            "train takes no --input, --tokenizer, --follow-links or --max-document-bytes: it "
+            'trains on the run\'s own arms, under its run.toml (an arm says links = "follow")'
         )
     if args.run_dir is None or args.vocab_size is None:
         parser.error("train needs --run-dir DIR and --vocab-size N")
@@ -79,7 +98,13 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from andrea.control import tokenizer_tool as tool
 
     report = tool.train(
-        args.run_dir, args.vocab_size, args.arm, args.out, progress=sys.stderr.isatty()
+        args.run_dir,
+        args.vocab_size,
+        args.arm,
+        args.out,
+        progress=sys.stderr.isatty(),
+        cache_dir=args.cache_dir,
+        warm=not args.no_cache,
     )
     cfg_tokenizer = tool.run_config(args.run_dir).data.tokenizer
     emit(args, report, tool.train_text(report, args.run_dir, cfg_tokenizer))
@@ -87,25 +112,33 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _encode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.vocab_size is not None or args.arm:
-        parser.error("--vocab-size and --arm are options of train")
+    if args.vocab_size is not None or args.arm or args.cache_dir or args.no_cache:
+        parser.error("--vocab-size, --arm, --cache-dir and --no-cache are options of train")
     if not args.inputs or args.out is None:
         parser.error("encode needs --input FILE... and --out FILE")
     from andrea.control import tokenizer_tool as tool
-    from andrea.daemon.config import ConfigError
+    from andrea.daemon.config import DEFAULT_MAX_DOCUMENT_BYTES, ConfigError
     from andrea.daemon.tokenizer import load_tokenizer
 
     files = tool.input_files(args.inputs, args.follow_links)
+    bound = DEFAULT_MAX_DOCUMENT_BYTES
     try:
+        data = tool.run_config(args.run_dir).data if args.run_dir is not None else None
         if args.tokenizer is not None:
             tokenizer = load_tokenizer(args.tokenizer, Path.cwd())
-        elif args.run_dir is not None:
-            tokenizer = load_tokenizer(tool.run_config(args.run_dir).data.tokenizer, args.run_dir)
+        elif data is not None:
+            tokenizer = load_tokenizer(data.tokenizer, args.run_dir)
         else:
             parser.error("encode needs --tokenizer FILE, or --run-dir DIR for the run's tokenizer")
     except ConfigError as e:
         raise UserError(str(e)) from None
-    report = tool.encode(files, args.out, tokenizer, args.field)
+    if args.max_document_bytes is not None:
+        if not 1 << 10 <= args.max_document_bytes <= 1 << 36:
+            raise UserError(f"--max-document-bytes {args.max_document_bytes}: 1,024..{1 << 36:,}")
+        bound = args.max_document_bytes
+    elif data is not None:
+        bound = data.document_bound
+    report = tool.encode(files, args.out, tokenizer, args.field, bound)
     emit(args, report, tool.encode_text(report, _arm_name(args.out), args.run_dir))
     return EXIT_OK
 

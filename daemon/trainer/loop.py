@@ -27,6 +27,7 @@ from andrea.protocol.status import Activity, TrainerStatus
 
 from .. import distributed as dist
 from ..control_server import ControlServer
+from ..dataprogress import EncodingProgress
 from ..exitcodes import ExitCode
 from ..hold import Holds
 from ..metrics.series import ema_update
@@ -70,6 +71,8 @@ class Trainer:
         self.counters = Counters()
         self.reporter = Reporter(self.cfg, self.world, opts.run_dir, self.counters, self.notifier)
         self.sink = RecordSink()
+        #: The encoding of the arms while build() prepares them (status shows it).
+        self.data_progress = EncodingProgress()
         # Built by build()/resume(); status() may run before (it is served once the socket is bound).
         self._lock: IO[bytes] | None = None
         self.control: ControlServer | None = None
@@ -107,7 +110,12 @@ class Trainer:
             )
         self.platform = resolve_platform(self.cfg, device)
         self.parts = build_parts(
-            self.cfg, self.platform, self.world, opts.run_dir, self.flags.stop_requested
+            self.cfg,
+            self.platform,
+            self.world,
+            opts.run_dir,
+            self.flags.stop_requested,
+            self.data_progress,
         )
         self.checkpointer = Checkpointer(
             opts,
@@ -401,4 +409,5 @@ class Trainer:
             eval_every=ev.every if ev is not None else None,
             last_eval=ev.last_eval if ev is not None else None,
             lineage=c.lineage,
+            preparing=self.data_progress.status(),
         )

@@ -23,6 +23,7 @@ from ..checkpoint.manager import layout_of
 from ..checkpoint.manifest import LayoutEntry
 from ..config import OptimConfig, RunConfig
 from ..data import Arm, ArmStream, FixedMixture, load_arms
+from ..dataprogress import EncodingProgress
 from ..model import GPT
 from ..precision import NumericMode, resolve_device
 from ..precision import resolve as resolve_precision
@@ -110,12 +111,14 @@ def build_parts(
     world: dist.World,
     run_dir: Path,
     stop_requested: Callable[[], bool],
+    progress: EncodingProgress | None = None,
 ) -> Parts:
-    """Load the data (InterruptedError when a stop comes meanwhile, DataError), then build the
-    model and its optimizer, seeded for a fresh run."""
+    """Load the data (InterruptedError when a stop comes meanwhile, DataError; an encoding's
+    progress reported to `progress`), then build the model and its optimizer, seeded for a fresh
+    run."""
     shape = batch_shape(cfg, world.size)
     tokenizer = load_tokenizer(cfg.data.tokenizer, run_dir)
-    arms = load_arms(cfg.data, run_dir, cfg.model.vocab_size, stop_requested, tokenizer)
+    arms = load_arms(cfg.data, run_dir, cfg.model.vocab_size, stop_requested, tokenizer, progress)
     streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in arms]
     mixture = FixedMixture([a.name for a in arms], [s.weight for s in cfg.data.arms], cfg.seed)
     model = _seeded_model(cfg, platform.device, world.rank)
