@@ -278,7 +278,7 @@ class TokenizerEncodeReport(_Report):
     warning: str | None = Field(
         None,
         description="set when the tokenizer drops most of the text (measured on the first "
-        "512 KiB of documents: bytes per token, the share its ids decode back to)",
+        "64 KiB of documents: bytes per token, the share its ids decode back to)",
     )
 
 
