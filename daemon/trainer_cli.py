@@ -332,7 +332,8 @@ def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, b
     from . import distributed as dist
     from .config import ConfigError
     from .rundir import AlreadyRunning, SocketDirError
-    from .sources import DataError, SourceRejected
+    from .sources import DataError
+    from .trainer_start import data_refusal
 
     try:
         dist.check_same(world, "the run's config", _shared_config(plan.cfg))
@@ -341,11 +342,10 @@ def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, b
         return ExitCode.OK, True, ""
     except (AlreadyRunning, SocketDirError, ConfigError, dist.DistributedError) as e:
         return ExitCode.CONFIG_ERROR, False, str(e)
-    except SourceRejected as e:
-        # A glob that names something other than data (a file of /proc, a FIFO): the config's.
-        return ExitCode.CONFIG_ERROR, False, f"data: {e}"
     except DataError as e:
-        return ExitCode.DATA_ERROR, False, f"data: {e}"
+        # A glob that names something other than data (a file of /proc, a FIFO): the config's.
+        refused, message = data_refusal(e)
+        return refused, False, message
     except (OSError, zmq.ZMQError) as e:
         # A read-only run directory, an unusable --cache-dir, a socket path that cannot be bound:
         # the operator's to fix, and a restart would repeat it.

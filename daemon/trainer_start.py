@@ -35,12 +35,22 @@ from .exitcodes import ExitCode
 from .precision import resolve, resolve_device
 from .rundir import CONFIG_FILE, bin_name
 from .settle import Settled, settle
+from .sources import DataError, SourceRejected
 from .trainer_flags import config_overrides
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("andrea.trainer")
+
+
+def data_refusal(e: DataError) -> tuple[ExitCode, str]:
+    """The exit code and log line of a start whose data is refused: a file that is not a regular
+    file's content (a FIFO, a file of /proc) is the config's mistake (2); missing or unusable
+    data is 5. One mapping for the start and for `--check`."""
+    if isinstance(e, SourceRejected):
+        return ExitCode.CONFIG_ERROR, f"data: {e}"
+    return ExitCode.DATA_ERROR, f"data: {e}"
 
 
 class StartRefused(Exception):
