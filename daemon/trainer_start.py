@@ -99,7 +99,7 @@ def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> St
     predates = run_toml_existed and bool(_checkpoints(run_dir))
     settled = resolve_start(args, run_toml_existed, predates)
     cfg = settled.cfg
-    device = _check_machine(cfg, world)
+    device = _check_machine(cfg, world, predates or bool(_checkpoints(run_dir)))
     init_from = _check_init_from(args, cfg, world)
     check_proxy_options(args)
     skip = _unsafe_options(args, cfg)
@@ -172,12 +172,13 @@ def _record_new_run(
     return record_new_run(args.run_dir / CONFIG_FILE, cfg)
 
 
-def _check_machine(cfg: RunConfig, world: World) -> torch.device:
+def _check_machine(cfg: RunConfig, world: World, existing: bool) -> torch.device:
     """This rank's device. A device or precision this machine cannot run, or a batch the job cannot
-    share out, is refused before run.toml records it."""
+    share out, is refused before run.toml records it (for an `existing` run, one with checkpoints,
+    naming only what it can change)."""
     device = device_for(world, resolve_device(cfg.device))
     resolve(cfg.precision, device)
-    batch_shape(cfg, world.size)
+    batch_shape(cfg, world.size, existing)
     return device
 
 
