@@ -263,6 +263,7 @@ def _train(
     """Build, resume and run the trainer. StartRefused when it cannot start (agreed by every rank
     when the refusal came before training)."""
     from .checkpoint.manager import ResumeRefused
+    from .checkpoint.source import SourceError
     from .config import save_config
     from .proxy_link import ProxyRefused
     from .trainer.sink import RecordLogRefused
@@ -275,6 +276,10 @@ def _train(
         return ExitCode.OK
     try:
         trainer.resume()
+    except SourceError as e:
+        # --init-from names a checkpoint its payload shows damaged: the command line's (2), as a
+        # damaged or missing manifest is, found before anything started.
+        raise StartRefused(str(e), ExitCode.CONFIG_ERROR, agreed=True) from None
     except ResumeRefused as e:
         # Rank 0's refusal reaches every rank by its broadcast.
         raise StartRefused(str(e), ExitCode.RESUME_REFUSED, agreed=True) from None
