@@ -30,6 +30,14 @@ MANIFEST_BASE_BYTES, MANIFEST_TENSOR_BYTES, MANIFEST_RANK_BYTES = 30_000, 120, 3
 #: CUDA context, cuBLAS workspace and the allocator's slack, per GPU.
 RUNTIME_RESERVE = 1 * GiB
 RENTAL_WINDOWS_DAYS = (3, 7, 30)
+#: The host's work per step that no GPU removes (eager dispatch of the forward and backward
+#: passes, clipping and AdamW): base + per layer, CPU time of the calling thread measured with the
+#: tensors shrunk to nothing by `tests/bench/bench_step_floor.py` (1.8-2.1 ms + 1.96-1.99 ms a
+#: layer on the development machine's CPU; docs/andreactl.md). A faster host lowers it.
+STEP_FLOOR_BASE_S, STEP_FLOOR_PER_LAYER_S = 0.002, 0.002
+#: Passes over the run's training tokens past which the plan warns (repeated data stops helping
+#: after about four epochs: Muennighoff et al. 2023, "Scaling Data-Constrained Language Models").
+MAX_PASSES = 4.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,13 @@ class PlanInputs:
     disk_gbps: float
     staging_gbps: float
     startup_seconds: float
+    #: The run's training tokens and how they were found (None: unknown).
+    data_tokens: tuple[int, str] | None = None
+
+
+def step_floor_seconds(n_layer: int) -> float:
+    """The least time a step of an `n_layer` model takes on the host, whatever the GPU."""
+    return STEP_FLOOR_BASE_S + STEP_FLOOR_PER_LAYER_S * n_layer
 
 
 @dataclass(frozen=True)
@@ -99,7 +114,8 @@ def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> r.PlanRe
         sizing.flops_per_token(cfg.model),
     )
     memory = _memory(cfg, shape, inputs, costs)
-    speed = _speed(shape, inputs, costs)
+    speed = _speed(shape, inputs, costs, cfg.model.n_layer)
+    data = _data(shape, inputs)
     checkpoints = _checkpoints(cfg, inputs, costs)
     return r.PlanReport(
         source=inputs.source,
@@ -120,8 +136,22 @@ def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> r.PlanRe
         speed=speed,
         checkpoints=checkpoints,
         rental=_rental(cfg, inputs, costs, speed, checkpoints),
+        data=data,
         assumptions=_assumptions(inputs, costs),
-        warnings=_warnings(shape, memory),
+        warnings=_warnings(shape, memory, data),
+    )
+
+
+def _data(shape: BatchShape, inputs: PlanInputs) -> r.PlanData | None:
+    if inputs.data_tokens is None:
+        return None
+    tokens, how = inputs.data_tokens
+    planned = shape.tokens_per_step * inputs.steps
+    return r.PlanData(
+        training_tokens=tokens,
+        how=how,
+        planned_tokens=planned,
+        passes=planned / tokens if tokens else None,
     )
 
 
@@ -176,20 +206,22 @@ def _largest_fitting(cfg: RunConfig, n: sizing.Numerics, room: int, per_sequence
     return b
 
 
-def _speed(shape: BatchShape, inputs: PlanInputs, costs: _Costs) -> r.PlanSpeed:
+def _speed(shape: BatchShape, inputs: PlanInputs, costs: _Costs, n_layer: int) -> r.PlanSpeed:
     peak = inputs.gpus * inputs.gpu.peak(inputs.precision) * 1e12
     compute = shape.tokens_per_step * costs.flops_per_token / (inputs.mfu * peak)
     # A ring all-reduce moves 2 (k - 1) / k of the fp32 gradients through each GPU, once a step.
     # DDP overlaps it with the backward pass; counted in full, the step time is an upper bound.
     k = inputs.gpus
     allreduce = 2 * (k - 1) / k * costs.params.gradient_bytes / (inputs.gpu.allreduce_gbps * GB)
-    step = compute + allreduce
+    floor = step_floor_seconds(n_layer)
+    step = max(compute + allreduce, floor)
     return r.PlanSpeed(
         mfu=inputs.mfu,
         mfu_source=inputs.mfu_source,
         flops_per_token=costs.flops_per_token,
         compute_seconds=compute,
         allreduce_seconds=allreduce,
+        floor_seconds=floor,
         step_seconds=step,
         tokens_per_second=shape.tokens_per_step / step,
         steps=inputs.steps,
@@ -273,14 +305,25 @@ def _assumptions(inputs: PlanInputs, costs: _Costs) -> dict[str, str]:
         "staging": f"{inputs.staging_gbps:g} GB/s device-to-host copy of a background checkpoint",
         "startup": f"{inputs.startup_seconds:g} s per start (interpreter, data from its cache, "
         "resume, compile)",
+        "step_floor": f"{STEP_FLOOR_BASE_S * 1000:g} ms + {STEP_FLOOR_PER_LAYER_S * 1000:g} ms a "
+        "layer per step at least: the host's dispatch of the step, measured "
+        "(tests/bench/bench_step_floor.py)",
+        "data": inputs.data_tokens[1] if inputs.data_tokens else "the run's data is not known",
         "disk_used": "checkpoint.keep_latest cadence checkpoints and one being written, "
         "checkpoint.max_requested audit points (SIGUSR1, control, pivot boundaries) all used, "
         f"{LOSS_ENTRY_BYTES} bytes of .loss.json per step, one export; tokenized data not counted",
     }
 
 
-def _warnings(shape: BatchShape, memory: r.PlanMemory) -> list[str]:
+def _warnings(shape: BatchShape, memory: r.PlanMemory, data: r.PlanData | None) -> list[str]:
     out = []
+    if data is not None and (data.passes is None or data.passes > MAX_PASSES):
+        passes = "endless" if data.passes is None else f"{data.passes:,.1f}"
+        out.append(
+            f"{passes} passes over the run's {data.training_tokens:,} training tokens "
+            f"({data.planned_tokens:,} planned): past about {MAX_PASSES:g}, repeated data stops "
+            "helping and the model memorises it; add data or plan fewer steps"
+        )
     if shape.per_rank == 1:
         out.append(
             f"each GPU trains a single sequence per micro-batch ({shape.per_step} per step over "

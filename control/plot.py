@@ -27,6 +27,7 @@ scripts can check the figure itself.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,6 +212,14 @@ def _mark_spikes(ax: Axes, x: np.ndarray, loss: np.ndarray) -> None:
         )
 
 
+#: Every panel's legend stands to the right of its axes, in a margin kept for it: inside, it covered
+#: the pivot labels along the top and the newest steps of the curves.
+LEGEND_MARGIN = 0.83
+LEGEND_OUTSIDE: dict = dict(
+    loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0, fontsize=7, framealpha=0.85
+)
+
+
 def _legend_with_marks(ax: Axes, events: RunEvents) -> None:
     """The panel's legend, with an entry for each kind of mark the run has."""
     handles, _ = ax.get_legend_handles_labels()
@@ -224,7 +233,7 @@ def _legend_with_marks(ax: Axes, events: RunEvents) -> None:
         if present:
             colour, style, label = MARKS[kind]
             handles.append(Line2D([], [], color=colour, linestyle=style, label=label))
-    ax.legend(handles=handles, loc="upper right", fontsize=7, ncols=2, framealpha=0.85)
+    ax.legend(handles=handles, **LEGEND_OUTSIDE)
 
 
 def _draw_loss(ax: Axes, view: PlotView) -> None:
@@ -276,14 +285,8 @@ def _draw_arm_loss(ax: Axes, view: PlotView) -> None:
 
 def _arm_legend(ax: Axes, view: PlotView, title: str) -> None:
     """One entry per arm, titled with what the lines are (and over which window)."""
-    ax.legend(
-        loc="upper right",
-        fontsize=7,
-        ncols=min(len(view.arms), 4),
-        framealpha=0.85,
-        title=title,
-        title_fontsize=7,
-    )
+    # Wrapped to the margin's width (about 30 characters at this size).
+    ax.legend(title=textwrap.fill(title, 30), title_fontsize=7, **LEGEND_OUTSIDE)
 
 
 def _phase_rows(phase: np.ndarray) -> list[np.ndarray]:
@@ -372,7 +375,7 @@ def _draw_heldout(ax: Axes, view: PlotView) -> None:
         steps, mean, color="black", linewidth=1.2, linestyle="--", label="mean", gid="heldout:mean"
     )
     ax.set_ylabel("held-out loss\n(nats/token)")
-    ax.legend(loc="upper right", fontsize=7, ncols=min(len(names) + 1, 4), framealpha=0.85)
+    ax.legend(**LEGEND_OUTSIDE)
 
 
 def _draw_lr(ax: Axes, view: PlotView) -> None:
@@ -482,7 +485,7 @@ def audit_figure(
     # took a third of the render at 200,000 steps; the labels here have known sizes.
     fig = Figure(figsize=(12, height))
     fig.subplots_adjust(
-        left=0.075, right=0.99, bottom=0.75 / height, top=1 - 0.75 / height, hspace=0.1
+        left=0.075, right=LEGEND_MARGIN, bottom=0.75 / height, top=1 - 0.75 / height, hspace=0.1
     )
     axes = fig.subplots(
         len(panels),

@@ -333,10 +333,21 @@ class PlanSpeed(_Report):
     flops_per_token: int = Field(description="training FLOPs per token (6N + 12 L T C)")
     compute_seconds: float = Field(description="a step's arithmetic at the MFU")
     allreduce_seconds: float = Field(description="a step's gradient all-reduce, not overlapped")
+    floor_seconds: float = Field(
+        description="the host's least time per step (eager dispatch), measured; the step takes"
+        " at least this"
+    )
     step_seconds: float
     tokens_per_second: float = Field(description="over the whole job")
     steps: int
     training_seconds: float
+
+
+class PlanData(_Report):
+    training_tokens: int = Field(description="the run's training tokens, all arms")
+    how: str = Field(description="counted (a checkpoint's manifest) or estimated, and how")
+    planned_tokens: int = Field(description="tokens the planned steps train on")
+    passes: float | None = Field(description="planned / training tokens (null: no data)")
 
 
 class PlanCheckpoints(_Report):
@@ -381,6 +392,9 @@ class PlanReport(_Report):
     speed: PlanSpeed
     checkpoints: PlanCheckpoints
     rental: PlanRental
+    data: PlanData | None = Field(
+        None, description="passes over the run's data (null: the data cannot be found)"
+    )
     assumptions: dict[str, str] = Field(description="each assumed figure and where it comes from")
     warnings: list[str]
 

@@ -59,14 +59,37 @@ def step_sequences(cfg: RunConfig) -> int:
     return cfg.batch_size if cfg.batch_size_per == "step" else cfg.batch_size * cfg.grad_accum
 
 
-def batch_shape(cfg: RunConfig, world: int) -> BatchShape:
+def batch_shape(cfg: RunConfig, world: int, existing: bool = False) -> BatchShape:
     """The batch of `cfg` on a job of `world` ranks. ConfigError naming both numbers and the sizes
-    that would work when the ranks cannot share a micro-batch equally."""
+    that would work when the ranks cannot share a micro-batch equally; for an `existing` run,
+    whose batch_size its checkpoints fix, only the world sizes and grad_accum it can take."""
     per_step = step_sequences(cfg)
     shape = BatchShape(per_step, cfg.grad_accum, world, cfg.model.block_size)
     if shape.micro_batch % world:
-        raise ConfigError(_refusal(cfg, shape))
+        raise ConfigError(_existing_refusal(cfg, shape) if existing else _refusal(cfg, shape))
     return shape
+
+
+def _existing_refusal(cfg: RunConfig, shape: BatchShape) -> str:
+    """An existing run keeps its batch: the world sizes that share its micro-batch, and (where the
+    config counts the batch per step, so that grad_accum only cuts it) the grad_accum values that
+    let this world size share the same step."""
+    micro, world, per_step = shape.micro_batch, shape.world, shape.per_step
+    worlds = [w for w in range(1, micro + 1) if micro % w == 0]
+    text = (
+        f"this run's batch ({per_step} sequences per step in {shape.grad_accum} micro-batch(es) of "
+        f"{micro}) cannot be shared equally by a job of {world} ranks: world sizes "
+        f"{one_of(worlds)} would work"
+    )
+    if cfg.batch_size_per == "step":
+        accums = [a for a in range(1, per_step + 1) if per_step % a == 0]
+        fits = [a for a in accums if (per_step // a) % world == 0]
+        if fits:
+            text += (
+                f", or grad_accum {one_of(fits)} at world size {world} (the same {per_step} "
+                "sequences per step)"
+            )
+    return text + "; an existing run keeps its batch_size (its checkpoints are of that batch)"
 
 
 def _refusal(cfg: RunConfig, shape: BatchShape) -> str:

@@ -467,12 +467,20 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for key in sorted(set(a) | set(b)):
         if any(key.startswith(g) for g in gone):
             continue
-        if a.get(key, "absent") != b.get(key, "absent"):
-            out.append(
-                f"{key}: {_show(a[key]) if key in a else 'absent'} → "
-                f"{_show(b[key]) if key in b else 'absent'}"
-            )
+        was, now = _setting(a, key), _setting(b, key)
+        if was != now:
+            out.append(f"{key}: {was} → {now}")
     return out
+
+
+#: Settings a trajectory leaves out at their value (`trajectory_of`): their absence means it.
+_LEFT_OUT_AT = {"data.tokenizer": "bytes"}
+
+
+def _setting(flat: dict[str, Any], key: str) -> str:
+    if key in flat:
+        return _show(flat[key])
+    return _LEFT_OUT_AT.get(key, "absent")
 
 
 def canonical_json(obj: Any) -> str:

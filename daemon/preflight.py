@@ -5,7 +5,8 @@ error (2), a refused resume (4) or missing data (5) would look like a crash and 
 the start limit, every start cold-starting every rank. The unit runs this check first
 (`ExecStartPre=`): one process, no process group, nothing written, and the exit code a start of
 the job would give. It checks the config and the start options as a start resolves them, each
-arm's data (that it exists and what it is, without tokenizing it), and the newest checkpoint
+arm's data (that it exists, what it is, and the first record of each of its files, without
+tokenizing it), and the newest checkpoint
 whose manifest is intact against this config, data and world size. The payload's sha256 is left
 to the start, which reads it anyway (and falls back to an older checkpoint if it is damaged).
 """
@@ -25,13 +26,13 @@ from .checkpoint.manager import (
     resume_problems,
 )
 from .checkpoint.manifest import Manifest
-from .config import ConfigError, RunConfig
+from .config import ArmSpec, ConfigError, RunConfig
 from .data import DataError, arm_identity
 from .distributed import World
 from .exitcodes import ExitCode
 from .rundir import bin_name, manifest_name
-from .sources import SourceRejected
-from .trainer_start import StartPlan, StartRefused, plan_start
+from .sources import DEFAULT_FIELD, arm_files, jsonl_documents, text_documents
+from .trainer_start import StartPlan, StartRefused, data_refusal, plan_start
 
 log = logging.getLogger("andrea.trainer")
 
@@ -50,12 +51,10 @@ def run_check(args: argparse.Namespace) -> ExitCode:
     except StartRefused as e:
         log.error("%s", e.message)
         return e.code
-    except SourceRejected as e:  # as the start maps it: the config's globs, a link, a FIFO
-        log.error("data: %s", e)
-        return ExitCode.CONFIG_ERROR
     except DataError as e:
-        log.error("data: %s", e)
-        return ExitCode.DATA_ERROR
+        code, message = data_refusal(e)
+        log.error("%s", message)
+        return code
     except OSError as e:
         log.error("cannot read the run: %s", e)
         return ExitCode.CONFIG_ERROR
@@ -81,10 +80,28 @@ def job_size(value: str | None) -> int:
 
 
 def _data_identities(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]:
-    return {
-        spec.name: arm_identity(spec, cfg.data, args.run_dir, cfg.model.vocab_size)
-        for spec in cfg.data.arms
-    }
+    """Each arm's identity (a tokens arm's file is read whole for it), after the first record of
+    each of its files has been read as the start reads it."""
+    identities = {}
+    for spec in cfg.data.arms:
+        identities[spec.name] = arm_identity(spec, cfg.data, args.run_dir, cfg.model.vocab_size)
+        if spec.kind in ("text", "jsonl"):
+            _first_records(spec, args.run_dir)
+    return identities
+
+
+def _first_records(spec: ArmSpec, base: Path) -> None:
+    """Read the first document of each of a text or JSON Lines arm's files: a JSON Lines line
+    without the arm's field, or that is not JSON, fails here as it would fail the start (exit 5,
+    naming the arm, the file and the line). The rest of the file is the start's to read."""
+    files, common = arm_files(spec, base)
+    for f in files:
+        if spec.kind == "text":
+            next(text_documents([f], common), None)
+            continue
+        field = spec.field or DEFAULT_FIELD
+        if next(jsonl_documents([f], common, field, label=f"arm {spec.name!r}: "), None) is None:
+            log.warning("arm %r: %s holds no JSON Lines records", spec.name, f)
 
 
 def _check_checkpoint(plan: StartPlan, identities: dict[str, str], allow_change: bool) -> str:

@@ -110,6 +110,14 @@ def pivot_records(run_dir: Path) -> Iterator[Path]:
     return run_dir.glob(f"{ARCHIVE_DIR}/pivot-*/{PIVOT_RECORD}")
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether `path` holds a run: its run.toml, its loss log or a checkpoint's manifest (a
+    trainer writes run.toml before anything else)."""
+    if (path / CONFIG_FILE).is_file() or (path / LOSS_FILE).is_file():
+        return True
+    return any(parse_checkpoint_name(p.name) for p in path.glob("step_*.json"))
+
+
 def lock_path(run_dir: Path, role: str) -> Path:
     return run_dir / f".{role}.lock"
 

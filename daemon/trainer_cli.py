@@ -270,6 +270,7 @@ def _train(
     """Build, resume and run the trainer. StartRefused when it cannot start (agreed by every rank
     when the refusal came before training)."""
     from .checkpoint.manager import ResumeRefused
+    from .checkpoint.source import SourceError
     from .config import save_config
     from .proxy_link import ProxyRefused
     from .trainer.sink import RecordLogRefused
@@ -282,6 +283,10 @@ def _train(
         return ExitCode.OK
     try:
         trainer.resume()
+    except SourceError as e:
+        # --init-from names a checkpoint its payload shows damaged: the command line's (2), as a
+        # damaged or missing manifest is, found before anything started.
+        raise StartRefused(str(e), ExitCode.CONFIG_ERROR, agreed=True) from None
     except ResumeRefused as e:
         # Rank 0's refusal reaches every rank by its broadcast.
         raise StartRefused(str(e), ExitCode.RESUME_REFUSED, agreed=True) from None
@@ -339,7 +344,8 @@ def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, b
     from . import distributed as dist
     from .config import ConfigError
     from .rundir import AlreadyRunning, SocketDirError
-    from .sources import DataError, SourceRejected
+    from .sources import DataError
+    from .trainer_start import data_refusal
 
     try:
         dist.check_same(world, "the run's config", _shared_config(plan.cfg))
@@ -348,11 +354,10 @@ def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, b
         return ExitCode.OK, True, ""
     except (AlreadyRunning, SocketDirError, ConfigError, dist.DistributedError) as e:
         return ExitCode.CONFIG_ERROR, False, str(e)
-    except SourceRejected as e:
-        # A glob that names something other than data (a file of /proc, a FIFO): the config's.
-        return ExitCode.CONFIG_ERROR, False, f"data: {e}"
     except DataError as e:
-        return ExitCode.DATA_ERROR, False, f"data: {e}"
+        # A glob that names something other than data (a file of /proc, a FIFO): the config's.
+        refused, message = data_refusal(e)
+        return refused, False, message
     except (OSError, zmq.ZMQError) as e:
         # A read-only run directory, an unusable --cache-dir, a socket path that cannot be bound:
         # the operator's to fix, and a restart would repeat it.

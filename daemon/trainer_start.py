@@ -35,6 +35,7 @@ from .exitcodes import ExitCode
 from .precision import resolve, resolve_device
 from .rundir import CONFIG_FILE, bin_name
 from .settle import Settled, settle
+from .sources import DataError, SourceRejected
 from .tokenizer import RunTokenizer, describe_identity
 from .trainer_flags import config_overrides
 
@@ -42,6 +43,15 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("andrea.trainer")
+
+
+def data_refusal(e: DataError) -> tuple[ExitCode, str]:
+    """The exit code and log line of a start whose data is refused: a file that is not a regular
+    file's content (a FIFO, a file of /proc) is the config's mistake (2); missing or unusable
+    data is 5. One mapping for the start and for `--check`."""
+    if isinstance(e, SourceRejected):
+        return ExitCode.CONFIG_ERROR, f"data: {e}"
+    return ExitCode.DATA_ERROR, f"data: {e}"
 
 
 class StartRefused(Exception):
@@ -90,7 +100,7 @@ def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> St
     predates = run_toml_existed and bool(_checkpoints(run_dir))
     settled = resolve_start(args, run_toml_existed, predates)
     cfg = settled.cfg
-    device = _check_machine(cfg, world)
+    device = _check_machine(cfg, world, predates or bool(_checkpoints(run_dir)))
     init_from = _check_init_from(args, cfg, world, settled.tokenizer)
     check_proxy_options(args)
     skip = _unsafe_options(args, cfg)
@@ -163,12 +173,13 @@ def _record_new_run(
     return record_new_run(args.run_dir / CONFIG_FILE, cfg)
 
 
-def _check_machine(cfg: RunConfig, world: World) -> torch.device:
+def _check_machine(cfg: RunConfig, world: World, existing: bool) -> torch.device:
     """This rank's device. A device or precision this machine cannot run, or a batch the job cannot
-    share out, is refused before run.toml records it."""
+    share out, is refused before run.toml records it (for an `existing` run, one with checkpoints,
+    naming only what it can change)."""
     device = device_for(world, resolve_device(cfg.device))
     resolve(cfg.precision, device)
-    batch_shape(cfg, world.size)
+    batch_shape(cfg, world.size, existing)
     return device
 
 

@@ -110,3 +110,21 @@ def test_run_toml_opens_with_what_its_batch_size_counts(tmp_path: Path) -> None:
     assert text.startswith("# The run's configuration, written by andrea-trainer")
     assert "# batch_size: sequences per optimizer step over the whole job" in text
     assert load_toml(path)["batch_size"] == 8
+
+
+def test_an_existing_runs_refusal_names_only_what_it_can_change() -> None:
+    """Issue 33, B15: a resume at a world size that cannot share the batch suggested new
+    batch_size values, which an existing run (its checkpoints are of its batch) cannot take."""
+    from andrea.daemon.batch import batch_shape
+    from andrea.daemon.config import ConfigError, build_config
+
+    cfg = build_config({"batch_size": 16, "grad_accum": 4, "batch_size_per": "step"})
+    with pytest.raises(ConfigError) as new:
+        batch_shape(cfg, 8)
+    assert "or batch_size" in str(new.value)
+    with pytest.raises(ConfigError) as existing:
+        batch_shape(cfg, 8, existing=True)
+    text = str(existing.value)
+    assert "world sizes 1, 2 or 4 would work" in text, text
+    assert "grad_accum 1 or 2 at world size 8 (the same 16 sequences per step)" in text, text
+    assert "or batch_size" not in text and "keeps its batch_size" in text, text

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -313,12 +314,22 @@ def test_every_json_error_is_a_json_document_with_the_exit_code(tmp_path: Path, 
         doc = ErrorReport.model_validate_json(capsys.readouterr().out)
         assert doc.exit_code == code and doc.error, argv
         assert doc.command == (command if command != "stauts" else None), argv
+    # A directory that holds no run is not "a stopped run" (issue 33, B15: /etc said "nothing to
+    # stop", exit 0).
+    for empty in (tmp_path, Path("/etc")):
+        assert _code(["--json", "stop", "--run-dir", str(empty)]) == 2
+        doc = ErrorReport.model_validate_json(capsys.readouterr().out)
+        assert "is not a run directory" in doc.error and doc.exit_code == 2
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\n')
     assert _code(["--json", "stop", "--run-dir", str(tmp_path)]) == 0
     stopped = RequestReport.model_validate_json(capsys.readouterr().out)
     assert stopped.ok and stopped.detail == {"already_stopped": True}
     assert _code(["stop", "--run-dir", str(tmp_path), "--wait"]) == 0
     assert "not running; nothing to stop" in capsys.readouterr().out
-    assert list(tmp_path.iterdir()) == [], "asking a stopped run creates nothing"
+    assert [p.name for p in tmp_path.iterdir()] == ["run.toml"], (
+        "asking a stopped run creates nothing"
+    )
 
 
 def test_metrics_export_never_writes_through_a_link(tmp_path: Path, capsys) -> None:
@@ -342,3 +353,41 @@ def test_metrics_export_never_writes_through_a_link(tmp_path: Path, capsys) -> N
         assert _code(argv) == 2, fmt
         assert "symbolic link" in capsys.readouterr().err
         assert not target.exists() and os.readlink(link) == str(target)
+
+
+@pytest.mark.process
+def test_watch_explains_the_reward_once(tmp_path: Path) -> None:
+    """Issue 33, A6: `watch` repeated the paragraph that explains the reward on every refresh."""
+    from andrea.control.commands.status import status_report
+    from andrea.daemon.mixing.policy import Policy
+    from andrea.daemon.mixing.proxy import Proxy, ProxyOptions
+    from andrea.daemon.process import SignalFlags
+    from andrea.protocol import messages as m
+
+    from .hostile import play_trainer, text_arms_config, trainer_hello
+
+    audited_run = tmp_path  # a stopped run whose proxy wrote its reward in .state.json
+    proxy = Proxy(ProxyOptions(tmp_path, text_arms_config(tmp_path), Policy(lag=2)), SignalFlags())
+    proxy.setup()
+    lock = play_trainer(tmp_path)
+    assert isinstance(proxy.handle(b"t", trainer_hello(proxy.opts.cfg)), m.Welcome)
+    proxy.close()
+    lock.close()
+    offline = status_report(audited_run).offline
+    meaning = offline.reward.meaning if offline and offline.reward else None
+    assert meaning, "the audited run's proxy wrote its reward"
+    cmd = [sys.executable, "-m", "andrea.control.andreactl", "watch", "--run-dir", str(audited_run),
+           "--interval", "0.05"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, refreshes = [], 0
+    deadline = time.monotonic() + 120
+    while refreshes < 4 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        refreshes += line.startswith("[")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    text = "".join(lines) + out
+    assert refreshes >= 4 and proc.returncode == 0, text
+    assert text.count(meaning) == 1, text
+    assert text.count("reward: ") >= 3, text  # the table itself stays on every refresh read whole

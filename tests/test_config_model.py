@@ -93,3 +93,15 @@ def test_cpu_dropout_masks_are_one_pcg64_stream_at_any_thread_count(threads: int
             assert torch.equal(got, x * keep.to(x.dtype).mul_(1.0 / (1.0 - p)))
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_change_to_the_bytes_tokenizer_is_named_bytes() -> None:
+    """Issue 33, B15: a trajectory leaves the bytes tokenizer out (older runs' hash), and the
+    change was shown as "tokenizer.json → absent"."""
+    from andrea.daemon.config import build_config, config_changes
+
+    own = build_config({"data": {"tokenizer": "tokenizer.json"}}).trajectory()
+    plain = build_config({}).trajectory()
+    assert "data.tokenizer: tokenizer.json → bytes" in config_changes(own, plain)
+    assert "data.tokenizer: bytes → tokenizer.json" in config_changes(plain, own)
+    assert not any("absent" in c for c in config_changes(own, plain))

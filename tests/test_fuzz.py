@@ -340,7 +340,7 @@ def _proxy_file_case(proxy_run: Path, tmp_path: Path, name: str, content: bytes)
     (run / name).write_bytes(content)
     proxy = Proxy(ProxyOptions(run, text_arms_config(proxy_run), Policy(lag=2)), SignalFlags())
     proxy.configured = configured_arms(proxy.opts.cfg, proxy_run)  # the arms live there
-    logged = max(e.step for e in read_entries(run / rundir.LOSS_FILE))
+    logged = read_entries(run / rundir.LOSS_FILE)
     if name == rundir.STATE_FILE:
         bounded(lambda: proxy._restore_bandit(logged))
     else:

@@ -183,6 +183,88 @@ def test_refusal_names_what_to_change(case: str, tmp_path: Path, cache_dir: Path
     print(f"{case}: exit {res.returncode} in {time.monotonic() - started:.1f} s")
 
 
+def _jsonl_arm(
+    run: Path, field: str | None, files: dict[str, list[dict]], gz: bool = False
+) -> None:
+    for name, rows in files.items():
+        write_jsonl(run / "web" / name, rows, gz=gz)
+    field_line = f'field = "{field}"\n' if field else ""
+    (run / "run.toml").write_text(
+        f'[[data.arms]]\nname = "web"\nkind = "jsonl"\npaths = ["web/*"]\n{field_line}'
+    )
+
+
+PAGES = [{"page": PROSE * 4}] * 5
+
+#: Inputs whose refusal only a read of the arm's records finds: (setup, exit code, what the
+#: error names), for `--check` and the start alike.
+FIRST_RECORD_CASES: dict[str, tuple[Callable[[Path], None], int, list[str]]] = {
+    "jsonl-without-field": (
+        lambda run: _jsonl_arm(run, None, {"a.jsonl": PAGES}), ExitCode.DATA_ERROR,
+        ["arm 'web'", "a.jsonl:1", "no field 'text' (its fields: page)"],
+    ),
+    "jsonl-gz-other-field": (
+        lambda run: _jsonl_arm(run, "body", {"a.jsonl.gz": PAGES}, gz=True), ExitCode.DATA_ERROR,
+        ["arm 'web'", "a.jsonl.gz:1", "no field 'body'"],
+    ),
+    "jsonl-second-file-without-field": (
+        lambda run: _jsonl_arm(
+            run, "page", {"a.jsonl": PAGES, "b.jsonl": [{"text": PROSE}] * 3}
+        ),
+        ExitCode.DATA_ERROR,
+        ["arm 'web'", "b.jsonl:1", "no field 'page'"],
+    ),
+    "jsonl-null-field": (
+        lambda run: _jsonl_arm(run, "page", {"a.jsonl": [{"page": None}, *PAGES]}),
+        ExitCode.DATA_ERROR,
+        ["arm 'web'", "a.jsonl:1", "field 'page'"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", FIRST_RECORD_CASES)
+def test_check_exits_as_the_start_would_on_an_arms_records(
+    case: str, tmp_path: Path, cache_dir: Path
+) -> None:
+    """`andrea-trainer --check` reads the first record of every file of every arm: a refusal the
+    start would give there, the check gives too, with the start's exit code, naming the arm and
+    the file (it used to say "check passed")."""
+    setup, code, needles = FIRST_RECORD_CASES[case]
+    run = tmp_path / "run"
+    setup(run)
+    check = subprocess.run(
+        trainer_cmd(run, cache_dir, "--check"), capture_output=True, text=True, timeout=120
+    )
+    start = _trainer(run, cache_dir, timeout=120)
+    assert start.returncode == code, start.stderr
+    assert check.returncode == start.returncode, check.stderr
+    for needle in needles:
+        assert needle in check.stderr, check.stderr
+    assert "Traceback" not in check.stderr, check.stderr
+
+
+#: The refusals of CASES that `--check` must give too (those that need the whole corpus read,
+#: a malformed line further on or the held-out split, are the start's to find).
+CHECKED_TOO = (
+    "vocab-smaller-than-tokenizer", "tokenizer-missing", "arms-of-two-tokenizers",
+    "id-beyond-vocab", "proc-self-glob",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CHECKED_TOO)
+def test_check_exits_with_the_starts_code(case: str, tmp_path: Path, cache_dir: Path) -> None:
+    """The check's exit code is the one `test_refusal_names_what_to_change` measures for the real
+    start on the same inputs (a file of /proc is the config's mistake, 2, not missing data)."""
+    setup, flags, code, needles = CASES[case]
+    run = tmp_path / "run"
+    setup(run)
+    res = subprocess.run(
+        trainer_cmd(run, cache_dir, "--check", *flags), capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == code, res.stderr
+    assert needles[0] in res.stderr, res.stderr
+
+
 def test_a_stop_while_the_data_is_encoded_is_honoured_at_once(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _notes(run, f'[data]\ntokenizer = "tokenizer.json"\n{TEXT_ARM}')

@@ -267,3 +267,34 @@ def test_arm_loss_panel_is_each_arms_ema_over_its_own_steps() -> None:
     # A run of one arm has neither per-arm panel.
     single = mixed_curve(["code"] * 4, [0] * 4)
     assert list(panels(audit_figure(single, RunEvents()))) == ["loss", "learning rate"]
+
+
+@pytest.mark.parametrize("boundary", [20, 60, 92])
+def test_no_legend_covers_a_pivot_label(boundary: int, tmp_path: Path) -> None:
+    """Issue 33, A6: the loss panel's legend sat over the pivot labels (upper right, where a pivot
+    late in the run puts its label). Checked on the drawn extents, and rendered to PNG."""
+    from andrea.control.plot import save_figure
+    from andrea.control.run_events import Pivot
+
+    arms = (["comments"] * 3 + ["code"] * 2) * 20
+    phases = [0] * boundary + [1] * (100 - boundary)
+    curve = mixed_curve(arms, phases)
+    events = RunEvents(
+        pivots=[Pivot(boundary, 1, "ab12cd34" * 8)],
+        restarts=[(1, 1), (41, 2)],
+        audit_checkpoints=[(30, "sigusr1")],
+        phases=[PhaseSpan(0, 1, boundary, None), PhaseSpan(1, boundary + 1, 100, None)],
+    )
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = audit_figure(curve, events, title="pivot")
+    save_figure(fig, tmp_path / "pivot.png")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (label,) = by_gid(panels(fig)["loss"], "pivot-label:1")
+    box = label.get_window_extent(renderer)
+    for ax in panels(fig).values():
+        legend = ax.get_legend()
+        if legend is not None:
+            assert not legend.get_window_extent(renderer).overlaps(box), ax.get_gid()

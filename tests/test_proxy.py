@@ -253,13 +253,14 @@ def test_zombie_arm_never_draws_and_is_reported(
     state = json.loads((reference / ".state.json").read_text())
     arm = dict(state["bandit"]["arms"][0])
     # Pulls stay 0 so that the phase counters of the doctored state remain consistent (and so
-    # the arm has no loss statistics either).
+    # the arm has no loss statistics either): the history the log gives an arm never pulled,
+    # which the state's check against .loss.json accepts.
     arm.update(
         name="repo-docstrings",
         identity="f" * 64,
         weight=1.546,
         pulls=0,
-        ema_reward=40.0,
+        ema_reward=0.0,
         probability=0.5,
         loss_ema=None,
         loss_best=None,

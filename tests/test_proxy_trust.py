@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -244,11 +245,12 @@ def test_a_new_life_begins_once_the_old_one_is_gone(tmp_path: Path) -> None:
 # ---- files that contradict each other (item 9) ------------------------------------------------
 
 
-def _run_steps(proxy: Proxy, n: int) -> None:
+def _run_steps(proxy: Proxy, n: int, loss=lambda step, arm: 3.0) -> None:
     """Train `n` steps as a genuine trainer would: ask, then report."""
     for step in range(1, n + 1):
         (a,) = proxy.handle(PEER, m.AssignRequest(id="a", segment=1, from_step=step, count=1)).items
-        ack = proxy.handle(PEER, m.LossReport(id="l", entries=[_entry(step, a.arm)]))
+        entry = _entry(step, a.arm, loss=loss(step, a.arm))
+        ack = proxy.handle(PEER, m.LossReport(id="l", entries=[entry]))
         assert isinstance(ack, m.LossAck), ack
 
 
@@ -266,6 +268,95 @@ def test_state_of_another_seed_is_moved_aside(proxy: Proxy, caplog) -> None:
     finally:
         again.close()
     proxy.close = lambda: None
+
+
+def _falling(step: int, arm: str) -> float:
+    """Losses that fall, each arm at its own pace, with some noise: every statistic moves."""
+    return 4.0 - (0.02 if arm == "alpha" else 0.01) * step + 0.05 * math.sin(step)
+
+
+def _edited_state(proxy: Proxy, edit) -> Proxy:
+    """Train 70 steps (the persisted snapshot is then past step 32), stop, apply `edit` to the
+    state file's JSON, and restart the proxy."""
+    _run_steps(proxy, 70, _falling)
+    proxy.close()
+    proxy.close = lambda: None
+    path = proxy.run_dir / STATE_FILE
+    state = json.loads(path.read_text())
+    assert state["bandit"]["last_step"] >= 32
+    edit(state["bandit"])
+    path.write_text(json.dumps(state))
+    return _again(proxy)
+
+
+def _arms_after(p: Proxy, first: int, last: int) -> list[str]:
+    return [
+        a.arm
+        for a in p.handle(
+            PEER, m.AssignRequest(id="n", segment=1, from_step=first, count=last - first + 1)
+        ).items
+    ]
+
+
+def _set(field: str, value: object):
+    def edit(bandit: dict) -> None:
+        if field in bandit:
+            bandit[field] = value
+        else:
+            bandit["arms"][0][field] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "field,value,says",
+    [
+        ("phase", 5, "is not a phase of this run"),
+        ("progress_sum", 1000.0, "replaying .loss.json"),
+        ("ema_reward", 2.5, "replaying .loss.json"),
+        ("loss_best", -1.0, "replaying .loss.json"),
+        ("fruitless", 10**30, "cannot exceed its pulls"),
+        ("progress_sum", 1e30, "less than or equal"),
+    ],
+)
+def test_an_edited_state_is_moved_aside_and_rebuilt_from_the_log(
+    tmp_path: Path, field: str, value: object, says: str, caplog
+) -> None:
+    """A state file whose numbers the log does not give (a phase no pivot started, one edited
+    statistic) is damaged: moved aside, and the bandit rebuilt by replaying the log, so the
+    assignments that follow are those of the unedited run."""
+    clean = _proxy(tmp_path / "clean", "gated-learnability-2")
+    lock = play_trainer(clean.run_dir)
+    assert isinstance(clean.handle(PEER, trainer_hello(clean.opts.cfg)), m.Welcome)
+    _run_steps(clean, 70, _falling)
+    expected = _arms_after(clean, 71, 75)
+    clean.close()
+    lock.close()
+
+    edited = _proxy(tmp_path / "edited", "gated-learnability-2")
+    lock = play_trainer(edited.run_dir)
+    assert isinstance(edited.handle(PEER, trainer_hello(edited.opts.cfg)), m.Welcome)
+    again = _edited_state(edited, _set(field, value))
+    try:
+        assert says in caplog.text and "rebuilding the bandit from .loss.json" in caplog.text
+        assert list(edited.run_dir.glob(".state.json.corrupt-*"))
+        assert again.durable_step == 70 and again.book.bandit.phase == 0
+        assert isinstance(again.handle(PEER, trainer_hello(again.opts.cfg, segment=2)), m.Welcome)
+        assert _arms_after(again, 71, 75) == expected
+    finally:
+        again.close()
+        lock.close()
+
+
+def test_an_untouched_state_is_trusted(proxy: Proxy, caplog) -> None:
+    """The check against the log passes on the state the proxy wrote itself (no false alarm)."""
+    caplog.set_level(logging.INFO)
+    again = _edited_state(proxy, lambda bandit: None)
+    try:
+        assert not list(proxy.run_dir.glob(".state.json.corrupt-*")), caplog.text
+        assert "bandit restored from .state.json" in caplog.text
+    finally:
+        again.close()
 
 
 def test_state_ahead_of_a_truncated_log_is_moved_aside(proxy: Proxy, caplog) -> None:

@@ -31,14 +31,19 @@ def eval_text(e: EvalEntry) -> str:
 
 
 def reward_lines(
-    report: RewardReport, zombies: frozenset[str] = frozenset(), source: str = ""
+    report: RewardReport,
+    zombies: frozenset[str] = frozenset(),
+    source: str = "",
+    explained: frozenset[str] = frozenset(),
 ) -> list[str]:
     """The reward in force and what it means (``source``: where the report comes from, when not
-    live), then per arm its reward, recent training loss (the EMA of its own steps' losses in the
-    phase), progress and steps in the phase."""
+    live; the meaning is left out when it is among ``explained``, said already), then per arm its
+    reward, recent training loss (the EMA of its own steps' losses in the phase), progress and
+    steps in the phase."""
     width = max([len("arm"), *(len(n) + 9 for n in zombies), *map(len, report.arms)])
+    meaning = "" if report.meaning in explained else f": {report.meaning}"
     lines = [
-        f"reward: {report.kind}{f' ({source})' if source else ''}: {report.meaning}",
+        f"reward: {report.kind}{f' ({source})' if source else ''}{meaning}",
         f"{'arm':<{width}} {'reward':>8} {'train loss':>10} {'progress':>9} {'phase steps':>11}",
     ]
     for name, a in report.arms.items():

@@ -6,12 +6,12 @@ directory's own run.toml (``--run-dir``); torch-free (control/planning.py, contr
 from __future__ import annotations
 
 import argparse
-import json
+import math
+import os
 import statistics
 from pathlib import Path
 
 from andrea.daemon.batch import batch_shape, step_sequences
-from andrea.daemon.boundedio import read_bounded
 from andrea.daemon.config import (
     PRESETS,
     ConfigError,
@@ -20,10 +20,10 @@ from andrea.daemon.config import (
     for_new_run,
     load_toml,
 )
-from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE, manifest_name
+from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE, RUN_DIR_ENV
 
+from .. import datasize, sizing
 from .. import reports as r
-from .. import sizing
 from ..offline import tail_entries
 from ..planning import GB, GPUS, GiB, GpuSpec, PlanInputs, gpu_of, make_plan
 from .conventions import EXIT_OK, Command, UserError, emit
@@ -73,7 +73,10 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
-    """The config the command sizes, and where it came from. A preset is sized as a new run."""
+    """The config the command sizes, and where it came from. A preset is sized as a new run;
+    without a source, `$ANDREA_RUN_DIR` stands in for --run-dir as for the other commands."""
+    if not (args.preset or args.config or args.run_dir) and os.environ.get(RUN_DIR_ENV):
+        args.run_dir = Path(os.environ[RUN_DIR_ENV])
     try:
         if args.preset:
             return for_new_run(build_config(overrides={"preset": args.preset})), args.preset
@@ -89,8 +92,8 @@ def _batched(cfg: RunConfig, args: argparse.Namespace) -> RunConfig:
     """`cfg` with the plan's batch (per step, the whole job) and precision settings."""
     dump = cfg.model_dump()
     if args.batch_size is not None or args.grad_accum is not None:
-        dump["batch_size"] = args.batch_size or step_sequences(cfg)
-        dump["grad_accum"] = args.grad_accum or cfg.grad_accum
+        dump["batch_size"] = step_sequences(cfg) if args.batch_size is None else args.batch_size
+        dump["grad_accum"] = cfg.grad_accum if args.grad_accum is None else args.grad_accum
         dump["batch_size_per"] = "step"
     if args.precision is not None:
         dump["precision"] = args.precision
@@ -105,8 +108,6 @@ def _gpu(args: argparse.Namespace) -> GpuSpec:
     given = (args.gpu_memory_gb, args.gpu_tflops, args.gpu_allreduce_gbps)
     if all(v is None for v in given):
         return spec
-    if any(v is not None and v <= 0 for v in given):
-        raise UserError("--gpu-memory-gb, --gpu-tflops and --gpu-allreduce-gbps must be > 0")
     tflops = args.gpu_tflops
     return GpuSpec(
         "custom",
@@ -123,27 +124,27 @@ def _precision(cfg: RunConfig) -> str:
     return "bf16" if cfg.precision == "auto" else cfg.precision
 
 
-def measured_mfu(run_dir: Path, cfg: RunConfig) -> tuple[float, str] | None:
+def measured_mfu(run_dir: Path, cfg: RunConfig) -> tuple[float, str] | str:
     """The MFU a run reached: its newest segment's tokens/s in .loss.json (the median step), on
-    the GPUs its newest manifest names. None when it cannot be told (no steps, not a GPU of the
-    table)."""
-    from andrea.daemon.checkpoint.manager import checkpoint_steps
-    from andrea.daemon.checkpoint.manifest import MAX_MANIFEST_BYTES
-
-    steps = checkpoint_steps(run_dir) if run_dir.is_dir() else []
-    if not steps or not (run_dir / LOSS_FILE).exists():
-        return None
+    the GPUs its newest manifest names; or why it cannot be told (no checkpoint or steps yet, a
+    run on a CPU, whose MFU says nothing of a GPU's, a GPU not in the table)."""
+    manifest = datasize.newest_manifest(run_dir)
+    if manifest is None:
+        return f"{run_dir} has no readable checkpoint yet to say where it trained"
     try:
-        raw = read_bounded(run_dir / manifest_name(steps[0]), MAX_MANIFEST_BYTES)
-        env = dict(json.loads(raw).get("environment", {}))
+        env = dict(manifest.get("environment", {}))
         entries = tail_entries(run_dir / LOSS_FILE)
     except (OSError, ValueError, AttributeError, TypeError):
-        return None
+        return f"{run_dir} has no readable {LOSS_FILE}"
     gpu = gpu_of(env.get("gpu"))
+    if gpu is None:
+        where = env.get("gpu") or env.get("device") or "an unknown device"
+        what = "a CPU's MFU says nothing of a GPU's" if not env.get("gpu") else "not in the table"
+        return f"the run in {run_dir} trained on {where} ({what})"
     segment = [e for e in entries if entries and e.segment == entries[-1].segment]
     gaps = [b.wall_time - a.wall_time for a, b in zip(segment, segment[1:]) if b.step == a.step + 1]
-    if gpu is None or len(gaps) < 3:
-        return None
+    if len(gaps) < 3:
+        return f"the run in {run_dir} has too few consecutive steps logged to time"
     dtype = str(env.get("dtype", ""))
     precision = "bf16" if "bfloat16" in dtype else "tf32" if "tf32" in dtype else "fp32"
     tps = segment[-1].tokens / statistics.median(gaps)
@@ -161,10 +162,7 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         shape = batch_shape(cfg, args.gpus)
     except ConfigError as e:
         raise UserError(str(e)) from None
-    mfu = (args.mfu, "given") if args.mfu is not None else None
-    if mfu is None and args.run_dir is not None and not args.preset and not args.config:
-        mfu = measured_mfu(args.run_dir, cfg)
-    mfu = mfu or (DEFAULT_MFU, "assumed: a small model in eager mode; measure it with --run-dir")
+    mfu = _mfu(args, cfg)
     inputs = PlanInputs(
         source=source,
         gpu=_gpu(args),
@@ -176,21 +174,70 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         disk_gbps=args.disk_gbps,
         staging_gbps=args.staging_gbps,
         startup_seconds=args.startup_seconds,
+        data_tokens=_data_tokens(args, cfg, source),
     )
     report = make_plan(cfg, shape, inputs)
     emit(args, report, plan_text(report))
     return EXIT_OK
 
 
+def _mfu(args: argparse.Namespace, cfg: RunConfig) -> tuple[float, str]:
+    """The MFU to plan at and where it comes from: given, measured in --run-dir's run on a GPU,
+    or assumed, saying why it was not measured."""
+    if args.mfu is not None:
+        return args.mfu, "given"
+    assumed = f"assumed {DEFAULT_MFU:.0%}, a small model in eager mode"
+    if args.run_dir is None or args.preset or args.config:
+        return DEFAULT_MFU, f"{assumed}; measure it with --run-dir of a run on a GPU"
+    measured = measured_mfu(args.run_dir, cfg)
+    if isinstance(measured, str):
+        return DEFAULT_MFU, f"{assumed}, not measured: {measured}"
+    return measured
+
+
+def _data_tokens(args: argparse.Namespace, cfg: RunConfig, source: str) -> tuple[int, str] | None:
+    """The run's training tokens: counted in --run-dir's newest checkpoint, else estimated from
+    the arms' files (relative to the run directory, or to the config's directory)."""
+    if args.run_dir is not None and not args.preset and not args.config:
+        found = datasize.counted(args.run_dir) or datasize.estimated(cfg, args.run_dir)
+    elif args.config is not None:
+        found = datasize.estimated(cfg, args.config.parent)
+    else:
+        return None  # a preset names no data of the user's
+    return (found.tokens, found.how) if found else None
+
+
+#: The numeric options of plan: (lowest, whether the lowest itself is allowed, highest). Each bound
+#: is far past any machine (10 TB of GPU memory, a million TFLOPS, a week to start) but excludes
+#: 0 where it would divide, and nan, inf and 1e300, which turned into tracebacks or "nan GB/s".
+_FIGURES: dict[str, tuple[float, bool, float]] = {
+    "gpus": (1, True, 1_000_000),
+    "batch_size": (1, True, 10**9),
+    "grad_accum": (1, True, 10**9),
+    "steps": (0, True, 10**12),
+    "mfu": (0, False, 1),
+    "gpu_memory_gb": (0, False, 10_000),
+    "gpu_tflops": (0, False, 1_000_000),
+    "gpu_allreduce_gbps": (0, False, 100_000),
+    "disk_gbps": (0, False, 10_000),
+    "staging_gbps": (0, False, 10_000),
+    "startup_seconds": (0, True, 7 * 86_400),
+}
+
+
 def _check_figures(args: argparse.Namespace) -> None:
-    if args.gpus < 1:
-        raise UserError("--gpus must be >= 1")
-    if args.mfu is not None and not 0 < args.mfu <= 1:
-        raise UserError("--mfu is a fraction of the peak: 0 < MFU <= 1")
-    if args.steps is not None and args.steps < 0:
-        raise UserError("--steps must be >= 0")
-    if min(args.disk_gbps, args.staging_gbps) <= 0 or args.startup_seconds < 0:
-        raise UserError("--disk-gbps and --staging-gbps must be > 0, --startup-seconds >= 0")
+    """Refuse every figure outside its plausible range (exit 2), naming the option."""
+    for name, (low, inclusive, high) in _FIGURES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        above = value >= low if inclusive else value > low
+        if not (math.isfinite(value) and above and value <= high):
+            option = "--" + name.replace("_", "-")
+            raise UserError(
+                f"{option} {value!r} is out of range: it takes a number "
+                f"{'>=' if inclusive else '>'} {low:g} and <= {high:g}"
+            )
 
 
 def _gib(n: float) -> str:
@@ -230,7 +277,13 @@ def plan_text(p: r.PlanReport) -> str:
         f"speed at {s.mfu:.0%} MFU ({s.mfu_source}): {s.step_seconds * 1000:,.1f} ms per step "
         f"({s.compute_seconds * 1000:,.1f} compute + {s.allreduce_seconds * 1000:,.1f} "
         f"all-reduce), {s.tokens_per_second:,.0f} tokens/s; {s.steps:,} steps in "
-        f"{_hours(s.training_seconds)}",
+        f"{_hours(s.training_seconds)}"
+        + (
+            f" (the floor of {s.floor_seconds * 1000:,.1f} ms a step, the host's dispatch)"
+            if s.step_seconds == s.floor_seconds
+            else ""
+        ),
+        _data_line(p),
         f"checkpoints: {c.payload_bytes / GB:,.2f} GB each, written in {c.write_seconds:,.1f} s "
         f"at {c.disk_gbps:g} GB/s; stall {c.stall_seconds:,.2f} s per cadence (every "
         f"{c.every}); disk {c.disk_bytes / GB:,.1f} GB ({c.kept_cadence} cadence + "
@@ -245,6 +298,20 @@ def plan_text(p: r.PlanReport) -> str:
     ]
     lines += [f"WARNING: {w}" for w in p.warnings]
     return "\n".join(lines)
+
+
+def _data_line(p: r.PlanReport) -> str:
+    d = p.data
+    if d is None:
+        return (
+            "data: passes not known: --run-dir or --config names the data to count (a preset"
+            " has none of yours), and its files must be there"
+        )
+    passes = "no training tokens" if d.passes is None else f"{d.passes:,.2f} passes"
+    return (
+        f"data: {passes} over {d.training_tokens:,} training tokens "
+        f"({d.planned_tokens:,} planned; {d.how})"
+    )
 
 
 def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -86,7 +86,7 @@ def _trainer_lines(report: r.StatusReport) -> list[str]:
     return lines
 
 
-def _proxy_lines(report: r.StatusReport) -> list[str]:
+def _proxy_lines(report: r.StatusReport, explained: frozenset[str]) -> list[str]:
     p = report.proxy
     if p is None:
         not_running = report.state != "partial" or report.trainer
@@ -100,7 +100,9 @@ def _proxy_lines(report: r.StatusReport) -> list[str]:
     lines += [f"         ZOMBIE arm {z.name!r}: {z.reason} (never draws)" for z in p.zombies]
     if p.reward is not None:
         zombies = frozenset(z.name for z in p.zombies)
-        lines += ["         " + line for line in reward_lines(p.reward, zombies)]
+        lines += [
+            "         " + line for line in reward_lines(p.reward, zombies, explained=explained)
+        ]
     return lines
 
 
@@ -114,7 +116,7 @@ def _live_eval_lines(report: r.StatusReport) -> list[str]:
     return []
 
 
-def _offline_lines(report: r.StatusReport, run_dir: Path) -> list[str]:
+def _offline_lines(report: r.StatusReport, run_dir: Path, explained: frozenset[str]) -> list[str]:
     o = report.offline
     if o is None:
         return []
@@ -136,7 +138,9 @@ def _offline_lines(report: r.StatusReport, run_dir: Path) -> list[str]:
             + (f", policy {o.policy_fingerprint[:12]}" if o.policy_fingerprint else "")
         )
     if o.reward is not None and report.proxy is None:
-        lines += reward_lines(o.reward, source="as the proxy last wrote .state.json")
+        lines += reward_lines(
+            o.reward, source="as the proxy last wrote .state.json", explained=explained
+        )
     if o.last_eval is not None:
         lines.append("held-out: " + eval_text(o.last_eval))
     if o.lineage is not None and (o.lineage.init_from or len(o.lineage.world_sizes) > 1):
@@ -145,15 +149,27 @@ def _offline_lines(report: r.StatusReport, run_dir: Path) -> list[str]:
     return lines
 
 
-def status_text(report: r.StatusReport, run_dir: Path) -> str:
+def status_text(
+    report: r.StatusReport, run_dir: Path, explained: frozenset[str] = frozenset()
+) -> str:
     """The status report for a person: the trainer, the proxy, the newest held-out evaluation and,
-    for a stopped run, what its files say."""
+    for a stopped run, what its files say. `explained`: what the reward means, where a refresh
+    has said it already (`watch`)."""
     return "\n".join(
         _trainer_lines(report)
-        + _proxy_lines(report)
+        + _proxy_lines(report, explained)
         + _live_eval_lines(report)
-        + _offline_lines(report, run_dir)
+        + _offline_lines(report, run_dir, explained)
     )
+
+
+def reward_meaning(report: r.StatusReport) -> str | None:
+    """What the reward in a status report means, live or as the proxy last wrote it."""
+    if report.proxy is not None and report.proxy.reward is not None:
+        return report.proxy.reward.meaning
+    if report.offline is not None and report.offline.reward is not None:
+        return report.offline.reward.meaning
+    return None
 
 
 def cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -178,6 +194,7 @@ def cmd_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # SIGINT is the only way this loop ends, so it must be heard even where it was inherited as
     # ignored (a background job of a non-interactive shell starts so): `kill -INT` stops it too.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    said: frozenset[str] = frozenset()  # the reward's meaning: said once, and again on a change
     try:
         while True:
             report = status_report(args.run_dir)
@@ -185,8 +202,10 @@ def cmd_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 print(report.model_dump_json(), flush=True)
             else:
                 stamp = report.time.astimezone().strftime("%Y-%m-%d %H:%M:%S")
-                text = status_text(report, args.run_dir).replace("\n", "\n" + " " * 22)
+                text = status_text(report, args.run_dir, said).replace("\n", "\n" + " " * 22)
                 print(f"[{stamp}] {text}", flush=True)
+                meaning = reward_meaning(report)
+                said = frozenset({meaning}) if meaning else said
             time.sleep(args.interval)
     except KeyboardInterrupt:
         return EXIT_OK

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import time
 
+from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE, is_run_dir
 from andrea.protocol import messages as m
 from andrea.protocol.transport import new_id
 
 from .. import reports as r
 from ..offline import daemon_running, process_running, run_processes
-from .conventions import EXIT_FAILED, EXIT_OK, Command, CommandFailed, emit
+from .conventions import EXIT_FAILED, EXIT_OK, Command, CommandFailed, UserError, emit
 from .daemons import ask
 
 
@@ -93,6 +94,11 @@ def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Ask the trainer to finish its step, checkpoint and exit; a stopped run is left as it is."""
     deadline = time.monotonic() + args.timeout
     if not daemon_running(args.run_dir, "trainer"):
+        if not is_run_dir(args.run_dir):
+            raise UserError(
+                f"{args.run_dir} is not a run directory (no {CONFIG_FILE}, {LOSS_FILE} or "
+                "checkpoint): there is no run to stop there"
+            )
         report = r.RequestReport(
             time=r.utc_now(),
             command="stop",

@@ -29,7 +29,9 @@ SHAPE_FIELDS = tuple(k for k in ModelConfig.model_fields if k != "dropout")
 
 
 class SourceError(ValueError):
-    """The --init-from path is not an intact checkpoint this run can start from; says why."""
+    """The --init-from path is not an intact checkpoint this run can start from; says why. A
+    mistake of the command line, wherever it is found (exit 2): a missing file, a damaged manifest
+    or a damaged payload alike."""
 
 
 @dataclass(frozen=True)

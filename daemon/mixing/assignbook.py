@@ -96,10 +96,20 @@ class AssignmentBook:
                     self.assign(j)
         if self.bandit.last_step > need:
             self._rewind(need)
+        if not self.incorporate(need):
+            return None
+        pending = [self.arm_of[j] for j in between] if self.bandit.counts_pending else None
+        arm = self.bandit.assign(step, pending)
+        self.arm_of[step] = arm
+        return arm
+
+    def incorporate(self, need: int) -> bool:
+        """Fold the recorded losses into the bandit, in step order, up to step `need`; False when
+        one of them has not arrived yet (the bandit then stands just before it)."""
         while self.bandit.last_step < need:
             j = self.bandit.last_step + 1
             if j not in self.loss_of:
-                return None
+                return False
             loss = self.loss_of[j]
             # A diverged step (NaN/inf) counts as the hardest possible instead of the bandit
             # refusing to go on: the loss reward saturates; under the learnability reward the
@@ -107,10 +117,7 @@ class AssignmentBook:
             self.bandit.observe(j, self.arm_of[j], loss if math.isfinite(loss) else MAX_EXP_LOSS)
             if j % SNAPSHOT_EVERY == 0:
                 self.snapshots.append(self.bandit.state_dict())
-        pending = [self.arm_of[j] for j in between] if self.bandit.counts_pending else None
-        arm = self.bandit.assign(step, pending)
-        self.arm_of[step] = arm
-        return arm
+        return True
 
     def next_phase(self, bandit: Bandit) -> AssignmentBook:
         """The book of the phase that starts after `bandit.phase_start_step`: every assignment past

@@ -80,6 +80,11 @@ class ConfiguredArm(NamedTuple):
 # --------------------------------------------------------------------------------------------------
 
 
+#: The loss reward's EMA of exp(loss), for losses clamped at MAX_EXP_LOSS (with room for the
+#: EMA's rounding).
+_MAX_REWARD = math.exp(reward.MAX_EXP_LOSS) * (1 + 1e-9)
+
+
 class _StateModel(BaseModel):
     # strict: a state is written by this module; any coercion ("3" for 3) means it was edited or broken.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
@@ -95,15 +100,31 @@ class ArmState(_StateModel):
     live: bool
     zombie_reason: str | None = None
     pulls: int = Field(ge=0, description="steps of the current phase trained on this arm")
-    ema_reward: float = Field(ge=0.0, description="the loss reward's R_i, the EMA of exp(loss)")
+    ema_reward: float = Field(
+        ge=0.0, le=_MAX_REWARD, description="the loss reward's R_i, the EMA of exp(loss)"
+    )
     weight: float = Field(ge=0.0, description="mixture weight w_i before the cap/floor projection")
     probability: float = Field(ge=0.0, le=1.0)
     # Version 2: the learnability reward's statistics (reward.py); absent from version 1 states.
     loss_ema: float | None = Field(
-        None, description="m_i, EMA of the arm's training loss; null before its first step"
+        None,
+        ge=-reward.MAX_EXP_LOSS,
+        le=reward.MAX_EXP_LOSS,
+        description="m_i, EMA of the arm's training loss; null before its first step",
     )
-    loss_best: float | None = Field(None, description="b_i, the lowest m_i of the phase")
-    progress_sum: float = Field(0.0, ge=0.0, description="D_i, the age-weighted sum of new lows")
+    loss_best: float | None = Field(
+        None,
+        ge=-reward.MAX_EXP_LOSS,
+        le=reward.MAX_EXP_LOSS,
+        description="b_i, the lowest m_i of the phase",
+    )
+    # The drops it sums add up to at most the span of the (clamped) loss EMA.
+    progress_sum: float = Field(
+        0.0,
+        ge=0.0,
+        le=2 * reward.MAX_EXP_LOSS,
+        description="D_i, the age-weighted sum of new lows",
+    )
     progress_pulls: float = Field(0.0, ge=0.0, description="P_i, the age-weighted count of steps")
     last_pull: int = Field(0, ge=0, description="the step of the arm's last loss (0: none yet)")
     # Absent from the states written before gated-learnability-2, whose rewards do not use it.
@@ -119,6 +140,12 @@ class ArmState(_StateModel):
             )
         if (self.loss_ema is None) != (self.loss_best is None):
             raise ValueError(f"arm {self.name!r}: loss_ema and loss_best come together")
+        # Both count this arm's steps of the phase, at most one per pull.
+        if self.fruitless > self.pulls or self.progress_pulls > self.pulls:
+            raise ValueError(
+                f"arm {self.name!r}: fruitless {self.fruitless} and progress_pulls"
+                f" {self.progress_pulls} cannot exceed its pulls ({self.pulls})"
+            )
         if self.loss_ema is not None and self.loss_best is not None:
             if self.loss_best > self.loss_ema:
                 raise ValueError(

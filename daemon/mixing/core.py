@@ -80,9 +80,7 @@ class ProxyCore:
         self.last_eval = last_eval(self.run_dir / EVAL_FILE)
         entries = read_entries(self.run_dir / LOSS_FILE)
         check_log_against_checkpoints(self.run_dir, {e.step for e in entries})
-        bandit, max_segment, trainer = self._restore_bandit(
-            max((e.step for e in entries), default=0)
-        )
+        bandit, max_segment, trainer = self._restore_bandit(entries)
         self.lives = Lives(self.run_dir, trainer)
         self.book = AssignmentBook(bandit, self.configured, starts=phase_starts(self.run_dir))
         progress = replay(self.book, entries, max_segment)
@@ -100,11 +98,11 @@ class ProxyCore:
         self.prometheus = exposition_for(self.opts.cfg.metrics, "proxy", self.run_dir)
         return len(entries)
 
-    def _restore_bandit(self, logged_up_to: int) -> tuple[Bandit, int, TrainerLife | None]:
+    def _restore_bandit(self, entries: list[LossEntry]) -> tuple[Bandit, int, TrainerLife | None]:
         """The bandit, the highest segment number and the live trainer life, from `.state.json`
-        or a replay of the log."""
+        (checked against a replay of `entries`, the log) or a replay of the log."""
         restored = restore_bandit(
-            self.run_dir, self.configured, self.opts.cfg.seed, self.opts.policy, logged_up_to
+            self.run_dir, self.configured, self.opts.cfg.seed, self.opts.policy, entries
         )
         self.policy_changed = restored.policy_changed
         return restored.bandit, restored.max_segment, restored.trainer

@@ -18,9 +18,9 @@ from ..checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpo
 from ..config import RunConfig
 from ..data import DataError, arm_identity
 from ..rundir import LOSS_FILE, POLICY_FILE, STATE_FILE
-from .archive import last_pivot
+from .archive import last_pivot, phase_starts
 from .assignbook import AssignmentBook
-from .bandit import Bandit, BanditError, ConfiguredArm
+from .bandit import Bandit, BanditError, BanditState, ConfiguredArm
 from .lives import TrainerLife
 from .policy import Policy, PolicyError
 from .proxyfiles import check_state, move_aside, parse_state_file
@@ -95,21 +95,25 @@ def restore_bandit(
     configured: list[ConfiguredArm],
     seed: int,
     policy: Policy,
-    logged_up_to: int,
+    entries: list[LossEntry],
 ) -> Restored:
-    """The bandit from .state.json, or a fresh one that replays .loss.json.
+    """The bandit from .state.json, or a fresh one that replays .loss.json (`entries`).
 
     The fresh bandit is not a reset: assignments are a pure function of the logged losses, so
     replaying them from the phase start rebuilds exactly the bandit the state file held. That
-    is also the documented recovery from a damaged state file (moved aside, never deleted).
+    is also the documented recovery from a damaged state file (moved aside, never deleted), and
+    how the state file is checked: a snapshot the replay does not arrive at was edited.
     """
     path = run_dir / STATE_FILE
     if path.exists():
         try:
             state = parse_state_file(path)
-            check_state(state, seed, logged_up_to)
+            check_state(state, seed, max((e.step for e in entries), default=0))
+            starts = phase_starts(run_dir)
+            check_phase(state.bandit, starts)
+            check_against_log(state.bandit, entries, starts)
             bandit = Bandit.from_state(state.bandit, configured)
-        except (ValueError, BanditError) as e:
+        except (ValueError, BanditError, PolicyError) as e:
             bad = move_aside(path)
             log.warning("%s; moved to %s and rebuilding the bandit from .loss.json", e, bad.name)
         else:
@@ -130,6 +134,67 @@ def restore_bandit(
         ", ".join(bandit.live_arms),
     )
     return Restored(bandit, 0, False)
+
+
+def check_phase(state: BanditState, starts: dict[int, int]) -> None:
+    """The state's phase must be one the run has: phase 0 from step 0, or a phase a pivot record
+    under archive/ starts at the state's `phase_start_step`."""
+    known = {0: 0, **starts}
+    if known.get(state.phase) != state.phase_start_step:
+        have = ", ".join(f"phase {p} after step {s}" for p, s in sorted(known.items()))
+        raise ValueError(
+            f"{STATE_FILE}: bandit phase {state.phase} starting after step"
+            f" {state.phase_start_step} is not a phase of this run ({have})"
+        )
+
+
+#: The fields of an arm's history in a snapshot, which only its observed losses decide (its
+#: weight, probability and zombie status are recomputed from them and the arms configured now).
+_HISTORY = (
+    "identity",
+    "pulls",
+    "ema_reward",
+    "loss_ema",
+    "loss_best",
+    "progress_sum",
+    "progress_pulls",
+    "last_pull",
+    "fruitless",
+)
+
+
+def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict[int, int]) -> None:
+    """Replay the logged losses of the state's phase up to its `last_step` with a fresh bandit and
+    compare: every number the snapshot holds follows from the log, so any difference means the
+    state file was edited or damaged. Raises ValueError naming the first difference."""
+    arms = [ConfiguredArm(a.name, a.identity, a.live) for a in state.arms]
+    fresh = Bandit(
+        arms, state.policy, seed=state.seed, phase=state.phase, start_step=state.phase_start_step
+    )
+    book = AssignmentBook(fresh, arms, starts=starts)
+    for e in entries:
+        book.record(e.step, e.arm, e.loss, e.phase)
+    if not book.incorporate(state.last_step):
+        raise ValueError(
+            f"{STATE_FILE}: its bandit has seen step {state.last_step}, but {LOSS_FILE} lacks"
+            f" the loss of step {book.bandit.last_step + 1}"
+        )
+    replayed = book.bandit.state_dict()
+    if replayed.last_observation != state.last_observation:
+        raise ValueError(
+            f"{STATE_FILE}: last_observation {state.last_observation} is not the log's"
+            f" ({replayed.last_observation})"
+        )
+    logged_arms = {a.name: a for a in replayed.arms}
+    for mine in state.arms:
+        logged = logged_arms[mine.name]
+        for field in _HISTORY:
+            if getattr(mine, field) != getattr(logged, field):
+                raise ValueError(
+                    f"{STATE_FILE}: arm {mine.name!r} has {field} = {getattr(mine, field)!r},"
+                    f" but replaying {LOSS_FILE} to step {state.last_step} gives"
+                    f" {getattr(logged, field)!r}"
+                )
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ class Restorer:
         """Rank 0 reads and verifies the source and loads its weights (and with
         --init-from-optimizer Adam's state); the other ranks learn the outcome and the step count
         by broadcast (weights and moments follow when DDP wraps the model). The source on rank 0;
-        ResumeRefused on every rank when it cannot be used."""
+        SourceError (exit 2) on every rank when it cannot be used."""
         source: Source | None = None
         answer: dict = {}
         if self.main:
@@ -122,7 +122,7 @@ class Restorer:
             message = json.dumps(answer).encode() if self.main else None
             answer = json.loads(dist.broadcast_bytes(self.world, message))
         if "refused" in answer:
-            raise ResumeRefused(answer["refused"])
+            raise SourceError(answer["refused"])
         if self.opts.init_optimizer:
             if not self.main:
                 n = sum(p.numel() for p in self.parts.params)

@@ -1,0 +1,92 @@
+"""How many training tokens a run's data holds, for `andreactl plan`'s passes over it: counted
+where the run has them (its newest checkpoint's manifest records each arm's training tokens), else
+estimated from the arms' files. Torch-free, and nothing is tokenized.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from andrea.daemon import corpus
+from andrea.daemon.boundedio import read_bounded
+from andrea.daemon.config import ArmSpec, RunConfig
+from andrea.daemon.rundir import manifest_name
+from andrea.daemon.sources import DataError, arm_files
+from andrea.daemon.tokenizer import BYTES
+
+#: Bytes a token of a trained (BPE) tokenizer stands for in English prose and code: the usual
+#: 3.5-4.5 of GPT-2-like vocabularies; the estimate says it assumes this.
+BPE_BYTES_PER_TOKEN = 4.0
+
+
+@dataclass(frozen=True)
+class DataTokens:
+    tokens: int
+    how: str
+
+
+def newest_manifest(run_dir: Path) -> dict | None:
+    """The newest checkpoint's manifest as JSON, or None (no checkpoint, or unreadable). Imports
+    torch (the checkpoint modules do): only `plan --run-dir` reads a manifest."""
+    from andrea.daemon.checkpoint.manager import checkpoint_steps
+    from andrea.daemon.checkpoint.manifest import MAX_MANIFEST_BYTES
+
+    steps = checkpoint_steps(run_dir) if run_dir.is_dir() else []
+    if not steps:
+        return None
+    try:
+        data = json.loads(read_bounded(run_dir / manifest_name(steps[0]), MAX_MANIFEST_BYTES))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def counted(run_dir: Path) -> DataTokens | None:
+    """The training tokens of the arms of the run's newest checkpoint, as its manifest records."""
+    manifest = newest_manifest(run_dir)
+    cursors = manifest.get("data") if manifest else None
+    if not isinstance(cursors, list) or not cursors:
+        return None
+    try:
+        tokens = sum(int(c["n_tokens"]) for c in cursors)
+    except (KeyError, TypeError, ValueError):
+        return None
+    step = manifest.get("step", "?")
+    return DataTokens(
+        tokens,
+        f"counted: the {len(cursors)} arms' training tokens per checkpoint {step}'s manifest",
+    )
+
+
+def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
+    """The training tokens the arms' files would make: a tokens file's ids exactly, text and JSON
+    Lines at one token a byte (the bytes tokenizer) or BPE_BYTES_PER_TOKEN, the embedded corpus
+    at its size; less the held-out fraction. None when an arm's files cannot be found."""
+    per_token = 1.0 if cfg.data.tokenizer == BYTES else BPE_BYTES_PER_TOKEN
+    tokens = 0.0
+    try:
+        if any(s.kind == "stdlib" for s in cfg.data.arms):
+            tokens += sum(p.stat().st_size for p in corpus.stdlib_files()) / per_token
+        for spec in cfg.data.arms:
+            tokens += _arm_tokens(spec, base, per_token)
+    except (DataError, OSError):
+        return None
+    kept = 1.0 - (cfg.data.heldout_fraction or 0.0)
+    ratio = "a token a byte" if per_token == 1.0 else f"{per_token:g} bytes a token (assumed)"
+    return DataTokens(
+        int(tokens * kept),
+        f"estimated from the arms' file sizes at {ratio}; run the trainer once to count them",
+    )
+
+
+def _arm_tokens(spec: ArmSpec, base: Path, per_token: float) -> float:
+    if spec.kind == "tokens":
+        return (base / spec.path).stat().st_size / np.dtype(spec.dtype).itemsize
+    if spec.kind in ("text", "jsonl"):
+        files, _ = arm_files(spec, base)
+        return sum(f.stat().st_size for f in files) / per_token
+    return 0.0  # stdlib: counted once above, for all its parts
