@@ -120,10 +120,11 @@ def forced_backends(value: str) -> list:
 
     names = [name.strip().upper() for name in value.split(",") if name.strip()]
     known = [n for n in dir(SDPBackend) if not n.startswith("_") and n.isupper()]
-    if not names or (unknown := [n for n in names if n not in known]):
+    unknown = [n for n in names if n not in known] if names else [repr(value)]
+    if unknown:
         raise ValueError(
-            f"{BENCH_BACKENDS_ENV}={value!r}: not SDPA backend names: {', '.join(unknown or [value])}"
-            f" (known: {', '.join(known)})"
+            f"{BENCH_BACKENDS_ENV}={value!r}: not SDPA backend names: {', '.join(unknown)} "
+            f"(known: {', '.join(known)})"
         )
     return [getattr(SDPBackend, n) for n in names]
 
