@@ -76,7 +76,7 @@ mkdir -p "$report"
 rc=0
 env -u INVOCATION_ID -u JOURNAL_STREAM -u PYTHONPATH "$tmp/image/bin/python3" scripts/gpu_check.py \
   --dry-run --wheelhouse "$wh311" --report-dir "$report" --cache "$cache/corpus" --keep "$tmp/work" \
-  --budget "${GPU_REHEARSAL_BUDGET:-900}" --speed-budget 400 --exact-budget 380 \
+  --budget "${GPU_REHEARSAL_BUDGET:-1200}" --speed-budget 500 --exact-budget 600 \
   >"$tmp/check.log" 2>&1 || rc=$?
 step "the check exited $rc; its report: $report/report.md"
 if [ "$rc" -ne 0 ]; then
