@@ -20,6 +20,9 @@ What "on" means, and why each part (sources: docs/performance.md, "The determini
 - ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, which cuBLAS needs for reproducible matmuls (set before
   the first cuBLAS call; a value the operator set is kept);
 - cuDNN deterministic, its autotuner off;
+- Inductor's own deterministic switch (``torch._inductor.config.deterministic``, and
+  ``TORCHINDUCTOR_DETERMINISTIC=1`` for the compile workers it starts): no kernel chosen by timing
+  on the device, so a compiled step repeats from one process to the next;
 - in a job on CUDA, NCCL's all-reduce pinned to the ring algorithm and the simple protocol
   (``collective_environment``), set before the process group exists: NCCL otherwise chooses
   among ring, tree and NVLink SHARP by message size and topology, and NVLS is not repeatable from
@@ -29,8 +32,10 @@ What "on" means, and why each part (sources: docs/performance.md, "The determini
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import sys
 from typing import Literal
 
 import torch
@@ -40,6 +45,9 @@ log = logging.getLogger(__name__)
 Deterministic = Literal["auto", "on", "off"]
 
 CUBLAS_WORKSPACE = ":4096:8"
+
+#: Inductor reads it when its config is first imported, and its compile workers inherit it.
+INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"
 
 #: What NCCL must use for its sums to follow one order: the ring (whose order is fixed by the
 #: ranks' places in it) in the simple protocol (whose chunking is fixed by the message size).
@@ -64,6 +72,19 @@ def apply(on: bool) -> None:
     torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cudnn.deterministic = on
     torch.backends.cudnn.benchmark = False
+    _inductor(on)
+
+
+def _inductor(on: bool) -> None:
+    """Inductor's switch follows the mode; off, it goes back to what the operator's environment
+    says. Its config is imported only if it is not already (use_deterministic_algorithms(True)
+    imports it): off, with no compile yet, there is nothing to switch."""
+    if on:
+        os.environ.setdefault(INDUCTOR_ENV, "1")
+    if on or "torch._inductor.config" in sys.modules:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.deterministic = on or os.environ.get(INDUCTOR_ENV) == "1"
 
 
 def collective_environment(on: bool, device: torch.device) -> dict[str, str]:
@@ -91,18 +112,36 @@ def pin_collectives(on: bool, device: torch.device) -> None:
 BENCH_BACKENDS_ENV = "ANDREA_BENCH_SDPA_BACKENDS"
 
 
+@functools.cache
+def forced_backends(value: str) -> list:
+    """The SDPA backends named in `value` (BENCH_BACKENDS_ENV's comma-separated names). SDPBackend
+    is a pybind enum: its members are attributes, it cannot be subscripted."""
+    from torch.nn.attention import SDPBackend
+
+    names = [name.strip().upper() for name in value.split(",") if name.strip()]
+    known = [n for n in dir(SDPBackend) if not n.startswith("_") and n.isupper()]
+    unknown = [n for n in names if n not in known] if names else [repr(value)]
+    if unknown:
+        raise ValueError(
+            f"{BENCH_BACKENDS_ENV}={value!r}: not SDPA backend names: {', '.join(unknown)} "
+            f"(known: {', '.join(known)})"
+        )
+    return [getattr(SDPBackend, n) for n in names]
+
+
 def attention(on: bool, device: torch.device) -> contextlib.AbstractContextManager[None]:
     """The context the forward and backward passes run in: on CUDA with the mode on, the
     attention backends whose backward is deterministic under it (flash, memory-efficient, math);
-    cuDNN's is not, and is left out explicitly as torch itself does."""
-    if device.type != "cuda":
+    cuDNN's is not, and is left out explicitly as torch itself does. Backends forced by
+    BENCH_BACKENDS_ENV apply on every device, so that a CPU dry run goes through this path."""
+    if forced := os.environ.get(BENCH_BACKENDS_ENV):
+        from torch.nn.attention import sdpa_kernel
+
+        return sdpa_kernel(forced_backends(forced))
+    if device.type != "cuda" or not on:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if forced := os.environ.get(BENCH_BACKENDS_ENV):
-        return sdpa_kernel([SDPBackend[name.strip()] for name in forced.split(",")])
-    if not on:
-        return contextlib.nullcontext()
     return sdpa_kernel(
         [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     )

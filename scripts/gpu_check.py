@@ -1,28 +1,36 @@
 #!/usr/bin/env python3
-"""Every CUDA path of andrea, on one GPU, in two calls of at most five minutes; a markdown report.
+"""Every CUDA path of andrea, on one GPU, in one call: install, speed, exactness; a markdown report.
 
-    python scripts/gpu_check.py --call speed [--out A.md] [--keep DIR] [--budget 290]
-    python scripts/gpu_check.py --call exact [--out B.md] [--keep DIR] [--budget 290]
-    python scripts/gpu_check.py --call speed --dry-run     # on CPU: every step that needs no CUDA
+    python3 scripts/gpu_check.py --report-dir DIR [--wheelhouse WH] [--keep DIR]
+                                 [--budget 470] [--install-budget 90] [--speed-budget 240]
+                                 [--exact-budget 130] [--sections install,speed,exact]
+    python3 scripts/gpu_check.py --report-dir DIR --wheelhouse WH --dry-run    # on the CPU
 
-Call A (speed) — andrea-120m in bf16: tokens/s and MFU, compiled and eager, the deterministic mode
-on and off, flash attention against the math backend; compile time and recompiles; peak memory
-against `andreactl plan`'s estimate, and plan's activation estimate of one step against the
-CUDA allocator's measured peak; the 1.46 GB checkpoint at a
-cadence of 100 (how long training is held, the staging copy, the step after it, the write).
-Call B (exact) — the CUDA unit tests; andrea-12m stopped by SIGTERM and resumed, eager and
-compiled, against the run never stopped (the final .bin equal byte for byte), with the negative
-control (a resume that skips the RNGs must differ); the deterministic mode on twice (the same
-bytes) and off twice (reported).
+Install — the wheels of scripts/gpu_wheels.sh and this checkout, with
+`pip install --no-index --no-deps --target DIR/site` beside this interpreter's own torch (on the GPU
+machine python3 is itself a venv's interpreter: a venv made from it would see the base
+interpreter's packages, not its torch), then DIR/site on PYTHONPATH for every child.
+Speed — andrea-120m in bf16: tokens/s and MFU, compiled and eager (`--compile off`), the
+deterministic mode on and off, flash attention against the math backend; compile time and
+recompiles; peak memory against `andreactl plan`'s estimate, and plan's activation estimate of one
+step against the CUDA allocator's measured peak (a miss is a warning: never measured before); the
+1.46 GB checkpoint at a cadence of 100 (how long training is held, the staging copy, the step
+after it, the write).
+Exact — the CUDA unit tests; andrea-12m stopped by SIGTERM and resumed, eager and compiled, against
+the run never stopped (the final .bin equal byte for byte), with the negative control (a resume
+that skips the RNGs must differ); the deterministic mode on twice (the same bytes) and off twice
+(reported).
 
-Every figure comes from the trainer's own log lines. Each process runs under a real timeout (it is
-killed when its time is up, whether or not it is logging), and the call as a whole keeps to
-`--budget` seconds: a step that would overrun is cut and the report says so. The report starts
-with the GPU, driver, CUDA, cuDNN, NCCL, torch and Python versions.
+Each section has its own budget, and the call as a whole keeps to `--budget` seconds: every
+process runs under a real timeout (killed when its time is up, whether or not it is logging), and a
+step that would overrun is cut and the report says so. DIR/report.md is rewritten at every line,
+so a call cut short still leaves what ran; a failed child's last 40 log lines go into it. The
+compile caches (Inductor, Triton) live in the call's work directory, shared by its children.
+Children run without systemd's variables (INVOCATION_ID, JOURNAL_STREAM, NOTIFY_SOCKET), which
+would send their logs to the journal instead of to this check.
 
-It needs only the project importable by this interpreter: on a bare GPU machine, the venv of
-scripts/gpu_wheels.sh. With --dry-run the same steps run on the CPU with andrea-tiny (the CUDA
-tests skip, the CUDA-only figures say so): a check of the check, within the same budget.
+With --dry-run the same steps run on the CPU with andrea-tiny, eagerly (the CUDA tests skip, the
+CUDA-only figures say so): a check of the check; scripts/gpu_rehearsal.sh runs it in CI.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import argparse
 import os
 import platform
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -42,11 +51,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 #: Dense bf16 peak of the GPUs this is likely to meet, TFLOP/s (vendor data sheets).
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 PCIe": 756.0}
 PEAK_BF16_TFLOPS |= {"A100": 312.0, "L40S": 362.0, "L4": 121.0, "B200": 2250.0}
+
+#: Under these a daemon logs to the journal (daemon/process.py) and signals systemd: a child of
+#: the check must log to its pipe.
+SYSTEMD_VARS = ("INVOCATION_ID", "JOURNAL_STREAM", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+#: How much of a failed child's log the report keeps.
+TAIL_LINES = 40
+
+#: Steps of each kind of run: (on the GPU, in a dry run). A dry run keeps every step of the check,
+#: short enough for CI's two cores.
+STEPS = {"compiled": (150, 30), "eager": (40, 12), "resume": (60, 40), "repeat": (40, 12)}
+#: The cadence of the compiled run's checkpoint.
+CADENCE = (100, 20)
+
+
+def steps(check: Check, kind: str) -> int:
+    return STEPS[kind][check.dry_run]
+
+
+SECTIONS = ("install", "speed", "exact")
 
 
 @dataclass
@@ -60,38 +88,68 @@ class Result:
     def ok(self) -> bool:
         return self.code == 0 and not self.timed_out
 
+    def tail(self, n: int = TAIL_LINES) -> list[str]:
+        return self.log.rstrip("\n").splitlines()[-n:]
+
 
 @dataclass
 class Check:
-    """One call: its work directory, the time left, the report and the verdict."""
+    """One call: its work directory, the time left, the report (rewritten at every line into
+    `report_dir`) and the verdict."""
 
     dry_run: bool
     work: Path
     cache: Path
     deadline: float
+    report_dir: Path | None = None
     lines: list[str] = field(default_factory=list)
     ok: bool = True
+    warnings: int = 0
+    section_deadline: float = float("inf")
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def device(self) -> str:
         return "cpu" if self.dry_run else "cuda"
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        return min(self.deadline, self.section_deadline) - time.monotonic()
+
+    def section(self, title: str, budget: float) -> None:
+        """A new section of the report, with `budget` seconds of its own (within the call's)."""
+        self.section_deadline = time.monotonic() + budget
+        self.add(f"## {title}", "", f"_budget: {budget:.0f} s_", "")
 
     def add(self, *lines: str) -> None:
         self.lines.extend(lines)
+        for line in lines:
+            print(line, flush=True)
+        if self.report_dir is not None:
+            tmp = self.report_dir / "report.md.tmp"
+            tmp.write_text("\n".join(self.lines) + "\n")
+            tmp.replace(self.report_dir / "report.md")
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str, result: Result | None = None) -> None:
+        """A failure, with the last lines of the child's log when there is one."""
         self.ok = False
         self.add(f"- **FAIL**: {why}")
+        if result is not None:
+            self.add(f"  last {TAIL_LINES} lines of its log:", "", "```", *result.tail(), "```", "")
+
+    def warn(self, why: str) -> None:
+        self.warnings += 1
+        self.add(f"- **WARNING**: {why}")
+
+    def child_env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in SYSTEMD_VARS}
+        return {**env, **self.env, **extra}
 
     def run(self, cmd: list[str], limit: float, stop_at: str | None = None, **env: str) -> Result:
         """`cmd` under a real timeout (the smaller of `limit` and what the call has left); SIGTERM
         at the first line of its output matching `stop_at`."""
         limit = min(limit, self.left() - 5)
         if limit <= 1:
-            return Result(None, "not started: the call's budget is spent", 0.0, timed_out=True)
+            return Result(None, "not started: the budget is spent", 0.0, timed_out=True)
         t0 = time.monotonic()
         proc = subprocess.Popen(
             cmd,
@@ -99,7 +157,7 @@ class Check:
             stderr=subprocess.STDOUT,
             text=True,
             cwd=REPO,
-            env={**os.environ, **env},
+            env=self.child_env(**env),
             start_new_session=True,
         )
         lines: list[str] = []
@@ -124,10 +182,19 @@ class Check:
         reader.join(timeout=5)
         return Result(code, "".join(lines), time.monotonic() - t0, timed_out)
 
+    def expect(self, name: str, r: Result) -> bool:
+        """Fail with the child's log tail unless `r` exited 0 in time."""
+        if not r.ok:
+            self.fail(f"{name}: exit {r.code}{' (timed out)' if r.timed_out else ''}", r)
+        return r.ok
+
 
 def trainer(check: Check, run_dir: Path, *extra: str) -> list[str]:
+    """The trainer as a module of this interpreter: the install has no console scripts to rely on."""
     return [
-        str(BIN / "andrea-trainer"),
+        sys.executable,
+        "-m",
+        "andrea.daemon.trainer_cli",
         "--run-dir",
         str(run_dir),
         "--device",
@@ -157,39 +224,106 @@ def same_bytes(a: Path, b: Path) -> bool:
     return a.exists() and b.exists() and a.read_bytes() == b.read_bytes()
 
 
+# ---- install -----------------------------------------------------------------------------------
+
+
+def pip_target(check: Check, site: Path, *what: str, limit: float) -> Result:
+    """`pip install --no-index --no-deps --target site`: nothing fetched, nothing of this
+    interpreter's (its torch above all) replaced."""
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    cmd += ["--root-user-action=ignore"]
+    cmd += ["--no-index", "--no-deps", "--no-build-isolation", "--target", str(site), *what]
+    return check.run(cmd, limit)
+
+
+def use_site(check: Check, site: Path) -> None:
+    """`site` first on this process's path and on every child's PYTHONPATH."""
+    sys.path.insert(0, str(site))
+    check.env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
+    )
+
+
+#: What the install must make importable, and whence: torch from the interpreter, the rest from
+#: the site directory.
+IMPORT_CHECK = """
+import sys, torch, pydantic, zmq, tomli_w, tensorboardX, crc32c, andrea.daemon.trainer
+site = sys.argv[1]
+if site:
+    assert not torch.__file__.startswith(site), f"torch came from {site}: {torch.__file__}"
+    for m in (pydantic, zmq, andrea.daemon.trainer):
+        assert m.__file__.startswith(site), f"{m.__name__} is not the installed one: {m.__file__}"
+print(f"torch {torch.__version__} from {torch.__file__}; andrea from {andrea.daemon.__file__}")
+"""
+
+
+def install(check: Check, wheelhouse: Path | None, site: Path) -> None:
+    """The wheelhouse and this checkout into `site`, an import check in a fresh child, then
+    systemd-python's source, built only where a compiler is and time is left (optional)."""
+    installed = ""
+    if wheelhouse is None:
+        check.add("No --wheelhouse: the project must be importable by this interpreter already.")
+    else:
+        wheels = sorted(str(w) for w in wheelhouse.glob("*.whl"))
+        check.add(f"`pip install --no-index --no-deps --target {site}`: {len(wheels)} wheels + .")
+        if not check.expect("install", pip_target(check, site, *wheels, str(REPO), limit=120)):
+            return
+        use_site(check, site)
+        installed = str(site)
+    r = check.run([sys.executable, "-c", IMPORT_CHECK, installed], 60)
+    if check.expect("import check", r):
+        check.add(f"- {r.tail(1)[0] if r.tail(1) else ''}")
+    sources = sorted(wheelhouse.glob("systemd*.tar.gz")) if wheelhouse else []
+    if sources and shutil.which("cc") and check.left() > 45:
+        built = pip_target(check, site, *map(str, sources), limit=check.left() - 20).ok
+    else:
+        built = False
+    check.add(f"- systemd-python: {'built' if built else 'not built: notifications off'}", "")
+
+
 # ---- the report's header -----------------------------------------------------------------------
 
 
-def header(call: str, dry_run: bool) -> list[str]:
+def code_version() -> str:
+    """The checkout's commit, or why it is unknown: a bare machine may have no git."""
+    git = shutil.which("git")
+    if git is None:
+        return "unknown (no git on this machine)"
+    try:
+        r = subprocess.run(
+            [git, "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unknown ({e})"
+    return r.stdout.strip() or "unknown (not a git checkout)"
+
+
+def gpu_rows(env: dict[str, str | None]) -> list[tuple[str, str | None]]:
+    """The report's rows of cudaenv.describe's fields."""
+    return [
+        ("GPU", f"{env['gpu']} (compute capability {env['compute_capability']})"),
+        ("driver", env["cuda_driver"]),
+        ("CUDA", env["cuda_runtime"]),
+        ("cuDNN", env["cudnn"]),
+        ("NCCL", env["nccl"]),
+    ]
+
+
+def header(dry_run: bool) -> list[str]:
     import torch
 
     from andrea.daemon import cudaenv
 
     rows = [("torch", torch.__version__), ("Python", platform.python_version())]
     if torch.cuda.is_available():
-        env = cudaenv.describe(torch.device("cuda", 0))
-        rows = [
-            ("GPU", f"{env['gpu']} (compute capability {env['compute_capability']})"),
-            ("driver", env["cuda_driver"]),
-            ("CUDA", env["cuda_runtime"]),
-            ("cuDNN", env["cudnn"]),
-            ("NCCL", env["nccl"]),
-            *rows,
-        ]
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    title = f"# GPU check, call {call}" + (" (dry run on the CPU: andrea-tiny)" if dry_run else "")
-    return [
-        title,
-        "",
-        *(f"- {k}: {v}" for k, v in rows),
-        f"- code: {commit or 'unknown'}",
-        "",
-    ]
+        rows = [*gpu_rows(cudaenv.describe(torch.device("cuda", 0))), *rows]
+    return [*(f"- {k}: {v}" for k, v in rows), f"- code: {code_version()}", ""]
 
 
-# ---- call A: speed and memory ------------------------------------------------------------------
+# ---- speed and memory ------------------------------------------------------------------------
 
 
 def flops_per_token(preset: str) -> float:
@@ -225,8 +359,7 @@ def throughput(check: Check, name: str, preset: str, steps: int, *extra: str, **
         limit=170,
         **env,
     )
-    if not r.ok:
-        check.fail(f"{name}: exit {r.code}{' (timed out)' if r.timed_out else ''}")
+    check.expect(name, r)
     ms = floats(r"\| ([\d.]+) ms/step \|", r.log)
     peak = re.search(r"peak CUDA memory: ([\d.]+) GiB allocated, ([\d.]+) GiB reserved", r.log)
     return {
@@ -247,19 +380,16 @@ def throughput(check: Check, name: str, preset: str, steps: int, *extra: str, **
     }
 
 
-def plan_estimate(preset: str) -> str:
+def plan_estimate(check: Check, preset: str) -> str:
     """What `andreactl plan` estimates a GPU of this machine needs for the preset."""
     import json
 
-    res = subprocess.run(
-        [str(BIN / "andreactl"), "plan", "--preset", preset, "--gpus", "1", "--json"],
-        capture_output=True,
-        text=True,
-    )
+    cmd = [sys.executable, "-m", "andrea.control.andreactl", "plan", "--preset", preset]
+    res = check.run([*cmd, "--gpus", "1", "--json"], 60)
     try:
-        memory = json.loads(res.stdout)["memory"]
+        memory = json.loads(res.log)["memory"]
     except (ValueError, KeyError):
-        return f"no estimate (andreactl plan exited {res.returncode})"
+        return f"no estimate (andreactl plan exited {res.code})"
     return (
         f"{memory['total'] / 2**30:.2f} GiB in all, of which activations "
         f"{memory['activations'] / 2**30:.2f} GiB"
@@ -278,7 +408,7 @@ def activation_check(check: Check) -> None:
     from andrea.daemon.config import build_config
     from andrea.daemon.model import GPT
 
-    check.add("## Plan's activation estimate, andrea-120m, bf16", "")
+    check.add("### Plan's activation estimate, andrea-120m, bf16", "")
     if check.dry_run:
         check.add("Needs CUDA: not run in a dry run.", "")
         return
@@ -287,8 +417,7 @@ def activation_check(check: Check) -> None:
     gpt = GPT(model).to(device).train()
     p = parameters(model)
     copies = 2 * (p.n_params - p.embedding_params)
-    check.add("| deterministic | sequences | estimate GiB | measured GiB | ratio |")
-    check.add("|---|---:|---:|---:|---:|")
+    rows: list[tuple[str, float]] = []
 
     def step(x: torch.Tensor, det: bool) -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16), determinism.attention(det, device):
@@ -307,59 +436,71 @@ def activation_check(check: Check) -> None:
             torch.cuda.synchronize()
             measured = torch.cuda.max_memory_allocated() - base
             estimate = activation_bytes(model, seqs, cuda_numerics("bf16")) + copies
-            ratio = estimate / measured
-            check.add(
-                f"| {'on' if det else 'off'} | {seqs} | {estimate / 2**30:.2f} | "
-                f"{measured / 2**30:.2f} | {ratio:.2f} |"
-            )
-            if not 0.75 <= ratio <= 1.25:
-                check.fail(f"plan's activation estimate is {ratio:.2f} x the measured peak")
+            rows.append(activation_row(det, seqs, estimate, measured))
+    activation_verdict(check, rows)
+
+
+def activation_row(det: bool, seqs: int, estimate: int, measured: int) -> tuple[str, float]:
+    """One row of the table, and estimate / measured."""
+    ratio = estimate / measured if measured > 0 else float("inf")
+    row = (
+        f"| {'on' if det else 'off'} | {seqs} | {estimate / 2**30:.2f} | "
+        f"{measured / 2**30:.2f} | {ratio:.2f} |"
+    )
+    return row, ratio
+
+
+def activation_verdict(check: Check, rows: list[tuple[str, float]]) -> None:
+    """The table; a ratio outside 0.75–1.25 is a warning, not a failure: the estimate has never
+    been measured on a GPU, and the first run is what measures it."""
+    check.add("| deterministic | sequences | estimate GiB | measured GiB | ratio |")
+    check.add("|---|---:|---:|---:|---:|", *(row for row, _ in rows), "")
+    for row, ratio in rows:
+        if not 0.75 <= ratio <= 1.25:
+            check.warn(f"plan's activation estimate is {ratio:.2f} x the measured peak ({row})")
     check.add("")
 
 
 def call_speed(check: Check) -> None:
     big = "andrea-tiny" if check.dry_run else "andrea-120m"
     bf16 = [] if check.dry_run else ["--precision", "bf16"]
+    n, every = steps(check, "eager"), CADENCE[check.dry_run]
+    # Eager means eager: `compile = auto` is on under CUDA. The deterministic mode is named, not
+    # left to `auto` (off on the CPU), so that a dry run takes the same path.
     quiet = ["--log-every", "10", "--checkpoint-every", "0", "--eval-every", "0", *bf16]
+    eager = [*quiet, "--compile", "off", "--deterministic"]
     # Compiling takes minutes on a 2-core CPU: the dry run checks the same steps eagerly.
-    compile_ = "off" if check.dry_run else "on"
     compiled = throughput(
         check,
         "compiled",
         big,
-        150,
-        "--log-every",
-        "10",
+        steps(check, "compiled"),
+        *quiet,
         "--checkpoint-every",
-        "100",
-        "--eval-every",
-        "0",
+        str(every),
+        "--deterministic",
+        "on",
         "--compile",
-        compile_,
-        *bf16,
+        "off" if check.dry_run else "on",
         TORCH_LOGS="recompiles",
     )
-    label = (
-        "eager (a dry run), deterministic, flash"
-        if check.dry_run
-        else "compiled, deterministic, flash"
-    )
-    runs = {label: compiled}
-    runs["eager, deterministic, flash"] = throughput(check, "eager-det", big, 40, *quiet)
+    label = "compiled, deterministic, flash"
+    runs = {label + (" (eager in a dry run)" if check.dry_run else ""): compiled}
+    runs["eager, deterministic, flash"] = throughput(check, "eager-det", big, n, *eager, "on")
     runs["eager, not deterministic, flash"] = throughput(
-        check, "eager-nondet", big, 40, *quiet, "--deterministic", "off"
+        check, "eager-nondet", big, n, *eager, "off"
     )
     runs["eager, deterministic, math attention"] = throughput(
-        check, "eager-math", big, 40, *quiet, ANDREA_BENCH_SDPA_BACKENDS="MATH"
+        check, "eager-math", big, n, *eager, "on", ANDREA_BENCH_SDPA_BACKENDS="MATH"
     )
-    report_speed(check, big, runs)
+    report_speed(check, big, runs, every)
     activation_check(check)
 
 
-def report_speed(check: Check, preset: str, runs: dict[str, dict]) -> None:
+def report_speed(check: Check, preset: str, runs: dict[str, dict], every: int) -> None:
     """The table of `runs`; the first is the one with the compile and the checkpoint."""
     per_token, peak = flops_per_token(preset), peak_tflops()
-    check.add(f"## Speed: {preset}, {'fp32 on the CPU' if check.dry_run else 'bf16 autocast'}", "")
+    check.add(f"### Speed: {preset}, {'fp32 on the CPU' if check.dry_run else 'bf16 autocast'}", "")
     check.add("| run | tokens/s | ms/step | MFU | seconds |", "|---|---:|---:|---:|---:|")
     for name, x in runs.items():
         mfu = f"{100 * x['tok_s'] * per_token / (peak * 1e12):.1f} %" if peak else "n/a"
@@ -375,8 +516,8 @@ def report_speed(check: Check, preset: str, runs: dict[str, dict]) -> None:
         "",
         f"- compile: about {c['first_excess_s']:.0f} s (the first 10 steps' excess); "
         f"{c['recompiles']} recompiles",
-        f"- peak memory (compiled run): {peak_mem}; andreactl plan: {plan_estimate(preset)}",
-        f"- checkpoint at step 100: training held {1000 * max(c['held'], default=float('nan')):.1f} ms,"
+        f"- peak memory (compiled run): {peak_mem}; andreactl plan: {plan_estimate(check, preset)}",
+        f"- checkpoint at step {every}: training held {1000 * max(c['held'], default=float('nan')):.1f} ms,"
         f" staging copy {1000 * max(c['staged'], default=float('nan')):.0f} ms,"
         f" the step after it {max(c['after'], default=float('nan')):.1f} ms"
         f" (the step before it {max(c['before'], default=float('nan')):.1f} ms),"
@@ -387,19 +528,18 @@ def report_speed(check: Check, preset: str, runs: dict[str, dict]) -> None:
         check.fail("no cadence checkpoint was written")
 
 
-# ---- call B: exactness -------------------------------------------------------------------------
+# ---- exactness -------------------------------------------------------------------------------
 
 
 def unit_tests(check: Check) -> None:
     tests = ["tests/test_determinism.py", "tests/test_step_batches.py"]
     tests.append("tests/test_distributed_units.py")
-    r = check.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *tests], 120
-    )
-    summary = r.log.strip().splitlines()[-1] if r.log.strip() else "(no output)"
-    check.add("## CUDA unit tests", "", f"`pytest {' '.join(tests)}`: {summary}", "")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
+    r = check.run([*cmd, "-p", "no:randomly", *tests], 120)
+    summary = r.tail(1)[0] if r.tail(1) else "(no output)"
+    check.add("### CUDA unit tests", "", f"`pytest {' '.join(tests)}`: {summary}", "")
     if not r.ok or (not check.dry_run and "skipped" in summary):
-        check.fail("the CUDA unit tests did not all run and pass")
+        check.fail("the CUDA unit tests did not all run and pass", r)
 
 
 def resume_args(preset: str, steps: int, compile_: str | None) -> list[str]:
@@ -414,21 +554,24 @@ def resume(check: Check, name: str, preset: str, steps: int, *extra: str) -> dic
     common = [*resume_args(preset, steps, None), *extra]
     final = f"step_{steps:06d}.bin"
     whole, stopped = check.work / f"{name}-whole", check.work / f"{name}-stopped"
-    codes = [check.run(trainer(check, whole, *common), 150).code]
+    runs = [check.run(trainer(check, whole, *common), 150)]
     r = check.run(trainer(check, stopped, *common), 150, stop_at=rf"step {steps // 2 - 10}/")
     at = re.findall(r"checkpoint step_0*(\d+)\.bin written \(sigterm", r.log)
-    codes.append(r.code)
+    runs.append(r)
     control = check.work / f"{name}-control"
     if stopped.exists():
         subprocess.run(["cp", "-r", str(stopped), str(control)], check=True)
-    codes.append(check.run(trainer(check, stopped, *common), 150).code)
+    runs.append(check.run(trainer(check, stopped, *common), 150))
+    for label, run in zip(("never stopped", "stopped", "resumed"), runs):
+        check.expect(f"{name}, {label}", run)
     out = {
-        "codes": codes,
+        "codes": [run.code for run in runs],
         "at": at[0] if at else None,
         "exact": same_bytes(whole / final, stopped / final),
     }
-    if check.left() > 60 and control.exists():
+    if check.left() > max(run.seconds for run in runs) + 10 and control.exists():
         c = check.run(trainer(check, control, *common, "--unsafe-skip-restore", "rng"), 150)
+        check.expect(f"{name}, negative control", c)
         out["control_differs"] = c.code == 0 and not same_bytes(whole / final, control / final)
     return out
 
@@ -437,7 +580,7 @@ def repeat(check: Check, name: str, preset: str, steps: int, *extra: str) -> boo
     """Two fresh runs alike: the same final bytes? (None: a run failed or was cut.)"""
     args = ["--preset", preset, "--max-steps", str(steps), "--log-every", "10", *extra]
     runs = [check.run(trainer(check, check.work / f"{name}-{i}", *args), 120) for i in (1, 2)]
-    if not all(r.ok for r in runs):
+    if not all([check.expect(f"{name}-{i}", r) for i, r in enumerate(runs, 1)]):
         return None
     final = f"step_{steps:06d}.bin"
     return same_bytes(check.work / f"{name}-1" / final, check.work / f"{name}-2" / final)
@@ -446,13 +589,14 @@ def repeat(check: Check, name: str, preset: str, steps: int, *extra: str) -> boo
 def call_exact(check: Check) -> None:
     unit_tests(check)
     mid = "andrea-tiny" if check.dry_run else "andrea-12m"
-    check.add(f"## SIGTERM and resume, {mid}, deterministic mode on", "")
+    n = steps(check, "resume")
+    check.add(f"### SIGTERM and resume, {mid}, deterministic mode on", "")
     check.add("| mode | exit codes | stopped at | final .bin equal | RNG-skipping resume differs |")
     check.add("|---|---|---|---|---|")
     # Compiling takes minutes on a 2-core CPU: the dry run resumes eagerly only.
     modes = [("eager", "off")] + ([] if check.dry_run else [("compiled", "on")])
     for mode, compile_ in modes:
-        x = resume(check, mode, mid, 60, "--compile", compile_)
+        x = resume(check, mode, mid, n, "--compile", compile_)
         differs = x.get("control_differs")
         check.add(
             f"| {mode} | {x['codes']} | {x['at']} | {'yes' if x['exact'] else '**NO**'} | "
@@ -461,13 +605,15 @@ def call_exact(check: Check) -> None:
         if not x["exact"] or x["codes"] != [0, 0, 0] or differs is False:
             check.fail(f"{mode}: the resume is not bit-exact, or the negative control passed")
     # A second fresh run of the eager one never stopped: the same bytes?
-    again = check.run(trainer(check, check.work / "eager-again", *resume_args(mid, 60, "off")), 120)
-    final = "step_000060.bin"
-    same_on = again.ok and same_bytes(
+    again = check.run(trainer(check, check.work / "eager-again", *resume_args(mid, n, "off")), 120)
+    final = f"step_{n:06d}.bin"
+    same_on = check.expect("eager, a second fresh run", again) and same_bytes(
         check.work / "eager-whole" / final, check.work / "eager-again" / final
     )
     same_off = (
-        None if check.dry_run else repeat(check, "det-off", mid, 40, "--deterministic", "off")
+        None
+        if check.dry_run
+        else repeat(check, "det-off", mid, steps(check, "repeat"), "--deterministic", "off")
     )
     words = {True: "yes", False: "**no**", None: "not run (GPU only)"}
     check.add(
@@ -483,43 +629,73 @@ def call_exact(check: Check) -> None:
 # ---- the command line --------------------------------------------------------------------------
 
 
-def main() -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--call", choices=["speed", "exact"], required=True, help="A: speed; B: exact")
-    p.add_argument("--out", type=Path, help="write the markdown report here too")
+    p.add_argument("--report-dir", type=Path, required=True, help="report.md is written here")
+    p.add_argument("--wheelhouse", type=Path, help="scripts/gpu_wheels.sh's wheels, to install")
+    p.add_argument("--keep", type=Path, help="a new directory for the work (default: temporary)")
     p.add_argument(
-        "--keep", type=Path, help="a new directory for the run directories (default: temporary)"
+        "--cache", type=Path, help="the tokenized corpus (default: built in the work directory)"
     )
-    p.add_argument(
-        "--cache",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "andrea-gpu-check-cache",
-        help="the tokenized corpus, built by the first call and kept for the next",
-    )
-    p.add_argument("--budget", type=float, default=290, help="seconds for the whole call")
+    p.add_argument("--budget", type=float, default=470, help="seconds for the whole call")
+    p.add_argument("--install-budget", type=float, default=90, help="seconds for the install")
+    p.add_argument("--speed-budget", type=float, default=240, help="seconds for the speed runs")
+    p.add_argument("--exact-budget", type=float, default=130, help="seconds for exactness")
+    p.add_argument("--sections", default=",".join(SECTIONS), help="which, in this order")
     p.add_argument("--dry-run", action="store_true", help="on the CPU, andrea-tiny")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    a.sections = [s.strip() for s in a.sections.split(",") if s.strip()]
+    if unknown := set(a.sections) - set(SECTIONS):
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))} (known: {', '.join(SECTIONS)})")
+    return a
+
+
+def start(a: argparse.Namespace) -> Check | None:
+    """The call's Check, its caches in its work directory; None when it cannot start."""
     import torch
 
     if not a.dry_run and not torch.cuda.is_available():
         print("no CUDA GPU visible (use --dry-run to check the check on the CPU)", file=sys.stderr)
-        return 2
+        return None
     if a.keep is not None and a.keep.exists() and any(a.keep.iterdir()):
         print(f"{a.keep} is not empty: runs there would be resumed", file=sys.stderr)
-        return 2
+        return None
     work = a.keep or Path(tempfile.mkdtemp(prefix="andrea-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    check = Check(a.dry_run, work, a.cache, time.monotonic() + a.budget)
-    check.add(*header("A (speed)" if a.call == "speed" else "B (exact)", a.dry_run))
-    (call_speed if a.call == "speed" else call_exact)(check)
-    spent = a.budget - check.left()
-    check.add(
-        f"Call took {spent:.0f} s of its {a.budget:.0f} s. Overall: **{'PASS' if check.ok else 'FAIL'}**"
-    )
-    text = "\n".join(check.lines) + "\n"
-    print(text)
-    if a.out:
-        a.out.write_text(text)
+    a.report_dir.mkdir(parents=True, exist_ok=True)
+    corpus = a.cache or work / "corpus"
+    check = Check(a.dry_run, work, corpus, time.monotonic() + a.budget, a.report_dir)
+    # Compile caches kept for the whole call, shared by its children (the exactness section's
+    # compiled runs reuse what the first one compiled).
+    check.env["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor-cache")
+    check.env["TRITON_CACHE_DIR"] = str(work / "triton-cache")
+    return check
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    check = start(a)
+    if check is None:
+        return 2
+    t0 = time.monotonic()
+    title = "# GPU check" + (" (dry run on the CPU: andrea-tiny)" if a.dry_run else "")
+    check.add(title, "", f"- sections: {', '.join(a.sections)}; work: {check.work}", "")
+    if "install" in a.sections:
+        check.section("Install", a.install_budget)
+        install(check, a.wheelhouse, check.work / "site")
+    if check.ok:
+        check.section("Machine", 10)
+        check.add(*header(a.dry_run))
+        runs = {"speed": ("Speed", a.speed_budget, call_speed)}
+        runs["exact"] = ("Exactness", a.exact_budget, call_exact)
+        for name in (s for s in a.sections if s in runs):
+            title, budget, body = runs[name]
+            check.section(title, budget)
+            body(check)
+    verdict = "PASS" if check.ok else "FAIL"
+    warned = f" ({check.warnings} warnings)" if check.warnings else ""
+    check.add(f"Call took {time.monotonic() - t0:.0f} s of its {a.budget:.0f} s. ")
+    check.add(f"Overall: **{verdict}**{warned}")
     return 0 if check.ok else 1
 
 

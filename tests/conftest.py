@@ -60,6 +60,16 @@ def trainer_cmd(run_dir: Path, cache: Path, *extra: str) -> list[str]:
     ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """With -n: each test file on one worker, so a file's module fixtures (a reference run trained
+    once for its tests) are built once, not once per worker. Set here rather than in addopts,
+    where `--dist` would stop a pytest without pytest-xdist from starting; an explicit --dist wins."""
+    explicit = any(a.startswith(("--dist", "-d")) for a in config.invocation_params.args)
+    if config.pluginmanager.hasplugin("xdist") and not explicit:
+        if config.getoption("dist", "no") == "load":
+            config.option.dist = "loadfile"
+
+
 _LIVE: list[subprocess.Popen] = []
 
 

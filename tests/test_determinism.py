@@ -53,6 +53,43 @@ def test_pinning_keeps_what_the_operator_set(monkeypatch, caplog) -> None:
     assert "NCCL_ALGO=Tree set by the operator" in caplog.text
 
 
+def test_the_mode_switches_inductor_deterministic_too(restore_mode, monkeypatch) -> None:
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.delenv(determinism.INDUCTOR_ENV, raising=False)
+    determinism.apply(True)
+    assert inductor_config.deterministic is True
+    assert os.environ[determinism.INDUCTOR_ENV] == "1"
+    monkeypatch.delenv(determinism.INDUCTOR_ENV)
+    determinism.apply(False)
+    assert inductor_config.deterministic is False
+
+
+def test_forced_backends_name_the_enum_members(monkeypatch) -> None:
+    from torch.nn.attention import SDPBackend
+
+    monkeypatch.setenv(determinism.BENCH_BACKENDS_ENV, "MATH")
+    assert determinism.attention(True, torch.device("cuda")) is not None
+    assert determinism.forced_backends("flash_attention, MATH") == [
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.MATH,
+    ]
+    with pytest.raises(ValueError, match="not SDPA backend names"):
+        determinism.forced_backends("MATHS")
+
+
+def test_forced_math_backend_applies_on_cpu_too(monkeypatch) -> None:
+    """The CPU dry run of scripts/gpu_check.py goes through the forced path: with only the
+    efficient backend allowed, CPU attention (which has no such kernel) must refuse."""
+    q = torch.randn(1, 2, 8, 4)
+    monkeypatch.setenv(determinism.BENCH_BACKENDS_ENV, "MATH")
+    with determinism.attention(False, CPU):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    monkeypatch.setenv(determinism.BENCH_BACKENDS_ENV, "EFFICIENT_ATTENTION")
+    with pytest.raises(RuntimeError), determinism.attention(False, CPU):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+
 def test_cpu_attention_runs_unrestricted() -> None:
     with determinism.attention(True, CPU):
         q = torch.randn(1, 2, 8, 4)

@@ -269,8 +269,10 @@ EXTERNAL: dict[str, set[str]] = {
     "systemctl": {"--now", "--kill-whom"},  # enable --now; kill --kill-whom=main
     "tensorboard": {"--logdir"},
     "ruff": {"--check"},  # ruff format --check
-    # The install beside a GPU machine's own torch (scripts/gpu_wheels.sh).
-    "pip": {"--no-index", "--no-deps", "--no-build-isolation"},
+    # The install beside a GPU machine's own torch (scripts/gpu_check.py), and the wheelhouse's
+    # offline resolution (scripts/wheelhouse_check.py).
+    "pip": {"--no-index", "--no-deps", "--no-build-isolation", "--target", "--dry-run"}
+    | {"--python-version", "--only-binary"},
     "python3": {"--system-site-packages"},  # python3 -m venv --system-site-packages
 }
 
