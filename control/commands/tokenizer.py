@@ -45,7 +45,10 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         help="train: the tokenizer.json to write (default: the run's [data] tokenizer, else "
         "RUN_DIR/tokenizer.json); encode: the tokens file to write (and OUT.json beside it)",
     )
-    encode = parser.add_argument_group("encode")
+    _encode_arguments(parser.add_argument_group("encode"))
+
+
+def _encode_arguments(encode: argparse._ArgumentGroup) -> None:
     encode.add_argument(
         "--input",
         dest="inputs",
