@@ -11,6 +11,8 @@ from andrea.control.verify_resume import trainer as vr
 
 CONFIG = """preset = "andrea-tiny"
 batch_size = 4
+[data]
+tokenizer = "tok/tokenizer.json"
 [[data.arms]]
 name = "notes"
 kind = "text"
@@ -32,6 +34,8 @@ def test_the_user_config_as_the_proof_runs_it(tmp_path: Path) -> None:
     notes, tok = values["data"]["arms"]
     assert notes["paths"] == [str(tmp_path / "base" / "notes/*.txt"), "/abs/*.md"]
     assert tok["path"] == str(tmp_path / "base" / "data/tok.bin")
+    # The run's own tokenizer lies in the run directory too, not in the proof's path directories.
+    assert values["data"]["tokenizer"] == str(tmp_path / "base" / "tok/tokenizer.json")
     assert "metrics" not in values and values["batch_size"] == 4
     cmd = vr._trainer_command(tmp_path / "p", None, config=prepared)
     assert cmd[cmd.index("--config") + 1] == str(prepared)
@@ -64,3 +68,11 @@ def test_refusals_change_nothing(tmp_path: Path, capsys) -> None:
         assert code == 2, (args, err)
         assert message in err and "Traceback" not in err, (args, err)
     assert not out.exists()
+
+
+def test_an_absolute_or_byte_tokenizer_is_kept(tmp_path: Path) -> None:
+    for spec in ("bytes", "/models/tokenizer.json"):
+        source = tmp_path / "run.toml"
+        source.write_text(f'preset = "andrea-tiny"\n[data]\ntokenizer = "{spec}"\n')
+        prepared = vr.user_config(tmp_path / spec.replace("/", "_"), source, tmp_path / "base")
+        assert tomllib.loads(prepared.read_text())["data"]["tokenizer"] == spec

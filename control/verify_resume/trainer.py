@@ -20,6 +20,7 @@ from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.losslog import LossLogError, canonical_curve, read_entries
 from andrea.daemon.rundir import LOSS_FILE, bin_name
+from andrea.daemon.tokenizer import BYTES
 from andrea.protocol.lossentry import LossEntry
 
 from .engine import (
@@ -227,11 +228,16 @@ def user_config(output: Path, source: Path, base: Path) -> Path:
 
     values = check_user_config(source)
     values.pop("metrics", None)
-    for arm in values.get("data", {}).get("arms", []):
+    data = values.get("data", {})
+    for arm in data.get("arms", []):
         if "paths" in arm:
             arm["paths"] = [p if Path(p).is_absolute() else str(base / p) for p in arm["paths"]]
         if arm.get("path") and not Path(arm["path"]).is_absolute():
             arm["path"] = str(base / arm["path"])
+    # The run's own tokenizer is a path relative to the run directory too (daemon/tokenizer.py).
+    tokenizer = data.get("tokenizer")
+    if tokenizer and tokenizer != BYTES and not Path(tokenizer).expanduser().is_absolute():
+        data["tokenizer"] = str(base / tokenizer)
     target = output / "user-config.toml"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(tomli_w.dumps(values), encoding="utf-8")
