@@ -8,6 +8,12 @@ from pathlib import Path
 
 from andrea.control import andreactl
 from andrea.control.verify_resume import trainer as vr
+from andrea.daemon.config import build_config, for_new_run
+from andrea.daemon.corpus import stdlib_root
+from andrea.daemon.settle import settle
+from andrea.daemon.tokenizer import load_tokenizer, padded_vocab
+
+from .owndata import bpe_file
 
 CONFIG = """preset = "andrea-tiny"
 batch_size = 4
@@ -76,3 +82,16 @@ def test_an_absolute_or_byte_tokenizer_is_kept(tmp_path: Path) -> None:
         source.write_text(f'preset = "andrea-tiny"\n[data]\ntokenizer = "{spec}"\n')
         prepared = vr.user_config(tmp_path / spec.replace("/", "_"), source, tmp_path / "base")
         assert tomllib.loads(prepared.read_text())["data"]["tokenizer"] == spec
+
+
+def test_a_new_run_without_run_toml_leaves_the_vocabulary_to_its_tokenizer(tmp_path: Path) -> None:
+    """`--config FILE` (the proof's user-config.toml) or `--tokenizer` on a new run: the vocabulary
+    the file leaves open is the tokenizer's, not the preset's 256 bytes."""
+    texts = [(stdlib_root() / f"{n}.py").read_text() for n in ("csv", "shlex")]
+    bpe_file(tmp_path / "tokenizer.json", texts)
+    n_vocab = load_tokenizer("tokenizer.json", tmp_path).n_vocab
+    assert n_vocab > 256
+    new = for_new_run(
+        build_config({"preset": "andrea-tiny", "data": {"tokenizer": "tokenizer.json"}})
+    )
+    assert settle(new, tmp_path, False).cfg.model.vocab_size == padded_vocab(n_vocab)

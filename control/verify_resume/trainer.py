@@ -75,12 +75,15 @@ class _TrainerRun:
 
 class TrainerLaunch(BaseModel):
     """How the trainer problem starts ``andrea-trainer``: on which device (None: the config's, or
-    cpu for the tiny preset), and in how many processes (more than one: through
-    ``torchrun --standalone``, DDP)."""
+    cpu for the tiny preset), in how many processes (more than one: through
+    ``torchrun --standalone``, DDP), and with which mixing: ``fixed`` (the trainer alone) or
+    ``proxy`` (``--with-proxy``: every path's trainer starts andrea-proxy and stops it with
+    itself, so a stop and a resume stop and restart the proxy too)."""
 
     model_config = ConfigDict(frozen=True)
     device: Literal["cpu", "cuda"] | None = None
     nproc: int = Field(default=1, ge=1)
+    mixing: Literal["fixed", "proxy"] = "fixed"
 
     def prefix(self) -> list[str]:
         if self.nproc == 1:
@@ -113,7 +116,7 @@ def _trainer_command(
 ) -> list[str]:
     launch = launch or TrainerLaunch()
     # The user's configuration decides preset, data, device, precision and threads; the schedule of
-    # the proof (steps, cadence, the fixed mixture, no samples) is the protocol's.
+    # the proof (steps, cadence, the mixing, no samples) is the protocol's.
     setup = (
         ["--config", str(config)]
         if config is not None
@@ -126,8 +129,7 @@ def _trainer_command(
         "--run-dir",
         str(run_dir),
         *setup,
-        "--mixing",
-        "fixed",
+        *(["--with-proxy"] if launch.mixing == "proxy" else ["--mixing", "fixed"]),
         "--max-steps",
         str(TRAINER_TOTAL_STEPS),
         "--checkpoint-every",
@@ -289,6 +291,11 @@ def _trainer_paths(
     else:
         source = reuse
         earlier = _reused_report(reuse, "trainer")
+        if (earlier.mixing or "fixed") != launch.mixing:
+            raise VerificationIncomplete(
+                f"{reuse / REPORT_NAME}: a proof with --mixing {earlier.mixing or 'fixed'}; this "
+                f"one runs --mixing {launch.mixing}, and only a proof of the same mixing is reused"
+            )
         if earlier.stop_step is None:
             raise VerificationIncomplete(f"{reuse / REPORT_NAME}: records no stop step")
         stop_step = earlier.stop_step
@@ -548,9 +555,10 @@ def run_trainer(
 ) -> int:
     """Verify the real trainer's resume into the new directory ``output``; returns the exit code.
 
-    Five fresh ``andrea-trainer`` processes (tiny preset, CPU, one thread, fixed mixture): continuous,
-    stop (a real SIGTERM mid-run), full resume, and two negative controls that skip restoring the RNGs
-    or the data cursors. Everything is compared bit for bit. ``sabotage`` (a key of
+    Five fresh ``andrea-trainer`` processes (tiny preset, CPU, one thread; the fixed mixture, or
+    andrea-proxy in the loop with ``launch.mixing == "proxy"``): continuous, stop (a real SIGTERM
+    mid-run), full resume, and two negative controls that skip restoring the RNGs or the data
+    cursors. Everything is compared bit for bit. ``sabotage`` (a key of
     :data:`TRAINER_SABOTAGES`) makes the full resume skip a restore, so the verification must fail;
     ``reuse`` takes every path but the full resume from an earlier passed verification. ``cache_dir`` is
     the trainer's tokenized-corpus cache. ``config`` = (run config file, directory its relative data
@@ -585,6 +593,7 @@ def run_trainer(
 
     report = VerificationReport(
         problem="trainer",
+        mixing=(launch or TrainerLaunch()).mixing,
         completed=False,
         tolerance=Tolerance(absolute=TRAINER_ATOL),
         sabotage=sabotage,
