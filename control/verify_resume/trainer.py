@@ -290,21 +290,7 @@ def _trainer_paths(
         stop_step = _trainer_stop_step(output / STOP, records[STOP])
     else:
         source = reuse
-        earlier = _reused_report(reuse, "trainer")
-        if (earlier.mixing or "fixed") != launch.mixing:
-            raise VerificationIncomplete(
-                f"{reuse / REPORT_NAME}: a proof with --mixing {earlier.mixing or 'fixed'}; this "
-                f"one runs --mixing {launch.mixing}, and only a proof of the same mixing is reused"
-            )
-        if earlier.stop_step is None:
-            raise VerificationIncomplete(f"{reuse / REPORT_NAME}: records no stop step")
-        stop_step = earlier.stop_step
-        earlier_paths = {record.name: record for record in earlier.paths}
-        for name in (CONTINUOUS, STOP, *TRAINER_NEGATIVES):
-            print(f"[-/5] {name:<16} reused from {reuse / name}", flush=True)
-            records[name] = earlier_paths[name].model_copy(
-                update={"reused_from": str(reuse / name)}
-            )
+        stop_step = _reused_paths(reuse, launch, records)
     stop_manifest, _ = _verified(source / STOP, stop_step)
     resumes = {FULL_RESUME: TRAINER_SABOTAGES.get(sabotage or "")}
     if reuse is None:
@@ -320,6 +306,24 @@ def _trainer_paths(
     }
     order = (CONTINUOUS, STOP, FULL_RESUME, *TRAINER_NEGATIVES)
     return [records[name] for name in order], runs, stop_step
+
+
+def _reused_paths(reuse: Path, launch: TrainerLaunch, records: dict[str, PathRecord]) -> int:
+    """Take the reference paths of an earlier passed proof of the same mixing into `records`;
+    returns its stop step."""
+    earlier = _reused_report(reuse, "trainer")
+    if (earlier.mixing or "fixed") != launch.mixing:
+        raise VerificationIncomplete(
+            f"{reuse / REPORT_NAME}: a proof with --mixing {earlier.mixing or 'fixed'}; this "
+            f"one runs --mixing {launch.mixing}, and only a proof of the same mixing is reused"
+        )
+    if earlier.stop_step is None:
+        raise VerificationIncomplete(f"{reuse / REPORT_NAME}: records no stop step")
+    earlier_paths = {record.name: record for record in earlier.paths}
+    for name in (CONTINUOUS, STOP, *TRAINER_NEGATIVES):
+        print(f"[-/5] {name:<16} reused from {reuse / name}", flush=True)
+        records[name] = earlier_paths[name].model_copy(update={"reused_from": str(reuse / name)})
+    return earlier.stop_step
 
 
 def _between(curve: list[LossEntry], first: int, last: int) -> list[LossEntry]:
