@@ -98,6 +98,7 @@ class Companion:
         self.proc: subprocess.Popen | None = None
         #: The pid of a proxy started by hand that the trainer uses, while it has one.
         self.adopted: int | None = None
+        self._adopted_any = False
         other = running_holder(run_dir, "proxy")
         if other is not None and pivot:
             raise AlreadyRunning(
@@ -115,7 +116,9 @@ class Companion:
         self._thread.start()
 
     def _start(self) -> subprocess.Popen:
-        first = not self._starts
+        # The first proxy of this trainer, unless one started by hand ran first (which may have
+        # pivoted), applies the command line's policy; the policy file is absent only if none did.
+        first = not self._starts and not self._adopted_any
         extra = self._first_args if first or not (self.run_dir / POLICY_FILE).exists() else []
         if self._first_args and not extra:
             log.info(
@@ -203,7 +206,7 @@ class Companion:
 
     def _adopt(self, pid: int) -> Step:
         with self._lock:
-            self.proc, self.adopted = None, pid
+            self.proc, self.adopted, self._adopted_any = None, pid, True
         log.warning(
             "andrea-proxy (pid %d), started by hand, serves %s: the trainer uses it, starts none "
             "of its own while it runs, and stops it when the trainer stops",
