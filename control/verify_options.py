@@ -22,6 +22,9 @@ SKIP_OPTIMIZER_STATE = "skip-optimizer-state"
 SKIP_NUMPY_RNG = "skip-numpy-rng"
 MINI_SABOTAGES = (SCHEDULER_AFTER_OPTIMIZER, SKIP_DATA_CURSOR, SKIP_OPTIMIZER_STATE, SKIP_NUMPY_RNG)
 
+#: How the trainer problem mixes its arms: alone (the fixed mixture), or with andrea-proxy in the loop.
+MIXINGS = ("fixed", "proxy")
+
 #: The trainer problem's broken resumes → the restore its full resume skips (the trainer's hidden
 #: negative-control flag, --unsafe-skip-restore).
 TRAINER_SABOTAGES = {"skip-cursor": "cursor", "skip-rng": "rng"}
@@ -64,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), help="trainer problem: the device (default cpu)"
+    )
+    parser.add_argument(
+        "--mixing",
+        choices=MIXINGS,
+        help="trainer problem: fixed (default) runs the trainer alone with --mixing fixed; proxy "
+        "runs every path with --with-proxy, andrea-proxy in the loop, stopped and restarted with it",
     )
     parser.add_argument(
         "--nproc",

@@ -585,9 +585,11 @@ def for_new_run(cfg: RunConfig) -> RunConfig:
     and batch_size counted per step. (An existing run whose run.toml has no split keeps none: it
     predates splits; one without batch_size_per keeps counting batch_size per micro-batch.)
     ConfigError when the batch does not divide under the new reading."""
-    dump = cfg.model_dump()
+    # Only what was set: a setting left open stays open (`[model] vocab_size`, which the run's
+    # tokenizer then decides, daemon/settle.py), as it is for a run.toml of a new run.
+    dump = cfg.model_dump(exclude_unset=True)
     if cfg.data.heldout_fraction is None:
-        dump["data"]["heldout_fraction"] = DEFAULT_FRACTION
+        dump.setdefault("data", {})["heldout_fraction"] = DEFAULT_FRACTION
     dump["batch_size_per"] = "step"
     try:
         return RunConfig.model_validate(dump)

@@ -176,6 +176,23 @@ def lock_holder(run_dir: Path, role: str) -> int | None:
     return pid if pid > 0 else None
 
 
+def running_holder(run_dir: Path, role: str) -> int | None:
+    """The pid of a live andrea-`role` that claimed `role`'s lock, found without touching the lock:
+    a probe that took it, even shared and for an instant, could make a daemon starting at that
+    moment fail its claim. The pid the lock names counts only while that process runs the daemon
+    (its command line names it; a zombie's is empty), so a stale pid reused since is not taken for
+    one."""
+    pid = lock_holder(run_dir, role)
+    if pid is None:
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    names = (f"andrea-{role}".encode(), f"andrea.daemon.{role}_cli".encode())
+    return pid if any(arg.endswith(name) for arg in argv for name in names) else None
+
+
 class SocketDirError(RuntimeError):
     """The socket directory, or a directory on its path, could let another user in."""
 

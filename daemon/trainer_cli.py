@@ -122,6 +122,24 @@ def _add_proxy_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --with-proxy --policy: the policy replaces the run's, a pivot at the newest checkpoint",
     )
+    p.add_argument(
+        "--proxy-grace",
+        type=_seconds,
+        metavar="SECONDS",
+        help="with --with-proxy: after a person stops the proxy (a clean exit 0, as in the manual "
+        "pivot), how long the trainer waits for one started by hand, which it then uses, before "
+        "starting its own again (default 300); a crashed proxy is restarted at once",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,9 +232,10 @@ def _train_in_process_group(
     deterministic = determinism.resolve(plan.cfg.deterministic, plan.device)
     determinism.pin_collectives(deterministic and world.distributed, plan.device)
     backend = init(world, plan.device)
-    proxy = _start_companion(args, flags, world)
+    proxy: Companion | None = None
     refused: StartRefused | None = None
     try:
+        proxy = _start_companion(args, flags, world)
         code = _train(plan, args, flags, world, backend)
         # A proxy the trainer gave up on decides the exit code of an otherwise clean stop.
         if proxy is not None and proxy.exit_code is not None and code == ExitCode.OK:
@@ -247,9 +266,10 @@ def _start_companion(
     """The proxy of a one-command run (--with-proxy), started by rank 0 alone."""
     if not (args.with_proxy and world.is_main):
         return None
-    from .companion import Companion
+    from .companion import GRACE, Companion
 
-    return Companion(args.run_dir, flags, args.log_level, args.policy, args.pivot)
+    grace = GRACE if args.proxy_grace is None else args.proxy_grace
+    return Companion(args.run_dir, flags, args.log_level, args.policy, args.pivot, grace)
 
 
 def _leave_process_group(world: World) -> None:

@@ -305,6 +305,8 @@ def check_proxy_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--policy and --pivot are options of the proxy: use them with --with-proxy"
         )
+    if getattr(args, "proxy_grace", None) is not None and not args.with_proxy:
+        raise ConfigError("--proxy-grace is about the proxy --with-proxy starts: use it with that")
     if args.with_proxy:
         from .mixing.policy import PolicyError
         from .mixing.policystore import resolve_policy

@@ -22,7 +22,7 @@ CONTRACT = {
     "--grad-accum", "--eval-every", "--heldout-fraction", "--compile", "--decay-steps",
     "--log-every", "--sample-every", "--cache-dir", "--allow-config-change", "--deterministic",
     "--log-level", "--init-from", "--init-from-optimizer", "--init-from-other-tokenizer", "--check", "--world-size",
-    "--tokenizer",
+    "--tokenizer", "--proxy-grace",
 }  # fmt: skip
 
 

@@ -8,9 +8,17 @@ from pathlib import Path
 
 from andrea.control import andreactl
 from andrea.control.verify_resume import trainer as vr
+from andrea.daemon.config import build_config, for_new_run
+from andrea.daemon.corpus import stdlib_root
+from andrea.daemon.settle import settle
+from andrea.daemon.tokenizer import load_tokenizer, padded_vocab
+
+from .owndata import bpe_file
 
 CONFIG = """preset = "andrea-tiny"
 batch_size = 4
+[data]
+tokenizer = "tok/tokenizer.json"
 [[data.arms]]
 name = "notes"
 kind = "text"
@@ -32,6 +40,8 @@ def test_the_user_config_as_the_proof_runs_it(tmp_path: Path) -> None:
     notes, tok = values["data"]["arms"]
     assert notes["paths"] == [str(tmp_path / "base" / "notes/*.txt"), "/abs/*.md"]
     assert tok["path"] == str(tmp_path / "base" / "data/tok.bin")
+    # The run's own tokenizer lies in the run directory too, not in the proof's path directories.
+    assert values["data"]["tokenizer"] == str(tmp_path / "base" / "tok/tokenizer.json")
     assert "metrics" not in values and values["batch_size"] == 4
     cmd = vr._trainer_command(tmp_path / "p", None, config=prepared)
     assert cmd[cmd.index("--config") + 1] == str(prepared)
@@ -64,3 +74,24 @@ def test_refusals_change_nothing(tmp_path: Path, capsys) -> None:
         assert code == 2, (args, err)
         assert message in err and "Traceback" not in err, (args, err)
     assert not out.exists()
+
+
+def test_an_absolute_or_byte_tokenizer_is_kept(tmp_path: Path) -> None:
+    for spec in ("bytes", "/models/tokenizer.json"):
+        source = tmp_path / "run.toml"
+        source.write_text(f'preset = "andrea-tiny"\n[data]\ntokenizer = "{spec}"\n')
+        prepared = vr.user_config(tmp_path / spec.replace("/", "_"), source, tmp_path / "base")
+        assert tomllib.loads(prepared.read_text())["data"]["tokenizer"] == spec
+
+
+def test_a_new_run_without_run_toml_leaves_the_vocabulary_to_its_tokenizer(tmp_path: Path) -> None:
+    """`--config FILE` (the proof's user-config.toml) or `--tokenizer` on a new run: the vocabulary
+    the file leaves open is the tokenizer's, not the preset's 256 bytes."""
+    texts = [(stdlib_root() / f"{n}.py").read_text() for n in ("csv", "shlex")]
+    bpe_file(tmp_path / "tokenizer.json", texts)
+    n_vocab = load_tokenizer("tokenizer.json", tmp_path).n_vocab
+    assert n_vocab > 256
+    new = for_new_run(
+        build_config({"preset": "andrea-tiny", "data": {"tokenizer": "tokenizer.json"}})
+    )
+    assert settle(new, tmp_path, False).cfg.model.vocab_size == padded_vocab(n_vocab)

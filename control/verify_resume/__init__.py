@@ -12,7 +12,8 @@ resume even when weights and step numbers look right.
 
 ``--problem mini`` is the seed's exercise (:mod:`andrea.control.mini_problem`, tolerance 1e-12).
 ``--problem trainer`` is the real ``andrea-trainer`` (tiny preset, CPU, one thread), stopped by a real
-SIGTERM, compared bit for bit (tolerance 0), with a second negative control that skips the data cursors.
+SIGTERM, compared bit for bit (tolerance 0), with a second negative control that skips the data cursors;
+``--mixing proxy`` runs each of its paths with ``--with-proxy``, andrea-proxy in the loop.
 
 Writes ``OUTPUT/verification.json`` and prints a table. Exit codes: 0 the full resume matches and the
 negative case diverges; 1 a comparison or check failed; 2 the verification could not be completed (a
@@ -83,13 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Run the verification that ``args`` (parsed by ``verify_options.add_arguments``) describe;
     returns the exit code."""
-    for name in ("cache_dir", "device", "nproc"):
+    for name in ("cache_dir", "device", "nproc", "mixing"):
         if getattr(args, name, None) is not None and args.problem != "trainer":
             parser.error(f"--{name.replace('_', '-')} applies to the trainer problem only")
     nproc = getattr(args, "nproc", None)
     if nproc is not None and nproc < 1:
         parser.error("--nproc must be at least 1")
-    launch = TrainerLaunch(device=getattr(args, "device", None), nproc=nproc or 1)
+    launch = TrainerLaunch(
+        device=getattr(args, "device", None),
+        nproc=nproc or 1,
+        mixing=getattr(args, "mixing", None) or "fixed",
+    )
     config: Path | None = getattr(args, "config", None)
     run_dir: Path | None = getattr(args, "run_dir", None)
     if (config is not None or run_dir is not None) and args.problem != "trainer":

@@ -122,6 +122,11 @@ class VerificationReport(_Record):
 
     format: Literal["andrea-resume-verification/1"] = REPORT_FORMAT
     problem: str
+    mixing: Literal["fixed", "proxy"] | None = Field(
+        default=None,
+        description="The trainer problem's mixing: fixed, or proxy (andrea-proxy in the loop); "
+        "None for the mini problem, and in reports written before proxy proofs existed (fixed).",
+    )
     completed: bool
     error: str | None = None
     all_checks_passed: bool = False
@@ -367,6 +372,7 @@ def print_table(report: VerificationReport) -> None:
         f"negative divergence detected: {'yes' if report.negative_divergence_detected else 'NO'}; "
         f"all checks passed: {'yes' if report.all_checks_passed else 'NO'}"
         + (f"  [sabotage: {report.sabotage}]" if report.sabotage else "")
+        + ("  [mixing: proxy, andrea-proxy in the loop]" if report.mixing == "proxy" else "")
     )
 
 

@@ -20,6 +20,7 @@ from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.losslog import LossLogError, canonical_curve, read_entries
 from andrea.daemon.rundir import LOSS_FILE, bin_name
+from andrea.daemon.tokenizer import BYTES
 from andrea.protocol.lossentry import LossEntry
 
 from .engine import (
@@ -74,12 +75,15 @@ class _TrainerRun:
 
 class TrainerLaunch(BaseModel):
     """How the trainer problem starts ``andrea-trainer``: on which device (None: the config's, or
-    cpu for the tiny preset), and in how many processes (more than one: through
-    ``torchrun --standalone``, DDP)."""
+    cpu for the tiny preset), in how many processes (more than one: through
+    ``torchrun --standalone``, DDP), and with which mixing: ``fixed`` (the trainer alone) or
+    ``proxy`` (``--with-proxy``: every path's trainer starts andrea-proxy and stops it with
+    itself, so a stop and a resume stop and restart the proxy too)."""
 
     model_config = ConfigDict(frozen=True)
     device: Literal["cpu", "cuda"] | None = None
     nproc: int = Field(default=1, ge=1)
+    mixing: Literal["fixed", "proxy"] = "fixed"
 
     def prefix(self) -> list[str]:
         if self.nproc == 1:
@@ -112,7 +116,7 @@ def _trainer_command(
 ) -> list[str]:
     launch = launch or TrainerLaunch()
     # The user's configuration decides preset, data, device, precision and threads; the schedule of
-    # the proof (steps, cadence, the fixed mixture, no samples) is the protocol's.
+    # the proof (steps, cadence, the mixing, no samples) is the protocol's.
     setup = (
         ["--config", str(config)]
         if config is not None
@@ -125,8 +129,7 @@ def _trainer_command(
         "--run-dir",
         str(run_dir),
         *setup,
-        "--mixing",
-        "fixed",
+        *(["--with-proxy"] if launch.mixing == "proxy" else ["--mixing", "fixed"]),
         "--max-steps",
         str(TRAINER_TOTAL_STEPS),
         "--checkpoint-every",
@@ -227,11 +230,16 @@ def user_config(output: Path, source: Path, base: Path) -> Path:
 
     values = check_user_config(source)
     values.pop("metrics", None)
-    for arm in values.get("data", {}).get("arms", []):
+    data = values.get("data", {})
+    for arm in data.get("arms", []):
         if "paths" in arm:
             arm["paths"] = [p if Path(p).is_absolute() else str(base / p) for p in arm["paths"]]
         if arm.get("path") and not Path(arm["path"]).is_absolute():
             arm["path"] = str(base / arm["path"])
+    # The run's own tokenizer is a path relative to the run directory too (daemon/tokenizer.py).
+    tokenizer = data.get("tokenizer")
+    if tokenizer and tokenizer != BYTES and not Path(tokenizer).expanduser().is_absolute():
+        data["tokenizer"] = str(base / tokenizer)
     target = output / "user-config.toml"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(tomli_w.dumps(values), encoding="utf-8")
@@ -282,16 +290,7 @@ def _trainer_paths(
         stop_step = _trainer_stop_step(output / STOP, records[STOP])
     else:
         source = reuse
-        earlier = _reused_report(reuse, "trainer")
-        if earlier.stop_step is None:
-            raise VerificationIncomplete(f"{reuse / REPORT_NAME}: records no stop step")
-        stop_step = earlier.stop_step
-        earlier_paths = {record.name: record for record in earlier.paths}
-        for name in (CONTINUOUS, STOP, *TRAINER_NEGATIVES):
-            print(f"[-/5] {name:<16} reused from {reuse / name}", flush=True)
-            records[name] = earlier_paths[name].model_copy(
-                update={"reused_from": str(reuse / name)}
-            )
+        stop_step = _reused_paths(reuse, launch, records)
     stop_manifest, _ = _verified(source / STOP, stop_step)
     resumes = {FULL_RESUME: TRAINER_SABOTAGES.get(sabotage or "")}
     if reuse is None:
@@ -307,6 +306,24 @@ def _trainer_paths(
     }
     order = (CONTINUOUS, STOP, FULL_RESUME, *TRAINER_NEGATIVES)
     return [records[name] for name in order], runs, stop_step
+
+
+def _reused_paths(reuse: Path, launch: TrainerLaunch, records: dict[str, PathRecord]) -> int:
+    """Take the reference paths of an earlier passed proof of the same mixing into `records`;
+    returns its stop step."""
+    earlier = _reused_report(reuse, "trainer")
+    if (earlier.mixing or "fixed") != launch.mixing:
+        raise VerificationIncomplete(
+            f"{reuse / REPORT_NAME}: a proof with --mixing {earlier.mixing or 'fixed'}; this "
+            f"one runs --mixing {launch.mixing}, and only a proof of the same mixing is reused"
+        )
+    if earlier.stop_step is None:
+        raise VerificationIncomplete(f"{reuse / REPORT_NAME}: records no stop step")
+    earlier_paths = {record.name: record for record in earlier.paths}
+    for name in (CONTINUOUS, STOP, *TRAINER_NEGATIVES):
+        print(f"[-/5] {name:<16} reused from {reuse / name}", flush=True)
+        records[name] = earlier_paths[name].model_copy(update={"reused_from": str(reuse / name)})
+    return earlier.stop_step
 
 
 def _between(curve: list[LossEntry], first: int, last: int) -> list[LossEntry]:
@@ -542,9 +559,10 @@ def run_trainer(
 ) -> int:
     """Verify the real trainer's resume into the new directory ``output``; returns the exit code.
 
-    Five fresh ``andrea-trainer`` processes (tiny preset, CPU, one thread, fixed mixture): continuous,
-    stop (a real SIGTERM mid-run), full resume, and two negative controls that skip restoring the RNGs
-    or the data cursors. Everything is compared bit for bit. ``sabotage`` (a key of
+    Five fresh ``andrea-trainer`` processes (tiny preset, CPU, one thread; the fixed mixture, or
+    andrea-proxy in the loop with ``launch.mixing == "proxy"``): continuous, stop (a real SIGTERM
+    mid-run), full resume, and two negative controls that skip restoring the RNGs or the data
+    cursors. Everything is compared bit for bit. ``sabotage`` (a key of
     :data:`TRAINER_SABOTAGES`) makes the full resume skip a restore, so the verification must fail;
     ``reuse`` takes every path but the full resume from an earlier passed verification. ``cache_dir`` is
     the trainer's tokenized-corpus cache. ``config`` = (run config file, directory its relative data
@@ -579,6 +597,7 @@ def run_trainer(
 
     report = VerificationReport(
         problem="trainer",
+        mixing=(launch or TrainerLaunch()).mixing,
         completed=False,
         tolerance=Tolerance(absolute=TRAINER_ATOL),
         sabotage=sabotage,

@@ -102,10 +102,15 @@ class TrainerLink:
             return f"step {e.step}: segment {e.segment} was never numbered (highest: {core.max_segment})"
         if e.phase > book.bandit.phase:
             return f"step {e.step}: phase {e.phase} is after the current phase {book.bandit.phase}"
-        if e.phase < book.phase_of(e.step):
+        if e.phase < book.phase_of(e.step) or (
+            e.phase < book.bandit.phase and e.step <= book.phase_start and e.step not in book.past
+        ):
             # Superseded: trained past a pivot's boundary under the old phase (the manual pivot,
-            # before the trainer rolled back). Kept in the log, counted by nothing; the old phase's
-            # bandit that assigned it is archived, so only its arm can be checked.
+            # before the trainer rolled back). Kept in the log, counted by nothing. Or a step of an
+            # ended phase, up to the boundary, that the log lacks: its record was not durable yet
+            # when the old proxy stopped (the manual pivot stops it right after the trainer's
+            # checkpoint, which is the boundary). Either way the old phase's bandit that assigned
+            # it is archived, so only its arm can be checked.
             if e.arm not in {c.name for c in core.configured}:
                 return f"step {e.step}: arm {e.arm!r} is not an arm of this run"
             return None
