@@ -422,10 +422,11 @@ def _write_safetensors(dest: Path, manifest: Manifest, weights: np.ndarray) -> E
 
 
 def _write_hf(
-    dest: Path, manifest: Manifest, weights: np.ndarray, tokenizer: RunTokenizer
+    dest: Path, manifest: Manifest, weights: np.ndarray, byte_level: bool
 ) -> list[ExportedFile]:
-    """The Hugging Face files (andrea.control.export_hf) beside the checkpoint."""
-    files = export_hf.hf_files(manifest, weights, tokenizer)
+    """The Hugging Face files (andrea.control.export_hf) beside the checkpoint; a byte-level run
+    gets its tokenizer.json too."""
+    files = export_hf.hf_files(manifest, weights, byte_level)
     written = [_write_new(dest / name, data) for name, data in files.items()]
     fsync_dir(dest)
     return written
@@ -629,8 +630,7 @@ def export_checkpoint(
     Raises :class:`ExportRefused` before writing anything when ``dest`` is not empty or no intact
     checkpoint is available (an explicitly requested ``step`` that is damaged is refused, never replaced
     by another one), and :class:`ExportFailed` when the written export does not verify. ``progress``
-    receives one line per phase. With ``hf`` the folder also holds the Hugging Face files
-    (andrea.control.export_hf) and its README begins with their model card, which names ``command``.
+    receives one line per phase. ``hf``: also the Hugging Face files and model card (export_hf).
     """
     clock = _Clock()
     _check_destination(dest)
@@ -640,31 +640,21 @@ def export_checkpoint(
     manifest, weights = source.manifest, source.payload.weights
     tokenizer, tokenizer_file = _source_tokenizer(run_dir, manifest)
     clock.phase("verify_source")
-
     progress("[2/5] evaluating the fixed batch at export time")
     loss = eval_loss(build_model(manifest, weights), tokenizer)
     clock.phase("eval_at_export")
     progress(f"      loss {loss!r} ({loss.hex()})")
-
     progress(f"[3/5] copying into {dest}")
-    created, metrics, written = _contents(run_dir, manifest, loss, (tokenizer, tokenizer_file))
-    if hf:
-        card = export_hf.model_card(manifest, _evals(run_dir), command, tokenizer)
-        written = (written[0], card + written[1], written[2])
-    files = _copy(run_dir, dest, source, manifest_bytes, written, safetensors, progress)
-    if hf:
-        files += _write_hf(dest, manifest, weights, tokenizer)
+    created, metrics, written = _contents(
+        run_dir, manifest, loss, (tokenizer, tokenizer_file), command if hf else None
+    )
+    files = _copy(run_dir, dest, source, manifest_bytes, written, (safetensors, hf), progress)
     checks = _source_checks(source)
     clock.phase("copy")
     progress(f"      {len(files)} files, {sum(f.size for f in files):,} bytes, fsynced")
-
     progress("[4/5] re-reading at the destination")
-    _verify_destination(dest, manifest, files)
-    checks += _destination_checks(dest, manifest, files, weights, safetensors)
-    if hf:
-        checks += _check_hf(dest, manifest, weights)
+    checks += _destination_checks(dest, manifest, files, weights, (safetensors, hf))
     clock.phase("verify_destination")
-
     progress("[5/5] reloading in a fresh process")
     evaluation, reloaded = _reload_phase(dest, manifest, loss, tokenizer, clock, progress)
     report = ExportReport(
@@ -692,12 +682,17 @@ def _contents(
     manifest: Manifest,
     loss: float,
     tokenizer: tuple[RunTokenizer, tuple[bytes, Path] | None],
+    card_command: str | None = None,
 ) -> tuple[str, ExportMetrics, tuple[ExportMetrics, str, tuple[bytes, Path] | None]]:
     """When the export is made, its metrics, and what phase 3 writes besides the checkpoint:
-    metrics, README, tokenizer."""
+    metrics, README (after the Hugging Face model card naming ``card_command``, when given),
+    tokenizer."""
     created = datetime.now(UTC).isoformat(timespec="milliseconds")
     metrics = _metrics(run_dir, manifest)
     readme = _readme(manifest.step, manifest, run_dir, created, loss.hex(), tokenizer[0])
+    if card_command is not None:
+        card = export_hf.model_card(manifest, _evals(run_dir), card_command, tokenizer[0])
+        readme = card + readme
     return created, metrics, (metrics, readme, tokenizer[1])
 
 
@@ -731,12 +726,14 @@ def _copy(
     source: Loaded,
     manifest_bytes: bytes,
     written: tuple[ExportMetrics, str, tuple[bytes, Path] | None],
-    safetensors: bool,
+    formats: tuple[bool, bool],
     progress: Callable[[str], None],
 ) -> list[ExportedFile]:
     """Phase 3: the checkpoint, its config, metrics, README and tokenizer (`written`), the audit
-    trail and, when asked, the safetensors weights, written durably into ``dest``."""
+    trail and, when asked (``formats``: safetensors, hf), the safetensors weights or the Hugging
+    Face files, written durably into ``dest``."""
     manifest = source.manifest
+    safetensors, hf = formats
     metrics, readme, tokenizer_file = written
     _create_destination(dest)
     try:
@@ -747,6 +744,8 @@ def _copy(
         files += _write_audit(run_dir, dest, manifest.step, progress)
         if safetensors:
             files.append(_write_safetensors(dest, manifest, source.payload.weights))
+        if hf:
+            files += _write_hf(dest, manifest, source.payload.weights, tokenizer_file is None)
     except (OSError, FileRejected) as exc:
         raise ExportFailed(f"writing {dest} failed: {exc}") from exc
     return files
@@ -766,10 +765,13 @@ def _destination_checks(
     manifest: Manifest,
     files: list[ExportedFile],
     weights: np.ndarray,
-    safetensors: bool,
+    formats: tuple[bool, bool],
 ) -> list[ExportCheck]:
-    """Phase 4's checks as export.json records them; with ``safetensors`` the weights written in
-    that format are checked against the payload's, bit for bit."""
+    """Phase 4: every file re-read, the copied checkpoint verified, and the checks as export.json
+    records them; with ``formats`` (safetensors, hf) the weights written in that format are
+    checked against the payload's, bit for bit."""
+    _verify_destination(dest, manifest, files)
+    safetensors, hf = formats
     checks = [
         ExportCheck(
             name="files re-read at the destination",
@@ -783,7 +785,7 @@ def _destination_checks(
                 name="safetensors weights", detail=_check_safetensors(dest, manifest, weights)
             )
         )
-    return checks
+    return checks + (_check_hf(dest, manifest, weights) if hf else [])
 
 
 def _reload_phase(

@@ -33,7 +33,7 @@ from andrea.daemon.checkpoint import format as fmt
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.evallog import EvalEntry
-from andrea.daemon.tokenizer import BYTES, RunTokenizer
+from andrea.daemon.tokenizer import RunTokenizer
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -195,7 +195,7 @@ def generation_config(model: ModelConfig) -> dict[str, Any]:
     }
 
 
-def hf_files(manifest: Manifest, weights: np.ndarray, tokenizer: RunTokenizer) -> dict[str, bytes]:
+def hf_files(manifest: Manifest, weights: np.ndarray, byte_level: bool) -> dict[str, bytes]:
     """Every Hugging Face file but the README and, for a subword run, ``tokenizer.json`` (the
     run's own file, which the export already holds): name -> bytes."""
     model = manifest.model
@@ -209,7 +209,7 @@ def hf_files(manifest: Manifest, weights: np.ndarray, tokenizer: RunTokenizer) -
         TOKENIZER_CONFIG_NAME: as_json(tokenizer_config(model)),
         WEIGHTS_NAME: weights_bytes(manifest, weights),
     }
-    if tokenizer.identity == BYTES:
+    if byte_level:
         files["tokenizer.json"] = byte_tokenizer_json().encode()
     return files
 
@@ -230,6 +230,20 @@ def _yaml(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _arms(manifest: Manifest) -> list[dict[str, Any]]:
+    """Each arm of the checkpoint: name, identity (sha256), tokens, and its source as configured."""
+    arms_config = {a.get("name"): a for a in manifest.config.get("data", {}).get("arms", [])}
+    return [
+        {
+            "name": c.name,
+            "identity_sha256": c.identity,
+            "tokens": c.n_tokens,
+            "source": {k: v for k, v in arms_config.get(c.name, {}).items() if k != "name"},
+        }
+        for c in manifest.data
+    ]
+
+
 def model_card(
     manifest: Manifest,
     evals: Sequence[EvalEntry],
@@ -239,16 +253,7 @@ def model_card(
     """The Hub-style YAML front matter and the model card's section: the data identity (arms,
     sources, sha256s), steps, tokens, the held-out losses per arm at this step, lineage, and the
     command that made the export."""
-    arms_config = {a.get("name"): a for a in manifest.config.get("data", {}).get("arms", [])}
-    arms = [
-        {
-            "name": c.name,
-            "identity_sha256": c.identity,
-            "tokens": c.n_tokens,
-            "source": {k: v for k, v in arms_config.get(c.name, {}).items() if k != "name"},
-        }
-        for c in manifest.data
-    ]
+    arms = _arms(manifest)
     held = next((e for e in reversed(evals) if e.step == manifest.step), None)
     held_out = {n: a.loss for n, a in held.arms.items()} if held else None
     lineage = manifest.lineage_or_default().model_dump(mode="json")
