@@ -32,6 +32,7 @@ from andrea.daemon.rundir import RUN_DIR_ENV, SocketDirError
 
 from .commands import (
     checkpoints,
+    generate,
     history,
     observability,
     pivot,
@@ -68,6 +69,7 @@ COMMANDS: tuple[Command, ...] = (
     plan.SIZE,
     tokenizer.TOKENIZER,
     tools.EXPORT,
+    generate.GENERATE,
     tools.VERIFY_RESUME,
     tools.SCHEMA,
 )

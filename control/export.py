@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -63,12 +64,14 @@ from andrea.daemon.checkpoint.state import load_weights
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
 from andrea.daemon.durable import atomic_write_bytes, fsync_dir
+from andrea.daemon.evallog import canonical_evals, read_evals
 from andrea.daemon.losslog import LossLogError, read_curve
 from andrea.daemon.model import GPT
-from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE
+from andrea.daemon.rundir import CONFIG_FILE, EVAL_FILE, LOSS_FILE
 from andrea.daemon.tokenizer import BYTES, RunTokenizer
 from andrea.protocol.lineage import Lineage
 
+from . import export_hf
 from .export_sources import audit_sources, offenders
 from .export_tokenizer import (
     TOKENIZER_NAME,
@@ -93,6 +96,8 @@ METRICS_NAME = "metrics.json"
 README_NAME = "README.md"
 #: The README of an export, a string.Template beside this module (${name} placeholders).
 README_TEMPLATE = "export_readme.md.template"
+#: ``--format``: andrea's folder alone, or with the Hugging Face files besides (andrea.control.export_hf).
+FORMATS = ("andrea", "hf")
 
 #: The evaluation batch: a fixed byte string, so that the check needs neither the corpus nor its cache
 #: and reads the same on any machine. Rows are consecutive windows of the text repeated cyclically.
@@ -405,19 +410,46 @@ def _write_audit(
 
 
 def _write_safetensors(dest: Path, manifest: Manifest, weights: np.ndarray) -> ExportedFile:
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     tensors = fmt.unflatten(weights, [(e.name, tuple(e.shape), e.offset) for e in manifest.layout])
-    path = dest / SAFETENSORS_NAME
-    save_file(
+    # Serialized here and written as every other file is, so that it gets their mode.
+    data = save(
         {name: np.ascontiguousarray(t) for name, t in tensors.items()},
-        str(path),
         metadata={"format": "pt", "step": str(manifest.step), "bin_sha256": manifest.bin_sha256},
     )
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-    size, digest = _reread(path)
-    return ExportedFile(name=SAFETENSORS_NAME, size=size, sha256=digest)
+    return _write_new(dest / SAFETENSORS_NAME, data)
+
+
+def _write_hf(
+    dest: Path, manifest: Manifest, weights: np.ndarray, byte_level: bool
+) -> list[ExportedFile]:
+    """The Hugging Face files (andrea.control.export_hf) beside the checkpoint; a byte-level run
+    gets its tokenizer.json too."""
+    files = export_hf.hf_files(manifest, weights, byte_level)
+    written = [_write_new(dest / name, data) for name, data in files.items()]
+    fsync_dir(dest)
+    return written
+
+
+def _check_hf(dest: Path, manifest: Manifest, weights: np.ndarray) -> list[ExportCheck]:
+    """The Hugging Face weights read back against the checkpoint's, bit for bit, and a byte
+    run's tokenizer proved to give the byte values."""
+    try:
+        checks = [
+            ExportCheck(
+                name="Hugging Face weights",
+                detail=export_hf.check_weights(dest / export_hf.WEIGHTS_NAME, manifest, weights),
+            )
+        ]
+        if manifest.tokenizer == BYTES:
+            detail = export_hf.check_byte_tokenizer(
+                dest / TOKENIZER_NAME, EVAL_TEXT.decode("utf-8")
+            )
+            checks.append(ExportCheck(name="Hugging Face byte tokenizer", detail=detail))
+    except export_hf.HFExportError as exc:
+        raise ExportFailed(str(exc)) from None
+    return checks
 
 
 def _check_safetensors(dest: Path, manifest: Manifest, weights: np.ndarray) -> str:
@@ -590,13 +622,15 @@ def export_checkpoint(
     step: int | None = None,
     progress: Callable[[str], None] = print,
     safetensors: bool = False,
+    hf: bool = False,
+    command: str = "",
 ) -> ExportReport:
     """Export the newest intact checkpoint of ``run_dir`` (or exactly ``step``) into ``dest`` and prove it.
 
     Raises :class:`ExportRefused` before writing anything when ``dest`` is not empty or no intact
     checkpoint is available (an explicitly requested ``step`` that is damaged is refused, never replaced
     by another one), and :class:`ExportFailed` when the written export does not verify. ``progress``
-    receives one line per phase.
+    receives one line per phase. ``hf``: also the Hugging Face files and model card (export_hf).
     """
     clock = _Clock()
     _check_destination(dest)
@@ -606,24 +640,21 @@ def export_checkpoint(
     manifest, weights = source.manifest, source.payload.weights
     tokenizer, tokenizer_file = _source_tokenizer(run_dir, manifest)
     clock.phase("verify_source")
-
     progress("[2/5] evaluating the fixed batch at export time")
     loss = eval_loss(build_model(manifest, weights), tokenizer)
     clock.phase("eval_at_export")
     progress(f"      loss {loss!r} ({loss.hex()})")
-
     progress(f"[3/5] copying into {dest}")
-    created, metrics, written = _contents(run_dir, manifest, loss, (tokenizer, tokenizer_file))
-    files = _copy(run_dir, dest, source, manifest_bytes, written, safetensors, progress)
+    created, metrics, written = _contents(
+        run_dir, manifest, loss, (tokenizer, tokenizer_file), command if hf else None
+    )
+    files = _copy(run_dir, dest, source, manifest_bytes, written, (safetensors, hf), progress)
     checks = _source_checks(source)
     clock.phase("copy")
     progress(f"      {len(files)} files, {sum(f.size for f in files):,} bytes, fsynced")
-
     progress("[4/5] re-reading at the destination")
-    _verify_destination(dest, manifest, files)
-    checks += _destination_checks(dest, manifest, files, weights, safetensors)
+    checks += _destination_checks(dest, manifest, files, weights, (safetensors, hf))
     clock.phase("verify_destination")
-
     progress("[5/5] reloading in a fresh process")
     evaluation, reloaded = _reload_phase(dest, manifest, loss, tokenizer, clock, progress)
     report = ExportReport(
@@ -651,13 +682,26 @@ def _contents(
     manifest: Manifest,
     loss: float,
     tokenizer: tuple[RunTokenizer, tuple[bytes, Path] | None],
+    card_command: str | None = None,
 ) -> tuple[str, ExportMetrics, tuple[ExportMetrics, str, tuple[bytes, Path] | None]]:
     """When the export is made, its metrics, and what phase 3 writes besides the checkpoint:
-    metrics, README, tokenizer."""
+    metrics, README (after the Hugging Face model card naming ``card_command``, when given),
+    tokenizer."""
     created = datetime.now(UTC).isoformat(timespec="milliseconds")
     metrics = _metrics(run_dir, manifest)
     readme = _readme(manifest.step, manifest, run_dir, created, loss.hex(), tokenizer[0])
+    if card_command is not None:
+        card = export_hf.model_card(manifest, _evals(run_dir), card_command, tokenizer[0])
+        readme = card + readme
     return created, metrics, (metrics, readme, tokenizer[1])
+
+
+def _evals(run_dir: Path) -> list:
+    """The run's canonical held-out evaluations; none when it has no readable .eval.json."""
+    try:
+        return canonical_evals(read_evals(run_dir / EVAL_FILE))
+    except (OSError, ValueError):
+        return []
 
 
 def _intact_detail(manifest: Manifest) -> str:
@@ -682,12 +726,14 @@ def _copy(
     source: Loaded,
     manifest_bytes: bytes,
     written: tuple[ExportMetrics, str, tuple[bytes, Path] | None],
-    safetensors: bool,
+    formats: tuple[bool, bool],
     progress: Callable[[str], None],
 ) -> list[ExportedFile]:
     """Phase 3: the checkpoint, its config, metrics, README and tokenizer (`written`), the audit
-    trail and, when asked, the safetensors weights, written durably into ``dest``."""
+    trail and, when asked (``formats``: safetensors, hf), the safetensors weights or the Hugging
+    Face files, written durably into ``dest``."""
     manifest = source.manifest
+    safetensors, hf = formats
     metrics, readme, tokenizer_file = written
     _create_destination(dest)
     try:
@@ -698,6 +744,8 @@ def _copy(
         files += _write_audit(run_dir, dest, manifest.step, progress)
         if safetensors:
             files.append(_write_safetensors(dest, manifest, source.payload.weights))
+        if hf:
+            files += _write_hf(dest, manifest, source.payload.weights, tokenizer_file is None)
     except (OSError, FileRejected) as exc:
         raise ExportFailed(f"writing {dest} failed: {exc}") from exc
     return files
@@ -717,10 +765,13 @@ def _destination_checks(
     manifest: Manifest,
     files: list[ExportedFile],
     weights: np.ndarray,
-    safetensors: bool,
+    formats: tuple[bool, bool],
 ) -> list[ExportCheck]:
-    """Phase 4's checks as export.json records them; with ``safetensors`` the weights written in
-    that format are checked against the payload's, bit for bit."""
+    """Phase 4: every file re-read, the copied checkpoint verified, and the checks as export.json
+    records them; with ``formats`` (safetensors, hf) the weights written in that format are
+    checked against the payload's, bit for bit."""
+    _verify_destination(dest, manifest, files)
+    safetensors, hf = formats
     checks = [
         ExportCheck(
             name="files re-read at the destination",
@@ -734,7 +785,7 @@ def _destination_checks(
                 name="safetensors weights", detail=_check_safetensors(dest, manifest, weights)
             )
         )
-    return checks
+    return checks + (_check_hf(dest, manifest, weights) if hf else [])
 
 
 def _reload_phase(
@@ -871,9 +922,22 @@ def _reload_in_fresh_process(dest: Path) -> ReloadCheck:
 
 
 def run_export(
-    run_dir: Path, dest: Path, step: int | None, as_json: bool, safetensors: bool = False
+    run_dir: Path,
+    dest: Path,
+    step: int | None,
+    as_json: bool,
+    safetensors: bool = False,
+    export_format: str = "andrea",
 ) -> int:
     """Export and return the exit code; ``as_json`` prints export.json on stdout (progress on stderr)."""
+    hf = export_format == "hf"
+    if hf and safetensors:
+        return _refused(
+            "export refused: --format hf writes model.safetensors under transformers' names; "
+            "leave out --safetensors",
+            EXIT_REFUSED,
+            as_json,
+        )
 
     def to_stderr(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -888,6 +952,8 @@ def run_export(
             step,
             progress=to_stderr if as_json else to_stdout,
             safetensors=safetensors,
+            hf=hf,
+            command=_command_line(),
         )
     except ExportRefused as exc:
         return _refused(f"export refused: {exc}", EXIT_REFUSED, as_json)
@@ -900,6 +966,13 @@ def run_export(
     if as_json:
         print(report.model_dump_json(indent=2))
     return EXIT_OK
+
+
+def _command_line() -> str:
+    """The command that is running, as the person typed it (for the model card)."""
+    name = Path(sys.argv[0]).stem
+    program = "python -m andrea.control.export" if name == "export" else name
+    return " ".join([program, shlex.join(sys.argv[1:])])
 
 
 def _refused(message: str, code: int, as_json: bool) -> int:
@@ -931,6 +1004,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--safetensors", action="store_true", help="also write the weights as model.safetensors"
     )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="andrea",
+        help="hf: also the files transformers loads (config.json, model.safetensors, tokenizer)",
+    )
     # The fresh process of the export's own verification.
     parser.add_argument("--reload-check", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -939,7 +1018,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     if args.run_dir is None or args.dest is None:
         parser.error("--run-dir and --to are required")
-    return run_export(args.run_dir, args.dest, args.step, args.json, args.safetensors)
+    return run_export(args.run_dir, args.dest, args.step, args.json, args.safetensors, args.format)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,31 @@ class SamplesReport(_Report):
     records: list[dict[str, Any]] = Field(description="the newest records of .samples.json")
 
 
+class Generation(BaseModel):
+    """One prompt's continuation."""
+
+    prompt: str
+    prompt_tokens: int
+    text: str = Field(description="the continuation, decoded (the prompt not repeated)")
+    tokens: list[int] = Field(description="the continuation's ids")
+    window_slid: bool = Field(description="prompt + continuation exceeded block_size")
+
+
+class GenerateReport(_Report):
+    """``andreactl generate``: what was loaded, the sampling settings, and each continuation."""
+
+    source: str
+    step: int
+    tokenizer: str = Field(description='"bytes" or the tokenizer file\'s sha256')
+    block_size: int
+    seed: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    max_new_tokens: int
+    outputs: list[Generation]
+
+
 class PlotReport(_Report):
     out: str
     steps: int
@@ -434,6 +459,7 @@ REPORTS: dict[str, tuple[ModelRef, ...]] = {
     "size": (SizeReport,),
     "plan": (PlanReport,),
     "tokenizer": (TokenizerTrainReport, TokenizerEncodeReport),
+    "generate": (GenerateReport,),
     "export": ("andrea.control.export:ExportReport",),
     "verify-resume": ("andrea.control.verify_resume.engine:VerificationReport",),
 }

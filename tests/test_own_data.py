@@ -171,7 +171,7 @@ def _samples_decode(run: Path) -> None:
             assert text.startswith(s["prompt"]) and len(text) > len(s["prompt"]) + 40
             assert sum(c.isprintable() or c.isspace() for c in text) > 0.95 * len(text), text
     shown = _ok(andreactl(run, "samples", "--last", "1"))
-    assert "step 200" in shown and repr(records[-1]["samples"][0]["text"]) in shown
+    assert "step 200" in shown and records[-1]["samples"][0]["text"] in shown
 
 
 def _export_reloads_with_its_tokenizer(run: Path, dest: Path) -> None:

@@ -9,6 +9,7 @@ rows beside the code they run, and :mod:`andrea.control.andreactl` lists the row
 - :mod:`.observability`: ``plot``, ``metrics``
 - :mod:`.tools`: ``size``, ``export``, ``verify-resume``, ``schema``
 - :mod:`.tokenizer`: ``tokenizer train``, ``tokenizer encode``
+- :mod:`.generate`: ``generate``
 
 Shared by them: :mod:`.conventions` (the row, exit codes, the user error, output), :mod:`.daemons`
 (asking a daemon) and :mod:`.formatting` (figures for a person).

@@ -8,6 +8,7 @@ import difflib
 import json
 import math
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from andrea.daemon.evallog import canonical_evals, last_eval, read_evals
 from andrea.daemon.losslog import LossCurve, read_curve
 from andrea.daemon.metrics.series import arm_loss_ema
 from andrea.daemon.mixing.proxyfiles import MAX_SAMPLES_BYTES
-from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE
+from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, pivot_records
 
 from .. import reports as r
 from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
@@ -128,22 +129,58 @@ def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return EXIT_OK
 
 
-def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """The most recent generated samples, from .samples.json."""
-    path = args.run_dir / SAMPLES_FILE
-    if not path.exists() and not path.is_symlink():
-        raise CommandFailed(f"{path} does not exist yet (samples come every sample_every steps)")
+def _samples_arguments(parser: argparse.ArgumentParser) -> None:
+    _last_arguments(parser)
+    parser.add_argument(
+        "--all-phases",
+        action="store_true",
+        help="also the samples of earlier phases, from the pivot archives (oldest first)",
+    )
+
+
+def _sample_files(run_dir: Path, all_phases: bool) -> list[Path]:
+    """The samples files to read, oldest phase first: each pivot archive's, then the current one."""
+    archived = sorted(p.parent / SAMPLES_FILE for p in pivot_records(run_dir)) if all_phases else []
+    return [p for p in archived if p.is_file()] + [run_dir / SAMPLES_FILE]
+
+
+def _read_records(path: Path) -> list[dict]:
     try:
-        data = json.loads(read_bounded(path, MAX_SAMPLES_BYTES))
-        records = data["records"][-args.last :] if args.last else data["records"]
+        return json.loads(read_bounded(path, MAX_SAMPLES_BYTES))["records"]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path}: not a samples file ({e})") from None
-    text = "\n\n".join(
-        f"step {rec['step']} (segment {rec['segment']}, phase {rec['phase']}, arms {rec['arm_mix']}):\n"
-        + "\n".join(f"  {s['text']!r}" for s in rec["samples"])
-        for rec in records
-    )
-    emit(args, r.SamplesReport(run_dir=str(args.run_dir), records=records), text)
+
+
+def samples_text(records: list[dict]) -> str:
+    """The records for a person: a header line per record, each sample's text as written (real
+    newlines, no escapes) under a separator naming its prompt."""
+    blocks = []
+    for rec in records:
+        mix = ", ".join(f"{arm} {n}" for arm, n in rec["arm_mix"].items()) or "none recorded"
+        lines = [f"=== step {rec['step']} · segment {rec['segment']} · phase {rec['phase']} "
+                 f"· steps per arm since the previous: {mix} ==="]  # fmt: skip
+        for i, sample in enumerate(rec["samples"], 1):
+            lines.append(f"--- sample {i} (prompt {sample['prompt']!r}) ---")
+            lines.append(sample["text"])
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The most recent generated samples, from .samples.json (and the archives: --all-phases)."""
+    path = args.run_dir / SAMPLES_FILE
+    if not path.exists() and not path.is_symlink():
+        raise CommandFailed(
+            f"{path} does not exist yet: the proxy writes it every sample_every steps; a run under "
+            "--mixing fixed (no proxy) writes no .samples.json (andreactl generate makes text "
+            "from any checkpoint)"
+        )
+    records = [
+        rec for f in _sample_files(args.run_dir, args.all_phases) for rec in _read_records(f)
+    ]
+    records = records[-args.last :] if args.last else records
+    report = r.SamplesReport(run_dir=str(args.run_dir), records=records)
+    emit(args, report, samples_text(records))
     return EXIT_OK
 
 
@@ -161,7 +198,10 @@ HISTORY = Command(
 SAMPLES = Command(
     "samples",
     "the most recent generated samples",
-    _last_arguments,
+    _samples_arguments,
     cmd_samples,
-    examples=("andreactl samples --run-dir runs/r1 --last 2",),
+    examples=(
+        "andreactl samples --run-dir runs/r1 --last 2",
+        "andreactl samples --run-dir runs/r1 --all-phases --last 0",
+    ),
 )

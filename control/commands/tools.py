@@ -33,13 +33,22 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also write the weights as model.safetensors (needs the safetensors extra)",
     )
+    parser.add_argument(
+        "--format",
+        choices=("andrea", "hf"),
+        default="andrea",
+        help=(
+            "hf: also the Hugging Face files (config.json, model.safetensors under GPT2LMHeadModel's "
+            "names, tokenizer.json, tokenizer_config.json, a model card) that transformers loads"
+        ),
+    )
 
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Export a verified checkpoint of the run (see andrea.control.export)."""
     from andrea.control.export import run_export
 
-    return run_export(args.run_dir, args.dest, args.step, args.json, args.safetensors)
+    return run_export(args.run_dir, args.dest, args.step, args.json, args.safetensors, args.format)
 
 
 def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -112,6 +121,7 @@ EXPORT = Command(
     examples=(
         "andreactl export --run-dir runs/r1 --to exports/r1",
         "andreactl export --run-dir runs/r1 --step 110000 --to exports/r1-110k --safetensors",
+        "andreactl export --run-dir runs/r1 --to exports/r1-hf --format hf",
     ),
 )
 VERIFY_RESUME = Command(
