@@ -528,8 +528,9 @@ def _create_destination(dest: Path) -> None:
         raise ExportRefused(f"cannot create {dest}: {exc.strerror or exc}") from None
 
 
-def _select(run_dir: Path, step: int | None) -> Loaded:
-    """The requested checkpoint, or the newest intact one; damaged newer ones are listed as skipped."""
+def select_checkpoint(run_dir: Path, step: int | None) -> Loaded:
+    """The requested checkpoint, or the newest intact one; damaged newer ones are listed as skipped.
+    ExportRefused naming what is missing or damaged (also what `andreactl generate` says)."""
     steps = checkpoint_steps(run_dir)
     if step is not None:
         if step not in steps:
@@ -828,7 +829,7 @@ def _verify_source(
     run_dir: Path, step: int | None, progress: Callable[[str], None]
 ) -> tuple[Loaded, bytes]:
     """Phase 1: the checkpoint to export, verified, and its manifest's bytes as they will be copied."""
-    source = _select(run_dir, step)
+    source = select_checkpoint(run_dir, step)
     for reason in source.skipped:
         progress(f"      WARNING: skipped damaged checkpoint {reason}")
     manifest = source.manifest

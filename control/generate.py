@@ -17,18 +17,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from andrea.daemon.checkpoint.manager import (
-    NoIntactCheckpoint,
-    checkpoint_steps,
-    newest_intact,
-    verify_checkpoint,
-)
+from andrea.daemon.checkpoint.manager import checkpoint_steps
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.model import GPT
-from andrea.daemon.rundir import bin_name
 from andrea.daemon.tokenizer import RunTokenizer
 
-from .export import REPORT_NAME, build_model
+from .export import REPORT_NAME, ExportRefused, build_model, select_checkpoint
 from .export_tokenizer import TokenizerProblem, load_export_tokenizer, run_tokenizer
 
 
@@ -94,27 +88,12 @@ def load_source(folder: Path, step: int | None, device: str) -> Loaded:
 
 
 def _checkpoint(folder: Path, step: int | None) -> tuple[Manifest, object]:
-    steps = checkpoint_steps(folder)
-    if not steps:
+    if not checkpoint_steps(folder):
         raise GenerateError(f"no checkpoint in {folder}: give a run directory or an export folder")
-    if step is not None:
-        if step not in steps:
-            raise GenerateError(
-                f"{folder} has no checkpoint of step {step} (steps with a manifest: {steps})"
-            )
-        try:
-            manifest, payload = verify_checkpoint(folder, step)
-        except ValueError as exc:
-            raise GenerateError(f"{folder / bin_name(step)} is not intact: {exc}") from None
-        return manifest, payload.weights
     try:
-        loaded = newest_intact(folder, steps)
-    except NoIntactCheckpoint as exc:
-        raise GenerateError(
-            f"no intact checkpoint in {folder}" + "".join(f"; skipped {s}" for s in exc.skipped)
-        ) from None
-    if loaded is None:
-        raise GenerateError(f"no checkpoint in {folder}: give a run directory or an export folder")
+        loaded = select_checkpoint(folder, step)
+    except ExportRefused as exc:
+        raise GenerateError(str(exc)) from None
     return loaded.manifest, loaded.payload.weights
 
 
