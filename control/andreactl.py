@@ -94,8 +94,8 @@ class _Parser(argparse.ArgumentParser):
     `--la` is not `--last`, so adding an option never changes what a script meant), a misspelled
     command gets a suggestion, and an error is raised to main, which reports it (as JSON too)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, allow_abbrev=False, **kwargs)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         wrong = re.search(r"argument COMMAND: invalid choice: '([^']*)'", message)

@@ -91,37 +91,37 @@ class Comparison(BaseModel):
     )
     issues: list[Issue] = Field(description=f"The first {MAX_ISSUES_KEPT} issues of each kind.")
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy refuses a decorated property
     @property
     def structural_issues(self) -> int:
         """Missing/extra keys, length, type and unsupported-value issues."""
         return sum(n for kind, n in self.counts.items() if kind in STRUCTURAL_KINDS)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy refuses a decorated property
     @property
     def non_finite(self) -> int:
         """Places where either side holds NaN or an infinity."""
         return self.counts.get(IssueKind.NON_FINITE, 0)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy refuses a decorated property
     @property
     def value_mismatches(self) -> int:
         """Comparable leaves that differ beyond the tolerance."""
         return self.counts.get(IssueKind.VALUE_MISMATCH, 0)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy refuses a decorated property
     @property
     def sound(self) -> bool:
         """Same structure and only finite numbers: the values could be compared everywhere."""
         return self.structural_issues == 0 and self.non_finite == 0
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy refuses a decorated property
     @property
     def passed(self) -> bool:
         """Sound and every value within tolerance: the candidate reproduces the reference."""
         return self.sound and self.value_mismatches == 0
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy refuses a decorated property
     @property
     def diverged(self) -> bool:
         """Sound but some value differs: a genuine divergence rather than an unusable output."""

@@ -48,7 +48,9 @@ def newest_manifest(run_dir: Path) -> dict | None:
 def counted(run_dir: Path) -> DataTokens | None:
     """The training tokens of the arms of the run's newest checkpoint, as its manifest records."""
     manifest = newest_manifest(run_dir)
-    cursors = manifest.get("data") if manifest else None
+    if not manifest:
+        return None
+    cursors = manifest.get("data")
     if not isinstance(cursors, list) or not cursors:
         return None
     try:
@@ -85,7 +87,7 @@ def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
 
 def _arm_tokens(spec: ArmSpec, base: Path, per_token: float) -> float:
     if spec.kind == "tokens":
-        return (base / spec.path).stat().st_size / np.dtype(spec.dtype).itemsize
+        return (base / spec.tokens_path()).stat().st_size / np.dtype(spec.dtype).itemsize
     if spec.kind in ("text", "jsonl"):
         files, _ = arm_files(spec, base)
         return sum(f.stat().st_size for f in files) / per_token

@@ -99,7 +99,7 @@ def _zero_biases(model: ModelConfig) -> dict[str, tuple[int, ...]]:
         "mlp.c_fc.bias": 4 * n,
         "mlp.c_proj.bias": n,
     }
-    out = {
+    out: dict[str, tuple[int, ...]] = {
         f"transformer.h.{i}.{k}": (size,)
         for i in range(model.n_layer)
         for k, size in per_block.items()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -87,7 +88,7 @@ def load_source(folder: Path, step: int | None, device: str) -> Loaded:
     return Loaded(model, tokenizer, manifest, f"{kind} {folder}, step {manifest.step}")
 
 
-def _checkpoint(folder: Path, step: int | None) -> tuple[Manifest, object]:
+def _checkpoint(folder: Path, step: int | None) -> tuple[Manifest, np.ndarray]:
     if not checkpoint_steps(folder):
         raise GenerateError(f"no checkpoint in {folder}: give a run directory or an export folder")
     try:

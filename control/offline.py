@@ -177,9 +177,9 @@ def _logged(run_dir: Path, problems: list[str]) -> tuple[LossEntry | None, float
         problems.append(f"{path}: {e}")
         return None, None
     newest: dict[int, LossEntry] = {}
-    for e in entries:
-        if e.step not in newest or e.segment >= newest[e.step].segment:
-            newest[e.step] = e
+    for entry in entries:
+        if entry.step not in newest or entry.segment >= newest[entry.step].segment:
+            newest[entry.step] = entry
     ema = None
     for step in sorted(newest):
         ema = ema_update(ema, newest[step].loss)

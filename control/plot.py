@@ -37,6 +37,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.typing import LineStyleType
 
 from andrea.control.run_events import RunEvents
 from andrea.daemon.losslog import LossCurve
@@ -50,7 +51,7 @@ FORMATS = ("png", "svg", "pdf")
 #: Round tick steps (1, 2, 2.5, 5 times a power of ten), the same on every axis.
 ROUND_STEPS = [1, 2, 2.5, 5, 10]
 
-MARKS = {
+MARKS: dict[str, tuple[str, LineStyleType, str]] = {
     # kind: (colour, line style, legend label)
     "restart": ("0.35", (0, (4, 3)), "restart (new segment)"),
     "pivot": ("tab:purple", "-", "pivot (phase, policy)"),
@@ -333,11 +334,12 @@ def _draw_shares(ax: Axes, view: PlotView) -> None:
     phases = _phase_rows(c.phase)
     for name in view.arms:
         # One line per arm, broken between phases: each phase's count starts from zero.
-        xs, ys = [], []
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
         for rows in phases:
             px, py = _stride(x[rows], view.shares[name][rows])
-            xs += [px, [np.nan]]
-            ys += [py, [np.nan]]
+            xs += [px, np.array([np.nan])]
+            ys += [py, np.array([np.nan])]
         ax.plot(
             np.concatenate(xs[:-1]),
             np.concatenate(ys[:-1]),

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from glob import glob
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from andrea.daemon.boundedio import irregular
 from andrea.daemon.checkpoint.manager import checkpoint_steps
@@ -51,6 +51,10 @@ from andrea.daemon.tokenizer import BYTES, FileTokenizer, RunTokenizer, padded_v
 from . import reports as r
 from .commands.conventions import UserError
 from .commands.formatting import human_bytes
+
+if TYPE_CHECKING:  # imported where a tokenizer is trained: the other commands need none of it
+    from tokenizers import Tokenizer
+    from tokenizers.trainers import BpeTrainer
 
 #: The byte-level alphabet: a BPE vocabulary starts with these 256 ids.
 ALPHABET = 256
@@ -153,7 +157,7 @@ def _select_arms(cfg: RunConfig, names: list[str] | None) -> list[ArmSpec]:
     return text_arms
 
 
-def _new_bpe(vocab_size: int, progress: bool) -> tuple[object, object]:
+def _new_bpe(vocab_size: int, progress: bool) -> tuple[Tokenizer, BpeTrainer]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())

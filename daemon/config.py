@@ -151,6 +151,18 @@ class ArmSpec(_Strict):
         """Whether the arm's text is encoded with the run's tokenizer (not a tokens file)."""
         return self.kind != "tokens"
 
+    def tokens_path(self) -> str:
+        """A tokens arm's file, as the config names it (the validator requires it)."""
+        if self.path is None:
+            raise ValueError(f"arm {self.name!r}: kind {self.kind!r} names no tokens file")
+        return self.path
+
+    def stdlib_part(self) -> str:
+        """A stdlib arm's part of the standard library (the validator requires it)."""
+        if self.part is None:
+            raise ValueError(f"arm {self.name!r}: kind {self.kind!r} names no stdlib part")
+        return self.part
+
 
 def default_arms() -> list[ArmSpec]:
     return [

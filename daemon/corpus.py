@@ -43,7 +43,7 @@ def stdlib_root() -> Path:
 def stdlib_files(root: Path | None = None) -> list[Path]:
     """The corpus's files in a fixed order (sorted relative paths)."""
     root = root or stdlib_root()
-    out = []
+    out: list[Path] = []
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if x not in _SKIP_DIRS)
         out.extend(Path(d, f) for f in sorted(files) if f.endswith(".py"))

@@ -311,7 +311,7 @@ def arm_documents(
 
 
 def _tokens_file(spec: ArmSpec, base: Path) -> tuple[Path, np.dtype, os.stat_result]:
-    path = (base / spec.path).resolve()
+    path = (base / spec.tokens_path()).resolve()
     try:
         kind = irregular(path, follow_symlinks=True)
     except FileNotFoundError:
@@ -336,7 +336,7 @@ def _made_by(spec: ArmSpec, base: Path) -> tuple[str | None, str]:
     """Which tokenizer made a tokens arm's file: its record's identity (None: unknown), and where
     that is said. The record is the one beside the path the arm names (a link's own, not its
     target's: whoever links a file from elsewhere says, beside the link, what made it)."""
-    path = base / spec.path
+    path = base / spec.tokens_path()
     record = read_record(path)
     if record is None:
         return None, f"no {path.name}.json beside it"
@@ -436,7 +436,7 @@ def _tokens_arm(
     tokenizer: str,
 ) -> Arm:
     identity, max_id = _tokens_identity(spec, base, cache)
-    path = (base / spec.path).resolve()
+    path = (base / spec.tokens_path()).resolve()
     if max_id >= vocab_size:
         raise DataError(
             f"arm {spec.name!r}: token id {max_id:,} in {path} is not below [model] vocab_size "
@@ -514,7 +514,7 @@ def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) ->
         files = corpus.stdlib_files(root)
         if not files:
             raise DataError(f"no Python sources found under {root}")
-        source = corpus.stdlib_identity(spec.part, files, root)
+        source = corpus.stdlib_identity(spec.stdlib_part(), files, root)
     else:
         with _naming(spec):
             source, _ = _source_identity(spec, base)

@@ -69,6 +69,7 @@ def apply(on: bool) -> None:
         # Only when it changes: the call imports torch's compiler stack (seconds at start-up).
         torch.use_deterministic_algorithms(on)
     # Read only while the mode is on; off, so that no allocation pays a fill kernel.
+    # A module attribute torch sets at run time; its stubs do not declare it.
     torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cudnn.deterministic = on
     torch.backends.cudnn.benchmark = False

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import get_args
@@ -251,7 +252,7 @@ def check_same(world: World, what: str, value: str) -> None:
 # ---- replicas --------------------------------------------------------------------------------
 
 
-def fingerprint(tensors: list[torch.Tensor]) -> torch.Tensor:
+def fingerprint(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """An int64 checksum of the tensors' float32 bits, exact and order-independent per tensor:
     DDP keeps replicas bit-identical, so any difference in any bit shows up (barring a collision
     of sums, which a silent divergence would not produce for long)."""
@@ -261,7 +262,7 @@ def fingerprint(tensors: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def check_replicas(world: World, groups: dict[str, list[torch.Tensor]]) -> None:
+def check_replicas(world: World, groups: Mapping[str, Sequence[torch.Tensor]]) -> None:
     """Before a write: DistributedError when any rank's weights, m or v differ from rank 0's.
     One pass over the state on its device and one all-gather of a few integers."""
     if not world.distributed:

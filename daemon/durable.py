@@ -25,7 +25,7 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.{os.getpid()}.tmp")
 
 
-def atomic_write(path: Path, fill: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: Path, fill: Callable[[BinaryIO], object]) -> None:
     """Create or replace `path` so that a crash at any moment leaves either the old or the new file.
 
     `fill` writes the content to the open temporary file. On error the temporary file is removed

@@ -79,6 +79,7 @@ import numpy as np
 import pydantic_core
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
 
@@ -123,7 +124,7 @@ _FIELD_NAMES = LossEntry.model_fields.keys()
 # What LossEntry takes for each field, in JSON, as whole-column checks for read_curve: the Python types
 # (strict: an int is not a bool or a float; a float may be an int; loss strings are decoded before this
 # check), the ge= bound of each integer field, and the column type in a LossCurve.
-_TYPES = {
+_TYPES: dict[str, set[type]] = {
     "step": {int},
     "loss": {int, float},
     "arm": {str},
@@ -148,6 +149,8 @@ _DTYPES = {
     "batch_sha256": object,
 }
 _S = TypeVar("_S", bound=Sized)
+#: What a log of this discipline holds: a class's `entry_type` says which (checked on append).
+Record = LossEntry | EvalEntry
 
 
 class LossLogError(Exception):
@@ -271,6 +274,7 @@ def _parse_body(
         return []
     # A clean file is already the JSON document: parse it in place rather than copy 40 MB.
     doc = buf if tail.clean else buf[: tail.end] + _TERM
+    items: _S | None
     try:
         items = parse(doc)
     except (
@@ -280,7 +284,12 @@ def _parse_body(
     # Valid JSON is not enough: the tail logic relies on one entry per line, each but the last ending
     # "},". With n entries that is n - 1 separators "},\n" and n + 2 newlines in all.
     n = -3 if items is None else len(items)
-    if not doc.startswith(b"[\n") or doc.count(b"\n") != n + 2 or doc.count(b"},\n") != n - 1:
+    if (
+        items is None
+        or not doc.startswith(b"[\n")
+        or doc.count(b"\n") != n + 2
+        or doc.count(b"},\n") != n - 1
+    ):
         offset, reason = _first_bad_line(buf, tail.end, model)
         raise LossLogCorrupt(path, offset, reason)
     return items
@@ -428,7 +437,7 @@ class LossLog:
         end: int,
         keys: set[tuple[int, int]],
         count: int,
-        last: LossEntry | None,
+        last: Record | None,
     ) -> None:
         self._path = path
         self._fd: int | None = fd
@@ -492,7 +501,7 @@ class LossLog:
         return self._path
 
     @property
-    def last(self) -> LossEntry | None:
+    def last(self) -> Record | None:
         """The last entry in file order, or None for an empty log."""
         return self._last
 
@@ -502,11 +511,11 @@ class LossLog:
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    def append(self, entry: LossEntry) -> bool:
+    def append(self, entry: Record) -> bool:
         """Append one entry (no fsync); False, writing nothing, if its (segment, step) is already present."""
         return self.append_many((entry,)) == 1
 
-    def append_many(self, entries: Iterable[LossEntry]) -> int:
+    def append_many(self, entries: Iterable[Record]) -> int:
         """Append entries in one write (no fsync), skipping (segment, step) pairs already present.
 
         Returns the number of entries written. If the write fails (a full disk) it is undone at once: the
@@ -629,6 +638,7 @@ def _gc_paused() -> Iterator[None]:
 
 @cache
 def _list_adapter(model: type[BaseModel]) -> TypeAdapter[list[Any]]:
+    # A list of a class known only at run time, which a static type cannot name.
     return TypeAdapter(list[model])  # type: ignore[valid-type]
 
 

@@ -112,7 +112,7 @@ def _check_checkpoint(plan: StartPlan, identities: dict[str, str], allow_change:
     if not steps:
         return "a new run" + (f" from {plan.init_from}" if plan.init_from else "")
     expect = _expectation(plan.cfg, identities, allow_change)
-    skipped = []
+    skipped: list[str] = []
     for step in steps:
         manifest = _sound_manifest(run_dir, step, skipped)
         if manifest is None:

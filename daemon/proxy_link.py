@@ -181,7 +181,7 @@ class ProxyLink:
     # ---- link thread ------------------------------------------------------------------------
 
     def _socket(self) -> zmq.Socket:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, m.MAX_MESSAGE_BYTES)
         sock.connect(self.ep)

@@ -155,6 +155,7 @@ class RegularReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    # Narrower than RawIOBase's (any writable buffer): io's buffered readers pass these two.
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         want = min(len(buffer), self.size - self.done)
         if want <= 0:

@@ -65,7 +65,10 @@ def field_at(path: str) -> FieldInfo:
     model: type[BaseModel] = RunConfig
     *parents, name = path.split(".")
     for part in parents:
-        model = model.model_fields[part].annotation  # type: ignore[assignment]
+        section = model.model_fields[part].annotation
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            raise ValueError(f"{path}: {part!r} is not a section of the config")
+        model = section
     return model.model_fields[name]
 
 

@@ -52,7 +52,7 @@ def new_id() -> str:
 
 def request(ep: str, msg: _Msg, timeout: float = 2.0, retries: int = 3) -> Message:
     """Send one request and return its reply (Lazy Pirate). Raises Unreachable."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     payload = encode(msg)
     for _ in range(retries):
         sock = ctx.socket(zmq.DEALER)

@@ -15,6 +15,7 @@ def ask(
 ) -> Reply | None:
     """The daemon's reply, or None when it does not answer (not running, or wedged)."""
     try:
+        # A daemon answers every request with a Reply; `request` is typed for any message.
         return request(peer_endpoint(run_dir, role), msg, timeout=timeout, retries=retries)  # type: ignore[return-value]
     except Unreachable:
         return None

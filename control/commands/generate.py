@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from andrea.daemon.boundedio import FileRejected, read_bounded
@@ -87,7 +88,7 @@ def _source(args: argparse.Namespace) -> Path:
 class _Stream:
     """Prints a continuation as it grows, whole characters only (a token may end mid-character)."""
 
-    def __init__(self, decode) -> None:
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
         self.decode = decode
         self.shown = 0
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 from andrea.control.verify_options import MINI_SABOTAGES
 
 CHECKPOINT_FORMAT = "andrea-mini-checkpoint/1"
-SUMMARY_FORMAT = "andrea-mini-summary/1"
+SUMMARY_FORMAT: Literal["andrea-mini-summary/1"] = "andrea-mini-summary/1"
 CHECKPOINT_NAME = "checkpoint.pt"
 SUMMARY_NAME = "summary.json"
 #: How many upcoming values of each generator a summary reports.

@@ -106,7 +106,11 @@ def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         from andrea.daemon.config import ConfigError
         from andrea.daemon.rundir import CONFIG_FILE
 
-        source = config if config is not None else run_dir / CONFIG_FILE
+        if config is not None:
+            source = config
+        else:
+            assert run_dir is not None  # one of the two, by the condition above
+            source = run_dir / CONFIG_FILE
         # Relative data paths mean what the trainer makes of them: relative to the run directory,
         # or, for a config file given alone, to the directory that holds it.
         base = (run_dir if run_dir is not None else source.parent).resolve()

@@ -30,7 +30,7 @@ EXIT_MISMATCH = 1
 EXIT_INCOMPLETE = 2
 
 REPORT_NAME = "verification.json"
-REPORT_FORMAT = "andrea-resume-verification/1"
+REPORT_FORMAT: Literal["andrea-resume-verification/1"] = "andrea-resume-verification/1"
 
 CONTINUOUS = "continuous"
 STOP = "stop"
@@ -362,8 +362,8 @@ def print_table(report: VerificationReport) -> None:
         print(f"{name:<16} {f.line(report.final_step)}")
     failed = [c for c in report.checks if not c.passed]
     print(f"protocol checks: {len(report.checks) - len(failed)}/{len(report.checks)} passed")
-    for c in failed:
-        print(f"  FAILED {c.path}: {c.name}: {c.detail}")
+    for check in failed:
+        print(f"  FAILED {check.path}: {check.name}: {check.detail}")
     within = (
         "bit for bit" if report.tolerance.absolute == 0 else f"within {report.tolerance.absolute:g}"
     )

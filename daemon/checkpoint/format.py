@@ -64,6 +64,7 @@ def read_payload(path: str | os.PathLike[str], mmap: bool = True) -> Payload:
     size = path.stat().st_size
     if size != payload_size(n):
         raise PayloadError(f"{path}: {size} bytes, but n_params={n} needs {payload_size(n)}")
+    flat: np.ndarray
     if mmap:
         flat = np.memmap(path, dtype=DTYPE, mode="r", offset=HEADER.size, shape=(3 * n,))
     else:

@@ -78,7 +78,7 @@ class Snapshot:
         """The complete payload as one contiguous uint8 array, once its bytes have landed."""
         if self.ready is not None:
             self.ready()
-        step, n = fmt.HEADER.unpack_from(self.payload)
+        step, n = fmt.HEADER.unpack_from(self.payload.data)
         if (step, n) != (self.step, self.n_params) or self.payload.size != fmt.payload_size(n):
             raise fmt.PayloadError(
                 f"staged payload header (step={step}, n={n}) does not match step {self.step}"
@@ -223,7 +223,9 @@ class CheckpointManager:
     def in_flight(self) -> int | None:
         """The step whose background write has not finished yet, if any."""
         w = self._writer
-        return w.label if w is not None and w.busy else None  # type: ignore[return-value]
+        if w is None or not w.busy or not isinstance(w.label, int):  # labelled with its step
+            return None
+        return w.label
 
     def wait(self) -> None:
         """Block until no background write is in flight. Re-raises a write's unexpected error
@@ -482,7 +484,7 @@ def verify_payload(run_dir: Path, manifest: Manifest, out: np.ndarray | None) ->
         raise ValueError(
             f"payload sha256 {digest[:12]}… does not match manifest {manifest.bin_sha256[:12]}…"
         )
-    step_h, n_h = fmt.HEADER.unpack_from(buf)
+    step_h, n_h = fmt.HEADER.unpack_from(buf.data)
     if (step_h, n_h) != (manifest.step, manifest.n_params):
         raise ValueError(f"payload header (step={step_h}, n={n_h}) disagrees with manifest")
     n = manifest.n_params

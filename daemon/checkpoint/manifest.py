@@ -31,7 +31,7 @@ from ..process import CheckpointReason, StopReason
 from . import format as fmt
 from .rngstate import RngState
 
-FORMAT_VERSION = 2
+FORMAT_VERSION: Literal[2] = 2
 #: Format 1 had no content hash; it is read, never written.
 LEGACY_FORMAT_VERSION = 1
 #: The most a manifest can need (defined with the run directory's names, where the torch-free tools

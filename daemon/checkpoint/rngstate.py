@@ -69,6 +69,7 @@ class RngState(BaseModel):
         key = state.get("key") if isinstance(state, dict) else None
         if (
             v.get("bit_generator") != "MT19937"
+            or not isinstance(state, dict)
             or not isinstance(key, list)
             or len(key) != _MT_WORDS
         ):
@@ -170,6 +171,7 @@ def restore(state: RngState, device: torch.device | None = None) -> list[str]:
     the caller to announce with the other reasons a resume is not bit-exact."""
     notes = []
     cuda_state = None
+    here: torch.device | None = None
     if state.torch_cuda:
         here = device if device is not None and device.type == "cuda" else None
         if here is None:
@@ -194,6 +196,6 @@ def restore(state: RngState, device: torch.device | None = None) -> list[str]:
     random.setstate((version, tuple(internal), gauss))
     np.random.set_state(_numpy_arrays(state.numpy_global))
     torch.set_rng_state(_unb64(state.torch_cpu))
-    if cuda_state is not None:
-        torch.cuda.set_rng_state(_unb64(cuda_state), device)
+    if cuda_state is not None and here is not None:
+        torch.cuda.set_rng_state(_unb64(cuda_state), here)
     return notes

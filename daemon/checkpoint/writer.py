@@ -32,11 +32,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..durable import fsync_dir, tmp_path
 from . import format as fmt
+
+if TYPE_CHECKING:  # imported where it is used: a read of a payload needs no torch
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +111,12 @@ class _Hasher:
         self._thread.join()
 
 
-def _as_bytes_view(buf) -> memoryview:
-    mv = memoryview(buf)
+def _as_bytes_view(buf: np.ndarray) -> memoryview:
+    mv = buf.data
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
-def write_payload(path: Path, payload) -> str:
+def write_payload(path: Path, payload: np.ndarray) -> str:
     """Create `path` atomically with the bytes of `payload` and return their SHA-256 hex digest.
 
     temporary file → large writes (hashed on a second thread as they go out, writeback started per
@@ -198,7 +202,7 @@ class StagingBuffer:
     to start-up, not to a checkpoint.
     """
 
-    def __init__(self, n_params: int, device=None) -> None:
+    def __init__(self, n_params: int, device: torch.device | str | None = None) -> None:
         import torch
 
         self.n_params = n_params
@@ -210,9 +214,9 @@ class StagingBuffer:
         self.flat = self.tensor[fmt.HEADER.size :].view(torch.float32)  # weights | m | v
         self._dst: list = []
         self._dst_key: tuple = ()
-        self._event = None
-        self._unguarded = None
-        self._stream = None
+        self._event: torch.cuda.Event | None = None
+        self._unguarded: torch.cuda.Event | None = None
+        self._stream: torch.cuda.Stream | None = None
         self._filled_at = 0.0
         #: Seconds from `fill` until the staged bytes were in host memory (once `ready` returned).
         self.staged_seconds: float | None = None
@@ -256,12 +260,14 @@ class StagingBuffer:
 
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
+        stream = self._stream
         # From where the compute stream stands: after the step whose state this is.
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._stream), torch.no_grad():
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.no_grad():
             torch._foreach_copy_(dst, src, non_blocking=True)
-        self._event = self._unguarded = torch.cuda.Event()
-        self._event.record(self._stream)
+        event = torch.cuda.Event()
+        event.record(stream)
+        self._event = self._unguarded = event
 
     def guard(self) -> None:
         """Make the compute stream wait for a copy still in flight, before anything that writes

@@ -209,7 +209,8 @@ class LiveBoard:
 
     def _emas_before(self, step: int) -> tuple[float | None, dict[str, float | None]]:
         """The loss EMA and each arm's, over the canonical steps before `step`."""
-        ema, per_arm = None, {}
+        ema: float | None = None
+        per_arm: dict[str, float | None] = {}
         for s in sorted(k for k in self._loss if k < step):
             loss, arm = self._loss[s]
             ema = ema_update(ema, loss)

@@ -74,7 +74,7 @@ class Proxy(ProxyCore):
         logged = self.start()
         if self.policy_changed:
             self.pivots.manual()
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.endpoint = endpoint(self.run_dir, "proxy")
         self.sock = bind_router(self.ctx, self.endpoint)
         self.write_state()
@@ -119,8 +119,8 @@ class Proxy(ProxyCore):
             if deferred and time.monotonic() >= not_before:
                 burst = Burst()
                 while deferred and not burst.spent():
-                    peer, msg = deferred.popleft()
-                    if not self._answer(peer, msg):
+                    peer, queued = deferred.popleft()
+                    if not self._answer(peer, queued):
                         return
                 not_before = time.monotonic() + burst.pause()
             wait = 100 if not deferred else max(0, int((not_before - time.monotonic()) * 1000))

@@ -46,11 +46,13 @@ def configured_arms(cfg: RunConfig, run_dir: Path) -> list[ConfiguredArm]:
 
 
 def _ranges(steps: list[int]) -> str:
-    out, start = [], steps[0]
-    for a, b in zip(steps, steps[1:] + [None]):
+    out: list[str] = []
+    start = steps[0]
+    for a, b in zip(steps, [*steps[1:], None]):
         if b != a + 1:
             out.append(f"{start}" if start == a else f"{start}-{a}")
-            start = b
+            if b is not None:
+                start = b
     return ", ".join(out[:5]) + (", ..." if len(out) > 5 else "")
 
 
