@@ -63,6 +63,11 @@ class ControlServer:
 
     # ---- training-loop side -----------------------------------------------------------------
 
+    def serve_status(self, status: Callable[[], TrainerStatus]) -> None:
+        """Answer status from `status` from now on: the built trainer's, which knows more than
+        the start-up's (the socket is bound before the data is prepared)."""
+        self.status = status
+
     def checkpoint_served(self, data: dict[str, Any], error: str | None = None) -> None:
         """A requested checkpoint is durable (or could not be written): answer those waiting."""
         with self._lock:
@@ -96,9 +101,9 @@ class ControlServer:
                         frames = self._sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    reply = self._handle(frames[0], frames[-1])
-                    if reply is not None:
-                        self._sock.send_multipart([frames[0], b"", m.encode(reply)])
+                    answer = self._handle(frames[0], frames[-1])
+                    if answer is not None:
+                        self._sock.send_multipart([frames[0], b"", m.encode(answer)])
                 # Sleeping hands the interpreter lock to the training loop.
                 self._done.wait(burst.pause())
         except Exception:

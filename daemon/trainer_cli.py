@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .companion import Companion
     from .config import RunConfig
     from .distributed import World
-    from .trainer import Trainer
+    from .trainer import Opened, TrainerOptions
     from .trainer_start import StartPlan
 
 log = logging.getLogger("andrea.trainer")
@@ -293,16 +293,17 @@ def _train(
     from .checkpoint.source import SourceError
     from .config import save_config
     from .proxy_link import ProxyRefused
+    from .trainer import build_trainer
     from .trainer.sink import RecordLogRefused
     from .trainer_start import StartRefused
 
-    trainer = _new_trainer(plan, args, flags, world, backend)
-    code, stopped, message = _build(trainer, plan, world)
-    if _agree_on_start(code, stopped, message, world, flags):
+    opened, code, message = _open(_options(plan, args, world), flags, plan, world)
+    # Nothing opened and no error: a stop came during start-up.
+    if _agree_on_start(code, opened is None, message, world, flags) or opened is None:
         log.info("stop requested during start-up; nothing was trained, exiting")
         return ExitCode.OK
     try:
-        trainer.resume()
+        trainer = build_trainer(opened, backend)
     except SourceError as e:
         # --init-from names a checkpoint its payload shows damaged: the command line's (2), as a
         # damaged or missing manifest is, found before anything started.
@@ -326,14 +327,8 @@ def _train(
         raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
 
 
-def _new_trainer(
-    plan: StartPlan,
-    args: argparse.Namespace,
-    flags: SignalFlags,
-    world: World,
-    backend: str | None,
-) -> Trainer:
-    from .trainer import Trainer, TrainerOptions
+def _options(plan: StartPlan, args: argparse.Namespace, world: World) -> TrainerOptions:
+    from .trainer import TrainerOptions
 
     opts = TrainerOptions(
         plan.run_dir,
@@ -346,43 +341,44 @@ def _new_trainer(
         init_from=plan.init_from,
         init_optimizer=args.init_from_optimizer,
     )
-    trainer = Trainer(opts, flags)
-    trainer.backend = backend
     if plan.skip and world.is_main:
         log.warning(
             "UNSAFE: skipping restore of %s — this run is a negative control and will diverge",
             ",".join(sorted(plan.skip)),
         )
-    return trainer
+    return opts
 
 
-def _build(trainer: Trainer, plan: StartPlan, world: World) -> tuple[ExitCode, bool, str]:
-    """Build the trainer on this rank: (exit code, stopped during start-up, why it failed). A
-    mistake the operator must fix maps to its exit code; anything else propagates."""
+def _open(
+    opts: TrainerOptions, flags: SignalFlags, plan: StartPlan, world: World
+) -> tuple[Opened | None, ExitCode, str]:
+    """Open the trainer's context on this rank: (what it opened, exit code, why it failed); None
+    opened with no error when a stop came during start-up. A mistake the operator must fix maps to
+    its exit code; anything else propagates."""
     import zmq
 
     from . import distributed as dist
     from .config import ConfigError
     from .rundir import AlreadyRunning, SocketDirError
     from .sources import DataError
+    from .trainer import open_context
     from .trainer_start import data_refusal
 
     try:
         dist.check_same(world, "the run's config", _shared_config(plan.cfg))
-        trainer.build(plan.device)
+        return open_context(opts, flags, plan.device), ExitCode.OK, ""
     except InterruptedError:
-        return ExitCode.OK, True, ""
+        return None, ExitCode.OK, ""
     except (AlreadyRunning, SocketDirError, ConfigError, dist.DistributedError) as e:
-        return ExitCode.CONFIG_ERROR, False, str(e)
+        return None, ExitCode.CONFIG_ERROR, str(e)
     except DataError as e:
         # A glob that names something other than data (a file of /proc, a FIFO): the config's.
         refused, message = data_refusal(e)
-        return refused, False, message
+        return None, refused, message
     except (OSError, zmq.ZMQError) as e:
         # A read-only run directory, an unusable --cache-dir, a socket path that cannot be bound:
         # the operator's to fix, and a restart would repeat it.
-        return ExitCode.CONFIG_ERROR, False, f"cannot set up the run: {e}"
-    return ExitCode.OK, False, ""
+        return None, ExitCode.CONFIG_ERROR, f"cannot set up the run: {e}"
 
 
 def _agree_on_start(

@@ -119,7 +119,7 @@ class Batches:
         for chunks in drawn.chunks:
             if sha is not None:
                 tokens = stream.tokens_of(chunks)
-                sha.update(tokens)
+                sha.update(tokens.data)
                 mine = tokens[self._mine]
             else:
                 mine = stream.tokens_of(chunks[self._mine])

@@ -1,7 +1,8 @@
 """When and where the trainer checkpoints: the one place that decides.
 
 The loop says why at a step boundary (`save("cadence")` after every fresh step, `save(reason)` for
-an agreed request or a pivot's boundary) and `final(stop)` when it ends; this module decides
+an agreed request or a pivot's boundary) and `final(decision)` when it ends, with the closing
+decision every rank agreed on; this module decides
 whether that calls for a checkpoint, writes it synchronously or in the background, answers whoever
 asked, and keeps systemd's timeouts long enough for it. Every rank calls it at the same boundary
 (the states of every rank are gathered to rank 0); rank 0 alone writes. What a checkpoint holds:
@@ -12,25 +13,46 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.manifest import Manifest, RankState, Trigger
+from ..control_server import ControlServer
+from ..distributed import Decision
 from ..exitcodes import ExitCode
 from ..losslog import LossLogError
-from ..process import Notifier, SignalFlags, StopReason
 from ..rundir import bin_name
-from .counters import Counters
-from .options import TrainerOptions
-from .parts import Parts, Platform
+from .context import TrainerContext
 from .sink import RecordSink
 from .snapshot import Snapshotter, gather_ranks
 
-if TYPE_CHECKING:
-    from ..control_server import ControlServer
-
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Rank 0's: the host buffer a checkpoint is staged in, and the manager that writes, finds
+    and retires checkpoints (the other ranks of a job write none)."""
+
+    snapshots: Snapshotter
+    manager: CheckpointManager
+    #: The control socket, told when a requested checkpoint is durable.
+    control: ControlServer
+
+    @classmethod
+    def of(
+        cls, ctx: TrainerContext, control: ControlServer | None, backend: str | None
+    ) -> Storage | None:
+        """Rank 0's storage: None on the other ranks, which have no control socket either.
+        `backend`: the job's process-group backend, recorded in its manifests."""
+        if control is None:
+            return None
+        snapshots = Snapshotter(ctx, backend)
+        manager = CheckpointManager(
+            ctx.run_dir, ctx.cfg.checkpoint, read_buffer=snapshots.staging.array
+        )
+        return cls(snapshots, manager, control)
 
 
 class Checkpointer:
@@ -38,39 +60,19 @@ class Checkpointer:
 
     def __init__(
         self,
-        opts: TrainerOptions,
-        platform: Platform,
-        parts: Parts,
-        counters: Counters,
-        flags: SignalFlags,
-        notifier: Notifier,
-        control: ControlServer | None,
-        backend: str | None,
+        ctx: TrainerContext,
+        storage: Storage | None,
+        sink: RecordSink,
+        config_changed: bool,
     ) -> None:
-        """`control`: rank 0's control socket, told when a requested checkpoint is durable."""
-        self.cfg = opts.cfg
-        self.world = opts.world
-        self.main = opts.world.is_main
-        self.platform = platform
-        self.parts = parts
-        self.counters = counters
-        self.flags = flags
-        self.notifier = notifier
-        self.control = control
-        #: Where the records go; the loss history must be durable before a checkpoint commits.
-        #: Set by `Trainer.resume` once the sink is open.
-        self.sink = RecordSink()
-        #: A change accepted with --allow-config-change that no checkpoint records yet.
-        self.config_changed = False
+        """`sink`: where the records go (the loss history must be durable before a checkpoint
+        commits); `config_changed`: a change accepted with --allow-config-change that no
+        checkpoint records yet (the resume says)."""
+        self.ctx = ctx
+        self.storage = storage
+        self.sink = sink
+        self.config_changed = config_changed
         self.last_write_seconds = 0.0
-        self.snapshots: Snapshotter | None = None
-        #: Rank 0's; None on the other ranks of a job.
-        self.manager: CheckpointManager | None = None
-        if self.main:
-            self.snapshots = Snapshotter(opts.cfg, opts.world, platform, parts, counters, backend)
-            self.manager = CheckpointManager(
-                opts.run_dir, opts.cfg.checkpoint, read_buffer=self.snapshots.staging.array
-            )
 
     # ---- the policy --------------------------------------------------------------------------
 
@@ -80,7 +82,7 @@ class Checkpointer:
 
     def boundary_allowed(self, step: int) -> bool:
         """Whether a pivot's boundary checkpoint may be taken after `step` (a cadence point)."""
-        every = self.cfg.checkpoint.every
+        every = self.ctx.cfg.checkpoint.every
         return every == 0 or step % every == 0
 
     def save(self, reason: Trigger) -> bool:
@@ -91,64 +93,66 @@ class Checkpointer:
         background when so configured. "boundary", "sigusr1", "control": an agreed request,
         written synchronously (whoever asked is told once it is durable). True when the step
         called for a checkpoint, whether or not it could be written."""
-        step = self.counters.step
+        step = self.ctx.counters.step
         if reason != "cadence":
             self._requested(reason)
             return True
-        every = self.cfg.checkpoint.every
+        every = self.ctx.cfg.checkpoint.every
         if not (every > 0 and step % every == 0):
             return False
-        ranks = gather_ranks(self.world, self.platform, self.parts)
-        if not self.main or self.sink.unlogged is not None:
+        ranks = gather_ranks(self.ctx)
+        if self.storage is None or self.sink.unlogged is not None:
             return True
-        if self.cfg.checkpoint.async_write:
+        if self.ctx.cfg.checkpoint.async_write:
             self.write_in_background("cadence", ranks)
         else:
-            self._write_and_continue("cadence", ranks)
+            self._write_and_continue(self.storage, "cadence", ranks)
         return True
 
     def _requested(self, reason: Trigger) -> None:
-        step = self.counters.step
+        step, store = self.ctx.counters.step, self.storage
         if step == 0:
-            if self.main:
+            if store is not None:
                 log.warning(
                     "checkpoint requested (%s) before the first step: there is nothing to save yet",
                     reason,
                 )
-                self.control.checkpoint_served(
+                store.control.checkpoint_served(
                     {"step": 0}, error="nothing trained yet: there is no step to checkpoint"
                 )
             return
-        ranks = gather_ranks(self.world, self.platform, self.parts)
-        if not self.main:
+        ranks = gather_ranks(self.ctx)
+        if store is None:
             return
         if self.sink.unlogged is not None:
-            self.control.checkpoint_served(
+            store.control.checkpoint_served(
                 {"step": step},
                 error=f"the loss of step {step} could not be written; no checkpoint of it",
             )
             return
-        self._write_and_continue(reason, ranks)
-        if self.counters.last_saved == step:
-            self.control.checkpoint_served({"step": step, "checkpoint": bin_name(step)})
+        self._write_and_continue(store, reason, ranks)
+        if self.ctx.counters.last_saved == step:
+            store.control.checkpoint_served({"step": step, "checkpoint": bin_name(step)})
         else:
-            self.control.checkpoint_served(
+            store.control.checkpoint_served(
                 {"step": step}, error=f"checkpoint of step {step} failed (see the trainer's log)"
             )
 
-    def _write_and_continue(self, trigger: Trigger, ranks: list[RankState] | None) -> None:
+    def _write_and_continue(
+        self, store: Storage, trigger: Trigger, ranks: list[RankState] | None
+    ) -> None:
         # Requested checkpoints are synchronous: whoever asked is told once it is durable. A
         # background write of this very step that was in flight serves the request.
         # A failed write mid-run (disk full, say) must not end a multi-day run: the previous
         # checkpoint stays valid, the error is logged, and the next cadence point tries again.
         self.wait_for_write()
-        step = self.counters.step
-        if self.counters.last_saved == step:
-            self.manager.mark_requested(step, trigger)
+        step = self.ctx.counters.step
+        if self.ctx.counters.last_saved == step:
+            store.manager.mark_requested(step, trigger)
             log.info("checkpoint of step %d already written; kept as requested (%s)", step, trigger)
             return
         try:
-            with self.notifier.keepalive(f"writing checkpoint of step {step} ({trigger})"):
+            with self.ctx.notifier.keepalive(f"writing checkpoint of step {step} ({trigger})"):
                 self.write(trigger, ranks)
         except OSError as e:
             log.error(
@@ -156,7 +160,7 @@ class Checkpointer:
                 step,
                 trigger,
                 e,
-                self.counters.last_saved or "none",
+                self.ctx.counters.last_saved or "none",
             )
 
     # ---- the end -----------------------------------------------------------------------------
@@ -165,26 +169,27 @@ class Checkpointer:
         """Rank 0, stopping: a background write in flight is waited for (never abandoned
         half-way); the final checkpoint follows unless that write already holds the newest step."""
         extend = self.grace_seconds()
-        if self.main and (writing := self.manager.in_flight()) is not None:
+        if self.storage is not None and (writing := self.storage.manager.in_flight()) is not None:
             log.info("waiting for the checkpoint of step %d being written", writing)
-            with self.notifier.keepalive(f"finishing the checkpoint of step {writing}", extend):
+            with self.ctx.notifier.keepalive(f"finishing the checkpoint of step {writing}", extend):
                 self.wait_for_write()
 
-    def final(self, reason: StopReason | None) -> ExitCode:
+    def final(self, agreed: Decision) -> ExitCode:
         """Every rank, at the end: the final checkpoint of the newest step, if it has none yet
-        (rank 0 writes; the others answer OK). CHECKPOINT_FAILED when it could not be written."""
-        c = self.counters
-        ranks = gather_ranks(self.world, self.platform, self.parts) if c.step > 0 else None
-        if not self.main:
+        (rank 0 writes; the others answer OK), its trigger the closing decision every rank
+        `agreed` on (`Trainer.finish`). CHECKPOINT_FAILED when it could not be written."""
+        c, store = self.ctx.counters, self.storage
+        ranks = gather_ranks(self.ctx) if c.step > 0 else None
+        if store is None:
             return ExitCode.OK
-        trigger: Trigger = reason if reason is not None else "end"
+        trigger: Trigger = agreed.stop if agreed.stop is not None else "end"
         # A checkpoint request that came with the stop is served by the final checkpoint, which
         # then counts as requested (an audit point kept by retention).
-        requested = self.flags.take_checkpoint_request()
+        requested = agreed.checkpoint
         if requested is not None and c.step > c.last_saved:
             trigger = requested
         elif requested is not None and c.step > 0:
-            self.manager.mark_requested(c.step, requested)
+            store.manager.mark_requested(c.step, requested)
         if self.sink.unlogged is not None and not self.sink.retry_unlogged():
             log.error(
                 "no final checkpoint: the loss of step %d could not be written; the newest valid"
@@ -200,7 +205,7 @@ class Checkpointer:
             return ExitCode.OK
         try:
             extend = self.grace_seconds()
-            with self.notifier.keepalive(f"writing final checkpoint of step {c.step}", extend):
+            with self.ctx.notifier.keepalive(f"writing final checkpoint of step {c.step}", extend):
                 self.write(trigger, ranks)
         except (OSError, LossLogError) as e:
             log.error(
@@ -214,14 +219,20 @@ class Checkpointer:
 
     # ---- the writes (rank 0) -----------------------------------------------------------------
 
+    def _rank0(self) -> Storage:
+        if self.storage is None:
+            raise RuntimeError("only global rank 0 writes checkpoints")
+        return self.storage
+
     def write(self, trigger: Trigger, ranks: list[RankState] | None = None) -> None:
         """Write a checkpoint of the current step, durably, before returning (after a background
         write in flight, if any, has finished)."""
         t0 = time.perf_counter()
-        self.wait_for_write()
-        snap = self.snapshots.take(self.sink, ranks)
-        manifest = self.manager.save(snap, trigger, before_commit=self.sink.sync)
-        c = self.counters
+        store = self._rank0()
+        store.manager.wait()
+        snap = store.snapshots.take(self.sink, ranks)
+        manifest = store.manager.save(snap, trigger, before_commit=self.sink.sync)
+        c = self.ctx.counters
         c.last_saved = c.step
         self.config_changed = False
         c.last_saved_at = time.time()
@@ -240,12 +251,13 @@ class Checkpointer:
         it on the writer thread while training continues. A write still in flight is waited for
         first: a cadence checkpoint is delayed, never skipped."""
         t0 = time.perf_counter()
-        self.wait_for_write()
-        snap = self.snapshots.take(self.sink, ranks)
-        self.manager.save_async(
+        store = self._rank0()
+        store.manager.wait()
+        snap = store.snapshots.take(self.sink, ranks)
+        store.manager.save_async(
             snap,
             trigger,
-            on_done=partial(self._written, snap.step, trigger),
+            on_done=partial(self._written, store, snap.step, trigger),
             before_commit=self.sink.sync,
         )
         log.debug(
@@ -257,6 +269,7 @@ class Checkpointer:
 
     def _written(
         self,
+        store: Storage,
         step: int,
         trigger: Trigger,
         manifest: Manifest | None,
@@ -264,7 +277,7 @@ class Checkpointer:
         seconds: float,
     ) -> None:
         # On the writer's thread. last_saved moves only once the manifest is committed.
-        c = self.counters
+        c = self.ctx.counters
         if manifest is not None:
             c.last_saved = max(c.last_saved, step)
             c.last_saved_at = time.time()
@@ -276,7 +289,7 @@ class Checkpointer:
                 trigger,
                 manifest.bin_size / 1e6,
                 seconds,
-                self.snapshots.staging.staged_seconds or 0.0,
+                store.snapshots.staging.staged_seconds or 0.0,
             )
         elif isinstance(error, OSError):
             log.error(
@@ -292,19 +305,20 @@ class Checkpointer:
     def before_update(self) -> None:
         """Before the optimizer writes the weights and moments: on CUDA the compute stream waits
         for a checkpoint's copy of them still in flight (rank 0; a no-op elsewhere)."""
-        if self.snapshots is not None:
-            self.snapshots.staging.guard()
+        if self.storage is not None:
+            self.storage.snapshots.staging.guard()
 
     def wait_for_write(self) -> None:
         """Block until no background checkpoint write is in flight (rank 0; others never write)."""
-        if self.main:
-            self.manager.wait()
+        if self.storage is not None:
+            self.storage.manager.wait()
 
     def mark_requested(self, step: int, trigger: Trigger) -> None:
         """Keep the existing checkpoint of `step` as an audit point (rank 0)."""
-        self.manager.mark_requested(step, trigger)
+        if self.storage is not None:
+            self.storage.manager.mark_requested(step, trigger)
 
     def close(self) -> None:
         """Finish a write in flight (it syncs the records before committing), stop retention."""
-        if self.main:
-            self.manager.close()
+        if self.storage is not None:
+            self.storage.manager.close()

@@ -19,12 +19,9 @@ from andrea.protocol.status import Activity
 from andrea.protocol.transport import new_id
 
 from ..checkpoint.manifest import Manifest
-from ..config import RunConfig
 from ..evallog import ArmEval, EvalEntry
 from ..evaluate import Evaluator
-from ..process import Notifier, SignalFlags
-from .counters import Counters
-from .parts import Parts, Platform
+from .context import TrainerContext
 from .sink import RecordSink
 
 log = logging.getLogger(__name__)
@@ -43,13 +40,12 @@ class EvalPlan:
     catch_up: bool
 
 
-def plan_evaluation(
-    cfg: RunConfig, parts: Parts, platform: Platform, counters: Counters, manifest: Manifest | None
-) -> EvalPlan:
+def plan_evaluation(ctx: TrainerContext, manifest: Manifest | None) -> EvalPlan:
     """Build the fixed evaluation set and decide the cadence (every rank)."""
+    cfg, parts, counters = ctx.cfg, ctx.parts, ctx.counters
     every = cfg.eval.every if cfg.eval.every is not None else cfg.checkpoint.every
     evaluator = Evaluator(
-        parts.arms, cfg.model.block_size, cfg.eval.sequences, parts.micro_batch, platform.device
+        parts.arms, cfg.model.block_size, cfg.eval.sequences, parts.micro_batch, ctx.platform.device
     )
     if not cfg.data.heldout_fraction:
         log.info(
@@ -72,31 +68,15 @@ class Evaluation:
     """Held-out evaluation and samples at their cadences (rank 0: the other ranks wait for it at
     the next agreement)."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        plan: EvalPlan,
-        main: bool,
-        platform: Platform,
-        parts: Parts,
-        counters: Counters,
-        flags: SignalFlags,
-        notifier: Notifier,
-        sink: RecordSink,
-    ) -> None:
-        self.cfg = cfg
+    def __init__(self, ctx: TrainerContext, plan: EvalPlan, sink: RecordSink) -> None:
+        self.ctx = ctx
+        self.main = ctx.main
         self.evaluator = plan.evaluator
         self.every = plan.every
-        self.main = main
-        self.platform = platform
-        self.parts = parts
-        self.counters = counters
-        self.flags = flags
-        self.notifier = notifier
         self.sink = sink
         self.last_eval: EvalEntry | None = None
         self.eval_seconds = 0.0
-        self._catch_up = plan.catch_up and main
+        self._catch_up = plan.catch_up and ctx.main
 
     def due(self, step: int) -> bool:
         """Whether this rank evaluates `step`."""
@@ -104,8 +84,10 @@ class Evaluation:
 
     def samples_due(self, step: int) -> bool:
         """Whether this rank samples at `step` (not once a stop is requested)."""
-        every = self.cfg.sample_every
-        return self.main and bool(every) and step % every == 0 and not self.flags.stop_requested()
+        every = self.ctx.cfg.sample_every
+        return (
+            self.main and bool(every) and step % every == 0 and not self.ctx.flags.stop_requested()
+        )
 
     def catch_up(self) -> bool:
         """The evaluation of the checkpointed step that a stop interrupted in the last life, once,
@@ -120,18 +102,18 @@ class Evaluation:
         """Score the current weights on every arm's held-out sequences and record the result
         (the proxy's .eval.json, or the trainer's own in fixed mode). None, recording nothing,
         when a stop request interrupted it."""
-        c = self.counters
+        c = self.ctx.counters
         c.activity = Activity.EVALUATING
         log.info("evaluating step %d on held-out data", c.step)
         try:
             result = self.evaluator.evaluate(
-                self.parts.model, self.platform.numerics, self.flags.stop_requested
+                self.ctx.parts.model, self.ctx.platform.numerics, self.ctx.flags.stop_requested
             )
         except Exception as e:  # an audit never ends a run (out of memory on a large set, say)
             log.error("evaluation of step %d failed (%r); training goes on without it", c.step, e)
             return None
         finally:
-            self.notifier.tick()
+            self.ctx.notifier.tick()
         if result is None:
             log.info(
                 "evaluation of step %d abandoned: stop requested (it runs again after the resume)",
@@ -166,16 +148,16 @@ class Evaluation:
         """Generate from fixed prompts with a generator of its own, seeded by (seed, step), so that
         auditing never draws from the RNGs that training uses; encoded and decoded with the run's
         tokenizer."""
-        device, step = self.platform.device, self.counters.step
-        tokenizer = self.parts.tokenizer
+        device, step = self.ctx.platform.device, self.ctx.counters.step
+        tokenizer = self.ctx.parts.tokenizer
         g = torch.Generator(device=device)
-        g.manual_seed((self.cfg.seed * 1_000_003 + step) % 2**63)
+        g.manual_seed((self.ctx.cfg.seed * 1_000_003 + step) % 2**63)
         out = []
         for prompt in SAMPLE_PROMPTS:
             idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)
-            with self.platform.numerics.autocast(device):
-                toks = self.parts.model.generate(
-                    idx, self.cfg.sample_tokens, g, should_stop=self.flags.stop_requested
+            with self.ctx.platform.numerics.autocast(device):
+                toks = self.ctx.parts.model.generate(
+                    idx, self.ctx.cfg.sample_tokens, g, should_stop=self.ctx.flags.stop_requested
                 )
             # A sample's text must fit its record (protocol.messages.Sample).
             out.append(tokenizer.decode(toks[0].tolist())[: m.MAX_SAMPLE_TEXT])
@@ -184,7 +166,7 @@ class Evaluation:
     def samples(self) -> None:
         """Log the samples of the current step and record them. A sample that fails is logged,
         and training goes on: a sample never ends a run."""
-        c = self.counters
+        c = self.ctx.counters
         log.info("generating samples at step %d", c.step)
         try:
             texts = self.sample()

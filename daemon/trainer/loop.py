@@ -1,10 +1,11 @@
-"""The training loop of andrea-trainer: build, resume, train, stop.
+"""The training loop of andrea-trainer: train, stop.
 
 Everything that decides a bit of the trajectory is either saved in the checkpoint (weights, Adam's
 m and v and step count, every RNG, each arm's cursor, progress) or a pure function of the step
 (learning rate, the arm of each step, each epoch's data order). The loop only orders the work at
 a step boundary; each piece lives in its own module:
 
+- factory.py: builds the context (context.py) once, then every collaborator below, resumed;
 - parts.py: the platform, data, model and optimizer; step.py: one optimizer step;
 - restore.py: a checkpoint back into the live state, and whether the resume is exact;
 - checkpointer.py: when and where a checkpoint is written (cadence, boundary, request, final);
@@ -17,8 +18,8 @@ a step boundary; each piece lives in its own module:
 from __future__ import annotations
 
 import logging
-import os
 import time
+from dataclasses import dataclass
 from typing import IO
 
 import torch
@@ -27,24 +28,35 @@ from andrea.protocol.status import Activity, TrainerStatus
 
 from .. import distributed as dist
 from ..control_server import ControlServer
-from ..dataprogress import EncodingProgress
 from ..exitcodes import ExitCode
-from ..hold import Holds
 from ..metrics.series import ema_update
-from ..process import Notifier, SignalFlags
-from ..rundir import bin_name, claim, endpoint
+from ..rundir import bin_name
 from .checkpointer import Checkpointer
-from .counters import Counters
-from .evaluation import Evaluation, plan_evaluation
-from .options import TrainerOptions
-from .parts import Parts, Platform, build_parts, resolve_platform, wrap_for_training
+from .context import TrainerContext, starting_status
+from .evaluation import Evaluation
 from .pivot import Pivots
 from .reporting import Reporter
 from .restore import Restorer
-from .sink import RecordSink, open_sink
+from .sink import RecordSink
 from .step import StepRunner, Trained
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Collaborators:
+    """What the loop orders at a step boundary, each built once by `factory.build_trainer`."""
+
+    restorer: Restorer
+    sink: RecordSink
+    checkpointer: Checkpointer
+    stepper: StepRunner
+    evaluation: Evaluation
+    reporter: Reporter
+    pivots: Pivots
+    #: Rank 0's control socket and run-directory lock; None on the other ranks of a job.
+    control: ControlServer | None
+    lock: IO[bytes] | None
 
 
 class Trainer:
@@ -55,135 +67,28 @@ class Trainer:
     decision that changes what ranks do next (stop, checkpoint, hold, the arm of the next step) is
     agreed at a step boundary by one collective (`distributed.Coordinator`)."""
 
-    def __init__(
-        self, opts: TrainerOptions, flags: SignalFlags, notifier: Notifier | None = None
-    ) -> None:
-        self.opts = opts
-        self.cfg = opts.cfg
-        self.world = opts.world
-        self.main = opts.world.is_main
-        self.flags = flags
-        self.notifier = notifier or Notifier(enabled=self.main)
-        self.coord = dist.Coordinator(opts.world, enabled=opts.coordinate)
-        #: The job's process-group backend, recorded in its manifests (set by the entry point).
-        self.backend: str | None = None
-        self.holds = Holds()
-        self.counters = Counters()
-        self.reporter = Reporter(self.cfg, self.world, opts.run_dir, self.counters, self.notifier)
-        self.sink = RecordSink()
-        #: The encoding of the arms while build() prepares them (status shows it).
-        self.data_progress = EncodingProgress()
-        # Built by build()/resume(); status() may run before (it is served once the socket is bound).
-        self._lock: IO[bytes] | None = None
-        self.control: ControlServer | None = None
-        self.platform: Platform | None = None
-        self.parts: Parts | None = None
-        self.checkpointer: Checkpointer | None = None
-        self.restorer: Restorer | None = None
-        self.stepper: StepRunner | None = None
-        self.evaluation: Evaluation | None = None
-        self.pivots: Pivots | None = None
+    def __init__(self, ctx: TrainerContext, collaborators: Collaborators) -> None:
+        """Built by `factory.build_trainer`, resumed: ready to `run`."""
+        self.ctx = ctx
+        c = collaborators
+        self.restorer = c.restorer
+        self.sink = c.sink
+        self.checkpointer = c.checkpointer
+        self.stepper = c.stepper
+        self.evaluation = c.evaluation
+        self.reporter = c.reporter
+        self.pivots = c.pivots
+        self.control = c.control
+        self.lock = c.lock
         #: Steps trained whose loss is not recorded yet, oldest first (at most two: `_agree`).
         self._unrecorded: list[Trained] = []
         #: Losses may be read one step late: in fixed mode (the proxy may need each at once).
-        self._late_loss = self.cfg.mixing == "fixed"
-        #: The step recorded last, and the newest step a checkpoint was taken of: the time of
-        #: the step after a checkpoint is logged (the copy to host memory runs beside it).
+        self._late_loss = ctx.cfg.mixing == "fixed"
+        #: The step recorded last (None before the first), and the newest step a checkpoint was
+        #: taken of: the time of the step after a checkpoint is logged (the copy to host memory
+        #: runs beside it).
         self._previous: Trained | None = None
         self._checkpointed = 0
-
-    # ---- setup ------------------------------------------------------------------------------
-
-    def setup(self) -> None:
-        """`build`, then `resume` (a single process; a job agrees on `build`'s outcome between)."""
-        self.build()
-        self.resume()
-
-    def build(self, device: torch.device | None = None) -> None:
-        """Build data, model and optimizer on `device` (default: the config's). Raises
-        InterruptedError (a stop during start-up), DataError or AlreadyRunning."""
-        opts = self.opts
-        if self.main:
-            self._lock = claim(opts.run_dir, "trainer")
-            self.control = ControlServer(
-                endpoint(opts.run_dir, "trainer"), self.flags, self.status, self.holds
-            )
-        self.platform = resolve_platform(self.cfg, device)
-        self.parts = build_parts(
-            self.cfg,
-            self.platform,
-            self.world,
-            opts.run_dir,
-            self.flags.stop_requested,
-            self.data_progress,
-        )
-        self.checkpointer = Checkpointer(
-            opts,
-            self.platform,
-            self.parts,
-            self.counters,
-            self.flags,
-            self.notifier,
-            self.control,
-            self.backend,
-        )
-        self.restorer = Restorer(
-            opts, self.platform, self.parts, self.counters, self.checkpointer.manager
-        )
-        self.stepper = StepRunner(
-            self.cfg,
-            self.world,
-            self.platform,
-            self.parts,
-            self.counters,
-            self.flags.stop_requested,
-            self.notifier,
-            self.checkpointer.grace_seconds,
-            self.checkpointer.before_update,
-        )
-
-    def resume(self) -> None:
-        """Rank 0 finds the newest valid checkpoint; every rank restores it (weights, m and v from
-        rank 0, its own RNG and cursors from the manifest); then the proxy link or loss log is
-        opened. Raises ResumeRefused on every rank when rank 0 refuses."""
-        cfg, c = self.cfg, self.counters
-        manifest, self.checkpointer.config_changed = self.restorer.resume()
-        wrap_for_training(
-            self.parts,
-            self.world,
-            self.platform.device,
-            restored=self.restorer.moments_restored,
-            settle="buckets" not in self.opts.skip_restore,
-        )
-        c.phase = manifest.mixing.phase if manifest is not None else 0
-        plan = plan_evaluation(cfg, self.parts, self.platform, c, manifest)
-        self.sink = open_sink(cfg, self.opts.run_dir, self.world, c, self.parts, manifest)
-        self.checkpointer.sink = self.sink
-        self.evaluation = Evaluation(
-            cfg,
-            plan,
-            self.main,
-            self.platform,
-            self.parts,
-            c,
-            self.flags,
-            self.notifier,
-            self.sink,
-        )
-        self.reporter.start(self.sink)
-        self.pivots = Pivots(
-            self.world,
-            self.coord,
-            self.holds,
-            self.flags,
-            self.notifier,
-            c,
-            self.sink,
-            self.checkpointer,
-            self.restorer,
-            self.reporter,
-        )
-        self.reporter.describe_start(self.platform, self.parts)
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -193,9 +98,9 @@ class Trainer:
         At each step boundary every rank takes part in one agreement (`Coordinator.agree`) that
         carries a loss (`_agree` says whose), any rank's stop or checkpoint request, and the arm
         of the next step; everything after it is the same on every rank."""
-        cfg, c = self.cfg, self.counters
+        cfg, c = self.ctx.cfg, self.ctx.counters
         self.restorer.restore_rng()
-        self.notifier.ready(f"step {c.step}/{cfg.max_steps}")
+        self.ctx.notifier.ready(f"step {c.step}/{cfg.max_steps}")
         self.reporter.restart_window()
         self.reporter.waiting_over()
         settled = c.step  # the newest step whose cadence, boundary and samples are done
@@ -208,9 +113,9 @@ class Trainer:
             # In a job the stop for an unlogged loss reaches the other ranks with the next
             # agreement; until then rank 0 takes part in checkpoints but writes none.
             worked = self.sink.unlogged is not None
-            if worked and not self.world.distributed:
+            if worked and not self.ctx.world.distributed:
                 break  # no checkpoint of a step whose loss is not on disk; finish retries it
-            if (ignored := self.flags.take_ignored_signal()) is not None:
+            if (ignored := self.ctx.flags.take_ignored_signal()) is not None:
                 log.info("%s received and ignored (see docs/operations.md)", ignored)
             if fresh:
                 settled = c.step
@@ -242,11 +147,11 @@ class Trainer:
         agreed stop, checkpoint, pivot or wait for the proxy — and always with the proxy, which
         may need it to assign the next step. A stop therefore still acts at the boundary it
         arrived at, with every step up to it recorded."""
-        c, pending = self.counters, self._unrecorded
-        arm = self.sink.arm_for(c.step + 1) if c.step < self.cfg.max_steps else None
+        c, pending = self.ctx.counters, self._unrecorded
+        arm = self.sink.arm_for(c.step + 1) if c.step < self.ctx.cfg.max_steps else None
         carried = pending[0] if len(pending) > 1 or (pending and self._loss_due(c.step)) else None
-        d = self.coord.agree(
-            self.flags,
+        d = self.ctx.coord.agree(
+            self.ctx.flags,
             at_boundary=fresh and self.checkpointer.boundary_allowed(c.step),
             arm=arm,
             loss=self._read(carried) if carried is not None else None,
@@ -261,10 +166,10 @@ class Trainer:
     def _loss_due(self, step: int) -> bool:
         """Whether the loss of `step` is read at its own boundary (a pure function of the step
         and the config, so that every rank of a job decides alike)."""
-        cfg = self.cfg
+        cfg = self.ctx.cfg
 
         def on(every: int | None) -> bool:
-            return bool(every) and step % every == 0
+            return every is not None and every != 0 and step % every == 0
 
         return (
             not self._late_loss
@@ -279,21 +184,21 @@ class Trainer:
         """This rank's loss of `trained`; on a GPU the wait for its kernels counts as training."""
         t0 = time.perf_counter()
         value = trained.value()
-        self.counters.train_seconds += time.perf_counter() - t0
+        self.ctx.counters.train_seconds += time.perf_counter() - t0
         return value
 
     def _settle(self) -> None:
         """Read and record every step not recorded yet (in a job, each loss's mean over the
         ranks by one collective of every rank, summed as the agreement sums it)."""
         while self._unrecorded:
-            mean = self.coord.mean_loss(self._read(self._unrecorded[0]))
+            mean = self.ctx.coord.mean_loss(self._read(self._unrecorded[0]))
             self._record(self._unrecorded.pop(0), mean)
 
     def _after_step(self, boundary: bool, hold: bool) -> bool:
         """What a freshly trained step is due, in this order: its evaluation, samples, and
         checkpoint (a pivot's agreed `boundary`, then the `hold`; or the cadence's). True when
         anything but the evaluation ran."""
-        c = self.counters
+        c = self.ctx.counters
         worked = False
         if self.evaluation.due(c.step):
             # Before the cadence checkpoint, so that its manifest says this step was evaluated.
@@ -317,10 +222,10 @@ class Trainer:
 
     def _record(self, trained: Trained, loss: float | None) -> None:
         """Rank 0: record the step, with its loss (in a job, the mean over the ranks)."""
-        c = self.counters
+        c = self.ctx.counters
         c.activity = Activity.TRAINING
         self.reporter.waiting_over()
-        if not self.main:
+        if not self.ctx.main:
             return
         entry = trained.entry(loss if loss is not None else trained.value())
         before, self._previous = self._previous, trained
@@ -337,7 +242,7 @@ class Trainer:
         if not self.sink.record_loss(entry):
             # The step is trained but its loss is not on disk: it must not be checkpointed
             # without it (finish tries once more on a reopened log).
-            self.flags.request_stop("disk-full")
+            self.ctx.flags.request_stop("disk-full")
             return
         self.reporter.step_done(entry)
 
@@ -345,20 +250,26 @@ class Trainer:
 
     def finish(self) -> ExitCode:
         """Final checkpoint (if the newest step has none yet), then a clean exit. Every rank; the
-        exit code is agreed, so that all ranks of a job end alike."""
-        c = self.counters
+        exit code is agreed, so that all ranks of a job end alike.
+
+        Why it ends is read once, from a closing agreement: the stop the loop broke on, or one
+        that came after the last step boundary (a full disk's while recording, a signal at
+        max_steps), and a checkpoint request that came with it. The final checkpoint's trigger and
+        the summary both take it from there, the same on every rank."""
+        c = self.ctx.counters
         c.activity = Activity.STOPPING
         self._settle()
         self.checkpointer.finish_background_write()
-        reason = self.flags.stop_reason
-        code = ExitCode(dist.agree_code(self.world, int(self.checkpointer.final(reason))))
+        closing = self.ctx.coord.agree(self.ctx.flags)
+        final = self.checkpointer.final(closing)
+        code = ExitCode(dist.agree_code(self.ctx.world, int(final)))
         self.close()
-        self.reporter.summary(reason)
-        if self.platform.device.type == "cuda":
+        self.reporter.summary(closing.stop)
+        if self.ctx.platform.device.type == "cuda":
             log.info(
                 "peak CUDA memory: %.2f GiB allocated, %.2f GiB reserved",
-                torch.cuda.max_memory_allocated(self.platform.device) / 2**30,
-                torch.cuda.max_memory_reserved(self.platform.device) / 2**30,
+                torch.cuda.max_memory_allocated(self.ctx.platform.device) / 2**30,
+                torch.cuda.max_memory_reserved(self.ctx.platform.device) / 2**30,
             )
         if self.control is not None:
             self.control.close(
@@ -374,40 +285,23 @@ class Trainer:
         """Finish a checkpoint write in flight, then close the records' files or link."""
         self.checkpointer.close()  # a write in flight syncs the loss log before committing
         self.sink.close()
-        if self.stepper is not None:
-            self.stepper.close()
+        self.stepper.close()
 
     # ---- status -----------------------------------------------------------------------------
 
     def status(self) -> TrainerStatus:
         """What `andreactl status` shows; read from the control thread, so only plain values.
         Served by global rank 0: `pid` is rank 0's (the process SIGUSR1 checkpoints through), and
-        in a job `agent_pid` is torchrun's (the process a stop may be sent to)."""
-        c, cfg, platform, ev = self.counters, self.cfg, self.platform, self.evaluation
-        return TrainerStatus(
-            pid=os.getpid(),
-            world_size=self.world.size,
-            agent_pid=os.getppid() if self.world.distributed else None,
-            activity=c.activity,
-            step=c.step,
-            max_steps=cfg.max_steps,
-            loss_ema=c.loss_ema,
-            last_checkpoint=c.last_saved or None,
-            segment=c.segment,
-            phase=c.phase,
-            mixing=cfg.mixing,
-            proxy_connected=self.sink.connected(),
-            preset=cfg.preset,
-            run_dir=str(self.opts.run_dir),
-            device=str(platform.device) if platform is not None else None,
-            dtype=platform.numerics.recorded if platform is not None else None,
-            checkpoint_every=cfg.checkpoint.every,
-            hold=self.holds.describe(),
-            **self.reporter.progress_status(),
-            grad_accum=cfg.grad_accum,
-            compiled=self.parts.compiled if self.parts is not None else None,
-            eval_every=ev.every if ev is not None else None,
-            last_eval=ev.last_eval if ev is not None else None,
-            lineage=c.lineage,
-            preparing=self.data_progress.status(),
+        in a job `agent_pid` is torchrun's (the process a stop may be sent to). The start-up's
+        status (context.py), with what the collaborators know."""
+        ctx, ev = self.ctx, self.evaluation
+        started = starting_status(ctx.opts, ctx.platform, ctx.counters, ctx.holds, ctx.progress)
+        return started.model_copy(
+            update={
+                "proxy_connected": self.sink.connected(),
+                **self.reporter.progress_status(),
+                "compiled": ctx.parts.compiled,
+                "eval_every": ev.every,
+                "last_eval": ev.last_eval,
+            }
         )

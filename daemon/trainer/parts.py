@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -28,6 +29,9 @@ from ..model import GPT
 from ..precision import NumericMode, resolve_device
 from ..precision import resolve as resolve_precision
 from ..tokenizer import RunTokenizer, load_tokenizer
+
+if TYPE_CHECKING:  # imported when a job wraps its model
+    from torch.nn.parallel import DistributedDataParallel
 
 #: AdamW's fused kernel, recorded in the manifest's optimizer state.
 FUSED = True
@@ -73,6 +77,8 @@ class Parts:
     layout: list[LayoutEntry]
     optimizer: torch.optim.AdamW
     compiled: bool
+    #: In a job, DDP's wrapper of the model (what `forward` calls, maybe compiled); None alone.
+    ddp: DistributedDataParallel | None = None
 
     @property
     def micro_batch(self) -> int:
@@ -181,11 +187,12 @@ def wrap_for_training(
         )
         if settle:
             settle_buckets(ddp, parts.model, device)
-        parts.forward = ddp
+        parts.forward = parts.ddp = ddp
     if parts.compiled:
         # Evaluation and sampling run the plain model (eval mode would only add a second
         # compiled graph); the compiled module shares its parameters.
-        parts.forward = torch.compile(parts.forward)
+        # A compiled Module is a Module (torch's OptimizedModule); the stubs say only Callable.
+        parts.forward = cast(torch.nn.Module, torch.compile(parts.forward))
 
 
 def settle_buckets(ddp: torch.nn.Module, model: GPT, device: torch.device) -> None:

@@ -8,12 +8,11 @@ import time
 
 from andrea.protocol.status import Activity
 
-from .. import distributed as dist
-from ..hold import Hold, Holds
-from ..process import REQUESTED_TRIGGERS, Notifier, SignalFlags
+from ..hold import Hold
+from ..process import REQUESTED_TRIGGERS
 from ..rundir import bin_name
 from .checkpointer import Checkpointer
-from .counters import Counters
+from .context import TrainerContext
 from .reporting import Reporter
 from .restore import Restorer
 from .sink import RecordSink
@@ -27,24 +26,14 @@ class Pivots:
 
     def __init__(
         self,
-        world: dist.World,
-        coord: dist.Coordinator,
-        holds: Holds,
-        flags: SignalFlags,
-        notifier: Notifier,
-        counters: Counters,
+        ctx: TrainerContext,
         sink: RecordSink,
         checkpointer: Checkpointer,
         restorer: Restorer,
         reporter: Reporter,
     ) -> None:
-        self.world = world
-        self.main = world.is_main
-        self.coord = coord
-        self.holds = holds
-        self.flags = flags
-        self.notifier = notifier
-        self.counters = counters
+        self.ctx = ctx
+        self.main = ctx.main
         self.sink = sink
         self.checkpointer = checkpointer
         self.restorer = restorer
@@ -53,11 +42,11 @@ class Pivots:
     def after_boundary(self, hold: bool) -> None:
         """After an agreed boundary checkpoint: hold when a pivot asked for it (`hold`). A failed
         boundary checkpoint fails the hold (the pivot cannot start from it) and releases it."""
-        step = self.counters.step
-        pending = self.holds.due() if self.main else None
-        if hold and pending is not None and self.counters.last_saved != step:
-            self.holds.fail(pending.id, f"the boundary checkpoint of step {step} failed")
-            self.flags.request_resume()
+        step = self.ctx.counters.step
+        pending = self.ctx.holds.due() if self.main else None
+        if hold and pending is not None and self.ctx.counters.last_saved != step:
+            self.ctx.holds.fail(pending.id, f"the boundary checkpoint of step {step} failed")
+            self.ctx.flags.request_resume()
         if hold:
             self._hold()
 
@@ -75,12 +64,12 @@ class Pivots:
                 # boundary's sample included.
                 acknowledged = self.sink.acknowledged()
                 if acknowledged:
-                    self.holds.mark_acknowledged()
+                    self.ctx.holds.mark_acknowledged()
             if self.main and hold is not None and self._expired(hold):
                 hold = None
             if self.main and hold is None:
-                self.flags.request_resume()
-            d = self.coord.agree(self.flags, holding=True)
+                self.ctx.flags.request_resume()
+            d = self.ctx.coord.agree(self.ctx.flags, holding=True)
             if d.checkpoint is not None:
                 self.checkpointer.save(d.checkpoint)
             if d.stop is not None:
@@ -88,7 +77,7 @@ class Pivots:
             if d.resume:
                 self._resumed(hold)
                 return
-            self.notifier.tick()
+            self.ctx.notifier.tick()
             time.sleep(0.05)
 
     def _begin(self) -> Hold | None:
@@ -96,28 +85,28 @@ class Pivots:
         hold for rank 0's)."""
         if not self.main:
             return None
-        hold = self.holds.due()
-        if hold is not None and self.holds.begin(hold.id, self.counters.step):
+        hold = self.ctx.holds.due()
+        if hold is not None and self.ctx.holds.begin(hold.id, self.ctx.counters.step):
             return hold
         log.info(
             "no pivot holds this trainer after the checkpoint of step %d any more (cancelled or "
             "failed meanwhile); training continues",
-            self.counters.step,
+            self.ctx.counters.step,
         )
         return None
 
     def _expired(self, hold: Hold) -> bool:
         """Whether `hold` timed out, which drops it (the client that asked for it died)."""
-        if not self.holds.expired(hold.id):
+        if not self.ctx.holds.expired(hold.id):
             return False
         log.warning(
             "hold %s: no resume within %.0f s of holding after step %d; continuing under "
             "the proxy's current phase (a pivot the proxy made meanwhile still applies)",
             hold.id,
             hold.timeout_s,
-            self.counters.step,
+            self.ctx.counters.step,
         )
-        self.holds.drop(hold.id)
+        self.ctx.holds.drop(hold.id)
         return True
 
     def _announce(self, hold: Hold | None) -> bool:
@@ -126,30 +115,30 @@ class Pivots:
         boundary where no hold began)."""
         if not self.main or hold is None:
             return True
-        step = self.counters.step
-        self.counters.activity = Activity.HOLDING
+        step = self.ctx.counters.step
+        self.ctx.counters.activity = Activity.HOLDING
         self.reporter.publish_metrics(force=True)
-        self.notifier.status(f"step {step}: holding at a boundary checkpoint")
+        self.ctx.notifier.status(f"step {step}: holding at a boundary checkpoint")
         log.info("holding after the checkpoint of step %d (hold %s) until resumed", step, hold.id)
         acknowledged = self.sink.acknowledged()
         if acknowledged:
-            self.holds.mark_acknowledged()
+            self.ctx.holds.mark_acknowledged()
         return acknowledged
 
     def _resumed(self, hold: Hold | None) -> None:
         if hold is not None:
-            self.holds.take_release(hold.id)
-        self.sink.restart_after(self.counters.step)
+            self.ctx.holds.take_release(hold.id)
+        self.sink.restart_after(self.ctx.counters.step)
         if self.main:
-            log.info("resumed after step %d", self.counters.step)
+            log.info("resumed after step %d", self.ctx.counters.step)
 
     def follow(self) -> bool:
         """Roll back to a pivot's boundary if the proxy started a phase whose first step this
         trainer already trained under an older phase (the manual pivot while it ran ahead, or a
         resume from a checkpoint of the old phase). True when it rolled back."""
-        if self.world.distributed:
+        if self.ctx.world.distributed:
             return False
-        c = self.counters
+        c = self.ctx.counters
         target = self.sink.rollback_target(c.step, c.phase)
         if target is None:
             return False

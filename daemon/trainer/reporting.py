@@ -8,7 +8,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
@@ -16,13 +15,10 @@ from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity
 
 from .. import schedule
-from ..config import RunConfig
-from ..distributed import World
 from ..metrics.prometheus import Exposition, exposition_for
-from ..process import Notifier, StopReason
+from ..process import StopReason
 from ..progress import RunSummary, eta_seconds, format_duration, journal_fields
-from .counters import Counters
-from .parts import Parts, Platform
+from .context import TrainerContext
 from .sink import RecordSink
 
 log = logging.getLogger(__name__)
@@ -32,20 +28,19 @@ class Reporter:
     """Progress as of the last progress line: tokens/s and s/step are measured over the window
     since the previous line (evaluation and samples excluded)."""
 
-    def __init__(
-        self, cfg: RunConfig, world: World, run_dir: Path, counters: Counters, notifier: Notifier
-    ) -> None:
-        self.cfg = cfg
-        self.world = world
-        self.main = world.is_main
-        self.run_dir = run_dir
-        self.counters = counters
-        self.notifier = notifier
-        #: Where the records go (the link's lag is a metric); set by `start`.
-        self.sink = RecordSink()
-        self.prometheus: Exposition | None = None
+    def __init__(self, ctx: TrainerContext, sink: RecordSink) -> None:
+        """Built once the life is resumed: its baseline is where the resume left the counters.
+        `sink`: where the records go (the link's lag is a metric)."""
+        self.ctx = ctx
+        self.main = ctx.main
+        self.sink = sink
+        c = ctx.counters
         # (step, monotonic time, tokens) when this life started: the summary's and ETA's baseline.
-        self._started = (0, time.monotonic(), 0)
+        self._started = (c.step, time.monotonic(), c.tokens_seen)
+        #: Rank 0's metrics exposition, when configured.
+        self.prometheus: Exposition | None = (
+            exposition_for(ctx.cfg.metrics, "trainer", ctx.run_dir) if self.main else None
+        )
         # The progress line's window: since when, how many tokens and steps.
         self._window_start = time.perf_counter()
         self._window_tokens = 0
@@ -53,20 +48,11 @@ class Reporter:
         self._wait_since: float | None = None
         self._next_report = 0.0
 
-    def start(self, sink: RecordSink) -> None:
-        """This life's baseline, once resumed, and rank 0's metrics exposition when configured."""
-        c = self.counters
-        self.sink = sink
-        self._started = (c.step, time.monotonic(), c.tokens_seen)
-        self.prometheus = (
-            exposition_for(self.cfg.metrics, "trainer", self.run_dir) if self.main else None
-        )
-
-    def describe_start(self, platform: Platform, parts: Parts) -> None:
+    def describe_start(self) -> None:
         """Rank 0's lines about the schedule, the model and the job it starts."""
         if not self.main:
             return
-        cfg = self.cfg
+        cfg, platform, parts = self.ctx.cfg, self.ctx.platform, self.ctx.parts
         log.info("%s", schedule.describe(cfg.optim))
         if (why := schedule.disagreement(cfg.optim, cfg.max_steps)) is not None:
             log.warning("%s", why)
@@ -80,8 +66,8 @@ class Reporter:
             torch.get_num_threads(),
             ", deterministic" if platform.deterministic else "",
             cfg.mixing,
-            self.world.size,
-            self.counters.step,
+            self.ctx.world.size,
+            self.ctx.counters.step,
         )
         log.info("%s", parts.batch.describe())
 
@@ -102,10 +88,10 @@ class Reporter:
     def step_done(self, entry: LossEntry) -> None:
         """Rank 0, once a step's record is taken: the watchdog, and every `log_every` steps (and
         at the last) the progress line, systemd's status line and the metrics."""
-        self.notifier.tick()
+        self.ctx.notifier.tick()
         self._window_tokens += entry.tokens
         self._window_steps += 1
-        c, cfg = self.counters, self.cfg
+        c, cfg = self.ctx.counters, self.ctx.cfg
         # The record may come a step late (loop.py): its own step decides, not the counter.
         step = entry.step
         if step % cfg.log_every != 0 and step != cfg.max_steps:
@@ -131,7 +117,7 @@ class Reporter:
             c.last_saved or "none",
             extra=journal_fields(step, entry.loss, entry.lr, entry.arm, entry.phase),
         )
-        self.notifier.status(f"step {step}/{cfg.max_steps} loss {ema:.4f} ETA {eta}")
+        self.ctx.notifier.status(f"step {step}/{cfg.max_steps} loss {ema:.4f} ETA {eta}")
         self.publish_metrics()
         self.restart_window()
 
@@ -144,13 +130,15 @@ class Reporter:
         now = time.monotonic()
         if self._wait_since is None:
             self._wait_since, self._next_report = now, now + 2.0
-        self.counters.activity = Activity.WAITING_FOR_PROXY
+        self.ctx.counters.activity = Activity.WAITING_FOR_PROXY
         if now >= self._next_report:
             waited = now - self._wait_since
             log.warning("waiting for the proxy to assign step %d (%.0f s so far)", step, waited)
-            self.notifier.status(f"step {self.counters.step}: waiting for proxy ({waited:.0f} s)")
+            self.ctx.notifier.status(
+                f"step {self.ctx.counters.step}: waiting for proxy ({waited:.0f} s)"
+            )
             self._next_report += 10.0
-        self.notifier.tick()
+        self.ctx.notifier.tick()
 
     def waiting_over(self) -> None:
         """The next wait for the proxy is a new one (it reports from its own start)."""
@@ -161,12 +149,12 @@ class Reporter:
     def publish_metrics(self, force: bool = False) -> None:
         if self.prometheus is None:
             return
-        c = self.counters
+        c = self.ctx.counters
         holding = c.activity in (Activity.HOLDING, Activity.WAITING_FOR_PROXY)
         self.prometheus.set(
             {
                 "andrea_step": c.step,
-                "andrea_max_steps": self.cfg.max_steps,
+                "andrea_max_steps": self.ctx.cfg.max_steps,
                 "andrea_loss_ema": c.loss_ema,
                 "andrea_tokens_per_second": c.tokens_per_second,
                 "andrea_learning_rate": c.lr,
@@ -182,13 +170,15 @@ class Reporter:
 
     def progress_status(self) -> dict[str, float | None]:
         """Throughput, LR, elapsed time, ETA and checkpoint age, as of the last progress line."""
-        c = self.counters
+        c = self.ctx.counters
         spp = c.seconds_per_step
         return {
             "tokens_per_second": c.tokens_per_second,
             "lr": c.lr,
             "elapsed_seconds": time.monotonic() - self._started[1],
-            "eta_seconds": None if spp is None else eta_seconds(c.step, self.cfg.max_steps, spp),
+            "eta_seconds": None
+            if spp is None
+            else eta_seconds(c.step, self.ctx.cfg.max_steps, spp),
             "last_checkpoint_age_seconds": None
             if c.last_saved_at is None
             else time.time() - c.last_saved_at,
@@ -197,7 +187,7 @@ class Reporter:
     def summary(self, reason: StopReason | None) -> None:
         """How this life ended: rank 0's run summary (and a last metrics update), the other
         ranks' one line."""
-        c = self.counters
+        c = self.ctx.counters
         if not self.main:
             log.info("stopped at step %d (%s)", c.step, reason or "max_steps reached")
             return

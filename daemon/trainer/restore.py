@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 
@@ -25,11 +26,10 @@ from ..checkpoint.source import Source, SourceError, read_source
 from ..checkpoint.state import load_adam_state, load_weights
 from ..config import config_changes, record_trajectory, trajectory_of
 from ..rundir import CONFIG_FILE, LOSS_FILE
-from .counters import Counters
+from .context import TrainerContext
 from .crosscheck import CrossCheck
 from .environment import environment_of, inexact_changes
-from .options import TrainerOptions
-from .parts import Parts, Platform, seed_rank_stream
+from .parts import seed_rank_stream
 
 log = logging.getLogger(__name__)
 
@@ -37,29 +37,17 @@ log = logging.getLogger(__name__)
 class Restorer:
     """Finds the checkpoint a life resumes from (or a pivot rolls back to) and restores it."""
 
-    def __init__(
-        self,
-        opts: TrainerOptions,
-        platform: Platform,
-        parts: Parts,
-        counters: Counters,
-        manager: CheckpointManager | None,
-    ) -> None:
+    def __init__(self, ctx: TrainerContext, manager: CheckpointManager | None) -> None:
         """`manager`: rank 0's; None on the other ranks of a job, which receive rank 0's manifest."""
-        self.opts = opts
-        self.cfg = opts.cfg
-        self.world = opts.world
-        self.main = opts.world.is_main
-        self.platform = platform
-        self.parts = parts
-        self.counters = counters
+        self.ctx = ctx
         self.manager = manager
         self._pending_rng: RngState | None = None
         #: This rank has no generator states in the checkpoint (it resumes a smaller job's).
         self._fresh_stream = False
         #: Adam's moments came from a checkpoint (rank 0's reach the other ranks by broadcast).
         self.moments_restored = False
-        self._crosscheck: CrossCheck | None = None
+        #: What a manifest is checked against beyond its hash (the loss log read when first needed).
+        self._crosscheck = CrossCheck(ctx.run_dir / LOSS_FILE, ctx.parts.streams)
 
     def resume(self) -> tuple[Manifest | None, bool]:
         """Restore the newest valid checkpoint, all but its random generators, and record the
@@ -74,63 +62,70 @@ class Restorer:
             self.restore(manifest, payload)
             self.moments_restored = True
             self._continue_lineage(manifest)
-            if manifest.config_hash != self.cfg.trajectory_hash():
-                if self.main:
+            if manifest.config_hash != self.ctx.cfg.trajectory_hash():
+                if self.ctx.main:
                     log.warning(
                         "resuming under a changed training config, on purpose "
                         "(--allow-config-change): %s",
                         "; ".join(
-                            config_changes(trajectory_of(manifest.config), self.cfg.trajectory())
+                            config_changes(
+                                trajectory_of(manifest.config), self.ctx.cfg.trajectory()
+                            )
                         )
                         or "data identities changed",
                     )
                 changed = True
-        if self.main and self.opts.config_changes:
-            record_trajectory(self.cfg, self.opts.run_dir / CONFIG_FILE)
+        if self.ctx.main and self.ctx.opts.config_changes:
+            record_trajectory(self.ctx.cfg, self.ctx.opts.run_dir / CONFIG_FILE)
             log.warning(
                 "config change accepted on purpose (--allow-config-change) and recorded in %s: %s",
                 CONFIG_FILE,
-                "; ".join(self.opts.config_changes),
+                "; ".join(self.ctx.opts.config_changes),
             )
         return manifest, changed
 
     def _start_lineage(self) -> None:
         """A new run's lineage: this world size from the start, and the checkpoint of another run
         it starts from (--init-from), whose weights (and moments) it loads."""
-        source = self._init_from() if self.opts.init_from is not None else None
-        self.counters.lineage = Lineage(
-            world_sizes=[WorldSpan(from_step=0, world_size=self.world.size)],
-            init_from=source.describe(self.opts.init_optimizer) if source is not None else None,
+        init_from = self.ctx.opts.init_from
+        source = self._init_from(init_from) if init_from is not None else None
+        self.ctx.counters.lineage = Lineage(
+            world_sizes=[WorldSpan(from_step=0, world_size=self.ctx.world.size)],
+            init_from=source.describe(self.ctx.opts.init_optimizer) if source is not None else None,
         )
-        self.counters.source_manifest = source.content() if source is not None else None
+        self.ctx.counters.source_manifest = source.content() if source is not None else None
 
-    def _init_from(self) -> Source | None:
+    def _init_from(self, path: Path) -> Source | None:
         """Rank 0 reads and verifies the source and loads its weights (and with
         --init-from-optimizer Adam's state); the other ranks learn the outcome and the step count
         by broadcast (weights and moments follow when DDP wraps the model). The source on rank 0;
         SourceError (exit 2) on every rank when it cannot be used."""
         source: Source | None = None
         answer: dict = {}
-        if self.main:
+        if self.ctx.main:
             try:
-                source = read_source(self.opts.init_from)
+                source = read_source(path)
                 self._load_source(source)
                 answer = {"adam_step": source.manifest.optimizer.adam_step}
             except (SourceError, ValueError) as e:
                 answer = {"refused": str(e)}
-        if self.world.distributed:
-            message = json.dumps(answer).encode() if self.main else None
-            answer = json.loads(dist.broadcast_bytes(self.world, message))
+        if self.ctx.world.distributed:
+            message = json.dumps(answer).encode() if self.ctx.main else None
+            answer = json.loads(dist.broadcast_bytes(self.ctx.world, message))
         if "refused" in answer:
             raise SourceError(answer["refused"])
-        if self.opts.init_optimizer:
-            if not self.main:
-                n = sum(p.numel() for p in self.parts.params)
+        if self.ctx.opts.init_optimizer:
+            if not self.ctx.main:
+                n = sum(p.numel() for p in self.ctx.parts.params)
                 zeros = np.zeros(n, dtype=np.float32)
                 payload = Payload(0, n, zeros, zeros, zeros)
-                layout = self.parts.layout
+                layout = self.ctx.parts.layout
                 load_adam_state(
-                    self.parts.optimizer, self.parts.params, layout, payload, answer["adam_step"]
+                    self.ctx.parts.optimizer,
+                    self.ctx.parts.params,
+                    layout,
+                    payload,
+                    answer["adam_step"],
                 )
             self.moments_restored = True
         return source
@@ -139,10 +134,10 @@ class Restorer:
         """Rank 0: the source's verified weights into the model, and its moments when asked."""
         p = source.payload()
         m = source.manifest
-        load_weights(list(self.parts.model.named_parameters()), m.layout, p.weights)
-        if self.opts.init_optimizer:
+        load_weights(list(self.ctx.parts.model.named_parameters()), m.layout, p.weights)
+        if self.ctx.opts.init_optimizer:
             load_adam_state(
-                self.parts.optimizer, self.parts.params, m.layout, p, m.optimizer.adam_step
+                self.ctx.parts.optimizer, self.ctx.parts.params, m.layout, p, m.optimizer.adam_step
             )
         log.info(
             "new run started from %s (step %d, sha256 %s…): its weights%s; this run's own config, "
@@ -151,12 +146,12 @@ class Restorer:
             m.step,
             m.bin_sha256[:12],
             f" and Adam's moments (step count {m.optimizer.adam_step})"
-            if self.opts.init_optimizer
+            if self.ctx.opts.init_optimizer
             else " (Adam starts afresh)",
         )
 
     def _same_world(self, m: Manifest) -> bool:
-        return m.environment.world_size == self.world.size
+        return m.environment.world_size == self.ctx.world.size
 
     @staticmethod
     def _rank_state(m: Manifest, rank: int) -> RankState:
@@ -170,24 +165,24 @@ class Restorer:
         """The run's lineage as this life continues it; at another world size, which generators
         carry over (each rank below the old size keeps its own), announced as not bit-exact."""
         lineage = m.lineage_or_default()
-        self.counters.lineage = lineage.at_world(m.step, self.world.size)
-        self.counters.source_manifest = m.source_manifest
+        self.ctx.counters.lineage = lineage.at_world(m.step, self.ctx.world.size)
+        self.ctx.counters.source_manifest = m.source_manifest
         old = m.environment.world_size
-        if self.world.rank < old:
-            self._pending_rng = self._rank_state(m, self.world.rank).rng
+        if self.ctx.world.rank < old:
+            self._pending_rng = self._rank_state(m, self.ctx.world.rank).rng
         else:
             self._fresh_stream = True
-        if old != self.world.size and self.main:
+        if old != self.ctx.world.size and self.ctx.main:
             log.warning(
                 "resuming at world size %d from a checkpoint written by a job of %d: this resume "
                 "will NOT be bit-exact with the run so far: each rank's dropout stream and the "
                 "order of the gradient reduction change (%s); the data stream continues exactly, "
                 "every rank drawing the same global order (%s); Adam's moments and the LR "
                 "schedule continue",
-                self.world.size,
+                self.ctx.world.size,
                 old,
-                _streams_note(old, self.world.size),
-                self.parts.batch.describe(),
+                _streams_note(old, self.ctx.world.size),
+                self.ctx.parts.batch.describe(),
             )
 
     def restore_rng(self) -> None:
@@ -196,18 +191,18 @@ class Restorer:
         checkpoint has no state for (a larger job than wrote it) starts a stream of its own,
         seeded by (seed, rank, step)."""
         if self._fresh_stream:
-            seed_rank_stream(self.cfg.seed, self.world.rank, self.counters.step)
+            seed_rank_stream(self.ctx.cfg.seed, self.ctx.world.rank, self.ctx.counters.step)
             return
-        if self._pending_rng is None or "rng" in self.opts.skip_restore:
+        if self._pending_rng is None or "rng" in self.ctx.opts.skip_restore:
             return
         try:
-            notes = rngstate.restore(self._pending_rng, self.platform.device)
+            notes = rngstate.restore(self._pending_rng, self.ctx.platform.device)
         except (RuntimeError, ValueError) as e:
             # The same checkpoint fails the same way at every start: the operator must
             # decide, a restart cannot.
             raise ResumeRefused(
                 "cannot restore the random generators of "
-                f"step {self.counters.step}'s checkpoint: {e}"
+                f"step {self.ctx.counters.step}'s checkpoint: {e}"
             ) from e
         for note in notes:
             log.warning("this resume will NOT be bit-exact with the run so far: %s", note)
@@ -217,41 +212,47 @@ class Restorer:
         (a single process following a pivot). Raises ResumeRefused when the checkpoint is gone or
         damaged: the trainer cannot follow the pivot, and says so (exit 4) rather than training
         on under the old phase."""
+        if self.manager is None:
+            raise RuntimeError("a roll-back is a single process's, which is rank 0")
         try:
             loaded = self.manager.load(self.expectation(), step=boundary)
         except ResumeRefused as e:
             raise ResumeRefused(
                 f"cannot follow the proxy's pivot after step {boundary}: {e}"
             ) from None
+        if loaded is None:  # a named step is loaded or refused, never absent: said all the same
+            raise ResumeRefused(
+                f"cannot follow the proxy's pivot: no checkpoint of step {boundary}"
+            )
         self.restore(loaded.manifest, loaded.payload)
-        self.counters.phase = loaded.manifest.mixing.phase
-        rngstate.restore(loaded.manifest.rng, self.platform.device)
+        self.ctx.counters.phase = loaded.manifest.mixing.phase
+        rngstate.restore(loaded.manifest.rng, self.ctx.platform.device)
         return loaded.manifest
 
     def _find(self) -> tuple[Manifest | None, Payload | None]:
         """Rank 0 discovers and verifies; the other ranks receive its manifest (or its refusal)."""
         loaded: Loaded | None = None
         refusal: str | None = None
-        if self.main:
+        if self.manager is not None:  # rank 0
             try:
                 loaded = self.manager.load(self.expectation())
             except ResumeRefused as e:
-                if not self.world.distributed:
+                if not self.ctx.world.distributed:
                     raise
                 refusal = str(e)
-        if not self.world.distributed:
+        if not self.ctx.world.distributed:
             return (loaded.manifest, loaded.payload) if loaded is not None else (None, None)
         message = None
-        if self.main:
+        if self.ctx.main:
             message = json.dumps(
                 {"refused": refusal}
                 if refusal is not None
                 else {"manifest": loaded.manifest.model_dump(mode="json") if loaded else None}
             ).encode()
-        answer = json.loads(dist.broadcast_bytes(self.world, message))
+        answer = json.loads(dist.broadcast_bytes(self.ctx.world, message))
         if answer.get("refused") is not None:
             raise ResumeRefused(answer["refused"])
-        if self.main:
+        if self.ctx.main:
             for reason in loaded.skipped if loaded is not None else []:
                 log.warning("skipped damaged checkpoint %s", reason)
             return (loaded.manifest, loaded.payload) if loaded is not None else (None, None)
@@ -261,27 +262,25 @@ class Restorer:
     def expectation(self) -> Expectation:
         """What a checkpoint must match for this run to resume from it exactly."""
         return Expectation(
-            model=self.cfg.model,
-            layout=self.parts.layout,
-            data_identities={a.name: a.identity for a in self.parts.arms},
-            config_hash=self.cfg.trajectory_hash(),
-            allow_config_change=self.opts.allow_config_change,
-            trajectory=self.cfg.trajectory(),
-            tokenizer=self.parts.tokenizer.identity,
-            tokenizer_description=self.parts.tokenizer.describe(full=True),
+            model=self.ctx.cfg.model,
+            layout=self.ctx.parts.layout,
+            data_identities={a.name: a.identity for a in self.ctx.parts.arms},
+            config_hash=self.ctx.cfg.trajectory_hash(),
+            allow_config_change=self.ctx.opts.allow_config_change,
+            trajectory=self.ctx.cfg.trajectory(),
+            tokenizer=self.ctx.parts.tokenizer.identity,
+            tokenizer_description=self.ctx.parts.tokenizer.describe(full=True),
             check=self._manifest_problems,
         )
 
     def _manifest_problems(self, m: Manifest) -> list[str]:
         """What in `m` this run cannot take: cursors it cannot restore, and fields that contradict
         the step, the schedule or the recorded batches (a re-signed edit, see crosscheck.py)."""
-        if self._crosscheck is None:
-            self._crosscheck = CrossCheck(self.opts.run_dir / LOSS_FILE, self.parts.streams)
         return self._cursor_problems(m) + self._crosscheck.problems(m)
 
     def _cursor_problems(self, m: Manifest) -> list[str]:
         """Cursors a resume could not take (an arm's chunk count differs from the data's)."""
-        sizes = {s.arm.name: s.n_chunks for s in self.parts.streams}
+        sizes = {s.arm.name: s.n_chunks for s in self.ctx.parts.streams}
         return [
             f"arm {c.name!r}: cursor written for {c.n_chunks} chunks, the arm has {sizes[c.name]}"
             for c in m.data
@@ -292,7 +291,7 @@ class Restorer:
         """Restore from manifest `m` and payload `p`, all but the random generators; without a
         payload (ranks other than 0 of a job), Adam's state is created with the right step count
         and filled by a broadcast."""
-        if self.main:
+        if self.ctx.main:
             self._warn_if_inexact(m)
         if p is None:
             # The moments' shapes and step count only; a broadcast from rank 0 fills them.
@@ -300,17 +299,19 @@ class Restorer:
             zeros = np.zeros(n, dtype=np.float32)
             p = Payload(m.step, n, zeros, zeros, zeros)
         else:
-            load_weights(list(self.parts.model.named_parameters()), m.layout, p.weights)
-        load_adam_state(self.parts.optimizer, self.parts.params, m.layout, p, m.optimizer.adam_step)
-        if "cursor" not in self.opts.skip_restore:
+            load_weights(list(self.ctx.parts.model.named_parameters()), m.layout, p.weights)
+        load_adam_state(
+            self.ctx.parts.optimizer, self.ctx.parts.params, m.layout, p, m.optimizer.adam_step
+        )
+        if "cursor" not in self.ctx.opts.skip_restore:
             self._restore_cursors(m)
-        c = self.counters
+        c = self.ctx.counters
         c.step = c.last_saved = m.step
-        if self.main:  # the other ranks of a job may not see the run directory
-            c.last_saved_at = (self.opts.run_dir / m.bin_file).stat().st_mtime
+        if self.ctx.main:  # the other ranks of a job may not see the run directory
+            c.last_saved_at = (self.ctx.opts.run_dir / m.bin_file).stat().st_mtime
         c.tokens_seen = m.progress.tokens_seen
         c.train_seconds = m.progress.train_seconds
-        if self.main:
+        if self.ctx.main:
             log.info(
                 "resumed from %s (trigger %s, written %s)", m.bin_file, m.trigger, m.created_utc
             )
@@ -318,9 +319,9 @@ class Restorer:
     def _restore_cursors(self, m: Manifest) -> None:
         # Every rank draws the whole global batch, so every rank's cursors are rank 0's (the
         # manifest's own): at another world size those are the data stream's position.
-        mine = self._rank_state(m, self.world.rank).data if self._same_world(m) else m.data
+        mine = self._rank_state(m, self.ctx.world.rank).data if self._same_world(m) else m.data
         cursors = {c.name: c for c in mine}
-        for s in self.parts.streams:
+        for s in self.ctx.parts.streams:
             saved = cursors.get(s.arm.name)
             if saved is not None and saved.identity == s.arm.identity:
                 s.load_state_dict(saved)
@@ -334,7 +335,7 @@ class Restorer:
                 )
 
     def _warn_if_inexact(self, m: Manifest) -> None:
-        now = environment_of(self.platform, self.world, self.parts.compiled)
+        now = environment_of(self.ctx.platform, self.ctx.world, self.ctx.parts.compiled)
         changed = inexact_changes(m.environment, now)
         if changed:
             log.warning(

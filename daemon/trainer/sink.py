@@ -6,8 +6,7 @@ between the mixing modes, behind one interface.
 - `ProxySink`, proxy mode: records go over the proxy link (the proxy owns both files and numbers
   the segments), and the arms are the proxy's assignments.
 - `RecordSink` itself records nothing: the sink of the ranks other than 0 of a job (rank 0
-  records the agreed values; in proxy mode rank 0's arm reaches them by the agreement), and of
-  every rank before `Trainer.resume` opens the real one.
+  records the agreed values; in proxy mode rank 0's arm reaches them by the agreement).
 """
 
 from __future__ import annotations
@@ -18,16 +17,14 @@ from pathlib import Path
 from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
 
-from .. import distributed as dist
 from ..checkpoint.manifest import Manifest
-from ..config import RunConfig
 from ..data import FixedMixture
 from ..evallog import EvalEntry, EvalLog
 from ..losslog import LossLog, LossLogError, last_entry
 from ..proxy_link import ProxyLink
 from ..rundir import EVAL_FILE, LOSS_FILE, peer_endpoint
+from .context import TrainerContext
 from .counters import Counters
-from .parts import Parts
 
 log = logging.getLogger(__name__)
 
@@ -193,9 +190,10 @@ class ProxySink(RecordSink):
         """The proxy's assignment if it arrives within 0.25 s; it also says the segment (the
         proxy numbers the lives) and the phase."""
         a = self.link.assignment(step, timeout=0.25)
-        if a is None:
+        segment = self.link.segment
+        if a is None or segment is None:  # the proxy numbers the segment before it assigns
             return None
-        self.counters.segment = self.link.segment
+        self.counters.segment = segment
         self.counters.phase = a.phase
         return self.arm_index[a.arm]
 
@@ -236,17 +234,11 @@ class ProxySink(RecordSink):
         self.link.close()
 
 
-def open_sink(
-    cfg: RunConfig,
-    run_dir: Path,
-    world: dist.World,
-    counters: Counters,
-    parts: Parts,
-    manifest: Manifest | None,
-) -> RecordSink:
+def open_sink(ctx: TrainerContext, manifest: Manifest | None) -> RecordSink:
     """This rank's sink for the life that resumes from `manifest` (None: a fresh run). In fixed
     mode it numbers the life; in proxy mode the link re-sends what the manifest holds pending."""
-    if not world.is_main:
+    cfg, run_dir, counters, parts = ctx.cfg, ctx.run_dir, ctx.counters, ctx.parts
+    if not ctx.main:
         return RecordSink(parts.mixture if cfg.mixing == "fixed" else None)
     if cfg.mixing == "fixed":
         prior = manifest.progress.segment if manifest is not None else 0

@@ -17,25 +17,25 @@ from ..checkpoint.manifest import (
     RankState,
 )
 from ..checkpoint.writer import StagingBuffer
-from ..config import RunConfig
 from ..schedule import scheduler_state
-from .counters import Counters
+from .context import TrainerContext
 from .environment import environment_of
-from .parts import FUSED, Parts, Platform
+from .parts import FUSED
 from .sink import RecordSink
 
 
-def gather_ranks(world: dist.World, platform: Platform, parts: Parts) -> list[RankState] | None:
+def gather_ranks(ctx: TrainerContext) -> list[RankState] | None:
     """Every rank, at an agreed checkpoint point: check that the replicas agree, and gather each
     rank's RNG and cursor states to rank 0 (None on the other ranks and for a single process).
     DistributedError on every rank when the replicas diverged."""
+    world, parts = ctx.world, ctx.parts
     if not world.distributed:
         return None
     m, v = parts.moments()
     dist.check_replicas(world, {"weights": parts.params, "m": m, "v": v})
     mine = RankState(
         rank=world.rank,
-        rng=rngstate.capture(platform.device),
+        rng=rngstate.capture(ctx.platform.device),
         data=[s.state_dict() for s in parts.streams],
     )
     got = dist.gather_bytes(world, mine.model_dump_json().encode())
@@ -46,48 +46,45 @@ class Snapshotter:
     """Rank 0's copies of the current step into one preallocated host buffer (pinned on CUDA,
     where the copies are asynchronous and `Snapshot.ready` waits for them)."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        world: dist.World,
-        platform: Platform,
-        parts: Parts,
-        counters: Counters,
-        backend: str | None,
-    ) -> None:
-        self.cfg = cfg
-        self.world = world
-        self.platform = platform
-        self.parts = parts
-        self.counters = counters
+    def __init__(self, ctx: TrainerContext, backend: str | None) -> None:
+        """`backend`: the job's process-group backend, recorded in its manifests."""
+        self.ctx = ctx
         self.backend = backend
-        self.staging = StagingBuffer(sum(p.numel() for p in parts.params), platform.device)
-        self._environment: Environment | None = None  # fixed for the life of the process
+        n_params = sum(p.numel() for p in ctx.parts.params)
+        self.staging = StagingBuffer(n_params, ctx.platform.device)
+        #: Fixed for the life of the process: computed once, at the first checkpoint.
+        self._environment: Environment | None = None
 
     def take(self, sink: RecordSink, ranks: list[RankState] | None = None) -> Snapshot:
         """The state after the current step. `ranks`: every rank's states, gathered by
         `gather_ranks` (rank 0 of a job). The caller makes sure no background write is still
         reading the buffer."""
-        states = self.parts.adam_states()
+        ctx = self.ctx
+        states = ctx.parts.adam_states()
         adam_steps = {int(x) for x in torch.stack([s["step"] for s in states]).tolist()}  # one sync
         if len(adam_steps) != 1:
             raise RuntimeError(f"parameters disagree on Adam's step count: {sorted(adam_steps)}")
-        step = self.counters.step
-        m, v = self.parts.moments()
-        payload = self.staging.fill(step, self.parts.params, m, v)
+        step = ctx.counters.step
+        m, v = ctx.parts.moments()
+        payload = self.staging.fill(step, ctx.parts.params, m, v)
         if self._environment is None:
-            self._environment = environment_of(self.platform, self.world, self.parts.compiled)
+            self._environment = environment_of(ctx.platform, ctx.world, ctx.parts.compiled)
         return Snapshot(
             step=step,
-            fields=self._fields(sink, adam_steps.pop(), ranks),
+            fields=self._fields(sink, adam_steps.pop(), ranks, self._environment),
             payload=payload,
             ready=self.staging.ready,
         )
 
     def _fields(
-        self, sink: RecordSink, adam_step: int, ranks: list[RankState] | None
+        self,
+        sink: RecordSink,
+        adam_step: int,
+        ranks: list[RankState] | None,
+        environment: Environment,
     ) -> dict[str, object]:
-        cfg, o, c, parts = self.cfg, self.cfg.optim, self.counters, self.parts
+        cfg, c, parts = self.ctx.cfg, self.ctx.counters, self.ctx.parts
+        o = cfg.optim
         return dict(
             layout=parts.layout,
             model=cfg.model,
@@ -100,7 +97,7 @@ class Snapshotter:
                 adam_step=adam_step,
             ),
             scheduler=scheduler_state(c.step, o),
-            rng=ranks[0].rng if ranks else rngstate.capture(self.platform.device),
+            rng=ranks[0].rng if ranks else rngstate.capture(self.ctx.platform.device),
             data=[s.state_dict() for s in parts.streams],
             mixing=MixingState(mode=cfg.mixing, phase=c.phase, arms=[a.name for a in parts.arms]),
             pending_losses=sink.pending_losses(c.step),
@@ -112,14 +109,14 @@ class Snapshotter:
                 segment=c.segment,
                 train_seconds=c.train_seconds,
             ),
-            environment=self._environment,
+            environment=environment,
             config_hash=cfg.trajectory_hash(),
             config=cfg.model_dump(mode="json"),
             tokenizer=parts.tokenizer.identity,
             lineage=c.lineage,
             source_manifest=c.source_manifest,
             distributed=DistributedState(
-                world_size=self.world.size, backend=self.backend or "?", ranks=ranks
+                world_size=self.ctx.world.size, backend=self.backend or "?", ranks=ranks
             )
             if ranks
             else None,

@@ -21,13 +21,9 @@ import torch
 from andrea.protocol.lossentry import LossEntry
 
 from .. import determinism
-from ..config import RunConfig
-from ..distributed import World
-from ..process import Notifier
 from ..schedule import lr_at
 from .batches import Batches, StepBatches
-from .counters import Counters
-from .parts import Parts, Platform
+from .context import TrainerContext
 
 
 class Mark:
@@ -97,13 +93,7 @@ class StepRunner:
 
     def __init__(
         self,
-        cfg: RunConfig,
-        world: World,
-        platform: Platform,
-        parts: Parts,
-        counters: Counters,
-        stop_requested: Callable[[], bool],
-        notifier: Notifier,
+        ctx: TrainerContext,
         stop_grace: Callable[[], float],
         before_update: Callable[[], None] = lambda: None,
     ) -> None:
@@ -111,52 +101,47 @@ class StepRunner:
         asked of systemd on top of the rest of a step that a stop interrupts. `before_update`:
         what must happen before the optimizer writes the weights and moments (a checkpoint's copy
         of them still in flight is waited for, on the device)."""
-        self.cfg = cfg
-        self.world = world
-        self.platform = platform
-        self.parts = parts
-        self.counters = counters
-        self.stop_requested = stop_requested
-        self.notifier = notifier
+        self.ctx = ctx
         self.stop_grace = stop_grace
         self.before_update = before_update
         # parts.micro_batch: the sequences of one micro-batch over the whole job; each rank trains
         # parts.local_batch rows of it.
-        self.batches = Batches(parts, world, platform.device, parts.micro_batch, cfg.grad_accum)
+        parts, device = ctx.parts, ctx.platform.device
+        self.batches = Batches(parts, ctx.world, device, parts.micro_batch, ctx.cfg.grad_accum)
 
     def train(self, arm: int) -> Trained:
         """`grad_accum` micro-batches of the step's arm, their gradients averaged, each on this
         rank's share of the micro-batch's global batch; then the optimizer's update."""
-        start = Mark(self.platform.device)
-        step = self.counters.step + 1
-        accum, optimizer = self.cfg.grad_accum, self.parts.optimizer
-        lr = lr_at(step, self.cfg.optim)
+        start = Mark(self.ctx.platform.device)
+        step = self.ctx.counters.step + 1
+        accum, optimizer = self.ctx.cfg.grad_accum, self.ctx.parts.optimizer
+        lr = lr_at(step, self.ctx.cfg.optim)
         for g in optimizer.param_groups:
             g["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
         # Every rank draws the whole global batch's chunks, so the cursors advance alike
         # everywhere and the digest names the global batch.
         batches = self.batches.draw(arm)
-        if step < self.cfg.max_steps:
+        if step < self.ctx.cfg.max_steps:
             self.batches.prefetch(self._next_arm(step + 1))
         losses = self._micro_batches(batches)
-        if self.cfg.optim.grad_clip > 0:
+        if self.ctx.cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(
-                self.parts.params, self.cfg.optim.grad_clip, foreach=True
+                self.ctx.parts.params, self.ctx.cfg.optim.grad_clip, foreach=True
             )
         self.before_update()
         optimizer.step()
-        c = self.counters
+        c = self.ctx.counters
         c.step = step
-        tokens = accum * self.parts.micro_batch * self.cfg.model.block_size
+        tokens = accum * self.ctx.parts.micro_batch * self.ctx.cfg.model.block_size
         c.tokens_seen += tokens
         return Trained(
             step=step,
             loss=losses[0] if accum == 1 else torch.stack(losses).mean(),
             batches=batches,
             start=start,
-            end=Mark(self.platform.device),
-            arm=self.parts.arms[arm].name,
+            end=Mark(self.ctx.platform.device),
+            arm=self.ctx.parts.arms[arm].name,
             lr=lr,
             tokens=tokens,
             segment=c.segment,
@@ -170,32 +155,37 @@ class StepRunner:
     def _next_arm(self, step: int) -> int | None:
         # The fixed mixture's arm is a pure function of the step; the proxy's is known only
         # once it is assigned.
-        return self.parts.mixture.assign(step) if self.cfg.mixing == "fixed" else None
+        return self.ctx.parts.mixture.assign(step) if self.ctx.cfg.mixing == "fixed" else None
 
     def _micro_batches(self, batches: StepBatches) -> list[torch.Tensor]:
-        accum = self.cfg.grad_accum
+        accum = self.ctx.cfg.grad_accum
         losses = []
         started = time.perf_counter()
         extended = False
         for i in range(accum):
-            if i and not extended and self.stop_requested():
+            if i and not extended and self.ctx.flags.stop_requested():
                 # A stop waits for the whole step: ask systemd for the rest of it (at the pace
                 # of the micro-batches so far, doubled) on top of the final checkpoint's time.
                 extended = True
                 per_micro = (time.perf_counter() - started) / i
-                self.notifier.extend_timeout(2 * per_micro * (accum - i) + self.stop_grace())
+                self.ctx.notifier.extend_timeout(2 * per_micro * (accum - i) + self.stop_grace())
             losses.append(self._micro_batch(batches.micro(i), last=i == accum - 1))
         return losses
 
     def _micro_batch(self, xy: torch.Tensor, last: bool) -> torch.Tensor:
         """Forward and backward on this rank's rows; its loss, detached."""
-        accum, device, forward = self.cfg.grad_accum, self.platform.device, self.parts.forward
+        accum, device, forward = (
+            self.ctx.cfg.grad_accum,
+            self.ctx.platform.device,
+            self.ctx.parts.forward,
+        )
         # In a job, DDP all-reduces (averages) the gradients in the last backward only.
-        sync = contextlib.nullcontext() if last or not self.world.distributed else forward.no_sync()
+        ddp = self.ctx.parts.ddp
+        sync = contextlib.nullcontext() if last or ddp is None else ddp.no_sync()
         with sync:
             with (
-                self.platform.numerics.autocast(device),
-                determinism.attention(self.platform.deterministic, device),
+                self.ctx.platform.numerics.autocast(device),
+                determinism.attention(self.ctx.platform.deterministic, device),
             ):
                 _, loss = forward(xy[:, :-1], xy[:, 1:])
             # The mean over micro-batches of equal size is the loss of the step's batch.

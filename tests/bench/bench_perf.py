@@ -344,7 +344,7 @@ def _sha256_time(buf: np.ndarray) -> float:
 
 def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
     from andrea.daemon.process import SignalFlags
-    from andrea.daemon.trainer import Trainer, TrainerOptions
+    from andrea.daemon.trainer import TrainerOptions, assemble
 
     run_dir = work / f"stall-{preset}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -359,11 +359,10 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
         },
     )
     print(f"[stall] {preset}: building a real Trainer", flush=True)
-    tr = Trainer(TrainerOptions(run_dir, cfg), SignalFlags())
-    tr.setup()
+    tr = assemble(TrainerOptions(run_dir, cfg), SignalFlags())
     # Adam's state exists after one update; a real step of andrea-120m takes a minute on two cores,
     # and what a snapshot copies does not depend on the values, so one update with random gradients.
-    parts, counters, ckpt = tr.parts, tr.counters, tr.checkpointer
+    parts, counters, ckpt = tr.ctx.parts, tr.ctx.counters, tr.checkpointer
     for p in parts.params:
         p.grad = torch.randn_like(p) * 1e-3
     parts.optimizer.step()
@@ -371,7 +370,9 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
     counters.step = 1
     ms, vs = parts.moments()
     writes: list[float] = []
-    orig_save = ckpt.manager.save
+    store = ckpt.storage
+    assert store is not None  # a single process is rank 0
+    orig_save = store.manager.save
 
     def timed_save(*a, **k):
         t0 = time.perf_counter()
@@ -379,10 +380,10 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
         writes.append(time.perf_counter() - t0)
         return r
 
-    ckpt.manager.save = timed_save  # type: ignore[method-assign]
+    store.manager.save = timed_save  # type: ignore[method-assign]
 
     def copy_alone() -> None:
-        ckpt.snapshots.staging.fill(counters.step, parts.params, ms, vs)
+        store.snapshots.staging.fill(counters.step, parts.params, ms, vs)
 
     def stall() -> None:
         ckpt.write_in_background("cadence")
@@ -405,7 +406,7 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
     t0 = time.perf_counter()
     ckpt.write("end")  # synchronous, for the record
     sync_s = time.perf_counter() - t0
-    tr.flags.request_stop("bench")
+    tr.ctx.flags.request_stop("bench")
     counters.last_saved = counters.step
     tr.finish()
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -548,7 +549,7 @@ def _bookkeeping_cost(cache: Path) -> float:
     the arm, the batch (drawn, and taken from the worker that gathered and hashed it), the loss
     entry and its append, the watchdog tick, the flag checks."""
     from andrea.daemon.process import SignalFlags
-    from andrea.daemon.trainer import Trainer, TrainerOptions
+    from andrea.daemon.trainer import TrainerOptions, assemble
     from andrea.protocol.lossentry import LossEntry
 
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
@@ -561,32 +562,31 @@ def _bookkeeping_cost(cache: Path) -> float:
                 "checkpoint": {"every": 100},
             },
         )
-        tr = Trainer(TrainerOptions(Path(d), cfg), SignalFlags())
-        tr.setup()
+        tr = assemble(TrainerOptions(Path(d), cfg), SignalFlags())
         n = 200
         t0 = time.perf_counter()
         batches = tr.stepper.batches
         for s in range(1, n + 1):
             arm = tr.sink.arm_for(s)
             step = batches.draw(arm)
-            batches.prefetch(tr.parts.mixture.assign(s + 1))
+            batches.prefetch(tr.ctx.parts.mixture.assign(s + 1))
             step.micro(0)
             digest = step.digest()
             entry = LossEntry(
                 step=s,
                 loss=1.0,
-                arm=tr.parts.arms[arm].name,
+                arm=tr.ctx.parts.arms[arm].name,
                 lr=1e-3,
                 tokens=2048,
                 wall_time=time.time(),
-                segment=tr.counters.segment,
+                segment=tr.ctx.counters.segment,
                 phase=0,
                 batch_sha256=digest,
             )
             tr.sink.record_loss(entry)
-            tr.notifier.tick()
+            tr.ctx.notifier.tick()
             tr.checkpointer.boundary_allowed(s)
-            tr.flags.take_checkpoint_request()
+            tr.ctx.flags.take_checkpoint_request()
         per_step = (time.perf_counter() - t0) / n
         tr.finish()  # step 0: nothing to write
     return per_step
@@ -640,16 +640,15 @@ def bench_batches(cache: Path, reps: int = 300) -> dict:
     import hashlib
 
     from andrea.daemon.process import SignalFlags
-    from andrea.daemon.trainer import Trainer, TrainerOptions
+    from andrea.daemon.trainer import TrainerOptions, assemble
 
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
         cfg = build_config(
             {},
             {"preset": "andrea-12m", "threads": THREADS, "data": {"cache_dir": str(cache)}},
         )
-        tr = Trainer(TrainerOptions(Path(d), cfg), SignalFlags())
-        tr.setup()
-        stream, batches = tr.parts.streams[0], tr.stepper.batches
+        tr = assemble(TrainerOptions(Path(d), cfg), SignalFlags())
+        stream, batches = tr.ctx.parts.streams[0], tr.stepper.batches
         times: dict[str, list[float]] = {"in line": [], "from the worker": [], "sha256 alone": []}
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -667,7 +666,7 @@ def bench_batches(cache: Path, reps: int = 300) -> dict:
             t0 = time.perf_counter()
             hashlib.sha256(batch.tobytes()).hexdigest()
             times["sha256 alone"].append(time.perf_counter() - t0)
-        tr.flags.request_stop("bench")
+        tr.ctx.flags.request_stop("bench")
         tr.finish()
     res = {k: med(v) for k, v in times.items()}
     return {**res, "worker_over_in_line": res["from the worker"] / res["in line"]}

@@ -1,0 +1,113 @@
+"""The trainer, built in one pass: first the context every collaborator shares (`open_context`),
+then, once every rank of a job has agreed that its start-up went well, each collaborator in turn,
+from the checkpoint the life resumes from (`build_trainer`). Nothing is set after it is built.
+
+The two steps are apart for one reason: a rank that fails to load its data (or is stopped while it
+does) must tell the others before any of them waits in the resume's broadcast (trainer_cli.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import IO
+
+import torch
+
+from .. import distributed as dist
+from ..control_server import ControlServer
+from ..dataprogress import EncodingProgress
+from ..hold import Holds
+from ..process import Notifier, SignalFlags
+from ..rundir import claim, endpoint
+from .checkpointer import Checkpointer, Storage
+from .context import TrainerContext, starting_status
+from .counters import Counters
+from .evaluation import Evaluation, plan_evaluation
+from .loop import Collaborators, Trainer
+from .options import TrainerOptions
+from .parts import build_parts, resolve_platform, wrap_for_training
+from .pivot import Pivots
+from .reporting import Reporter
+from .restore import Restorer
+from .sink import open_sink
+from .step import StepRunner
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A life's context, with rank 0's run-directory lock and control socket (None elsewhere)."""
+
+    ctx: TrainerContext
+    control: ControlServer | None
+    lock: IO[bytes] | None
+
+
+def open_context(
+    opts: TrainerOptions,
+    flags: SignalFlags,
+    device: torch.device | None = None,
+    notifier: Notifier | None = None,
+) -> Opened:
+    """Resolve the platform on `device` (default: the config's); on rank 0 claim the run directory
+    and bind the control socket, which answers status from then on (the data's preparation
+    included); then load the data and build the model and optimizer. Raises InterruptedError (a
+    stop during start-up), DataError, AlreadyRunning, or OSError/ZMQError (the run directory's)."""
+    world = opts.world
+    notifier = notifier or Notifier(enabled=world.is_main)
+    platform = resolve_platform(opts.cfg, device)
+    counters, holds, progress = Counters(), Holds(), EncodingProgress()
+    control: ControlServer | None = None
+    lock: IO[bytes] | None = None
+    if world.is_main:
+        lock = claim(opts.run_dir, "trainer")
+        status = partial(
+            starting_status, opts, platform, counters, holds, progress, time.monotonic()
+        )
+        control = ControlServer(endpoint(opts.run_dir, "trainer"), flags, status, holds)
+    parts = build_parts(opts.cfg, platform, world, opts.run_dir, flags.stop_requested, progress)
+    coord = dist.Coordinator(world, enabled=opts.coordinate)
+    ctx = TrainerContext(opts, platform, parts, counters, notifier, flags, holds, coord, progress)
+    return Opened(ctx, control, lock)
+
+
+def build_trainer(opened: Opened, backend: str | None = None) -> Trainer:
+    """Every collaborator, once, from the context: rank 0 finds the newest valid checkpoint and
+    every rank restores it (weights, m and v from rank 0, its own cursors from the manifest); DDP
+    wraps the model; the records' sink opens (the proxy link or the loss log). `backend`: the
+    job's process-group backend, recorded in its manifests. Raises ResumeRefused on every rank
+    when rank 0 refuses, SourceError for an unusable --init-from, RecordLogRefused."""
+    ctx, control = opened.ctx, opened.control
+    storage = Storage.of(ctx, control, backend)
+    restorer = Restorer(ctx, storage.manager if storage is not None else None)
+    manifest, config_changed = restorer.resume()
+    skip = ctx.opts.skip_restore
+    restored = restorer.moments_restored
+    wrap_for_training(ctx.parts, ctx.world, ctx.platform.device, restored, "buckets" not in skip)
+    ctx.counters.phase = manifest.mixing.phase if manifest is not None else 0
+    plan = plan_evaluation(ctx, manifest)
+    sink = open_sink(ctx, manifest)
+    checkpointer = Checkpointer(ctx, storage, sink, config_changed)
+    stepper = StepRunner(ctx, checkpointer.grace_seconds, checkpointer.before_update)
+    evaluation = Evaluation(ctx, plan, sink)
+    reporter = Reporter(ctx, sink)
+    pivots = Pivots(ctx, sink, checkpointer, restorer, reporter)
+    reporter.describe_start()
+    collaborators = Collaborators(
+        restorer, sink, checkpointer, stepper, evaluation, reporter, pivots, control, opened.lock
+    )
+    trainer = Trainer(ctx, collaborators)
+    if control is not None:
+        control.serve_status(trainer.status)
+    return trainer
+
+
+def assemble(
+    opts: TrainerOptions,
+    flags: SignalFlags,
+    device: torch.device | None = None,
+    backend: str | None = None,
+) -> Trainer:
+    """Both steps at once, for a single process (benchmarks, tests): nothing to agree between."""
+    return build_trainer(open_context(opts, flags, device), backend)
