@@ -314,6 +314,10 @@ def _train(
     except RecordLogRefused as e:
         # Rank 0's alone (it alone keeps the records): torchrun stops the other ranks.
         raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
+    except OSError as e:
+        # A stale temporary that cannot be removed, a run directory turned read-only: the
+        # operator's to fix (2), as the same errors are while the context opens.
+        raise StartRefused(f"cannot set up the run: {e}", ExitCode.CONFIG_ERROR) from None
     if plan.write_config_after_setup:
         log.warning("%s was missing; rewritten from the configuration just resumed", CONFIG_FILE)
         save_config(plan.cfg, plan.run_dir / CONFIG_FILE)

@@ -202,7 +202,8 @@ def test_sigterm_while_waiting_for_the_proxy_checkpoints_and_exits(
     tmp_path: Path, cache_dir: Path
 ) -> None:
     proxy = start_proxy(tmp_path)
-    t = proxy_trainer(tmp_path, cache_dir, "--max-steps", "100000")
+    # No cadence: a slow machine can stall at a cadence step, whose checkpoint would then stand.
+    t = proxy_trainer(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
     t.wait_for(r"step 12/")
     proxy.signal(signal.SIGKILL)
     proxy.wait()
