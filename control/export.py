@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import shlex
 import subprocess
@@ -37,7 +38,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path, PurePath
 from string import Template
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 import torch
@@ -64,7 +65,7 @@ from andrea.daemon.checkpoint.state import load_weights
 from andrea.daemon.config import ModelConfig
 from andrea.daemon.data import CursorState
 from andrea.daemon.durable import atomic_write_bytes, fsync_dir
-from andrea.daemon.evallog import canonical_evals, read_evals
+from andrea.daemon.evallog import EvalEntry, canonical_evals, read_evals
 from andrea.daemon.losslog import LossLogError, read_curve
 from andrea.daemon.model import GPT
 from andrea.daemon.rundir import CONFIG_FILE, EVAL_FILE, LOSS_FILE
@@ -72,6 +73,7 @@ from andrea.daemon.tokenizer import BYTES, RunTokenizer
 from andrea.protocol.lineage import Lineage
 
 from . import export_hf
+from .export_resume import resume_recipe
 from .export_sources import audit_sources, offenders
 from .export_tokenizer import (
     TOKENIZER_NAME,
@@ -112,6 +114,9 @@ EVAL_ROWS = 4
 #: curve from step 1, so that it does not depend on where the run was stopped and resumed.
 EMA_DECAY = 0.9
 RELOAD_TIMEOUT_S = 300
+#: The mode every file of an export is created with (export.json too: daemon/durable.py), less
+#: what the umask removes: 0644 under the usual umasks (022, 002), one mode for every file.
+FILE_MODE = 0o644
 _COPY_CHUNK = 8 << 20
 
 
@@ -334,7 +339,7 @@ def _copy_hashed(run_dir: Path, src: PurePath, dst: Path) -> ExportedFile:
     shows in the hash). The source is opened without following a link below ``run_dir``."""
     sha = hashlib.sha256()
     size = 0
-    with os.fdopen(open_inside(run_dir, src), "rb") as fin, open(dst, "xb") as fout:
+    with os.fdopen(open_inside(run_dir, src), "rb") as fin, _create(dst) as fout:
         while chunk := fin.read(_COPY_CHUNK):
             sha.update(chunk)
             fout.write(chunk)
@@ -344,8 +349,17 @@ def _copy_hashed(run_dir: Path, src: PurePath, dst: Path) -> ExportedFile:
     return ExportedFile(name=dst.name, size=size, sha256=sha.hexdigest(), source=str(run_dir / src))
 
 
+def _create(dst: Path) -> BinaryIO:
+    """A new file at ``dst``, created with `FILE_MODE` whatever the umask would give a plain
+    ``open`` (0664 under a umask of 002), so that every file of an export has one mode."""
+    fd = os.open(
+        dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE
+    )
+    return os.fdopen(fd, "wb")
+
+
 def _write_new(dst: Path, data: bytes, source: str | None = None) -> ExportedFile:
-    with open(dst, "xb") as f:
+    with _create(dst) as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -379,7 +393,7 @@ def _write_audit(
 ) -> list[ExportedFile]:
     """The run's audit trail under DEST/audit: the loss log, policy and bandit files, every pivot
     archive, and the audit plot up to ``step``. Paths in the listing are relative to DEST."""
-    from andrea.control.plot import audit_figure, save_figure
+    from andrea.control.plot import DPI, audit_figure
     from andrea.control.run_events import read_run_events
 
     audit = dest / AUDIT_DIR
@@ -399,9 +413,10 @@ def _write_audit(
                 f"{run_dir.name}, exported at step {step}",
                 until=step,
             )
-            save_figure(fig, audit / PLOT_NAME)
-            size, digest = _reread(audit / PLOT_NAME)
-            files.append(ExportedFile(name=f"{AUDIT_DIR}/{PLOT_NAME}", size=size, sha256=digest))
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=DPI)
+            plot = _write_new(audit / PLOT_NAME, png.getvalue())
+            files.append(_relative(plot, dest, audit / PLOT_NAME))
     else:
         progress(f"      WARNING: {run_dir / LOSS_FILE} is missing; the export has no loss history")
     for d in [audit, *(p for p in audit.rglob("*") if p.is_dir())]:
@@ -561,8 +576,10 @@ def _readme(
     created: str,
     loss_hex: str,
     tokenizer: RunTokenizer,
+    tokenizer_copied: bool,
 ) -> str:
-    """The export's README.md: README_TEMPLATE filled in with this checkpoint's figures."""
+    """The export's README.md: README_TEMPLATE filled in with this checkpoint's figures and its
+    resume recipe (``tokenizer_copied``: the export holds the run's tokenizer file)."""
     m = manifest.model
     arms = "\n".join(
         f"| `{c.name}` | `{c.identity}` | {c.n_tokens:,} | {c.epoch}:{c.position} |"
@@ -591,6 +608,12 @@ def _readme(
         threads=manifest.environment.threads,
         torch_version=manifest.environment.torch_version,
         code_version=manifest.environment.code_version,
+        held_out=held_out_line(manifest.step, _evals(run_dir)),
+        resume=resume_recipe(
+            run_dir,
+            rundir.checkpoint_stem(report_step),
+            TOKENIZER_NAME if tokenizer_copied else None,
+        ),
         **readme_fields(tokenizer),
     )
 
@@ -690,11 +713,35 @@ def _contents(
     tokenizer."""
     created = datetime.now(UTC).isoformat(timespec="milliseconds")
     metrics = _metrics(run_dir, manifest)
-    readme = _readme(manifest.step, manifest, run_dir, created, loss.hex(), tokenizer[0])
+    readme = _readme(
+        manifest.step,
+        manifest,
+        run_dir,
+        created,
+        loss.hex(),
+        tokenizer[0],
+        tokenizer[1] is not None,
+    )
     if card_command is not None:
         card = export_hf.model_card(manifest, _evals(run_dir), card_command, tokenizer[0])
         readme = card + readme
     return created, metrics, (metrics, readme, tokenizer[1])
+
+
+def held_out_line(step: int, evals: Sequence[EvalEntry]) -> str:
+    """The README's held-out losses at ``step``, each arm's, beside the reload-check loss."""
+    held = next((e for e in reversed(evals) if e.step == step), None)
+    if held is None:
+        return (
+            f"- **held-out loss** at step {step}: none recorded (the run evaluated no held-out "
+            "split at this step; `andreactl history --eval` lists the evaluations it made)"
+        )
+    arms = ", ".join(f"`{n}` {a.loss:.4f}" for n, a in held.arms.items())
+    return (
+        f"- **held-out loss** at step {step}: {arms}; mean {held.mean_loss():.4f} (mean "
+        "cross-entropy, nats per token, on each arm's fixed held-out evaluation set; "
+        "`andreactl history --eval`)"
+    )
 
 
 def _evals(run_dir: Path) -> list:

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from andrea.daemon.checkpoint.manager import checkpoint_steps
 from andrea.daemon.checkpoint.manifest import Manifest
-from andrea.daemon.model import GPT
+from andrea.daemon.model import GPT, next_token
 from andrea.daemon.tokenizer import RunTokenizer
 
 from .export import REPORT_NAME, ExportRefused, build_model, select_checkpoint
@@ -98,23 +97,6 @@ def _checkpoint(folder: Path, step: int | None) -> tuple[Manifest, np.ndarray]:
     return loaded.manifest, loaded.payload.weights
 
 
-def _next_token(logits: torch.Tensor, s: Sampling, generator: torch.Generator) -> torch.Tensor:
-    if s.temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / s.temperature
-    if s.top_k is not None and s.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, s.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if s.top_p is not None and s.top_p < 1.0:
-        ordered, order = torch.sort(logits, descending=True, dim=-1)
-        mass = F.softmax(ordered, dim=-1).cumsum(dim=-1)
-        # Drop a token when the mass before it already reaches top_p (the first always stays).
-        drop = (mass - F.softmax(ordered, dim=-1)) >= s.top_p
-        logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
-
-
 @torch.no_grad()
 def generate_ids(
     loaded: Loaded,
@@ -132,7 +114,13 @@ def generate_ids(
     out: list[int] = []
     for _ in range(sampling.max_new_tokens):
         logits, _ = model(idx[:, -block:])
-        nxt = _next_token(logits[:, -1, :].float(), sampling, generator)
+        nxt = next_token(
+            logits[:, -1, :].float(),
+            generator,
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+        )
         idx = torch.cat([idx, nxt], dim=1)
         out.append(int(nxt.item()))
         if on_token is not None:

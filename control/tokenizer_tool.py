@@ -199,6 +199,10 @@ def train(
     out = out if out is not None else default_out(run_dir, cfg)
     if out.exists():
         raise UserError(f"{out} exists: remove it first (a run that uses it resumes only under it)")
+    try:  # a [data] tokenizer in a folder of its own ("tok/notes.json"): made, before the work
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {out.parent} for {out}: {e.strerror or e}") from None
     fraction = cfg.data.heldout_fraction
     tallies = {s.name: _Tally(s.name) for s in specs}
     bpe, trainer = _new_bpe(vocab_size, progress)

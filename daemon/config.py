@@ -16,10 +16,12 @@ import json
 import textwrap
 import tomllib
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 
 from .boundedio import FileRejected, read_bounded
 from .durable import atomic_write_bytes
@@ -281,6 +283,66 @@ class EvalConfig(_Strict):
     )
 
 
+#: The first tokens of a document that make a default sample prompt (`SamplesConfig.prompts`).
+DEFAULT_PROMPT_TOKENS = 8
+
+
+class SamplesConfig(_Strict):
+    """The text samples the trainer generates for the audit (docs/evaluation.md#samples).
+    Operational: sampling draws from a generator of its own, never from one training uses, so
+    these may change at any restart without changing a bit of the trajectory."""
+
+    every: int = Field(100, ge=0, description="steps between generated samples; 0: never")
+    prompts: list[Annotated[str, Field(min_length=1, max_length=MAX_SAMPLE_PROMPT)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SAMPLES,
+        description="the texts samples continue, each encoded with the run's tokenizer; default: "
+        f"the first {DEFAULT_PROMPT_TOKENS} tokens of each arm's first held-out document (of its "
+        "training data when it holds none out), as the tokenizer itself cut them, so that no "
+        "prompt ends where the tokenizer would not (a trailing space, say)",
+    )
+    max_new_tokens: int = Field(
+        120, ge=1, le=4096, description="tokens generated after each prompt"
+    )  # a sample must fit its message (16 KiB)
+    temperature: float = Field(
+        0.8,
+        ge=0.0,
+        le=100.0,
+        allow_inf_nan=False,
+        description="softmax temperature of each next token; 0: greedy (the most likely one)",
+    )
+    top_k: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_VOCAB_SIZE,
+        description="draw each next token from the k most likely only; default: from all",
+    )
+
+
+#: Settings of runs created before `[samples]` existed, at the top level of their run.toml: their
+#: names there, and where they live now. Such a file still loads, meaning what it always meant.
+LEGACY_SAMPLE_KEYS = {"sample_every": "every", "sample_tokens": "max_new_tokens"}
+
+
+def upgrade_legacy(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (a run.toml's, or a config dump's) with the older names of `LEGACY_SAMPLE_KEYS`
+    moved into `[samples]`. ValueError when a setting is given under both names with two values."""
+    moved = {new: values[old] for old, new in LEGACY_SAMPLE_KEYS.items() if old in values}
+    samples = values.get("samples", {})
+    if not moved or not isinstance(samples, dict):
+        return values  # nothing to move, or a [samples] that is not a table: validation names it
+    for old, new in LEGACY_SAMPLE_KEYS.items():
+        if new in moved and new in samples and samples[new] != moved[new]:
+            raise ValueError(
+                f"{old} = {moved[new]!r} and samples.{new} = {samples[new]!r} set one setting "
+                f"twice ({old} is the older name of samples.{new}); keep one"
+            )
+    out = {k: v for k, v in values.items() if k not in LEGACY_SAMPLE_KEYS}
+    out["samples"] = {**moved, **samples}
+    return out
+
+
 class RunConfig(_Strict):
     """Everything one run needs. Built from a preset, then run.toml, then command-line flags."""
 
@@ -351,8 +413,7 @@ class RunConfig(_Strict):
     )
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: int = Field(10, ge=1, description="steps between progress lines")
-    sample_every: int = Field(100, ge=0, description="steps between generated samples; 0: never")
-    sample_tokens: int = Field(120, ge=1, le=4096)  # a sample must fit its message (16 KiB)
+    samples: SamplesConfig = Field(default_factory=SamplesConfig)
 
     TRAJECTORY_FIELDS: ClassVar[tuple[str, ...]] = (
         "model",
@@ -364,6 +425,11 @@ class RunConfig(_Strict):
         "grad_accum",
         "batch_size_per",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, data: Any) -> Any:
+        return upgrade_legacy(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _batch_divides(self) -> RunConfig:
@@ -577,8 +643,13 @@ def build_config(
     The preset is looked up first (from overrides, then the file) so that a file only needs to say
     what differs from it.
     """
-    file_values = dict(file_values or {})
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    try:
+        # Before the merge, so that a flag overrides the file's setting under its older name.
+        file_values = upgrade_legacy(dict(file_values or {}))
+        overrides = upgrade_legacy(overrides)
+    except ValueError as e:
+        raise ConfigError(f"invalid configuration ({source}): {e}") from None
     preset = overrides.get("preset", file_values.get("preset", "andrea-tiny"))
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")

@@ -220,19 +220,21 @@ class GPT(nn.Module):
         generator: torch.Generator,
         temperature: float = 0.8,
         should_stop: Callable[[], bool] | None = None,
+        top_k: int | None = None,
     ) -> torch.Tensor:
         """Sample continuations with a caller-owned generator, so that sampling for audit never
-        touches the global RNG that dropout draws from (and so never changes training)."""
+        touches the global RNG that dropout draws from (and so never changes training). The window
+        slides at block_size. Fewer than `max_new_tokens` when `should_stop` said stop."""
         was_training = self.training
         self.eval()
         try:
-            for _ in range(max_new_tokens):
-                if should_stop is not None and should_stop():
-                    break
-                logits, _ = self(idx[:, -self.cfg.block_size :])
-                probs = F.softmax(logits[:, -1, :] / temperature, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=generator)
-                idx = torch.cat([idx, nxt], dim=1)
+            with torch.no_grad():
+                for _ in range(max_new_tokens):
+                    if should_stop is not None and should_stop():
+                        break
+                    logits, _ = self(idx[:, -self.cfg.block_size :])
+                    nxt = next_token(logits[:, -1, :], generator, temperature, top_k)
+                    idx = torch.cat([idx, nxt], dim=1)
         finally:
             self.train(was_training)
         return idx
@@ -245,3 +247,30 @@ class GPT(nn.Module):
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
+
+
+def next_token(
+    logits: torch.Tensor,
+    generator: torch.Generator,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """The next id of each row of `logits` (rows × vocabulary): the most likely at temperature 0,
+    else drawn with `generator` from the softmax at `temperature`, kept to the `top_k` most likely
+    and to the smallest set of mass `top_p`. The one rule of the trainer's samples and of
+    `andreactl generate`."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered, order = torch.sort(logits, descending=True, dim=-1)
+        mass = F.softmax(ordered, dim=-1)
+        # Drop a token when the mass before it already reaches top_p (the first always stays).
+        drop = (mass.cumsum(dim=-1) - mass) >= top_p
+        logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs.to(generator.device), 1, generator=generator).to(logits.device)

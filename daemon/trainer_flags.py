@@ -54,7 +54,7 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--compile", "compile"),
     ConfigFlag("--decay-steps", "optim.decay_steps"),
     ConfigFlag("--log-every", "log_every"),
-    ConfigFlag("--sample-every", "sample_every"),
+    ConfigFlag("--sample-every", "samples.every"),
     ConfigFlag("--cache-dir", "data.cache_dir", metavar="DIR"),
     ConfigFlag("--deterministic", "deterministic"),
 )

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from .evalentry import EvalEntry
+from .limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 from .lossentry import MAX_STEP, LossEntry
 
 MAX_MESSAGE_BYTES = 4 << 20
@@ -141,7 +142,7 @@ MAX_SAMPLE_TEXT = 16384
 
 class Sample(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    prompt: str = Field(max_length=1024)
+    prompt: str = Field(max_length=MAX_SAMPLE_PROMPT)
     text: str = Field(max_length=MAX_SAMPLE_TEXT)
 
 
@@ -150,7 +151,7 @@ class SampleReport(_Msg):
     step: int = Field(ge=1, le=MAX_STEP)
     segment: int = Field(ge=1, le=MAX_STEP)
     phase: Count
-    samples: list[Sample] = Field(max_length=64)
+    samples: list[Sample] = Field(max_length=MAX_SAMPLES)
 
 
 # ---- control: andreactl → trainer or proxy --------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from andrea.daemon.config import ConfigError, build_config
+from andrea.daemon.config import ConfigError, RunConfig, build_config
 from andrea.daemon.model import GPT
 
 
@@ -105,3 +105,44 @@ def test_a_change_to_the_bytes_tokenizer_is_named_bytes() -> None:
     assert "data.tokenizer: tokenizer.json → bytes" in config_changes(own, plain)
     assert "data.tokenizer: bytes → tokenizer.json" in config_changes(plain, own)
     assert not any("absent" in c for c in config_changes(own, plain))
+
+
+def test_samples_settings_have_their_defaults_and_ranges() -> None:
+    cfg = build_config({})
+    assert (cfg.samples.every, cfg.samples.max_new_tokens) == (100, 120)
+    assert cfg.samples.prompts is None and cfg.samples.top_k is None
+    cfg = build_config({"samples": {"prompts": ["def f(", "The"], "temperature": 0, "top_k": 5}})
+    assert cfg.samples.prompts == ["def f(", "The"] and cfg.samples.temperature == 0.0
+    for bad, key in [
+        ({"prompts": []}, "samples.prompts"),
+        ({"prompts": [""]}, r"samples.prompts.0"),
+        ({"prompts": ["x" * 1025]}, r"samples.prompts.0"),
+        ({"prompts": ["x"] * 65}, "samples.prompts"),
+        ({"max_new_tokens": 0}, "samples.max_new_tokens"),
+        ({"max_new_tokens": 4097}, "samples.max_new_tokens"),
+        ({"temperature": -0.1}, "samples.temperature"),
+        ({"temperature": float("nan")}, "samples.temperature"),
+        ({"top_k": 0}, "samples.top_k"),
+        ({"promts": ["x"]}, r"samples.promts: unknown key"),
+    ]:
+        with pytest.raises(ConfigError, match=key):
+            build_config({"samples": bad})
+
+
+def test_a_run_toml_older_than_the_samples_table_loads_as_it_meant() -> None:
+    """Runs created before `[samples]` wrote `sample_every` and `sample_tokens` at the top of
+    their run.toml: they load (as samples.every and samples.max_new_tokens), a flag still
+    overrides them, the trajectory is untouched, and two values for one setting are refused."""
+    old = build_config({"sample_every": 7, "sample_tokens": 33})
+    assert (old.samples.every, old.samples.max_new_tokens) == (7, 33)
+    assert old.trajectory_hash() == build_config({}).trajectory_hash()
+    flagged = build_config({"sample_every": 7}, {"samples": {"every": 0}})
+    assert flagged.samples.every == 0
+    assert build_config({"sample_every": 7, "samples": {"every": 7}}).samples.every == 7
+    with pytest.raises(ConfigError, match=r"sample_every = 7 and samples.every = 8"):
+        build_config({"sample_every": 7, "samples": {"every": 8}})
+    # A config dump read back (a manifest's, say) goes through the same upgrade.
+    dump = build_config({}).model_dump(mode="json")
+    del dump["samples"]
+    dump |= {"sample_every": 3, "sample_tokens": 4}
+    assert RunConfig.model_validate(dump).samples.max_new_tokens == 4

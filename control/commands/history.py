@@ -171,7 +171,7 @@ def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     path = args.run_dir / SAMPLES_FILE
     if not path.exists() and not path.is_symlink():
         raise CommandFailed(
-            f"{path} does not exist yet: the proxy writes it every sample_every steps; a run under "
+            f"{path} does not exist yet: the proxy writes it every samples.every steps; a run under "
             "--mixing fixed (no proxy) writes no .samples.json (andreactl generate makes text "
             "from any checkpoint)"
         )

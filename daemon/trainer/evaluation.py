@@ -3,7 +3,8 @@
 Neither draws from a generator that training uses, so a run with them is bit-identical to the
 same run without them (see daemon/evaluate.py). Neither ever ends a run: an evaluation or a sample
 that fails is logged, recorded as not done, and training goes on. Samples are encoded and decoded
-with the run's tokenizer (daemon/tokenizer.py), whose decoding never fails.
+with the run's tokenizer (daemon/tokenizer.py), whose decoding never fails. A stop request cuts
+either short, and what it cut is never recorded: no partial evaluation, no truncated sample.
 """
 
 from __future__ import annotations
@@ -12,21 +13,58 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from andrea.protocol import messages as m
+from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 from andrea.protocol.status import Activity
 from andrea.protocol.transport import new_id
 
 from ..checkpoint.manifest import Manifest
+from ..config import DEFAULT_PROMPT_TOKENS, SamplesConfig
+from ..data import Arm
 from ..evallog import ArmEval, EvalEntry
 from ..evaluate import Evaluator
+from ..tokenizer import RunTokenizer
 from .context import TrainerContext
 from .sink import RecordSink
 
 log = logging.getLogger(__name__)
 
-SAMPLE_PROMPTS = ("def ", "The ", "# ")
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a sample continues: its ids, and its text as the sample records it."""
+
+    text: str
+    ids: list[int]
+
+
+def sample_prompts(cfg: SamplesConfig, arms: list[Arm], tokenizer: RunTokenizer) -> list[Prompt]:
+    """The prompts of `[samples]`, encoded with the run's tokenizer, or by default the first
+    `DEFAULT_PROMPT_TOKENS` ids of each arm's first held-out document (of its training tokens when
+    it holds none out): ids the tokenizer itself produced, so a prompt never ends where it would
+    not cut the text (a lone trailing space, whose continuation then starts with another). A
+    prompt that encodes to nothing is left out, saying so."""
+    if cfg.prompts is not None:
+        out = []
+        for text in cfg.prompts:
+            if ids := tokenizer.encode(text):
+                out.append(Prompt(text, ids))
+            else:
+                log.warning("sample prompt %r encodes to no token; it is left out", text)
+        return out
+    defaults: list[Prompt] = []
+    for arm in arms:
+        tokens = arm.tokens
+        if arm.heldout is not None and arm.heldout.shape[0] > 0:
+            tokens = arm.heldout
+        n = min(DEFAULT_PROMPT_TOKENS, int(tokens.shape[0]))
+        ids = [int(t) for t in np.asarray(tokens[np.arange(n)])]
+        if ids and all(p.ids != ids for p in defaults) and len(defaults) < MAX_SAMPLES:
+            defaults.append(Prompt(tokenizer.decode(ids)[:MAX_SAMPLE_PROMPT], ids))
+    return defaults
 
 
 @dataclass(frozen=True)
@@ -77,6 +115,7 @@ class Evaluation:
         self.last_eval: EvalEntry | None = None
         self.eval_seconds = 0.0
         self._catch_up = plan.catch_up and ctx.main
+        self._prompts: list[Prompt] | None = None
 
     def due(self, step: int) -> bool:
         """Whether this rank evaluates `step`."""
@@ -84,7 +123,7 @@ class Evaluation:
 
     def samples_due(self, step: int) -> bool:
         """Whether this rank samples at `step` (not once a stop is requested)."""
-        every = self.ctx.cfg.sample_every
+        every = self.ctx.cfg.samples.every
         return (
             self.main and bool(every) and step % every == 0 and not self.ctx.flags.stop_requested()
         )
@@ -144,42 +183,61 @@ class Evaluation:
         )
         return entry
 
-    def sample(self) -> list[str]:
-        """Generate from fixed prompts with a generator of its own, seeded by (seed, step), so that
-        auditing never draws from the RNGs that training uses; encoded and decoded with the run's
-        tokenizer."""
-        device, step = self.ctx.platform.device, self.ctx.counters.step
-        tokenizer = self.ctx.parts.tokenizer
+    def prompts(self) -> list[Prompt]:
+        """The prompts of this life's samples, decided (and logged) at the first sampling."""
+        if self._prompts is None:
+            cfg = self.ctx.cfg.samples
+            self._prompts = sample_prompts(cfg, self.ctx.parts.arms, self.ctx.parts.tokenizer)
+            log.info(
+                "samples continue %s: %s",
+                "the prompts of [samples]"
+                if cfg.prompts is not None
+                else f"the first {DEFAULT_PROMPT_TOKENS} tokens of each arm's held-out data",
+                " | ".join(repr(p.text) for p in self._prompts) or "none",
+            )
+        return self._prompts
+
+    def sample(self) -> list[m.Sample] | None:
+        """Generate from the prompts with a generator of its own, seeded by (seed, step), so that
+        auditing never draws from the RNGs that training uses; decoded with the run's tokenizer.
+        None when a stop request cut a sample short: a truncated sample is never returned."""
+        ctx = self.ctx
+        device, step, s = ctx.platform.device, ctx.counters.step, ctx.cfg.samples
         g = torch.Generator(device=device)
-        g.manual_seed((self.ctx.cfg.seed * 1_000_003 + step) % 2**63)
+        g.manual_seed((ctx.cfg.seed * 1_000_003 + step) % 2**63)
         out = []
-        for prompt in SAMPLE_PROMPTS:
-            idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)
-            with self.ctx.platform.numerics.autocast(device):
-                toks = self.ctx.parts.model.generate(
-                    idx, self.ctx.cfg.sample_tokens, g, should_stop=self.ctx.flags.stop_requested
+        for prompt in self.prompts():
+            idx = torch.tensor([prompt.ids], dtype=torch.long, device=device)
+            with ctx.platform.numerics.autocast(device):
+                toks = ctx.parts.model.generate(
+                    idx, s.max_new_tokens, g, s.temperature, ctx.flags.stop_requested, s.top_k
                 )
+            if toks.shape[1] - idx.shape[1] < s.max_new_tokens:
+                return None
             # A sample's text must fit its record (protocol.messages.Sample).
-            out.append(tokenizer.decode(toks[0].tolist())[: m.MAX_SAMPLE_TEXT])
+            text = ctx.parts.tokenizer.decode(toks[0].tolist())[: m.MAX_SAMPLE_TEXT]
+            out.append(m.Sample(prompt=prompt.text, text=text))
         return out
 
     def samples(self) -> None:
         """Log the samples of the current step and record them. A sample that fails is logged,
-        and training goes on: a sample never ends a run."""
+        and training goes on: a sample never ends a run. Samples a stop cut short are neither
+        logged nor recorded."""
         c = self.ctx.counters
         log.info("generating samples at step %d", c.step)
         try:
-            texts = self.sample()
-            report = m.SampleReport(
-                id=new_id(),
-                step=c.step,
-                segment=c.segment,
-                phase=c.phase,
-                samples=[m.Sample(prompt=p, text=t) for p, t in zip(SAMPLE_PROMPTS, texts)],
-            )
+            samples = self.sample()
         except Exception as e:
             log.error("the samples of step %d failed (%r); training goes on", c.step, e)
             return
-        for text in texts:
-            log.info("sample at step %d: %r", c.step, text)
+        if samples is None:
+            log.info("samples of step %d abandoned: stop requested (none is recorded)", c.step)
+            return
+        if not samples:
+            return
+        report = m.SampleReport(
+            id=new_id(), step=c.step, segment=c.segment, phase=c.phase, samples=samples
+        )
+        for sample in samples:
+            log.info("sample at step %d: %r", c.step, sample.text)
         self.sink.record_samples(report)

@@ -177,7 +177,7 @@ class Trainer:
             or on(cfg.log_every)
             or on(cfg.checkpoint.every)
             or on(self.evaluation.every)
-            or on(cfg.sample_every)
+            or on(cfg.samples.every)
         )
 
     def _read(self, trained: Trained) -> float:

@@ -107,7 +107,7 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
         "max_steps": args.steps,
         "batch_size": args.batch_size,
         "threads": args.threads,
-        "sample_every": 0,
+        "samples": {"every": 0},
         "log_every": 500,
         "mixing": "fixed" if mixture in FIXED else "proxy",
         "optim": {"decay_steps": args.steps},
