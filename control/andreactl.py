@@ -26,9 +26,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NoReturn
 
-from andrea.daemon.boundedio import FileRejected
-from andrea.daemon.losslog import LossLogError
-from andrea.daemon.rundir import RUN_DIR_ENV, SocketDirError
+from andrea.daemon.rundir.boundedio import FileRejected
+from andrea.daemon.rundir.layout import RUN_DIR_ENV, SocketDirError
+from andrea.daemon.rundir.losslog import LossLogError
 
 from .commands import (
     checkpoints,

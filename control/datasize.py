@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.daemon import corpus
-from andrea.daemon.boundedio import read_bounded
 from andrea.daemon.config import ArmSpec, RunConfig
-from andrea.daemon.rundir import manifest_name
-from andrea.daemon.sources import DataError, arm_files
-from andrea.daemon.tokenizer import BYTES
+from andrea.daemon.data import corpus
+from andrea.daemon.data.sources import DataError, arm_files
+from andrea.daemon.data.tokenizer import BYTES
+from andrea.daemon.rundir.boundedio import read_bounded
+from andrea.daemon.rundir.layout import manifest_name
 
 #: Bytes a token of a trained (BPE) tokenizer stands for in English prose and code: the usual
 #: 3.5-4.5 of GPT-2-like vocabularies; the estimate says it assumes this.

@@ -19,11 +19,11 @@ import torch
 
 from andrea.daemon.checkpoint.manager import checkpoint_steps
 from andrea.daemon.checkpoint.manifest import Manifest
+from andrea.daemon.data.tokenizer import RunTokenizer
 from andrea.daemon.model import GPT, next_token
-from andrea.daemon.tokenizer import RunTokenizer
 
-from .export import REPORT_NAME, ExportRefused, build_model, select_checkpoint
-from .export_tokenizer import TokenizerProblem, load_export_tokenizer, run_tokenizer
+from .export.bundle import REPORT_NAME, ExportRefused, build_model, select_checkpoint
+from .export.tokenizer import TokenizerProblem, load_export_tokenizer, run_tokenizer
 
 
 class GenerateError(ValueError):

@@ -3,7 +3,7 @@ which processes a stop ends, and a summary of a stopped run from its files alone
 creates nothing.
 
 A daemon holds an exclusive ``flock`` on ``RUN_DIR/.ROLE.lock`` for its whole life
-(:func:`andrea.daemon.rundir.claim`), so a lock nobody holds means a stopped daemon, known at once,
+(:func:`andrea.daemon.rundir.layout.claim`), so a lock nobody holds means a stopped daemon, known at once,
 with no socket, retry or timeout.
 """
 
@@ -18,12 +18,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from andrea.daemon.boundedio import FileRejected, open_regular, read_bounded
-from andrea.daemon.evallog import last_eval
-from andrea.daemon.losslog import LossLogError
 from andrea.daemon.metrics.series import ema_update
 from andrea.daemon.mixing.proxyfiles import MAX_STATE_BYTES
-from andrea.daemon.rundir import (
+from andrea.daemon.rundir.boundedio import FileRejected, open_regular, read_bounded
+from andrea.daemon.rundir.evallog import last_eval
+from andrea.daemon.rundir.layout import (
     EVAL_FILE,
     LOSS_FILE,
     MAX_MANIFEST_BYTES,
@@ -31,7 +30,8 @@ from andrea.daemon.rundir import (
     lock_path,
     parse_checkpoint_name,
 )
-from andrea.daemon.validation import first_problem
+from andrea.daemon.rundir.losslog import LossLogError
+from andrea.daemon.runtime.validation_messages import first_problem
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lineage import Lineage, WorldSpan
 from andrea.protocol.lossentry import LossEntry

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from andrea.daemon.batch import BatchShape
 from andrea.daemon.config import RunConfig
+from andrea.daemon.data.batch_split import BatchShape
 
-from . import reports as r
-from . import sizing
+from . import reports, sizing
 
 GB = 10**9
 GiB = 2**30
@@ -106,8 +105,8 @@ class _Costs:
     flops_per_token: int
 
 
-def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> r.PlanReport:
-    """The plan of `cfg` trained as `shape` (daemon/batch.py) under `inputs`."""
+def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> reports.PlanReport:
+    """The plan of `cfg` trained as `shape` (daemon/data/batch_split.py) under `inputs`."""
     costs = _Costs(
         sizing.parameters(cfg.model),
         sizing.cuda_numerics(inputs.precision),
@@ -117,7 +116,7 @@ def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> r.PlanRe
     speed = _speed(shape, inputs, costs, cfg.model.n_layer)
     data = _data(shape, inputs)
     checkpoints = _checkpoints(cfg, inputs, costs)
-    return r.PlanReport(
+    return reports.PlanReport(
         source=inputs.source,
         preset=cfg.preset,
         model=cfg.model.model_dump(mode="json"),
@@ -125,7 +124,7 @@ def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> r.PlanRe
         parameter_bytes=costs.params.weight_bytes,
         optimizer_bytes=costs.params.optimizer_bytes,
         precision=inputs.precision,
-        gpu=r.PlanGpu(
+        gpu=reports.PlanGpu(
             name=inputs.gpu.name,
             memory_bytes=inputs.gpu.memory_bytes,
             peak_tflops=inputs.gpu.peak(inputs.precision),
@@ -142,12 +141,12 @@ def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> r.PlanRe
     )
 
 
-def _data(shape: BatchShape, inputs: PlanInputs) -> r.PlanData | None:
+def _data(shape: BatchShape, inputs: PlanInputs) -> reports.PlanData | None:
     if inputs.data_tokens is None:
         return None
     tokens, how = inputs.data_tokens
     planned = shape.tokens_per_step * inputs.steps
-    return r.PlanData(
+    return reports.PlanData(
         training_tokens=tokens,
         how=how,
         planned_tokens=planned,
@@ -155,9 +154,9 @@ def _data(shape: BatchShape, inputs: PlanInputs) -> r.PlanData | None:
     )
 
 
-def _batch(shape: BatchShape) -> r.PlanBatch:
+def _batch(shape: BatchShape) -> reports.PlanBatch:
     t = shape.tokens_per_sequence
-    return r.PlanBatch(
+    return reports.PlanBatch(
         sequences_per_step=shape.per_step,
         grad_accum=shape.grad_accum,
         sequences_per_micro_batch=shape.micro_batch,
@@ -168,7 +167,9 @@ def _batch(shape: BatchShape) -> r.PlanBatch:
     )
 
 
-def _memory(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs, costs: _Costs) -> r.PlanMemory:
+def _memory(
+    cfg: RunConfig, shape: BatchShape, inputs: PlanInputs, costs: _Costs
+) -> reports.PlanMemory:
     p, n = costs.params, costs.numerics
     per_sequence = sizing.activation_bytes(cfg.model, 1, n)
     activations = sizing.activation_bytes(cfg.model, shape.per_rank, n)
@@ -176,7 +177,7 @@ def _memory(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs, costs: _Costs
     fixed = p.weight_bytes + p.gradient_bytes + p.optimizer_bytes + copies + RUNTIME_RESERVE
     total = fixed + activations
     room = inputs.gpu.memory_bytes - fixed
-    return r.PlanMemory(
+    return reports.PlanMemory(
         weights=p.weight_bytes,
         gradients=p.gradient_bytes,
         adam_moments=p.optimizer_bytes,
@@ -206,7 +207,7 @@ def _largest_fitting(cfg: RunConfig, n: sizing.Numerics, room: int, per_sequence
     return b
 
 
-def _speed(shape: BatchShape, inputs: PlanInputs, costs: _Costs, n_layer: int) -> r.PlanSpeed:
+def _speed(shape: BatchShape, inputs: PlanInputs, costs: _Costs, n_layer: int) -> reports.PlanSpeed:
     peak = inputs.gpus * inputs.gpu.peak(inputs.precision) * 1e12
     compute = shape.tokens_per_step * costs.flops_per_token / (inputs.mfu * peak)
     # A ring all-reduce moves 2 (k - 1) / k of the fp32 gradients through each GPU, once a step.
@@ -215,7 +216,7 @@ def _speed(shape: BatchShape, inputs: PlanInputs, costs: _Costs, n_layer: int) -
     allreduce = 2 * (k - 1) / k * costs.params.gradient_bytes / (inputs.gpu.allreduce_gbps * GB)
     floor = step_floor_seconds(n_layer)
     step = max(compute + allreduce, floor)
-    return r.PlanSpeed(
+    return reports.PlanSpeed(
         mfu=inputs.mfu,
         mfu_source=inputs.mfu_source,
         flops_per_token=costs.flops_per_token,
@@ -229,7 +230,7 @@ def _speed(shape: BatchShape, inputs: PlanInputs, costs: _Costs, n_layer: int) -
     )
 
 
-def _checkpoints(cfg: RunConfig, inputs: PlanInputs, costs: _Costs) -> r.PlanCheckpoints:
+def _checkpoints(cfg: RunConfig, inputs: PlanInputs, costs: _Costs) -> reports.PlanCheckpoints:
     ck, p = cfg.checkpoint, costs.params
     payload = p.checkpoint_bytes
     manifest = MANIFEST_BASE_BYTES + MANIFEST_TENSOR_BYTES * p.n_tensors
@@ -242,7 +243,7 @@ def _checkpoints(cfg: RunConfig, inputs: PlanInputs, costs: _Costs) -> r.PlanChe
     kept = ck.keep_latest + 1
     checkpoint_disk = (kept + audit) * (payload + manifest)
     loss_log = LOSS_ENTRY_BYTES * inputs.steps
-    return r.PlanCheckpoints(
+    return reports.PlanCheckpoints(
         payload_bytes=payload,
         manifest_bytes=manifest,
         every=ck.every,
@@ -263,9 +264,9 @@ def _rental(
     cfg: RunConfig,
     inputs: PlanInputs,
     costs: _Costs,
-    speed: r.PlanSpeed,
-    ck: r.PlanCheckpoints,
-) -> r.PlanRental:
+    speed: reports.PlanSpeed,
+    ck: reports.PlanCheckpoints,
+) -> reports.PlanRental:
     every = cfg.eval.every if cfg.eval.every is not None else cfg.checkpoint.every
     evals = inputs.steps // every if every else 0
     eval_tokens = cfg.eval.sequences * len(cfg.data.arms) * cfg.model.block_size
@@ -279,7 +280,7 @@ def _rental(
     hours = [s / 3600 for s in (speed.training_seconds, ck.stalls_seconds, evaluation)]
     hours += [stop_resume / 3600, export / 3600]
     total = sum(hours)
-    return r.PlanRental(
+    return reports.PlanRental(
         training_hours=hours[0],
         checkpoint_stall_hours=hours[1],
         evaluation_hours=hours[2],
@@ -315,7 +316,9 @@ def _assumptions(inputs: PlanInputs, costs: _Costs) -> dict[str, str]:
     }
 
 
-def _warnings(shape: BatchShape, memory: r.PlanMemory, data: r.PlanData | None) -> list[str]:
+def _warnings(
+    shape: BatchShape, memory: reports.PlanMemory, data: reports.PlanData | None
+) -> list[str]:
     out = []
     if data is not None and (data.passes is None or data.passes > MAX_PASSES):
         passes = "endless" if data.passes is None else f"{data.passes:,.1f}"

@@ -40,8 +40,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from matplotlib.typing import LineStyleType
 
 from andrea.control.run_events import RunEvents
-from andrea.daemon.losslog import LossCurve
 from andrea.daemon.metrics.series import arm_loss_ema, loss_ema, phase_share
+from andrea.daemon.rundir.losslog import LossCurve
 from andrea.protocol.evalentry import EvalEntry
 
 #: Buckets of the min/max reduction: about one per horizontal pixel of the default figure.

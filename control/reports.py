@@ -317,7 +317,7 @@ class PlanGpu(_Report):
 
 
 class PlanBatch(_Report):
-    """How a step's batch is cut (daemon/batch.py): per step, per micro-batch, per GPU."""
+    """How a step's batch is cut (daemon/data/batch_split.py): per step, per micro-batch, per GPU."""
 
     sequences_per_step: int = Field(description="batch_size: over the whole job")
     grad_accum: int
@@ -460,7 +460,7 @@ REPORTS: dict[str, tuple[ModelRef, ...]] = {
     "plan": (PlanReport,),
     "tokenizer": (TokenizerTrainReport, TokenizerEncodeReport),
     "generate": (GenerateReport,),
-    "export": ("andrea.control.export:ExportReport",),
+    "export": ("andrea.control.export.bundle:ExportReport",),
     "verify-resume": ("andrea.control.verify_resume.engine:VerificationReport",),
 }
 

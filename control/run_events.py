@@ -22,12 +22,10 @@ from pathlib import Path
 import numpy as np
 from pydantic import TypeAdapter
 
-from andrea.daemon.boundedio import read_inside
-from andrea.daemon.losslog import LossCurve
 from andrea.daemon.mixing.policy import MAX_POLICY_BYTES, Policy, PolicyError, parse_policy
 from andrea.daemon.mixing.proxyfiles import MAX_STATE_BYTES
-from andrea.daemon.process import REQUESTED_TRIGGERS
-from andrea.daemon.rundir import (
+from andrea.daemon.rundir.boundedio import read_inside
+from andrea.daemon.rundir.layout import (
     MAX_MANIFEST_BYTES,
     MAX_PIVOT_RECORD_BYTES,
     POLICY_FILE,
@@ -35,6 +33,8 @@ from andrea.daemon.rundir import (
     parse_checkpoint_name,
     pivot_records,
 )
+from andrea.daemon.rundir.losslog import LossCurve
+from andrea.daemon.runtime.operator_requests import REQUESTED_TRIGGERS
 from andrea.protocol.status import Zombie as ZombieReport
 
 

@@ -95,7 +95,7 @@ def cpu_numerics(m: ModelConfig) -> Numerics:
 
 def cuda_numerics(precision: str) -> Numerics:
     """The trainer's CUDA step: bf16 autocast unless fp32/tf32; fused attention kernels (flash or
-    memory-efficient), in the deterministic mode too (daemon/determinism.py)."""
+    memory-efficient), in the deterministic mode too (daemon/trainer/platform/determinism.py)."""
     return Numerics(2 if precision == "bf16" else FP32, "fused", 1)
 
 

@@ -2,10 +2,10 @@
 
 - ``train``: a byte-level BPE (Hugging Face `tokenizers`) trained on the **training** documents of a
   run's text arms (stdlib, text, jsonl), never on its held-out ones: the split is the one the run
-  uses (daemon/heldout.py), decided before the tokenizer exists. It writes the run's
+  uses (daemon/data/heldout.py), decided before the tokenizer exists. It writes the run's
   ``tokenizer.json`` and measures the compression (bytes per token) of each arm.
 - ``encode``: text files and JSON Lines into one flat tokens file, documents joined as in an arm,
-  with ``FILE.json`` beside it saying which tokenizer made it (daemon/encoding.py): the role of
+  with ``FILE.json`` beside it saying which tokenizer made it (daemon/data/encoding.py): the role of
   nanoGPT's ``prepare.py``.
 """
 
@@ -19,9 +19,7 @@ from glob import glob
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from andrea.daemon.boundedio import irregular
 from andrea.daemon.checkpoint.manager import checkpoint_steps
-from andrea.daemon.compression import measure, sampled
 from andrea.daemon.config import (
     DEFAULT_MAX_DOCUMENT_BYTES,
     ArmSpec,
@@ -31,13 +29,12 @@ from andrea.daemon.config import (
     build_config,
     load_toml,
 )
-from andrea.daemon.data import arm_documents, cache_root, load_arms
-from andrea.daemon.durable import atomic_write_bytes
-from andrea.daemon.encoding import Document, record_path, write_tokens_file
-from andrea.daemon.heldout import is_held_out
-from andrea.daemon.rundir import CONFIG_FILE
-from andrea.daemon.settle import settle_heldout
-from andrea.daemon.sources import (
+from andrea.daemon.data.arms import arm_documents, cache_root, load_arms
+from andrea.daemon.data.compression import measure, sampled
+from andrea.daemon.data.encoding import Document, record_path, write_tokens_file
+from andrea.daemon.data.heldout import is_held_out
+from andrea.daemon.data.open_settings import resolve_heldout_fraction
+from andrea.daemon.data.sources import (
     DEFAULT_FIELD,
     DataError,
     SourceRejected,
@@ -46,9 +43,12 @@ from andrea.daemon.sources import (
     link_roots,
     read_file,
 )
-from andrea.daemon.tokenizer import BYTES, FileTokenizer, RunTokenizer, padded_vocab
+from andrea.daemon.data.tokenizer import BYTES, FileTokenizer, RunTokenizer, padded_vocab
+from andrea.daemon.rundir.boundedio import irregular
+from andrea.daemon.rundir.durable import atomic_write_bytes
+from andrea.daemon.rundir.layout import CONFIG_FILE
 
-from . import reports as r
+from . import reports
 from .commands.conventions import UserError
 from .commands.formatting import human_bytes
 
@@ -121,7 +121,7 @@ def _training_texts(
     stdlib = None
     for spec in specs:
         if spec.kind == "stdlib" and stdlib is None:
-            from andrea.daemon import corpus
+            from andrea.daemon.data import corpus
 
             root = corpus.stdlib_root()
             stdlib = corpus.extract_stdlib_documents(corpus.stdlib_files(root), root)
@@ -184,7 +184,7 @@ def train(
     progress: bool,
     cache_dir: Path | None = None,
     warm: bool = True,
-) -> r.TokenizerTrainReport:
+) -> reports.TokenizerTrainReport:
     """Train a byte-level BPE of `vocab_size` ids on the training documents of the run's text
     arms (or of `arms`), write it to `out` (default: `default_out`), and measure it. With `warm`,
     encode those arms with it into the token cache (`cache_dir`, default the run's), as the run's
@@ -194,7 +194,7 @@ def train(
             f"--vocab-size {vocab_size}: a byte-level BPE needs {ALPHABET + 1}..{MAX_VOCAB:,}"
         )
     started = time.monotonic()
-    cfg, _ = settle_heldout(run_config(run_dir), bool(checkpoint_steps(run_dir)), run_dir)
+    cfg, _ = resolve_heldout_fraction(run_config(run_dir), bool(checkpoint_steps(run_dir)), run_dir)
     specs = _select_arms(cfg, arms)
     out = out if out is not None else default_out(run_dir, cfg)
     if out.exists():
@@ -214,8 +214,8 @@ def train(
     atomic_write_bytes(out, raw)
     made = FileTokenizer(str(out), out, raw)
     warmed = _warm_cache(cfg, specs, run_dir, made, cache_dir) if warm else None
-    return r.TokenizerTrainReport(
-        time=r.utc_now(),
+    return reports.TokenizerTrainReport(
+        time=reports.utc_now(),
         run_dir=str(run_dir),
         out=str(out),
         sha256=made.identity,
@@ -247,10 +247,10 @@ def _warm_cache(
     return cache_root(data), time.monotonic() - started
 
 
-def _arm_row(tally: _Tally, tokenizer: RunTokenizer) -> r.TokenizerArm:
+def _arm_row(tally: _Tally, tokenizer: RunTokenizer) -> reports.TokenizerArm:
     sample = measure(tokenizer, tally.sample)
     bpt = sample.bytes_per_token
-    return r.TokenizerArm(
+    return reports.TokenizerArm(
         arm=tally.arm,
         documents=tally.documents,
         held_out=tally.held_out,
@@ -260,7 +260,7 @@ def _arm_row(tally: _Tally, tokenizer: RunTokenizer) -> r.TokenizerArm:
     )
 
 
-def train_text(report: r.TokenizerTrainReport, run_dir: Path, cfg_tokenizer: str) -> str:
+def train_text(report: reports.TokenizerTrainReport, run_dir: Path, cfg_tokenizer: str) -> str:
     """`train`'s report for a person."""
     held = (
         f"{report.heldout_fraction:.0%} of each arm held out, never seen"
@@ -377,7 +377,7 @@ def encode(
     tokenizer: RunTokenizer,
     field: str = DEFAULT_FIELD,
     bound: int = DEFAULT_MAX_DOCUMENT_BYTES,
-) -> r.TokenizerEncodeReport:
+) -> reports.TokenizerEncodeReport:
     """Encode `files` (`input_files`) into the tokens file `out` and its record (`FILE.json`);
     a JSON Lines line longer than `bound` bytes is refused naming the file and line."""
     for path in (out, record_path(out)):
@@ -396,8 +396,8 @@ def encode(
     finally:
         bar.close()
     seconds = time.monotonic() - started
-    return r.TokenizerEncodeReport(
-        time=r.utc_now(),
+    return reports.TokenizerEncodeReport(
+        time=reports.utc_now(),
         out=str(out),
         record=str(record_path(out)),
         tokenizer=record.tokenizer,
@@ -414,7 +414,7 @@ def encode(
     )
 
 
-def encode_text(report: r.TokenizerEncodeReport, arm_name: str, run_dir: Path | None) -> str:
+def encode_text(report: reports.TokenizerEncodeReport, arm_name: str, run_dir: Path | None) -> str:
     """`encode`'s report for a person, with the arm that trains on the file (its path relative
     to `run_dir` when it lies inside)."""
     path = Path(report.out).resolve()

@@ -23,11 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 
-from .boundedio import FileRejected, read_bounded
-from .durable import atomic_write_bytes
-from .heldout import DEFAULT_FRACTION
-from .rundir import CONFIG_FILE
-from .validation import Note, describe
+from .data.heldout import DEFAULT_FRACTION
+from .rundir.boundedio import FileRejected, read_bounded
+from .rundir.durable import atomic_write_bytes
+from .rundir.layout import CONFIG_FILE
+from .runtime.validation_messages import Note, describe
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
 
@@ -111,7 +111,7 @@ class ArmSpec(_Strict):
     - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped.
 
     The text of ``stdlib``, ``text`` and ``jsonl`` arms is encoded with the run's tokenizer
-    (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it (daemon/encoding.py).
+    (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it (daemon/data/encoding.py).
     """
 
     name: str = Field(pattern=ARM_NAME_PATTERN)
@@ -204,7 +204,7 @@ class DataConfig(_Strict):
         ge=0.0,
         lt=1.0,
         description="fraction of each arm's documents never trained on, chosen by a hash of each document's "
-        f"identity (daemon/heldout.py); a new run's default: {DEFAULT_FRACTION}; absent in runs created "
+        f"identity (daemon/data/heldout.py); a new run's default: {DEFAULT_FRACTION}; absent in runs created "
         "before splits existed, which keep none; 0 holds out nothing",
     )
 
@@ -393,12 +393,12 @@ class RunConfig(_Strict):
     )
     precision: Precision = Field(
         "auto",
-        description="arithmetic of the training step (daemon/precision.py): auto = bf16 autocast on a CUDA GPU "
+        description="arithmetic of the training step (daemon/trainer/platform/precision.py): auto = bf16 autocast on a CUDA GPU "
         "that supports it (else tf32), fp32 on CPU",
     )
     deterministic: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="deterministic algorithms, cuBLAS workspace and math attention (daemon/determinism.py); "
+        description="deterministic algorithms, cuBLAS workspace and math attention (daemon/trainer/platform/determinism.py); "
         "auto = on for CUDA, off on CPU",
     )
     threads: int | None = Field(
@@ -669,7 +669,7 @@ def for_new_run(cfg: RunConfig) -> RunConfig:
     predates splits; one without batch_size_per keeps counting batch_size per micro-batch.)
     ConfigError when the batch does not divide under the new reading."""
     # Only what was set: a setting left open stays open (`[model] vocab_size`, which the run's
-    # tokenizer then decides, daemon/settle.py), as it is for a run.toml of a new run.
+    # tokenizer then decides, daemon/data/open_settings.py), as it is for a run.toml of a new run.
     dump = cfg.model_dump(exclude_unset=True)
     if cfg.data.heldout_fraction is None:
         dump.setdefault("data", {})["heldout_fraction"] = DEFAULT_FRACTION

@@ -1,5 +1,5 @@
 """The EvalEntry record: one held-out evaluation, as the trainer sends it to the proxy and as
-``.eval.json`` holds it, one per line (the byte grammar of :mod:`andrea.daemon.losslog`)."""
+``.eval.json`` holds it, one per line (the byte grammar of :mod:`andrea.daemon.rundir.losslog`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The LossEntry record: one trained step, as the trainer sends it to the proxy and as the proxy
-writes it, one per line, in the run's ``.loss.json`` (byte grammar in :mod:`andrea.daemon.losslog`)."""
+writes it, one per line, in the run's ``.loss.json`` (byte grammar in :mod:`andrea.daemon.rundir.losslog`)."""
 
 from __future__ import annotations
 

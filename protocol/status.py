@@ -40,7 +40,7 @@ class HoldState(StrEnum):
 
 
 class HoldStatus(_Status):
-    """A pivot's hold on the trainer (see daemon/hold.py): its identity, state and age."""
+    """A pivot's hold on the trainer (see daemon/trainer/service/boundary_hold.py): its identity, state and age."""
 
     id: str
     state: HoldState
@@ -55,7 +55,7 @@ class HoldStatus(_Status):
 
 class DataPreparation(_Status):
     """The arm a starting trainer is encoding into its token cache, and how far it is
-    (daemon/dataprogress.py)."""
+    (daemon/data/encoding_progress.py)."""
 
     arm: str
     bytes_done: int = Field(description="read from the arm's files so far (for .gz: compressed)")

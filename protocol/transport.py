@@ -1,5 +1,5 @@
 """ZeroMQ plumbing shared by the daemons and andreactl: how servers bind, and a client that cannot
-wedge. Where the sockets live is the run directory's business (`andrea.daemon.rundir.endpoint`).
+wedge. Where the sockets live is the run directory's business (`andrea.daemon.rundir.layout.endpoint`).
 
 - Servers bind ROUTER sockets: a client that dies mid-request cannot block them (a REP socket
   would wait forever for the reply it owes).

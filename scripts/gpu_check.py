@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 PCIe": 756.0}
 PEAK_BF16_TFLOPS |= {"A100": 312.0, "L40S": 362.0, "L4": 121.0, "B200": 2250.0}
 
-#: Under these a daemon logs to the journal (daemon/process.py) and signals systemd: a child of
+#: Under these a daemon logs to the journal (daemon/runtime/operator_requests.py) and signals systemd: a child of
 #: the check must log to its pipe.
 SYSTEMD_VARS = ("INVOCATION_ID", "JOURNAL_STREAM", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
@@ -194,7 +194,7 @@ def trainer(check: Check, run_dir: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "andrea.daemon.trainer_cli",
+        "andrea.daemon.trainer.service.cli",
         "--run-dir",
         str(run_dir),
         "--device",
@@ -315,7 +315,7 @@ def gpu_rows(env: dict[str, str | None]) -> list[tuple[str, str | None]]:
 def header(dry_run: bool) -> list[str]:
     import torch
 
-    from andrea.daemon import cudaenv
+    from andrea.daemon.trainer.platform import cudaenv
 
     rows = [("torch", torch.__version__), ("Python", platform.python_version())]
     if torch.cuda.is_available():
@@ -404,9 +404,9 @@ def activation_check(check: Check) -> None:
     import torch
 
     from andrea.control.sizing import activation_bytes, cuda_numerics, parameters
-    from andrea.daemon import determinism
     from andrea.daemon.config import build_config
     from andrea.daemon.model import GPT
+    from andrea.daemon.trainer.platform import determinism
 
     check.add("### Plan's activation estimate, andrea-120m, bf16", "")
     if check.dry_run:

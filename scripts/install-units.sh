@@ -64,7 +64,7 @@ for node in /dev/nvidia* /dev/dri/renderD* /dev/kfd; do
 done
 install -d -m 0755 /etc/andrea
 # The daemons execute this checkout as $user: every directory on the way must let it in.
-if ! runuser -u "$user" -- "$home/.venv/bin/python" -c 'import andrea.daemon.trainer_cli' 2>/dev/null
+if ! runuser -u "$user" -- "$home/.venv/bin/python" -c 'import andrea.daemon.trainer.service.cli' 2>/dev/null
 then
   echo "install-units.sh: user $user cannot run $home/.venv (a directory on that path is not" \
     "readable by others?); put the checkout where $user can read it, e.g. /opt/andrea" >&2

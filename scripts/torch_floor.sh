@@ -36,7 +36,7 @@ fi
 echo "torch_floor: smoke test under torch $have"
 "$python" -m pytest -q -p no:cacheprovider -m "not process"
 run=$(mktemp -d)
-"$python" -m andrea.daemon.trainer_cli --run-dir "$run" --preset andrea-tiny --device cpu \
+"$python" -m andrea.daemon.trainer.service.cli --run-dir "$run" --preset andrea-tiny --device cpu \
   --threads 1 --max-steps 3 --sample-every 0
 rm -rf "$run"
 echo "torch_floor: torch $have imports, tests and trains"

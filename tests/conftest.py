@@ -55,7 +55,7 @@ def trainer_cmd(run_dir: Path, cache: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "andrea.daemon.trainer_cli",
+        "andrea.daemon.trainer.service.cli",
         *trainer_args(run_dir, cache, *extra),
     ]
 
@@ -160,9 +160,9 @@ def run_trainer(
 @pytest.fixture(scope="module")
 def real_systemd(tmp_path_factory: pytest.TempPathFactory):
     """A real systemd booted once for the module, PID 1 of private namespaces, with the units
-    installed by scripts/install-units.sh (tests/realsystemd.py); killed at the end. Skips, with
+    installed by scripts/install-units.sh (tests/support/realsystemd.py); killed at the end. Skips, with
     the reason, where it cannot boot (no root, no unshare, no systemd)."""
-    from .realsystemd import SystemdMachine, unavailable
+    from .support.realsystemd import SystemdMachine, unavailable
 
     if why := unavailable():
         pytest.skip(why)
@@ -177,7 +177,7 @@ def real_systemd(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def audited_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     """A finished real run with two restarts, a pivot, a zombie arm and an audit checkpoint
-    (tests/audited_run.py). Shared and read-only: a test that changes it copies it first."""
-    from .audited_run import make_audited_run
+    (tests/support/audited_run.py). Shared and read-only: a test that changes it copies it first."""
+    from .support.audited_run import make_audited_run
 
     return make_audited_run(tmp_path_factory.mktemp("audited"), cache_dir)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from andrea.control.reports import HistoryReport, RequestReport, StatusReport
-from andrea.daemon.exitcodes import ExitCode
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, trainer_cmd
 from .conftest import andreactl as ctl

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from andrea.daemon.config import build_config
-from andrea.daemon.data import arm_identity, load_arms
+from andrea.daemon.data.arms import arm_identity, load_arms
 
 
 def test_identities_without_building_match_the_built_arms(tmp_path: Path, cache_dir: Path) -> None:

@@ -13,11 +13,11 @@ import pytest
 
 from andrea.control import andreactl
 from andrea.daemon.config import ArmSpec
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.sources import SourceRejected, arm_roots, read_file
+from andrea.daemon.data.sources import SourceRejected, arm_roots, read_file
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import trainer_cmd
-from .owndata import PROSE
+from .support.owndata import PROSE
 
 SECRET = "hunter2-PRIVATE-KEY-" * 400
 ARM = '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.md"]\n'

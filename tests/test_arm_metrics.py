@@ -13,8 +13,6 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from andrea.control import andreactl
-from andrea.daemon.evallog import EvalLog, canonical_evals, read_evals
-from andrea.daemon.losslog import LossLog, read_curve
 from andrea.daemon.metrics.files import rows
 from andrea.daemon.metrics.series import EMA_WEIGHT, arm_loss_ema
 from andrea.daemon.metrics.tensorboard import (
@@ -23,6 +21,8 @@ from andrea.daemon.metrics.tensorboard import (
     LiveBoard,
     export_tensorboard,
 )
+from andrea.daemon.rundir.evallog import EvalLog, canonical_evals, read_evals
+from andrea.daemon.rundir.losslog import LossLog, read_curve
 from andrea.protocol.evalentry import ArmEval, EvalEntry
 from andrea.protocol.lossentry import LossEntry
 

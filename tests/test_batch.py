@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.batch import batch_shape, step_sequences
 from andrea.daemon.config import (
     ConfigError,
     build_config,
@@ -16,8 +15,9 @@ from andrea.daemon.config import (
     load_toml,
     save_config,
 )
-from andrea.daemon.trainer_cli import build_parser
-from andrea.daemon.trainer_start import resolve_config
+from andrea.daemon.data.batch_split import batch_shape, step_sequences
+from andrea.daemon.trainer.service.cli import build_parser
+from andrea.daemon.trainer.service.start import resolve_config
 
 
 def new_run(**values) -> object:
@@ -115,8 +115,8 @@ def test_run_toml_opens_with_what_its_batch_size_counts(tmp_path: Path) -> None:
 def test_an_existing_runs_refusal_names_only_what_it_can_change() -> None:
     """Issue 33, B15: a resume at a world size that cannot share the batch suggested new
     batch_size values, which an existing run (its checkpoints are of its batch) cannot take."""
-    from andrea.daemon.batch import batch_shape
     from andrea.daemon.config import ConfigError, build_config
+    from andrea.daemon.data.batch_split import batch_shape
 
     cfg = build_config({"batch_size": 16, "grad_accum": 4, "batch_size_per": "step"})
     with pytest.raises(ConfigError) as new:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.losslog import canonical_curve, read_entries
-from andrea.daemon.rundir import bin_name, manifest_name
+from andrea.daemon.rundir.layout import bin_name, manifest_name
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 
 from .conftest import run_trainer
 

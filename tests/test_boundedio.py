@@ -1,4 +1,4 @@
-"""The bounded reads of run-directory files (daemon/boundedio.py): a link anywhere below the run
+"""The bounded reads of run-directory files (daemon/rundir/boundedio.py): a link anywhere below the run
 directory is refused, never followed, and so is anything but a regular file; a FIFO never blocks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.boundedio import (
+from andrea.daemon.rundir.boundedio import (
     FileRejected,
     irregular,
     read_bounded,
@@ -92,7 +92,7 @@ def test_a_lock_planted_as_a_link_is_refused_and_its_target_left_alone(
 ) -> None:
     """A daemon truncates its lock and writes its pid there: through a planted link, a root
     daemon would have emptied the file it points at."""
-    from andrea.daemon.rundir import claim
+    from andrea.daemon.rundir.layout import claim
 
     before = secret.read_bytes()
     (run / ".trainer.lock").symlink_to(secret)
@@ -112,8 +112,8 @@ def test_writers_never_write_through_a_planted_link(run: Path, secret: Path) -> 
     import numpy as np
 
     from andrea.daemon.checkpoint.writer import write_payload
-    from andrea.daemon.durable import atomic_write_bytes, tmp_path
-    from andrea.daemon.losslog import LossLog, LossLogCorrupt
+    from andrea.daemon.rundir.durable import atomic_write_bytes, tmp_path
+    from andrea.daemon.rundir.losslog import LossLog, LossLogCorrupt
 
     before = secret.read_bytes()
     (run / ".loss.json").symlink_to(secret)

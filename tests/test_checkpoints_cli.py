@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import read_entries
-from andrea.daemon.rundir import bin_name
+from andrea.daemon.rundir.layout import bin_name
+from andrea.daemon.rundir.losslog import read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, run_trainer, trainer_cmd
 from .conftest import andreactl as ctl

@@ -23,8 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from andrea.daemon import rundir
-from andrea.daemon.checkpoint import format as fmt
+from andrea.daemon.checkpoint import format as checkpoint_format
 from andrea.daemon.checkpoint.manager import CheckpointManager, Snapshot
 from andrea.daemon.checkpoint.writer import (
     BackgroundWriter,
@@ -33,7 +32,8 @@ from andrea.daemon.checkpoint.writer import (
     write_payload,
 )
 from andrea.daemon.config import CheckpointConfig
-from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.rundir import layout as rundir
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, run_trainer, trainer_cmd
 
@@ -97,8 +97,10 @@ def test_staging_buffer_is_a_copy_in_payload_order() -> None:
     vs = [torch.rand(3, 4), torch.rand(5)]
     st = StagingBuffer(17)
     payload = st.fill(7, ws, ms, vs)
-    assert payload.size == fmt.payload_size(17)
-    expected = fmt.HEADER.pack(7, 17) + b"".join(t.numpy().tobytes() for t in (*ws, *ms, *vs))
+    assert payload.size == checkpoint_format.payload_size(17)
+    expected = checkpoint_format.HEADER.pack(7, 17) + b"".join(
+        t.numpy().tobytes() for t in (*ws, *ms, *vs)
+    )
     for t in (*ws, *ms, *vs):
         t.add_(1.0)  # training goes on: the staged bytes must not move
     assert payload.tobytes() == expected

@@ -20,7 +20,8 @@ import pytest
 
 from andrea.control import andreactl
 from andrea.control.reports import REPORTS, HistoryReport, StatusReport
-from andrea.daemon import proxy_cli, trainer_cli
+from andrea.daemon.mixing import cli as proxy_cli
+from andrea.daemon.trainer.service import cli as trainer_cli
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
@@ -78,7 +79,7 @@ def test_version_and_global_options_after_the_command(tmp_path: Path, capsys) ->
         andreactl.main(["--version"])
     assert done.value.code == 0 and re.match(r"andreactl \d+\.\d+", capsys.readouterr().out)
 
-    from andrea.daemon.losslog import LossLog
+    from andrea.daemon.rundir.losslog import LossLog
     from andrea.protocol.lossentry import LossEntry
 
     with LossLog.open(tmp_path / ".loss.json") as log:
@@ -222,7 +223,7 @@ def test_reading_a_runs_events_is_torch_free(tmp_path: Path) -> None:
     (tmp_path / "step_000010.json").write_text('{"trigger": "sigusr1"}')
     code = (
         "import sys; from pathlib import Path; from andrea.control.run_events import"
-        " read_run_events; from andrea.daemon.losslog import read_curve;"
+        " read_run_events; from andrea.daemon.rundir.losslog import read_curve;"
         f" d = Path({str(tmp_path)!r});"
         " (d / '.loss.json').write_text('');"
         " print(read_run_events(d, read_curve(d / '.loss.json')).audit_checkpoints,"
@@ -241,7 +242,7 @@ def _code(argv: list[str]) -> int:
 
 
 def _one_log(run_dir: Path) -> None:
-    from andrea.daemon.losslog import LossLog
+    from andrea.daemon.rundir.losslog import LossLog
     from andrea.protocol.lossentry import LossEntry
 
     with LossLog.open(run_dir / ".loss.json") as log:
@@ -260,7 +261,7 @@ def test_no_abbreviated_flag_and_a_suggestion_for_a_misspelled_command(
     assert "unrecognized arguments: --la 2" in capsys.readouterr().err
     assert _code(["stauts", "--run-dir", str(tmp_path)]) == 2
     assert "did you mean 'status'?" in capsys.readouterr().err
-    from andrea.control import export
+    from andrea.control.export import bundle as export
     from andrea.control.verify_resume import main as verify_main
 
     for name, parser in [
@@ -361,16 +362,18 @@ def test_watch_explains_the_reward_once(tmp_path: Path) -> None:
     from andrea.control.commands.status import status_report
     from andrea.daemon.mixing.policy import Policy
     from andrea.daemon.mixing.proxy import Proxy, ProxyOptions
-    from andrea.daemon.process import SignalFlags
-    from andrea.protocol import messages as m
+    from andrea.daemon.runtime.operator_requests import OperatorRequests
+    from andrea.protocol import messages
 
-    from .hostile import play_trainer, text_arms_config, trainer_hello
+    from .support.hostile import play_trainer, text_arms_config, trainer_hello
 
     audited_run = tmp_path  # a stopped run whose proxy wrote its reward in .state.json
-    proxy = Proxy(ProxyOptions(tmp_path, text_arms_config(tmp_path), Policy(lag=2)), SignalFlags())
+    proxy = Proxy(
+        ProxyOptions(tmp_path, text_arms_config(tmp_path), Policy(lag=2)), OperatorRequests()
+    )
     proxy.setup()
     lock = play_trainer(tmp_path)
-    assert isinstance(proxy.handle(b"t", trainer_hello(proxy.opts.cfg)), m.Welcome)
+    assert isinstance(proxy.handle(b"t", trainer_hello(proxy.opts.cfg)), messages.Welcome)
     proxy.close()
     lock.close()
     offline = status_report(audited_run).offline

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import read_entries
+from andrea.daemon.rundir.losslog import read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import run_trainer
 

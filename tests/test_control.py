@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from andrea.daemon.control_server import ControlServer
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.process import SignalFlags, StopReason
-from andrea.daemon.rundir import endpoint, socket_dir
-from andrea.protocol import messages as m
+from andrea.daemon.rundir.layout import endpoint, socket_dir
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.daemon.runtime.operator_requests import OperatorRequests, StopReason
+from andrea.daemon.trainer.service.control_server import ControlServer
+from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
 
 from .conftest import Daemon, trainer_cmd
@@ -32,10 +32,10 @@ def test_status_checkpoint_wait_and_stop_wait(tmp_path: Path, cache_dir: Path) -
     t.wait_for(r"step 3/")
     ep = endpoint(tmp_path, "trainer")
 
-    status = request(ep, m.StatusRequest(id=new_id()), timeout=5)
+    status = request(ep, messages.StatusRequest(id=new_id()), timeout=5)
     assert status.ok and status.data["activity"] == "training" and status.data["step"] >= 3
 
-    reply = request(ep, m.CheckpointRequest(id=new_id(), wait=True), timeout=30, retries=1)
+    reply = request(ep, messages.CheckpointRequest(id=new_id(), wait=True), timeout=30, retries=1)
     assert reply.ok, reply
     name = reply.data["checkpoint"]
     # The reply means durable: payload and manifest are both there when it arrives.
@@ -48,9 +48,11 @@ def test_status_checkpoint_wait_and_stop_wait(tmp_path: Path, cache_dir: Path) -
     # Garbage and wrong types are answered with an error and change nothing.
     bad = request_raw(ep, b'{"type": "checkpoint", "id": "x", "boundary": "maybe"}')
     assert bad["ok"] is False and "invalid message" in bad["error"]
-    assert request(ep, m.StatusRequest(id=new_id()), timeout=5).data["activity"] == "training"
+    assert (
+        request(ep, messages.StatusRequest(id=new_id()), timeout=5).data["activity"] == "training"
+    )
 
-    reply = request(ep, m.StopRequest(id=new_id(), wait=True), timeout=30, retries=1)
+    reply = request(ep, messages.StopRequest(id=new_id(), wait=True), timeout=30, retries=1)
     assert reply.ok and reply.data["exit_code"] == 0
     assert t.wait() == ExitCode.OK, t.log
     assert (tmp_path / reply.data["checkpoint"]).exists()
@@ -106,7 +108,7 @@ class StatusFlood:
 
     def _run(self) -> None:
         poller = zmq.Poller()
-        frame = m.encode(m.StatusRequest(id="flood"))
+        frame = messages.encode(messages.StatusRequest(id="flood"))
         for s in self._socks:
             poller.register(s, zmq.POLLIN)
             s.send_multipart([b"", frame])
@@ -163,7 +165,7 @@ def test_operator_is_answered_during_a_status_flood(tmp_path: Path, cache_dir: P
     assert any(tmp_path.glob("step_*.bin"))
 
 
-class _FinishAtOnce(SignalFlags):
+class _FinishAtOnce(OperatorRequests):
     """Flags whose stop request the training loop serves at once: `close` runs (from another
     thread, as the loop would) before `request_stop` returns to the socket thread."""
 
@@ -186,7 +188,7 @@ def test_stop_wait_is_answered_when_the_loop_finishes_at_once(tmp_path: Path) ->
     tmp_path.chmod(0o700)
     flags = _FinishAtOnce()
     flags.server = ControlServer(endpoint(tmp_path, "trainer"), flags, lambda: None)
-    reply = request(endpoint(tmp_path, "trainer"), m.StopRequest(id=new_id(), wait=True),
+    reply = request(endpoint(tmp_path, "trainer"), messages.StopRequest(id=new_id(), wait=True),
                     timeout=10, retries=1)  # fmt: skip
     assert reply.ok and reply.data == {"exit_code": 0}
     assert flags.closing is not None

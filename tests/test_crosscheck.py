@@ -17,14 +17,14 @@ import pytest
 
 from andrea.daemon.checkpoint.manager import CheckpointManager, read_manifest
 from andrea.daemon.config import CheckpointConfig, build_config
-from andrea.daemon.data import Arm, ArmStream
-from andrea.daemon.losslog import LossLog, read_entries
-from andrea.daemon.rundir import LOSS_FILE, bin_name, manifest_name
+from andrea.daemon.data.arms import Arm, ArmStream
+from andrea.daemon.rundir.layout import LOSS_FILE, bin_name, manifest_name
+from andrea.daemon.rundir.losslog import LossLog, read_entries
 from andrea.daemon.trainer.crosscheck import CrossCheck
 from andrea.protocol.lossentry import LossEntry
 
 from .conftest import run_trainer
-from .hostile import ARMS, MODEL, resign, snapshot
+from .support.hostile import ARMS, MODEL, resign, snapshot
 
 #: The data order's seed: the one the manifests of `hostile.snapshot` record.
 SEED = build_config({}, {"preset": "andrea-tiny"}).seed

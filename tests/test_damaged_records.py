@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon import proxy_cli
 from andrea.daemon.config import save_config
-from andrea.daemon.data import FixedMixture
-from andrea.daemon.evallog import EvalLog
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import LossLog
-from andrea.daemon.process import SignalFlags
-from andrea.daemon.rundir import CONFIG_FILE, EVAL_FILE, LOSS_FILE
+from andrea.daemon.data.arms import FixedMixture
+from andrea.daemon.mixing import cli as proxy_cli
+from andrea.daemon.rundir.evallog import EvalLog
+from andrea.daemon.rundir.layout import CONFIG_FILE, EVAL_FILE, LOSS_FILE
+from andrea.daemon.rundir.losslog import LossLog
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.daemon.trainer.sink import FileSink, RecordLogRefused
 from andrea.protocol.evalentry import ArmEval, EvalEntry
 from andrea.protocol.lossentry import LossEntry
 
 from .conftest import run_trainer
-from .hostile import text_arms_config
+from .support.hostile import text_arms_config
 
 KINDS = ["dev-zero", "sparse", "fifo", "directory", "garbage-mid-file"]
 CASES = [(name, kind) for name in (LOSS_FILE, EVAL_FILE) for kind in KINDS]
@@ -104,7 +104,7 @@ def test_the_proxy_names_the_damaged_file(
     path = damage(tmp_path, name, kind)
     args = proxy_cli.build_parser().parse_args(["--run-dir", str(tmp_path)])
     with caplog.at_level(logging.ERROR):
-        code = proxy_cli.run(args, SignalFlags())
+        code = proxy_cli.run(args, OperatorRequests())
     assert code == ExitCode.RESUME_REFUSED, caplog.text
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     other = EVAL_FILE if name == LOSS_FILE else LOSS_FILE

@@ -12,13 +12,20 @@ import numpy as np
 import pytest
 
 from andrea.daemon.config import ArmSpec, DataConfig
-from andrea.daemon.data import Arm, ArmStream, DataError, arm_identity, check_tokenizers, load_arms
-from andrea.daemon.encoding import TokensRecord, read_record, write_tokens_file
-from andrea.daemon.heldout import is_held_out
-from andrea.daemon.sources import SourceRejected, arm_files, jsonl_documents, read_file
-from andrea.daemon.tokenizer import ByteTokenizer, load_tokenizer
+from andrea.daemon.data.arms import (
+    Arm,
+    ArmStream,
+    DataError,
+    arm_identity,
+    check_tokenizers,
+    load_arms,
+)
+from andrea.daemon.data.encoding import TokensRecord, read_record, write_tokens_file
+from andrea.daemon.data.heldout import is_held_out
+from andrea.daemon.data.sources import SourceRejected, arm_files, jsonl_documents, read_file
+from andrea.daemon.data.tokenizer import ByteTokenizer, load_tokenizer
 
-from .owndata import PROSE, bpe_file, names, write_jsonl
+from .support.owndata import PROSE, bpe_file, names, write_jsonl
 
 
 def _data(tmp_path: Path, arms: list[dict], **extra) -> DataConfig:

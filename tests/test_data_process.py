@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, andreactl, trainer_cmd
-from .owndata import PROSE, bpe_file
+from .support.owndata import PROSE, bpe_file
 from .test_data_reading import gzip_bomb
 
 pytestmark = pytest.mark.process
@@ -177,7 +177,7 @@ _ENCODE_WITH_THREADS = """
 import sys
 from pathlib import Path
 from andrea.daemon.config import DataConfig
-from andrea.daemon.data import load_arms
+from andrea.daemon.data.arms import load_arms
 root = Path(sys.argv[1])
 cfg = DataConfig.model_validate({
     "arms": [{"name": "notes", "kind": "text", "paths": ["notes/*.txt"]},

@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea.daemon import tokencache
 from andrea.daemon.config import DataConfig
-from andrea.daemon.data import DataError, load_arms
-from andrea.daemon.dataprogress import EncodingProgress, describe
-from andrea.daemon.encoding import split_paths
-from andrea.daemon.sources import jsonl_documents
+from andrea.daemon.data import tokencache
+from andrea.daemon.data.arms import DataError, load_arms
+from andrea.daemon.data.encoding import split_paths
+from andrea.daemon.data.encoding_progress import EncodingProgress, describe
+from andrea.daemon.data.sources import jsonl_documents
 
-from .owndata import PROSE, bpe_file, write_jsonl
+from .support.owndata import PROSE, bpe_file, write_jsonl
 
 KINDS = ("garbage docs.json", "odd-size tokens", "ids out of range", "emptied", "record garbage")
 
@@ -171,7 +171,7 @@ _FULL_DISK = """
 import resource, sys
 from pathlib import Path
 from andrea.daemon.config import DataConfig
-from andrea.daemon.data import load_arms
+from andrea.daemon.data.arms import load_arms
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
 root = Path(sys.argv[1])
 cfg = DataConfig.model_validate({"arms": [{"name": "notes", "kind": "text", "paths": ["notes/*"]}],
@@ -213,7 +213,7 @@ def test_encoding_progress_says_bytes_documents_rate_and_time_left(caplog) -> No
     now = [0.0]
     p = EncodingProgress(clock=lambda: now[0])
     p.start("web", 100_000_000, None)
-    with caplog.at_level(logging.INFO, logger="andrea.daemon.dataprogress"):
+    with caplog.at_level(logging.INFO, logger="andrea.daemon.data.encoding_progress"):
         for second in range(1, 25):
             now[0] = float(second)
             p.update(2_000_000 * second, 100 * second)

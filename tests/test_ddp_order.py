@@ -1,6 +1,6 @@
 """Four ranks: DDP's float sums depend on the order in which the ranks' gradients are added, so a
 resume is bit-exact only if every step is reduced in the same bucket layout as the run that was
-never stopped (daemon/trainer/parts.py, `settle_buckets`).
+never stopped (daemon/trainer/parts.py, `finalize_ddp_buckets`).
 
 At two ranks a + b = b + a, and no layout can change a bit; at four, gloo's ring all-reduce sums
 each element starting from the rank that owns the element's segment of the bucket, so an element
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.rundir import bin_name
+from andrea.daemon.rundir.layout import bin_name
 
 from .conftest import trainer_args
 

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from andrea.daemon import determinism
+from andrea.daemon.trainer.platform import determinism
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.rundir import bin_name, manifest_name
+from andrea.daemon.rundir.layout import bin_name, manifest_name
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import run_trainer
 

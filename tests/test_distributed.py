@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import canonical_curve, read_entries
-from andrea.daemon.rundir import bin_name, manifest_name
+from andrea.daemon.rundir.layout import bin_name, manifest_name
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, trainer_args
 
@@ -95,7 +95,7 @@ def left_the_group(log: str) -> list[int]:
 
 
 def start_proxy(run_dir: Path) -> Daemon:
-    return Daemon([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir)])
+    return Daemon([sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run_dir)])
 
 
 def stop_proxy(p: Daemon) -> int:

@@ -12,8 +12,8 @@ import torch
 from andrea.daemon.checkpoint import rngstate
 from andrea.daemon.checkpoint.manifest import DistributedState, RankState
 from andrea.daemon.config import ConfigError
-from andrea.daemon.distributed import Coordinator, World, fingerprint
-from andrea.daemon.process import SignalFlags
+from andrea.daemon.runtime.operator_requests import OperatorRequests
+from andrea.daemon.trainer.platform.distributed import Coordinator, World, fingerprint
 
 
 def test_world_of_one_without_torchrun() -> None:
@@ -48,7 +48,7 @@ def test_partial_or_inconsistent_environment_is_a_config_error(env: dict, messag
 
 
 def test_agreement_in_a_world_of_one_takes_the_local_requests() -> None:
-    flags = SignalFlags()
+    flags = OperatorRequests()
     coord = Coordinator(World())
     d = coord.agree(flags, arm=2, loss=1.5)
     assert (d.stop, d.checkpoint, d.boundary, d.arm, d.loss) == (None, None, False, 2, 1.5)
@@ -113,7 +113,7 @@ def test_cuda_state_of_the_device_in_use_round_trips() -> None:
 
 @cuda
 def test_cuda_environment_is_recorded() -> None:
-    from andrea.daemon import cudaenv
+    from andrea.daemon.trainer.platform import cudaenv
 
     env = cudaenv.describe(torch.device("cuda", 0))
     assert env["gpu"] and env["compute_capability"] and env["cuda_runtime"]
@@ -122,9 +122,9 @@ def test_cuda_environment_is_recorded() -> None:
 
 @cuda
 def test_deterministic_mode_repeats_a_training_step_bit_for_bit() -> None:
-    from andrea.daemon import determinism
     from andrea.daemon.config import build_config
     from andrea.daemon.model import GPT
+    from andrea.daemon.trainer.platform import determinism
 
     dev = torch.device("cuda", 0)
     cfg = build_config({}, {"preset": "andrea-tiny"}).model
@@ -149,7 +149,7 @@ def test_verify_resume_runs_the_trainer_through_torchrun_for_nproc() -> None:
     from andrea.control.verify_resume.trainer import TrainerLaunch, _trainer_command
 
     single = _trainer_command(Path("/r"), None)
-    assert single[1:4] == ["-B", "-m", "andrea.daemon.trainer_cli"]
+    assert single[1:4] == ["-B", "-m", "andrea.daemon.trainer.service.cli"]
     assert single[single.index("--device") + 1] == "cpu"
     job = _trainer_command(Path("/r"), None, launch=TrainerLaunch(device="cuda", nproc=2))
     assert Path(job[0]).name == "torchrun" and job[1:4] == ["--standalone", "--nproc-per-node", "2"]

@@ -2,7 +2,7 @@
 
 Each rule reads the Markdown and asks the code itself, never a copy of it:
 
-- module paths (`daemon/trainer/loop.py`, `mixing/core.py`, `tests/test_x.py::test_y`) and dotted
+- module paths (`daemon/trainer/loop.py`, `mixing/run_state.py`, `tests/test_x.py::test_y`) and dotted
   names (`andrea.daemon.checkpoint.manifest.Manifest`, `from andrea.x import a, b`) exist;
 - every `--flag` is an option of the command it is written after (the real parsers of
   andrea-trainer, andrea-proxy and andreactl with each command, torchrun's own parser; the
@@ -41,11 +41,12 @@ import torch.distributed.run as torchrun
 from pydantic import BaseModel
 
 from andrea.control import andreactl
-from andrea.daemon import proxy_cli, trainer_cli
 from andrea.daemon.checkpoint.manifest import Manifest, Trigger
 from andrea.daemon.config import RunConfig
+from andrea.daemon.mixing import cli as proxy_cli
 from andrea.daemon.mixing.proxyfiles import ProxyState
-from andrea.daemon.process import CheckpointReason, StopReason
+from andrea.daemon.runtime.operator_requests import CheckpointReason, StopReason
+from andrea.daemon.trainer.service import cli as trainer_cli
 from andrea.protocol.lossentry import LossEntry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +179,7 @@ def path_problems(doc: Doc) -> list[str]:
     for number, path in named_paths(doc.text):
         if path.split("/")[0] in REPO_DIRS:
             exists = path in files or path.rstrip("/") in dirs
-        else:  # relative to some folder: `mixing/core.py`, `rundir.py`
+        else:  # relative to some folder: `mixing/run_state.py`, `rundir.py`
             exists = any(f == path or f.endswith("/" + path) for f in files)
         if not exists:
             problems.append(f"{doc.name}:{number}: {path} does not exist")
@@ -322,9 +323,9 @@ def _product_programs() -> list[Program]:
             commands,
         ),
         _program(
-            "python -m andrea.control.export",
+            "python -m andrea.control.export.bundle",
             r"andrea\.control\.export\b",
-            declared_options("control/export.py"),
+            declared_options("control/export/bundle.py"),
         ),
         _program(
             "python -m andrea.control.verify_resume",
@@ -344,7 +345,7 @@ def _other_programs() -> list[Program]:
     scripts = [
         *sorted((ROOT / "scripts").glob("*.py")),
         *sorted((ROOT / "tests" / "bench").glob("*.py")),
-        ROOT / "tests" / "audited_run.py",  # also run as `python -m tests.audited_run`
+        ROOT / "tests" / "audited_run.py",  # also run as `python -m tests.support.audited_run`
     ]
     tools = [
         _program(p.name, rf"\b{p.stem}(?:\.py)?\b", declared_options(str(p.relative_to(ROOT))))
@@ -637,7 +638,7 @@ def architecture_problems(doc: Doc) -> list[str]:
 
     A path from the repository root names its module. A file name (`loop.py`, `commands/pivot.py`)
     is read in the folder of the last such path before it on its line, else of the heading above
-    it: `daemon/mixing/`: `core.py` is daemon/mixing/core.py. A package's `__init__` and
+    it: `daemon/mixing/`: `core.py` is daemon/mixing/run_state.py. A package's `__init__` and
     `__main__` are named by the package's folder (`daemon/trainer/`, `verify_resume/`)."""
     named: set[str] = set()
     problems = []
@@ -741,7 +742,9 @@ def drifted(name: str, old: str, new: str) -> tuple[Doc, int]:
 def test_a_module_path_that_does_not_exist_is_found() -> None:
     doc, n = drifted("README.md", "`daemon/config.py`", "`daemon/configuration.py`")
     assert path_problems(doc) == [f"README.md:{n}: daemon/configuration.py does not exist"]
-    doc, n = drifted("docs/distributed.md", "`daemon/distributed.py`", "`daemon/distribute.py`")
+    doc, n = drifted(
+        "docs/distributed.md", "`daemon/trainer/platform/distributed.py`", "`daemon/distribute.py`"
+    )
     assert path_problems(doc) == [f"docs/distributed.md:{n}: daemon/distribute.py does not exist"]
 
 
@@ -753,7 +756,7 @@ def test_a_dotted_name_that_moved_is_found() -> None:
     ]
     doc, n = drifted("docs/satellite-files.md", "read_entries,", "read_all,")
     assert dotted_problems(doc) == [
-        f"docs/satellite-files.md:{n}: andrea.daemon.losslog.read_all is neither a module nor an "
+        f"docs/satellite-files.md:{n}: andrea.daemon.rundir.losslog.read_all is neither a module nor an "
         "attribute of one"
     ]
 
@@ -816,7 +819,9 @@ def test_a_manifest_field_missing_from_the_docs_or_not_in_the_model_is_found() -
 def test_a_module_missing_from_the_architecture_page_or_in_the_wrong_folder_is_found() -> None:
     name = "docs/architecture.md"
     doc, _ = drifted(name, "`hold.py` (a pivot's identified hold), ", "")
-    assert architecture_problems(doc) == [f"{name}: daemon/hold.py is not on the page"]
+    assert architecture_problems(doc) == [
+        f"{name}: daemon/trainer/service/boundary_hold.py is not on the page"
+    ]
     doc, n = drifted(name, "`catalog.py` (what", "`durable.py` (what")
     assert architecture_problems(doc) == [
         f"{name}:{n}: durable.py is no module of daemon/checkpoint/",

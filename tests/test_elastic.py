@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from andrea.control import andreactl
-from andrea.daemon.batch import batch_shape
 from andrea.daemon.config import build_config, load_toml
-from andrea.daemon.data import ArmStream, FixedMixture, load_arms
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import canonical_curve, read_entries
-from andrea.daemon.rundir import bin_name, manifest_name
+from andrea.daemon.data.arms import ArmStream, FixedMixture, load_arms
+from andrea.daemon.data.batch_split import batch_shape
+from andrea.daemon.rundir.layout import bin_name, manifest_name
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import run_trainer
 from .test_distributed import job, torchrun

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.evallog import (
+from andrea.daemon.rundir.evallog import (
     ArmEval,
     EvalEntry,
     EvalLog,
@@ -16,7 +16,7 @@ from andrea.daemon.evallog import (
     last_eval,
     read_evals,
 )
-from andrea.daemon.losslog import LossLogCorrupt, LossLogLocked
+from andrea.daemon.rundir.losslog import LossLogCorrupt, LossLogLocked
 
 
 def _entry(step: int, segment: int = 1, code: float = 2.5) -> EvalEntry:

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.rundir import bin_name, manifest_name
+from andrea.daemon.rundir.layout import bin_name, manifest_name
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, run_trainer, trainer_cmd
 
@@ -141,8 +141,8 @@ def test_andreactl_history_lists_evaluations(evaluated: Path) -> None:
 def test_audit_plot_has_a_held_out_panel_per_arm(evaluated: Path) -> None:
     from andrea.control.plot import audit_figure
     from andrea.control.run_events import read_run_events
-    from andrea.daemon.evallog import canonical_evals, read_evals
-    from andrea.daemon.losslog import read_curve
+    from andrea.daemon.rundir.evallog import canonical_evals, read_evals
+    from andrea.daemon.rundir.losslog import read_curve
 
     curve = read_curve(evaluated / ".loss.json")
     fig = audit_figure(

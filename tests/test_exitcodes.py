@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from andrea.daemon.exitcodes import NO_RESTART, ExitCode, for_unexpected
+from andrea.daemon.runtime.exitcodes import NO_RESTART, ExitCode, for_unexpected
 
 
 class OutOfMemoryError(RuntimeError):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from andrea.control import andreactl
-from andrea.control import export as ex
-from andrea.daemon.rundir import bin_name
+from andrea.control.export import bundle as ex
+from andrea.daemon.rundir.layout import bin_name
 
 from .conftest import andreactl as ctl
 from .conftest import run_trainer

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from andrea.control.export import load_model
-from andrea.control.export_tokenizer import load_export_tokenizer
+from andrea.control.export.bundle import load_model
+from andrea.control.export.tokenizer import load_export_tokenizer
 from andrea.daemon.config import DEFAULT_FRACTION
-from andrea.daemon.corpus import extract_stdlib_documents, stdlib_files, stdlib_root
-from andrea.daemon.heldout import is_held_out
+from andrea.daemon.data.corpus import extract_stdlib_documents, stdlib_files, stdlib_root
+from andrea.daemon.data.heldout import is_held_out
 
 from .conftest import REPO, andreactl, run_trainer
 

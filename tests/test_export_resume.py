@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.rundir import bin_name
+from andrea.daemon.rundir.layout import bin_name
 
 from .conftest import andreactl, run_trainer
 
@@ -85,7 +85,7 @@ def test_the_resume_recipe_works_from_the_export_folder_moved_elsewhere(
     assert str(source.resolve() / "notes") in recipe.group(1)  # where the data lay, absolute
     assert lines[-1] == 'andrea-trainer --run-dir "$DIR"', lines
     # The test's trainer: this checkout's, with the test's cache, one thread and a step limit.
-    trainer = f"{shlex.quote(sys.executable)} -m andrea.daemon.trainer_cli"
+    trainer = f"{shlex.quote(sys.executable)} -m andrea.daemon.trainer.service.cli"
     flags = f"--threads 1 --cache-dir {shlex.quote(str(cache_dir))} --max-steps 8 --log-every 1"
     lines[-1] = lines[-1].replace("andrea-trainer", trainer) + f" {flags} --sample-every 0"
     res = subprocess.run(

@@ -55,23 +55,23 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from andrea.daemon import rundir
 from andrea.daemon.checkpoint.manager import CheckpointManager, ResumeRefused
 from andrea.daemon.config import CheckpointConfig, ConfigError, DataConfig, build_config
-from andrea.daemon.control_server import ControlServer
-from andrea.daemon.data import load_arms
-from andrea.daemon.hold import Holds
-from andrea.daemon.losslog import LossLog, LossLogCorrupt, read_curve, read_entries
+from andrea.daemon.data.arms import load_arms
+from andrea.daemon.data.sources import DataError, jsonl_documents
+from andrea.daemon.data.tokenizer import ByteTokenizer
 from andrea.daemon.mixing.policy import Policy, PolicyError, parse_policy
 from andrea.daemon.mixing.proxy import Proxy, ProxyOptions, configured_arms
-from andrea.daemon.process import SignalFlags
-from andrea.daemon.sources import DataError, jsonl_documents
-from andrea.daemon.tokenizer import ByteTokenizer
-from andrea.protocol import messages as m
+from andrea.daemon.rundir import layout as rundir
+from andrea.daemon.rundir.losslog import LossLog, LossLogCorrupt, read_curve, read_entries
+from andrea.daemon.runtime.operator_requests import OperatorRequests
+from andrea.daemon.trainer.service.boundary_hold import Holds
+from andrea.daemon.trainer.service.control_server import ControlServer
+from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity, TrainerStatus
 
-from .hostile import (
+from .support.hostile import (
     TRAINER_LIFE,
     expectation,
     play_trainer,
@@ -296,13 +296,15 @@ def proxy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A proxy run directory with a valid .state.json and .samples.json (written by a real proxy
     that served 12 steps and one sample report)."""
     d = tmp_path_factory.mktemp("fuzz-proxy")
-    p = Proxy(ProxyOptions(d, text_arms_config(d), Policy(lag=2)), SignalFlags())
+    p = Proxy(ProxyOptions(d, text_arms_config(d), Policy(lag=2)), OperatorRequests())
     p.setup()
     try:
         with play_trainer(d):
             p.handle(b"t", trainer_hello(p.opts.cfg))
         for step in range(1, 13):
-            (a,) = p.handle(b"t", m.AssignRequest(id="a", segment=1, from_step=step, count=1)).items
+            (a,) = p.handle(
+                b"t", messages.AssignRequest(id="a", segment=1, from_step=step, count=1)
+            ).items
             entry = LossEntry(
                 step=step,
                 loss=2.0,
@@ -314,11 +316,11 @@ def proxy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 phase=0,
                 batch_sha256=None,
             )
-            p.handle(b"t", m.LossReport(id="l", entries=[entry]))
+            p.handle(b"t", messages.LossReport(id="l", entries=[entry]))
         p.handle(
             b"t",
-            m.SampleReport(
-                id="s", step=12, segment=1, phase=0, samples=[m.Sample(prompt="a", text="b")]
+            messages.SampleReport(
+                id="s", step=12, segment=1, phase=0, samples=[messages.Sample(prompt="a", text="b")]
             ),
         )
     finally:
@@ -338,7 +340,7 @@ def _proxy_file_case(proxy_run: Path, tmp_path: Path, name: str, content: bytes)
         if p.is_file():
             (run / p.name).write_bytes(p.read_bytes())
     (run / name).write_bytes(content)
-    proxy = Proxy(ProxyOptions(run, text_arms_config(proxy_run), Policy(lag=2)), SignalFlags())
+    proxy = Proxy(ProxyOptions(run, text_arms_config(proxy_run), Policy(lag=2)), OperatorRequests())
     proxy.configured = configured_arms(proxy.opts.cfg, proxy_run)  # the arms live there
     logged = read_entries(run / rundir.LOSS_FILE)
     if name == rundir.STATE_FILE:
@@ -467,7 +469,7 @@ VALID_MESSAGES: dict[str, dict] = {
 
 @pytest.fixture
 def live_proxy(tmp_path: Path) -> Iterator[Proxy]:
-    p = Proxy(ProxyOptions(tmp_path, text_arms_config(tmp_path), Policy(lag=2)), SignalFlags())
+    p = Proxy(ProxyOptions(tmp_path, text_arms_config(tmp_path), Policy(lag=2)), OperatorRequests())
     p.setup()
     # The fuzzer is the live trainer: its records pass the peer check and meet the entry checks.
     with play_trainer(tmp_path):
@@ -481,21 +483,21 @@ def live_proxy(tmp_path: Path) -> Iterator[Proxy]:
 @FUZZ
 @given(data=st.data())
 def test_fuzz_message(live_proxy: Proxy, kind: str, data: st.DataObject) -> None:
-    m.decode(json.dumps(VALID_MESSAGES[kind]).encode())  # the starting point is valid
+    messages.decode(json.dumps(VALID_MESSAGES[kind]).encode())  # the starting point is valid
     _, bad = data.draw(mutations(VALID_MESSAGES[kind]))
     try:
         frame = json.dumps(bad).encode()
     except ValueError:
         assume(False)
     try:
-        msg = m.decode(frame)
+        msg = messages.decode(frame)
     except (ValidationError, ValueError):  # answered "invalid message", nothing handled
         return
     before = snapshot(live_proxy.run_dir)
     reply = bounded(lambda: live_proxy.handle(b"fuzzer", msg))
     assert reply is not None
-    m.decode(m.encode(reply))  # a well-formed reply
-    if isinstance(reply, m.Reply) and not reply.ok:
+    messages.decode(messages.encode(reply))  # a well-formed reply
+    if isinstance(reply, messages.Reply) and not reply.ok:
         after = snapshot(live_proxy.run_dir)
         assert after == before, f"a rejected {kind} changed the run directory"
 
@@ -528,14 +530,14 @@ class LiveControl:
 
     def __init__(self, run_dir: Path) -> None:
         self.server = ControlServer(
-            rundir.endpoint(run_dir, "trainer"), SignalFlags(), _trainer_status
+            rundir.endpoint(run_dir, "trainer"), OperatorRequests(), _trainer_status
         )
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(rundir.endpoint(run_dir, "trainer"))
 
     def reset(self) -> None:
-        self.server.flags, self.server.holds = SignalFlags(), Holds()
+        self.server.flags, self.server.holds = OperatorRequests(), Holds()
 
     def state(self) -> tuple:
         f, hold = self.server.flags, self.server.holds.describe()
@@ -548,12 +550,12 @@ class LiveControl:
             hold.model_dump(exclude={"age_s"}) if hold else None,
         )
 
-    def ask(self, frame: bytes, timeout_ms: int) -> m.Reply | None:
+    def ask(self, frame: bytes, timeout_ms: int) -> messages.Reply | None:
         self.sock.send_multipart([b"", frame])
         if not self.sock.poll(timeout_ms):
             return None
-        reply = m.decode(self.sock.recv_multipart()[-1])
-        assert isinstance(reply, m.Reply), reply
+        reply = messages.decode(self.sock.recv_multipart()[-1])
+        assert isinstance(reply, messages.Reply), reply
         return reply
 
     def close(self) -> None:
@@ -567,7 +569,7 @@ def live_control(tmp_path: Path) -> Iterator[LiveControl]:
     yield c
     # The thread survived every case: a plain status is still answered.
     c.reset()
-    reply = c.ask(m.encode(m.StatusRequest(id="alive")), 5000)
+    reply = c.ask(messages.encode(messages.StatusRequest(id="alive")), 5000)
     assert reply is not None and reply.ok and reply.data["step"] == 7
     c.close()
 
@@ -599,21 +601,23 @@ def test_fuzz_trainer_control(live_control: LiveControl, kind: str, data: st.Dat
     c.reset()
     frame = _trainer_frame(kind, data)
     try:
-        msg: m.Message | None = m.decode(frame)
+        msg: messages.Message | None = messages.decode(frame)
     except (ValidationError, ValueError):
         msg = None
     before = c.state()
     reply = bounded(lambda: c.ask(frame, 5000))
     if reply is None:  # only a request that waits for its work is answered later
-        assert isinstance(msg, m.CheckpointRequest | m.StopRequest) and msg.wait, frame[:200]
+        assert isinstance(msg, messages.CheckpointRequest | messages.StopRequest) and msg.wait, (
+            frame[:200]
+        )
         assert c.state() != before
-        if isinstance(msg, m.CheckpointRequest):
+        if isinstance(msg, messages.CheckpointRequest):
             # Served: its reply comes now. A status sent at once may overtake it (the thread
             # may be waiting on the socket when the reply is queued), so both are collected.
             c.server.checkpoint_served({"step": 7})
-            first = c.ask(m.encode(m.StatusRequest(id="status-after-serving")), 5000)
+            first = c.ask(messages.encode(messages.StatusRequest(id="status-after-serving")), 5000)
             assert first is not None and c.sock.poll(5000)
-            second = m.decode(c.sock.recv_multipart()[-1])
+            second = messages.decode(c.sock.recv_multipart()[-1])
             served = {r.id: r for r in (first, second)}
             assert set(served) == {msg.id, "status-after-serving"} and served[msg.id].ok
         return
@@ -642,7 +646,7 @@ def stopped_run(tmp_path_factory: pytest.TempPathFactory, proxy_run: Path) -> Pa
     """A stopped run with one of every file a command reads: checkpoints, the loss and evaluation
     logs, the proxy's files, run.toml, policy.toml, a pivot archive, both locks, .socket-dir."""
     from andrea.daemon.config import save_config
-    from andrea.daemon.evallog import ArmEval, EvalEntry, EvalLog
+    from andrea.daemon.rundir.evallog import ArmEval, EvalEntry, EvalLog
 
     run = tmp_path_factory.mktemp("fuzz-links") / "run"
     run.mkdir()
@@ -995,8 +999,8 @@ def test_fuzz_links_among_arm_files(
 ) -> None:
     import tempfile
 
-    from andrea.daemon.data import arm_identity, load_arms
-    from andrea.daemon.sources import SourceRejected
+    from andrea.daemon.data.arms import arm_identity, load_arms
+    from andrea.daemon.data.sources import SourceRejected
 
     plantings = data.draw(
         st.lists(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from andrea.control import andreactl
-from andrea.control import export as ex
+from andrea.control.export import bundle as ex
 
 from .conftest import run_trainer
 

@@ -100,7 +100,7 @@ def test_eager_runs_are_eager_and_the_compiled_run_compiles(tmp_path, monkeypatc
     check = Recording(False, tmp_path, tmp_path / "cache", time.monotonic() + 60)
     check.commands = []
     gpu_check.call_speed(check)
-    trainers = [(c, env) for c, env in check.commands if "andrea.daemon.trainer_cli" in c]
+    trainers = [(c, env) for c, env in check.commands if "andrea.daemon.trainer.service.cli" in c]
     compile_ = {
         Path(c[c.index("--run-dir") + 1]).name: c[c.index("--compile") + 1] for c, _ in trainers
     }

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea.daemon import heldout
 from andrea.daemon.config import DataConfig, build_config, for_new_run
-from andrea.daemon.data import ArmStream, load_arms
+from andrea.daemon.data import heldout
+from andrea.daemon.data.arms import ArmStream, load_arms
 
 
 def _held(doc_id: str, fraction: float) -> bool:

@@ -11,7 +11,7 @@ import pytest
 
 from andrea.control import andreactl
 from andrea.control.reports import ErrorReport, HistoryReport
-from andrea.daemon.losslog import LossLog
+from andrea.daemon.rundir.losslog import LossLog
 from andrea.protocol.lossentry import LossEntry
 
 ARMS = ["code", "prose", "code", "code", "prose", "docs", "code", "prose"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, trainer_cmd
 from .test_pivot import POLICY, ctl, ctl_bg, proxy, stop, trainer_status, wait_hold

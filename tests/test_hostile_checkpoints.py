@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon import rundir as fmt
 from andrea.daemon.checkpoint.manager import CheckpointManager, ResumeRefused
 from andrea.daemon.config import CheckpointConfig
+from andrea.daemon.rundir import layout as rundir
 
-from .hostile import expectation, resign, write_checkpoint, write_checkpoint_with
+from .support.hostile import expectation, resign, write_checkpoint, write_checkpoint_with
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def _load(run_dir: Path, **kw):
 
 
 def _edit(run_dir: Path, step: int, change: Callable[[dict], None], sign: bool = True) -> None:
-    path = run_dir / fmt.manifest_name(step)
+    path = run_dir / rundir.manifest_name(step)
     man = json.loads(path.read_text())
     change(man)
     path.write_text(json.dumps(resign(man) if sign else man, indent=1))
@@ -126,20 +126,20 @@ def test_resume_values_are_validated_before_trusting(
 
 
 def test_huge_sparse_manifest_is_not_read(run_dir: Path) -> None:
-    with open(run_dir / fmt.manifest_name(20), "r+b") as f:
+    with open(run_dir / rundir.manifest_name(20), "r+b") as f:
         f.truncate(64 << 30)  # 64 GiB, sparse: allocating it would fail every restart
     _skips_newest(run_dir, "more than the 16,777,216 its format allows")
 
 
 def test_manifest_symlink_to_dev_zero(run_dir: Path) -> None:
-    path = run_dir / fmt.manifest_name(20)
+    path = run_dir / rundir.manifest_name(20)
     path.unlink()
     os.symlink("/dev/zero", path)
     _skips_newest(run_dir, "not a regular file (a symbolic link")
 
 
 def test_payload_that_is_a_directory(run_dir: Path) -> None:
-    path = run_dir / fmt.bin_name(20)
+    path = run_dir / rundir.bin_name(20)
     path.unlink()
     path.mkdir()
     _skips_newest(run_dir, "not a regular file (a directory)")
@@ -147,7 +147,7 @@ def test_payload_that_is_a_directory(run_dir: Path) -> None:
 
 def test_every_manifest_deleted_is_refused(run_dir: Path) -> None:
     for step in (10, 20):
-        (run_dir / fmt.manifest_name(step)).unlink()
+        (run_dir / rundir.manifest_name(step)).unlink()
     with pytest.raises(ResumeRefused, match=r"step_000010.bin, step_000020.bin\) but no manifest"):
         _load(run_dir)
     assert sorted(p.name for p in run_dir.iterdir()) == ["step_000010.bin", "step_000020.bin"]
@@ -155,7 +155,7 @@ def test_every_manifest_deleted_is_refused(run_dir: Path) -> None:
 
 def test_one_orphan_is_an_interrupted_first_write(tmp_path: Path) -> None:
     write_checkpoint(tmp_path, 10)
-    (tmp_path / fmt.manifest_name(10)).unlink()
+    (tmp_path / rundir.manifest_name(10)).unlink()
     assert _load(tmp_path) is None
 
 
@@ -205,14 +205,14 @@ def test_audit_checkpoints_are_bounded(tmp_path: Path) -> None:
     finally:
         mgr.close()
     assert sorted(p.name for p in tmp_path.glob("step_*.json")) == [
-        fmt.manifest_name(s) for s in (6, 7, 8)
+        rundir.manifest_name(s) for s in (6, 7, 8)
     ]
 
 
 def test_invalid_message_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from andrea.daemon.logthrottle import ThrottledWarning
+    from andrea.daemon.runtime.logthrottle import ThrottledWarning
 
     w = ThrottledWarning(logging.getLogger("flood"), burst=5, period=3600)
     for i in range(5018):

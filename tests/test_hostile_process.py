@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon import rundir
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import canonical_curve, read_entries
+from andrea.daemon.rundir import layout as rundir
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, run_trainer, trainer_cmd
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.rundir import bin_name
+from andrea.daemon.rundir.layout import bin_name
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import trainer_cmd
-from .owndata import PROSE, bpe_file
+from .support.owndata import PROSE, bpe_file
 
 pytestmark = pytest.mark.process
 

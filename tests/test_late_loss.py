@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.rundir import bin_name, manifest_name
+from andrea.daemon.rundir.layout import bin_name, manifest_name
 
 from .conftest import Daemon, run_trainer, trainer_cmd
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import canonical_curve, read_entries
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD
 from andrea.daemon.mixing.reward import exploration_rate
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import REPO, Daemon, trainer_cmd
 

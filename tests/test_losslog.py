@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from andrea.daemon import losslog
-from andrea.daemon.losslog import (
+from andrea.daemon.rundir import losslog
+from andrea.daemon.rundir.losslog import (
     LossCurve,
     LossEntry,
     LossLog,
@@ -706,7 +706,7 @@ def test_second_writer_refused_readers_allowed(tmp_path: Path) -> None:
         log.append(entry(1))
         with pytest.raises(LossLogLocked, match="already open for writing"):
             LossLog.open(path)
-        code = "import sys; from andrea.daemon.losslog import LossLog; LossLog.open(sys.argv[1])"
+        code = "import sys; from andrea.daemon.rundir.losslog import LossLog; LossLog.open(sys.argv[1])"
         child = subprocess.run(
             [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
         )
@@ -783,7 +783,7 @@ def test_failed_append_is_undone_at_once(
 
 CHILD = r"""
 import sys
-from andrea.daemon.losslog import LossLog, last_entry
+from andrea.daemon.rundir.losslog import LossLog, last_entry
 from andrea.protocol.lossentry import LossEntry
 path, every = sys.argv[1], int(sys.argv[2])
 previous = last_entry(path) if __import__("os").path.exists(path) else None

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import canonical_curve, read_entries
-from andrea.daemon.rundir import lock_holder
+from andrea.daemon.rundir.layout import lock_holder
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import REPO, Daemon, trainer_cmd
 
@@ -126,7 +126,7 @@ def test_a_proxy_started_by_hand_is_used_and_stopped_with_the_trainer(
     while alive(child):  # the trainer's own proxy does not outlive it
         assert time.monotonic() < deadline, "the proxy outlived its trainer"
         time.sleep(0.1)
-    p = Daemon([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run)])
+    p = Daemon([sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run)])
     p.wait_for(r"proxy ready", timeout=WAIT)
     t = Daemon(trainer_cmd(run, cache_dir, "--with-proxy", "--max-steps", "100000"))
     t.wait_for(rf"andrea-proxy \(pid {p.proc.pid}\), started by hand, serves", timeout=WAIT)

@@ -14,8 +14,8 @@ import pytest
 from andrea.control import andreactl
 from andrea.daemon.checkpoint.source import SourceError, read_source
 from andrea.daemon.config import build_config
-from andrea.daemon.data import load_arms
-from andrea.daemon.sources import SourceRejected
+from andrea.daemon.data.arms import load_arms
+from andrea.daemon.data.sources import SourceRejected
 
 KINDS = {"fifo": "a FIFO", "dev-zero": "a character device", "directory": "a directory"}
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea.daemon.corpus import stdlib_root
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import canonical_curve, read_entries
-from andrea.daemon.rundir import bin_name
-from andrea.daemon.tokenizer import load_tokenizer
+from andrea.daemon.data.corpus import stdlib_root
+from andrea.daemon.data.tokenizer import load_tokenizer
+from andrea.daemon.rundir.layout import bin_name
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, andreactl, trainer_cmd
-from .owndata import PROSE, bpe_file, write_jsonl
+from .support.owndata import PROSE, bpe_file, write_jsonl
 
 pytestmark = pytest.mark.process
 

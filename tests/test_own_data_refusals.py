@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.tokenizer import load_tokenizer
+from andrea.daemon.data.tokenizer import load_tokenizer
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import Daemon, andreactl, trainer_cmd
-from .owndata import (
+from .support.owndata import (
     PROSE,
     bpe_file,
     names,

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import canonical_curve, read_entries
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD, parse_policy
-from andrea.daemon.rundir import bin_name, endpoint
-from andrea.protocol import messages as m
+from andrea.daemon.rundir.layout import bin_name, endpoint
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
 
 from .conftest import Daemon, run_trainer, trainer_cmd
@@ -44,7 +44,7 @@ def kept_as(run: Path, text: str) -> bool:
 
 
 def proxy(run_dir: Path) -> Daemon:
-    return Daemon([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir)])
+    return Daemon([sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run_dir)])
 
 
 def trainer(run_dir: Path, cache: Path, steps: int, sample_every: int = EVERY) -> Daemon:
@@ -95,7 +95,7 @@ def stop(p: Daemon) -> int:
 
 
 def trainer_status(run_dir: Path) -> dict:
-    reply = request(endpoint(run_dir, "trainer"), m.StatusRequest(id=new_id()), timeout=5)
+    reply = request(endpoint(run_dir, "trainer"), messages.StatusRequest(id=new_id()), timeout=5)
     return reply.data
 
 
@@ -271,7 +271,7 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
     ):
         reply = request(
             endpoint(run, "proxy"),
-            m.PivotRequest(id=new_id(), policy_toml=half, boundary_step=b),
+            messages.PivotRequest(id=new_id(), policy_toml=half, boundary_step=b),
             timeout=10,
         )
         assert not reply.ok and any(w in reply.error for w in why), reply

@@ -14,7 +14,7 @@ import pytest
 
 from andrea.control import andreactl
 from andrea.control.reports import report_adapter
-from andrea.daemon.rundir import RUN_DIR_ENV
+from andrea.daemon.rundir.layout import RUN_DIR_ENV
 
 from .conftest import trainer_cmd
 

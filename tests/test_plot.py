@@ -17,11 +17,11 @@ from matplotlib.figure import Figure
 from andrea.control import andreactl
 from andrea.control.plot import audit_figure, reduce_minmax
 from andrea.control.run_events import PhaseSpan, RunEvents, read_run_events
-from andrea.daemon.losslog import LossCurve, read_curve
 from andrea.daemon.metrics.series import rolling_share
 from andrea.daemon.mixing.policy import parse_policy
+from andrea.daemon.rundir.losslog import LossCurve, read_curve
 
-from .audited_run import canonical_rows
+from .support.audited_run import canonical_rows
 
 
 def panels(fig: Figure) -> dict[str, Axes]:

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from andrea.daemon.config import ConfigError
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.precision import BF16_CPU, FP32, resolve
-from andrea.daemon.rundir import bin_name, manifest_name
+from andrea.daemon.rundir.layout import bin_name, manifest_name
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.daemon.trainer.platform.precision import BF16_CPU, FP32, resolve
 
 from .conftest import Daemon, run_trainer, trainer_cmd
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import canonical_curve, read_entries
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD
-from andrea.daemon.rundir import bin_name, peer_endpoint
-from andrea.protocol import messages as m
+from andrea.daemon.rundir.layout import bin_name, peer_endpoint
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
 
 from .conftest import Daemon, trainer_cmd
@@ -33,7 +33,7 @@ STEPS = 60
 
 
 def proxy_cmd(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run_dir), *extra]
+    return [sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run_dir), *extra]
 
 
 def start_proxy(run_dir: Path, *extra: str) -> Daemon:
@@ -278,7 +278,9 @@ def test_zombie_arm_never_draws_and_is_reported(
     proxy = start_proxy(tmp_path)
     proxy.wait_for(r"zombie arm 'repo-docstrings'")
     proxy.wait_for(r"proxy ready")
-    reply = request(peer_endpoint(tmp_path, "proxy"), m.StatusRequest(id=new_id()), timeout=5)
+    reply = request(
+        peer_endpoint(tmp_path, "proxy"), messages.StatusRequest(id=new_id()), timeout=5
+    )
     assert stop(proxy) == ExitCode.OK, proxy.log
     assert reply.ok and reply.data["probabilities"]["repo-docstrings"] == 0.0
     assert [z["name"] for z in reply.data["zombies"]] == ["repo-docstrings"]
@@ -303,10 +305,12 @@ def test_a_trainer_of_another_protocol_is_refused(tmp_path: Path, reference: Pat
     shutil.copy(reference / "run.toml", tmp_path / "run.toml")
     proxy = start_proxy(tmp_path)
     proxy.wait_for(r"proxy ready")
-    hello = m.Hello(id=new_id(), protocol=m.PROTOCOL + 1, resume_step=0, seed=0, arms=["code"])
+    hello = messages.Hello(
+        id=new_id(), protocol=messages.PROTOCOL + 1, resume_step=0, seed=0, arms=["code"]
+    )
     reply = request(peer_endpoint(tmp_path, "proxy"), hello, timeout=10)
-    assert isinstance(reply, m.Reply) and not reply.ok
-    assert f"protocol {m.PROTOCOL + 1}, this proxy speaks {m.PROTOCOL}" in reply.error
+    assert isinstance(reply, messages.Reply) and not reply.ok
+    assert f"protocol {messages.PROTOCOL + 1}, this proxy speaks {messages.PROTOCOL}" in reply.error
     assert stop(proxy) == ExitCode.OK, proxy.log
     assert "segment" not in proxy.log  # no life was numbered for it
 

@@ -15,10 +15,10 @@ import pytest
 import zmq
 
 from andrea.daemon.config import build_config, load_toml
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.losslog import canonical_curve, read_entries
-from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE, bin_name, lock_holder, peer_endpoint
-from andrea.protocol import messages as m
+from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, bin_name, lock_holder, peer_endpoint
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import new_id, request
 
@@ -37,17 +37,17 @@ class Peer:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(ep)
 
-    def ask(self, msg: m._Msg) -> m.Message:
-        self.sock.send_multipart([b"", m.encode(msg)])
+    def ask(self, msg: messages._Msg) -> messages.Message:
+        self.sock.send_multipart([b"", messages.encode(msg)])
         assert self.sock.poll(30_000), f"no reply to {msg.type}"
-        return m.decode(self.sock.recv_multipart()[-1])
+        return messages.decode(self.sock.recv_multipart()[-1])
 
     def close(self) -> None:
         self.sock.close(linger=0)
 
 
 def _daemons(run: Path, cache: Path) -> tuple[Daemon, Daemon]:
-    p = Daemon([sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(run)])
+    p = Daemon([sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run)])
     t = Daemon(
         trainer_cmd(run, cache, "--mixing", "proxy", "--max-steps", str(STEPS))
         + ["--checkpoint-every", "0", "--eval-every", "0"]
@@ -62,29 +62,33 @@ def _finish(p: Daemon, t: Daemon) -> None:
 
 
 def _proxy_status(run: Path) -> dict:
-    reply = request(peer_endpoint(run, "proxy"), m.StatusRequest(id=new_id()), timeout=10)
+    reply = request(peer_endpoint(run, "proxy"), messages.StatusRequest(id=new_id()), timeout=10)
     return reply.data
 
 
-def _attack(run: Path) -> list[m.Message]:
+def _attack(run: Path) -> list[messages.Message]:
     """The hostile sequence; every reply it got."""
     cfg = build_config(load_toml(run / CONFIG_FILE))
     arms = [a.name for a in cfg.data.arms]
     logged = _proxy_status(run)["durable_step"]
     peer = Peer(peer_endpoint(run, "proxy"))
-    replies: list[m.Message] = []
+    replies: list[messages.Message] = []
     try:
         # The strongest forgery: the live trainer's own pid (the trainer lock names it).
         forged = {"pid": lock_holder(run, "trainer"), "life": secrets.token_hex(16)}
         for hello in (
-            m.Hello(id=new_id(), resume_step=logged, seed=cfg.seed, arms=arms, **forged),
-            m.Hello(id=new_id(), segment=1, resume_step=logged, seed=cfg.seed, arms=arms, **forged),
-            m.Hello(id=new_id(), resume_step=0, seed=cfg.seed, arms=arms),
+            messages.Hello(id=new_id(), resume_step=logged, seed=cfg.seed, arms=arms, **forged),
+            messages.Hello(
+                id=new_id(), segment=1, resume_step=logged, seed=cfg.seed, arms=arms, **forged
+            ),
+            messages.Hello(id=new_id(), resume_step=0, seed=cfg.seed, arms=arms),
         ):
             replies.append(peer.ask(hello))
-        segment = next((r.segment for r in replies if isinstance(r, m.Welcome)), 1)
-        got = peer.ask(m.AssignRequest(id=new_id(), segment=segment, from_step=logged + 1, count=8))
-        assert isinstance(got, m.Assignments) and got.items, got
+        segment = next((r.segment for r in replies if isinstance(r, messages.Welcome)), 1)
+        got = peer.ask(
+            messages.AssignRequest(id=new_id(), segment=segment, from_step=logged + 1, count=8)
+        )
+        assert isinstance(got, messages.Assignments) and got.items, got
         for seg in {segment, 1}:
             entries = [
                 LossEntry(
@@ -100,7 +104,7 @@ def _attack(run: Path) -> list[m.Message]:
                 )
                 for a in got.items
             ]
-            replies.append(peer.ask(m.LossReport(id=new_id(), entries=entries)))
+            replies.append(peer.ask(messages.LossReport(id=new_id(), entries=entries)))
     finally:
         peer.close()
     return replies
@@ -129,8 +133,8 @@ def test_a_second_peer_cannot_displace_the_trainer_or_inject_losses(
     assert {e.segment for e in entries} == {1} and all(e.loss != 0.01 for e in entries)
     assert [e.step for e in canonical_curve(entries)] == list(range(1, STEPS + 1))
     # Refused, every message, naming the live trainer; the trainer's progress stays its own.
-    refusals = [r for r in replies if isinstance(r, m.Reply) and not r.ok]
+    refusals = [r for r in replies if isinstance(r, messages.Reply) and not r.ok]
     assert len(refusals) == len(replies), replies
-    assert all(r.error.startswith(m.TRAINER_ALIVE) for r in refusals[:3]), refusals
-    assert all(r.error.startswith(m.UNKNOWN_PEER) for r in refusals[3:]), refusals
+    assert all(r.error.startswith(messages.TRAINER_ALIVE) for r in refusals[:3]), refusals
+    assert all(r.error.startswith(messages.UNKNOWN_PEER) for r in refusals[3:]), refusals
     assert after["max_segment"] == 1 and after["trainer_step"] >= before["trainer_step"] > 0

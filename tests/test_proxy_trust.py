@@ -17,18 +17,24 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from andrea.daemon.losslog import read_entries
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD, REWARDS, Policy
 from andrea.daemon.mixing.proxy import LogContradiction, Proxy, ProxyOptions
-from andrea.daemon.process import SignalFlags
-from andrea.daemon.proxy_link import ProxyLink
-from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, STATE_FILE, peer_endpoint
-from andrea.protocol import messages as m
+from andrea.daemon.rundir.layout import (
+    EVAL_FILE,
+    LOSS_FILE,
+    SAMPLES_FILE,
+    STATE_FILE,
+    peer_endpoint,
+)
+from andrea.daemon.rundir.losslog import read_entries
+from andrea.daemon.runtime.operator_requests import OperatorRequests
+from andrea.daemon.trainer.service.proxy_client import ProxyLink
+from andrea.protocol import messages
 from andrea.protocol.evalentry import ArmEval, EvalEntry
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import request
 
-from .hostile import play_trainer, text_arms_config, trainer_hello, write_checkpoint
+from .support.hostile import play_trainer, text_arms_config, trainer_hello, write_checkpoint
 
 pytestmark = pytest.mark.process  # binds a real ipc socket
 
@@ -37,7 +43,7 @@ PEER = b"trainer"
 
 def _proxy(run_dir: Path, reward: str = NEW_RUN_REWARD) -> Proxy:
     policy = Policy(lag=2, reward=reward)
-    p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), policy), SignalFlags())
+    p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), policy), OperatorRequests())
     p.setup()
     return p
 
@@ -67,8 +73,8 @@ def proxy(tmp_path: Path, request: pytest.FixtureRequest):
     p = _proxy(tmp_path, request.param)
     lock = play_trainer(tmp_path)
     welcome = p.handle(PEER, trainer_hello(p.opts.cfg))
-    assert isinstance(welcome, m.Welcome) and welcome.segment == 1
-    got = p.handle(PEER, m.AssignRequest(id="a", segment=1, from_step=1, count=2))
+    assert isinstance(welcome, messages.Welcome) and welcome.segment == 1
+    got = p.handle(PEER, messages.AssignRequest(id="a", segment=1, from_step=1, count=2))
     p.arms = {a.step: a.arm for a in got.items}
     yield p
     p.close()
@@ -97,13 +103,13 @@ def test_rejected_loss_report_changes_nothing(proxy: Proxy, name: str, bad) -> N
     run_dir = proxy.run_dir
     before = _durable(run_dir)
     reply = proxy.handle(
-        PEER, m.LossReport(id="x", entries=[_entry(2, proxy.arms[2]), bad(proxy.arms)])
+        PEER, messages.LossReport(id="x", entries=[_entry(2, proxy.arms[2]), bad(proxy.arms)])
     )
-    assert isinstance(reply, m.Reply) and not reply.ok and "losses rejected" in reply.error
+    assert isinstance(reply, messages.Reply) and not reply.ok and "losses rejected" in reply.error
     assert _durable(run_dir) == before
     # The trainer's genuine record for the same step is still taken: nothing was lost.
-    ack = proxy.handle(PEER, m.LossReport(id="y", entries=[_entry(1, proxy.arms[1])]))
-    assert isinstance(ack, m.LossAck) and ack.keys == [(1, 1)]
+    ack = proxy.handle(PEER, messages.LossReport(id="y", entries=[_entry(1, proxy.arms[1])]))
+    assert isinstance(ack, messages.LossAck) and ack.keys == [(1, 1)]
     assert [(e.step, e.arm) for e in read_entries(run_dir / LOSS_FILE)] == [(1, proxy.arms[1])]
 
 
@@ -124,20 +130,20 @@ def test_rejected_loss_report_changes_nothing(proxy: Proxy, name: str, bad) -> N
 )
 def test_out_of_range_fields_are_refused_at_decoding(frame: bytes) -> None:
     with pytest.raises(ValidationError):
-        m.decode(frame)
+        messages.decode(frame)
 
 
 def test_hello_with_an_unnumbered_segment_is_refused(proxy: Proxy) -> None:
     before = _durable(proxy.run_dir)
     reply = proxy.handle(PEER, trainer_hello(proxy.opts.cfg, "h2", segment=40))
-    assert isinstance(reply, m.Reply) and not reply.ok and "never numbered" in reply.error
+    assert isinstance(reply, messages.Reply) and not reply.ok and "never numbered" in reply.error
     assert _durable(proxy.run_dir) == before
 
 
 def test_restart_after_an_attack_is_clean(proxy: Proxy) -> None:
     for bad in (_entry(1, "gamma"), _entry(10**6, "alpha"), _entry(1, proxy.arms[1], segment=9)):
-        proxy.handle(PEER, m.LossReport(id="x", entries=[bad]))
-    proxy.handle(PEER, m.LossReport(id="y", entries=[_entry(1, proxy.arms[1])]))
+        proxy.handle(PEER, messages.LossReport(id="x", entries=[bad]))
+    proxy.handle(PEER, messages.LossReport(id="y", entries=[_entry(1, proxy.arms[1])]))
     proxy.close()
     again = _again(proxy)  # would fail with "unknown arm" had the first one been written
     try:
@@ -151,7 +157,7 @@ def test_restart_after_an_attack_is_clean(proxy: Proxy) -> None:
 
 #: A process that holds the run's trainer lock until its stdin closes: a trainer life elsewhere.
 _LOCK_HOLDER = (
-    "import sys; from pathlib import Path; from andrea.daemon.rundir import claim; "
+    "import sys; from pathlib import Path; from andrea.daemon.rundir.layout import claim; "
     "lock = claim(Path(sys.argv[1]), 'trainer'); print('ready', flush=True); sys.stdin.read()"
 )
 
@@ -166,7 +172,7 @@ def _records(run_dir: Path) -> list[bytes]:
     return [(run_dir / n).read_bytes() if (run_dir / n).exists() else b"" for n in names]
 
 
-def _stranger_hello(proxy: Proxy, **kw) -> m.Hello:
+def _stranger_hello(proxy: Proxy, **kw) -> messages.Hello:
     return trainer_hello(proxy.opts.cfg, "x", **{"life": "0badc0de" * 4, **kw})
 
 
@@ -180,23 +186,30 @@ def test_a_second_life_never_displaces_the_live_trainer(proxy: Proxy) -> None:
         _stranger_hello(proxy, pid=None, life=None),
     ):
         reply = proxy.handle(b"stranger", hello)
-        assert isinstance(reply, m.Reply) and reply.error.startswith(m.TRAINER_ALIVE), reply
+        assert isinstance(reply, messages.Reply) and reply.error.startswith(
+            messages.TRAINER_ALIVE
+        ), reply
         assert f"pid {os.getpid()}" in reply.error
     for msg in (
-        m.LossReport(id="l", entries=[_entry(4, "alpha", loss=0.01)]),
-        m.EvalReport(id="e", entry=_eval(3)),
-        m.SampleReport(id="s", step=3, segment=1, phase=0, samples=[]),
+        messages.LossReport(id="l", entries=[_entry(4, "alpha", loss=0.01)]),
+        messages.EvalReport(id="e", entry=_eval(3)),
+        messages.SampleReport(id="s", step=3, segment=1, phase=0, samples=[]),
     ):
         reply = proxy.handle(b"stranger", msg)
-        assert isinstance(reply, m.Reply) and reply.error.startswith(m.UNKNOWN_PEER), reply
+        assert isinstance(reply, messages.Reply) and reply.error.startswith(
+            messages.UNKNOWN_PEER
+        ), reply
     assert _records(run_dir) == before
     assert (proxy.max_segment, proxy.trainer_step) == (1, 3)
     # The live life itself, on a new socket (a reconnect): welcomed back, its records taken.
     welcome = proxy.handle(b"again", trainer_hello(proxy.opts.cfg, "h3", segment=1))
-    assert isinstance(welcome, m.Welcome) and welcome.segment == 1
-    (a,) = proxy.handle(b"again", m.AssignRequest(id="a", segment=1, from_step=4, count=1)).items
+    assert isinstance(welcome, messages.Welcome) and welcome.segment == 1
+    (a,) = proxy.handle(
+        b"again", messages.AssignRequest(id="a", segment=1, from_step=4, count=1)
+    ).items
     assert isinstance(
-        proxy.handle(b"again", m.LossReport(id="l", entries=[_entry(4, a.arm)])), m.LossAck
+        proxy.handle(b"again", messages.LossReport(id="l", entries=[_entry(4, a.arm)])),
+        messages.LossAck,
     )
 
 
@@ -211,29 +224,36 @@ def test_a_new_life_begins_once_the_old_one_is_gone(tmp_path: Path) -> None:
     try:
         assert old.stdout.readline() == "ready\n"
         first = p.handle(b"old", trainer_hello(p.opts.cfg, pid=old.pid, life="01d" * 8))
-        assert isinstance(first, m.Welcome) and first.segment == 1
+        assert isinstance(first, messages.Welcome) and first.segment == 1
         # This process does not hold the lock, and the old life is alive: refused either way.
         for hello in (trainer_hello(p.opts.cfg), trainer_hello(p.opts.cfg, pid=old.pid)):
             reply = p.handle(b"new", hello)
-            assert isinstance(reply, m.Reply) and reply.error.startswith(m.TRAINER_ALIVE)
+            assert isinstance(reply, messages.Reply) and reply.error.startswith(
+                messages.TRAINER_ALIVE
+            )
         old.stdin.close()
         old.wait(timeout=30)
         # Gone, but the lock names a dead process: still nobody may begin a life.
         reply = p.handle(b"new", trainer_hello(p.opts.cfg))
-        assert isinstance(reply, m.Reply) and "does not hold this run's trainer lock" in reply.error
+        assert (
+            isinstance(reply, messages.Reply)
+            and "does not hold this run's trainer lock" in reply.error
+        )
         with play_trainer(tmp_path):
             welcome = p.handle(b"new", trainer_hello(p.opts.cfg, resume_step=0))
-        assert isinstance(welcome, m.Welcome) and welcome.segment == 2
-        reply = p.handle(b"old", m.LossReport(id="l", entries=[_entry(1, "alpha")]))
-        assert isinstance(reply, m.Reply) and reply.error.startswith(m.UNKNOWN_PEER)
+        assert isinstance(welcome, messages.Welcome) and welcome.segment == 2
+        reply = p.handle(b"old", messages.LossReport(id="l", entries=[_entry(1, "alpha")]))
+        assert isinstance(reply, messages.Reply) and reply.error.startswith(messages.UNKNOWN_PEER)
         p.close()
         # A restarted proxy still knows the live life: a stranger is refused, the life welcomed.
         again = _proxy(tmp_path)
         try:
             reply = again.handle(b"x", _stranger_hello(again))
-            assert isinstance(reply, m.Reply) and reply.error.startswith(m.TRAINER_ALIVE)
+            assert isinstance(reply, messages.Reply) and reply.error.startswith(
+                messages.TRAINER_ALIVE
+            )
             welcome = again.handle(b"t", trainer_hello(again.opts.cfg, segment=2))
-            assert isinstance(welcome, m.Welcome) and welcome.segment == 2
+            assert isinstance(welcome, messages.Welcome) and welcome.segment == 2
         finally:
             again.close()
     finally:
@@ -248,10 +268,12 @@ def test_a_new_life_begins_once_the_old_one_is_gone(tmp_path: Path) -> None:
 def _run_steps(proxy: Proxy, n: int, loss=lambda step, arm: 3.0) -> None:
     """Train `n` steps as a genuine trainer would: ask, then report."""
     for step in range(1, n + 1):
-        (a,) = proxy.handle(PEER, m.AssignRequest(id="a", segment=1, from_step=step, count=1)).items
+        (a,) = proxy.handle(
+            PEER, messages.AssignRequest(id="a", segment=1, from_step=step, count=1)
+        ).items
         entry = _entry(step, a.arm, loss=loss(step, a.arm))
-        ack = proxy.handle(PEER, m.LossReport(id="l", entries=[entry]))
-        assert isinstance(ack, m.LossAck), ack
+        ack = proxy.handle(PEER, messages.LossReport(id="l", entries=[entry]))
+        assert isinstance(ack, messages.LossAck), ack
 
 
 def test_state_of_another_seed_is_moved_aside(proxy: Proxy, caplog) -> None:
@@ -293,7 +315,7 @@ def _arms_after(p: Proxy, first: int, last: int) -> list[str]:
     return [
         a.arm
         for a in p.handle(
-            PEER, m.AssignRequest(id="n", segment=1, from_step=first, count=last - first + 1)
+            PEER, messages.AssignRequest(id="n", segment=1, from_step=first, count=last - first + 1)
         ).items
     ]
 
@@ -327,7 +349,7 @@ def test_an_edited_state_is_moved_aside_and_rebuilt_from_the_log(
     assignments that follow are those of the unedited run."""
     clean = _proxy(tmp_path / "clean", "gated-learnability-2")
     lock = play_trainer(clean.run_dir)
-    assert isinstance(clean.handle(PEER, trainer_hello(clean.opts.cfg)), m.Welcome)
+    assert isinstance(clean.handle(PEER, trainer_hello(clean.opts.cfg)), messages.Welcome)
     _run_steps(clean, 70, _falling)
     expected = _arms_after(clean, 71, 75)
     clean.close()
@@ -335,13 +357,15 @@ def test_an_edited_state_is_moved_aside_and_rebuilt_from_the_log(
 
     edited = _proxy(tmp_path / "edited", "gated-learnability-2")
     lock = play_trainer(edited.run_dir)
-    assert isinstance(edited.handle(PEER, trainer_hello(edited.opts.cfg)), m.Welcome)
+    assert isinstance(edited.handle(PEER, trainer_hello(edited.opts.cfg)), messages.Welcome)
     again = _edited_state(edited, _set(field, value))
     try:
         assert says in caplog.text and "rebuilding the bandit from .loss.json" in caplog.text
         assert list(edited.run_dir.glob(".state.json.corrupt-*"))
         assert again.durable_step == 70 and again.book.bandit.phase == 0
-        assert isinstance(again.handle(PEER, trainer_hello(again.opts.cfg, segment=2)), m.Welcome)
+        assert isinstance(
+            again.handle(PEER, trainer_hello(again.opts.cfg, segment=2)), messages.Welcome
+        )
         assert _arms_after(again, 71, 75) == expected
     finally:
         again.close()
@@ -419,7 +443,7 @@ class _Served:
     """A proxy on its real socket, served by a thread of this process."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.flags = SignalFlags()
+        self.flags = OperatorRequests()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(run_dir,), daemon=True)
         self.thread.start()
@@ -439,7 +463,7 @@ class _Served:
         self.thread.join(30)
 
 
-def _assigned(link: ProxyLink, step: int, within: float = 30) -> m.Assignment | None:
+def _assigned(link: ProxyLink, step: int, within: float = 30) -> messages.Assignment | None:
     """The arm of `step`, asked for as the trainer does (each wait ends at any reply)."""
     deadline = time.monotonic() + within
     while (a := link.assignment(step, timeout=0.25)) is None and time.monotonic() < deadline:
@@ -467,7 +491,7 @@ def test_the_trainer_link_waits_for_the_old_life_and_says_hello_again(
             trainer_hello(cfg, pid=old.pid, life="01d" * 8),
             timeout=10,
         )
-        assert isinstance(first, m.Welcome), first
+        assert isinstance(first, messages.Welcome), first
         # A trainer that starts while the previous life still exits is refused, and asks again.
         link.start()
         with caplog.at_level(logging.WARNING):

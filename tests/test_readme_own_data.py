@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.corpus import stdlib_root
-from andrea.daemon.losslog import read_entries
+from andrea.daemon.data.corpus import stdlib_root
+from andrea.daemon.rundir.losslog import read_entries
 
 from .conftest import REPO, Daemon
-from .owndata import write_jsonl
+from .support.owndata import write_jsonl
 
 pytestmark = pytest.mark.process
 

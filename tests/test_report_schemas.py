@@ -15,9 +15,9 @@ import pytest
 
 from andrea.control import andreactl
 from andrea.control.reports import REPORTS, report_adapter, report_models
-from andrea.daemon.evallog import ArmEval, EvalEntry, EvalLog
-from andrea.daemon.losslog import LossLog
-from andrea.daemon.rundir import peer_endpoint
+from andrea.daemon.rundir.evallog import ArmEval, EvalEntry, EvalLog
+from andrea.daemon.rundir.layout import peer_endpoint
+from andrea.daemon.rundir.losslog import LossLog
 from andrea.protocol import messages as m
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import new_id, request

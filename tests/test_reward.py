@@ -27,7 +27,7 @@ from andrea.daemon.mixing.reward import (
     measuring_weights,
     progress_shares,
 )
-from andrea.daemon.rundir import POLICY_FILE, STATE_FILE
+from andrea.daemon.rundir.layout import POLICY_FILE, STATE_FILE
 
 from .test_bandit import _seed_state, drive
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.heldout import is_held_out
-from andrea.daemon.tokenizer import load_tokenizer
+from andrea.daemon.data.heldout import is_held_out
+from andrea.daemon.data.tokenizer import load_tokenizer
 
 from .conftest import andreactl, run_trainer
 

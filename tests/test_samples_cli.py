@@ -7,7 +7,7 @@ from pathlib import Path
 
 from andrea.control import andreactl
 from andrea.daemon.mixing.proxyfiles import SampleRecord, SamplesFile
-from andrea.daemon.rundir import PIVOT_RECORD, SAMPLES_FILE
+from andrea.daemon.rundir.layout import PIVOT_RECORD, SAMPLES_FILE
 from andrea.protocol.messages import Sample
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.rundir import (
+from andrea.daemon.rundir.layout import (
     SOCKET_DIR_RECORD,
     SocketDirError,
     find_socket_dir,

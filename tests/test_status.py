@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from andrea.control.commands.status import status_text
 from andrea.control.offline import offline_summary
 from andrea.control.reports import OfflineSummary, StatusReport
-from andrea.daemon.rundir import STATE_FILE
+from andrea.daemon.rundir.layout import STATE_FILE
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 
 TRAINER = {

@@ -1,4 +1,4 @@
-"""A step's batches (daemon/trainer/batches.py) and a checkpoint's staging copy: the same chunks,
+"""A step's batches (daemon/trainer/batch_loader.py) and a checkpoint's staging copy: the same chunks,
 tokens and digest as drawing them in line, whether the worker guessed the step right or not; and on
 CUDA, the pinned rows, the copy to host memory on its own stream and the update that waits for it
 (skipped without a GPU; scripts/gpu_check.py runs them)."""
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from andrea.daemon.checkpoint.writer import StagingBuffer
-from andrea.daemon.data import Arm, ArmStream
-from andrea.daemon.distributed import World
-from andrea.daemon.trainer.batches import Batches
+from andrea.daemon.data.arms import Arm, ArmStream
+from andrea.daemon.trainer.batch_loader import Batches
+from andrea.daemon.trainer.platform.distributed import World
 
 BLOCK, ROWS, ACCUM = 16, 4, 2
 

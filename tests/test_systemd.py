@@ -1,4 +1,4 @@
-"""The units under a real systemd (PID 1 of private namespaces, tests/realsystemd.py), installed by
+"""The units under a real systemd (PID 1 of private namespaces, tests/support/realsystemd.py), installed by
 scripts/install-units.sh and driven with systemctl the way an operator drives them.
 
 One machine for the module. The tests on run RUN follow each other in file order (start, steer,
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.config import build_config
-from andrea.daemon.data import load_arms
+from andrea.daemon.data.arms import load_arms
 
-from .realsystemd import REPO, SystemdMachine
+from .support.realsystemd import REPO, SystemdMachine
 
 pytestmark = pytest.mark.process
 

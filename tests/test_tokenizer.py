@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.config import build_config
-from andrea.daemon.settle import settle
-from andrea.daemon.tokenizer import (
+from andrea.daemon.data.open_settings import resolve_open_settings
+from andrea.daemon.data.tokenizer import (
     BYTES,
     ByteTokenizer,
     TokenizerError,
@@ -19,7 +19,7 @@ from andrea.daemon.tokenizer import (
     tokenizer_identity,
 )
 
-from .owndata import PROSE, bpe_file
+from .support.owndata import PROSE, bpe_file
 
 
 @pytest.fixture
@@ -75,16 +75,16 @@ def test_vocab_defaults_to_the_tokenizer_rounded_up_and_a_smaller_one_is_refused
     bpe: Path,
 ) -> None:
     cfg = build_config({"data": {"tokenizer": "tokenizer.json"}})
-    assert settle(cfg, bpe.parent, predates_splits=False).cfg.model.vocab_size == 320
-    assert settle(build_config(), bpe.parent, False).cfg.model.vocab_size == 256
+    assert resolve_open_settings(cfg, bpe.parent, predates_splits=False).cfg.model.vocab_size == 320
+    assert resolve_open_settings(build_config(), bpe.parent, False).cfg.model.vocab_size == 256
     assert (padded_vocab(50257), padded_vocab(256), padded_vocab(257)) == (50304, 256, 320)
     explicit = build_config({"data": {"tokenizer": "tokenizer.json"}, "model": {"vocab_size": 299}})
     with pytest.raises(TokenizerError) as e:
-        settle(explicit, bpe.parent, False)
+        resolve_open_settings(explicit, bpe.parent, False)
     assert "[model] vocab_size 299" in str(e.value) and "300 ids" in str(e.value)
     assert "[data] tokenizer = 'tokenizer.json'" in str(e.value)
     bigger = build_config({"data": {"tokenizer": "tokenizer.json"}, "model": {"vocab_size": 512}})
-    assert settle(bigger, bpe.parent, False).cfg.model.vocab_size == 512
+    assert resolve_open_settings(bigger, bpe.parent, False).cfg.model.vocab_size == 512
 
 
 def test_an_unusable_tokenizer_names_the_setting(tmp_path: Path) -> None:
@@ -99,11 +99,11 @@ def test_an_unusable_tokenizer_names_the_setting(tmp_path: Path) -> None:
 
 
 def test_held_out_case_of_a_new_run_and_of_a_run_older_than_splits(tmp_path: Path) -> None:
-    new = settle(build_config(), tmp_path, predates_splits=False)
+    new = resolve_open_settings(build_config(), tmp_path, predates_splits=False)
     assert new.cfg.data.heldout_fraction == 0.05 and "a new run" in new.heldout
-    old = settle(build_config(), tmp_path, predates_splits=True)
+    old = resolve_open_settings(build_config(), tmp_path, predates_splits=True)
     assert old.cfg.data.heldout_fraction is None and "predates held-out splits" in old.heldout
-    set_ = settle(build_config({"data": {"heldout_fraction": 0.1}}), tmp_path, True)
+    set_ = resolve_open_settings(build_config({"data": {"heldout_fraction": 0.1}}), tmp_path, True)
     assert set_.cfg.data.heldout_fraction == 0.1
 
 
@@ -112,7 +112,7 @@ def test_a_new_runs_own_run_toml_records_what_it_leaves_open(tmp_path: Path) -> 
 
     path = tmp_path / "run.toml"
     path.write_text('preset = "andrea-tiny"\nseed = 7\n[data]\ntokenizer = "bytes"\n')
-    cfg = settle(build_config(load_toml(path)), tmp_path, predates_splits=False).cfg
+    cfg = resolve_open_settings(build_config(load_toml(path)), tmp_path, predates_splits=False).cfg
     recorded = record_new_run(path, cfg)
     values = load_toml(path)
     assert values["seed"] == 7 and values["data"]["tokenizer"] == "bytes"  # stated: kept

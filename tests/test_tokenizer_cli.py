@@ -12,11 +12,11 @@ import pytest
 from andrea.control import andreactl
 from andrea.control.reports import TokenizerEncodeReport, TokenizerTrainReport
 from andrea.control.tokenizer_tool import _arm_row, _Tally, encode_text, train_text
-from andrea.daemon.encoding import read_record
-from andrea.daemon.heldout import is_held_out
-from andrea.daemon.tokenizer import load_tokenizer
+from andrea.daemon.data.encoding import read_record
+from andrea.daemon.data.heldout import is_held_out
+from andrea.daemon.data.tokenizer import load_tokenizer
 
-from .owndata import (
+from .support.owndata import (
     PROSE,
     bpe_file,
     names,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.config import build_config
-from andrea.daemon.exitcodes import ExitCode
-from andrea.daemon.process import SignalFlags
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.daemon.trainer import Trainer, TrainerOptions, assemble
 
 pytestmark = pytest.mark.process  # a real trainer: data, model, control socket, checkpoints
@@ -32,7 +32,7 @@ STATE = {
 
 #: Records of plain values (the counters, the options, the data and model, a trained step), whose
 #: None fields mean "not yet" or "none": not collaborators.
-DATA = {"Counters", "TrainerOptions", "Parts", "Platform", "Trained", "EvalPlan"}
+DATA = {"Counters", "TrainerOptions", "Parts", "Platform", "TrainedStep", "EvalPlan"}
 
 
 def _tiny(run_dir: Path, cache: Path) -> TrainerOptions:
@@ -81,7 +81,7 @@ def _left_none(trainer: Trainer) -> tuple[list[str], set[str]]:
 
 
 def test_nothing_is_left_none_after_the_build(tmp_path: Path, cache_dir: Path) -> None:
-    trainer = assemble(_tiny(tmp_path / "run", cache_dir), SignalFlags())
+    trainer = assemble(_tiny(tmp_path / "run", cache_dir), OperatorRequests())
     try:
         left, walked = _left_none(trainer)
         assert left == []

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.config import build_config, run_toml_header
-from andrea.daemon.trainer_cli import build_parser
-from andrea.daemon.trainer_flags import CONFIG_FLAGS, config_overrides, field_at
+from andrea.daemon.trainer.service.cli import build_parser
+from andrea.daemon.trainer.service.flags import CONFIG_FLAGS, config_overrides, field_at
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -118,7 +118,7 @@ def test_the_readmes_first_run_has_a_schedule_that_matches_it() -> None:
     """Issue 24, item 25: the README's first command trained 300 steps under andrea-tiny's
     2,000-step LR decay, and greeted a newcomer with a WARNING about its own settings. Its flags,
     as the README spells them, give a run whose schedule ends with it."""
-    from andrea.daemon.schedule import disagreement
+    from andrea.daemon.trainer.schedule import disagreement
 
     text = README.read_text(encoding="utf-8")
     first = re.search(r"^\./scripts/setup\.sh && \.venv/bin/andrea-trainer (.+)$", text, re.M)

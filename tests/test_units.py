@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import NO_RESTART, ExitCode
+from andrea.daemon.runtime.exitcodes import NO_RESTART, ExitCode
 
 pytestmark = pytest.mark.process
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.daemon.exitcodes import ExitCode
+from andrea.daemon.runtime.exitcodes import ExitCode
 
 from .conftest import trainer_cmd
 
@@ -109,7 +109,7 @@ def test_non_ascii_run_dir_longer_in_bytes_than_in_characters(
 
 def test_proxy_run_dir_that_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
-    cmd = [sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(tmp_path / "f")]
+    cmd = [sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(tmp_path / "f")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert res.returncode == ExitCode.CONFIG_ERROR and "not a usable directory" in res.stderr
     assert "Traceback" not in res.stderr
@@ -139,7 +139,7 @@ def test_proxy_policy_linked_to_dev_zero(tmp_path: Path) -> None:
 
     (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\nmixing = "proxy"\n')
     (tmp_path / "policy.toml").symlink_to("/dev/zero")
-    cmd = [sys.executable, "-m", "andrea.daemon.proxy_cli", "--run-dir", str(tmp_path)]
+    cmd = [sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(tmp_path)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, preexec_fn=limited)
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "policy.toml: not a regular file (a character device)" in res.stderr
@@ -152,7 +152,7 @@ def test_trainer_takes_the_run_dir_from_the_environment_and_leaves_nothing_on_a_
     """Issue 24, item 21: andrea-trainer ignored ANDREA_RUN_DIR (which andreactl honours), and a
     misspelled preset left an empty run directory behind."""
     run_dir = tmp_path / "runs" / "demo"
-    cmd = [sys.executable, "-m", "andrea.daemon.trainer_cli", "--preset", "andrea-12n"]
+    cmd = [sys.executable, "-m", "andrea.daemon.trainer.service.cli", "--preset", "andrea-12n"]
     env = {**os.environ, "ANDREA_RUN_DIR": str(run_dir)}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr

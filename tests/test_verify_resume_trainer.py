@@ -19,7 +19,7 @@ from andrea.control.verify_resume.trainer import (
     TRAINER_TOTAL_STEPS,
     run_trainer,
 )
-from andrea.daemon.rundir import bin_name, manifest_name
+from andrea.daemon.rundir.layout import bin_name, manifest_name
 
 FINAL = bin_name(TRAINER_TOTAL_STEPS)
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from andrea.control import andreactl
 from andrea.control.verify_resume import trainer as vr
 from andrea.daemon.config import build_config, for_new_run
-from andrea.daemon.corpus import stdlib_root
-from andrea.daemon.settle import settle
-from andrea.daemon.tokenizer import load_tokenizer, padded_vocab
+from andrea.daemon.data.corpus import stdlib_root
+from andrea.daemon.data.open_settings import resolve_open_settings
+from andrea.daemon.data.tokenizer import load_tokenizer, padded_vocab
 
-from .owndata import bpe_file
+from .support.owndata import bpe_file
 
 CONFIG = """preset = "andrea-tiny"
 batch_size = 4
@@ -94,4 +94,4 @@ def test_a_new_run_without_run_toml_leaves_the_vocabulary_to_its_tokenizer(tmp_p
     new = for_new_run(
         build_config({"preset": "andrea-tiny", "data": {"tokenizer": "tokenizer.json"}})
     )
-    assert settle(new, tmp_path, False).cfg.model.vocab_size == padded_vocab(n_vocab)
+    assert resolve_open_settings(new, tmp_path, False).cfg.model.vocab_size == padded_vocab(n_vocab)

@@ -8,7 +8,7 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .. import reports as r
+from .. import reports
 from .conventions import EXIT_OK, Command, UserError, emit
 from .formatting import ago, human_bytes
 
@@ -47,12 +47,12 @@ def _entry_row(e: Entry, now: datetime) -> str:
 def cmd_checkpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Every checkpoint of the run: step, trigger, size, age and whether it verifies."""
     entries = _inventory(args, verify=not args.quick)
-    now = r.utc_now()
+    now = reports.utc_now()
     total = sum(e.bytes for e in entries)
-    report = r.CheckpointsReport(
+    report = reports.CheckpointsReport(
         time=now,
         checkpoints=[
-            r.CheckpointRow(
+            reports.CheckpointRow(
                 step=e.step,
                 trigger=e.trigger,
                 bytes=e.bytes,
@@ -120,14 +120,14 @@ def cmd_prune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     plan = plan_prune(
         entries, args.keep_latest, steps, args.include_boundaries, args.include_newest
     )
-    now = r.utc_now()
+    now = reports.utc_now()
     size = sum(e.bytes for e in plan.remove)
     freed = size if args.dry_run else prune(args.run_dir, plan)
     lines = ["would remove:" if args.dry_run else "removed:"]
     lines += [_entry_row(e, now) for e in plan.remove] or ["  nothing"]
     lines += ["kept:"] + [f"{s:>10}  {why}" for s, why in sorted(plan.keep.items(), reverse=True)]
     lines.append(f"{len(plan.remove)} checkpoints, {human_bytes(freed)}")
-    report = r.PruneReport(
+    report = reports.PruneReport(
         time=now,
         dry_run=args.dry_run,
         removed=[e.step for e in plan.remove],

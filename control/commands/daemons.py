@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from andrea.daemon.rundir import peer_endpoint
+from andrea.daemon.rundir.layout import peer_endpoint
 from andrea.protocol.messages import Message, Reply
 from andrea.protocol.transport import Unreachable, request
 

@@ -3,7 +3,7 @@ the bandit's reward report as a table."""
 
 from __future__ import annotations
 
-from andrea.daemon.progress import format_duration
+from andrea.daemon.runtime.progress import format_duration
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.status import RewardReport
 

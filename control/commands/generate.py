@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from andrea.daemon.boundedio import FileRejected, read_bounded
-from andrea.daemon.rundir import RUN_DIR_ENV
+from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
+from andrea.daemon.rundir.layout import RUN_DIR_ENV
 
-from .. import reports as r
+from .. import reports
 from .conventions import EXIT_OK, Command, UserError, emit
 
 #: The largest prompt file read.
@@ -139,10 +139,10 @@ def cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         elif not args.json:
             print(text)
         slid = len(ids) + len(new) > block
-        outputs.append(r.Generation(prompt=prompt, prompt_tokens=len(ids), text=text, tokens=new,
+        outputs.append(reports.Generation(prompt=prompt, prompt_tokens=len(ids), text=text, tokens=new,
                                     window_slid=slid))  # fmt: skip
     if args.json:
-        report = r.GenerateReport(
+        report = reports.GenerateReport(
             source=str(folder),
             step=loaded.manifest.step,
             tokenizer=tok.identity,

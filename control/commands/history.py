@@ -12,14 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.daemon.boundedio import read_bounded
-from andrea.daemon.evallog import canonical_evals, last_eval, read_evals
-from andrea.daemon.losslog import LossCurve, read_curve
 from andrea.daemon.metrics.series import arm_loss_ema
 from andrea.daemon.mixing.proxyfiles import MAX_SAMPLES_BYTES
-from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, pivot_records
+from andrea.daemon.rundir.boundedio import read_bounded
+from andrea.daemon.rundir.evallog import canonical_evals, last_eval, read_evals
+from andrea.daemon.rundir.layout import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, pivot_records
+from andrea.daemon.rundir.losslog import LossCurve, read_curve
 
-from .. import reports as r
+from .. import reports
 from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 from .formatting import eval_text
 
@@ -65,7 +65,7 @@ def _eval_history(args: argparse.Namespace) -> int:
             for e in shown
         ]
     )
-    emit(args, r.EvalHistoryReport(run_dir=str(args.run_dir), rows=shown), text)
+    emit(args, reports.EvalHistoryReport(run_dir=str(args.run_dir), rows=shown), text)
     return EXIT_OK
 
 
@@ -108,11 +108,11 @@ def cmd_history(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     )
     if args.arm is not None:
         text += f"\narm {args.arm}: {len(rows):,} of the {len(curve):,} logged steps"
-    report = r.HistoryReport(
+    report = reports.HistoryReport(
         run_dir=str(args.run_dir),
         arm=args.arm,
         rows=[
-            r.HistoryRow(
+            reports.HistoryRow(
                 **e.model_dump(
                     mode="json", include={"step", "loss", "lr", "arm", "tokens", "segment", "phase"}
                 ),
@@ -179,7 +179,7 @@ def cmd_samples(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         rec for f in _sample_files(args.run_dir, args.all_phases) for rec in _read_records(f)
     ]
     records = records[-args.last :] if args.last else records
-    report = r.SamplesReport(run_dir=str(args.run_dir), records=records)
+    report = reports.SamplesReport(run_dir=str(args.run_dir), records=records)
     emit(args, report, samples_text(records))
     return EXIT_OK
 

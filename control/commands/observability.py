@@ -8,14 +8,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from andrea.daemon.evallog import canonical_evals, read_evals
-from andrea.daemon.losslog import LossCurve, read_curve
 from andrea.daemon.metrics import files
 from andrea.daemon.metrics.tensorboard import export_tensorboard
-from andrea.daemon.rundir import EVAL_FILE, LOSS_FILE
+from andrea.daemon.rundir.evallog import canonical_evals, read_evals
+from andrea.daemon.rundir.layout import EVAL_FILE, LOSS_FILE
+from andrea.daemon.rundir.losslog import LossCurve, read_curve
 from andrea.protocol.evalentry import EvalEntry
 
-from .. import reports as r
+from .. import reports
 from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 
 
@@ -63,7 +63,7 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shown = len(select_steps(curve, args.since, args.until))
     emit(
         args,
-        r.PlotReport(
+        reports.PlotReport(
             out=str(args.out),
             steps=shown,
             restarts=[s for s, _ in events.restarts],
@@ -135,7 +135,7 @@ def cmd_metrics(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     held_out = f" and {len(evals):,} held-out evaluations" if evals else ""
     emit(
         args,
-        r.MetricsReport(format=args.format, out=str(out), steps=n, evaluations=len(evals)),
+        reports.MetricsReport(format=args.format, out=str(out), steps=n, evaluations=len(evals)),
         f"wrote {n:,} steps{held_out} as {args.format} to {out}",
     )
     return EXIT_OK

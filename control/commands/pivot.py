@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from andrea.protocol import messages as m
+from andrea.protocol import messages
 from andrea.protocol.status import Activity, HoldState, HoldStatus, ProxyStatus, TrainerStatus
 from andrea.protocol.transport import new_id
 
-from .. import reports as r
+from .. import reports
 from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 from .daemons import ask
 from .status import status_report
@@ -173,7 +173,7 @@ def _preflight(args: argparse.Namespace, text: str) -> _Preflight:
     check = ask(
         args.run_dir,
         "proxy",
-        m.PivotRequest(
+        messages.PivotRequest(
             id=new_id(),
             policy_toml=text,
             boundary_step=boundary or _next_boundary(trainer),
@@ -190,10 +190,10 @@ def _preflight(args: argparse.Namespace, text: str) -> _Preflight:
     return _Preflight(text, check.data, trainer, resuming)
 
 
-def _pivot_report(data: dict, dry_run: bool) -> r.PivotReport:
+def _pivot_report(data: dict, dry_run: bool) -> reports.PivotReport:
     live = set(data.get("live_arms", []))
-    return r.PivotReport(
-        time=r.utc_now(),
+    return reports.PivotReport(
+        time=reports.utc_now(),
         dry_run=dry_run,
         phase=data["phase"] + 1 if dry_run else data["phase"],
         boundary_step=data["boundary_step"],
@@ -202,11 +202,11 @@ def _pivot_report(data: dict, dry_run: bool) -> r.PivotReport:
         old_policy=data["old_policy"],
         new_policy=data["new_policy"],
         changes=data["changes"],
-        bounds=[r.BoundsRow(**row, live=row["arm"] in live) for row in data["bounds"]],
+        bounds=[reports.BoundsRow(**row, live=row["arm"] in live) for row in data["bounds"]],
     )
 
 
-def _bounds_text(report: r.PivotReport) -> str:
+def _bounds_text(report: reports.PivotReport) -> str:
     from andrea.daemon.mixing.policy import human
 
     rows = [f"{'arm':<16} {'floor':>16} {'cap':>16}"]
@@ -242,7 +242,7 @@ def _request_hold(args: argparse.Namespace, plan: _Preflight) -> str:
     reply = ask(
         args.run_dir,
         "trainer",
-        m.CheckpointRequest(
+        messages.CheckpointRequest(
             id=new_id(),
             boundary=True,
             hold=True,
@@ -263,8 +263,8 @@ def _request_hold(args: argparse.Namespace, plan: _Preflight) -> str:
     return hold_id
 
 
-def _release(args: argparse.Namespace, hold_id: str) -> m.Reply | None:
-    return ask(args.run_dir, "trainer", m.ResumeRequest(id=new_id(), hold_id=hold_id))
+def _release(args: argparse.Namespace, hold_id: str) -> messages.Reply | None:
+    return ask(args.run_dir, "trainer", messages.ResumeRequest(id=new_id(), hold_id=hold_id))
 
 
 def _await_hold(args: argparse.Namespace, hold_id: str, seen: bool) -> int | None:
@@ -308,7 +308,7 @@ def _commit(args: argparse.Namespace, plan: _Preflight, hold_id: str, boundary: 
     result = ask(
         args.run_dir,
         "proxy",
-        m.PivotRequest(
+        messages.PivotRequest(
             id=new_id(), policy_toml=plan.policy_toml, boundary_step=boundary, force=args.force
         ),
         timeout=30,
@@ -356,8 +356,8 @@ def _cancel(args: argparse.Namespace) -> int:
         and proxy.phase > 0
         and proxy.phase_start_step == hold.step
     )
-    report = r.PivotCancelReport(
-        time=r.utc_now(), hold_id=hold.id, outcome=reply.data["outcome"], pivoted=pivoted
+    report = reports.PivotCancelReport(
+        time=reports.utc_now(), hold_id=hold.id, outcome=reply.data["outcome"], pivoted=pivoted
     )
     emit(
         args,

@@ -11,7 +11,6 @@ import os
 import statistics
 from pathlib import Path
 
-from andrea.daemon.batch import batch_shape, step_sequences
 from andrea.daemon.config import (
     PRESETS,
     ConfigError,
@@ -20,10 +19,10 @@ from andrea.daemon.config import (
     for_new_run,
     load_toml,
 )
-from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE, RUN_DIR_ENV
+from andrea.daemon.data.batch_split import batch_shape, step_sequences
+from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, RUN_DIR_ENV
 
-from .. import datasize, sizing
-from .. import reports as r
+from .. import datasize, reports, sizing
 from ..offline import tail_entries
 from ..planning import GB, GPUS, GiB, GpuSpec, PlanInputs, gpu_of, make_plan
 from .conventions import EXIT_OK, Command, UserError, emit
@@ -248,7 +247,7 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.1f} min"
 
 
-def _memory_lines(p: r.PlanReport) -> list[str]:
+def _memory_lines(p: reports.PlanReport) -> list[str]:
     m = p.memory
     return [
         f"per GPU ({p.gpu.name}, {_gib(m.gpu_memory)}): weights {_gib(m.weights)}, gradients "
@@ -263,7 +262,7 @@ def _memory_lines(p: r.PlanReport) -> list[str]:
     ]
 
 
-def plan_text(p: r.PlanReport) -> str:
+def plan_text(p: reports.PlanReport) -> str:
     """The plan for a person: one line per figure group, then the assumptions and warnings."""
     b, s, c, t = p.batch, p.speed, p.checkpoints, p.rental
     lines = [
@@ -300,7 +299,7 @@ def plan_text(p: r.PlanReport) -> str:
     return "\n".join(lines)
 
 
-def _data_line(p: r.PlanReport) -> str:
+def _data_line(p: reports.PlanReport) -> str:
     d = p.data
     if d is None:
         return (
@@ -321,7 +320,7 @@ def cmd_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     size = params.checkpoint_bytes
     emit(
         args,
-        r.SizeReport(preset=cfg.preset, n_params=params.n_params, checkpoint_bytes=size),
+        reports.SizeReport(preset=cfg.preset, n_params=params.n_params, checkpoint_bytes=size),
         f"{cfg.preset}: {params.n_params:,} parameters, checkpoint {size:,} bytes "
         f"({size / 1e6:.1f} MB)",
     )

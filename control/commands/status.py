@@ -8,20 +8,20 @@ import signal
 import time
 from pathlib import Path
 
-from andrea.daemon.dataprogress import describe as describe_preparation
-from andrea.daemon.progress import format_duration
-from andrea.protocol import messages as m
+from andrea.daemon.data.encoding_progress import describe as describe_preparation
+from andrea.daemon.runtime.progress import format_duration
+from andrea.protocol import messages
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 from andrea.protocol.transport import new_id
 
-from .. import reports as r
+from .. import reports
 from ..offline import daemon_running, offline_summary
 from .conventions import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, Command, emit, no_arguments
 from .daemons import ask
 from .formatting import ago, eval_text, reward_lines
 
 
-def status_report(run_dir: Path) -> r.StatusReport:
+def status_report(run_dir: Path) -> reports.StatusReport:
     """Live status from each daemon that holds its lock; an offline summary when the trainer does not
     run. A stopped daemon is known from its lock at once: no socket is touched, nothing created."""
     running = {role: daemon_running(run_dir, role) for role in ("trainer", "proxy")}
@@ -31,7 +31,7 @@ def status_report(run_dir: Path) -> r.StatusReport:
         # among 100 clients polling as fast as it answers (0.24 s median, 0.74 s at most, measured
         # in docs/performance.md), so a loaded machine gets 3 s. Only a wedged daemon makes this
         # wait 2 × 3 s.
-        reply = ask(run_dir, role, m.StatusRequest(id=new_id()), timeout=3.0) if up else None
+        reply = ask(run_dir, role, messages.StatusRequest(id=new_id()), timeout=3.0) if up else None
         live[role] = reply.data if reply is not None and reply.ok else None
     trainer = TrainerStatus.model_validate(live["trainer"]) if live["trainer"] else None
     proxy = ProxyStatus.model_validate(live["proxy"]) if live["proxy"] else None
@@ -41,8 +41,8 @@ def status_report(run_dir: Path) -> r.StatusReport:
         state = "stopped"
     else:
         state = "partial"
-    return r.StatusReport(
-        time=r.utc_now(),
+    return reports.StatusReport(
+        time=reports.utc_now(),
         run_dir=str(run_dir),
         state=state,
         trainer=trainer,
@@ -51,7 +51,7 @@ def status_report(run_dir: Path) -> r.StatusReport:
     )
 
 
-def _trainer_lines(report: r.StatusReport) -> list[str]:
+def _trainer_lines(report: reports.StatusReport) -> list[str]:
     t = report.trainer
     if t is None:
         why = "holds its lock but does not answer" if report.state == "partial" else "not running"
@@ -86,7 +86,7 @@ def _trainer_lines(report: r.StatusReport) -> list[str]:
     return lines
 
 
-def _proxy_lines(report: r.StatusReport, explained: frozenset[str]) -> list[str]:
+def _proxy_lines(report: reports.StatusReport, explained: frozenset[str]) -> list[str]:
     p = report.proxy
     if p is None:
         not_running = report.state != "partial" or report.trainer
@@ -106,7 +106,7 @@ def _proxy_lines(report: r.StatusReport, explained: frozenset[str]) -> list[str]
     return lines
 
 
-def _live_eval_lines(report: r.StatusReport) -> list[str]:
+def _live_eval_lines(report: reports.StatusReport) -> list[str]:
     t, p = report.trainer, report.proxy
     evals = [d.last_eval for d in (t, p) if d is not None and d.last_eval is not None]
     if evals:
@@ -116,7 +116,9 @@ def _live_eval_lines(report: r.StatusReport) -> list[str]:
     return []
 
 
-def _offline_lines(report: r.StatusReport, run_dir: Path, explained: frozenset[str]) -> list[str]:
+def _offline_lines(
+    report: reports.StatusReport, run_dir: Path, explained: frozenset[str]
+) -> list[str]:
     o = report.offline
     if o is None:
         return []
@@ -150,7 +152,7 @@ def _offline_lines(report: r.StatusReport, run_dir: Path, explained: frozenset[s
 
 
 def status_text(
-    report: r.StatusReport, run_dir: Path, explained: frozenset[str] = frozenset()
+    report: reports.StatusReport, run_dir: Path, explained: frozenset[str] = frozenset()
 ) -> str:
     """The status report for a person: the trainer, the proxy, the newest held-out evaluation and,
     for a stopped run, what its files say. `explained`: what the reward means, where a refresh
@@ -163,7 +165,7 @@ def status_text(
     )
 
 
-def reward_meaning(report: r.StatusReport) -> str | None:
+def reward_meaning(report: reports.StatusReport) -> str | None:
     """What the reward in a status report means, live or as the proxy last wrote it."""
     if report.proxy is not None and report.proxy.reward is not None:
         return report.proxy.reward.meaning

@@ -121,7 +121,7 @@ def _encode(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("encode needs --input FILE... and --out FILE")
     from andrea.control import tokenizer_tool as tool
     from andrea.daemon.config import DEFAULT_MAX_DOCUMENT_BYTES, ConfigError
-    from andrea.daemon.tokenizer import load_tokenizer
+    from andrea.daemon.data.tokenizer import load_tokenizer
 
     files = tool.input_files(args.inputs, args.follow_links)
     bound = DEFAULT_MAX_DOCUMENT_BYTES

@@ -1,5 +1,5 @@
 """The commands that run a tool of their own rather than ask or read a live run: ``export``
-(:mod:`andrea.control.export`), ``verify-resume`` (:mod:`andrea.control.verify_resume`) and
+(:mod:`andrea.control.export.bundle`), ``verify-resume`` (:mod:`andrea.control.verify_resume`) and
 ``schema`` (:mod:`andrea.control.reports`); ``plan`` and ``size`` live in :mod:`.plan`.
 
 The first two need torch; each imports it in its own function, so that building andreactl's
@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from .. import reports as r
-from .. import verify_options
+from .. import reports, verify_options
 from .conventions import EXIT_OK, Command
 
 
@@ -45,8 +44,8 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Export a verified checkpoint of the run (see andrea.control.export)."""
-    from andrea.control.export import run_export
+    """Export a verified checkpoint of the run (see andrea.control.export.bundle)."""
+    from andrea.control.export.bundle import run_export
 
     return run_export(args.run_dir, args.dest, args.step, args.json, args.safetensors, args.format)
 
@@ -70,8 +69,8 @@ def cmd_verify_resume(args: argparse.Namespace, parser: argparse.ArgumentParser)
     else:  # refused, or stopped before a report: never an earlier run's report
         why = said.last or f"verify-resume ended with exit code {code} without a report"
         print(
-            r.ErrorReport(
-                time=r.utc_now(), command="verify-resume", exit_code=code, error=why
+            reports.ErrorReport(
+                time=reports.utc_now(), command="verify-resume", exit_code=code, error=why
             ).model_dump_json(indent=1)
         )
     return code
@@ -99,7 +98,7 @@ def _schema_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "name",
         nargs="?",
-        choices=sorted(r.REPORTS),
+        choices=sorted(reports.REPORTS),
         metavar="COMMAND",
         help="one command (default: all)",
     )
@@ -107,8 +106,8 @@ def _schema_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_schema(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The JSON Schema of a command's --json output (all commands' without a name)."""
-    names = [args.name] if args.name else sorted(r.REPORTS)
-    schemas = {name: r.report_schema(name) for name in names}
+    names = [args.name] if args.name else sorted(reports.REPORTS)
+    schemas = {name: reports.report_schema(name) for name in names}
     print(json.dumps(schemas[args.name] if args.name else schemas, indent=1))
     return EXIT_OK
 

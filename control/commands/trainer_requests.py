@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from andrea.daemon.rundir import CONFIG_FILE, LOSS_FILE, is_run_dir
-from andrea.protocol import messages as m
+from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, is_run_dir
+from andrea.protocol import messages
 from andrea.protocol.transport import new_id
 
-from .. import reports as r
+from .. import reports
 from ..offline import daemon_running, process_running, run_processes
 from .conventions import EXIT_FAILED, EXIT_OK, Command, CommandFailed, UserError, emit
 from .daemons import ask
@@ -45,8 +45,8 @@ def _stop_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _ask_trainer(
-    args: argparse.Namespace, msg: m.Message, wait: bool
-) -> tuple[r.RequestReport, str]:
+    args: argparse.Namespace, msg: messages.Message, wait: bool
+) -> tuple[reports.RequestReport, str]:
     """The trainer's answer to ``msg`` as the command's report and text; CommandFailed when it does
     not answer."""
     # One long try for a waiting request: re-sending it would only coalesce, but a retry loop of
@@ -63,8 +63,8 @@ def _ask_trainer(
     data = dict(reply.data or {})
     step = data.pop("step", None)
     checkpoint = data.pop("checkpoint", None)
-    report = r.RequestReport(
-        time=r.utc_now(),
+    report = reports.RequestReport(
+        time=reports.utc_now(),
         command=args.command,
         ok=reply.ok,
         step=step,
@@ -84,7 +84,7 @@ def cmd_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     """Ask the trainer for a checkpoint (an audit point, kept by retention)."""
     if not daemon_running(args.run_dir, "trainer"):
         raise CommandFailed(f"the trainer of {args.run_dir} is not running")
-    msg = m.CheckpointRequest(id=new_id(), boundary=args.boundary, wait=args.wait)
+    msg = messages.CheckpointRequest(id=new_id(), boundary=args.boundary, wait=args.wait)
     report, text = _ask_trainer(args, msg, args.wait)
     emit(args, report, text)
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -99,8 +99,8 @@ def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 f"{args.run_dir} is not a run directory (no {CONFIG_FILE}, {LOSS_FILE} or "
                 "checkpoint): there is no run to stop there"
             )
-        report = r.RequestReport(
-            time=r.utc_now(),
+        report = reports.RequestReport(
+            time=reports.utc_now(),
             command="stop",
             ok=True,
             step=None,
@@ -112,7 +112,7 @@ def cmd_stop(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return EXIT_OK
     # Known before the request: once the trainer exits, its lock no longer names it.
     processes = run_processes(args.run_dir) if args.wait else {}
-    report, text = _ask_trainer(args, m.StopRequest(id=new_id(), wait=args.wait), args.wait)
+    report, text = _ask_trainer(args, messages.StopRequest(id=new_id(), wait=args.wait), args.wait)
     if report.ok:
         _await_exit(processes, deadline)
     emit(args, report, text)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from andrea.daemon.durable import atomic_write_bytes
+from andrea.daemon.rundir.durable import atomic_write_bytes
 
 from .experiment import LiveRun, generator_states
 from .schema import CHECKPOINT_FORMAT, CheckpointError, CheckpointInfo, Identity, LoadedCheckpoint

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from pydantic import JsonValue
 
-from andrea.daemon.durable import atomic_write_bytes
+from andrea.daemon.rundir.durable import atomic_write_bytes
 
 from .checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
 from .experiment import (

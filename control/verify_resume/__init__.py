@@ -104,7 +104,7 @@ def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     prepared = None
     if config is not None or run_dir is not None:
         from andrea.daemon.config import ConfigError
-        from andrea.daemon.rundir import CONFIG_FILE
+        from andrea.daemon.rundir.layout import CONFIG_FILE
 
         if config is not None:
             source = config

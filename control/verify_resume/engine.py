@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.control.compare import Comparison
-from andrea.daemon.durable import atomic_write_bytes
+from andrea.daemon.rundir.durable import atomic_write_bytes
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1

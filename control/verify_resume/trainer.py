@@ -15,12 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from andrea.control.compare import Comparison, compare_all, compare_arrays
 from andrea.control.verify_options import TRAINER_SABOTAGES
-from andrea.daemon.checkpoint import format as fmt
+from andrea.daemon.checkpoint import format as checkpoint_format
 from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
 from andrea.daemon.checkpoint.manifest import Manifest
-from andrea.daemon.losslog import LossLogError, canonical_curve, read_entries
-from andrea.daemon.rundir import LOSS_FILE, bin_name
-from andrea.daemon.tokenizer import BYTES
+from andrea.daemon.data.tokenizer import BYTES
+from andrea.daemon.rundir.layout import LOSS_FILE, bin_name
+from andrea.daemon.rundir.losslog import LossLogError, canonical_curve, read_entries
 from andrea.protocol.lossentry import LossEntry
 
 from .engine import (
@@ -87,7 +87,7 @@ class TrainerLaunch(BaseModel):
 
     def prefix(self) -> list[str]:
         if self.nproc == 1:
-            return [sys.executable, "-B", "-m", "andrea.daemon.trainer_cli"]
+            return [sys.executable, "-B", "-m", "andrea.daemon.trainer.service.cli"]
         bin_dir = Path(sys.executable).parent
         return [
             str(bin_dir / "torchrun"),
@@ -144,7 +144,7 @@ def _trainer_command(
     return argv + list(extra)
 
 
-def _verified(run_dir: Path, step: int) -> tuple[Manifest, fmt.Payload]:
+def _verified(run_dir: Path, step: int) -> tuple[Manifest, checkpoint_format.Payload]:
     try:
         return verify_checkpoint(run_dir, step)
     except ValueError as exc:
@@ -236,7 +236,7 @@ def user_config(output: Path, source: Path, base: Path) -> Path:
             arm["paths"] = [p if Path(p).is_absolute() else str(base / p) for p in arm["paths"]]
         if arm.get("path") and not Path(arm["path"]).is_absolute():
             arm["path"] = str(base / arm["path"])
-    # The run's own tokenizer is a path relative to the run directory too (daemon/tokenizer.py).
+    # The run's own tokenizer is a path relative to the run directory too (daemon/data/tokenizer.py).
     tokenizer = data.get("tokenizer")
     if tokenizer and tokenizer != BYTES and not Path(tokenizer).expanduser().is_absolute():
         data["tokenizer"] = str(base / tokenizer)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import rundir
-from ..boundedio import read_bounded, read_inside, regular_size
+from ..rundir import layout as rundir
+from ..rundir.boundedio import read_bounded, read_inside, regular_size
 from .manager import checkpoint_steps, verify_checkpoint
 
 

@@ -29,14 +29,14 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from .. import rundir
-from ..boundedio import FileRejected, read_bounded, regular_size
 from ..config import CheckpointConfig, ModelConfig, config_changes, trajectory_of
-from ..durable import atomic_write_bytes
-from ..process import REQUESTED_TRIGGERS
-from ..tokenizer import describe_identity
-from ..validation import first_problem
-from . import format as fmt
+from ..data.tokenizer import describe_identity
+from ..rundir import layout as rundir
+from ..rundir.boundedio import FileRejected, read_bounded, regular_size
+from ..rundir.durable import atomic_write_bytes
+from ..runtime.operator_requests import REQUESTED_TRIGGERS
+from ..runtime.validation_messages import first_problem
+from . import format as checkpoint_format
 from .manifest import (
     FORMAT_VERSION,
     MAX_MANIFEST_BYTES,
@@ -72,15 +72,20 @@ class Snapshot:
 
     @property
     def n_params(self) -> int:
-        return (self.payload.size - fmt.HEADER.size) // (3 * fmt.DTYPE.itemsize)
+        return (self.payload.size - checkpoint_format.HEADER.size) // (
+            3 * checkpoint_format.DTYPE.itemsize
+        )
 
     def payload_bytes(self) -> np.ndarray:
         """The complete payload as one contiguous uint8 array, once its bytes have landed."""
         if self.ready is not None:
             self.ready()
-        step, n = fmt.HEADER.unpack_from(self.payload.data)
-        if (step, n) != (self.step, self.n_params) or self.payload.size != fmt.payload_size(n):
-            raise fmt.PayloadError(
+        step, n = checkpoint_format.HEADER.unpack_from(self.payload.data)
+        if (step, n) != (
+            self.step,
+            self.n_params,
+        ) or self.payload.size != checkpoint_format.payload_size(n):
+            raise checkpoint_format.PayloadError(
                 f"staged payload header (step={step}, n={n}) does not match step {self.step}"
             )
         return self.payload
@@ -114,7 +119,7 @@ class Expectation:
 @dataclass
 class Loaded:
     manifest: Manifest
-    payload: fmt.Payload
+    payload: checkpoint_format.Payload
     skipped: list[str] = field(default_factory=list)
 
 
@@ -163,7 +168,9 @@ class CheckpointManager:
         digest = write_payload(bin_path, payload)
         try:
             size = bin_path.stat().st_size
-            if size != fmt.payload_size(snap.n_params) or fmt.read_header(bin_path) != (
+            if size != checkpoint_format.payload_size(
+                snap.n_params
+            ) or checkpoint_format.read_header(bin_path) != (
                 snap.step,
                 snap.n_params,
             ):
@@ -304,7 +311,9 @@ class CheckpointManager:
             and parsed[0] not in have
         )
 
-    def verify(self, step: int, out: np.ndarray | None = None) -> tuple[Manifest, fmt.Payload]:
+    def verify(
+        self, step: int, out: np.ndarray | None = None
+    ) -> tuple[Manifest, checkpoint_format.Payload]:
         return verify_checkpoint(self.run_dir, step, out)
 
     def load(self, expect: Expectation, step: int = -1) -> Loaded | None:
@@ -469,7 +478,9 @@ def read_manifest(run_dir: Path, step: int) -> Manifest:
     return manifest
 
 
-def verify_payload(run_dir: Path, manifest: Manifest, out: np.ndarray | None) -> fmt.Payload:
+def verify_payload(
+    run_dir: Path, manifest: Manifest, out: np.ndarray | None
+) -> checkpoint_format.Payload:
     """The payload is read once, hashed on a second thread as it arrives, into `out` (a uint8
     array, reused when large enough) or a new buffer; the returned arrays are views of it.
     Nothing is allocated before the file's size is known to be the one the manifest declares."""
@@ -477,22 +488,24 @@ def verify_payload(run_dir: Path, manifest: Manifest, out: np.ndarray | None) ->
     if not bin_path.exists():
         raise ValueError("payload missing")
     size = regular_size(bin_path)
-    if size != manifest.bin_size or size != fmt.payload_size(manifest.n_params):
+    if size != manifest.bin_size or size != checkpoint_format.payload_size(manifest.n_params):
         raise ValueError(f"payload is {size} bytes, manifest says {manifest.bin_size}")
     buf, digest = read_payload_into(bin_path, size, out)
     if digest != manifest.bin_sha256:
         raise ValueError(
             f"payload sha256 {digest[:12]}… does not match manifest {manifest.bin_sha256[:12]}…"
         )
-    step_h, n_h = fmt.HEADER.unpack_from(buf.data)
+    step_h, n_h = checkpoint_format.HEADER.unpack_from(buf.data)
     if (step_h, n_h) != (manifest.step, manifest.n_params):
         raise ValueError(f"payload header (step={step_h}, n={n_h}) disagrees with manifest")
     n = manifest.n_params
-    flat = buf[fmt.HEADER.size :].view(fmt.DTYPE)
-    return fmt.Payload(step_h, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
+    flat = buf[checkpoint_format.HEADER.size :].view(checkpoint_format.DTYPE)
+    return checkpoint_format.Payload(step_h, n, flat[:n], flat[n : 2 * n], flat[2 * n :])
 
 
-def _verify(run_dir: Path, step: int, out: np.ndarray | None) -> tuple[Manifest, fmt.Payload]:
+def _verify(
+    run_dir: Path, step: int, out: np.ndarray | None
+) -> tuple[Manifest, checkpoint_format.Payload]:
     manifest = read_manifest(run_dir, step)
     return manifest, verify_payload(run_dir, manifest, out)
 
@@ -508,7 +521,7 @@ def _is_current(run_dir: Path, step: int) -> bool:
 
 def verify_checkpoint(
     run_dir: Path, step: int, out: np.ndarray | None = None
-) -> tuple[Manifest, fmt.Payload]:
+) -> tuple[Manifest, checkpoint_format.Payload]:
     """Parse the manifest of `step` and check its payload's size, header and sha256; ValueError
     with the reason when the checkpoint is not intact (a file that cannot be read included).
     Read-only, so safe beside a running trainer (unlike building a CheckpointManager, which

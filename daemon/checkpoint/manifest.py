@@ -24,11 +24,11 @@ from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lineage import Lineage, WorldSpan
 from andrea.protocol.lossentry import LossEntry
 
-from .. import rundir
 from ..config import ModelConfig
-from ..data import CursorState
-from ..process import CheckpointReason, StopReason
-from . import format as fmt
+from ..data.arms import CursorState
+from ..rundir import layout as rundir
+from ..runtime.operator_requests import CheckpointReason, StopReason
+from . import format as checkpoint_format
 from .rngstate import RngState
 
 FORMAT_VERSION: Literal[2] = 2
@@ -155,8 +155,8 @@ class MixingState(_M):
 
 class Manifest(_M):
     format_version: Literal[1, 2] = FORMAT_VERSION
-    step: int = Field(ge=1, le=fmt.INT32_MAX)
-    n_params: int = Field(ge=1, le=fmt.INT32_MAX)
+    step: int = Field(ge=1, le=checkpoint_format.INT32_MAX)
+    n_params: int = Field(ge=1, le=checkpoint_format.INT32_MAX)
     bin_file: str = Field(description="always step_NNNNNN.bin of this step: a plain file name")
     bin_size: int
     bin_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -225,7 +225,7 @@ class Manifest(_M):
                 f"bin_file {self.bin_file!r} is not {rundir.bin_name(self.step)!r} "
                 "(a payload is always the plain file of its own step)"
             )
-        if self.bin_size != fmt.payload_size(self.n_params):
+        if self.bin_size != checkpoint_format.payload_size(self.n_params):
             raise ValueError(f"bin_size {self.bin_size} does not fit n_params {self.n_params}")
         total = 0
         for e in self.layout:

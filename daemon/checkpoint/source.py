@@ -17,10 +17,10 @@ from typing import Any
 
 from andrea.protocol.lineage import InitSource
 
-from .. import rundir
-from ..boundedio import irregular, read_bounded
 from ..config import ModelConfig
-from . import format as fmt
+from ..rundir import layout as rundir
+from ..rundir.boundedio import irregular, read_bounded
+from . import format as checkpoint_format
 from .manager import verify_payload
 from .manifest import MAX_MANIFEST_BYTES, Manifest, decode_manifest
 
@@ -64,7 +64,7 @@ class Source:
             optimizer=optimizer,
         )
 
-    def payload(self) -> fmt.Payload:
+    def payload(self) -> checkpoint_format.Payload:
         """The verified payload (size, header and sha256 against the manifest)."""
         try:
             return verify_payload(self.run_dir, self.manifest, None)

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from . import format as fmt
+from . import format as checkpoint_format
 from .manifest import LayoutEntry
 
 
 def _views(flat: np.ndarray, layout: Sequence[LayoutEntry]) -> list[torch.Tensor]:
-    arrays = fmt.unflatten(flat, [(e.name, tuple(e.shape), e.offset) for e in layout])
+    arrays = checkpoint_format.unflatten(flat, [(e.name, tuple(e.shape), e.offset) for e in layout])
     # A read-only array (a memory-mapped payload) is copied: torch tensors must be writable.
     return [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays.values()]
 
@@ -51,7 +51,7 @@ def load_adam_state(
     optimizer: torch.optim.Optimizer,
     params: Sequence[torch.Tensor],
     layout: Sequence[LayoutEntry],
-    payload: fmt.Payload,
+    payload: checkpoint_format.Payload,
     adam_step: int,
 ) -> None:
     """Give AdamW the payload's moments and step count for `params` (in layout order).

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..durable import fsync_dir, tmp_path
-from . import format as fmt
+from ..rundir.durable import fsync_dir, tmp_path
+from . import format as checkpoint_format
 
 if TYPE_CHECKING:  # imported where it is used: a read of a payload needs no torch
     import torch
@@ -206,12 +206,14 @@ class StagingBuffer:
         import torch
 
         self.n_params = n_params
-        self.size = fmt.payload_size(n_params)
+        self.size = checkpoint_format.payload_size(n_params)
         self.device = torch.device(device or "cpu")
         pin = self.device.type == "cuda"
         self.tensor = torch.zeros(self.size, dtype=torch.uint8, pin_memory=pin)
         self.array: np.ndarray = self.tensor.numpy()
-        self.flat = self.tensor[fmt.HEADER.size :].view(torch.float32)  # weights | m | v
+        self.flat = self.tensor[checkpoint_format.HEADER.size :].view(
+            torch.float32
+        )  # weights | m | v
         self._dst: list = []
         self._dst_key: tuple = ()
         self._event: torch.cuda.Event | None = None
@@ -240,9 +242,9 @@ class StagingBuffer:
 
         src = [t.detach() for t in (*weights, *m, *v)]
         if any(t.dtype != torch.float32 for t in src):
-            raise fmt.PayloadError("payload tensors must be float32")
-        self.array[: fmt.HEADER.size] = np.frombuffer(
-            fmt.HEADER.pack(step, self.n_params), dtype=np.uint8
+            raise checkpoint_format.PayloadError("payload tensors must be float32")
+        self.array[: checkpoint_format.HEADER.size] = np.frombuffer(
+            checkpoint_format.HEADER.pack(step, self.n_params), dtype=np.uint8
         )
         dst = self._destinations(src)
         self._filled_at = time.perf_counter()

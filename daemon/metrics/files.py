@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from andrea.daemon.losslog import LossCurve
+from andrea.daemon.rundir.losslog import LossCurve
 
 from .series import arm_loss_ema, loss_ema, tokens_per_second
 

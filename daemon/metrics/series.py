@@ -1,6 +1,6 @@
 """Series derived from the canonical loss curve, defined once for the plot, the exports and the daemons.
 
-Every function takes numpy columns of a :class:`~andrea.daemon.losslog.LossCurve` (one row per step,
+Every function takes numpy columns of a :class:`~andrea.daemon.rundir.losslog.LossCurve` (one row per step,
 sorted by step) and returns one value per row, so that any claim a plot or a dashboard makes about a
 step can be recomputed from ``.loss.json`` alone.
 """

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.daemon.losslog import LossCurve
+from andrea.daemon.rundir.losslog import LossCurve
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lossentry import LossEntry
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import tomli_w
 
-from andrea.protocol import messages as m
+from andrea.protocol import messages
 
-from ..boundedio import read_bounded, read_inside
-from ..durable import atomic_write_bytes
-from ..rundir import (
+from ..rundir.boundedio import read_bounded, read_inside
+from ..rundir.durable import atomic_write_bytes
+from ..rundir.layout import (
     MAX_PIVOT_RECORD_BYTES,
     PIVOT_RECORD,
     POLICY_FILE,
@@ -103,7 +103,7 @@ def last_pivot(run_dir: Path) -> tuple[int, int]:
     return best
 
 
-def archive_samples(run_dir: Path, msg: m.SampleReport) -> None:
+def archive_samples(run_dir: Path, msg: messages.SampleReport) -> None:
     """Samples of a step of an ended phase that arrive after its pivot (re-sent by a trainer
     that was cut off from the proxy) join that phase's archive: the sample of a boundary
     belongs to the phase that ends there."""

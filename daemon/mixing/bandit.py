@@ -39,8 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from andrea.protocol.status import ArmReward, RewardReport, Zombie
 
 from ..config import ARM_NAME_PATTERN
-from ..rundir import STATE_FILE
-from ..validation import describe
+from ..rundir.layout import STATE_FILE
+from ..runtime.validation_messages import describe
 from . import reward
 from .policy import IMPLICIT_REWARD, LEARNABILITY_REWARDS, Policy
 from .reward import ArmStats

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..boundedio import read_bounded
-from ..durable import atomic_write_bytes
-from ..rundir import LOSS_FILE, POLICY_FILE, STATE_FILE
+from ..rundir.boundedio import read_bounded
+from ..rundir.durable import atomic_write_bytes
+from ..rundir.layout import LOSS_FILE, POLICY_FILE, STATE_FILE
 from .policy import (
     IMPLICIT_REWARD,
     NEW_RUN_REWARD,

@@ -28,19 +28,20 @@ from collections import deque
 
 import zmq
 
-from andrea.protocol import messages as m
+from andrea.protocol import messages
 from andrea.protocol.transport import bind_router, close_router
 
-from ..dutycycle import Burst
-from ..exitcodes import ExitCode
-from ..intake import Rejected, decode_or_reject
-from ..logthrottle import ThrottledWarning
-from ..process import Notifier, SignalFlags
-from ..rundir import claim, endpoint
-from .core import ProxyCore, ProxyOptions
-from .link import TrainerLink
-from .pivot import PivotDesk
+from ..rundir.layout import claim, endpoint
+from ..runtime.dutycycle import Burst
+from ..runtime.exitcodes import ExitCode
+from ..runtime.logthrottle import ThrottledWarning
+from ..runtime.operator_requests import OperatorRequests
+from ..runtime.peer_frames import Rejected, decode_or_reject
+from ..runtime.sdnotify import Notifier
+from .new_phase import PivotDesk
+from .run_state import ProxyOptions, ProxyRunState
 from .startup import LogContradiction, configured_arms
+from .trainer_messages import TrainerLink
 
 # Importers (andrea-proxy's command line, the tests) find the proxy's public face here.
 __all__ = ["LogContradiction", "Proxy", "ProxyOptions", "configured_arms"]
@@ -48,17 +49,17 @@ __all__ = ["LogContradiction", "Proxy", "ProxyOptions", "configured_arms"]
 log = logging.getLogger(__name__)
 
 #: The trainer's link: handled as soon as they arrive. Everything else (status, pivot) is served in
-#: bursts at a bounded duty cycle (daemon/dutycycle.py), with up to MAX_DEFERRED_CONTROL requests
+#: bursts at a bounded duty cycle (daemon/runtime/dutycycle.py), with up to MAX_DEFERRED_CONTROL requests
 #: queued (clients retry what is dropped beyond that).
-LINK_MESSAGES = (m.Hello, m.AssignRequest, m.LossReport, m.SampleReport)
+LINK_MESSAGES = (messages.Hello, messages.AssignRequest, messages.LossReport, messages.SampleReport)
 MAX_DEFERRED_CONTROL = 1000
 
 
-class Proxy(ProxyCore):
+class Proxy(ProxyRunState):
     """The core served on the run's proxy socket, holding the run directory's proxy lock."""
 
     def __init__(
-        self, opts: ProxyOptions, flags: SignalFlags, notifier: Notifier | None = None
+        self, opts: ProxyOptions, flags: OperatorRequests, notifier: Notifier | None = None
     ) -> None:
         super().__init__(opts)
         self.flags = flags
@@ -82,28 +83,32 @@ class Proxy(ProxyCore):
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def handle(self, peer: bytes, msg: m.Message) -> m.Message | None:
-        if isinstance(msg, m.Hello):
+    def handle(self, peer: bytes, msg: messages.Message) -> messages.Message | None:
+        if isinstance(msg, messages.Hello):
             return self.link.hello(peer, msg)
-        if isinstance(msg, m.AssignRequest):
+        if isinstance(msg, messages.AssignRequest):
             return self.link.assign(msg)
-        if isinstance(msg, m.LossReport):
+        if isinstance(msg, messages.LossReport):
             return self.link.losses(peer, msg)
-        if isinstance(msg, m.EvalReport):
+        if isinstance(msg, messages.EvalReport):
             return self.link.eval(peer, msg)
-        if isinstance(msg, m.SampleReport):
+        if isinstance(msg, messages.SampleReport):
             return self.link.samples(peer, msg)
-        if isinstance(msg, m.StatusRequest):
-            return m.Reply(id=msg.id, ok=True, data=json.loads(self.status().model_dump_json()))
-        if isinstance(msg, m.PivotRequest):
+        if isinstance(msg, messages.StatusRequest):
+            return messages.Reply(
+                id=msg.id, ok=True, data=json.loads(self.status().model_dump_json())
+            )
+        if isinstance(msg, messages.PivotRequest):
             return self.pivots.request(msg)
-        if isinstance(msg, (m.CheckpointRequest, m.StopRequest, m.ResumeRequest)):
-            return m.Reply(
+        if isinstance(
+            msg, (messages.CheckpointRequest, messages.StopRequest, messages.ResumeRequest)
+        ):
+            return messages.Reply(
                 id=msg.id,
                 ok=False,
                 error=f"'{msg.type}' is a trainer command; send it to the trainer",
             )
-        return m.Reply(id=msg.id, ok=False, error=f"unexpected message type {msg.type!r}")
+        return messages.Reply(id=msg.id, ok=False, error=f"unexpected message type {msg.type!r}")
 
     # ---- loop -------------------------------------------------------------------------------
 
@@ -112,7 +117,7 @@ class Proxy(ProxyCore):
         they arrive; control requests (status, pivot) at a bounded duty cycle, queued meanwhile,
         so that clients polling status cannot take the CPU the trainer and its link need."""
         self.notifier.ready(f"serving, logged up to step {self.durable_step}")
-        deferred: deque[tuple[bytes, m.Message]] = deque(maxlen=MAX_DEFERRED_CONTROL)
+        deferred: deque[tuple[bytes, messages.Message]] = deque(maxlen=MAX_DEFERRED_CONTROL)
         not_before = 0.0
         while not self.flags.stop_requested():
             self.notifier.tick()
@@ -130,7 +135,7 @@ class Proxy(ProxyCore):
             peer, payload = frames[0], frames[-1]
             msg = decode_or_reject(payload, self.rejections, whole_error=True)
             if isinstance(msg, Rejected):
-                self.sock.send_multipart([peer, b"", m.encode(msg.reply)])
+                self.sock.send_multipart([peer, b"", messages.encode(msg.reply)])
                 continue
             if not isinstance(msg, LINK_MESSAGES):
                 deferred.append((peer, msg))
@@ -138,7 +143,7 @@ class Proxy(ProxyCore):
                 return
         log.info("stop requested (%s)", self.flags.stop_reason)
 
-    def _answer(self, peer: bytes, msg: m.Message) -> bool:
+    def _answer(self, peer: bytes, msg: messages.Message) -> bool:
         """Handle one request and send its reply; False when the proxy must stop (a write failed)."""
         try:
             reply = self.handle(peer, msg)
@@ -157,7 +162,7 @@ class Proxy(ProxyCore):
             )
             return False
         if reply is not None:
-            self.sock.send_multipart([peer, b"", m.encode(reply)])
+            self.sock.send_multipart([peer, b"", messages.encode(reply)])
         return True
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 
 Their models, how they are read (a regular file of bounded size; a damaged one is moved aside,
 never deleted) and written (atomically). `.loss.json` and `.eval.json` belong to
-`daemon/losslog.py` and `daemon/evallog.py`; the archives of ended phases to `archive.py`.
+`daemon/rundir/losslog.py` and `daemon/rundir/evallog.py`; the archives of ended phases to `archive.py`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from andrea.protocol import messages as m
+from andrea.protocol import messages
 from andrea.protocol.status import RewardReport, Zombie
 
-from ..boundedio import read_bounded
-from ..durable import atomic_write_bytes
-from ..rundir import LOSS_FILE, SAMPLES_FILE, STATE_FILE, corrupt_name
-from ..validation import first_problem
+from ..rundir.boundedio import read_bounded
+from ..rundir.durable import atomic_write_bytes
+from ..rundir.layout import LOSS_FILE, SAMPLES_FILE, STATE_FILE, corrupt_name
+from ..runtime.validation_messages import first_problem
 from .bandit import BanditState, PhaseCounters
-from .lives import TrainerLife
+from .peers import TrainerLife
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,10 @@ class SampleRecord(BaseModel):
     phase: int
     received_utc: str
     arm_mix: dict[str, int] = Field(description="steps per arm since the previous sample")
-    samples: list[m.Sample]
+    samples: list[messages.Sample]
 
     @classmethod
-    def received(cls, msg: m.SampleReport, arm_mix: dict[str, int]) -> SampleRecord:
+    def received(cls, msg: messages.SampleReport, arm_mix: dict[str, int]) -> SampleRecord:
         """The record of a sample report received now."""
         return cls(
             step=msg.step,

@@ -2,7 +2,7 @@
 `.loss.json` agrees with the checkpoints, the bandit (from `.state.json`, or rebuilt by replaying
 the log), the progress the log shows, and where a manual pivot would start.
 
-Nothing here serves a request; `core.ProxyCore.start` puts the pieces together.
+Nothing here serves a request; `core.ProxyRunState.start` puts the pieces together.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from pathlib import Path
 
 from andrea.protocol.lossentry import LossEntry
 
-from .. import rundir
 from ..checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpoint
 from ..config import RunConfig
-from ..data import DataError, arm_identity
-from ..rundir import LOSS_FILE, POLICY_FILE, STATE_FILE
+from ..data.arms import DataError, arm_identity
+from ..rundir import layout as rundir
+from ..rundir.layout import LOSS_FILE, POLICY_FILE, STATE_FILE
 from .archive import last_pivot, phase_starts
 from .assignbook import AssignmentBook
 from .bandit import Bandit, BanditError, BanditState, ConfiguredArm
-from .lives import TrainerLife
+from .peers import TrainerLife
 from .policy import Policy, PolicyError
 from .proxyfiles import check_state, move_aside, parse_state_file
 

@@ -18,12 +18,12 @@ from functools import partial
 
 from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.manifest import Manifest, RankState, Trigger
-from ..control_server import ControlServer
-from ..distributed import Decision
-from ..exitcodes import ExitCode
-from ..losslog import LossLogError
-from ..rundir import bin_name
+from ..rundir.layout import bin_name
+from ..rundir.losslog import LossLogError
+from ..runtime.exitcodes import ExitCode
 from .context import TrainerContext
+from .platform.distributed import Decision
+from .service.control_server import ControlServer
 from .sink import RecordSink
 from .snapshot import Snapshotter, gather_ranks
 

@@ -13,14 +13,15 @@ from pathlib import Path
 
 from andrea.protocol.status import TrainerStatus
 
-from .. import distributed as dist
 from ..config import RunConfig
-from ..dataprogress import EncodingProgress
-from ..hold import Holds
-from ..process import Notifier, SignalFlags
+from ..data.encoding_progress import EncodingProgress
+from ..runtime.operator_requests import OperatorRequests
+from ..runtime.sdnotify import Notifier
 from .counters import Counters
 from .options import TrainerOptions
 from .parts import Parts, Platform
+from .platform import distributed as dist
+from .service.boundary_hold import Holds
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class TrainerContext:
     counters: Counters
     notifier: Notifier
     #: The operator's requests (signals and control socket), taken at each agreement.
-    flags: SignalFlags
+    flags: OperatorRequests
     #: The pivot's hold, shared with the control socket.
     holds: Holds
     #: The per-step agreement of every rank (a world of one agrees with itself).

@@ -35,9 +35,9 @@ from andrea.protocol.lossentry import LossEntry
 
 from ..checkpoint.manifest import Manifest
 from ..config import OptimConfig
-from ..data import ArmStream, CursorState
-from ..losslog import LossCurve, LossLogError, read_columns
-from ..schedule import lr_at
+from ..data.arms import ArmStream, CursorState
+from ..rundir.losslog import LossCurve, LossLogError, read_columns
+from .schedule import lr_at
 
 log = logging.getLogger(__name__)
 

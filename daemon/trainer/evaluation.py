@@ -1,9 +1,9 @@
 """Rank 0's audits of the current weights: held-out losses and text samples.
 
 Neither draws from a generator that training uses, so a run with them is bit-identical to the
-same run without them (see daemon/evaluate.py). Neither ever ends a run: an evaluation or a sample
+same run without them (see daemon/trainer/heldout_loss.py). Neither ever ends a run: an evaluation or a sample
 that fails is logged, recorded as not done, and training goes on. Samples are encoded and decoded
-with the run's tokenizer (daemon/tokenizer.py), whose decoding never fails. A stop request cuts
+with the run's tokenizer (daemon/data/tokenizer.py), whose decoding never fails. A stop request cuts
 either short, and what it cut is never recorded: no partial evaluation, no truncated sample.
 """
 
@@ -16,18 +16,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from andrea.protocol import messages as m
+from andrea.protocol import messages
 from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 from andrea.protocol.status import Activity
 from andrea.protocol.transport import new_id
 
 from ..checkpoint.manifest import Manifest
 from ..config import DEFAULT_PROMPT_TOKENS, SamplesConfig
-from ..data import Arm
-from ..evallog import ArmEval, EvalEntry
-from ..evaluate import Evaluator
-from ..tokenizer import RunTokenizer
+from ..data.arms import Arm
+from ..data.tokenizer import RunTokenizer
+from ..rundir.evallog import ArmEval, EvalEntry
 from .context import TrainerContext
+from .heldout_loss import Evaluator
 from .sink import RecordSink
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class Evaluation:
             )
         return self._prompts
 
-    def sample(self) -> list[m.Sample] | None:
+    def sample(self) -> list[messages.Sample] | None:
         """Generate from the prompts with a generator of its own, seeded by (seed, step), so that
         auditing never draws from the RNGs that training uses; decoded with the run's tokenizer.
         None when a stop request cut a sample short: a truncated sample is never returned."""
@@ -215,8 +215,8 @@ class Evaluation:
             if toks.shape[1] - idx.shape[1] < s.max_new_tokens:
                 return None
             # A sample's text must fit its record (protocol.messages.Sample).
-            text = ctx.parts.tokenizer.decode(toks[0].tolist())[: m.MAX_SAMPLE_TEXT]
-            out.append(m.Sample(prompt=prompt.text, text=text))
+            text = ctx.parts.tokenizer.decode(toks[0].tolist())[: messages.MAX_SAMPLE_TEXT]
+            out.append(messages.Sample(prompt=prompt.text, text=text))
         return out
 
     def samples(self) -> None:
@@ -235,7 +235,7 @@ class Evaluation:
             return
         if not samples:
             return
-        report = m.SampleReport(
+        report = messages.SampleReport(
             id=new_id(), step=c.step, segment=c.segment, phase=c.phase, samples=samples
         )
         for sample in samples:

@@ -15,12 +15,10 @@ from typing import IO
 
 import torch
 
-from .. import distributed as dist
-from ..control_server import ControlServer
-from ..dataprogress import EncodingProgress
-from ..hold import Holds
-from ..process import Notifier, SignalFlags
-from ..rundir import claim, endpoint
+from ..data.encoding_progress import EncodingProgress
+from ..rundir.layout import claim, endpoint
+from ..runtime.operator_requests import OperatorRequests
+from ..runtime.sdnotify import Notifier
 from .checkpointer import Checkpointer, Storage
 from .context import TrainerContext, starting_status
 from .counters import Counters
@@ -28,9 +26,12 @@ from .evaluation import Evaluation, plan_evaluation
 from .loop import Collaborators, Trainer
 from .options import TrainerOptions
 from .parts import build_parts, resolve_platform, wrap_for_training
-from .pivot import Pivots
+from .pivot_boundary import Pivots
+from .platform import distributed as dist
 from .reporting import Reporter
 from .restore import Restorer
+from .service.boundary_hold import Holds
+from .service.control_server import ControlServer
 from .sink import open_sink
 from .step import StepRunner
 
@@ -46,7 +47,7 @@ class Opened:
 
 def open_context(
     opts: TrainerOptions,
-    flags: SignalFlags,
+    flags: OperatorRequests,
     device: torch.device | None = None,
     notifier: Notifier | None = None,
 ) -> Opened:
@@ -105,7 +106,7 @@ def build_trainer(opened: Opened, backend: str | None = None) -> Trainer:
 
 def assemble(
     opts: TrainerOptions,
-    flags: SignalFlags,
+    flags: OperatorRequests,
     device: torch.device | None = None,
     backend: str | None = None,
 ) -> Trainer:

@@ -26,19 +26,19 @@ import torch
 
 from andrea.protocol.status import Activity, TrainerStatus
 
-from .. import distributed as dist
-from ..control_server import ControlServer
-from ..exitcodes import ExitCode
 from ..metrics.series import ema_update
-from ..rundir import bin_name
+from ..rundir.layout import bin_name
+from ..runtime.exitcodes import ExitCode
 from .checkpointer import Checkpointer
 from .context import TrainerContext, starting_status
 from .evaluation import Evaluation
-from .pivot import Pivots
+from .pivot_boundary import Pivots
+from .platform import distributed as dist
 from .reporting import Reporter
 from .restore import Restorer
+from .service.control_server import ControlServer
 from .sink import RecordSink
-from .step import StepRunner, Trained
+from .step import StepRunner, TrainedStep
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,13 @@ class Trainer:
         self.control = c.control
         self.lock = c.lock
         #: Steps trained whose loss is not recorded yet, oldest first (at most two: `_agree`).
-        self._unrecorded: list[Trained] = []
+        self._unrecorded: list[TrainedStep] = []
         #: Losses may be read one step late: in fixed mode (the proxy may need each at once).
         self._late_loss = ctx.cfg.mixing == "fixed"
         #: The step recorded last (None before the first), and the newest step a checkpoint was
         #: taken of: the time of the step after a checkpoint is logged (the copy to host memory
         #: runs beside it).
-        self._previous: Trained | None = None
+        self._previous: TrainedStep | None = None
         self._checkpointed = 0
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class Trainer:
             self._record(pending.pop(0), d.loss)
         agreed = d.stop or d.checkpoint or d.boundary or d.hold or d.arm is None
         if pending and (agreed or self._loss_due(pending[0].step)):
-            self._settle()
+            self._record_pending_losses()
         return d
 
     def _loss_due(self, step: int) -> bool:
@@ -180,14 +180,14 @@ class Trainer:
             or on(cfg.samples.every)
         )
 
-    def _read(self, trained: Trained) -> float:
+    def _read(self, trained: TrainedStep) -> float:
         """This rank's loss of `trained`; on a GPU the wait for its kernels counts as training."""
         t0 = time.perf_counter()
         value = trained.value()
         self.ctx.counters.train_seconds += time.perf_counter() - t0
         return value
 
-    def _settle(self) -> None:
+    def _record_pending_losses(self) -> None:
         """Read and record every step not recorded yet (in a job, each loss's mean over the
         ranks by one collective of every rank, summed as the agreement sums it)."""
         while self._unrecorded:
@@ -220,7 +220,7 @@ class Trainer:
             worked = True
         return worked
 
-    def _record(self, trained: Trained, loss: float | None) -> None:
+    def _record(self, trained: TrainedStep, loss: float | None) -> None:
         """Rank 0: record the step, with its loss (in a job, the mean over the ranks)."""
         c = self.ctx.counters
         c.activity = Activity.TRAINING
@@ -258,7 +258,7 @@ class Trainer:
         the summary both take it from there, the same on every rank."""
         c = self.ctx.counters
         c.activity = Activity.STOPPING
-        self._settle()
+        self._record_pending_losses()
         self.checkpointer.finish_background_write()
         closing = self.ctx.coord.agree(self.ctx.flags)
         final = self.checkpointer.final(closing)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import distributed as dist
 from ..config import RunConfig
+from .platform import distributed as dist
 
 
 @dataclass
@@ -15,7 +15,7 @@ class TrainerOptions:
     cfg: RunConfig
     allow_config_change: bool = False
     #: Deliberately broken resumes, for the negative controls only: "rng", "cursor", and "buckets"
-    #: (DDP's first step in its first-iteration bucket layout, `parts.settle_buckets` skipped).
+    #: (DDP's first step in its first-iteration bucket layout, `parts.finalize_ddp_buckets` skipped).
     skip_restore: frozenset[str] = field(default_factory=frozenset)
     #: This process's place in a torchrun job (a world of one by default).
     world: dist.World = field(default_factory=dist.World)

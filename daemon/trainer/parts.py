@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from .. import determinism
-from .. import distributed as dist
-from ..batch import BatchShape, batch_shape
 from ..checkpoint.manager import layout_of
 from ..checkpoint.manifest import LayoutEntry
 from ..config import OptimConfig, RunConfig
-from ..data import Arm, ArmStream, FixedMixture, load_arms
-from ..dataprogress import EncodingProgress
+from ..data.arms import Arm, ArmStream, FixedMixture, load_arms
+from ..data.batch_split import BatchShape, batch_shape
+from ..data.encoding_progress import EncodingProgress
+from ..data.tokenizer import RunTokenizer, load_tokenizer
 from ..model import GPT
-from ..precision import NumericMode, resolve_device
-from ..precision import resolve as resolve_precision
-from ..tokenizer import RunTokenizer, load_tokenizer
+from .platform import determinism
+from .platform import distributed as dist
+from .platform.precision import NumericMode, resolve_device
+from .platform.precision import resolve as resolve_precision
 
 if TYPE_CHECKING:  # imported when a job wraps its model
     from torch.nn.parallel import DistributedDataParallel
@@ -169,10 +169,14 @@ def _seeded_model(cfg: RunConfig, device: torch.device, rank: int) -> GPT:
 
 
 def wrap_for_training(
-    parts: Parts, world: dist.World, device: torch.device, restored: bool, settle: bool = True
+    parts: Parts,
+    world: dist.World,
+    device: torch.device,
+    restored: bool,
+    finalize_buckets: bool = True,
 ) -> None:
     """After a resume: in a job, rank 0's restored moments (`restored`) and weights reach every
-    rank, and DDP wraps the model, its buckets settled (`settle_buckets`; `settle` False only for
+    rank, and DDP wraps the model, its buckets settled (`finalize_ddp_buckets`; `finalize_buckets` False only for
     a negative control); then the compiler, when configured."""
     if world.distributed:
         from torch.nn.parallel import DistributedDataParallel
@@ -185,8 +189,8 @@ def wrap_for_training(
             device_ids=[device.index] if device.type == "cuda" else None,
             gradient_as_bucket_view=True,
         )
-        if settle:
-            settle_buckets(ddp, parts.model, device)
+        if finalize_buckets:
+            finalize_ddp_buckets(ddp, parts.model, device)
         parts.forward = parts.ddp = ddp
     if parts.compiled:
         # Evaluation and sampling run the plain model (eval mode would only add a second
@@ -195,7 +199,7 @@ def wrap_for_training(
         parts.forward = cast(torch.nn.Module, torch.compile(parts.forward))
 
 
-def settle_buckets(ddp: torch.nn.Module, model: GPT, device: torch.device) -> None:
+def finalize_ddp_buckets(ddp: torch.nn.Module, model: GPT, device: torch.device) -> None:
     """Give DDP's gradient buckets their final layout before the first step of every life.
 
     DDP reduces its first iteration in one bucket of every gradient, then rebuilds its buckets in

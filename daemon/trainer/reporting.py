@@ -14,10 +14,10 @@ import torch
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity
 
-from .. import schedule
 from ..metrics.prometheus import Exposition, exposition_for
-from ..process import StopReason
-from ..progress import RunSummary, eta_seconds, format_duration, journal_fields
+from ..runtime.operator_requests import StopReason
+from ..runtime.progress import RunSummary, eta_seconds, format_duration, journal_fields
+from . import schedule
 from .context import TrainerContext
 from .sink import RecordSink
 

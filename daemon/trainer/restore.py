@@ -16,7 +16,6 @@ import numpy as np
 
 from andrea.protocol.lineage import Lineage, WorldSpan
 
-from .. import distributed as dist
 from ..checkpoint import rngstate
 from ..checkpoint.format import Payload
 from ..checkpoint.manager import CheckpointManager, Expectation, Loaded, ResumeRefused
@@ -25,11 +24,12 @@ from ..checkpoint.rngstate import RngState
 from ..checkpoint.source import Source, SourceError, read_source
 from ..checkpoint.state import load_adam_state, load_weights
 from ..config import config_changes, record_trajectory, trajectory_of
-from ..rundir import CONFIG_FILE, LOSS_FILE
+from ..rundir.layout import CONFIG_FILE, LOSS_FILE
 from .context import TrainerContext
 from .crosscheck import CrossCheck
-from .environment import environment_of, inexact_changes
 from .parts import seed_rank_stream
+from .platform import distributed as dist
+from .platform.environment import environment_of, inexact_changes
 
 log = logging.getLogger(__name__)
 

@@ -14,17 +14,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from andrea.protocol import messages as m
+from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
 
 from ..checkpoint.manifest import Manifest
-from ..data import FixedMixture
-from ..evallog import EvalEntry, EvalLog
-from ..losslog import LossLog, LossLogError, last_entry
-from ..proxy_link import ProxyLink
-from ..rundir import EVAL_FILE, LOSS_FILE, peer_endpoint
+from ..data.arms import FixedMixture
+from ..rundir.evallog import EvalEntry, EvalLog
+from ..rundir.layout import EVAL_FILE, LOSS_FILE, peer_endpoint
+from ..rundir.losslog import LossLog, LossLogError, last_entry
 from .context import TrainerContext
 from .counters import Counters
+from .service.proxy_client import ProxyLink
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class RecordSink:
     def record_eval(self, entry: EvalEntry) -> None:
         """Record a held-out evaluation."""
 
-    def record_samples(self, report: m.SampleReport) -> None:
+    def record_samples(self, report: messages.SampleReport) -> None:
         """Record the samples of a step (only the proxy keeps them; the log always has them)."""
 
     def sync(self) -> None:
@@ -204,7 +204,7 @@ class ProxySink(RecordSink):
     def record_eval(self, entry: EvalEntry) -> None:
         self.link.submit_eval(entry)
 
-    def record_samples(self, report: m.SampleReport) -> None:
+    def record_samples(self, report: messages.SampleReport) -> None:
         self.link.submit_samples(report)
 
     def pending_losses(self, step: int) -> list[LossEntry]:

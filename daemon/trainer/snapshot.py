@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import distributed as dist
 from ..checkpoint import rngstate
 from ..checkpoint.manager import Snapshot
 from ..checkpoint.manifest import (
@@ -17,10 +16,11 @@ from ..checkpoint.manifest import (
     RankState,
 )
 from ..checkpoint.writer import StagingBuffer
-from ..schedule import scheduler_state
 from .context import TrainerContext
-from .environment import environment_of
 from .parts import FUSED
+from .platform import distributed as dist
+from .platform.environment import environment_of
+from .schedule import scheduler_state
 from .sink import RecordSink
 
 

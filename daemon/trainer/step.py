@@ -4,7 +4,7 @@ Everything it reads is either restored from the checkpoint (weights, Adam's stat
 the RNGs) or a pure function of the step (the learning rate, the arm). Nothing in it checks a
 signal to cut a step short: a stop waits for the whole step.
 
-A step returns without reading its loss back (`Trained`): on a GPU its kernels are only queued,
+A step returns without reading its loss back (`TrainedStep`): on a GPU its kernels are only queued,
 and reading the loss would make the host wait for them before it could queue the next step. The
 loop reads it one step late, or at once where the step boundary needs it (loop.py).
 """
@@ -20,10 +20,10 @@ import torch
 
 from andrea.protocol.lossentry import LossEntry
 
-from .. import determinism
-from ..schedule import lr_at
-from .batches import Batches, StepBatches
+from .batch_loader import Batches, StepBatches
 from .context import TrainerContext
+from .platform import determinism
+from .schedule import lr_at
 
 
 class Mark:
@@ -46,7 +46,7 @@ class Mark:
 
 
 @dataclass
-class Trained:
+class TrainedStep:
     """A step trained on this rank (on a GPU: its kernels queued), its loss not read yet."""
 
     step: int
@@ -109,7 +109,7 @@ class StepRunner:
         parts, device = ctx.parts, ctx.platform.device
         self.batches = Batches(parts, ctx.world, device, parts.micro_batch, ctx.cfg.grad_accum)
 
-    def train(self, arm: int) -> Trained:
+    def train(self, arm: int) -> TrainedStep:
         """`grad_accum` micro-batches of the step's arm, their gradients averaged, each on this
         rank's share of the micro-batch's global batch; then the optimizer's update."""
         start = Mark(self.ctx.platform.device)
@@ -135,7 +135,7 @@ class StepRunner:
         c.step = step
         tokens = accum * self.ctx.parts.micro_batch * self.ctx.cfg.model.block_size
         c.tokens_seen += tokens
-        return Trained(
+        return TrainedStep(
             step=step,
             loss=losses[0] if accum == 1 else torch.stack(losses).mean(),
             batches=batches,

@@ -41,9 +41,9 @@ from bench_tokenize import corpus_files, first_step, make_corpus, train_tokenize
 _ENCODE = """
 import sys, time
 from pathlib import Path
-from andrea.daemon.encoding import write_arm
-from andrea.daemon.sources import text_documents
-from andrea.daemon.tokenizer import load_tokenizer
+from andrea.daemon.data.encoding import write_arm
+from andrea.daemon.data.sources import text_documents
+from andrea.daemon.data.tokenizer import load_tokenizer
 files = [Path(p) for p in Path(sys.argv[1]).read_text().split("\\n")]
 tok = load_tokenizer(sys.argv[2], Path("/"))
 tok.separator  # the tokenizer loaded and warm before the clock starts

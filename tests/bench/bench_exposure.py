@@ -49,16 +49,16 @@ from andrea.daemon.config import (
     OptimConfig,
     default_arms,
 )
-from andrea.daemon.data import ArmStream, load_arms
-from andrea.daemon.evaluate import Evaluator
-from andrea.daemon.heldout import DEFAULT_FRACTION
+from andrea.daemon.data.arms import ArmStream, load_arms
+from andrea.daemon.data.heldout import DEFAULT_FRACTION
 from andrea.daemon.mixing.bandit import draw_uniform
 from andrea.daemon.mixing.policy import Policy
 from andrea.daemon.mixing.reward import WARMUP_PULLS
 from andrea.daemon.model import GPT
-from andrea.daemon.precision import resolve
-from andrea.daemon.schedule import lr_at
+from andrea.daemon.trainer.heldout_loss import Evaluator
 from andrea.daemon.trainer.parts import adamw
+from andrea.daemon.trainer.platform.precision import resolve
+from andrea.daemon.trainer.schedule import lr_at
 
 VARIANTS = ("base", "early-random", "early-shift", "late-random", "measured", "uniform")
 EARLY = (5, 12, 20, 35, 50)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pydantic
 
-from andrea.daemon.losslog import (
+from andrea.daemon.rundir.losslog import (
     LossEntry,
     LossLog,
     canonical_curve,

@@ -60,12 +60,12 @@ from pathlib import Path
 import tomli_w
 
 from andrea.daemon.config import default_arms
-from andrea.daemon.evallog import canonical_evals, read_evals
-from andrea.daemon.heldout import DEFAULT_FRACTION
-from andrea.daemon.losslog import canonical_curve, read_entries
+from andrea.daemon.data.heldout import DEFAULT_FRACTION
 from andrea.daemon.mixing.assignbook import AssignmentBook
 from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm
 from andrea.daemon.mixing.policy import Policy
+from andrea.daemon.rundir.evallog import canonical_evals, read_evals
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 
 REWARDS = ("gated-learnability-2", "gated-learnability", "learnability", "loss")
 PAIRED = ("uniform-paired", "uniform-learnable-paired")
@@ -131,7 +131,7 @@ def one_run(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dic
     run_dir = Path(args.work_dir) / f"{case}-{mixture}-seed{seed}"
     run_dir.mkdir(parents=True)
     (run_dir / "run.toml").write_text(tomli_w.dumps(run_config(case, mixture, seed, args)))
-    cmd = [sys.executable, "-m", "andrea.daemon.trainer_cli", "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "andrea.daemon.trainer.service.cli", "--run-dir", str(run_dir)]
     if mixture in PAIRED:
         policy = run_dir.parent / f"policy-{case}-{mixture}.toml"
         policy.write_text(tomli_w.dumps(paired_policy(case, mixture)))

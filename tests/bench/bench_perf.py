@@ -48,11 +48,11 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from andrea.daemon import rundir  # noqa: E402
-from andrea.daemon.checkpoint import format as fmt  # noqa: E402
+from andrea.daemon.checkpoint import format as checkpoint_format  # noqa: E402
 from andrea.daemon.checkpoint.manager import CheckpointManager, Snapshot, layout_of  # noqa: E402
 from andrea.daemon.checkpoint.writer import StagingBuffer  # noqa: E402
 from andrea.daemon.config import CheckpointConfig, build_config  # noqa: E402
+from andrea.daemon.rundir import layout as rundir  # noqa: E402
 
 THREADS = 2
 
@@ -123,7 +123,7 @@ def manifest_fields(preset: str) -> tuple[int, dict]:
         Progress,
     )
     from andrea.daemon.model import GPT
-    from andrea.daemon.schedule import scheduler_state
+    from andrea.daemon.trainer.schedule import scheduler_state
 
     cfg = build_config({}, {"preset": preset})
     with torch.device("meta"):
@@ -169,7 +169,7 @@ def manifest_fields(preset: str) -> tuple[int, dict]:
 
 def bench_io(preset: str, rounds: int, work: Path) -> dict:
     n, fields = manifest_fields(preset)
-    size = fmt.payload_size(n)
+    size = checkpoint_format.payload_size(n)
     d = work / preset
     shutil.rmtree(d, ignore_errors=True)
     (d / "ours").mkdir(parents=True)
@@ -208,7 +208,7 @@ def bench_io(preset: str, rounds: int, work: Path) -> dict:
     def raw() -> None:
         fd = os.open(d / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, fmt.HEADER.pack(1, n))
+            os.write(fd, checkpoint_format.HEADER.pack(1, n))
             for a in arrays:
                 mv = memoryview(a).cast("B")
                 for i in range(0, len(mv), 8 << 20):
@@ -343,7 +343,7 @@ def _sha256_time(buf: np.ndarray) -> float:
 
 
 def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
-    from andrea.daemon.process import SignalFlags
+    from andrea.daemon.runtime.operator_requests import OperatorRequests
     from andrea.daemon.trainer import TrainerOptions, assemble
 
     run_dir = work / f"stall-{preset}"
@@ -359,7 +359,7 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
         },
     )
     print(f"[stall] {preset}: building a real Trainer", flush=True)
-    tr = assemble(TrainerOptions(run_dir, cfg), SignalFlags())
+    tr = assemble(TrainerOptions(run_dir, cfg), OperatorRequests())
     # Adam's state exists after one update; a real step of andrea-120m takes a minute on two cores,
     # and what a snapshot copies does not depend on the values, so one update with random gradients.
     parts, counters, ckpt = tr.ctx.parts, tr.ctx.counters, tr.checkpointer
@@ -470,7 +470,7 @@ def _trainer_steps(
         cmd = [
             sys.executable,
             "-m",
-            "andrea.daemon.trainer_cli",
+            "andrea.daemon.trainer.service.cli",
             "--run-dir",
             d,
             "--preset",
@@ -548,7 +548,7 @@ def _bookkeeping_cost(cache: Path) -> float:
     """What the loop does per step besides the model's math, timed directly (in-process, andrea-12m):
     the arm, the batch (drawn, and taken from the worker that gathered and hashed it), the loss
     entry and its append, the watchdog tick, the flag checks."""
-    from andrea.daemon.process import SignalFlags
+    from andrea.daemon.runtime.operator_requests import OperatorRequests
     from andrea.daemon.trainer import TrainerOptions, assemble
     from andrea.protocol.lossentry import LossEntry
 
@@ -562,7 +562,7 @@ def _bookkeeping_cost(cache: Path) -> float:
                 "checkpoint": {"every": 100},
             },
         )
-        tr = assemble(TrainerOptions(Path(d), cfg), SignalFlags())
+        tr = assemble(TrainerOptions(Path(d), cfg), OperatorRequests())
         n = 200
         t0 = time.perf_counter()
         batches = tr.stepper.batches
@@ -634,12 +634,12 @@ def _paired(a: list[float], b: list[float]) -> dict:
 
 def bench_batches(cache: Path, reps: int = 300) -> dict:
     """What a step's batch costs on its critical path, in one process with a real Trainer
-    (andrea-12m): drawn, gathered and hashed in line (as before daemon/trainer/batches.py) against
+    (andrea-12m): drawn, gathered and hashed in line (as before daemon/trainer/batch_loader.py) against
     drawn in line and taken from the worker that gathered and hashed it during the step before;
     and the hash alone. Interleaved, medians of `reps`."""
     import hashlib
 
-    from andrea.daemon.process import SignalFlags
+    from andrea.daemon.runtime.operator_requests import OperatorRequests
     from andrea.daemon.trainer import TrainerOptions, assemble
 
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
@@ -647,7 +647,7 @@ def bench_batches(cache: Path, reps: int = 300) -> dict:
             {},
             {"preset": "andrea-12m", "threads": THREADS, "data": {"cache_dir": str(cache)}},
         )
-        tr = assemble(TrainerOptions(Path(d), cfg), SignalFlags())
+        tr = assemble(TrainerOptions(Path(d), cfg), OperatorRequests())
         stream, batches = tr.ctx.parts.streams[0], tr.stepper.batches
         times: dict[str, list[float]] = {"in line": [], "from the worker": [], "sha256 alone": []}
         for _ in range(reps):
@@ -780,7 +780,7 @@ def bench_losslog(entries: int, work: Path) -> dict:
     # process, like the command, alternated.
     from bench_losslog import make_entries
 
-    from andrea.daemon.losslog import LossLog
+    from andrea.daemon.rundir.losslog import LossLog
 
     path = work / "plot.json"
     path.unlink(missing_ok=True)

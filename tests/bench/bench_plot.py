@@ -33,9 +33,9 @@ from matplotlib.figure import Figure
 
 from andrea.control.plot import audit_figure, save_figure
 from andrea.control.run_events import PhaseSpan, Pivot, RunEvents, Zombie, restarts
-from andrea.daemon.losslog import LossLog, read_curve
 from andrea.daemon.metrics.tensorboard import export_tensorboard
 from andrea.daemon.mixing.policy import Policy
+from andrea.daemon.rundir.losslog import LossLog, read_curve
 from andrea.protocol.lossentry import LossEntry
 
 ARMS = ("docstrings", "code", "comments")

@@ -29,7 +29,7 @@ def step_ms(preset: str, steps: int, mode: str, cache: str) -> float:
             [
                 sys.executable,
                 "-m",
-                "andrea.daemon.trainer_cli",
+                "andrea.daemon.trainer.service.cli",
                 "--run-dir",
                 d,
                 "--preset",

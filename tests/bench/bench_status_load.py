@@ -74,7 +74,7 @@ def _poll_worker(ep: str, n_sockets: int, active: mp.Event, stop: mp.Event, coun
 
 
 def main() -> None:
-    from andrea.daemon.rundir import endpoint
+    from andrea.daemon.rundir.layout import endpoint
     from andrea.protocol.messages import StatusRequest
     from andrea.protocol.transport import new_id, request
 
@@ -91,7 +91,7 @@ def main() -> None:
         cmd = [
             sys.executable,
             "-m",
-            "andrea.daemon.trainer_cli",
+            "andrea.daemon.trainer.service.cli",
             "--run-dir",
             d,
             "--preset",

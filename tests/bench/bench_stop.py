@@ -32,7 +32,7 @@ def one_round(preset: str, cache: str, rng: random.Random) -> dict:
         cmd = [
             sys.executable,
             "-m",
-            "andrea.daemon.trainer_cli",
+            "andrea.daemon.trainer.service.cli",
             "--run-dir",
             d,
             "--preset",

@@ -49,7 +49,7 @@ _RENAMED = re.compile(r"\b(self|value|name|result|data|path|args|key|item|line)\
 
 def make_corpus(root: Path, target_bytes: int) -> tuple[int, int]:
     """Write the corpus under `root` (deterministic); (files, bytes)."""
-    from andrea.daemon.corpus import stdlib_files, stdlib_root
+    from andrea.daemon.data.corpus import stdlib_files, stdlib_root
 
     lib = stdlib_root()
     sources = [
@@ -116,8 +116,8 @@ def _timed(fn) -> tuple[float, float]:
 def _one_way(
     way: str, r: int, part: list[Path], common: Path, texts: list[str], tok, work: Path
 ) -> None:
-    from andrea.daemon.encoding import write_arm, write_tokens_file
-    from andrea.daemon.sources import text_documents
+    from andrea.daemon.data.encoding import write_arm, write_tokens_file
+    from andrea.daemon.data.sources import text_documents
 
     if way == "direct":
         tok.hf.encode_batch_fast(texts, add_special_tokens=False)
@@ -132,8 +132,8 @@ def throughput(files: list[Path], tokenizer_path: Path, work: Path, rounds: int)
     """The three ways over the same documents, in `rounds` slices; within a slice they run back to
     back in a rotating order, so that the load of a shared machine hits them alike, and each
     slice gives a ratio. The medians of those ratios, and the totals."""
-    from andrea.daemon.encoding import read_record
-    from andrea.daemon.tokenizer import load_tokenizer
+    from andrea.daemon.data.encoding import read_record
+    from andrea.daemon.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_path), Path("/"))
     size = sum(f.stat().st_size for f in files)
@@ -176,7 +176,7 @@ def throughput(files: list[Path], tokenizer_path: Path, work: Path, rounds: int)
 
 def first_step(run: Path, cache: Path, steps: int) -> float:
     """Seconds from the start of `andrea-trainer` to its progress line of step `steps`."""
-    cmd = [sys.executable, "-m", "andrea.daemon.trainer_cli", "--run-dir", str(run),
+    cmd = [sys.executable, "-m", "andrea.daemon.trainer.service.cli", "--run-dir", str(run),
            "--max-steps", str(steps), "--log-every", "1", "--threads", "2", "--cache-dir",
            str(cache), "--checkpoint-every", "0", "--sample-every", "0", "--eval-every", "0"]  # fmt: skip
     t0 = time.perf_counter()

@@ -130,7 +130,7 @@ def models(args: argparse.Namespace) -> dict:
 def load(args: argparse.Namespace) -> dict:
     from andrea.control.plot import audit_figure, save_figure
     from andrea.control.run_events import RunEvents
-    from andrea.daemon.losslog import LossCurve, canonical_curve, read_curve, read_entries
+    from andrea.daemon.rundir.losslog import LossCurve, canonical_curve, read_curve, read_entries
 
     t0 = time.perf_counter()
     if args.how == "curve":

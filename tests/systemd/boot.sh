@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PID 1 of a private pid+mount+uts+ipc namespace (started by tests/realsystemd.py under unshare):
+# PID 1 of a private pid+mount+uts+ipc namespace (started by tests/support/realsystemd.py under unshare):
 # hide every directory systemd writes to behind fresh tmpfs mounts, install the units with
 # scripts/install-units.sh, and exec a real systemd restricted to one unit directory.
 #

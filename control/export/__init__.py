@@ -1,0 +1,1 @@
+"""andreactl export: a checkpoint as a self-contained bundle, or in the Hugging Face layout."""

@@ -1,0 +1,301 @@
+"""The Hugging Face side of an export (``andreactl export --format hf``): the files with which
+``transformers`` loads the checkpoint as a ``GPT2LMHeadModel``, with nothing of andrea installed.
+
+The ANDREA GPT is GPT-2's architecture (pre-norm LayerNorm blocks, fused ``c_attn``, exact GELU,
+learned positions, an untied head), so the mapping is direct:
+
+- ``config.json``: a ``GPT2Config`` (``activation_function = "gelu"``, the exact GELU that
+  ``F.gelu`` computes; ``tie_word_embeddings = false``; every dropout 0, as for inference);
+- ``model.safetensors``: the weights under ``GPT2LMHeadModel``'s names, each ``nn.Linear`` weight
+  transposed to GPT-2's ``Conv1D`` layout (in, out); where the run trained without biases, the
+  biases GPT-2 always has are written as zeros (adding zero changes no bit);
+- ``generation_config.json``: greedy, at most ``block_size`` positions (GPT-2 has no more);
+- ``tokenizer.json`` + ``tokenizer_config.json``: the run's own tokenizer file, or, for a run of
+  the byte-level tokenizer, a ``tokenizers`` file whose ids are the byte values (GPT-2's byte-level
+  alphabet, each byte's symbol at the id of its value, no merges);
+- the model card's YAML front matter and section (:func:`model_card`).
+
+The files are returned as bytes for the exporter to write with every other file's mode, and
+:func:`check_weights` reads ``model.safetensors`` back against the checkpoint, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from andrea.daemon.checkpoint import format as checkpoint_format
+from andrea.daemon.checkpoint.manifest import Manifest
+from andrea.daemon.config import ModelConfig
+from andrea.daemon.data.tokenizer import RunTokenizer
+from andrea.daemon.rundir.evallog import EvalEntry
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+GENERATION_CONFIG_NAME = "generation_config.json"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+#: nn.LayerNorm's default, which every norm of the ANDREA GPT uses.
+LAYER_NORM_EPSILON = 1e-5
+#: The Linear weights that GPT-2 stores as Conv1D, (in, out): andrea's are (out, in).
+_CONV1D = re.compile(r"\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
+
+
+class HFExportError(ValueError):
+    """The Hugging Face files do not hold the checkpoint's weights."""
+
+
+def hf_config(model: ModelConfig) -> dict[str, Any]:
+    """``config.json``: the ``GPT2Config`` of ``model``."""
+    return {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": model.vocab_size,
+        "n_positions": model.block_size,
+        "n_ctx": model.block_size,
+        "n_embd": model.n_embd,
+        "n_layer": model.n_layer,
+        "n_head": model.n_head,
+        "n_inner": 4 * model.n_embd,
+        "activation_function": "gelu",
+        "layer_norm_epsilon": LAYER_NORM_EPSILON,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": False,
+        # GPT-2's own token 50256 is not in this vocabulary: no start or end token.
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "use_cache": True,
+        "torch_dtype": "float32",
+        "initializer_range": 0.02,
+    }
+
+
+def hf_name(name: str) -> str:
+    """GPT2LMHeadModel's name of the andrea parameter ``name``."""
+    if name == "lm_head.weight":
+        return name
+    if name.startswith("blocks."):
+        return "transformer.h." + name[len("blocks.") :]
+    return "transformer." + name
+
+
+def _zero_biases(model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The biases GPT-2 has and a run without biases lacks, by HF name and shape."""
+    n = model.n_embd
+    per_block = {
+        "ln_1.bias": n,
+        "attn.c_attn.bias": 3 * n,
+        "attn.c_proj.bias": n,
+        "ln_2.bias": n,
+        "mlp.c_fc.bias": 4 * n,
+        "mlp.c_proj.bias": n,
+    }
+    out: dict[str, tuple[int, ...]] = {
+        f"transformer.h.{i}.{k}": (size,)
+        for i in range(model.n_layer)
+        for k, size in per_block.items()
+    }
+    out["transformer.ln_f.bias"] = (n,)
+    return out
+
+
+def hf_tensors(manifest: Manifest, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The checkpoint's weights under GPT2LMHeadModel's names and layout, float32, contiguous."""
+    tensors = checkpoint_format.unflatten(
+        weights, [(e.name, tuple(e.shape), e.offset) for e in manifest.layout]
+    )
+    out: dict[str, np.ndarray] = {}
+    for name, t in tensors.items():
+        out[hf_name(name)] = np.ascontiguousarray(t.T if _CONV1D.search(name) else t)
+    for name, shape in _zero_biases(manifest.model).items():
+        out.setdefault(name, np.zeros(shape, dtype=np.float32))
+    return out
+
+
+def weights_bytes(manifest: Manifest, weights: np.ndarray) -> bytes:
+    """``model.safetensors``'s bytes."""
+    from safetensors.numpy import save
+
+    metadata = {"format": "pt", "step": str(manifest.step), "bin_sha256": manifest.bin_sha256}
+    return save(hf_tensors(manifest, weights), metadata=metadata)
+
+
+def check_weights(path: Path, manifest: Manifest, weights: np.ndarray) -> str:
+    """Read ``model.safetensors`` back: every tensor equal, bit for bit, to the checkpoint's after
+    the layout change, and the added biases zero. HFExportError names the first that is not."""
+    from safetensors.numpy import load_file
+
+    loaded = load_file(str(path))
+    expected = hf_tensors(manifest, weights)
+    if loaded.keys() != expected.keys():
+        extra = sorted(loaded.keys() ^ expected.keys())
+        raise HFExportError(f"{path}: other tensors than GPT2LMHeadModel's: {extra[:5]}")
+    for name, t in expected.items():
+        got = loaded[name]
+        if got.dtype != np.float32 or got.shape != t.shape or got.tobytes() != t.tobytes():
+            raise HFExportError(f"{path}: tensor {name} differs from the checkpoint's")
+    added = len(expected) - len(manifest.layout)
+    return (
+        f"{len(manifest.layout)} tensors equal to the checkpoint's (Linear weights transposed to "
+        f"Conv1D), bit for bit" + (f"; {added} zero biases" if added else "")
+    )
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte's printable symbol (the ByteLevel pre-tokenizer's)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    keep += list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_tokenizer_json() -> str:
+    """A ``tokenizers`` file whose ids are the byte values: the byte-level tokenizer of a run."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {symbol: b for b, symbol in bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    # No regex split: every byte is one symbol, whatever surrounds it.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok.to_str(pretty=True)
+
+
+def tokenizer_config(model: ModelConfig) -> dict[str, Any]:
+    """``tokenizer_config.json``: a fast tokenizer that adds nothing and cleans nothing up."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": model.block_size,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
+    }
+
+
+def generation_config(model: ModelConfig) -> dict[str, Any]:
+    """``generation_config.json``: greedy, never past the model's positions."""
+    return {
+        "max_length": model.block_size,
+        "do_sample": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    }
+
+
+def hf_files(manifest: Manifest, weights: np.ndarray, byte_level: bool) -> dict[str, bytes]:
+    """Every Hugging Face file but the README and, for a subword run, ``tokenizer.json`` (the
+    run's own file, which the export already holds): name -> bytes."""
+    model = manifest.model
+
+    def as_json(doc: dict[str, Any]) -> bytes:
+        return (json.dumps(doc, indent=2) + "\n").encode()
+
+    files = {
+        CONFIG_NAME: as_json(hf_config(model)),
+        GENERATION_CONFIG_NAME: as_json(generation_config(model)),
+        TOKENIZER_CONFIG_NAME: as_json(tokenizer_config(model)),
+        WEIGHTS_NAME: weights_bytes(manifest, weights),
+    }
+    if byte_level:
+        files["tokenizer.json"] = byte_tokenizer_json().encode()
+    return files
+
+
+def check_byte_tokenizer(path: Path, text: str) -> str:
+    """The byte tokenizer written at ``path`` encodes ``text`` to its UTF-8 bytes and back."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    ids = tok.encode(text, add_special_tokens=False).ids
+    if ids != list(text.encode("utf-8")) or tok.decode(ids) != text:
+        raise HFExportError(f"{path}: its ids are not the byte values of the text")
+    return f"ids = byte values on {len(ids)} bytes, decoded back"
+
+
+def _yaml(value: Any) -> str:
+    # JSON is YAML: every value of the front matter written as JSON needs no YAML library.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _arms(manifest: Manifest) -> list[dict[str, Any]]:
+    """Each arm of the checkpoint: name, identity (sha256), tokens, and its source as configured."""
+    arms_config = {a.get("name"): a for a in manifest.config.get("data", {}).get("arms", [])}
+    return [
+        {
+            "name": c.name,
+            "identity_sha256": c.identity,
+            "tokens": c.n_tokens,
+            "source": {k: v for k, v in arms_config.get(c.name, {}).items() if k != "name"},
+        }
+        for c in manifest.data
+    ]
+
+
+def model_card(
+    manifest: Manifest,
+    evals: Sequence[EvalEntry],
+    command: str,
+    tokenizer: RunTokenizer,
+) -> str:
+    """The Hub-style YAML front matter and the model card's section: the data identity (arms,
+    sources, sha256s), steps, tokens, the held-out losses per arm at this step, lineage, and the
+    command that made the export."""
+    arms = _arms(manifest)
+    held = next((e for e in reversed(evals) if e.step == manifest.step), None)
+    held_out = {n: a.loss for n, a in held.arms.items()} if held else None
+    lineage = manifest.lineage_or_default().model_dump(mode="json")
+    front = {
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        "tags": ["andrea", "gpt2"],
+        "andrea_step": manifest.step,
+        "andrea_tokens_seen": manifest.progress.tokens_seen,
+        "andrea_tokenizer": tokenizer.identity,
+        "andrea_arms": arms,
+        "andrea_held_out_loss": held_out,
+        "andrea_lineage": lineage,
+        "andrea_checkpoint_sha256": manifest.bin_sha256,
+        "andrea_command": command,
+    }
+    lines = ["---", *(f"{k}: {_yaml(v)}" for k, v in front.items()), "---", ""]
+    held_line = (
+        "held-out loss at this step: "
+        + ", ".join(f"`{n}` {v:.4f}" for n, v in sorted(held_out.items()))
+        + " (mean cross-entropy, nats per token, on the run's held-out documents)"
+        if held_out
+        else "held-out loss at this step: none recorded (the run evaluated no held-out split then)"
+    )
+    lines += [
+        f"# ANDREA GPT, step {manifest.step} (Hugging Face format)",
+        "",
+        "This folder loads with `transformers` alone (a `GPT2LMHeadModel`):",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        'print(pipeline("text-generation", model=".")("The ", max_new_tokens=32)[0]["generated_text"])',
+        "```",
+        "",
+        f"- trained for {manifest.step:,} steps, {manifest.progress.tokens_seen:,} tokens",
+        f"- {held_line}",
+        "- data: " + "; ".join(f"`{a['name']}` (sha256 `{a['identity_sha256']}`)" for a in arms),
+        f"- made by: `{command}`",
+        "",
+        "The andrea checkpoint, its verification and its load procedure follow.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,360 @@
+"""Documents into token files: an arm's cached token arrays (training and held-out), and the tokens
+file ``andreactl tokenizer encode`` writes with the record of the tokenizer that made it.
+
+Documents are encoded in batches by the tokenizer's batch encoder (its own threads), and each one's
+ids go straight to the file of its side of the split, joined by the tokenizer's encoding of a blank
+line: under the byte-level tokenizer the bytes are exactly those of the documents joined by
+``\\n\\n``, as before tokenizers existed. Every file is written under a temporary name and renamed
+once complete, so a stop or a crash never leaves a partial cache entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..rundir.boundedio import FileRejected, read_bounded
+from ..rundir.durable import atomic_write_bytes, fsync_dir, tmp_path
+from . import heldout
+from .sources import DataError, Stop, check_stop
+from .tokenizer import BYTES, RunTokenizer
+
+#: A batch handed to the tokenizer ends at this many documents or bytes, whichever comes first:
+#: large enough to keep its threads busy, small enough to keep two batches in memory.
+BATCH_DOCUMENTS = 4096
+BATCH_BYTES = 4 << 20
+#: How often a wait for the tokenizer looks for a stop request, in seconds.
+STOP_POLL_S = 0.05
+#: The most a tokens file's record may hold (it lists the inputs by name).
+MAX_RECORD_BYTES = 16 << 20
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+
+Document = tuple[str, str | bytes]
+#: Called with the bytes and the number of the documents encoded so far.
+Progress = Callable[[int, int], None]
+
+
+class TokenWriter:
+    """One token file being written: documents joined by the separator, in order; its size and
+    sha256 are taken as it is written (what the token cache verifies an entry against)."""
+
+    def __init__(self, path: Path, tokenizer: RunTokenizer) -> None:
+        self.path = path
+        self.tmp = tmp_path(path)
+        self.dtype = tokenizer.dtype
+        self.separator = tokenizer.separator.astype(self.dtype).tobytes()
+        self.documents = 0
+        self.tokens = 0
+        self.sha256 = hashlib.sha256()
+        # The temporary's name is known in advance: a link planted there is refused, never
+        # written through.
+        fd = os.open(self.tmp, _CREATE, 0o644)
+        self._file: BinaryIO = os.fdopen(fd, "wb")
+
+    def _put(self, data: bytes) -> None:
+        self._file.write(data)
+        self.sha256.update(data)
+
+    def add(self, ids: np.ndarray) -> None:
+        if self.documents:
+            self._put(self.separator)
+            self.tokens += len(self.separator) // self.dtype.itemsize
+        self._put(ids.astype(self.dtype, copy=False).tobytes())
+        self.documents += 1
+        self.tokens += int(ids.shape[0])
+
+    @property
+    def size(self) -> int:
+        return self.tokens * self.dtype.itemsize
+
+    def commit(self) -> None:
+        """Make the file durable under its name (its directory's fsync is the caller's)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        """Remove the temporary file, whatever closing it says: on a full disk the close fails
+        too (it writes what is buffered), and the file must go all the same."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _batches(docs: Iterable[Document]) -> Iterator[tuple[list[Document], int]]:
+    batch: list[Document] = []
+    size = 0
+    for doc in docs:
+        batch.append(doc)
+        size += len(doc[1])
+        if len(batch) >= BATCH_DOCUMENTS or size >= BATCH_BYTES:
+            yield batch, size
+            batch, size = [], 0
+    if batch:
+        yield batch, size
+
+
+def encode_documents(
+    docs: Iterable[Document],
+    tokenizer: RunTokenizer,
+    route: Callable[[str], TokenWriter],
+    should_stop: Stop = None,
+    progress: Progress | None = None,
+) -> None:
+    """Encode `docs` in batches and add each one's ids to the writer `route(doc_id)` names.
+    DataError naming a document that a subword tokenizer cannot take (not UTF-8 text);
+    InterruptedError when a stop is requested, within `STOP_POLL_S`. `progress` is called after
+    each batch and every `STOP_POLL_S` while one is encoded.
+
+    The tokenizer encodes one batch on a worker thread (it releases the GIL and uses its own
+    threads) while this thread reads the next batch's files and writes the previous batch's ids:
+    the encoder, the slow part, never waits for either. The worker is a daemon thread: a stop
+    leaves its batch behind, and nothing waits for it, not even the interpreter's exit."""
+    worker = _Worker(tokenizer)
+    pending: tuple[list[Document], int, Future[list[np.ndarray]]] | None = None
+    done = [0, 0]  # bytes and documents encoded
+
+    def tick() -> None:
+        check_stop(should_stop, "encoding the data")
+        if progress is not None:
+            progress(done[0], done[1])
+
+    try:
+        for batch, size in _batches(docs):
+            tick()
+            future = worker.submit(batch)
+            if pending is not None:
+                _write(*pending, route, tick, done)
+            pending = (batch, size, future)
+        if pending is not None:
+            _write(*pending, route, tick, done)
+    finally:
+        worker.close()
+
+
+class _Worker:
+    """One daemon thread that encodes the batches handed to it, in order."""
+
+    def __init__(self, tokenizer: RunTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.jobs: queue.SimpleQueue[tuple[list[Document], Future[list[np.ndarray]]] | None] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._run, name="encode", daemon=True).start()
+
+    def submit(self, batch: list[Document]) -> Future[list[np.ndarray]]:
+        future: Future[list[np.ndarray]] = Future()
+        self.jobs.put((batch, future))
+        return future
+
+    def close(self) -> None:
+        self.jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            batch, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(_encode(self.tokenizer, batch))
+            except BaseException as e:
+                future.set_exception(e)
+
+
+def _write(
+    batch: list[Document],
+    size: int,
+    future: Future[list[np.ndarray]],
+    route: Callable[[str], TokenWriter],
+    tick: Callable[[], None],
+    done: list[int],
+) -> None:
+    """Wait for a batch's ids (ticking meanwhile: stop requests, progress) and write them."""
+    while True:
+        try:
+            encoded = future.result(timeout=STOP_POLL_S)
+            break
+        except TimeoutError:
+            tick()
+    for (doc_id, _), ids in zip(batch, encoded, strict=True):
+        route(doc_id).add(ids)
+    done[0] += size
+    done[1] += len(batch)
+    tick()
+
+
+def _encode(tokenizer: RunTokenizer, batch: list[Document]) -> list[np.ndarray]:
+    try:
+        return tokenizer.encode_batch([d for _, d in batch])
+    except UnicodeDecodeError:
+        for doc_id, d in batch:  # which one: the slow way, once
+            if isinstance(d, bytes):
+                try:
+                    d.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(
+                        f"document {doc_id}: not UTF-8 text (byte {e.start:,}), which a subword "
+                        f"tokenizer ({tokenizer.spec}) needs; convert it, or leave it out"
+                    ) from None
+        raise
+
+
+def split_paths(cache: Path, identity: str, suffix: str) -> tuple[Path, Path]:
+    """An arm's cached training tokens and held-out tokens."""
+    return cache / f"{identity}.{suffix}", cache / f"{identity}.heldout.{suffix}"
+
+
+def counts_path(cache: Path, identity: str) -> Path:
+    """`[documents, documents held out]` of an arm's split."""
+    return cache / f"{identity}.docs.json"
+
+
+@dataclass(frozen=True)
+class Written:
+    """A cache entry as `write_arm` wrote it: each file's (path, size, sha256), in the order
+    written, and the document counts (None without a held-out split)."""
+
+    files: list[tuple[Path, int, str]]
+    documents: int
+    documents_held_out: int | None
+
+
+def write_arm(
+    cache: Path,
+    identity: str,
+    docs: Iterable[Document],
+    tokenizer: RunTokenizer,
+    fraction: float | None,
+    should_stop: Stop = None,
+    progress: Progress | None = None,
+) -> Written:
+    """Encode an arm's documents into the cache under `identity`: with a held-out `fraction`, the
+    held-out tokens, the document counts and the training tokens; without one, the training
+    tokens alone. Every file is written under a temporary name, removed whatever ends the
+    write; an OSError names the cache directory."""
+    train_path, held_path = split_paths(cache, identity, tokenizer.suffix)
+    writers: list[TokenWriter] = []
+    try:
+        train = TokenWriter(train_path, tokenizer)
+        writers.append(train)
+        held = TokenWriter(held_path, tokenizer) if fraction else None
+        if held is not None:
+            writers.append(held)
+
+        def route(doc_id: str) -> TokenWriter:
+            if held is not None and heldout.is_held_out(doc_id, fraction or 0.0):
+                return held
+            return train
+
+        encode_documents(docs, tokenizer, route, should_stop, progress)
+        files = []
+        if held is not None:
+            held.commit()
+            counts = json.dumps([train.documents + held.documents, held.documents]).encode()
+            atomic_write_bytes(counts_path(cache, identity), counts)
+            files.append((held.path, held.size, held.sha256.hexdigest()))
+            files.append((counts_path(cache, identity), len(counts), _sha256(counts)))
+        train.commit()
+        files.append((train.path, train.size, train.sha256.hexdigest()))
+        fsync_dir(cache)
+    except BaseException as e:
+        for w in writers:
+            w.abort()
+        # A stop is an InterruptedError, an OSError too: it is no failure of the cache.
+        if isinstance(e, OSError) and not isinstance(e, InterruptedError):
+            why = f"cannot write the token cache in {cache}: {e.strerror or e}"
+            raise (OSError(e.errno, why) if e.errno else OSError(why)) from None
+        raise
+    return Written(
+        files,
+        train.documents + (held.documents if held else 0),
+        held.documents if held else None,
+    )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class TokensRecord(BaseModel):
+    """``FILE.json`` beside a tokens file that ``andreactl tokenizer encode`` wrote: which tokenizer
+    made its ids. A tokens arm's file without one comes from an unknown tokenizer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: Literal["andrea-tokens/1"] = "andrea-tokens/1"
+    tokenizer: str = Field(
+        description='"bytes", or the sha256 of the tokenizer.json that encoded the file'
+    )
+    tokenizer_file: str | None = Field(None, description="where that tokenizer was read from")
+    n_vocab: int = Field(ge=1, description="ids the tokenizer has")
+    dtype: Literal["uint8", "uint16", "uint32"]
+    tokens: int = Field(ge=0)
+    documents: int = Field(ge=0)
+    separator: list[int] = Field(description="the ids between two documents")
+    sources: list[str] = Field(description="the input files, in the order they were encoded")
+    created_utc: str
+
+
+def record_path(tokens_file: Path) -> Path:
+    """The record of a tokens file: ``web.u16`` → ``web.u16.json``."""
+    return tokens_file.with_name(tokens_file.name + ".json")
+
+
+def read_record(tokens_file: Path) -> TokensRecord | None:
+    """The record beside `tokens_file`; None when it has none. DataError naming a damaged one."""
+    path = record_path(tokens_file)
+    try:
+        raw = read_bounded(path, MAX_RECORD_BYTES, follow_symlinks=True)
+        return TokensRecord.model_validate_json(raw)
+    except FileNotFoundError:
+        return None
+    except (FileRejected, OSError, ValidationError) as e:
+        raise DataError(f"{path}: not a usable tokens record ({str(e).splitlines()[0]})") from None
+
+
+def write_tokens_file(
+    out: Path,
+    docs: Iterable[Document],
+    tokenizer: RunTokenizer,
+    sources: list[str],
+    should_stop: Stop = None,
+    progress: Progress | None = None,
+) -> TokensRecord:
+    """Encode `docs` into the tokens file `out` and write its record beside it (after the file:
+    a file without its record is taken for an unknown tokenizer's, never the reverse)."""
+    writer = TokenWriter(out, tokenizer)
+    try:
+        encode_documents(docs, tokenizer, lambda _: writer, should_stop, progress)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    record = TokensRecord(
+        tokenizer=tokenizer.identity,
+        tokenizer_file=None if tokenizer.identity == BYTES else tokenizer.spec,
+        n_vocab=tokenizer.n_vocab,
+        dtype=writer.dtype.name,
+        tokens=writer.tokens,
+        documents=writer.documents,
+        separator=tokenizer.separator.tolist(),
+        sources=sources,
+        created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    atomic_write_bytes(record_path(out), record.model_dump_json(indent=1).encode())
+    return record

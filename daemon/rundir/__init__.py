@@ -1,0 +1,1 @@
+"""The run directory: its layout, durable writes, bounded reads, the loss and eval logs."""

@@ -1,0 +1,1 @@
+"""What both daemons share while they run: operator requests, systemd, logging, exit codes."""

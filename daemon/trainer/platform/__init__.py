@@ -1,0 +1,1 @@
+"""What the trainer runs on: process group, determinism, precision, CUDA environment."""

@@ -1,0 +1,329 @@
+"""What a start of andrea-trainer settles before any process group or model exists.
+
+The run directory and its config (preset ← run.toml ← flags), whether this is a new run or one
+that resumes under changed settings, what this machine can run, and the options refused before
+anything starts. Rank 0 alone writes the run directory; the other ranks read what it wrote
+(atomically). A mistake is a `ConfigError` (or `OSError`) here, before the job's ranks have met:
+torchrun's agent sees the rank fail and stops the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest
+from andrea.daemon.checkpoint.source import SourceError, read_source, shape_differences
+from andrea.daemon.config import (
+    ConfigError,
+    RunConfig,
+    build_config,
+    config_changes,
+    for_new_run,
+    load_toml,
+    record_new_run,
+    save_config,
+)
+from andrea.daemon.data.batch_split import batch_shape
+from andrea.daemon.data.open_settings import OpenSettings, resolve_open_settings
+from andrea.daemon.data.sources import DataError, SourceRejected
+from andrea.daemon.data.tokenizer import RunTokenizer, describe_identity
+from andrea.daemon.rundir.layout import CONFIG_FILE, bin_name
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.protocol.lineage import InitSource
+
+from ..platform.distributed import World, device_for
+from ..platform.precision import resolve, resolve_device
+from .flags import config_overrides
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("andrea.trainer")
+
+
+def data_refusal(e: DataError) -> tuple[ExitCode, str]:
+    """The exit code and log line of a start whose data is refused: a file that is not a regular
+    file's content (a FIFO, a file of /proc) is the config's mistake (2); missing or unusable
+    data is 5. One mapping for the start and for `--check`."""
+    if isinstance(e, SourceRejected):
+        return ExitCode.CONFIG_ERROR, f"data: {e}"
+    return ExitCode.DATA_ERROR, f"data: {e}"
+
+
+class StartRefused(Exception):
+    """The trainer cannot start on this run directory; the message says why, the code tells systemd."""
+
+    def __init__(self, message: str, code: ExitCode, agreed: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        #: Every rank of a job refuses alike (so none waits in a collective any more).
+        self.agreed = agreed
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What the start settled: everything the trainer is built from besides the command line."""
+
+    run_dir: Path
+    cfg: RunConfig
+    device: torch.device
+    #: Restores skipped on purpose (the negative controls of the resume proof).
+    skip: frozenset[str]
+    #: run.toml was lost beside checkpoints: it is written only once the resume is accepted.
+    write_config_after_setup: bool = False
+    #: Changes of the trajectory accepted with --allow-config-change, named.
+    changes: list[str] = field(default_factory=list)
+    #: A new run starts from this checkpoint of another run (--init-from).
+    init_from: Path | None = None
+    #: Which held-out case applies (new run, predates splits, set), for the start log.
+    heldout: str = ""
+    #: Settings a person's run.toml left open that this new run recorded there, `key = value`.
+    recorded: list[str] = field(default_factory=list)
+
+
+def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> StartPlan:
+    """Resolve and check the run's config and record it in run.toml when it is a new run (unless
+    `write` is False: `--check` writes nothing).
+
+    ConfigError (or OSError) for a mistake of the command line, the config or the run directory;
+    StartRefused when the start would change an existing run's trajectory without
+    --allow-config-change, or start one that has checkpoints over again (--init-from)."""
+    run_dir: Path = args.run_dir
+    # Whether this run already has its own run.toml (read once: another rank of a job may write it
+    # in the meantime), and checkpoints: only then can a run.toml without a split predate splits.
+    run_toml_existed = (run_dir / CONFIG_FILE).exists()
+    predates = run_toml_existed and bool(_checkpoints(run_dir))
+    settled = resolve_start(args, run_toml_existed, predates)
+    cfg = settled.cfg
+    device = _check_machine(cfg, world, predates or bool(_checkpoints(run_dir)))
+    init_from = _check_init_from(args, cfg, world, settled.tokenizer)
+    check_proxy_options(args)
+    skip = _unsafe_options(args, cfg)
+    # Only now, when nothing the command line says can be refused any more: a refused start
+    # leaves no run directory behind.
+    if write:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    own_new = run_toml_existed and not predates and write
+    recorded = _record_new_run(args, cfg, world, own_new)
+    write_later, changes = _resolve_run_toml(args, cfg, world, run_toml_existed, write, predates)
+    return StartPlan(
+        run_dir, cfg, device, skip, write_later, changes, init_from, settled.heldout, recorded
+    )
+
+
+def resolve_config(
+    args: argparse.Namespace, run_toml_existed: bool, predates_splits: bool | None = None
+) -> RunConfig:
+    """The run's config: the preset, then --config or the run's run.toml, then the flags; settled
+    (`resolve_start`)."""
+    return resolve_start(args, run_toml_existed, predates_splits).cfg
+
+
+def resolve_start(
+    args: argparse.Namespace, run_toml_existed: bool, predates_splits: bool | None = None
+) -> OpenSettings:
+    """`resolve_config`, and which held-out case applies. OpenSettings by daemon/data/open_settings.py: a new run's
+    held-out split (a run predates splits only with checkpoints and its own run.toml: by default
+    when `run_toml_existed` and the run directory has checkpoints), the tokenizer's vocabulary."""
+    if predates_splits is None:
+        predates_splits = run_toml_existed and bool(_checkpoints(args.run_dir))
+    cfg_path = args.config or (args.run_dir / CONFIG_FILE)
+    file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
+    run_preset = file_values.get("preset")
+    if args.preset and run_preset and args.preset != run_preset:
+        raise ConfigError(
+            f"--preset {args.preset} disagrees with this run's preset {run_preset} ({cfg_path}): "
+            "a run keeps its model; drop --preset, or start a new run directory"
+        )
+    overrides = config_overrides(args)
+    if args.with_proxy:
+        overrides["mixing"] = "proxy"
+    if "batch_size_per" not in file_values:
+        # What batch_size counts belongs to the run, not to the file a start names: a new run
+        # counts it per step; an existing one keeps what its run.toml says (a --config file
+        # written for it need not repeat it).
+        run_toml = args.run_dir / CONFIG_FILE
+        recorded = load_toml(run_toml) if args.config and run_toml_existed else file_values
+        if not run_toml_existed:
+            file_values["batch_size_per"] = "step"
+        elif "batch_size_per" in recorded:
+            file_values["batch_size_per"] = recorded["batch_size_per"]
+    cfg = build_config(file_values, overrides, source=str(cfg_path))
+    # Without run.toml the flags describe a run as this version creates it: with the default
+    # held-out split. A run that lost its run.toml is then resumed only if its checkpoints agree;
+    # one older than splits is refused naming data.heldout_fraction, and --heldout-fraction 0
+    # restores it. A run.toml of a new run (no checkpoint) gets the default split too.
+    cfg = cfg if run_toml_existed else for_new_run(cfg)
+    return resolve_open_settings(cfg, args.run_dir, predates_splits)
+
+
+def _record_new_run(
+    args: argparse.Namespace, cfg: RunConfig, world: World, own_new_run_toml: bool
+) -> list[str]:
+    """A new run started from a run.toml a person wrote in the run directory: the trajectory
+    settings it leaves open go into it as this start settled them (flags included), so that every
+    restart resumes alike; one it states and a flag changes is still refused."""
+    if not (world.is_main and own_new_run_toml):
+        return []
+    return record_new_run(args.run_dir / CONFIG_FILE, cfg)
+
+
+def _check_machine(cfg: RunConfig, world: World, existing: bool) -> torch.device:
+    """This rank's device. A device or precision this machine cannot run, or a batch the job cannot
+    share out, is refused before run.toml records it (for an `existing` run, one with checkpoints,
+    naming only what it can change)."""
+    device = device_for(world, resolve_device(cfg.device))
+    resolve(cfg.precision, device)
+    batch_shape(cfg, world.size, existing)
+    return device
+
+
+def _resolve_run_toml(
+    args: argparse.Namespace,
+    cfg: RunConfig,
+    world: World,
+    run_toml_existed: bool,
+    write: bool,
+    predates: bool,
+) -> tuple[bool, list[str]]:
+    """The new-run/existing-run decision: (write run.toml only after the resume?, the trajectory
+    changes this start makes). A new run's run.toml is written now (if `write`)."""
+    run_dir: Path = args.run_dir
+    run_toml = run_dir / CONFIG_FILE
+    # A run that has checkpoints but lost its run.toml gets one only once the resume is accepted:
+    # written now, a refusal would leave the defaults recorded for every restart.
+    write_later = world.is_main and not run_toml.exists() and bool(_checkpoints(run_dir))
+    changes: list[str] = []
+    if world.is_main and run_toml_existed:
+        # Flags that change the trajectory the run's own file describes: named, and refused unless
+        # deliberate (then recorded in run.toml once the resume has been accepted).
+        own = build_config(load_toml(run_toml), source=CONFIG_FILE)
+        recorded = resolve_open_settings(own, run_dir, predates).cfg
+        changes = config_changes(recorded.trajectory(), cfg.trajectory())
+        if changes and not args.allow_config_change:
+            raise StartRefused(
+                f"this start changes the run's training config ({run_toml}): "
+                f"{'; '.join(changes)}; pass --allow-config-change to continue under the new one "
+                "on purpose",
+                ExitCode.RESUME_REFUSED,
+            )
+    if write and world.is_main and not run_toml.exists() and not write_later:
+        save_config(cfg, run_toml)
+    return write_later, changes
+
+
+def _checkpoints(run_dir: Path) -> list[int]:
+    return checkpoint_steps(run_dir) if run_dir.is_dir() else []
+
+
+def _check_init_from(
+    args: argparse.Namespace, cfg: RunConfig, world: World, tokenizer: RunTokenizer
+) -> Path | None:
+    """The checkpoint a new run starts from (--init-from), checked before anything is written:
+    an intact manifest of a model of the same shape and tokenizer (another one only with
+    --init-from-other-tokenizer), into a directory without checkpoints. None
+    without --init-from, and for a restart of the run that already started from it. Every rank
+    that can see the source checks it, so that a refusal ends them all at once; a rank on another
+    machine leaves it to rank 0."""
+    for flag in ("init_from_optimizer", "init_from_other_tokenizer"):
+        if getattr(args, flag) and args.init_from is None:
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} goes with --init-from PATH/step_NNNNNN.bin"
+            )
+    if args.init_from is None:
+        return None
+    try:
+        source = read_source(args.init_from)
+    except SourceError as e:
+        if world.is_main:
+            raise ConfigError(str(e)) from None
+        return args.init_from
+    if diff := shape_differences(source.manifest.model, cfg.model):
+        raise ConfigError(
+            f"--init-from {source.path}: its model is not this run's shape ({'; '.join(diff)}, "
+            "checkpoint → this run); a run starts from a checkpoint of the same shape"
+        )
+    _check_tokenizer(args, source.path, source.manifest.tokenizer, tokenizer, world)
+    steps = _checkpoints(args.run_dir)
+    if not steps:
+        return source.path
+    started = _started_from(args.run_dir, steps[0])
+    if started is not None and started.bin_sha256 == source.manifest.bin_sha256:
+        if world.is_main:
+            log.info(
+                "this run started from %s (sha256 %s…); resuming its own checkpoints",
+                started.path,
+                started.bin_sha256[:12],
+            )
+        return None
+    raise StartRefused(
+        f"--init-from starts a new run, and {args.run_dir} holds checkpoints (newest "
+        f"{bin_name(steps[0])}) of a run that did not start from {source.path}: resume it "
+        "without --init-from, or start the new run in a new directory",
+        ExitCode.RESUME_REFUSED,
+    )
+
+
+def _check_tokenizer(
+    args: argparse.Namespace, path: Path, source: str, tokenizer: RunTokenizer, world: World
+) -> None:
+    """Embedding rows stand for the tokens of the tokenizer they were trained under: a source of
+    another tokenizer (even of the same size) is refused, naming both, unless the person says they
+    mean it (vocabulary surgery)."""
+    if source == tokenizer.identity:
+        return
+    what = (
+        f"--init-from {path}: its model was trained under {describe_identity(source)}, this "
+        f"run's [data] tokenizer is {tokenizer.describe(full=True)}"
+    )
+    if not args.init_from_other_tokenizer:
+        raise ConfigError(
+            f"{what}: each embedding row would stand for another token; start from a checkpoint "
+            "of the same tokenizer, or pass --init-from-other-tokenizer to start from it on "
+            "purpose (vocabulary surgery)"
+        )
+    if world.is_main:
+        log.warning("%s; starting from it anyway (--init-from-other-tokenizer)", what)
+
+
+def _started_from(run_dir: Path, step: int) -> InitSource | None:
+    try:
+        return read_manifest(run_dir, step).lineage_or_default().init_from
+    except (ValueError, OSError):
+        return None
+
+
+def check_proxy_options(args: argparse.Namespace) -> None:
+    """--policy and --pivot belong to --with-proxy, whose policy is checked before anything starts,
+    rather than by the child proxy after training began."""
+    if (args.policy or args.pivot) and not args.with_proxy:
+        raise ConfigError(
+            "--policy and --pivot are options of the proxy: use them with --with-proxy"
+        )
+    if getattr(args, "proxy_grace", None) is not None and not args.with_proxy:
+        raise ConfigError("--proxy-grace is about the proxy --with-proxy starts: use it with that")
+    if args.with_proxy:
+        from andrea.daemon.mixing.policy import PolicyError
+        from andrea.daemon.mixing.policystore import resolve_policy
+
+        try:
+            resolve_policy(args.run_dir, args.policy, args.pivot)
+        except PolicyError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _unsafe_options(args: argparse.Namespace, cfg: RunConfig) -> frozenset[str]:
+    """The restores to skip (--unsafe-skip-restore); the unsafe options checked."""
+    skip = frozenset(x for x in args.unsafe_skip_restore.split(",") if x)
+    if skip - {"rng", "cursor", "buckets"}:
+        raise ConfigError(
+            f"--unsafe-skip-restore takes rng, cursor and/or buckets, not {sorted(skip)}"
+        )
+    if args.unsafe_no_coordination and cfg.mixing != "fixed":
+        raise ConfigError("--unsafe-no-coordination is for benchmarks of the fixed mixture only")
+    return skip
