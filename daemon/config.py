@@ -393,13 +393,13 @@ class RunConfig(_Strict):
     )
     precision: Precision = Field(
         "auto",
-        description="arithmetic of the training step (daemon/trainer/platform/precision.py): auto = bf16 autocast on a CUDA GPU "
-        "that supports it (else tf32), fp32 on CPU",
+        description="arithmetic of the training step (daemon/trainer/platform/precision.py): "
+        "auto = bf16 autocast on a CUDA GPU that supports it (else tf32), fp32 on CPU",
     )
     deterministic: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="deterministic algorithms, cuBLAS workspace and math attention (daemon/trainer/platform/determinism.py); "
-        "auto = on for CUDA, off on CPU",
+        description="deterministic algorithms, cuBLAS workspace and math attention "
+        "(daemon/trainer/platform/determinism.py); auto = on for CUDA, off on CPU",
     )
     threads: int | None = Field(
         None,

@@ -345,7 +345,8 @@ def _other_programs() -> list[Program]:
     scripts = [
         *sorted((ROOT / "scripts").glob("*.py")),
         *sorted((ROOT / "tests" / "bench").glob("*.py")),
-        ROOT / "tests" / "audited_run.py",  # also run as `python -m tests.support.audited_run`
+        # also run as `python -m tests.support.audited_run`
+        ROOT / "tests" / "support" / "audited_run.py",
     ]
     tools = [
         _program(p.name, rf"\b{p.stem}(?:\.py)?\b", declared_options(str(p.relative_to(ROOT))))
@@ -638,7 +639,7 @@ def architecture_problems(doc: Doc) -> list[str]:
 
     A path from the repository root names its module. A file name (`loop.py`, `commands/pivot.py`)
     is read in the folder of the last such path before it on its line, else of the heading above
-    it: `daemon/mixing/`: `core.py` is daemon/mixing/run_state.py. A package's `__init__` and
+    it: `daemon/mixing/`: `run_state.py` is daemon/mixing/run_state.py. A package's `__init__` and
     `__main__` are named by the package's folder (`daemon/trainer/`, `verify_resume/`)."""
     named: set[str] = set()
     problems = []
@@ -721,6 +722,32 @@ def test_the_tables_of_the_satellite_files_are_their_models() -> None:
 
 def test_every_module_is_on_the_architecture_page() -> None:
     assert architecture_problems(page("docs/architecture.md")) == []
+
+
+def tree_problems(doc: Doc) -> list[str]:
+    """The code block under `## The tree` lists every module of the packages, and nothing else."""
+    after = doc.text.split("\n## The tree\n", 1)[1]
+    listed = after.split("```text\n", 1)[1].split("```", 1)[0].split()
+    found = sorted(
+        str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*.py")
+    )
+    problems = [f"{doc.name}: {m} is not in the tree" for m in found if m not in listed]
+    problems += [f"{doc.name}: the tree lists {m}, no module" for m in listed if m not in found]
+    if not problems and listed != found:
+        problems.append(f"{doc.name}: the tree is not in `sort` order")
+    return problems
+
+
+def test_the_tree_on_the_architecture_page_is_the_folders() -> None:
+    assert tree_problems(page("docs/architecture.md")) == []
+
+
+def test_a_module_missing_from_the_tree_or_one_it_invents_is_found() -> None:
+    name = "docs/architecture.md"
+    doc, _ = drifted(name, "daemon/model.py\n", "")
+    assert tree_problems(doc) == [f"{name}: daemon/model.py is not in the tree"]
+    doc, _ = drifted(name, "daemon/model.py\n", "daemon/model.py\ndaemon/trainer_loop.py\n")
+    assert tree_problems(doc) == [f"{name}: the tree lists daemon/trainer_loop.py, no module"]
 
 
 def test_the_lists_of_reasons_are_checked_somewhere() -> None:
@@ -818,11 +845,14 @@ def test_a_manifest_field_missing_from_the_docs_or_not_in_the_model_is_found() -
 
 def test_a_module_missing_from_the_architecture_page_or_in_the_wrong_folder_is_found() -> None:
     name = "docs/architecture.md"
-    doc, _ = drifted(name, "`hold.py` (a pivot's identified hold), ", "")
+    doc, _ = drifted(name, "`boundary_hold.py` (a pivot's identified hold), ", "")
+    assert architecture_problems(doc) == []  # the tree still names it
+    doc = Doc(name, doc.text.replace("daemon/trainer/service/boundary_hold.py\n", "", 1))
     assert architecture_problems(doc) == [
         f"{name}: daemon/trainer/service/boundary_hold.py is not on the page"
     ]
     doc, n = drifted(name, "`catalog.py` (what", "`durable.py` (what")
+    doc, n = Doc(name, doc.text.replace("daemon/checkpoint/catalog.py\n", "", 1)), n - 1
     assert architecture_problems(doc) == [
         f"{name}:{n}: durable.py is no module of daemon/checkpoint/",
         f"{name}: daemon/checkpoint/catalog.py is not on the page",

@@ -18,7 +18,7 @@ from andrea.control.reports import REPORTS, report_adapter, report_models
 from andrea.daemon.rundir.evallog import ArmEval, EvalEntry, EvalLog
 from andrea.daemon.rundir.layout import peer_endpoint
 from andrea.daemon.rundir.losslog import LossLog
-from andrea.protocol import messages as m
+from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import new_id, request
 
@@ -110,7 +110,9 @@ def test_the_registry_names_every_command_and_the_schema_prints_it(capsys) -> No
     assert set(REPORTS) == names - {"schema"}, "a command whose --json document has no schema"
     for command in REPORTS:
         models = report_models(command)
-        assert set(variants(printed_schema(command, capsys))) == {m.__name__ for m in models}
+        assert set(variants(printed_schema(command, capsys))) == {
+            model.__name__ for model in models
+        }
     assert {c: len(models) for c, models in REPORTS.items() if len(models) > 1} == {
         "history": 2,
         "pivot": 2,
@@ -218,7 +220,7 @@ def test_live_reports_validate(tmp_path: Path, cache_dir: Path, capsys) -> None:
     # A hold no pivot completes (as of a client that died): cancelled by the command.
     reply = request(
         peer_endpoint(run, "trainer"),
-        m.CheckpointRequest(id=new_id(), boundary=True, hold=True, hold_timeout_s=600),
+        messages.CheckpointRequest(id=new_id(), boundary=True, hold=True, hold_timeout_s=600),
         timeout=10,
     )
     assert reply.ok, reply

@@ -589,7 +589,9 @@ def _readme(
         f"| `{c.name}` | `{c.identity}` | {c.n_tokens:,} | {c.epoch}:{c.position} |"
         for c in manifest.data
     )
-    template = resources.files("andrea.control").joinpath(README_TEMPLATE).read_text("utf-8")
+    template = (
+        resources.files(__name__.rpartition(".")[0]).joinpath(README_TEMPLATE).read_text("utf-8")
+    )
     return Template(template).substitute(
         step=report_step,
         next_step=report_step + 1,

@@ -1,5 +1,5 @@
 """What a start decides that a run's config may leave open: the held-out split of a new run, and the
-vocabulary of the run's tokenizer. The trainer and the proxy both settle a config this way, so
+vocabulary of the run's tokenizer. The trainer and the proxy both fill them in this way, so
 that they derive the same arms, with the same identities, from the same run.toml.
 
 - `[data] heldout_fraction` unset: a run directory that already has checkpoints and a run.toml

@@ -14,8 +14,9 @@ records until they are acknowledged and re-sends them, and every assignment is r
 identically (see `assignbook`).
 
 The rooms: this module is the process (lock, socket, the duty-cycled loop, routing, exit codes);
-`core` the state and its writes; `startup` how it is rebuilt from the run directory; `link` the
-trainer's messages; `pivot` pivots; `proxyfiles` and `archive` the file formats.
+`run_state` the state and its writes; `startup` how it is rebuilt from the run directory;
+`trainer_messages` the trainer's messages; `peers` which trainer life speaks; `new_phase` pivots;
+`proxyfiles` and `archive` the file formats.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ MAX_DEFERRED_CONTROL = 1000
 
 
 class Proxy(ProxyRunState):
-    """The core served on the run's proxy socket, holding the run directory's proxy lock."""
+    """The run state served on the run's proxy socket, holding the run directory's proxy lock."""
 
     def __init__(
         self, opts: ProxyOptions, flags: OperatorRequests, notifier: Notifier | None = None

@@ -145,7 +145,7 @@ class ProxyRunState:
     # ---- records ----------------------------------------------------------------------------
 
     def new_segment(self, peer: bytes, hello: messages.Hello) -> int:
-        """Number a new segment for the life `hello` admitted (`lives.refusal` said None), which
+        """Number a new segment for the life `hello` admitted (`peers.refusal` said None), which
         resumes after `hello.resume_step`, and make it the live one."""
         self.max_segment += 1
         self.peers.admit(peer, hello, self.max_segment)

@@ -2,7 +2,7 @@
 `.loss.json` agrees with the checkpoints, the bandit (from `.state.json`, or rebuilt by replaying
 the log), the progress the log shows, and where a manual pivot would start.
 
-Nothing here serves a request; `core.ProxyRunState.start` puts the pieces together.
+Nothing here serves a request; `run_state.ProxyRunState.start` puts the pieces together.
 """
 
 from __future__ import annotations

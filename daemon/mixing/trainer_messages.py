@@ -2,8 +2,9 @@
 
 Every field is checked against the proxy's own state before anything is written, and a refused
 message changes nothing (docs/protocol.md, "What a peer may send"). Records are taken only from a
-peer that said a `hello` admitted as the live trainer life (`lives.TrainerPeers`). The records themselves
-are written by the core (`core.ProxyRunState`), durable before they are acknowledged.
+peer that said a `hello` admitted as the live trainer life (`peers.TrainerPeers`). The records
+themselves are written by the run state (`run_state.ProxyRunState`), durable before they are
+acknowledged.
 """
 
 from __future__ import annotations

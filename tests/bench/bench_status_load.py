@@ -40,7 +40,7 @@ def _poll_worker(ep: str, n_sockets: int, active: mp.Event, stop: mp.Event, coun
     os.setsid()
     import zmq
 
-    from andrea.protocol import messages as m
+    from andrea.protocol import messages
 
     ctx = zmq.Context.instance()
 
@@ -52,7 +52,7 @@ def _poll_worker(ep: str, n_sockets: int, active: mp.Event, stop: mp.Event, coun
         while not stop.is_set():
             if not active.wait(0.1):
                 continue
-            sock.send_multipart([b"", m.encode(m.StatusRequest(id=f"{n}"))])
+            sock.send_multipart([b"", messages.encode(messages.StatusRequest(id=f"{n}"))])
             n += 1
             if sock.poll(5000):
                 sock.recv_multipart()

@@ -20,7 +20,7 @@ from andrea.daemon.config import CheckpointConfig, ModelConfig, RunConfig, build
 from andrea.daemon.data.arms import CursorState
 from andrea.daemon.rundir.layout import claim
 from andrea.daemon.trainer.schedule import scheduler_state
-from andrea.protocol import messages as m
+from andrea.protocol import messages
 
 MODEL = ModelConfig(block_size=8, n_layer=1, n_head=1, n_embd=8, dropout=0.0)
 ARMS = {"docstrings": "a" * 64, "code": "b" * 64}
@@ -138,7 +138,7 @@ def play_trainer(run_dir: Path) -> IO[bytes]:
     return claim(run_dir, "trainer")
 
 
-def trainer_hello(cfg: RunConfig, id: str = "h", **kw) -> m.Hello:
+def trainer_hello(cfg: RunConfig, id: str = "h", **kw) -> messages.Hello:
     """The hello of the trainer this process plays (see `play_trainer`)."""
     fields = dict(
         id=id,
@@ -148,4 +148,4 @@ def trainer_hello(cfg: RunConfig, id: str = "h", **kw) -> m.Hello:
         pid=os.getpid(),
         life=TRAINER_LIFE,
     )
-    return m.Hello(**{**fields, **kw})
+    return messages.Hello(**{**fields, **kw})

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BOOT = REPO / "tests" / "systemd" / "boot.sh"
 UNSHARE = ["unshare", "--pid", "--fork", "--mount", "--mount-proc", "--uts", "--ipc"]
 #: What a plain root shell has: no ANDREA_* variable, nothing from the test's environment.
