@@ -323,7 +323,7 @@ def _product_programs() -> list[Program]:
             commands,
         ),
         _program(
-            "python -m andrea.control.export.bundle",
+            "python -m andrea.control.export",
             r"andrea\.control\.export\b",
             declared_options("control/export/bundle.py"),
         ),

@@ -1,6 +1,6 @@
 """Export a verified checkpoint: a folder that restores the model without the run directory.
 
-    python -m andrea.control.export.bundle --run-dir RUN --to DEST [--step N]      (or: andreactl export)
+    python -m andrea.control.export --run-dir RUN --to DEST [--step N]      (or: andreactl export)
 
 The newest intact checkpoint of RUN (or exactly step N) is verified against its manifest, then copied
 into DEST with its manifest, the run's ``run.toml``, ``metrics.json`` (loss at that step, a loss EMA,
@@ -955,7 +955,7 @@ def _compare_reload(
 
 
 def _reload_in_fresh_process(dest: Path) -> ReloadCheck:
-    argv = [sys.executable, "-B", "-m", "andrea.control.export.bundle", "--reload-check", str(dest)]
+    argv = [sys.executable, "-B", "-m", "andrea.control.export", "--reload-check", str(dest)]
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=RELOAD_TIMEOUT_S, check=False
@@ -1025,7 +1025,7 @@ def run_export(
 def _command_line() -> str:
     """The command that is running, as the person typed it (for the model card)."""
     name = Path(sys.argv[0]).stem
-    program = "python -m andrea.control.export.bundle" if name == "export" else name
+    program = "python -m andrea.control.export" if name == "export" else name
     return " ".join([program, shlex.join(sys.argv[1:])])
 
 
@@ -1041,7 +1041,7 @@ def _refused(message: str, code: int, as_json: bool) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m andrea.control.export.bundle",
+        prog="python -m andrea.control.export",
         description=__doc__.split("\n\n")[0],
         allow_abbrev=False,
     )
