@@ -307,12 +307,12 @@ def _product_programs() -> list[Program]:
     return [
         _program(
             "andrea-trainer",
-            r"andrea-trainer(?![\w@-])|andrea\.daemon\.trainer_cli\b|ANDREA_TRAINER_ARGS=",
+            r"andrea-trainer(?![\w@-])|andrea\.daemon\.trainer\.service\.cli\b|ANDREA_TRAINER_ARGS=",
             parser_options(trainer_cli.build_parser()),
         ),
         _program(
             "andrea-proxy",
-            r"andrea-proxy(?![\w@-])|andrea\.daemon\.proxy_cli\b|ANDREA_PROXY_ARGS=",
+            r"andrea-proxy(?![\w@-])|andrea\.daemon\.mixing\.cli\b|ANDREA_PROXY_ARGS=",
             parser_options(proxy_cli.build_parser()),
         ),
         # ctl: docs/operations.md's shell function for `sudo -u andrea andreactl --run-dir RUN`.

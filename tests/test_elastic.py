@@ -179,11 +179,14 @@ def test_init_from_starts_a_new_run_from_another_runs_checkpoint(
     assert "skipping checkpoint" not in res.stderr and f"resumed from {bin_name(1)}" in res.stderr
     assert manifest(new, 2)["optimizer"]["adam_step"] == src["optimizer"]["adam_step"] + 2
 
-    # Never a way around the resume checks of a run that has checkpoints: every rank refuses.
+    # Never a way around the resume checks of a run that has checkpoints: each rank refuses on
+    # its own, before the process group exists, and torchrun stops the others as soon as the
+    # first exits (so how many ranks got to say it is a race); none trains.
     t = job(torchrun(source_dir, cache_dir, *args, "--init-from", str(new / bin_name(1))))
     assert t.wait(timeout=120) != 0
     refusal = f"--init-from starts a new run, and {source_dir} holds checkpoints"
-    assert t.log.count(refusal) == 2, t.log
+    assert t.log.count(refusal) >= 1, t.log
+    assert "resumed from" not in t.log and "starting at step" not in t.log, t.log
     assert max(int(p.stem[5:]) for p in source_dir.glob("step_*.json")) == 3 * LEG
     # A model of another shape is refused naming the difference.
     other = tmp_path / "other"

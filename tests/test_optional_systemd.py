@@ -14,7 +14,8 @@ pytestmark = pytest.mark.process
 WITHOUT_SYSTEMD = """
 import logging, sys
 sys.modules["systemd"] = None  # as on a machine where it is not installed: its import fails
-from andrea.daemon.runtime.operator_requests import Notifier, setup_logging
+from andrea.daemon.runtime.logsetup import setup_logging
+from andrea.daemon.runtime.sdnotify import Notifier
 setup_logging("INFO")
 for rank0 in (True, True, False):
     n = Notifier(enabled=rank0)

@@ -27,6 +27,10 @@ STATE = {
     ("Snapshotter", "backend"): "a single process has no process group",
     ("Batches", "_ahead"): "nothing drawn ahead before the first step",
     ("CrossCheck", "_columns"): "the loss log is read when first needed",
+    ("Evaluation", "_prompts"): "the samples' prompts are decided at the first sampling",
+    ("ControlServer", "_status_cache"): "no status asked for yet",
+    ("Holds", "_hold"): "no pivot's hold requested",
+    ("Holds", "_done"): "no hold ended yet",
 }
 
 
@@ -99,6 +103,8 @@ def test_nothing_is_left_none_after_the_build(tmp_path: Path, cache_dir: Path) -
             "Reporter",
             "Pivots",
             "FileSink",
+            "ControlServer",
+            "Holds",
         } <= walked
         assert trainer.control is not None and trainer.lock is not None  # rank 0's
     finally:

@@ -176,6 +176,13 @@ def lock_holder(run_dir: Path, role: str) -> int | None:
     return pid if pid > 0 else None
 
 
+#: The module each daemon runs as under `python -m` (its command line when started that way).
+DAEMON_MODULES = {
+    "trainer": "andrea.daemon.trainer.service.cli",
+    "proxy": "andrea.daemon.mixing.cli",
+}
+
+
 def running_holder(run_dir: Path, role: str) -> int | None:
     """The pid of a live andrea-`role` that claimed `role`'s lock, found without touching the lock:
     a probe that took it, even shared and for an instant, could make a daemon starting at that
@@ -189,7 +196,7 @@ def running_holder(run_dir: Path, role: str) -> int | None:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return None
-    names = (f"andrea-{role}".encode(), f"andrea.daemon.{role}_cli".encode())
+    names = (f"andrea-{role}".encode(), DAEMON_MODULES[role].encode())
     return pid if any(arg.endswith(name) for arg in argv for name in names) else None
 
 

@@ -5,6 +5,7 @@ STOPPING, or nothing when not under systemd.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -24,6 +25,7 @@ except ImportError:  # off Linux, or a machine where it could not be built (scri
     _sd = None
 
 
+@functools.cache
 def _no_notifications() -> None:
     log.warning(
         "started by systemd, but systemd-python is not installed: no readiness, status or "
