@@ -20,7 +20,7 @@ from andrea.daemon.config import CheckpointConfig, build_config
 from andrea.daemon.data.arms import Arm, ArmStream
 from andrea.daemon.rundir.layout import LOSS_FILE, bin_name, manifest_name
 from andrea.daemon.rundir.losslog import LossLog, read_entries
-from andrea.daemon.trainer.crosscheck import CrossCheck
+from andrea.daemon.trainer.checkpointing.crosscheck import CrossCheck
 from andrea.protocol.lossentry import LossEntry
 
 from .conftest import run_trainer

@@ -19,7 +19,8 @@ from ..data.encoding_progress import EncodingProgress
 from ..rundir.layout import claim, endpoint
 from ..runtime.operator_requests import OperatorRequests
 from ..runtime.sdnotify import Notifier
-from .checkpointer import Checkpointer, Storage
+from .checkpointing.checkpointer import Checkpointer, Storage
+from .checkpointing.restore import Restorer
 from .context import TrainerContext, starting_status
 from .counters import Counters
 from .evaluation import Evaluation, plan_evaluation
@@ -29,7 +30,6 @@ from .parts import build_parts, resolve_platform, wrap_for_training
 from .pivot_boundary import Pivots
 from .platform import distributed as dist
 from .reporting import Reporter
-from .restore import Restorer
 from .service.boundary_hold import Holds
 from .service.control_server import ControlServer
 from .sink import open_sink

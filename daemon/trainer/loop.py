@@ -29,13 +29,13 @@ from andrea.protocol.status import Activity, TrainerStatus
 from ..metrics.series import ema_update
 from ..rundir.layout import bin_name
 from ..runtime.exitcodes import ExitCode
-from .checkpointer import Checkpointer
+from .checkpointing.checkpointer import Checkpointer
+from .checkpointing.restore import Restorer
 from .context import TrainerContext, starting_status
 from .evaluation import Evaluation
 from .pivot_boundary import Pivots
 from .platform import distributed as dist
 from .reporting import Reporter
-from .restore import Restorer
 from .service.control_server import ControlServer
 from .sink import RecordSink
 from .step import StepRunner, TrainedStep

@@ -10,10 +10,10 @@ from andrea.protocol.status import Activity
 
 from ..rundir.layout import bin_name
 from ..runtime.operator_requests import REQUESTED_TRIGGERS
-from .checkpointer import Checkpointer
+from .checkpointing.checkpointer import Checkpointer
+from .checkpointing.restore import Restorer
 from .context import TrainerContext
 from .reporting import Reporter
-from .restore import Restorer
 from .service.boundary_hold import Hold
 from .sink import RecordSink
 

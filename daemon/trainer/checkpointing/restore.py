@@ -14,22 +14,22 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea.daemon.checkpoint import rngstate
+from andrea.daemon.checkpoint.format import Payload
+from andrea.daemon.checkpoint.manager import CheckpointManager, Expectation, Loaded, ResumeRefused
+from andrea.daemon.checkpoint.manifest import Manifest, RankState
+from andrea.daemon.checkpoint.rngstate import RngState
+from andrea.daemon.checkpoint.source import Source, SourceError, read_source
+from andrea.daemon.checkpoint.state import load_adam_state, load_weights
+from andrea.daemon.config import config_changes, record_trajectory, trajectory_of
+from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE
 from andrea.protocol.lineage import Lineage, WorldSpan
 
-from ..checkpoint import rngstate
-from ..checkpoint.format import Payload
-from ..checkpoint.manager import CheckpointManager, Expectation, Loaded, ResumeRefused
-from ..checkpoint.manifest import Manifest, RankState
-from ..checkpoint.rngstate import RngState
-from ..checkpoint.source import Source, SourceError, read_source
-from ..checkpoint.state import load_adam_state, load_weights
-from ..config import config_changes, record_trajectory, trajectory_of
-from ..rundir.layout import CONFIG_FILE, LOSS_FILE
-from .context import TrainerContext
+from ..context import TrainerContext
+from ..parts import seed_rank_stream
+from ..platform import distributed as dist
+from ..platform.environment import environment_of, inexact_changes
 from .crosscheck import CrossCheck
-from .parts import seed_rank_stream
-from .platform import distributed as dist
-from .platform.environment import environment_of, inexact_changes
 
 log = logging.getLogger(__name__)
 

@@ -16,15 +16,16 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
-from ..checkpoint.manager import CheckpointManager
-from ..checkpoint.manifest import Manifest, RankState, Trigger
-from ..rundir.layout import bin_name
-from ..rundir.losslog import LossLogError
-from ..runtime.exitcodes import ExitCode
-from .context import TrainerContext
-from .platform.distributed import Decision
-from .service.control_server import ControlServer
-from .sink import RecordSink
+from andrea.daemon.checkpoint.manager import CheckpointManager
+from andrea.daemon.checkpoint.manifest import Manifest, RankState, Trigger
+from andrea.daemon.rundir.layout import bin_name
+from andrea.daemon.rundir.losslog import LossLogError
+from andrea.daemon.runtime.exitcodes import ExitCode
+
+from ..context import TrainerContext
+from ..platform.distributed import Decision
+from ..service.control_server import ControlServer
+from ..sink import RecordSink
 from .snapshot import Snapshotter, gather_ranks
 
 log = logging.getLogger(__name__)

@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from andrea.daemon.checkpoint.manifest import Manifest
+from andrea.daemon.config import OptimConfig
+from andrea.daemon.data.arms import ArmStream, CursorState
+from andrea.daemon.rundir.losslog import LossCurve, LossLogError, read_columns
 from andrea.protocol.lossentry import LossEntry
 
-from ..checkpoint.manifest import Manifest
-from ..config import OptimConfig
-from ..data.arms import ArmStream, CursorState
-from ..rundir.losslog import LossCurve, LossLogError, read_columns
-from .schedule import lr_at
+from ..schedule import lr_at
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ..checkpoint import rngstate
-from ..checkpoint.manager import Snapshot
-from ..checkpoint.manifest import (
+from andrea.daemon.checkpoint import rngstate
+from andrea.daemon.checkpoint.manager import Snapshot
+from andrea.daemon.checkpoint.manifest import (
     DistributedState,
     Environment,
     MixingState,
@@ -15,13 +15,14 @@ from ..checkpoint.manifest import (
     Progress,
     RankState,
 )
-from ..checkpoint.writer import StagingBuffer
-from .context import TrainerContext
-from .parts import FUSED
-from .platform import distributed as dist
-from .platform.environment import environment_of
-from .schedule import scheduler_state
-from .sink import RecordSink
+from andrea.daemon.checkpoint.writer import StagingBuffer
+
+from ..context import TrainerContext
+from ..parts import FUSED
+from ..platform import distributed as dist
+from ..platform.environment import environment_of
+from ..schedule import scheduler_state
+from ..sink import RecordSink
 
 
 def gather_ranks(ctx: TrainerContext) -> list[RankState] | None:
