@@ -123,6 +123,8 @@ def test_proxy_sigkill_is_invisible(
     assert t.proc.poll() is None, "the trainer must hold, not exit, while the proxy is down"
     proxy = start_proxy(tmp_path)
     assert t.wait() == ExitCode.OK, t.log
+    # This start read the checkpoints' manifests, yet the proxy never loads torch (3-4 s of CPU).
+    assert "libtorch" not in Path(f"/proc/{proxy.proc.pid}/maps").read_text()
     assert stop(proxy) == ExitCode.OK, proxy.log
     entries = read_entries(tmp_path / ".loss.json")
     assert len({e.segment for e in entries}) == 1, "the trainer never restarted"

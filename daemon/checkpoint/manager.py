@@ -463,12 +463,14 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def read_manifest(run_dir: Path, step: int) -> Manifest:
+def read_manifest(run_dir: Path, step: int, *, rng_trial: bool = True) -> Manifest:
     """The verified manifest of `step` (bounded read, content hash, field checks); ValueError
-    naming the problem when it is not intact, OSError when it cannot be read."""
+    naming the problem when it is not intact, OSError when it cannot be read. `rng_trial=False`:
+    the RNG states are checked without torch, for a reader that never restores them."""
     man_path = run_dir / rundir.manifest_name(step)
     try:
-        manifest = decode_manifest(read_bounded(man_path, MAX_MANIFEST_BYTES))
+        raw = read_bounded(man_path, MAX_MANIFEST_BYTES)
+        manifest = decode_manifest(raw, rng_trial=rng_trial)
     except FileRejected:
         raise
     except (ValidationError, ValueError) as e:

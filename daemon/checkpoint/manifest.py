@@ -29,7 +29,7 @@ from ..data.arms import CursorState
 from ..rundir import layout as rundir
 from ..runtime.operator_requests import CheckpointReason, StopReason
 from . import format as checkpoint_format
-from .rngstate import RngState
+from .rngstate import SHAPE_ONLY, RngState
 
 FORMAT_VERSION: Literal[2] = 2
 #: Format 1 had no content hash; it is read, never written.
@@ -261,10 +261,11 @@ def encode_manifest(manifest: Manifest) -> bytes:
     return json.dumps(content, indent=1, ensure_ascii=False, allow_nan=False).encode()
 
 
-def decode_manifest(raw: bytes) -> Manifest:
+def decode_manifest(raw: bytes, *, rng_trial: bool = True) -> Manifest:
     """Parse and verify a manifest's bytes. ValueError (a ValidationError included) naming the
     first problem when it is not intact: not JSON, a field out of range, or a content hash that
-    does not match (an edit)."""
+    does not match (an edit). `rng_trial=False` is for readers that never restore the RNG states:
+    they are checked without torch (rngstate.py)."""
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ValueError(f"{len(raw):,} bytes, more than a manifest can hold")
     try:
@@ -286,4 +287,4 @@ def decode_manifest(raw: bytes) -> Manifest:
                 f"content_sha256 {str(claimed)[:12]}… does not match the content ({actual[:12]}…):"
                 " the manifest was edited or damaged"
             )
-    return Manifest.model_validate(content)
+    return Manifest.model_validate(content, context=None if rng_trial else SHAPE_ONLY)

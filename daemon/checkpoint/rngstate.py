@@ -6,7 +6,9 @@ in use are all saved, even those the trainer does not draw from itself today: a 
 all-or-nothing and failures raise — never "could not load random states" and carry on. Every
 saved state is checked when the manifest is read, down to trying it on a throwaway generator, so a
 state that the generators would refuse makes the checkpoint damaged (skipped with its reason), never
-a crash after the resume began.
+a crash after the resume began. Readers that never restore a state (the proxy, andreactl's reports)
+validate with `SHAPE_ONLY` in the context: the torch state's size is checked, not torch's own trial,
+so that they never import torch (3–4 s of CPU at each start, more than the proxy's whole start-up).
 
 Only the device this process trains on is saved (one entry in `torch_cuda`), never every visible
 device: a run moved to a machine with another number of GPUs (or a rank of a job, which sees its
@@ -18,10 +20,13 @@ from __future__ import annotations
 
 import base64
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+if TYPE_CHECKING:  # imported where a state is captured, restored or tried
+    import torch
 
 #: Sizes of the generators' states, checked when a manifest is read so that a damaged RNG state
 #: makes the checkpoint damaged (skipped with its reason) instead of failing after the resume began.
@@ -29,6 +34,8 @@ _MT_WORDS = 624
 _TORCH_CPU_STATE_BYTES = 5056
 _U32 = 2**32 - 1
 _PY_RANDOM_VERSION = 3
+#: Validation context of a reader that never restores a state: torch's trial is skipped.
+SHAPE_ONLY = {"rng_trial": False}
 
 
 class RngState(BaseModel):
@@ -94,7 +101,7 @@ class RngState(BaseModel):
 
     @field_validator("torch_cpu")
     @classmethod
-    def _torch_state(cls, v: str) -> str:
+    def _torch_state(cls, v: str, info: ValidationInfo) -> str:
         try:
             raw = base64.b64decode(v, validate=True)
         except ValueError:
@@ -103,6 +110,10 @@ class RngState(BaseModel):
             raise ValueError(
                 f"torch CPU RNG state is {len(raw)} bytes, expected {_TORCH_CPU_STATE_BYTES}"
             )
+        if info.context is not None and info.context.get("rng_trial") is False:
+            return v
+        import torch
+
         try:
             torch.Generator().set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         except RuntimeError as e:
@@ -133,11 +144,15 @@ def _b64(t: torch.Tensor) -> str:
 
 
 def _unb64(s: str) -> torch.Tensor:
+    import torch
+
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
 
 
 def capture(device: torch.device | None = None) -> RngState:
     """The state of every generator; on CUDA, of `device`'s generator only (default: current)."""
+    import torch
+
     version, internal, gauss = random.getstate()
     np_state = np.random.get_state(legacy=False)
     np_state = {
@@ -162,6 +177,8 @@ def capture(device: torch.device | None = None) -> RngState:
 
 
 def _cuda_initialised() -> bool:
+    import torch
+
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
@@ -169,6 +186,8 @@ def restore(state: RngState, device: torch.device | None = None) -> list[str]:
     """Restore all generators; the saved CUDA state goes to `device`, the one this process trains
     on. Returns what could not be restored exactly (a CUDA state without a CUDA device here), for
     the caller to announce with the other reasons a resume is not bit-exact."""
+    import torch
+
     notes = []
     cuda_state = None
     here: torch.device | None = None

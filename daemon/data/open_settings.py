@@ -56,7 +56,7 @@ def recorded_split(run_dir: Path) -> float:
     then reports)."""
     for step in checkpoint_steps(run_dir):
         try:
-            data = read_manifest(run_dir, step).config.get("data")
+            data = read_manifest(run_dir, step, rng_trial=False).config.get("data")
         except (OSError, ValueError):
             continue
         fraction = data.get("heldout_fraction") if isinstance(data, dict) else None

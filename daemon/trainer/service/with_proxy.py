@@ -36,7 +36,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from andrea.daemon.rundir.layout import POLICY_FILE, AlreadyRunning, running_holder
+from andrea.daemon.rundir.layout import (
+    DAEMON_MODULES,
+    POLICY_FILE,
+    AlreadyRunning,
+    running_holder,
+)
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.daemon.runtime.logsetup import LOG_TAG_ENV
 from andrea.daemon.runtime.operator_requests import OperatorRequests
@@ -82,7 +87,7 @@ class ProxyChild:
         self.cmd = [
             sys.executable,
             "-m",
-            "andrea.daemon.mixing.cli",
+            DAEMON_MODULES["proxy"],
             "--run-dir",
             str(run_dir),
             "--log-level",
