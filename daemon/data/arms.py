@@ -205,8 +205,8 @@ def _stdlib_arms(
         raise DataError(f"no Python sources found under {root}")
     parts = sorted({s.part for s in specs if s.part is not None})
     ids = {
-        p: encoded_identity(corpus.stdlib_identity(p, files, root), tokenizer.identity, fraction)
-        for p in parts
+        p: encoded_identity(source, tokenizer.identity, fraction)
+        for p, source in corpus.stdlib_identities(parts, files, root).items()
     }
     extracted: dict[str, list[tuple[str, bytes]]] = {}
 
