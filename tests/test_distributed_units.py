@@ -13,7 +13,8 @@ from andrea.daemon.checkpoint import rngstate
 from andrea.daemon.checkpoint.manifest import DistributedState, RankState
 from andrea.daemon.config import ConfigError
 from andrea.daemon.runtime.operator_requests import OperatorRequests
-from andrea.daemon.trainer.platform.distributed import Coordinator, World, fingerprint
+from andrea.daemon.trainer.platform.distributed import Coordinator, fingerprint
+from andrea.daemon.trainer.platform.world import World
 
 
 def test_world_of_one_without_torchrun() -> None:

@@ -16,7 +16,7 @@ import torch
 from andrea.daemon.checkpoint.writer import StagingBuffer
 from andrea.daemon.data.arms import Arm, ArmStream
 from andrea.daemon.trainer.batch_loader import Batches
-from andrea.daemon.trainer.platform.distributed import World
+from andrea.daemon.trainer.platform.world import World
 
 BLOCK, ROWS, ACCUM = 16, 4, 2
 

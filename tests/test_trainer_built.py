@@ -11,7 +11,9 @@ import pytest
 from andrea.daemon.config import build_config
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.daemon.runtime.operator_requests import OperatorRequests
-from andrea.daemon.trainer import Trainer, TrainerOptions, assemble
+from andrea.daemon.trainer.factory import assemble
+from andrea.daemon.trainer.loop import Trainer
+from andrea.daemon.trainer.options import TrainerOptions
 
 pytestmark = pytest.mark.process  # a real trainer: data, model, control socket, checkpoints
 

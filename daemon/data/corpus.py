@@ -17,7 +17,7 @@ import io
 import os
 import sysconfig
 import tokenize
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .sources import Roots, check_stop, file_digest
@@ -89,7 +89,7 @@ def stdlib_identity(part: str, files: list[Path], root: Path) -> str:
     return listing_digest(files, root, _stdlib_salt(part))
 
 
-def stdlib_identities(parts: list[str], files: list[Path], root: Path) -> dict[str, str]:
+def stdlib_identities(parts: Sequence[str], files: list[Path], root: Path) -> dict[str, str]:
     """`stdlib_identity` of each part, the files read and hashed once for all of them (a third
     of the time every start of a three-arm run spent hashing the corpus)."""
     listing = _listing(files, root, None, None)

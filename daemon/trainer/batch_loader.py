@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .parts import Parts
-from .platform.distributed import World
+from .platform.world import World
 
 
 @dataclass(frozen=True)

@@ -344,7 +344,8 @@ def _sha256_time(buf: np.ndarray) -> float:
 
 def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
     from andrea.daemon.runtime.operator_requests import OperatorRequests
-    from andrea.daemon.trainer import TrainerOptions, assemble
+    from andrea.daemon.trainer.factory import assemble
+    from andrea.daemon.trainer.options import TrainerOptions
 
     run_dir = work / f"stall-{preset}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -549,7 +550,8 @@ def _bookkeeping_cost(cache: Path) -> float:
     the arm, the batch (drawn, and taken from the worker that gathered and hashed it), the loss
     entry and its append, the watchdog tick, the flag checks."""
     from andrea.daemon.runtime.operator_requests import OperatorRequests
-    from andrea.daemon.trainer import TrainerOptions, assemble
+    from andrea.daemon.trainer.factory import assemble
+    from andrea.daemon.trainer.options import TrainerOptions
     from andrea.protocol.lossentry import LossEntry
 
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
@@ -640,7 +642,8 @@ def bench_batches(cache: Path, reps: int = 300) -> dict:
     import hashlib
 
     from andrea.daemon.runtime.operator_requests import OperatorRequests
-    from andrea.daemon.trainer import TrainerOptions, assemble
+    from andrea.daemon.trainer.factory import assemble
+    from andrea.daemon.trainer.options import TrainerOptions
 
     with tempfile.TemporaryDirectory(prefix="andrea-bench-") as d:
         cfg = build_config(

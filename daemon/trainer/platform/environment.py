@@ -11,7 +11,7 @@ from andrea.daemon.checkpoint.manifest import Environment, code_version
 
 from ..parts import Platform
 from . import cudaenv
-from .distributed import World
+from .world import World
 
 #: Environment fields whose change makes a resume inexact (the versions of Python, NumPy and
 #: the code are recorded for the audit: they do not change the arithmetic of a step).

@@ -23,8 +23,9 @@ from andrea.daemon.runtime.sdnotify import Notifier
 if TYPE_CHECKING:
     from andrea.daemon.config import RunConfig
 
-    from .. import Opened, TrainerOptions
-    from ..platform.distributed import World
+    from ..factory import Opened
+    from ..options import TrainerOptions
+    from ..platform.world import World
     from .start import StartPlan
     from .with_proxy import ProxyChild
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         _check(args)
     from andrea.daemon.config import ConfigError
 
-    from ..platform.distributed import World
+    from ..platform.world import World
 
     try:
         world = World.from_environ()
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace, flags: OperatorRequests, world: World | None =
     """Start (or resume) the run `args` describe and train it; the exit code says how it ended."""
     from andrea.daemon.config import ConfigError
 
-    from ..platform.distributed import World
+    from ..platform.world import World
     from .start import StartRefused, plan_start
 
     world = world or World()
@@ -294,7 +295,7 @@ def _train(
     from andrea.daemon.checkpoint.source import SourceError
     from andrea.daemon.config import save_config
 
-    from .. import build_trainer
+    from ..factory import build_trainer
     from ..sink import RecordLogRefused
     from .proxy_client import ProxyRefused
     from .start import StartRefused
@@ -334,7 +335,7 @@ def _train(
 
 
 def _options(plan: StartPlan, args: argparse.Namespace, world: World) -> TrainerOptions:
-    from .. import TrainerOptions
+    from ..options import TrainerOptions
 
     opts = TrainerOptions(
         plan.run_dir,
@@ -367,7 +368,7 @@ def _open(
     from andrea.daemon.data.sources import DataError
     from andrea.daemon.rundir.layout import AlreadyRunning, SocketDirError
 
-    from .. import open_context
+    from ..factory import open_context
     from ..platform import distributed as dist
     from .start import data_refusal
 

@@ -32,7 +32,7 @@ from andrea.daemon.data.sources import DEFAULT_FIELD, arm_files, jsonl_documents
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from ..platform.distributed import World
+from ..platform.world import World
 from .start import StartPlan, StartRefused, data_refusal, plan_start
 
 log = logging.getLogger("andrea.trainer")

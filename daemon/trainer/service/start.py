@@ -35,8 +35,7 @@ from andrea.daemon.rundir.layout import CONFIG_FILE, bin_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.protocol.lineage import InitSource
 
-from ..platform.distributed import World, device_for
-from ..platform.precision import resolve, resolve_device
+from ..platform.world import World
 from .flags import config_overrides
 
 if TYPE_CHECKING:
@@ -177,6 +176,10 @@ def _check_machine(cfg: RunConfig, world: World, existing: bool) -> torch.device
     """This rank's device. A device or precision this machine cannot run, or a batch the job cannot
     share out, is refused before run.toml records it (for an `existing` run, one with checkpoints,
     naming only what it can change)."""
+    # torch's import (2-3 s of CPU) waits until the config is known to be sound.
+    from ..platform.distributed import device_for
+    from ..platform.precision import resolve, resolve_device
+
     device = device_for(world, resolve_device(cfg.device))
     resolve(cfg.precision, device)
     batch_shape(cfg, world.size, existing)
