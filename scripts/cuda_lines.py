@@ -10,7 +10,8 @@ puts them behind a CUDA condition.
 
 A missed line counts when it sits in a branch of an `if` whose test mentions CUDA (see GUARD),
 after such an `if` one of whose branches leaves the block (`if device.type != "cuda": return ...`),
-or in a function that only CUDA code calls (CUDA_ONLY_FUNCTIONS, listed by reading the callers).
+or in a function that only CUDA code calls (CUDA_ONLY_FUNCTIONS, listed by reading the callers);
+a test of an attribute only CUDA code sets (SET_ONLY_ON_CUDA) is a CUDA test.
 A conditional expression (`a if cuda else b`) is one statement, which coverage counts as one line
 that runs on every device: it never holds a CUDA-only line.
 
@@ -38,6 +39,19 @@ CAPABILITY_QUERY = re.compile(r"is_bf16_supported\(\)")
 GPU_CHECK = "scripts/gpu_check.py"
 #: scripts/gpu_check.py: the dry run is the CPU rehearsal, the other run needs CUDA.
 GPU_CHECK_DRY_RUN = re.compile(r"\bdry_run$")
+
+#: Attributes that only CUDA code sets (CUDA events, by reading where they are assigned): None on
+#: the CPU run, so a test of them is a CUDA test. path -> {expression: where it is set}.
+SET_ONLY_ON_CUDA: dict[str, dict[str, str]] = {
+    "daemon/checkpoint/writer.py": {
+        "self._event": "_copy_aside",
+        "self._unguarded": "_copy_aside",
+    },
+    "daemon/trainer/step.py": {
+        "self.event": "Mark.__init__, `if device.type == 'cuda'`",
+        "earlier.event": "Mark.__init__, `if device.type == 'cuda'`",
+    },
+}
 
 #: Functions with no CUDA test of their own that only CUDA code calls (by reading their callers):
 #: path -> {qualified name: the caller's guard}.
@@ -100,6 +114,17 @@ def value(test: ast.expr, path: str) -> Value:
     ):
         eq = isinstance(test.ops[0], ast.Eq)
         return Value(not eq, eq)
+    set_on_cuda = SET_ONLY_ON_CUDA.get(path, {})
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Is | ast.IsNot)
+        and ast.unparse(test.left) in set_on_cuda
+    ):
+        is_none = isinstance(test.ops[0], ast.Is)
+        return Value(is_none, None)
+    if text in set_on_cuda:
+        return Value(False, None)
     if DEVICE_QUERY.search(text):
         return Value(False, True)
     if CAPABILITY_QUERY.search(text):

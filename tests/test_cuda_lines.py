@@ -87,6 +87,9 @@ def test_gpu_checks_dry_run_tests_and_cuda_only_callees_count() -> None:
     stream = next(i for i, line in enumerate(writer[start:], start + 1) if "wait_stream" in line)
     guarded = cuda_lines.guarded_lines("daemon/checkpoint/writer.py", "\n".join(writer))
     assert stream in guarded and start not in guarded
+    # ready(): the event it waits on is set only by the CUDA copy.
+    sync = next(i for i, line in enumerate(writer, 1) if "self._event.synchronize()" in line)
+    assert sync in guarded and sync - 1 not in guarded
 
 
 def test_the_command_prints_the_count_and_refuses_a_bad_report(tmp_path: Path, capsys) -> None:
