@@ -8,12 +8,16 @@ puts them behind a CUDA condition.
 
 (pyproject.toml's [tool.coverage.run] names the sources and keeps the data under build/.)
 
-A missed line counts when it sits in a branch of an `if` whose test mentions CUDA (see GUARD),
-after such an `if` one of whose branches leaves the block (`if device.type != "cuda": return ...`),
-or in a function that only CUDA code calls (CUDA_ONLY_FUNCTIONS, listed by reading the callers);
-a test of an attribute only CUDA code sets (SET_ONLY_ON_CUDA) is a CUDA test.
-A conditional expression (`a if cuda else b`) is one statement, which coverage counts as one line
-that runs on every device: it never holds a CUDA-only line.
+Each `if`'s test is evaluated, with three-valued logic, on the CPU run and on a CUDA one
+(`device.type == "cuda"`, `torch.cuda.is_available()`, `is_bf16_supported()`, gpu_check's
+`dry_run`: see `value`). A missed line counts when it sits in a branch the CPU run never enters and
+a CUDA one may, or after an `if` whose other branch, the CPU's, leaves the block (`if device.type
+!= "cuda": return ...`); in a branch only CUDA-made data enters (a manifest's CUDA generator
+states); behind a test of an attribute only CUDA code sets (SET_ONLY_ON_CUDA); or in a function
+only CUDA code calls (CUDA_ONLY_FUNCTIONS). The last two are listed by reading the code. A
+branch neither run enters (gpu_check's refusal without a GPU and without --dry-run) does not
+count. A conditional expression (`a if cuda else b`) is one statement, which coverage counts as one
+line that runs on every device: it never holds a CUDA-only line.
 
 Prints the lines grouped by guard, then the count; `--json` prints them as {path: [line, ...]}.
 """
