@@ -347,8 +347,15 @@ def peak_tflops() -> float | None:
 
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name(0)
-    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    return peak_of(torch.cuda.get_device_name(0))
+
+
+def peak_of(name: str) -> float | None:
+    """The dense bf16 peak (TFLOP/s) of the GPU `name` names, as torch.cuda.get_device_name gives
+    it; None for a model not in PEAK_BF16_TFLOPS (the report then gives no MFU). The longest key
+    found wins, so that "L4" never stands for an L40S, whatever the table's order."""
+    key = max((k for k in PEAK_BF16_TFLOPS if k in name), key=len, default=None)
+    return None if key is None else PEAK_BF16_TFLOPS[key]
 
 
 def throughput(check: Check, name: str, preset: str, steps: int, *extra: str, **env: str) -> dict:

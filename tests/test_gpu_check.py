@@ -125,7 +125,11 @@ def test_cuda_figures_are_formatted(tmp_path) -> None:
         ("cuDNN", "91300"),
         ("NCCL", "2.28.3"),
     ]
-    assert gpu_check.PEAK_BF16_TFLOPS["H200"] == 989.0
+    # The MFU's peak, by the names torch.cuda.get_device_name gives (dense bf16, the vendor's).
+    assert gpu_check.peak_of("NVIDIA H200") == 989.0
+    assert gpu_check.peak_of("NVIDIA L40S") == 362.0 and gpu_check.peak_of("NVIDIA L4") == 121.0
+    assert gpu_check.peak_of("NVIDIA H100 PCIe") == 756.0
+    assert gpu_check.peak_of("Tesla V100-SXM2-16GB") is None
 
 
 def test_unknown_sections_are_refused(tmp_path, capsys) -> None:
