@@ -14,8 +14,8 @@ from andrea.control.reports import HistoryReport, RequestReport, StatusReport
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import Daemon, trainer_cmd
-from .conftest import andreactl as ctl
+from .support.daemons import Daemon, trainer_cmd
+from .support.daemons import andreactl as ctl
 
 pytestmark = pytest.mark.process
 

@@ -16,7 +16,7 @@ from andrea.daemon.config import ArmSpec
 from andrea.daemon.data.sources import SourceRejected, arm_roots, read_file
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import trainer_cmd
+from .support.daemons import trainer_cmd
 from .support.owndata import PROSE
 
 SECRET = "hunter2-PRIVATE-KEY-" * 400

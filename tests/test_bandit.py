@@ -31,29 +31,14 @@ from andrea.daemon.mixing.bandit import (
 from andrea.daemon.mixing.policy import REWARDS, Policy, PolicyError, load_policy, parse_policy
 from andrea.daemon.mixing.reward import exploration_rate
 
+from .support.bandit import drive, seed_state
+
 ROOT = Path(__file__).resolve().parents[1]
 ABC = [
     ConfiguredArm("a", "id-a", True),
     ConfiguredArm("b", "id-b", True),
     ConfiguredArm("c", "id-c", True),
 ]
-
-
-def synthetic_loss(step: int, arm: str) -> float:
-    """A deterministic, arm-dependent loss curve (the 'trainer')."""
-    base = {"a": 3.0, "b": 2.0, "c": 1.0, "d": 2.5}.get(arm, 1.5)
-    return base / (1.0 + step / 200.0) + 0.1 * math.sin(step * 0.7 + len(arm))
-
-
-def drive(bandit: Bandit, first: int, last: int, assigned: dict[int, str]) -> dict[int, str]:
-    """What the proxy does: incorporate every loss up to s - W in order, then assign s."""
-    lag = bandit.policy.lag
-    for s in range(first, last + 1):
-        while bandit.last_step < s - lag:
-            j = bandit.last_step + 1
-            bandit.observe(j, assigned[j], synthetic_loss(j, assigned[j]))
-        assigned[s] = bandit.assign(s, [assigned[j] for j in range(bandit.last_step + 1, s)])
-    return assigned
 
 
 # ---------------------------------------------------------------------------------------------- math
@@ -417,63 +402,13 @@ def test_counters() -> None:
 # -------------------------------------------------------------------------------------- zombies
 
 
-def _seed_state() -> str:
-    """The seed's .state.json at step 112,619: repo-docstrings carries weight 1.546 from an earlier run."""
-    policy = Policy(arms={"repo-docstrings": {"floor": 0.5}, "code": {"floor": 0.3}})
-    return json.dumps(
-        {
-            "version": 1,
-            "seed": 1337,
-            "phase": 1,
-            "phase_start_step": 112000,
-            "last_step": 112619,
-            "steps_in_phase": 619,
-            "policy": policy.model_dump(mode="json"),
-            "policy_fingerprint": policy.fingerprint(),
-            "arms": [
-                {
-                    "name": "code",
-                    "identity": "id-code",
-                    "live": True,
-                    "zombie_reason": None,
-                    "pulls": 400,
-                    "ema_reward": 40.0,
-                    "weight": 0.4,
-                    "probability": 0.5,
-                },
-                {
-                    "name": "comments",
-                    "identity": "id-comments",
-                    "live": True,
-                    "zombie_reason": None,
-                    "pulls": 119,
-                    "ema_reward": 30.0,
-                    "weight": 0.3,
-                    "probability": 0.3,
-                },
-                {
-                    "name": "repo-docstrings",
-                    "identity": "id-repo",
-                    "live": True,
-                    "zombie_reason": None,
-                    "pulls": 100,
-                    "ema_reward": 55.0,
-                    "weight": 1.546,
-                    "probability": 0.2,
-                },
-            ],
-            "last_observation": {"step": 112619, "arm": "code", "loss": 3.7},
-        }
-    )
-
-
 def test_zombie_arm_lesson(caplog: pytest.LogCaptureFixture) -> None:
     configured = [
         ConfiguredArm("code", "id-code", True),
         ConfiguredArm("comments", "id-comments", True),
     ]
     with caplog.at_level(logging.WARNING, logger="andrea.daemon.mixing.bandit"):
-        b = Bandit.from_state(parse_state(_seed_state()), configured)
+        b = Bandit.from_state(parse_state(seed_state()), configured)
     # Reported: on the bandit and in the log.
     assert [z.name for z in b.zombies] == ["repo-docstrings"]
     z = b.zombies[0]
@@ -603,7 +538,7 @@ def test_documented_examples_parse() -> None:
     ],
 )
 def test_bad_states(mutate, message: str) -> None:
-    d = json.loads(_seed_state())
+    d = json.loads(seed_state())
     mutate(d)
     with pytest.raises(BanditStateError, match=re.escape(message)):
         parse_state(json.dumps(d), "run/.state.json")
@@ -612,4 +547,4 @@ def test_bad_states(mutate, message: str) -> None:
 def test_malformed_state_json() -> None:
     with pytest.raises(BanditStateError, match=r"unusable bandit state \(run/.state.json\)"):
         parse_state('{"version": 1, "seed": ', "run/.state.json")
-    assert isinstance(parse_state(_seed_state()), BanditState)
+    assert isinstance(parse_state(seed_state()), BanditState)

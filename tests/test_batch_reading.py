@@ -15,7 +15,7 @@ import pytest
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 
-from .conftest import run_trainer
+from .support.daemons import run_trainer
 
 pytestmark = pytest.mark.process
 

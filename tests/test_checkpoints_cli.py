@@ -14,8 +14,8 @@ from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import Daemon, run_trainer, trainer_cmd
-from .conftest import andreactl as ctl
+from .support.daemons import Daemon, run_trainer, trainer_cmd
+from .support.daemons import andreactl as ctl
 
 pytestmark = pytest.mark.process
 

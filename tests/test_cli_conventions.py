@@ -23,7 +23,7 @@ from andrea.control.reports import REPORTS, HistoryReport, StatusReport
 from andrea.daemon.mixing import cli as proxy_cli
 from andrea.daemon.trainer.service import cli as trainer_cli
 
-RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+from .support.reports import RFC3339
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

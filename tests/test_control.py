@@ -21,8 +21,8 @@ from andrea.daemon.trainer.service.control_server import ControlServer
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
 
-from .conftest import Daemon, trainer_cmd
-from .conftest import andreactl as ctl
+from .support.daemons import Daemon, trainer_cmd
+from .support.daemons import andreactl as ctl
 
 pytestmark = pytest.mark.process
 

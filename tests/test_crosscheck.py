@@ -23,7 +23,7 @@ from andrea.daemon.rundir.losslog import LossLog, read_entries
 from andrea.daemon.trainer.checkpointing.crosscheck import CrossCheck
 from andrea.protocol.lossentry import LossEntry
 
-from .conftest import run_trainer
+from .support.daemons import run_trainer
 from .support.hostile import ARMS, MODEL, resign, snapshot
 
 #: The data order's seed: the one the manifests of `hostile.snapshot` record.

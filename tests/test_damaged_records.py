@@ -23,7 +23,7 @@ from andrea.daemon.trainer.sink import FileSink, RecordLogRefused
 from andrea.protocol.evalentry import ArmEval, EvalEntry
 from andrea.protocol.lossentry import LossEntry
 
-from .conftest import run_trainer
+from .support.daemons import run_trainer
 from .support.hostile import text_arms_config
 
 KINDS = ["dev-zero", "sparse", "fifo", "directory", "garbage-mid-file"]

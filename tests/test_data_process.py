@@ -19,9 +19,8 @@ import pytest
 
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import Daemon, andreactl, trainer_cmd
-from .support.owndata import PROSE, bpe_file
-from .test_data_reading import gzip_bomb
+from .support.daemons import Daemon, andreactl, trainer_cmd
+from .support.owndata import PROSE, bpe_file, gzip_bomb
 
 pytestmark = pytest.mark.process
 

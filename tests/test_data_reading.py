@@ -5,7 +5,6 @@ is trusted only when it is what its encoding recorded, and a failed write leaves
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import os
@@ -24,20 +23,13 @@ from andrea.daemon.data.encoding import split_paths
 from andrea.daemon.data.encoding_progress import EncodingProgress, describe
 from andrea.daemon.data.sources import jsonl_documents
 
-from .support.owndata import PROSE, bpe_file, write_jsonl
+from .support.owndata import PROSE, bpe_file, gzip_bomb, write_jsonl
 
 KINDS = ("garbage docs.json", "odd-size tokens", "ids out of range", "emptied", "record garbage")
 
 
 def _data(tmp_path: Path, arms: list[dict], **extra) -> DataConfig:
     return DataConfig.model_validate({"arms": arms, "cache_dir": str(tmp_path / "cache"), **extra})
-
-
-def gzip_bomb(path: Path, mib: int) -> Path:
-    """A .gz of `mib` MiB of NUL bytes and no newline: members of 64 MiB each, compressed once."""
-    member = gzip.compress(bytes(64 << 20), compresslevel=9)
-    path.write_bytes(member * (mib // 64))
-    return path
 
 
 def test_a_line_longer_than_the_bound_names_the_file_and_line(tmp_path: Path) -> None:

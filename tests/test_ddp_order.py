@@ -20,7 +20,7 @@ import pytest
 
 from andrea.daemon.rundir.layout import bin_name
 
-from .conftest import trainer_args
+from .support.daemons import trainer_args
 
 pytestmark = pytest.mark.process
 

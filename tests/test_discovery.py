@@ -14,7 +14,7 @@ import pytest
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import run_trainer
+from .support.daemons import run_trainer
 
 pytestmark = pytest.mark.process
 

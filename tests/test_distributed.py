@@ -24,40 +24,10 @@ from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import Daemon, trainer_args
+from .support.daemons import Daemon
+from .support.distributed import BIN, STEPS, job, torchrun
 
 pytestmark = pytest.mark.process
-
-BIN = Path(sys.executable).parent
-STEPS = 16
-EVERY = 8
-
-
-def job_args(run_dir: Path, cache: Path, *extra: str) -> list[str]:
-    return trainer_args(
-        run_dir, cache, "--max-steps", str(STEPS), "--checkpoint-every", str(EVERY), *extra
-    )
-
-
-def torchrun(run_dir: Path, cache: Path, *extra: str, nproc: int = 2, launch=()) -> list[str]:
-    """The command the docs give: torchrun --standalone ... --no-python andrea-trainer ARGS."""
-    head = list(launch) or ["--standalone"]
-    return [
-        str(BIN / "torchrun"),
-        *head,
-        "--nproc-per-node",
-        str(nproc),
-        "--max-restarts",
-        "0",
-        "--no-python",
-        str(BIN / "andrea-trainer"),
-        *job_args(run_dir, cache, *extra),
-    ]
-
-
-def job(cmd: list[str]) -> Daemon:
-    # Its own session: a stray signal to the test's process group never reaches the job.
-    return Daemon(cmd, start_new_session=True)
 
 
 def rank_pids(t: Daemon, n: int = 2) -> dict[int, int]:

@@ -26,8 +26,8 @@ from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import run_trainer
-from .test_distributed import job, torchrun
+from .support.daemons import run_trainer
+from .support.distributed import job, torchrun
 
 pytestmark = pytest.mark.process
 

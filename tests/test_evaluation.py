@@ -16,7 +16,7 @@ import pytest
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import Daemon, run_trainer, trainer_cmd
+from .support.daemons import Daemon, run_trainer, trainer_cmd
 
 pytestmark = pytest.mark.process
 
@@ -123,7 +123,7 @@ def test_proxy_records_evaluations(tmp_path: Path, cache_dir: Path) -> None:
 
 
 def test_andreactl_history_lists_evaluations(evaluated: Path) -> None:
-    from .test_andreactl import ctl
+    from .support.daemons import andreactl as ctl
 
     res = ctl(evaluated, "--json", "history", "--eval", "--last", "0")
     assert res.returncode == 0, res.stderr

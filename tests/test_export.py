@@ -14,8 +14,8 @@ from andrea.control import andreactl
 from andrea.control.export import bundle as ex
 from andrea.daemon.rundir.layout import bin_name
 
-from .conftest import andreactl as ctl
-from .conftest import run_trainer
+from .support.daemons import andreactl as ctl
+from .support.daemons import run_trainer
 
 pytestmark = pytest.mark.process
 

@@ -21,7 +21,7 @@ from andrea.daemon.config import DEFAULT_FRACTION
 from andrea.daemon.data.corpus import extract_stdlib_documents, stdlib_files, stdlib_root
 from andrea.daemon.data.heldout import is_held_out
 
-from .conftest import REPO, andreactl, run_trainer
+from .support.daemons import REPO, andreactl, run_trainer
 
 pytestmark = pytest.mark.process
 

@@ -18,7 +18,7 @@ import pytest
 
 from andrea.daemon.rundir.layout import bin_name
 
-from .conftest import andreactl, run_trainer
+from .support.daemons import andreactl, run_trainer
 
 pytestmark = pytest.mark.process
 

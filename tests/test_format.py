@@ -11,7 +11,7 @@ import pytest
 
 from andrea.daemon.checkpoint import format as ckpt_format
 
-from .conftest import run_trainer
+from .support.daemons import run_trainer
 
 pytestmark = pytest.mark.process
 

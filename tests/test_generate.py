@@ -12,7 +12,7 @@ import pytest
 from andrea.control import andreactl
 from andrea.control.export import bundle as ex
 
-from .conftest import run_trainer
+from .support.daemons import run_trainer
 
 pytestmark = pytest.mark.process
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.daemons import REPO
 
 _spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
 gpu_check = importlib.util.module_from_spec(_spec)

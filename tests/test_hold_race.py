@@ -13,8 +13,8 @@ import pytest
 
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import Daemon, trainer_cmd
-from .test_pivot import POLICY, ctl, ctl_bg, proxy, stop, trainer_status, wait_hold
+from .support.daemons import Daemon, trainer_cmd
+from .support.pivot import POLICY, ctl, ctl_bg, proxy, stop, trainer_status, wait_hold
 
 pytestmark = pytest.mark.process
 

@@ -17,7 +17,7 @@ from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import Daemon, run_trainer, trainer_cmd
+from .support.daemons import Daemon, run_trainer, trainer_cmd
 
 pytestmark = pytest.mark.process
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import andreactl
+from .support.daemons import andreactl
 
 pytestmark = pytest.mark.process
 

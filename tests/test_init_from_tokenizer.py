@@ -14,7 +14,7 @@ import pytest
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import trainer_cmd
+from .support.daemons import trainer_cmd
 from .support.owndata import PROSE, bpe_file
 
 pytestmark = pytest.mark.process

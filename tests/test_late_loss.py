@@ -15,7 +15,7 @@ import pytest
 
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 
-from .conftest import Daemon, run_trainer, trainer_cmd
+from .support.daemons import Daemon, run_trainer, trainer_cmd
 
 pytestmark = pytest.mark.process
 

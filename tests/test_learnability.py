@@ -16,7 +16,7 @@ from andrea.daemon.mixing.reward import exploration_rate
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import REPO, Daemon, trainer_cmd
+from .support.daemons import REPO, Daemon, trainer_cmd
 
 pytestmark = pytest.mark.process
 

@@ -28,8 +28,8 @@ from andrea.daemon.metrics.prometheus import (
 from andrea.daemon.metrics.tensorboard import LiveBoard
 from andrea.protocol.lossentry import LossEntry
 
-from .conftest import andreactl
 from .support.audited_run import canonical_rows
+from .support.daemons import andreactl
 
 
 def ema_of(losses: list[float]) -> list[float]:

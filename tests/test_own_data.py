@@ -23,7 +23,7 @@ from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import Daemon, andreactl, trainer_cmd
+from .support.daemons import Daemon, andreactl, trainer_cmd
 from .support.owndata import PROSE, bpe_file, write_jsonl
 
 pytestmark = pytest.mark.process

@@ -16,7 +16,7 @@ import pytest
 from andrea.daemon.data.tokenizer import load_tokenizer
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import Daemon, andreactl, trainer_cmd
+from .support.daemons import Daemon, andreactl, trainer_cmd
 from .support.owndata import (
     PROSE,
     bpe_file,

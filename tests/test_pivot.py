@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,8 @@ from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
 
-from .conftest import Daemon, run_trainer, trainer_cmd
+from .support.daemons import Daemon, run_trainer, trainer_cmd
+from .support.pivot import POLICY, ctl, ctl_bg, proxy, stop, trainer_status, wait_hold
 
 pytestmark = pytest.mark.process
 
@@ -32,8 +32,6 @@ pytestmark = pytest.mark.process
 
 STEPS = 75
 EVERY = 25
-# Caps of 0 leave docstrings as the only arm: every step after the pivot must come from it.
-POLICY = "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n"
 
 
 def kept_as(run: Path, text: str) -> bool:
@@ -41,10 +39,6 @@ def kept_as(run: Path, text: str) -> bool:
     did not."""
     kept = (run / "policy.toml").read_text()
     return kept.endswith(text) and parse_policy(kept).reward == NEW_RUN_REWARD
-
-
-def proxy(run_dir: Path) -> Daemon:
-    return Daemon([sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run_dir)])
 
 
 def trainer(run_dir: Path, cache: Path, steps: int, sample_every: int = EVERY) -> Daemon:
@@ -64,39 +58,11 @@ def trainer(run_dir: Path, cache: Path, steps: int, sample_every: int = EVERY) -
     )
 
 
-def ctl(run_dir: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def ctl_bg(run_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def curve(run_dir: Path) -> list[tuple[int, float, str, int]]:
     return [
         (e.step, e.loss, e.arm, e.phase)
         for e in canonical_curve(read_entries(run_dir / ".loss.json"))
     ]
-
-
-def stop(p: Daemon) -> int:
-    p.signal(signal.SIGTERM)
-    return p.wait()
-
-
-def trainer_status(run_dir: Path) -> dict:
-    reply = request(endpoint(run_dir, "trainer"), messages.StatusRequest(id=new_id()), timeout=5)
-    return reply.data
 
 
 def interrupt(run_dir: Path, client: subprocess.Popen) -> None:
@@ -106,22 +72,6 @@ def interrupt(run_dir: Path, client: subprocess.Popen) -> None:
     client.send_signal(signal.SIGSTOP)
     assert client.poll() is None, "the client returned while its hold was in force"
     client.send_signal(signal.SIGKILL)
-
-
-def wait_hold(run_dir: Path, state: str | tuple[str, ...], timeout: float = 120) -> dict:
-    """The trainer's hold once it is in `state` (one of them); "holding" only once acknowledged."""
-    states = (state,) if isinstance(state, str) else state
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        hold = trainer_status(run_dir)["hold"]
-        if (
-            hold is not None
-            and hold["state"] in states
-            and (hold["state"] != "holding" or hold["acknowledged"])
-        ):
-            return hold
-        time.sleep(0.02)
-    raise AssertionError(f"the trainer never reached hold state {state!r}")
 
 
 def wait_no_hold(run_dir: Path, timeout: float = 60) -> None:

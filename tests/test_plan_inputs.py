@@ -16,7 +16,7 @@ from andrea.control import andreactl
 from andrea.control.reports import report_adapter
 from andrea.daemon.rundir.layout import RUN_DIR_ENV
 
-from .conftest import trainer_cmd
+from .support.daemons import trainer_cmd
 
 TOKENS_ARM = '[[data.arms]]\nname = "pre"\nkind = "tokens"\npath = "pre.u16"\ndtype = "uint16"\n'
 

@@ -18,7 +18,7 @@ from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.daemon.trainer.platform.precision import BF16_CPU, FP32, resolve
 
-from .conftest import Daemon, run_trainer, trainer_cmd
+from .support.daemons import Daemon, run_trainer, trainer_cmd
 
 STEPS = 24
 

@@ -25,7 +25,7 @@ from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
 
-from .conftest import Daemon, trainer_cmd
+from .support.daemons import Daemon, trainer_cmd
 
 pytestmark = pytest.mark.process
 

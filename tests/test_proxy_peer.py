@@ -22,7 +22,7 @@ from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import new_id, request
 
-from .conftest import Daemon, trainer_cmd
+from .support.daemons import Daemon, trainer_cmd
 
 pytestmark = pytest.mark.process
 

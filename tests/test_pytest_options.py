@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.daemons import REPO
 
 pytestmark = pytest.mark.process
 

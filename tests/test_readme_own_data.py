@@ -17,7 +17,7 @@ import pytest
 from andrea.daemon.data.corpus import stdlib_root
 from andrea.daemon.rundir.losslog import read_entries
 
-from .conftest import REPO, Daemon
+from .support.daemons import REPO, Daemon
 from .support.owndata import write_jsonl
 
 pytestmark = pytest.mark.process

@@ -29,7 +29,7 @@ from andrea.daemon.mixing.reward import (
 )
 from andrea.daemon.rundir.layout import POLICY_FILE, STATE_FILE
 
-from .test_bandit import _seed_state, drive
+from .support.bandit import drive, seed_state
 
 # ------------------------------------------------------------------------------ the statistics
 
@@ -294,7 +294,7 @@ def test_learnable_arms_share_alike(kind: str, spread: float) -> None:
 
 
 def test_a_version_1_state_continues_under_the_loss_reward() -> None:
-    state = parse_state(_seed_state())
+    state = parse_state(seed_state())
     assert state.version == 1 and state.policy.reward == "loss"
     configured = [ConfiguredArm(n, f"id-{n}", True) for n in ("code", "comments")]
     configured.append(ConfiguredArm("repo-docstrings", "id-repo", True))
@@ -311,7 +311,7 @@ def test_a_version_1_state_continues_under_the_loss_reward() -> None:
 
 
 def test_a_version_1_state_cannot_claim_the_learnability_reward() -> None:
-    d = json.loads(_seed_state())
+    d = json.loads(seed_state())
     policy = Policy(
         reward="learnability", **{k: v for k, v in d["policy"].items() if k != "reward"}
     )
@@ -392,7 +392,7 @@ def test_a_run_whose_policy_predates_the_choice_keeps_the_loss_reward(tmp_path: 
     written back naming it, with the same fingerprint."""
     old = "[arms.code]\ncap = 0.5\n"
     (tmp_path / POLICY_FILE).write_text(old)
-    (tmp_path / STATE_FILE).write_text(json.dumps({"bandit": json.loads(_seed_state())}))
+    (tmp_path / STATE_FILE).write_text(json.dumps({"bandit": json.loads(seed_state())}))
     resolved = resolve_policy(tmp_path, None, False)
     assert resolved.policy.reward == "loss"
     assert resolved.policy.fingerprint() == parse_policy(old).fingerprint()
@@ -406,7 +406,7 @@ def test_a_run_whose_policy_predates_the_choice_keeps_the_loss_reward(tmp_path: 
 
 def test_a_run_older_than_its_policy_file_keeps_the_loss_reward(tmp_path: Path) -> None:
     """A run whose policy is only in .state.json (written before policy.toml existed)."""
-    (tmp_path / STATE_FILE).write_text(json.dumps({"bandit": json.loads(_seed_state())}))
+    (tmp_path / STATE_FILE).write_text(json.dumps({"bandit": json.loads(seed_state())}))
     resolved = resolve_policy(tmp_path, None, False)
     assert resolved.policy.reward == "loss" and resolved.write is not None
     assert parse_policy(resolved.write).reward == "loss"
@@ -418,7 +418,7 @@ def test_a_policy_without_the_key_takes_the_reward_of_the_run(tmp_path: Path, ol
     policy.toml edited without the key (the manual pivot) keeps it, as `andreactl pivot` with
     the same file does; logged steps without any state (a run from before) mean the loss
     reward."""
-    state = json.loads(_seed_state())
+    state = json.loads(seed_state())
     policy = Policy(reward=older)
     state.update(version=2, policy=policy.model_dump(mode="json"))
     state["policy_fingerprint"] = policy.fingerprint()

@@ -17,7 +17,7 @@ import pytest
 from andrea.daemon.data.heldout import is_held_out
 from andrea.daemon.data.tokenizer import load_tokenizer
 
-from .conftest import andreactl, run_trainer
+from .support.daemons import andreactl, run_trainer
 
 pytestmark = pytest.mark.process
 

@@ -25,7 +25,7 @@ from .support.owndata import (
     word_level_file,
     write_jsonl,
 )
-from .test_report_schemas import check
+from .support.reports import check
 
 RUN_TOML = """\
 [data]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import configparser
 import re
 import shutil
 import subprocess
@@ -12,25 +11,11 @@ import pytest
 
 from andrea.daemon.runtime.exitcodes import NO_RESTART, ExitCode
 
+from .support.units import installed, unit
+
 pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def installed(tmp_path: Path) -> Path:
-    subprocess.run(
-        [str(REPO / "scripts/install-units.sh"), "--files-only", str(tmp_path)],
-        check=True,
-        capture_output=True,
-    )
-    return tmp_path
-
-
-def unit(path: Path) -> configparser.ConfigParser:
-    cp = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
-    cp.optionxform = str  # systemd keys are case-sensitive
-    cp.read(path)
-    return cp
 
 
 @pytest.mark.skipif(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_units import installed
-from .test_units import unit as sections
+from .support.units import installed
+from .support.units import unit as sections
 
 pytestmark = pytest.mark.process
 

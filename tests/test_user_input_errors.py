@@ -13,7 +13,7 @@ import pytest
 
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from .conftest import trainer_cmd
+from .support.daemons import trainer_cmd
 
 pytestmark = pytest.mark.process
 
