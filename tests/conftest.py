@@ -1,4 +1,6 @@
-"""Shared fixtures: real daemon processes (trainers and proxies) in temporary run directories."""
+"""Shared fixtures and the tiers' rules: the folder decides the tier. Every test under tests/process/
+is marked `process`; a test file directly in tests/ (outside both tiers), or a `process` mark under
+tests/unit/, stops the collection. So `-m "not process"` and `tests/unit` select the same tests."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from .support.daemons import LIVE
+
+# pytester runs pytest in-process: tests/unit/test_tiers.py checks the rules below with it.
+pytest_plugins = ["pytester"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -33,6 +38,28 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist") and not explicit:
         if config.getoption("dist", "no") == "load":
             config.option.dist = "loadfile"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The folder is the tier: tests/process/ items get the `process` mark; a test outside
+    tests/unit/ and tests/process/, or one marked `process` in tests/unit/, is refused."""
+    tests = config.rootpath / "tests"
+    unit, process = tests / "unit", tests / "process"
+    refused = []
+    for item in items:
+        path = Path(item.path)
+        if process in path.parents:
+            item.add_marker(pytest.mark.process)
+        elif unit not in path.parents:
+            refused.append(f"{item.nodeid}: a test outside tests/unit/ and tests/process/")
+        elif item.get_closest_marker("process"):
+            refused.append(f"{item.nodeid}: marked `process` in tests/unit/")
+    if refused:
+        raise pytest.UsageError(
+            "the folder decides a test's tier: tests/unit/ for tests that start no process, "
+            "tests/process/ for real processes (which are marked `process` there, never by hand):\n  "
+            + "\n  ".join(refused)
+        )
 
 
 @pytest.fixture(autouse=True)
