@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from andrea.control.commands.conventions import EXIT_STOPPED
 from andrea.control.reports import HistoryReport, RequestReport, StatusReport
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD
 from andrea.daemon.runtime.exitcodes import ExitCode
@@ -107,7 +108,7 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
     assert json.loads(res.stdout)["steps"] == len(hist.rows)
 
     res = ctl(tmp_path, "status")
-    assert res.returncode == 3 and "stopped; last checkpoint step" in res.stdout
+    assert res.returncode == EXIT_STOPPED and "stopped; last checkpoint step" in res.stdout
 
 
 def test_size_and_unreachable_trainer(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from andrea.control.commands.conventions import EXIT_STOPPED
 from andrea.control.reports import StatusReport
 
 from ..support.reports import RFC3339
@@ -76,7 +77,7 @@ def test_status_of_a_stopped_run_is_immediate_and_creates_nothing(audited_run: P
     t0 = time.monotonic()
     res = run("status", "--run-dir", str(audited_run), "-o", "json")
     seconds = time.monotonic() - t0
-    assert res.returncode == 3, res.stderr
+    assert res.returncode == EXIT_STOPPED, res.stderr
     assert tree(audited_run) == before, "status created or changed something"
     assert seconds < 30, "a stopped run answers from its lock files, without retries"
     report = StatusReport.model_validate_json(res.stdout)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from andrea.control import andreactl
+from andrea.control.commands.conventions import EXIT_USAGE
 from andrea.control.reports import ErrorReport, HistoryReport
 from andrea.daemon.rundir.losslog import LossLog
 from andrea.protocol.lossentry import LossEntry
@@ -87,18 +88,18 @@ def test_one_arms_steps_and_its_ema(run: Path, capsys) -> None:
 
 def test_an_arm_the_log_does_not_hold_is_a_usage_error(run: Path, capsys) -> None:
     code, out, err = history(capsys, run, "--arm", "cod")
-    assert code == 2 and out == ""
+    assert code == EXIT_USAGE and out == ""
     assert err.strip() == (
         "andreactl: --arm cod: no step of .loss.json was trained on it; the arms there: "
         "code, docs, prose (did you mean 'code'?)"
     )
     code, out, err = history(capsys, run, "--json", "--arm", "comments")
     report = ErrorReport.model_validate_json(out)
-    assert code == 2 and report.exit_code == 2 and report.command == "history"
+    assert code == EXIT_USAGE and report.exit_code == EXIT_USAGE and report.command == "history"
     assert report.error.endswith("the arms there: code, docs, prose")
     # The held-out evaluations are of every arm: --arm does not go with --eval.
     code, out, err = history(capsys, run, "--eval", "--arm", "code")
-    assert code == 2 and "not allowed with argument" in err
+    assert code == EXIT_USAGE and "not allowed with argument" in err
 
 
 def test_the_schema_names_the_arm_and_its_ema(capsys) -> None:

@@ -13,6 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from andrea.control import andreactl
+from andrea.control.commands.conventions import EXIT_USAGE
 from andrea.control.reports import report_adapter
 from andrea.control.sizing import activation_bytes, cpu_numerics, flops_per_token, parameters
 from andrea.daemon.config import PRESETS, ModelConfig, build_config
@@ -150,7 +151,7 @@ def test_the_issue_plan_gives_every_figure(capsys: pytest.CaptureFixture[str]) -
 
 def test_a_batch_the_gpus_cannot_share_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = plan("--preset", "andrea-120m", "--gpus", "16", capsys=capsys)
-    assert code == 2
+    assert code == EXIT_USAGE
     assert "a job of 16 ranks cannot share equally" in err and "batch_size 16" in err, err
     code, out, err = plan(
         "--preset", "andrea-120m", "--gpus", "16", "--batch-size", "64", "--json", capsys=capsys

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from andrea.control import andreactl
+from andrea.control.commands.conventions import EXIT_USAGE
 from andrea.control.reports import report_adapter
 
 TOKENS_ARM = '[[data.arms]]\nname = "pre"\nkind = "tokens"\npath = "pre.u16"\ndtype = "uint16"\n'
@@ -39,10 +40,14 @@ def test_an_absurd_figure_is_refused(
     """Each used to be replaced by the preset's value (0), or to end in a ValueError or an
     OverflowError traceback, or in "nan GB/s" with null hours."""
     code, out, err = plan(capsys, "--preset", "andrea-tiny", f"{option}={value}")
-    assert code == 2, (out, err)
+    assert code == EXIT_USAGE, (out, err)
     assert option in err and "out of range" in err and "Traceback" not in err, err
     code, out, _ = plan(capsys, "--preset", "andrea-tiny", f"{option}={value}", "--json")
-    assert code == 2 and json.loads(out)["exit_code"] == 2 and option in json.loads(out)["error"]
+    assert (
+        code == EXIT_USAGE
+        and json.loads(out)["exit_code"] == EXIT_USAGE
+        and option in json.loads(out)["error"]
+    )
 
 
 def test_the_figures_at_their_bounds_are_taken(capsys: pytest.CaptureFixture[str]) -> None:
