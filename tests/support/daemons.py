@@ -65,9 +65,10 @@ class Daemon:
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            self._q.put(line)
+        with self.proc.stderr:  # closed at its end: an open pipe would be a ResourceWarning
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                self._q.put(line)
         self._q.put(None)
 
     def wait_for(self, pattern: str, timeout: float = 60) -> re.Match:
