@@ -4,7 +4,7 @@ config (control/sizing.py) and the stated assumptions; torch-free.
 
 What is exact and what is assumed: parameter, optimizer and checkpoint bytes are exact (tested
 against a real run); activations are an estimate (within a few percent of torch's measured peak
-on CPU, tests/test_plan.py); speed follows from an MFU that is assumed unless measured in a run;
+on CPU, tests/unit/test_plan.py); speed follows from an MFU that is assumed unless measured in a run;
 disk and rental hours follow from the stated bandwidths and start-up time.
 """
 

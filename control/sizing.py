@@ -1,7 +1,7 @@
 """What a model costs, from its config alone: parameters, optimizer state, checkpoint bytes,
 activation memory of a micro-batch, and the arithmetic of a training token. Torch-free, so that
 `andreactl plan` and `size` answer at once; every exact figure here is tested against a real run
-(tests/test_plan.py) and the activation estimate against torch's measured peak on CPU.
+(tests/unit/test_plan.py) and the activation estimate against torch's measured peak on CPU.
 
 Parameters follow daemon/model.py: token and position embeddings, per layer two norms, the fused
 q/k/v projection, the attention's output projection and a 4x MLP, a final norm and a separate

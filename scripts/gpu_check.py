@@ -407,7 +407,7 @@ def activation_check(check: Check) -> None:
     """`andreactl plan`'s estimate of a step's activations (with autocast's bf16 weight copies,
     which plan counts beside them) against what the CUDA allocator measures above the model, its
     gradients and the batch, deterministic mode on and off (both fused attention now): within
-    25 %, as on CPU (tests/test_plan.py)."""
+    25 %, as on CPU (tests/unit/test_plan.py)."""
     import torch
 
     from andrea.control.sizing import activation_bytes, cuda_numerics, parameters
@@ -539,8 +539,8 @@ def report_speed(check: Check, preset: str, runs: dict[str, dict], every: int) -
 
 
 def unit_tests(check: Check) -> None:
-    tests = ["tests/test_determinism.py", "tests/test_step_batches.py"]
-    tests.append("tests/test_distributed_units.py")
+    tests = ["tests/unit/test_determinism.py", "tests/unit/test_step_batches.py"]
+    tests.append("tests/unit/test_distributed_units.py")
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
     r = check.run([*cmd, "-p", "no:randomly", *tests], 120)
     summary = r.tail(1)[0] if r.tail(1) else "(no output)"

@@ -10,7 +10,7 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v cc >/dev/null || need+=(gcc)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 pkg-config --exists libsystemd 2>/dev/null || need+=(libsystemd-dev)
-# systemd itself: the units' test boots a private one (tests/test_systemd.py), and it is what
+# systemd itself: the units' test boots a private one (tests/process/test_systemd.py), and it is what
 # runs the daemons in production.
 [ -x /lib/systemd/systemd ] || need+=(systemd)
 command -v unshare >/dev/null || need+=(util-linux)

@@ -1,20 +1,18 @@
-"""Shared fixtures: real daemon processes (trainers and proxies) in temporary run directories."""
+"""Shared fixtures and the tiers' rules: the folder decides the tier. Every test under tests/process/
+is marked `process`; a test file directly in tests/ (outside both tiers), or a `process` mark under
+tests/unit/, stops the collection. So `-m "not process"` and `tests/unit` select the same tests."""
 
 from __future__ import annotations
 
 import os
-import queue
-import re
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from .support.daemons import LIVE
+
+# pytester runs pytest in-process: tests/unit/test_tiers.py checks the rules below with it.
+pytest_plugins = ["pytester"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -32,34 +30,6 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(shared) if shared else tmp_path_factory.mktemp("cache")
 
 
-def trainer_args(run_dir: Path, cache: Path, *extra: str) -> list[str]:
-    """The arguments of a small, quiet test trainer: andrea-tiny, one thread, no samples."""
-    return [
-        "--run-dir",
-        str(run_dir),
-        "--preset",
-        "andrea-tiny",
-        "--threads",
-        "1",
-        "--cache-dir",
-        str(cache),
-        "--log-every",
-        "1",
-        "--sample-every",
-        "0",
-        *extra,
-    ]
-
-
-def trainer_cmd(run_dir: Path, cache: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "andrea.daemon.trainer.service.cli",
-        *trainer_args(run_dir, cache, *extra),
-    ]
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """With -n: each test file on one worker, so a file's module fixtures (a reference run trained
     once for its tests) are built once, not once per worker. Set here rather than in addopts,
@@ -70,91 +40,37 @@ def pytest_configure(config: pytest.Config) -> None:
             config.option.dist = "loadfile"
 
 
-_LIVE: list[subprocess.Popen] = []
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The folder is the tier: tests/process/ items get the `process` mark; a test outside
+    tests/unit/ and tests/process/, or one marked `process` in tests/unit/, is refused."""
+    tests = config.rootpath / "tests"
+    unit, process = tests / "unit", tests / "process"
+    refused = []
+    for item in items:
+        path = Path(item.path)
+        if process in path.parents:
+            item.add_marker(pytest.mark.process)
+        elif unit not in path.parents:
+            refused.append(f"{item.nodeid}: a test outside tests/unit/ and tests/process/")
+        elif item.get_closest_marker("process"):
+            refused.append(f"{item.nodeid}: marked `process` in tests/unit/")
+    if refused:
+        raise pytest.UsageError(
+            "the folder decides a test's tier: tests/unit/ for tests that start no process, "
+            "tests/process/ for real processes (which are marked `process` there, never by hand):\n  "
+            + "\n  ".join(refused)
+        )
 
 
 @pytest.fixture(autouse=True)
 def _no_leftover_processes():
     """A failing test must not leave a daemon running into the next test (or past CI)."""
     yield
-    while _LIVE:
-        proc = _LIVE.pop()
+    while LIVE:
+        proc = LIVE.pop()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-class Daemon:
-    """A daemon subprocess (trainer or proxy) whose log lines can be awaited while it runs."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str] | None = None, **popen) -> None:
-        self.lines: list[str] = []
-        self._q: queue.Queue[str | None] = queue.Queue()
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **(env or {})},
-            **popen,
-        )
-        _LIVE.append(self.proc)
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            self._q.put(line)
-        self._q.put(None)
-
-    def wait_for(self, pattern: str, timeout: float = 60) -> re.Match:
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._q.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                line = ""
-            if line is None:
-                raise AssertionError(f"the process exited before {pattern!r}:\n{self.log}")
-            if line and (m := rx.search(line)):
-                return m
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {pattern!r}:\n{self.log}")
-
-    def signal(self, sig: signal.Signals) -> None:
-        os.kill(self.proc.pid, sig)
-
-    def wait(self, timeout: float = 120) -> int:
-        code = self.proc.wait(timeout)
-        time.sleep(0.05)  # let the pump thread drain stderr
-        return code
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
-
-
-def andreactl(
-    run_dir: Path | None, *args: str, timeout: float = 120, **run
-) -> subprocess.CompletedProcess:
-    """`andreactl [--run-dir RUN_DIR] ARGS` in a fresh interpreter, as an operator's shell runs it."""
-    pre = ["--run-dir", str(run_dir)] if run_dir else []
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", *pre, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        **run,
-    )
-
-
-def run_trainer(
-    run_dir: Path, cache: Path, *extra: str, timeout: float = 180
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        trainer_cmd(run_dir, cache, *extra), capture_output=True, text=True, timeout=timeout
-    )
 
 
 @pytest.fixture(scope="module")

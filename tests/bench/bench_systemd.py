@@ -1,4 +1,4 @@
-"""Operator-facing latencies under a real systemd (booted privately, as tests/test_systemd.py does).
+"""Operator-facing latencies under a real systemd (booted privately, as tests/process/test_systemd.py does).
 
     .venv/bin/python tests/bench/bench_systemd.py [--presets andrea-tiny andrea-12m] [--rounds 2]
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from realsystemd import SystemdMachine, unavailable  # noqa: E402
 

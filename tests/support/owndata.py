@@ -82,3 +82,10 @@ def two_id_bpe_file(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Tokenizer(models.BPE(vocab={"a": 0, "e": 1}, merges=[])).save(str(path))
     return path
+
+
+def gzip_bomb(path: Path, mib: int) -> Path:
+    """A .gz of `mib` MiB of NUL bytes and no newline: members of 64 MiB each, compressed once."""
+    member = gzip.compress(bytes(64 << 20), compresslevel=9)
+    path.write_bytes(member * (mib // 64))
+    return path

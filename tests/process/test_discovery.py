@@ -1,0 +1,182 @@
+"""Which checkpoint is trusted on start: damaged ones are reported and skipped, ones this run
+cannot resume exactly are refused with the reason named, and nothing is half-loaded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from andrea.daemon.rundir.layout import bin_name, manifest_name
+from andrea.daemon.runtime.exitcodes import ExitCode
+
+from ..support.daemons import run_trainer
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    run_dir = tmp_path_factory.mktemp("base")
+    (run_dir / "run.toml").write_text(
+        'preset = "andrea-tiny"\n[checkpoint]\nevery = 5\nkeep_latest = 10\n'
+    )
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "20")
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in run_dir.glob("step_*.bin")) == [
+        bin_name(s) for s in (5, 10, 15, 20)
+    ]
+    return run_dir
+
+
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _extend(p: Path) -> None:
+    p.write_bytes(p.read_bytes() + b"\0\0\0\0")
+
+
+def _flip(p: Path) -> None:
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0x01
+    p.write_bytes(bytes(b))
+
+
+def _tear_manifest(p: Path) -> None:
+    p.write_text(p.read_text()[:200])
+
+
+def resign(man: dict) -> dict:
+    """Recompute a manifest's content hash as docs/checkpoint-format.md defines it, so that a test
+    can reach the checks behind the hash (what a hand-made manifest of a third party would be)."""
+    body = {k: v for k, v in man.items() if k != "content_sha256"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return {**body, "content_sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+
+
+def _damage_rng(p: Path) -> None:
+    # A manifest whose bytes parse but whose RNG state cannot be restored: found when the
+    # checkpoint is checked, not after the resume has begun (Accelerate #3960 swallowed this).
+    man = json.loads(p.read_text())
+    man["rng"]["torch_cpu"] = man["rng"]["torch_cpu"][:400]
+    p.write_text(json.dumps(resign(man)))
+
+
+def _edit_adam_step(p: Path) -> None:
+    # Valid JSON, every field in range: only the content hash can tell (the resume would diverge).
+    man = json.loads(p.read_text())
+    man["optimizer"]["adam_step"] += 1
+    p.write_text(json.dumps(man, indent=1))
+
+
+DAMAGE: dict[str, tuple[str, Callable[[Path], None], str]] = {
+    "rng-state": ("json", _damage_rng, r"manifest unreadable: .*rng\.torch_cpu.*RNG state"),
+    "edited": ("json", _edit_adam_step, r"content_sha256 .* does not match the content"),
+    "truncated": ("bin", _truncate, r"payload is \d+ bytes, manifest says"),
+    "wrong-size": ("bin", _extend, r"payload is \d+ bytes, manifest says"),
+    "hash-mismatch": ("bin", _flip, r"sha256 .* does not match manifest"),
+    "missing-payload": ("bin", Path.unlink, r"payload missing"),
+    "torn-manifest": ("json", _tear_manifest, r"manifest unreadable"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_damaged_newest_is_skipped_with_its_reason(
+    case: str, tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(base_run, run_dir)
+    kind, damage, reason = DAMAGE[case]
+    damage(run_dir / (bin_name(20) if kind == "bin" else manifest_name(20)))
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "20")
+    assert res.returncode == ExitCode.OK, res.stderr
+    assert "skipping checkpoint 20" in res.stderr
+    import re
+
+    assert re.search(reason, res.stderr), res.stderr
+    assert "resumed from step_000015.bin" in res.stderr
+    # Training re-reached step 20 and wrote a good checkpoint over the damaged one.
+    man = json.loads((run_dir / manifest_name(20)).read_text())
+    assert (run_dir / bin_name(20)).stat().st_size == man["bin_size"]
+
+
+def test_payload_without_manifest_is_an_interrupted_write(
+    tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(base_run, run_dir)
+    (run_dir / manifest_name(20)).unlink()
+    (run_dir / "step_000025.bin.4242.tmp").write_bytes(b"partial")
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "20")
+    assert res.returncode == ExitCode.OK, res.stderr
+    assert "ignoring step_000020.bin: it has no manifest" in res.stderr
+    assert "removing step_000025.bin.4242.tmp" in res.stderr
+    assert "resumed from step_000015.bin" in res.stderr
+    assert not (run_dir / "step_000025.bin.4242.tmp").exists()
+
+
+def test_all_damaged_is_refused_not_reset(tmp_path: Path, base_run: Path, cache_dir: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(base_run, run_dir)
+    for p in run_dir.glob("step_*.bin"):
+        _flip(p)
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "25")
+    assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
+    assert "none of the 4 checkpoints" in res.stderr
+    assert not (run_dir / bin_name(25)).exists()
+
+
+def test_different_preset_is_refused_with_the_difference_named(
+    tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(base_run, run_dir)
+    (run_dir / "run.toml").write_text('preset = "andrea-tiny"\n[model]\nn_layer = 3\n')
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "25")
+    assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
+    assert "model config differs" in res.stderr and "n_layer: 2 → 3" in res.stderr
+
+
+def test_changed_data_is_refused_with_the_arm_named(
+    tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(base_run, run_dir)
+    (run_dir / "notes").mkdir()
+    (run_dir / "notes" / "a.txt").write_text("hello world, " * 500)
+    (run_dir / "run.toml").write_text(
+        'preset = "andrea-tiny"\n'
+        '[[data.arms]]\nname = "code"\nkind = "stdlib"\npart = "code"\n'
+        '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.txt"]\n'
+    )
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "25")
+    assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
+    assert "data arm 'notes'" in res.stderr and "data arm 'docstrings'" in res.stderr
+
+
+def test_changed_hyperparameters_need_explicit_consent(
+    tmp_path: Path, base_run: Path, cache_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(base_run, run_dir)
+    (run_dir / "run.toml").write_text(
+        'preset = "andrea-tiny"\n[optim]\nlr = 0.002\n[checkpoint]\nevery = 5\nkeep_latest = 10\n'
+    )
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "22")
+    assert res.returncode == ExitCode.RESUME_REFUSED and "--allow-config-change" in res.stderr, (
+        res.stderr
+    )
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "22", "--allow-config-change")
+    assert res.returncode == ExitCode.OK and "resumed from step_000020.bin" in res.stderr, (
+        res.stderr
+    )
+
+
+def test_bad_config_is_a_config_error(tmp_path: Path, cache_dir: Path) -> None:
+    (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\nbatch_sise = 4\n')
+    res = run_trainer(tmp_path, cache_dir, "--max-steps", "1")
+    assert res.returncode == ExitCode.CONFIG_ERROR
+    assert "batch_sise: unknown key" in res.stderr

@@ -1,0 +1,220 @@
+"""`andreactl export --format hf`: a folder that transformers loads, in a fresh process where
+andrea's package cannot be imported, with andrea's logits, greedy tokens and token ids."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from andrea.control.export.bundle import load_model
+from andrea.control.export.tokenizer import load_export_tokenizer
+from andrea.daemon.config import DEFAULT_FRACTION
+from andrea.daemon.data.corpus import extract_stdlib_documents, stdlib_files, stdlib_root
+from andrea.daemon.data.heldout import is_held_out
+
+from ..support.daemons import REPO, andreactl, run_trainer
+
+BLOCK = 128
+NEW_TOKENS = 64
+#: What a user's `python` sees: no andrea (a finder refuses it), no network, no working directory.
+LOADER = r"""
+import importlib.abc, json, sys
+class NoAndrea(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "andrea" or name.startswith("andrea."):
+            raise ImportError("andrea is hidden from this process")
+sys.meta_path.insert(0, NoAndrea())
+try:
+    import andrea  # noqa: F401
+    sys.exit("andrea is importable")
+except ImportError:
+    pass
+import numpy as np, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+folder, work = sys.argv[1], sys.argv[2]
+job = json.load(open(work + "/job.json"))
+model = AutoModelForCausalLM.from_pretrained(folder).eval()
+tok = AutoTokenizer.from_pretrained(folder)
+with torch.no_grad():
+    logits = model(torch.tensor(np.load(work + "/rows.npy"))).logits
+    np.save(work + "/logits.npy", logits.float().numpy())
+    out = model.generate(torch.tensor([job["prompt"]]), max_new_tokens=job["new"], do_sample=False)
+text = pipeline("text-generation", model=folder)("The ", max_new_tokens=16)[0]["generated_text"]
+print(json.dumps({
+    "greedy": out[0].tolist()[len(job["prompt"]):],
+    "ids": [tok(d)["input_ids"] for d in job["docs"]],
+    "pipeline": text,
+}))
+"""
+
+
+def _ok(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+#: Texts whose ids the two tokenizers must agree on.
+TEXTS = 1000
+
+
+def _held_out_texts(count: int = TEXTS) -> list[str]:
+    """`count` texts the runs never trained on: every document of the stdlib files in the default
+    split (100 of them: the embedded corpus's 5 % split holds no more), then their passages (the
+    blocks between blank lines) in order, each a text of its own, without repeats: a text's start
+    is where a tokenizer's handling (a leading space, an added token) shows."""
+    root = stdlib_root()
+    files = [
+        f
+        for f in stdlib_files(root)
+        if is_held_out(f.relative_to(root).as_posix(), DEFAULT_FRACTION)
+    ]
+    parts = extract_stdlib_documents(files, root)
+    docs = [d.decode("utf-8") for part in parts.values() for _, d in part]
+    texts, seen = list(docs), set(docs)
+    for passage in (p for d in docs for p in d.split("\n\n")):
+        if len(texts) == count:
+            break
+        if passage.strip() and passage not in seen:
+            texts.append(passage)
+            seen.add(passage)
+    return texts
+
+
+@pytest.fixture(scope="module")
+def held_out() -> list[str]:
+    texts = _held_out_texts()
+    assert len(texts) == TEXTS
+    return texts
+
+
+def _train(run: Path, cache: Path, toml: str, subword: bool) -> Path:
+    (run / "run.toml").write_text(f"[model]\nblock_size = {BLOCK}\n" + toml)
+    if subword:
+        _ok(andreactl(run, "tokenizer", "train", "--vocab-size", "400", timeout=600))
+    res = run_trainer(run, cache, "--max-steps", "20", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def bytes_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A short andrea-tiny run (block_size 128) of the byte-level tokenizer."""
+    return _train(tmp_path_factory.mktemp("run-bytes"), cache_dir, "", subword=False)
+
+
+SUBWORD_TOML = """\
+[data]
+tokenizer = "tokenizer.json"
+
+[[data.arms]]
+name = "docstrings"
+kind = "stdlib"
+part = "docstrings"
+
+[[data.arms]]
+name = "comments"
+kind = "stdlib"
+part = "comments"
+"""
+
+
+@pytest.fixture(scope="module", params=["bytes", "subword"])
+def exported(request, tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """Each tokenizer kind's run, exported --format hf."""
+    if request.param == "bytes":
+        run = request.getfixturevalue("bytes_run")
+    else:
+        run = _train(tmp_path_factory.mktemp("run-subword"), cache_dir, SUBWORD_TOML, True)
+    dest = tmp_path_factory.mktemp(f"hf-{request.param}") / "export"
+    _ok(andreactl(run, "export", "--to", str(dest), "--format", "hf", timeout=600))
+    return dest
+
+
+def _andrea_side(dest: Path, held_out: list[str]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Held-out rows, andrea's logits on them, and the job for the transformers side."""
+    model, manifest = load_model(dest)
+    tok = load_export_tokenizer(dest, manifest)
+    stream = np.concatenate([np.asarray(tok.encode(d), dtype=np.int64) for d in held_out])
+    rows = stream[: 8 * BLOCK].reshape(8, BLOCK)
+    prompt = tok.encode(held_out[0])[:16]
+    idx = torch.tensor([prompt])
+    with torch.no_grad():
+        logits = model(torch.from_numpy(rows))[0].numpy()
+        for _ in range(NEW_TOKENS):  # greedy: andrea's forward, its argmax each step
+            nxt = model(idx[:, -BLOCK:])[0][:, -1, :].argmax(dim=-1, keepdim=True)
+            idx = torch.cat([idx, nxt], dim=1)
+    job = {
+        "prompt": prompt,
+        "new": NEW_TOKENS,
+        "docs": held_out,
+        "andrea_greedy": idx[0, len(prompt) :].tolist(),
+        "andrea_ids": [tok.encode(d) for d in held_out],
+    }
+    return rows, logits, job
+
+
+def test_transformers_loads_the_export_with_andreas_numbers(
+    exported: Path, held_out: list[str], tmp_path: Path
+) -> None:
+    card = (exported / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name:") and "andrea_arms:" in card
+    assert {oct(p.stat().st_mode & 0o777) for p in exported.iterdir() if p.is_file()} == {"0o644"}
+    report = json.loads((exported / "export.json").read_text())
+    assert any(c["name"] == "Hugging Face weights" for c in report["checks"])
+
+    rows, logits, job = _andrea_side(exported, held_out)
+    np.save(tmp_path / "rows.npy", rows)
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", LOADER, str(exported), str(tmp_path)],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    got = json.loads(_ok(res).strip().splitlines()[-1])
+    theirs = np.load(tmp_path / "logits.npy")
+    diff = float(np.abs(theirs[:, :, : logits.shape[-1]] - logits).max())
+    n_ids = sum(len(i) for i in job["andrea_ids"])
+    print(f"{exported}: max abs logit difference {diff:.3g} over {rows.size} positions; "
+          f"{len(held_out)} held-out texts, {n_ids} ids compared")  # fmt: skip
+    assert theirs.shape == logits.shape and diff <= 1e-5
+    assert got["greedy"] == job["andrea_greedy"] and len(got["greedy"]) == NEW_TOKENS
+    assert got["ids"] == job["andrea_ids"] and len(got["ids"]) == len(held_out)
+    assert got["pipeline"].startswith("The ") and len(got["pipeline"]) > len("The ")
+
+
+def test_the_readmes_three_commands_run_as_written(bytes_run: Path, tmp_path: Path) -> None:
+    """README.md: from a trained run to pipeline("text-generation"), verbatim."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Taking the model away") :]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block, "README.md lost its three commands"
+    commands = [line for line in block.group(1).splitlines() if line.strip()]
+    assert len(commands) == 3
+    (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    shutil.copytree(bytes_run, tmp_path / "runs" / "demo", ignore=shutil.ignore_patterns(".sock"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    outputs = []
+    for command in commands:
+        res = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+        outputs.append(_ok(res))
+    assert (tmp_path / "exports" / "demo-hf" / "config.json").is_file()
+    assert outputs[1].startswith("--- prompt 1 ---\ndef ") and len(outputs[1]) > 25
+    # A 20-step model may well continue with spaces: the pipeline returned the prompt and more.
+    assert outputs[2].startswith("def ") and len(outputs[2].rstrip("\n")) > len("def ")

@@ -1,0 +1,624 @@
+"""Fuzz harness: every file the daemons read and every message type, mutated field by field.
+
+Each case starts from a valid instance, changes one thing (a leaf replaced by a hostile value, a
+key deleted, an unknown key added, bytes cut or inserted) and runs the daemons' own read path on it.
+The oracle, for every kind:
+- the outcome is a documented one: the value is accepted, or the documented error is raised
+  (the one the daemon turns into its exit code or error reply; see docs/operations.md);
+- nothing else escapes: no other exception, so no traceback;
+- the read allocates at most ALLOCATION_BOUND bytes (tracemalloc, which numpy reports to);
+- a rejected input changes nothing durable (every file's bytes are compared), except the
+  documented move-aside of a damaged `.state.json` or `.samples.json`, whose bytes are kept.
+
+    .venv/bin/python -m pytest -q tests/*/test_fuzz.py                  # CI: EXAMPLES per kind
+    ANDREA_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest -q tests/*/test_fuzz.py   # the long run
+
+Every run-directory file a command or a daemon reads also gets two kinds of its own: a link to a
+valid copy of it outside the run directory, and a FIFO. Nothing may read through the link (except a
+config a person may link: run.toml, policy.toml, read by the daemons) or block on the FIFO.
+
+The data arms get links among their files (to a 0600 file outside, through a directory, a relative
+`../..` or a chain; inside the arm or the run; dangling; to a FIFO or /dev/zero): one that leaves the
+arm's directory and the run's refuses the arm unless it says links = "follow", and the secret is
+never read nor cached.
+
+What an arm reads is fuzzed too: JSON Lines lines (lone and raw surrogates, bytes that are not
+JSON, lines around the bound), gzip bombs without a newline (16 to 64 MiB of NUL bytes, read under
+the allocation bound), and token-cache entries cut, grown, bit-flipped or given ids out of range
+(the arm must come out as the tokens its files encode to, the entry as encoding wrote it).
+
+Message cases bind real ipc sockets (an in-process proxy, and the trainer's control server with a
+real ZeroMQ client) and are marked `process`, as are the commands' link and FIFO cases (an alarm
+signal guards each command against blocking).
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import json
+import os
+import shutil
+import signal
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from andrea.daemon.mixing.policy import Policy
+from andrea.daemon.mixing.proxy import Proxy, ProxyOptions
+from andrea.daemon.rundir import layout as rundir
+from andrea.daemon.runtime.operator_requests import OperatorRequests
+from andrea.daemon.trainer.service.boundary_hold import Holds
+from andrea.daemon.trainer.service.control_server import ControlServer
+from andrea.protocol import messages
+from andrea.protocol.lossentry import LossEntry
+from andrea.protocol.status import Activity, TrainerStatus
+
+from ..support.hostile import (
+    TRAINER_LIFE,
+    play_trainer,
+    text_arms_config,
+    trainer_hello,
+    write_checkpoint,
+)
+
+EXAMPLES = int(os.environ.get("ANDREA_FUZZ_EXAMPLES", "30"))
+ALLOCATION_BOUND = 64 << 20
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+HOSTILE = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, -1, 1, 2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**63, 10**30]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["", "a" * 70000, "../other/step_000020.bin", "\x00", "é" * 40]),
+    st.none(),
+    st.booleans(),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(-3, 3), max_size=2),
+)
+
+
+# ---- mutations of a JSON-like value ------------------------------------------------------------
+
+
+def paths(obj: Any, here: tuple = ()) -> Iterator[tuple]:
+    """Every node's path; long lists contribute their first, second and last items only, so that
+    the 624 words of an RNG state do not drown the other fields."""
+    yield here
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from paths(v, (*here, k))
+    elif isinstance(obj, list):
+        idx = range(len(obj)) if len(obj) <= 4 else (0, 1, len(obj) - 1)
+        for i in idx:
+            yield from paths(obj[i], (*here, i))
+
+
+@st.composite
+def mutations(draw: st.DrawFn, valid: Any) -> tuple[str, Any]:
+    """(description, mutated copy) of `valid`: one node replaced, deleted or given an extra key."""
+    where = draw(st.sampled_from([p for p in paths(valid) if p]))
+    op = draw(st.sampled_from(["replace", "replace", "replace", "delete", "extra"]))
+    out = copy.deepcopy(valid)
+    parent = out
+    for k in where[:-1]:
+        parent = parent[k]
+    key = where[-1]
+    if op == "delete" and isinstance(parent, dict):
+        del parent[key]
+    elif op == "extra" and isinstance(parent, dict):
+        parent["unknown_" + str(draw(st.integers(0, 9)))] = draw(HOSTILE)
+    else:
+        parent[key] = draw(HOSTILE)
+    return f"{op} {'.'.join(map(str, where))}", out
+
+
+def bounded(fn: Callable[[], Any]) -> Any:
+    """Run `fn` and check that it allocated at most ALLOCATION_BOUND bytes at its peak."""
+    tracemalloc.start()
+    try:
+        return fn()
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak <= ALLOCATION_BOUND, f"allocated {peak:,} bytes"
+
+
+def mutate_bytes(raw: bytes, data: st.DataObject, other: Callable[[bytearray, int], None]) -> bytes:
+    """`raw` cut, grown by a few bytes or bit-flipped at a drawn offset, or changed there by
+    `other` (the kind's own hostile growth)."""
+    buf = bytearray(raw)
+    at = data.draw(st.integers(0, len(buf)))
+    op = data.draw(st.sampled_from(["cut", "insert", "flip", "other"]))
+    if op == "cut":
+        del buf[at:]
+    elif op == "insert":
+        buf[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    elif op == "flip" and at < len(buf):
+        buf[at] ^= 1 << data.draw(st.integers(0, 7))
+    else:
+        other(buf, at)
+    return bytes(buf)
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+# ---- checkpoint manifests ------------------------------------------------------------------------
+
+
+# ---- .loss.json ----------------------------------------------------------------------------------
+
+
+# ---- the proxy's own files: .state.json and .samples.json ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def proxy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A proxy run directory with a valid .state.json and .samples.json (written by a real proxy
+    that served 12 steps and one sample report)."""
+    d = tmp_path_factory.mktemp("fuzz-proxy")
+    p = Proxy(ProxyOptions(d, text_arms_config(d), Policy(lag=2)), OperatorRequests())
+    p.setup()
+    try:
+        with play_trainer(d):
+            p.handle(b"t", trainer_hello(p.opts.cfg))
+        for step in range(1, 13):
+            (a,) = p.handle(
+                b"t", messages.AssignRequest(id="a", segment=1, from_step=step, count=1)
+            ).items
+            entry = LossEntry(
+                step=step,
+                loss=2.0,
+                arm=a.arm,
+                lr=1e-3,
+                tokens=64,
+                wall_time=1.0,
+                segment=1,
+                phase=0,
+                batch_sha256=None,
+            )
+            p.handle(b"t", messages.LossReport(id="l", entries=[entry]))
+        p.handle(
+            b"t",
+            messages.SampleReport(
+                id="s", step=12, segment=1, phase=0, samples=[messages.Sample(prompt="a", text="b")]
+            ),
+        )
+    finally:
+        p.close()
+    return d
+
+
+# ---- run.toml and policy.toml --------------------------------------------------------------------
+
+
+# ---- every message type, into a real proxy --------------------------------------------------------
+
+VALID_MESSAGES: dict[str, dict] = {
+    "hello": {
+        "type": "hello",
+        "id": "h",
+        "resume_step": 0,
+        "seed": 1337,
+        "arms": ["alpha", "beta"],
+        "pid": os.getpid(),
+        "life": TRAINER_LIFE,
+    },
+    "assign": {"type": "assign", "id": "a", "segment": 1, "from_step": 1, "count": 2},
+    "losses": {
+        "type": "losses",
+        "id": "l",
+        "entries": [
+            {
+                "step": 1,
+                "loss": 2.0,
+                "arm": "alpha",
+                "lr": 0.001,
+                "tokens": 64,
+                "wall_time": 1.0,
+                "segment": 1,
+                "phase": 0,
+                "batch_sha256": None,
+            }
+        ],
+    },
+    "samples": {
+        "type": "samples",
+        "id": "s",
+        "step": 1,
+        "segment": 1,
+        "phase": 0,
+        "samples": [{"prompt": "a", "text": "b"}],
+    },
+    "status": {"type": "status", "id": "st"},
+    "checkpoint": {
+        "type": "checkpoint",
+        "id": "c",
+        "boundary": False,
+        "wait": False,
+        "hold": False,
+    },
+    "resume": {"type": "resume", "id": "r", "hold_id": "h"},
+    "stop": {"type": "stop", "id": "x", "wait": False},
+    "pivot": {"type": "pivot", "id": "p", "policy_toml": "lag = 4\n", "boundary_step": 1},
+}
+
+
+@pytest.fixture
+def live_proxy(tmp_path: Path) -> Iterator[Proxy]:
+    p = Proxy(ProxyOptions(tmp_path, text_arms_config(tmp_path), Policy(lag=2)), OperatorRequests())
+    p.setup()
+    # The fuzzer is the live trainer: its records pass the peer check and meet the entry checks.
+    with play_trainer(tmp_path):
+        p.handle(b"fuzzer", trainer_hello(p.opts.cfg, "h0"))
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("kind", VALID_MESSAGES)
+@FUZZ
+@given(data=st.data())
+def test_fuzz_message(live_proxy: Proxy, kind: str, data: st.DataObject) -> None:
+    messages.decode(json.dumps(VALID_MESSAGES[kind]).encode())  # the starting point is valid
+    _, bad = data.draw(mutations(VALID_MESSAGES[kind]))
+    try:
+        frame = json.dumps(bad).encode()
+    except ValueError:
+        assume(False)
+    try:
+        msg = messages.decode(frame)
+    except (ValidationError, ValueError):  # answered "invalid message", nothing handled
+        return
+    before = snapshot(live_proxy.run_dir)
+    reply = bounded(lambda: live_proxy.handle(b"fuzzer", msg))
+    assert reply is not None
+    messages.decode(messages.encode(reply))  # a well-formed reply
+    if isinstance(reply, messages.Reply) and not reply.ok:
+        after = snapshot(live_proxy.run_dir)
+        assert after == before, f"a rejected {kind} changed the run directory"
+
+
+# ---- every message type, into the trainer's control server ---------------------------------------
+
+
+def _trainer_status() -> TrainerStatus:
+    return TrainerStatus(
+        pid=os.getpid(),
+        activity=Activity.TRAINING,
+        step=7,
+        max_steps=100,
+        loss_ema=3.5,
+        last_checkpoint=5,
+        segment=1,
+        phase=0,
+        mixing="fixed",
+        proxy_connected=None,
+        preset="andrea-tiny",
+        run_dir="/nonexistent",
+        device="cpu",
+        dtype="float32",
+    )
+
+
+class LiveControl:
+    """A real ControlServer thread on a real ipc socket, with a DEALER client; fresh flags and
+    holds for every case, so that each case's effect is its own."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.server = ControlServer(
+            rundir.endpoint(run_dir, "trainer"), OperatorRequests(), _trainer_status
+        )
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(rundir.endpoint(run_dir, "trainer"))
+
+    def reset(self) -> None:
+        self.server.flags, self.server.holds = OperatorRequests(), Holds()
+
+    def state(self) -> tuple:
+        f, hold = self.server.flags, self.server.holds.describe()
+        return (
+            f.stop_reason,
+            f.checkpoint_reason,
+            f.boundary_requested,
+            f.hold_requested,
+            f.resume_requested,
+            hold.model_dump(exclude={"age_s"}) if hold else None,
+        )
+
+    def ask(self, frame: bytes, timeout_ms: int) -> messages.Reply | None:
+        self.sock.send_multipart([b"", frame])
+        if not self.sock.poll(timeout_ms):
+            return None
+        reply = messages.decode(self.sock.recv_multipart()[-1])
+        assert isinstance(reply, messages.Reply), reply
+        return reply
+
+    def close(self) -> None:
+        self.sock.close()
+        self.server.close({"exit_code": 0})
+
+
+@pytest.fixture
+def live_control(tmp_path: Path) -> Iterator[LiveControl]:
+    c = LiveControl(tmp_path)
+    yield c
+    # The thread survived every case: a plain status is still answered.
+    c.reset()
+    reply = c.ask(messages.encode(messages.StatusRequest(id="alive")), 5000)
+    assert reply is not None and reply.ok and reply.data["step"] == 7
+    c.close()
+
+
+def _trainer_frame(kind: str, data: st.DataObject) -> bytes:
+    if kind == "bytes":  # raw frames: a valid message cut, grown, bit-flipped or nested deep
+
+        def deep(buf: bytearray, at: int) -> None:
+            buf[at:at] = b"[" * data.draw(st.sampled_from([1000, 100_000]))
+
+        kind = data.draw(st.sampled_from(list(VALID_MESSAGES)))
+        return mutate_bytes(json.dumps(VALID_MESSAGES[kind]).encode(), data, deep)
+    _, bad = data.draw(mutations(VALID_MESSAGES[kind]))
+    try:
+        return json.dumps(bad).encode()
+    except ValueError:
+        assume(False)
+        raise
+
+
+@pytest.mark.parametrize("kind", [*VALID_MESSAGES, "bytes"])
+@FUZZ
+@given(data=st.data())
+def test_fuzz_trainer_control(live_control: LiveControl, kind: str, data: st.DataObject) -> None:
+    """The trainer answers every frame with a well-formed reply (or, for a valid `wait` request,
+    with the reply once served); a rejected one changes no flag and no hold."""
+    c = live_control
+    c.reset()
+    frame = _trainer_frame(kind, data)
+    try:
+        msg: messages.Message | None = messages.decode(frame)
+    except (ValidationError, ValueError):
+        msg = None
+    before = c.state()
+    reply = bounded(lambda: c.ask(frame, 5000))
+    if reply is None:  # only a request that waits for its work is answered later
+        assert isinstance(msg, messages.CheckpointRequest | messages.StopRequest) and msg.wait, (
+            frame[:200]
+        )
+        assert c.state() != before
+        if isinstance(msg, messages.CheckpointRequest):
+            # Served: its reply comes now. A status sent at once may overtake it (the thread
+            # may be waiting on the socket when the reply is queued), so both are collected.
+            c.server.checkpoint_served({"step": 7})
+            first = c.ask(messages.encode(messages.StatusRequest(id="status-after-serving")), 5000)
+            assert first is not None and c.sock.poll(5000)
+            second = messages.decode(c.sock.recv_multipart()[-1])
+            served = {r.id: r for r in (first, second)}
+            assert set(served) == {msg.id, "status-after-serving"} and served[msg.id].ok
+        return
+    if msg is None:
+        assert not reply.ok and reply.error.startswith("invalid message"), reply
+    else:
+        assert reply.id == msg.id
+    if not reply.ok:
+        assert c.state() == before, f"a rejected frame changed the trainer's flags: {frame[:200]!r}"
+
+
+# ---- links and FIFOs: every run-directory file any command reads -------------------------------
+#
+# Two more kinds for each file: a link to a valid copy of it outside the run directory (so that a
+# reader that followed it would succeed, and show it), and a FIFO (so that a reader that opened it
+# as a file would block forever). The oracle: every command returns a documented exit code without
+# a traceback, within ALARM_S; the run directory is left exactly as it was; and the link's target
+# is never read (its access time stays where the test set it: the epoch).
+
+ALARM_S = 60
+PIVOT = "archive/pivot-000010-20250101T000000Z"
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory: pytest.TempPathFactory, proxy_run: Path) -> Path:
+    """A stopped run with one of every file a command reads: checkpoints, the loss and evaluation
+    logs, the proxy's files, run.toml, policy.toml, a pivot archive, both locks, .socket-dir."""
+    from andrea.daemon.config import save_config
+    from andrea.daemon.rundir.evallog import ArmEval, EvalEntry, EvalLog
+
+    run = tmp_path_factory.mktemp("fuzz-links") / "run"
+    run.mkdir()
+    for step in (10, 20):
+        write_checkpoint(run, step)
+    for name in (rundir.LOSS_FILE, rundir.STATE_FILE, rundir.SAMPLES_FILE):
+        (run / name).write_bytes((proxy_run / name).read_bytes())
+    with EvalLog.open(run / rundir.EVAL_FILE) as log:
+        arms = {"alpha": ArmEval(loss=2.5, sequences=4, tokens=256)}
+        log.append(EvalEntry(step=10, segment=1, phase=0, arms=arms, seconds=0.5, wall_time=1e9))
+    save_config(text_arms_config(proxy_run), run / rundir.CONFIG_FILE)
+    (run / rundir.POLICY_FILE).write_text("lag = 2\n")
+    archive = run / PIVOT
+    archive.mkdir(parents=True)
+    record = {"boundary_step": 10, "old_phase": 0, "new_phase": 1, "old_policy": "a" * 64,
+              "new_policy": "b" * 64, "utc": "20250101T000000Z"}  # fmt: skip
+    (archive / rundir.PIVOT_RECORD).write_text(json.dumps(record))
+    (archive / rundir.POLICY_FILE).write_text("lag = 2\n")
+    for name in (rundir.STATE_FILE, rundir.SAMPLES_FILE):
+        (archive / name).write_bytes((run / name).read_bytes())
+    for role in ("trainer", "proxy"):
+        rundir.lock_path(run, role).write_bytes(b"")
+    (run / rundir.SOCKET_DIR_RECORD).write_text(f"{run / rundir.SOCKET_DIR}\n")
+    return run
+
+
+def _argv(command: str, run: Path, out: Path) -> list[str]:
+    return {
+        "status": ["status"],
+        "stop": ["stop"],
+        "history": ["history"],
+        "history --eval": ["history", "--eval"],
+        "samples": ["samples"],
+        "plot": ["plot", "--out", str(out / "plot.svg")],
+        "metrics": ["metrics", "export", "--format", "csv", "--out", str(out / "m.csv")],
+        "checkpoints": ["checkpoints"],
+        "prune": ["prune", "--dry-run"],
+        "export": ["export", "--to", str(out / "export")],
+        "verify-resume": ["verify-resume", "--problem", "trainer", "--output", str(out / "v")],
+    }[command] + ["--run-dir", str(run)]
+
+
+#: Each file (or directory) of the run, and the commands that read it.
+READERS: dict[str, tuple[str, ...]] = {
+    rundir.CONFIG_FILE: ("export", "verify-resume"),
+    rundir.POLICY_FILE: ("export",),
+    rundir.LOSS_FILE: ("status", "history", "plot", "metrics", "export"),
+    rundir.EVAL_FILE: ("status", "history", "history --eval", "plot"),
+    rundir.SAMPLES_FILE: ("samples", "export"),
+    rundir.STATE_FILE: ("status", "plot", "export"),
+    rundir.manifest_name(20): ("status", "checkpoints", "prune", "plot", "export"),
+    rundir.bin_name(20): ("checkpoints", "prune", "export"),
+    f"{PIVOT}/{rundir.PIVOT_RECORD}": ("plot", "checkpoints", "prune", "export"),
+    f"{PIVOT}/{rundir.POLICY_FILE}": ("plot", "export"),
+    f"{PIVOT}/{rundir.STATE_FILE}": ("plot", "export"),
+    f"{PIVOT}/{rundir.SAMPLES_FILE}": ("export",),
+    PIVOT: ("plot", "checkpoints", "export"),
+    ".trainer.lock": ("status", "stop"),
+    ".proxy.lock": ("status",),
+    rundir.SOCKET_DIR_RECORD: ("status",),  # read while a trainer holds its lock
+}
+
+
+def _plant(run: Path, name: str, kind: str, outside: Path) -> list[Path]:
+    """Replace ``run/name`` by a link to a copy of it in ``outside``, or by a FIFO; the files a
+    link leads to, their access time set to the epoch."""
+    path = run / name
+    copied = outside / path.name
+    if path.is_dir():
+        shutil.copytree(path, copied)
+        shutil.rmtree(path)
+    else:
+        shutil.copy2(path, copied)
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+        return []
+    path.symlink_to(copied)
+    targets = [p for p in copied.rglob("*") if p.is_file()] if copied.is_dir() else [copied]
+    for t in targets:
+        os.utime(t, (0, t.stat().st_mtime))
+    return targets
+
+
+def _tree(run: Path) -> dict[str, object]:
+    """What lies in the run directory, never through a link and never opening a FIFO."""
+    out: dict[str, object] = {}
+    for here, dirs, files in os.walk(run):
+        for name in dirs + files:
+            p = Path(here, name)
+            key = str(p.relative_to(run))
+            if p.is_symlink():
+                out[key] = ("link", os.readlink(p))
+            elif p.is_fifo():
+                out[key] = "fifo"
+            elif p.is_file():
+                out[key] = p.read_bytes()
+    return out
+
+
+class _Blocked(Exception):
+    pass
+
+
+def _within_alarm(fn: Callable[..., Any], *args: Any) -> Any:
+    def ring(signum: int, frame: object) -> None:
+        raise _Blocked
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, ALARM_S)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def atime_is_kept(tmp_path_factory: pytest.TempPathFactory) -> bool:
+    """Whether this filesystem records a read in the access time (relatime does, once the access
+    time is older than the modification time); the link oracle relies on it."""
+    probe = tmp_path_factory.mktemp("atime") / "probe"
+    probe.write_text("x")
+    os.utime(probe, (0, probe.stat().st_mtime))
+    probe.read_text()
+    return probe.stat().st_atime != 0
+
+
+# an alarm signal guards each command against blocking; ~1 s a case
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+@pytest.mark.parametrize("name", READERS)
+def test_commands_never_follow_a_link_or_block_on_a_fifo(
+    stopped_run: Path, tmp_path: Path, name: str, kind: str, atime_is_kept: bool, capsys
+) -> None:
+    from andrea.control import andreactl
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    targets = _plant(run, name, kind, outside)
+    before = _tree(run)
+    holder = None
+    if name == rundir.SOCKET_DIR_RECORD:  # as if a trainer ran: status then looks for its socket
+        holder = os.open(rundir.lock_path(run, "trainer"), os.O_RDONLY)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        for command in READERS[name]:
+            out = tmp_path / f"out-{command.replace(' ', '-')}"
+            out.mkdir()
+            try:
+                code = _within_alarm(andreactl.main, _argv(command, run, out))
+            except _Blocked:
+                pytest.fail(f"`andreactl {command}` blocked on {name} ({kind})")
+            said = capsys.readouterr()
+            assert code in (0, 1, 2, 3), (command, code, said.err)
+            assert "Traceback" not in said.err, (command, said.err)
+            if atime_is_kept:
+                unread = [t for t in targets if t.stat().st_atime == 0]
+                assert unread == targets, f"`andreactl {command}` read {name} through its link"
+    finally:
+        if holder is not None:
+            os.close(holder)
+    assert _tree(run) == before, f"a command changed the run directory ({name}, {kind})"
+
+
+#: What the daemons read at start, and the outcome each documents for a link or a FIFO there.
+
+
+# ---- links among an arm's files -----------------------------------------------------------------
+#
+# A run's text and JSON Lines arms with links planted among their files: to a 0600 file outside
+# (directly, through a directory link, a relative `../..`, or a chain of links), inside the arm or
+# the run (directly, or through a hop outside that comes back), dangling, to a FIFO or /dev/zero.
+# The oracle: a link whose target lies outside the arm's directory and the run's refuses the arm
+# (SourceRejected) unless the arm says links = "follow", and then nothing of the secret is read (its
+# access time stays at the epoch) nor reaches the cache; any other planting is read or passed over;
+# nothing blocks, and nothing else escapes.
+
+#: Each planting: (where the link goes, whether it leaves the arm's directory and the run's).
+
+
+# ---- what an arm reads: JSON Lines lines, and the token cache -----------------------------------
+
+#: The line bound of the JSON Lines cases (small, so that a case crosses it cheaply).

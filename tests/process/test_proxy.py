@@ -1,0 +1,374 @@
+"""The proxy in the loop: real trainer and proxy processes, real sockets, real SIGKILLs.
+
+The reference for every crash test is a run in which neither process was ever killed; the claims
+are that a crash of either is invisible in the result (final .bin bytes, canonical loss curve and
+arm sequence) and that .loss.json ends with exactly one canonical entry per step.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from andrea.daemon.mixing.policy import NEW_RUN_REWARD
+from andrea.daemon.rundir.layout import bin_name, peer_endpoint
+from andrea.daemon.rundir.losslog import canonical_curve, read_entries
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.protocol import messages
+from andrea.protocol.transport import new_id, request
+
+from ..support.daemons import Daemon, trainer_cmd
+
+STEPS = 60
+
+
+def proxy_cmd(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run_dir), *extra]
+
+
+def start_proxy(run_dir: Path, *extra: str) -> Daemon:
+    return Daemon(proxy_cmd(run_dir, *extra))
+
+
+def proxy_trainer(run_dir: Path, cache: Path, *extra: str) -> Daemon:
+    return Daemon(
+        trainer_cmd(
+            run_dir,
+            cache,
+            "--mixing",
+            "proxy",
+            "--max-steps",
+            str(STEPS),
+            "--checkpoint-every",
+            "10",
+            *extra,
+        )
+    )
+
+
+def curve(run_dir: Path) -> list[tuple[int, float, str]]:
+    return [(e.step, e.loss, e.arm) for e in canonical_curve(read_entries(run_dir / ".loss.json"))]
+
+
+def stop(p: Daemon) -> int:
+    if p.proc.poll() is None:
+        p.signal(signal.SIGTERM)
+    return p.wait()
+
+
+def never_killed(run_dir: Path, cache: Path, *proxy_args: str) -> Path:
+    proxy = start_proxy(run_dir, *proxy_args)
+    t = proxy_trainer(run_dir, cache)
+    assert t.wait() == ExitCode.OK, t.log
+    assert stop(proxy) == ExitCode.OK, proxy.log
+    assert [s for s, _, _ in curve(run_dir)] == list(range(1, STEPS + 1))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """Trainer and proxy, never killed: a new run, so the learnability reward."""
+    return never_killed(tmp_path_factory.mktemp("reference"), cache_dir)
+
+
+@pytest.fixture(scope="module")
+def loss_reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """The same under ODM's loss reward, which runs created before the choice keep."""
+    root = tmp_path_factory.mktemp("loss-reference")
+    (root / "loss.toml").write_text('reward = "loss"\n')
+    return never_killed(root / "run", cache_dir, "--policy", str(root / "loss.toml"))
+
+
+def test_reference_mixes_arms_and_writes_the_satellite_files(reference: Path) -> None:
+    arms = {a for _, _, a in curve(reference)}
+    assert arms == {"docstrings", "code", "comments"}
+    state = json.loads((reference / ".state.json").read_text())
+    assert state["durable_step"] == STEPS
+    assert abs(sum(state["live_probabilities"].values()) - 1) < 1e-12
+    # The persisted bandit lags the log by at least W - 1 steps, by design (see assignbook).
+    assert state["bandit"]["last_step"] <= STEPS + 1 - state["bandit"]["policy"]["lag"]
+    # A new run names its reward in its policy file, and reports each arm's standing.
+    assert f'reward = "{NEW_RUN_REWARD}"' in (reference / "policy.toml").read_text()
+    assert state["bandit"]["version"] == 2 and state["live_reward"]["kind"] == NEW_RUN_REWARD
+    for arm, report in state["live_reward"]["arms"].items():
+        assert report["pulls"] > 0 and report["loss"] > 0, arm
+    assert sum(r["reward"] for r in state["live_reward"]["arms"].values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("reward", [NEW_RUN_REWARD, "loss"])
+def test_proxy_sigkill_is_invisible(
+    tmp_path: Path, cache_dir: Path, reward: str, request: pytest.FixtureRequest
+) -> None:
+    reference = request.getfixturevalue(
+        "reference" if reward == NEW_RUN_REWARD else "loss_reference"
+    )
+    if reward == "loss":
+        shutil.copy(reference / "policy.toml", tmp_path / "policy.toml")
+    proxy = start_proxy(tmp_path)
+    t = proxy_trainer(tmp_path, cache_dir)
+    t.wait_for(r"step 25/")
+    proxy.signal(signal.SIGKILL)
+    proxy.wait()
+    t.wait_for(r"waiting for the proxy", timeout=30)
+    assert t.proc.poll() is None, "the trainer must hold, not exit, while the proxy is down"
+    proxy = start_proxy(tmp_path)
+    assert t.wait() == ExitCode.OK, t.log
+    # This start read the checkpoints' manifests, yet the proxy never loads torch (3-4 s of CPU).
+    assert "libtorch" not in Path(f"/proc/{proxy.proc.pid}/maps").read_text()
+    assert stop(proxy) == ExitCode.OK, proxy.log
+    entries = read_entries(tmp_path / ".loss.json")
+    assert len({e.segment for e in entries}) == 1, "the trainer never restarted"
+    assert sorted(e.step for e in entries) == list(range(1, STEPS + 1)), (
+        "one entry per step, none lost, none twice"
+    )
+    assert curve(tmp_path) == curve(reference)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
+
+
+def test_trainer_sigkill_starts_a_new_segment_at_the_checkpoint(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
+    proxy = start_proxy(tmp_path)
+    t = proxy_trainer(tmp_path, cache_dir)
+    t.wait_for(r"step 35/")
+    t.signal(signal.SIGKILL)
+    t.wait()
+    t = proxy_trainer(tmp_path, cache_dir)
+    # Cadence checkpoints are written in the background: the kill may land before step 30's commits.
+    resumed = int(t.wait_for(r"resumed from step_(\d+)\.bin").group(1))
+    assert resumed in (20, 30)
+    assert t.wait() == ExitCode.OK, t.log
+    assert stop(proxy) == ExitCode.OK, proxy.log
+    entries = read_entries(tmp_path / ".loss.json")
+    first = {e.step: e for e in entries if e.segment == 1}
+    second = {e.step: e for e in entries if e.segment == 2}
+    assert min(second) == resumed + 1, "the new segment starts right after the checkpoint"
+    assert max(first) > resumed + 1, (
+        "steps after the checkpoint were trained twice (the kill landed at step 35)"
+    )
+    for s in set(first) & set(second):
+        assert (first[s].loss, first[s].arm, first[s].batch_sha256) == (
+            second[s].loss,
+            second[s].arm,
+            second[s].batch_sha256,
+        )
+    assert curve(tmp_path) == curve(reference)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
+
+
+def test_random_sigkills_of_both_are_invisible(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
+    rng = random.Random(20261129)
+    proxy = start_proxy(tmp_path)
+    t = proxy_trainer(tmp_path, cache_dir)
+    kills = 0
+    deadline = time.monotonic() + 240
+    while t.proc.poll() is None or proxy.proc.poll() is None:
+        assert time.monotonic() < deadline, t.log + proxy.log
+        time.sleep(rng.uniform(0.5, 2.5))
+        if t.proc.poll() is not None:
+            break
+        victim = rng.choice(["trainer", "proxy"]) if kills < 4 else None
+        if victim == "trainer":
+            t.signal(signal.SIGKILL)
+            t.wait()
+            t = proxy_trainer(tmp_path, cache_dir)
+            kills += 1
+        elif victim == "proxy":
+            proxy.signal(signal.SIGKILL)
+            proxy.wait()
+            proxy = start_proxy(tmp_path)
+            kills += 1
+        else:
+            break
+    assert t.wait() == ExitCode.OK, t.log
+    assert stop(proxy) == ExitCode.OK, proxy.log
+    assert kills >= 2
+    assert curve(tmp_path) == curve(reference)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
+    json.loads((tmp_path / ".state.json").read_text())
+
+
+def test_sigterm_while_waiting_for_the_proxy_checkpoints_and_exits(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    proxy = start_proxy(tmp_path)
+    # No cadence: a slow machine can stall at a cadence step, whose checkpoint would then stand.
+    t = proxy_trainer(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0")
+    t.wait_for(r"step 12/")
+    proxy.signal(signal.SIGKILL)
+    proxy.wait()
+    t.wait_for(r"waiting for the proxy", timeout=30)
+    t.signal(signal.SIGTERM)
+    assert t.wait() == ExitCode.OK, t.log
+    man = sorted(tmp_path.glob("step_*.json"))[-1]
+    data = json.loads(man.read_text())
+    assert data["trigger"] == "sigterm" and data["step"] >= 12
+    # Records the proxy never acknowledged travel in the manifest and reach the log next time.
+    pending = {e["step"] for e in data["pending_losses"]}
+    logged = {e.step for e in read_entries(tmp_path / ".loss.json")}
+    assert set(range(1, data["step"] + 1)) <= logged | pending
+
+
+def test_samples_never_change_the_trajectory(tmp_path: Path, cache_dir: Path) -> None:
+    def run(d: Path, every: str) -> list[tuple[int, float, str]]:
+        res = subprocess.run(
+            trainer_cmd(
+                d,
+                cache_dir,
+                "--max-steps",
+                "25",
+                "--checkpoint-every",
+                "0",
+                "--sample-every",
+                every,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stderr
+        return curve(d)
+
+    with_samples = run(tmp_path / "a", "5")
+    without = run(tmp_path / "b", "0")
+    assert with_samples == without
+    assert (tmp_path / "a" / bin_name(25)).read_bytes() == (
+        tmp_path / "b" / bin_name(25)
+    ).read_bytes()
+
+
+def test_zombie_arm_never_draws_and_is_reported(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
+    """The seed's lesson: a state carrying weight for an arm whose source is gone."""
+    state = json.loads((reference / ".state.json").read_text())
+    arm = dict(state["bandit"]["arms"][0])
+    # Pulls stay 0 so that the phase counters of the doctored state remain consistent (and so
+    # the arm has no loss statistics either): the history the log gives an arm never pulled,
+    # which the state's check against .loss.json accepts.
+    arm.update(
+        name="repo-docstrings",
+        identity="f" * 64,
+        weight=1.546,
+        pulls=0,
+        ema_reward=0.0,
+        probability=0.5,
+        loss_ema=None,
+        loss_best=None,
+        progress_sum=0.0,
+        progress_pulls=0.0,
+        last_pull=0,
+    )
+    state["bandit"]["arms"].append(arm)
+    state["bandit"]["arms"].sort(key=lambda a: a["name"])
+
+    for name in ("run.toml", ".loss.json"):
+        shutil.copy(reference / name, tmp_path / name)
+    (tmp_path / ".state.json").write_text(json.dumps(state))
+    proxy = start_proxy(tmp_path)
+    proxy.wait_for(r"zombie arm 'repo-docstrings'")
+    proxy.wait_for(r"proxy ready")
+    reply = request(
+        peer_endpoint(tmp_path, "proxy"), messages.StatusRequest(id=new_id()), timeout=5
+    )
+    assert stop(proxy) == ExitCode.OK, proxy.log
+    assert reply.ok and reply.data["probabilities"]["repo-docstrings"] == 0.0
+    assert [z["name"] for z in reply.data["zombies"]] == ["repo-docstrings"]
+    saved = json.loads((tmp_path / ".state.json").read_text())
+    assert [z["name"] for z in saved["zombies"]] == ["repo-docstrings"]
+    assert any(
+        a["name"] == "repo-docstrings" and a["weight"] == 1.546 for a in saved["bandit"]["arms"]
+    )
+
+
+def test_infeasible_policy_is_refused(tmp_path: Path, reference: Path) -> None:
+    shutil.copy(reference / "run.toml", tmp_path / "run.toml")
+    (tmp_path / "policy.toml").write_text(
+        "[arms.code]\nfloor = 0.6\n[arms.comments]\nfloor = 0.6\n"
+    )
+    res = subprocess.run(proxy_cmd(tmp_path), capture_output=True, text=True, timeout=60)
+    assert res.returncode == ExitCode.CONFIG_ERROR
+    assert "floor" in res.stderr and "1.2" in res.stderr
+
+
+def test_a_trainer_of_another_protocol_is_refused(tmp_path: Path, reference: Path) -> None:
+    shutil.copy(reference / "run.toml", tmp_path / "run.toml")
+    proxy = start_proxy(tmp_path)
+    proxy.wait_for(r"proxy ready")
+    hello = messages.Hello(
+        id=new_id(), protocol=messages.PROTOCOL + 1, resume_step=0, seed=0, arms=["code"]
+    )
+    reply = request(peer_endpoint(tmp_path, "proxy"), hello, timeout=10)
+    assert isinstance(reply, messages.Reply) and not reply.ok
+    assert f"protocol {messages.PROTOCOL + 1}, this proxy speaks {messages.PROTOCOL}" in reply.error
+    assert stop(proxy) == ExitCode.OK, proxy.log
+    assert "segment" not in proxy.log  # no life was numbered for it
+
+
+def test_damaged_state_is_rebuilt_from_the_loss_log(
+    tmp_path: Path, cache_dir: Path, reference: Path
+) -> None:
+    proxy = start_proxy(tmp_path)
+    t = proxy_trainer(tmp_path, cache_dir)
+    t.wait_for(r"step 30/")
+    proxy.signal(signal.SIGKILL)
+    proxy.wait()
+    (tmp_path / ".state.json").write_text('{"format": "andrea-proxy-state/1", "durable_st')
+    proxy = start_proxy(tmp_path)
+    proxy.wait_for(r"rebuilding the bandit from .loss.json")
+    assert t.wait() == ExitCode.OK, t.log
+    assert stop(proxy) == ExitCode.OK, proxy.log
+    assert list(tmp_path.glob(".state.json.corrupt-*")), "the damaged file is kept for inspection"
+    assert curve(tmp_path) == curve(reference)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
+
+
+def test_one_command_run_and_ctrl_c_stop_both_cleanly(tmp_path: Path, cache_dir: Path) -> None:
+    """The README's main job: trainer and proxy from one command; Ctrl-C (SIGINT to the trainer,
+    as a terminal sends it) checkpoints, lets the proxy log every record, and stops both."""
+    t = Daemon(
+        trainer_cmd(
+            tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"
+        )
+    )
+    t.wait_for(r"step 15/")
+    t.signal(signal.SIGINT)
+    assert t.wait() == ExitCode.OK, t.log
+    assert "proxy stopped; state written" in t.log
+    (man,) = [json.loads(p.read_text()) for p in tmp_path.glob("step_*.json")]
+    assert man["trigger"] == "sigint"
+    steps = [e.step for e in read_entries(tmp_path / ".loss.json")]
+    assert steps == list(range(1, man["step"] + 1))
+    lock = (tmp_path / ".proxy.lock").read_text()
+    assert subprocess.run(["kill", "-0", lock], capture_output=True).returncode != 0, (
+        "the proxy is gone"
+    )
+
+
+def test_one_command_proxy_does_not_outlive_a_killed_trainer(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    t = Daemon(
+        trainer_cmd(
+            tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"
+        )
+    )
+    t.wait_for(r"step 5/")
+    pid = int((tmp_path / ".proxy.lock").read_text())
+    t.signal(signal.SIGKILL)
+    t.wait()
+    deadline = time.monotonic() + 20
+    while subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the proxy outlived its trainer"
+        time.sleep(0.2)
+    json.loads((tmp_path / ".state.json").read_text())  # it stopped cleanly, writing its state

@@ -1,0 +1,34 @@
+"""The suite's pytest options: a plain pytest without pytest-xdist starts (the GPU machine's own
+pytest runs the CUDA unit tests), and `-n 2`, as .ci/run and the README run it, still gives each
+test file to one worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support.daemons import REPO
+
+SMALL = "tests/unit/test_exitcodes.py"
+
+
+def pytest_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_plain_pytest_without_xdist_starts() -> None:
+    r = pytest_run("-p", "no:xdist", "-q", SMALL)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_two_workers_distribute_by_file_unless_told_otherwise() -> None:
+    r = pytest_run("-n", "2", "-v", SMALL)
+    assert r.returncode == 0 and "via LoadFileScheduling" in r.stdout, r.stdout + r.stderr
+    r = pytest_run("-n", "2", "-v", "--dist", "load", SMALL)
+    assert r.returncode == 0 and "via LoadScheduling" in r.stdout, r.stdout + r.stderr

@@ -1,0 +1,255 @@
+"""Bit-exact resume, with real trainer processes and real signals.
+
+The reference is always a run that was never stopped, in a fresh process; the comparison is of
+bytes (the final .bin: weights, m, v) and of every step's loss, read back from .loss.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from andrea.daemon.rundir.layout import bin_name, manifest_name
+from andrea.daemon.runtime.exitcodes import ExitCode
+
+from ..support.daemons import Daemon, run_trainer, trainer_cmd
+
+STEPS = 40
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Canonical curve from .loss.json, read with the json module alone (newest entry per step)."""
+    entries = json.loads((run_dir / ".loss.json").read_text())
+    out: dict[int, float] = {}
+    for e in entries:
+        out[e["step"]] = e["loss"]
+    return out
+
+
+def entries(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / ".loss.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def continuous(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """The never-stopped reference run."""
+    run_dir = tmp_path_factory.mktemp("continuous")
+    res = run_trainer(run_dir, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
+    assert res.returncode == 0, res.stderr
+    return run_dir
+
+
+def stop_at(run_dir: Path, cache: Path, step: int, sig: signal.Signals, *extra: str) -> Daemon:
+    t = Daemon(
+        trainer_cmd(run_dir, cache, "--max-steps", str(STEPS), "--checkpoint-every", "10", *extra)
+    )
+    t.wait_for(rf"step {step}/{STEPS} ")
+    t.signal(sig)
+    return t
+
+
+def test_sigterm_then_restart_is_bit_exact(
+    tmp_path: Path, cache_dir: Path, continuous: Path
+) -> None:
+    t = stop_at(tmp_path, cache_dir, 13, signal.SIGTERM)
+    assert t.wait() == ExitCode.OK, t.log
+    saved = sorted(int(p.stem[5:]) for p in tmp_path.glob("step_*.json"))
+    stopped = saved[-1]
+    assert stopped not in (10, 20, STEPS), (
+        f"stop landed on a cadence point {stopped}; test needs mid-interval"
+    )
+    man = json.loads((tmp_path / manifest_name(stopped)).read_text())
+    assert man["trigger"] == "sigterm"
+
+    res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
+    assert res.returncode == 0, res.stderr
+    assert f"resumed from {bin_name(stopped)}" in res.stderr
+
+    assert losses(tmp_path) == losses(continuous)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
+    segs = {e["segment"] for e in entries(tmp_path)}
+    assert segs == {1, 2}
+
+
+def test_sigint_behaves_like_sigterm(tmp_path: Path, cache_dir: Path) -> None:
+    t = stop_at(tmp_path, cache_dir, 4, signal.SIGINT)
+    assert t.wait() == ExitCode.OK, t.log
+    (man,) = [json.loads(p.read_text()) for p in tmp_path.glob("step_*.json")]
+    assert man["trigger"] == "sigint"
+
+
+def test_sigusr1_checkpoints_and_continues(
+    tmp_path: Path, cache_dir: Path, continuous: Path
+) -> None:
+    t = stop_at(tmp_path, cache_dir, 14, signal.SIGUSR1)
+    m = t.wait_for(r"checkpoint (step_\d+\.bin) written \(sigusr1")
+    assert t.wait() == ExitCode.OK, t.log
+    man = json.loads((tmp_path / m.group(1).replace(".bin", ".json")).read_text())
+    assert man["trigger"] == "sigusr1" and man["step"] % 10 != 0
+    # The audit point is kept although it is older than the cadence checkpoints after it.
+    assert (tmp_path / m.group(1)).exists()
+    assert losses(tmp_path) == losses(continuous)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
+
+
+def test_repeated_sigusr1_coalesce_and_sigterm_after_it_writes_once(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
+    t.wait_for(r"step 5/")
+    for _ in range(3):
+        t.signal(signal.SIGUSR1)
+    t.signal(signal.SIGTERM)
+    assert t.wait() == ExitCode.OK, t.log
+    # Whether the signals landed before or after the step boundary, one checkpoint is written,
+    # and it counts as the requested audit point.
+    assert t.log.count("checkpoint step_") == 1, t.log
+    (man,) = [json.loads(p.read_text()) for p in tmp_path.glob("step_*.json")]
+    assert man["trigger"] == "sigusr1"
+
+
+def test_sigkill_then_restart_is_bit_exact(
+    tmp_path: Path, cache_dir: Path, continuous: Path
+) -> None:
+    t = Daemon(
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
+    )
+    t.wait_for(rf"step 25/{STEPS} ")
+    t.signal(signal.SIGKILL)
+    t.wait()
+    res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
+    assert res.returncode == 0, res.stderr
+    # Cadence checkpoints are written in the background: the kill may land before step 20's commits.
+    resumed = int(re.search(r"resumed from step_(\d+)\.bin", res.stderr).group(1))
+    assert resumed in (10, 20)
+    # Steps after it were trained twice (two segments); the newest entry per step is canonical and
+    # equal to the first life's, because the trajectory is the same.
+    first = {e["step"]: e["loss"] for e in entries(tmp_path) if e["segment"] == 1}
+    second = {e["step"]: e["loss"] for e in entries(tmp_path) if e["segment"] == 2}
+    assert min(second) == resumed + 1
+    assert all(first[s] == second[s] for s in first if s in second)
+    assert losses(tmp_path) == losses(continuous)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
+
+
+@pytest.mark.parametrize("skipped", ["rng", "cursor"])
+def test_negative_control_incomplete_restore_is_caught(
+    tmp_path: Path, cache_dir: Path, continuous: Path, skipped: str
+) -> None:
+    """The same comparison must FAIL when the resume skips a piece of state."""
+    t = stop_at(tmp_path, cache_dir, 13, signal.SIGTERM)
+    assert t.wait() == ExitCode.OK, t.log
+    res = run_trainer(
+        tmp_path,
+        cache_dir,
+        "--max-steps",
+        str(STEPS),
+        "--checkpoint-every",
+        "10",
+        "--unsafe-skip-restore",
+        skipped,
+    )
+    assert res.returncode == 0, res.stderr
+    assert losses(tmp_path) != losses(continuous)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() != (continuous / bin_name(STEPS)).read_bytes()
+
+
+def test_sigterm_during_startup_exits_cleanly(tmp_path: Path) -> None:
+    """A SIGTERM while the corpus is being built (an empty cache: several seconds) is a prompt,
+    clean exit, not a kill and not a wait until the first step."""
+    t = Daemon(trainer_cmd(tmp_path / "run", tmp_path / "fresh-cache", "--max-steps", "5"))
+    t.wait_for(r"building the default corpus")
+    t0 = time.monotonic()
+    t.signal(signal.SIGTERM)
+    assert t.wait() == ExitCode.OK, t.log
+    assert time.monotonic() - t0 < 3.0, t.log
+    assert "stop requested during start-up" in t.log
+    assert not list((tmp_path / "run").glob("step_*"))
+
+
+def test_sigterm_during_sampling_checkpoints_promptly_and_logs_no_cut_off_sample(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """Three samples of 4,096 tokens (the most a sample may have) take far longer than the 3 s
+    allowed below, so the SIGTERM sent once sampling started lands in it: the stop is honoured at
+    once, and the samples it cut short are neither logged nor recorded."""
+    (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\n[samples]\nmax_new_tokens = 4096\n')
+    t = Daemon(
+        trainer_cmd(
+            tmp_path,
+            cache_dir,
+            "--max-steps",
+            "1000",
+            "--checkpoint-every",
+            "0",
+            "--sample-every",
+            "7",
+        )
+    )
+    t.wait_for(r"generating samples at step 7")
+    t0 = time.monotonic()
+    t.signal(signal.SIGTERM)
+    assert t.wait() == ExitCode.OK, t.log
+    assert time.monotonic() - t0 < 3.0, t.log
+    assert (tmp_path / bin_name(7)).exists(), t.log
+    assert "samples of step 7 abandoned: stop requested" in t.log, t.log
+    assert "sample at step 7" not in t.log, t.log
+
+
+def test_failed_final_checkpoint_keeps_previous_and_exits_3(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """A real write failure: the process may not create files larger than 64 KiB (RLIMIT_FSIZE),
+    less than one tiny-preset payload, so its final checkpoint fails like on a full disk."""
+    res = run_trainer(tmp_path, cache_dir, "--max-steps", "10", "--checkpoint-every", "10")
+    assert res.returncode == 0, res.stderr
+    before = (tmp_path / bin_name(10)).read_bytes()
+
+    def limit_file_size() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+    t = Daemon(
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", "1000", "--checkpoint-every", "0"),
+        preexec_fn=limit_file_size,
+    )
+    t.wait_for(r"step 14/")
+    t.signal(signal.SIGTERM)
+    assert t.wait() == ExitCode.CHECKPOINT_FAILED, t.log
+    assert "final checkpoint of step" in t.log and "FAILED" in t.log
+    assert (tmp_path / bin_name(10)).read_bytes() == before
+    assert not list(tmp_path.glob("*.tmp")), "a failed write must not leave its temporary file"
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == [bin_name(10), manifest_name(10)]
+    # And the run resumes from it.
+    res = run_trainer(tmp_path, cache_dir, "--max-steps", "12", "--checkpoint-every", "0")
+    assert res.returncode == 0 and "resumed from step_000010.bin" in res.stderr, res.stderr
+
+
+def test_sigkill_during_checkpoint_writes_never_loads_a_torn_checkpoint(
+    tmp_path: Path, cache_dir: Path, continuous: Path
+) -> None:
+    """A checkpoint every step, so that SIGKILLs at random moments land inside writes: every
+    restart must resume from an intact checkpoint, and the run must still end bit-exact."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(4):
+        t = Daemon(
+            trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "1")
+        )
+        t.wait_for(r"checkpoint step_\d+\.bin written")
+        time.sleep(rng.uniform(0.0, 0.3))
+        t.signal(signal.SIGKILL)
+        t.wait()
+    res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "1")
+    assert res.returncode == 0, res.stderr
+    assert "resumed from" in res.stderr
+    assert losses(tmp_path) == losses(continuous)
+    assert (tmp_path / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
