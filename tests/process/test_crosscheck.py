@@ -14,22 +14,9 @@ from andrea.daemon.rundir.layout import LOSS_FILE, bin_name, manifest_name
 from andrea.daemon.rundir.losslog import read_entries
 
 from ..support.daemons import run_trainer
-from ..support.hostile import resign
+from ..support.manifests import edit_manifest, move_cursor
 
 #: The data order's seed: the one the manifests of `hostile.snapshot` record.
-
-
-def _edit(run_dir: Path, step: int, edit) -> None:
-    path = run_dir / manifest_name(step)
-    man = json.loads(path.read_text())
-    edit(man)
-    path.write_text(json.dumps(resign(man)))
-
-
-def _move(m: dict, i: int, field: str) -> None:
-    """Move cursor `i` on by one position (within its arm) or one epoch."""
-    c = m["data"][i]
-    c[field] = (c[field] + 1) % c["n_chunks"] if field == "position" else c[field] + 1
 
 
 # ---- with the real trainer ---------------------------------------------------------------------
@@ -49,17 +36,19 @@ def test_re_signed_edits_are_skipped_and_the_weights_are_those_of_the_run(
     shutil.copytree(run, reference)
     assert run_trainer(reference, cache_dir, *args, "--max-steps", "25").returncode == 0
 
-    _edit(run, 20, lambda m: m["optimizer"].update(adam_step=m["optimizer"]["adam_step"] + 7))
+    edit_manifest(
+        run, 20, lambda m: m["optimizer"].update(adam_step=m["optimizer"]["adam_step"] + 7)
+    )
     man = json.loads((run / manifest_name(15)).read_text())
     drawn = {e.arm for e in read_entries(run / LOSS_FILE) if e.step <= 15}
     moved = [i for i, c in enumerate(man["data"]) if c["name"] in drawn][:2]
     assert len(moved) == 2, man["data"]
 
     def cursors(m: dict) -> None:
-        _move(m, moved[0], "position")
-        _move(m, moved[1], "epoch")
+        move_cursor(m, moved[0], "position")
+        move_cursor(m, moved[1], "epoch")
 
-    _edit(run, 15, cursors)
+    edit_manifest(run, 15, cursors)
     res = run_trainer(run, cache_dir, *args, "--max-steps", "25")
     assert res.returncode == 0, res.stderr
     assert (run / bin_name(25)).read_bytes() == (reference / bin_name(25)).read_bytes()

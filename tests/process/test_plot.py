@@ -4,7 +4,6 @@ pivot, a zombie arm and an audit checkpoint; spikes kept at 200,000 steps; round
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from andrea.control.run_events import RunEvents, read_run_events
 from andrea.daemon.rundir.losslog import read_curve
 
 from ..support.audited_run import canonical_rows
+from ..support.plotting import round_ticks, tick_values
 
 
 def panels(fig: Figure) -> dict[str, Axes]:
@@ -33,26 +33,6 @@ def by_gid(ax: Axes, gid: str) -> list:
 def mark_xs(ax: Axes, kind: str) -> list[float]:
     (coll,) = by_gid(ax, kind)
     return sorted(float(seg[0][0]) for seg in coll.get_segments())
-
-
-def is_round(value: float) -> bool:
-    """1, 2, 2.5 or 5 times a power of ten."""
-    mantissa = abs(value) / 10 ** math.floor(math.log10(abs(value)))
-    return any(math.isclose(mantissa, m, rel_tol=1e-9) for m in (1, 2, 2.5, 5, 10))
-
-
-def round_ticks(values: list[float]) -> bool:
-    """Evenly spaced by a round step, each a whole multiple of it (not 1.38, 2.43 or 1087, 2173)."""
-    steps = np.diff(values)
-    if len(values) < 2 or not np.allclose(steps, steps[0]) or not is_round(steps[0]):
-        return False
-    return all(math.isclose(v / steps[0], round(v / steps[0]), abs_tol=1e-9) for v in values)
-
-
-def tick_values(ax: Axes, axis: str) -> list[float]:
-    lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
-    ticks = ax.get_xticks() if axis == "x" else ax.get_yticks()
-    return [t for t in ticks if lo <= t <= hi]
 
 
 def test_every_panel_and_mark_of_a_real_run(audited_run: Path) -> None:

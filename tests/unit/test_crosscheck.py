@@ -7,7 +7,6 @@ records hold it — and skips such a checkpoint as damaged, naming the field."""
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -17,12 +16,13 @@ import pytest
 from andrea.daemon.checkpoint.manager import CheckpointManager, read_manifest
 from andrea.daemon.config import CheckpointConfig, build_config
 from andrea.daemon.data.arms import Arm, ArmStream
-from andrea.daemon.rundir.layout import LOSS_FILE, manifest_name
+from andrea.daemon.rundir.layout import LOSS_FILE
 from andrea.daemon.rundir.losslog import LossLog, read_entries
 from andrea.daemon.trainer.checkpointing.crosscheck import CrossCheck
 from andrea.protocol.lossentry import LossEntry
 
-from ..support.hostile import ARMS, MODEL, resign, snapshot
+from ..support.hostile import ARMS, MODEL, snapshot
+from ..support.manifests import edit_manifest, move_cursor
 
 #: The data order's seed: the one the manifests of `hostile.snapshot` record.
 SEED = build_config({}, {"preset": "andrea-tiny"}).seed
@@ -71,19 +71,6 @@ def _train(run_dir: Path, steps: int, accum: int = 2) -> list[ArmStream]:
     return _streams()
 
 
-def _edit(run_dir: Path, step: int, edit) -> None:
-    path = run_dir / manifest_name(step)
-    man = json.loads(path.read_text())
-    edit(man)
-    path.write_text(json.dumps(resign(man)))
-
-
-def _move(m: dict, i: int, field: str) -> None:
-    """Move cursor `i` on by one position (within its arm) or one epoch."""
-    c = m["data"][i]
-    c[field] = (c[field] + 1) % c["n_chunks"] if field == "position" else c[field] + 1
-
-
 def _problems(run_dir: Path, streams: list[ArmStream], step: int) -> list[str]:
     return CrossCheck(run_dir / LOSS_FILE, streams).problems(read_manifest(run_dir, step))
 
@@ -100,13 +87,13 @@ def test_a_genuine_manifest_passes(tmp_path: Path) -> None:
         ("scheduler.last_step", lambda m: m["scheduler"].update(last_step=3)),
         ("scheduler.last_lr", lambda m: m["scheduler"].update(last_lr=m["scheduler"]["lr"])),
         ("scheduler.lr", lambda m: m["scheduler"].update(lr=1.0)),
-        ("cursor 'docstrings'", lambda m: _move(m, 0, "position")),
-        ("cursor 'code'", lambda m: _move(m, 1, "epoch")),
+        ("cursor 'docstrings'", lambda m: move_cursor(m, 0, "position")),
+        ("cursor 'code'", lambda m: move_cursor(m, 1, "epoch")),
     ],
 )
 def test_a_re_signed_edit_is_named(tmp_path: Path, field: str, edit) -> None:
     streams = _train(tmp_path, 40)
-    _edit(tmp_path, 40, edit)
+    edit_manifest(tmp_path, 40, edit)
     read_manifest(tmp_path, 40)  # intact by its content hash: the edit is re-signed
     problems = _problems(tmp_path, streams, 40)
     name = field.split("'")[1] if "'" in field else field
@@ -128,7 +115,7 @@ def test_the_cursor_is_judged_on_its_own_trajectory(tmp_path: Path) -> None:
     # read does too (the daemons refuse it themselves).
     (tmp_path / LOSS_FILE).unlink()
     (tmp_path / LOSS_FILE).mkdir()
-    _edit(tmp_path, 12, lambda m: _move(m, 0, "position"))
+    edit_manifest(tmp_path, 12, lambda m: move_cursor(m, 0, "position"))
     assert _problems(tmp_path, streams, 12) == []
 
 
@@ -141,7 +128,7 @@ def test_draws_of_an_earlier_life_are_not_compared(tmp_path: Path) -> None:
         m["progress"]["segment"] = 2
         m["config"]["seed"] += 1
 
-    _edit(tmp_path, 12, restarted_with_another_seed)
+    edit_manifest(tmp_path, 12, restarted_with_another_seed)
     assert _problems(tmp_path, streams, 12) == []
 
 
@@ -150,9 +137,9 @@ def test_pending_records_count_as_recorded(tmp_path: Path) -> None:
     entries = read_entries(tmp_path / LOSS_FILE)
     (tmp_path / LOSS_FILE).write_text("[\n]\n")
     pending = [e.model_dump(mode="json") for e in entries]
-    _edit(tmp_path, 12, lambda m: m.update(pending_losses=pending))
+    edit_manifest(tmp_path, 12, lambda m: m.update(pending_losses=pending))
     assert _problems(tmp_path, streams, 12) == []
-    _edit(tmp_path, 12, lambda m: _move(m, 1, "position"))
+    edit_manifest(tmp_path, 12, lambda m: move_cursor(m, 1, "position"))
     assert "cursor" in " ".join(_problems(tmp_path, streams, 12))
 
 
@@ -190,9 +177,11 @@ def test_a_run_started_from_another_counts_adam_steps_from_its_source(
     """--init-from-optimizer carries the source's Adam step count on: a genuine manifest of such a
     run passes, and an edit of its count is still named."""
     streams = _train(tmp_path, 40)
-    _edit(tmp_path, 40, _started_from(300, optimizer))
+    edit_manifest(tmp_path, 40, _started_from(300, optimizer))
     assert _problems(tmp_path, streams, 40) == []
-    _edit(tmp_path, 40, lambda m: m["optimizer"].update(adam_step=m["optimizer"]["adam_step"] + 1))
+    edit_manifest(
+        tmp_path, 40, lambda m: m["optimizer"].update(adam_step=m["optimizer"]["adam_step"] + 1)
+    )
     expected = "is not 340: step 40 after the 300" if optimizer else "is not step 40"
     problems = _problems(tmp_path, streams, 40)
     assert problems and expected in problems[0], problems

@@ -31,23 +31,7 @@ from andrea.daemon.rundir.losslog import (
     read_entries,
 )
 
-SHA = "0123456789abcdef" * 4
-
-
-def entry(
-    step: int, segment: int = 1, loss: float | None = None, arm: str = "code", phase: int = 0
-) -> LossEntry:
-    return LossEntry(
-        step=step,
-        loss=2.0 + 1.0 / step if loss is None else loss,
-        arm=arm,
-        lr=3e-4,
-        tokens=4096,
-        wall_time=1_750_000_000.0 + step,
-        segment=segment,
-        phase=phase,
-        batch_sha256=SHA if step % 2 else None,
-    )
+from ..support.records import SHA, entry
 
 
 def clean_bytes(entries: list[LossEntry]) -> bytes:
