@@ -1,8 +1,7 @@
-"""andreactl follows the conventions of systemctl and kubectl: each rule asserted.
-
-Global options before or after the command, -o json, ANDREA_RUN_DIR, --version; one JSON schema
-per command with RFC 3339 timestamps; --help with defaults, exit codes and an example; no traceback
-for a user error; status creates nothing and answers a stopped run from its files."""
+"""andreactl's conventions that only a real process shows (tests/unit/test_cli_conventions.py has
+the rest): user errors in one line without a traceback, status of a stopped run at once and
+creating nothing, watch explaining the reward once, and the commands that must not import torch
+or matplotlib."""
 
 from __future__ import annotations
 

@@ -1,36 +1,7 @@
-"""Fuzz harness: every file the daemons read and every message type, mutated field by field.
-
-Each case starts from a valid instance, changes one thing (a leaf replaced by a hostile value, a
-key deleted, an unknown key added, bytes cut or inserted) and runs the daemons' own read path on it.
-The oracle, for every kind:
-- the outcome is a documented one: the value is accepted, or the documented error is raised
-  (the one the daemon turns into its exit code or error reply; see docs/operations.md);
-- nothing else escapes: no other exception, so no traceback;
-- the read allocates at most ALLOCATION_BOUND bytes (tracemalloc, which numpy reports to);
-- a rejected input changes nothing durable (every file's bytes are compared), except the
-  documented move-aside of a damaged `.state.json` or `.samples.json`, whose bytes are kept.
-
-    .venv/bin/python -m pytest -q tests/*/test_fuzz.py                  # CI: EXAMPLES per kind
-    ANDREA_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest -q tests/*/test_fuzz.py   # the long run
-
-Every run-directory file a command or a daemon reads also gets two kinds of its own: a link to a
-valid copy of it outside the run directory, and a FIFO. Nothing may read through the link (except a
-config a person may link: run.toml, policy.toml, read by the daemons) or block on the FIFO.
-
-The data arms get links among their files (to a 0600 file outside, through a directory, a relative
-`../..` or a chain; inside the arm or the run; dangling; to a FIFO or /dev/zero): one that leaves the
-arm's directory and the run's refuses the arm unless it says links = "follow", and the secret is
-never read nor cached.
-
-What an arm reads is fuzzed too: JSON Lines lines (lone and raw surrogates, bytes that are not
-JSON, lines around the bound), gzip bombs without a newline (16 to 64 MiB of NUL bytes, read under
-the allocation bound), and token-cache entries cut, grown, bit-flipped or given ids out of range
-(the arm must come out as the tokens its files encode to, the entry as encoding wrote it).
-
-Message cases bind real ipc sockets (an in-process proxy, and the trainer's control server with a
-real ZeroMQ client) and are marked `process`, as are the commands' link and FIFO cases (an alarm
-signal guards each command against blocking).
-"""
+"""The fuzz harness's process cases (tests/unit/test_fuzz.py says what is fuzzed and the oracle):
+every message type into a real proxy and into the trainer's control server over real ipc sockets,
+and every command's reads of links and FIFOs, each guarded by an alarm signal against blocking.
+Run long with ANDREA_FUZZ_EXAMPLES=2000."""
 
 from __future__ import annotations
 
@@ -74,12 +45,6 @@ from ..support.hostile import (
     write_checkpoint,
 )
 
-# ---- checkpoint manifests ------------------------------------------------------------------------
-
-
-# ---- .loss.json ----------------------------------------------------------------------------------
-
-
 # ---- the proxy's own files: .state.json and .samples.json ---------------------------------------
 
 
@@ -87,9 +52,6 @@ from ..support.hostile import (
 def proxy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A proxy run directory with a valid .state.json and .samples.json."""
     return build_proxy_run(tmp_path_factory.mktemp("fuzz-proxy"))
-
-
-# ---- run.toml and policy.toml --------------------------------------------------------------------
 
 
 # ---- every message type, into a real proxy --------------------------------------------------------

@@ -1,7 +1,6 @@
-"""scripts/gpu_check.py's own plumbing, on the CPU: what the one try on a GPU machine depends on
-(the report written as it goes, a failed child's log in it, children that log to their pipe, no
-git needed, eager runs that are eager, an activation miss that warns) and the formatting of the
-CUDA figures it reports."""
+"""scripts/gpu_check.py's plumbing that runs children (tests/unit/test_gpu_check.py has the rest):
+a section's budget bounds what is left, a failed child leaves its last 40 lines in the report, and
+children run without the systemd variables that would send their logs to the journal."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Metrics where people look: TensorBoard event files (live from the proxy, and rebuilt by `andreactl
-metrics export`) read back with TensorBoard's own reader, CSV/JSON Lines exports, and the Prometheus
-exposition parsed with prometheus-client's parser. Expected values come from the raw .loss.json."""
+"""Metrics of real runs, where people look: the proxy's live TensorBoard files, `andreactl metrics
+export`, both daemons' Prometheus textfiles and the HTTP endpoint, read back with TensorBoard's
+and prometheus-client's own parsers; expected values come from the raw .loss.json
+(tests/unit/test_metrics.py has the in-process parts)."""
 
 from __future__ import annotations
 

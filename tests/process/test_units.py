@@ -13,8 +13,6 @@ from andrea.daemon.runtime.exitcodes import NO_RESTART, ExitCode
 
 from ..support.units import installed, unit
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.skipif(
     shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"

@@ -12,7 +12,6 @@ import pytest
 from ..support.units import installed
 from ..support.units import unit as sections
 
-REPO = Path(__file__).resolve().parents[2]
 UNIT = "andrea-trainer-ddp@.service"
 
 

@@ -14,25 +14,8 @@ from andrea.control import andreactl
 from andrea.daemon.config import ArmSpec
 from andrea.daemon.data.sources import SourceRejected, arm_roots, read_file
 
+from ..support.links import SECRET, linked_run, unread
 from ..support.owndata import PROSE
-
-SECRET = "hunter2-PRIVATE-KEY-" * 400
-ARM = '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.md"]\n'
-
-
-def _run(tmp_path: Path, links: str | None = None) -> Path:
-    """A run of one text arm, and a 0600 file outside it that `notes/zz.md` links to."""
-    run = tmp_path / "run"
-    (run / "notes").mkdir(parents=True)
-    for i in range(3):
-        (run / "notes" / f"n{i}.md").write_text(PROSE * 30)
-    secret = tmp_path / "secret.txt"
-    secret.write_text(SECRET)
-    secret.chmod(0o600)
-    (run / "notes" / "zz.md").symlink_to(secret)
-    os.utime(secret, (0, secret.stat().st_mtime))  # read once, and the access time says so
-    (run / "run.toml").write_text(ARM + (f'links = "{links}"\n' if links else ""))
-    return run
 
 
 def _atime_kept(where: Path) -> bool:
@@ -45,12 +28,6 @@ def _atime_kept(where: Path) -> bool:
     return probe.stat().st_atime != 0
 
 
-def _unread(path: Path) -> bool:
-    """Whether `path` was never read since the test set its access time to the epoch (always true
-    where reads are not recorded)."""
-    return path.stat().st_atime == 0
-
-
 def _ctl(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     try:
         code = andreactl.main(list(argv))
@@ -60,17 +37,17 @@ def _ctl(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 
 def test_tokenizer_train_refuses_a_link_out_of_the_arm(tmp_path: Path, capsys) -> None:
-    run = _run(tmp_path)
+    run = linked_run(tmp_path)
     code, err = _ctl(capsys, "tokenizer", "train", "--run-dir", str(run), "--vocab-size", "300")
     assert code == 2, err
     assert f"arm 'notes': {run}/notes/zz.md leads to {tmp_path}/secret.txt through a link" in err
     assert 'set links = "follow" on the arm in run.toml' in err
     assert not (run / "tokenizer.json").exists()
-    assert _unread(tmp_path / "secret.txt"), "the link's target was read"
+    assert unread(tmp_path / "secret.txt"), "the link's target was read"
 
 
 def test_a_link_inside_the_run_is_followed_and_follow_reads_any(tmp_path: Path, capsys) -> None:
-    run = _run(tmp_path)
+    run = linked_run(tmp_path)
     (run / "notes" / "zz.md").unlink()
     (run / "shared").mkdir()
     (run / "shared" / "b.md").write_text(PROSE)
@@ -80,21 +57,21 @@ def test_a_link_inside_the_run_is_followed_and_follow_reads_any(tmp_path: Path, 
     code, err = _ctl(capsys, "tokenizer", "train", "--run-dir", str(run), "--vocab-size", "300")
     assert code == 0, err
     # Data kept behind links on purpose: the arm says so.
-    run = _run(tmp_path / "follow", links="follow")
+    run = linked_run(tmp_path / "follow", links="follow")
     code, err = _ctl(capsys, "tokenizer", "train", "--run-dir", str(run), "--vocab-size", "400")
     assert code == 0, err
     if _atime_kept(tmp_path):
-        assert not _unread(tmp_path / "follow" / "secret.txt"), "followed on purpose"
+        assert not unread(tmp_path / "follow" / "secret.txt"), "followed on purpose"
 
 
 def test_encode_refuses_a_globbed_link_out_of_its_directory(tmp_path: Path, capsys) -> None:
-    run = _run(tmp_path)
+    run = linked_run(tmp_path)
     out = tmp_path / "out.u8"
     argv = ["tokenizer", "encode", "--tokenizer", "bytes", "--out", str(out)]
     code, err = _ctl(capsys, *argv, "--input", str(run / "notes" / "*.md"))
     assert code == 2, err
     assert "zz.md leads to" in err and "--follow-links" in err
-    assert not out.exists() and _unread(tmp_path / "secret.txt")
+    assert not out.exists() and unread(tmp_path / "secret.txt")
     # Named in full, a link is the person's to name; --follow-links reads a glob's.
     assert _ctl(capsys, *argv, "--input", str(run / "notes" / "zz.md"))[0] == 0
     out.unlink()
@@ -103,7 +80,7 @@ def test_encode_refuses_a_globbed_link_out_of_its_directory(tmp_path: Path, caps
 
 
 def test_a_link_swapped_in_after_the_listing_is_refused_on_the_descriptor(tmp_path: Path) -> None:
-    run = _run(tmp_path)
+    run = linked_run(tmp_path)
     spec = ArmSpec(name="notes", kind="text", paths=["notes/*.md"])
     roots = arm_roots(spec, run)
     assert read_file(run / "notes" / "n0.md", roots) == (PROSE * 30).encode()

@@ -71,7 +71,6 @@ from ..support.fuzzing import (
     snapshot,
 )
 from ..support.hostile import (
-    TRAINER_LIFE,
     expectation,
     resign,
     text_arms_config,
@@ -290,61 +289,6 @@ def test_fuzz_policy_toml(data: st.DataObject) -> None:
         bounded(lambda: parse_policy(text))
     except PolicyError:  # exit 2, or an error reply to `pivot`
         pass
-
-
-# ---- every message type, into a real proxy --------------------------------------------------------
-
-VALID_MESSAGES: dict[str, dict] = {
-    "hello": {
-        "type": "hello",
-        "id": "h",
-        "resume_step": 0,
-        "seed": 1337,
-        "arms": ["alpha", "beta"],
-        "pid": os.getpid(),
-        "life": TRAINER_LIFE,
-    },
-    "assign": {"type": "assign", "id": "a", "segment": 1, "from_step": 1, "count": 2},
-    "losses": {
-        "type": "losses",
-        "id": "l",
-        "entries": [
-            {
-                "step": 1,
-                "loss": 2.0,
-                "arm": "alpha",
-                "lr": 0.001,
-                "tokens": 64,
-                "wall_time": 1.0,
-                "segment": 1,
-                "phase": 0,
-                "batch_sha256": None,
-            }
-        ],
-    },
-    "samples": {
-        "type": "samples",
-        "id": "s",
-        "step": 1,
-        "segment": 1,
-        "phase": 0,
-        "samples": [{"prompt": "a", "text": "b"}],
-    },
-    "status": {"type": "status", "id": "st"},
-    "checkpoint": {
-        "type": "checkpoint",
-        "id": "c",
-        "boundary": False,
-        "wait": False,
-        "hold": False,
-    },
-    "resume": {"type": "resume", "id": "r", "hold_id": "h"},
-    "stop": {"type": "stop", "id": "x", "wait": False},
-    "pivot": {"type": "pivot", "id": "p", "policy_toml": "lag = 4\n", "boundary_step": 1},
-}
-
-
-# ---- every message type, into the trainer's control server ---------------------------------------
 
 
 # ---- links and FIFOs: every run-directory file any command reads -------------------------------
