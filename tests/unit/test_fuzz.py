@@ -38,9 +38,7 @@ import gzip
 import json
 import os
 import shutil
-import signal
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +62,16 @@ from andrea.protocol.lossentry import LossEntry
 
 from ..support.fuzzing import (
     FUZZ,
+    Blocked,
+    atime_is_recorded,
     bounded,
     build_proxy_run,
+    build_stopped_run,
     mutate_bytes,
     mutations,
+    plant,
     snapshot,
+    within_alarm,
 )
 from ..support.hostile import (
     expectation,
@@ -204,6 +207,18 @@ def proxy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_proxy_run(tmp_path_factory.mktemp("fuzz-proxy"))
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory: pytest.TempPathFactory, proxy_run: Path) -> Path:
+    """A stopped run with one of every file a command reads (tests/support/fuzzing.py)."""
+    return build_stopped_run(tmp_path_factory.mktemp("fuzz-links") / "run", proxy_run)
+
+
+@pytest.fixture(scope="module")
+def atime_is_kept(tmp_path_factory: pytest.TempPathFactory) -> bool:
+    """Whether this filesystem records a read in the access time; the link oracle relies on it."""
+    return atime_is_recorded(tmp_path_factory.mktemp("atime"))
+
+
 def _proxy_file_case(proxy_run: Path, tmp_path: Path, name: str, content: bytes) -> None:
     run = tmp_path / "run"
     if run.exists():
@@ -299,111 +314,6 @@ def test_fuzz_policy_toml(data: st.DataObject) -> None:
 # a traceback, within ALARM_S; the run directory is left exactly as it was; and the link's target
 # is never read (its access time stays where the test set it: the epoch).
 
-ALARM_S = 60
-PIVOT = "archive/pivot-000010-20250101T000000Z"
-
-
-@pytest.fixture(scope="module")
-def stopped_run(tmp_path_factory: pytest.TempPathFactory, proxy_run: Path) -> Path:
-    """A stopped run with one of every file a command reads: checkpoints, the loss and evaluation
-    logs, the proxy's files, run.toml, policy.toml, a pivot archive, both locks, .socket-dir."""
-    from andrea.daemon.config import save_config
-    from andrea.daemon.rundir.evallog import ArmEval, EvalEntry, EvalLog
-
-    run = tmp_path_factory.mktemp("fuzz-links") / "run"
-    run.mkdir()
-    for step in (10, 20):
-        write_checkpoint(run, step)
-    for name in (rundir.LOSS_FILE, rundir.STATE_FILE, rundir.SAMPLES_FILE):
-        (run / name).write_bytes((proxy_run / name).read_bytes())
-    with EvalLog.open(run / rundir.EVAL_FILE) as log:
-        arms = {"alpha": ArmEval(loss=2.5, sequences=4, tokens=256)}
-        log.append(EvalEntry(step=10, segment=1, phase=0, arms=arms, seconds=0.5, wall_time=1e9))
-    save_config(text_arms_config(proxy_run), run / rundir.CONFIG_FILE)
-    (run / rundir.POLICY_FILE).write_text("lag = 2\n")
-    archive = run / PIVOT
-    archive.mkdir(parents=True)
-    record = {"boundary_step": 10, "old_phase": 0, "new_phase": 1, "old_policy": "a" * 64,
-              "new_policy": "b" * 64, "utc": "20250101T000000Z"}  # fmt: skip
-    (archive / rundir.PIVOT_RECORD).write_text(json.dumps(record))
-    (archive / rundir.POLICY_FILE).write_text("lag = 2\n")
-    for name in (rundir.STATE_FILE, rundir.SAMPLES_FILE):
-        (archive / name).write_bytes((run / name).read_bytes())
-    for role in ("trainer", "proxy"):
-        rundir.lock_path(run, role).write_bytes(b"")
-    (run / rundir.SOCKET_DIR_RECORD).write_text(f"{run / rundir.SOCKET_DIR}\n")
-    return run
-
-
-#: Each file (or directory) of the run, and the commands that read it.
-READERS: dict[str, tuple[str, ...]] = {
-    rundir.CONFIG_FILE: ("export", "verify-resume"),
-    rundir.POLICY_FILE: ("export",),
-    rundir.LOSS_FILE: ("status", "history", "plot", "metrics", "export"),
-    rundir.EVAL_FILE: ("status", "history", "history --eval", "plot"),
-    rundir.SAMPLES_FILE: ("samples", "export"),
-    rundir.STATE_FILE: ("status", "plot", "export"),
-    rundir.manifest_name(20): ("status", "checkpoints", "prune", "plot", "export"),
-    rundir.bin_name(20): ("checkpoints", "prune", "export"),
-    f"{PIVOT}/{rundir.PIVOT_RECORD}": ("plot", "checkpoints", "prune", "export"),
-    f"{PIVOT}/{rundir.POLICY_FILE}": ("plot", "export"),
-    f"{PIVOT}/{rundir.STATE_FILE}": ("plot", "export"),
-    f"{PIVOT}/{rundir.SAMPLES_FILE}": ("export",),
-    PIVOT: ("plot", "checkpoints", "export"),
-    ".trainer.lock": ("status", "stop"),
-    ".proxy.lock": ("status",),
-    rundir.SOCKET_DIR_RECORD: ("status",),  # read while a trainer holds its lock
-}
-
-
-def _plant(run: Path, name: str, kind: str, outside: Path) -> list[Path]:
-    """Replace ``run/name`` by a link to a copy of it in ``outside``, or by a FIFO; the files a
-    link leads to, their access time set to the epoch."""
-    path = run / name
-    copied = outside / path.name
-    if path.is_dir():
-        shutil.copytree(path, copied)
-        shutil.rmtree(path)
-    else:
-        shutil.copy2(path, copied)
-        path.unlink()
-    if kind == "fifo":
-        os.mkfifo(path)
-        return []
-    path.symlink_to(copied)
-    targets = [p for p in copied.rglob("*") if p.is_file()] if copied.is_dir() else [copied]
-    for t in targets:
-        os.utime(t, (0, t.stat().st_mtime))
-    return targets
-
-
-class _Blocked(Exception):
-    pass
-
-
-def _within_alarm(fn: Callable[..., Any], *args: Any) -> Any:
-    def ring(signum: int, frame: object) -> None:
-        raise _Blocked
-
-    previous = signal.signal(signal.SIGALRM, ring)
-    signal.setitimer(signal.ITIMER_REAL, ALARM_S)
-    try:
-        return fn(*args)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-@pytest.fixture(scope="module")
-def atime_is_kept(tmp_path_factory: pytest.TempPathFactory) -> bool:
-    """Whether this filesystem records a read in the access time (relatime does, once the access
-    time is older than the modification time); the link oracle relies on it."""
-    probe = tmp_path_factory.mktemp("atime") / "probe"
-    probe.write_text("x")
-    os.utime(probe, (0, probe.stat().st_mtime))
-    probe.read_text()
-    return probe.stat().st_atime != 0
-
 
 #: What the daemons read at start, and the outcome each documents for a link or a FIFO there.
 def _daemon_reads(run: Path, name: str) -> None:
@@ -439,11 +349,11 @@ def test_daemon_reads_of_links_and_fifos(
             shutil.copy2(p, run / p.name)
     outside = tmp_path / "outside"
     outside.mkdir()
-    targets = _plant(run, name, kind, outside)
+    targets = plant(run, name, kind, outside)
     followed = kind == "link" and name in (rundir.CONFIG_FILE, rundir.POLICY_FILE)
     try:
-        _within_alarm(_daemon_reads, run, name)
-    except _Blocked:
+        within_alarm(_daemon_reads, run, name)
+    except Blocked:
         pytest.fail(f"reading {name} ({kind}) blocked")
     except (ConfigError, PolicyError) as e:
         assert kind == "fifo" and "not a regular file (a FIFO)" in str(e), e
@@ -610,9 +520,9 @@ def test_fuzz_links_among_arm_files(
         escapes = any(LINK_KINDS[kind] for _, kind in plantings) and not follow
         try:
             for spec in cfg.data.arms:
-                _within_alarm(arm_identity, spec, cfg.data, run, cfg.model.vocab_size)
-            arms = _within_alarm(load_arms, cfg.data, run, cfg.model.vocab_size)
-        except _Blocked:
+                within_alarm(arm_identity, spec, cfg.data, run, cfg.model.vocab_size)
+            arms = within_alarm(load_arms, cfg.data, run, cfg.model.vocab_size)
+        except Blocked:
             pytest.fail(f"reading the arms blocked ({plantings})")
         except SourceRejected as e:
             assert escapes, f"refused, though no link leaves ({plantings}): {e}"
