@@ -4,27 +4,11 @@ children run without the systemd variables that would send their logs to the jou
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import time
-from pathlib import Path
 
-from tests.support.daemons import REPO
+from tests.support.scripts import load_script, make_check, report
 
-_spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-gpu_check = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_check"] = gpu_check
-_spec.loader.exec_module(gpu_check)
-
-
-def make_check(tmp_path: Path, dry_run: bool = True) -> gpu_check.Check:
-    report = tmp_path / "report"
-    report.mkdir()
-    return gpu_check.Check(dry_run, tmp_path, tmp_path / "cache", time.monotonic() + 120, report)
-
-
-def report(check: gpu_check.Check) -> str:
-    return (check.report_dir / "report.md").read_text()
+gpu_check = load_script("gpu_check")
 
 
 def test_a_section_budget_bounds_what_is_left(tmp_path) -> None:

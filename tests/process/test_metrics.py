@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from andrea.daemon.metrics.prometheus import (
     Exposition,
@@ -26,20 +25,7 @@ from andrea.daemon.metrics.prometheus import (
 
 from ..support.audited_run import canonical_rows
 from ..support.daemons import andreactl
-
-
-def ema_of(losses: list[float]) -> list[float]:
-    ema, out = None, []
-    for x in losses:
-        ema = x if ema is None else 0.9 * ema + 0.1 * x
-        out.append(ema)
-    return out
-
-
-def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
-    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+from ..support.metrics_reading import ema_of, scalars
 
 
 def assert_matches_loss_json(tb: dict[str, list[tuple[int, float]]], rows: list[dict]) -> None:

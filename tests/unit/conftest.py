@@ -7,6 +7,10 @@ import multiprocessing.util
 import os
 import subprocess
 
+# matplotlib builds its font cache with `fc-list` the first time it is imported on a machine (a
+# fresh CI machine: whichever unit test imported it first failed). A library's one-time setup, done
+# here before any test runs, not a process a test starts.
+import matplotlib.font_manager  # noqa: F401
 import pytest
 
 MOVE = "tests/unit/ starts no process: a test that starts {what} belongs in tests/process/"

@@ -10,8 +10,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,16 +20,6 @@ from andrea.daemon.mixing import cli as proxy_cli
 from andrea.daemon.trainer.service import cli as trainer_cli
 
 from ..support.reports import RFC3339
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def timestamps(doc: object) -> list[str]:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 from tests.support.daemons import REPO
+from tests.support.scripts import load_script
 
-_spec = importlib.util.spec_from_file_location("cuda_lines", REPO / "scripts" / "cuda_lines.py")
-cuda_lines = importlib.util.module_from_spec(_spec)
-sys.modules["cuda_lines"] = cuda_lines
-_spec.loader.exec_module(cuda_lines)
+cuda_lines = load_script("cuda_lines")
 
 SOURCE = textwrap.dedent(
     """\

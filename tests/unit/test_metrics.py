@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from andrea.daemon.config import MetricsConfig
 from andrea.daemon.metrics.prometheus import (
@@ -18,19 +17,7 @@ from andrea.daemon.metrics.prometheus import (
 from andrea.daemon.metrics.tensorboard import LiveBoard
 from andrea.protocol.lossentry import LossEntry
 
-
-def ema_of(losses: list[float]) -> list[float]:
-    ema, out = None, []
-    for x in losses:
-        ema = x if ema is None else 0.9 * ema + 0.1 * x
-        out.append(ema)
-    return out
-
-
-def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
-    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+from ..support.metrics_reading import ema_of, scalars
 
 
 def test_prometheus_textfile_parses(tmp_path: Path) -> None:
