@@ -70,14 +70,15 @@ class SystemdMachine:
     # ---- life ---------------------------------------------------------------------------------
 
     def boot(self, timeout: float = 60) -> None:
-        log = open(self.scratch / "boot.log", "wb")
-        self.proc = subprocess.Popen(
-            [*UNSHARE, str(BOOT), str(self.scratch), str(REPO), *_interpreter_paths()],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        # The child keeps its own descriptor of the log; this process's copy closes at once.
+        with open(self.scratch / "boot.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [*UNSHARE, str(BOOT), str(self.scratch), str(REPO), *_interpreter_paths()],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while not self.pid:
             children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
