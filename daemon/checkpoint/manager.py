@@ -469,8 +469,7 @@ def read_manifest(run_dir: Path, step: int, *, rng_trial: bool = True) -> Manife
     the RNG states are checked without torch, for a reader that never restores them."""
     man_path = run_dir / rundir.manifest_name(step)
     try:
-        raw = read_bounded(man_path, MAX_MANIFEST_BYTES)
-        manifest = decode_manifest(raw, rng_trial=rng_trial)
+        manifest = decode_manifest(read_bounded(man_path, MAX_MANIFEST_BYTES), rng_trial=rng_trial)
     except FileRejected:
         raise
     except (ValidationError, ValueError) as e:

@@ -6,9 +6,10 @@ in use are all saved, even those the trainer does not draw from itself today: a 
 all-or-nothing and failures raise — never "could not load random states" and carry on. Every
 saved state is checked when the manifest is read, down to trying it on a throwaway generator, so a
 state that the generators would refuse makes the checkpoint damaged (skipped with its reason), never
-a crash after the resume began. Readers that never restore a state (the proxy, andreactl's reports)
-validate with `SHAPE_ONLY` in the context: the torch state's size is checked, not torch's own trial,
-so that they never import torch (3–4 s of CPU at each start, more than the proxy's whole start-up).
+a crash after the resume began. Readers that never restore a state (the proxy's log check, the
+held-out split both daemons read from the newest manifest) validate with `SHAPE_ONLY` in the
+context: the torch state's size is checked, not torch's own trial, so that they never import torch
+(3–4 s of CPU at each start, more than the proxy's whole start-up).
 
 Only the device this process trains on is saved (one entry in `torch_cuda`), never every visible
 device: a run moved to a machine with another number of GPUs (or a rank of a job, which sees its
