@@ -1,16 +1,20 @@
-"""Mixing quality: the bandit's rewards against uniform mixtures, on three sets of arms.
+"""Mixing quality: the bandit's rewards against uniform mixtures, on five sets of arms.
 
     nice -n 10 .venv/bin/python tests/bench/bench_mixing.py [--steps 1500] [--batch-size 32]
         [--seeds 1 2 3 4 5]
-        [--cases a b c] [--mixtures gated-learnability-2 gated-learnability learnability loss
+        [--cases a b c d e] [--mixtures gated-learnability-2 gated-learnability learnability loss
         uniform-paired uniform-learnable-paired uniform uniform-learnable] [--jobs 2]
         [--eval-sequences 128] [--threads 1] [--out-dir DIR] [--reuse OLD/mixing.json]
 
 Cases (arms; the held-out loss that counts is the mean over the three learnable stdlib arms):
 - a: docstrings, code, comments (the embedded corpus);
 - b: the three plus `random`, 300 files of 4,096 random bytes (irreducible loss ln 256 = 5.55 nats);
-- c: the three plus `dup`, 300 copies of one 45-byte sentence (learnt to its floor, then worthless).
-The extra arms' files are generated deterministically (SHA-256 counter stream, fixed text) into the
+- c: the three plus `dup`, 300 copies of one 45-byte sentence (learnt to its floor, then worthless);
+- d: the three plus `letters`, letters drawn independently with fixed odds (1.21 nats: learnt within a
+  few hundred steps, then a flat, noisy curve);
+- e: the three plus `synth8`, an order-2 chain over eight capital letters (learnable all run long, and of no
+  use to the other three).
+The extra arms' files are generated deterministically (SHA-256 counter streams, fixed text) into the
 work directory.
 
 Mixtures, each a real `andrea-trainer` at andrea-tiny (5% of each arm's documents held out), the LR
@@ -34,7 +38,10 @@ In case a, the "-learnable" mixtures are the uniform ones and are not run twice.
 
 Reported per case: the mean held-out loss over the learnable arms at the last step (mean ± sd over
 seeds, and seed by seed against uniform), each arm's share of the steps in the second half, and the
-checks the mixing-quality page states. Also the bandit's own cost per step under each reward
+checks the mixing-quality page states. Every run also records each arm's share per 100 steps, the
+held-out losses of every evaluation (every 100 steps), the least share an arm had over a 300-step
+stretch across which its held-out loss rose, and in cases c and d the steps from the extra arm's
+plateau to the bandit's seeing it (`plateau_detection`). Also the bandit's own cost per step under each reward
 (observe + assign, in process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
 
 Training is deterministic, so a run does not need repeating: `--reuse` takes, from an earlier
@@ -73,8 +80,56 @@ FIXED = ("uniform", "uniform-learnable")
 MIXTURES = (*REWARDS, *PAIRED, *FIXED)
 NEW = "gated-learnability-2"
 LEARNABLE = ("code", "comments", "docstrings")
-EXTRA = {"a": None, "b": "random", "c": "dup"}
+EXTRA = {"a": None, "b": "random", "c": "dup", "d": "letters", "e": "synth8"}
+#: The cases whose extra arm is learnt to a floor and then teaches nothing more.
+PLATEAU = ("c", "d")
+#: Steps per window of the shares reported step by step (and of the plateau's detection).
+WINDOW = 100
+#: The stretch over which a rising held-out loss counts as forgetting.
+RISE = 300
 DUP_TEXT = b"The quick brown fox jumps over the lazy dog.\n"
+#: Case d: letters drawn independently with these odds: an entropy of 1.21 nats per byte, learnt
+#: (their frequencies) within the first hundred steps, then a flat, noisy curve at that floor.
+LETTER_ODDS = {b"e": 128, b"t": 64, b"a": 32, b"o": 32}
+#: Case e: an order-2 chain over eight capital letters, each pair followed by one of its own two
+#: preferred letters 9 times in 10 (else by any of the eight): learnt steadily all run long
+#: towards its floor at this size (about 0.8 nats), and nothing in it is Python. (Over all 26
+#: capitals it learns slower than the stdlib arms and the bandit leaves it its uniform share.)
+SYNTH_LETTERS = b"ABCDEFGH"
+
+
+def _uniforms(tag: bytes):
+    """An endless stream of bytes from a SHA-256 counter (the same on every machine)."""
+    k = 0
+    while True:
+        yield from hashlib.sha256(b"%s:%d" % (tag, k)).digest()
+        k += 1
+
+
+def letters_text(i: int, size: int = 4096) -> bytes:
+    """File i of case d's arm."""
+    table = b"".join(letter * n for letter, n in LETTER_ODDS.items())  # 256 entries
+    u = _uniforms(b"andrea.bench.letters:%d" % i)
+    return bytes(table[next(u)] for _ in range(size))
+
+
+def synth_text(i: int, size: int = 4096) -> bytes:
+    """File i of case e's arm."""
+    n = len(SYNTH_LETTERS)
+    prefer = {}
+    for a in SYNTH_LETTERS:
+        for b in SYNTH_LETTERS:
+            d = hashlib.sha256(b"andrea.bench.synth8:%d:%d" % (a, b)).digest()
+            prefer[a, b] = (SYNTH_LETTERS[d[0] % n], SYNTH_LETTERS[d[1] % n])
+    u = _uniforms(b"andrea.bench.synth8:%d" % i)
+    out = bytearray(SYNTH_LETTERS[next(u) % n] for _ in range(2))
+    while len(out) < size:
+        r = next(u)
+        if r < 230:  # 230/256 = 0.9: one of the pair's two letters
+            out.append(prefer[out[-2], out[-1]][r & 1])
+        else:
+            out.append(SYNTH_LETTERS[next(u) % n])
+    return bytes(out)
 
 
 def write_inputs(work: Path) -> None:
@@ -90,6 +145,9 @@ def write_inputs(work: Path) -> None:
         (work / "random" / f"r{i:03d}.bin.txt").write_bytes(stream)
         (work / "dup").mkdir(exist_ok=True)
         (work / "dup" / f"d{i:03d}.txt").write_bytes(DUP_TEXT)
+        for name, text in (("letters", letters_text), ("synth8", synth_text)):
+            (work / name).mkdir(exist_ok=True)
+            (work / name / f"{name[0]}{i:03d}.txt").write_bytes(text(i))
 
 
 def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dict:
@@ -112,7 +170,8 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
         "mixing": "fixed" if mixture in FIXED else "proxy",
         "optim": {"decay_steps": args.steps},
         "checkpoint": {"every": 0},
-        "eval": {"every": args.steps, "sequences": args.eval_sequences},
+        # Every 100 steps, to see an arm being forgotten (evaluation never changes training).
+        "eval": {"every": 100, "sequences": args.eval_sequences},
         "data": {"arms": arms, "heldout_fraction": DEFAULT_FRACTION},
     }
 
@@ -145,12 +204,18 @@ def one_run(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dic
         raise SystemExit(
             f"{case} {mixture} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
         )
-    (final,) = [
-        e for e in canonical_evals(read_evals(run_dir / ".eval.json")) if e.step == args.steps
-    ]
-    arms = [e.arm for e in canonical_curve(read_entries(run_dir / ".loss.json"))]
+    return score(run_dir, case, mixture, seed, seconds, args.steps)
+
+
+def score(run_dir: Path, case: str, mixture: str, seed: int, seconds: float, steps: int) -> dict:
+    """What a finished run measured, from its .eval.json and .loss.json."""
+    evals = canonical_evals(read_evals(run_dir / ".eval.json"))
+    (final,) = [e for e in evals if e.step == steps]
+    curve = canonical_curve(read_entries(run_dir / ".loss.json"))
+    arms = [e.arm for e in curve]
     second = arms[len(arms) // 2 :]
     held = {n: a.loss for n, a in final.arms.items()}
+    names = sorted(set(arms) | set(held))
     return {
         "case": case,
         "mixture": mixture,
@@ -161,7 +226,65 @@ def one_run(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dic
         "mean": statistics.fmean(held[n] for n in LEARNABLE),
         "share": {n: arms.count(n) / len(arms) for n in sorted(set(arms))},
         "share_second_half": {n: second.count(n) / len(second) for n in sorted(set(arms))},
+        "window_shares": {
+            n: [arms[i : i + WINDOW].count(n) / WINDOW for i in range(0, len(arms), WINDOW)]
+            for n in names
+        },
+        "mean_all": statistics.fmean(held.values()),
+        "heldout_by_step": {e.step: {n: a.loss for n, a in e.arms.items()} for e in evals},
+        "plateau": plateau_detection(case, [(e.arm, e.loss) for e in curve], len(names)),
+        "rising": rising_shares(arms, {e.step: e for e in evals}),
     }
+
+
+def rising_shares(arms: list[str], evals: dict) -> dict[str, float | None]:
+    """Per arm, the least share of the steps it had over any 300-step stretch between two
+    evaluations across which its held-out loss rose (None: it never rose over 300 steps)."""
+    out: dict[str, float | None] = {}
+    for name in sorted({n for e in evals.values() for n in e.arms}):
+        shares = [
+            arms[s : s + RISE].count(name) / RISE
+            for s in sorted(evals)
+            if s + RISE in evals and evals[s + RISE].arms[name].loss > evals[s].arms[name].loss
+        ]
+        out[name] = min(shares) if shares else None
+    return out
+
+
+def plateau_detection(case: str, curve: list[tuple[str, float]], k: int) -> dict | None:
+    """For a plateau case, the extra arm's plateau and how long the bandit took to see it. The
+    arm's training loss is smoothed over its last 10 steps; its plateau is the first step at which
+    that comes within 2% of its final value ("final") or of its lowest ("floor": an arm starved
+    late is forgotten, and its final loss then says so rather than where learning it stopped).
+    Detected: the first step from the plateau at which its share of the last 100 steps is below
+    half of 1/K; steps_to_detect is the difference (None: never in the run)."""
+    if case not in PLATEAU:
+        return None
+    extra = EXTRA[case]
+    own = [(s, loss) for s, (arm, loss) in enumerate(curve, start=1) if arm == extra]
+    smooth = [
+        (s, statistics.fmean(x for _, x in own[max(0, j - 9) : j + 1]))
+        for j, (s, _) in enumerate(own)
+    ]
+    arms = [arm for arm, _ in curve]
+    out: dict = {}
+    for name, level in (("final", smooth[-1][1]), ("floor", min(m for _, m in smooth))):
+        plateau = next(s for s, m in smooth if m <= level * 1.02)
+        detected = next(
+            (
+                s
+                for s in range(max(plateau, WINDOW), len(arms) + 1)
+                if arms[s - WINDOW : s].count(extra) / WINDOW < 0.5 / k
+            ),
+            None,
+        )
+        out[name] = {
+            "loss": level,
+            "plateau_step": plateau,
+            "detected_step": detected,
+            "steps_to_detect": None if detected is None else detected - plateau,
+        }
+    return out
 
 
 def bandit_cost(reward: str, steps: int = 20000) -> float:
@@ -213,6 +336,20 @@ def summarise(runs: list[dict]) -> dict:
                     n: statistics.fmean(r["heldout"][n] for r in seeds.values()) for n in LEARNABLE
                 },
                 "seconds": statistics.fmean(r["seconds"] for r in seeds.values()),
+                "mean_all": statistics.fmean(r["mean_all"] for r in seeds.values()),
+                "steps_to_detect": {
+                    s: (
+                        r["plateau"]["final"]["steps_to_detect"],
+                        r["plateau"]["floor"]["steps_to_detect"],
+                    )
+                    for s, r in sorted(seeds.items())
+                    if r.get("plateau") is not None
+                },
+                "rising_min_share": {
+                    s: min((v for v in r["rising"].values() if v is not None), default=None)
+                    for s, r in sorted(seeds.items())
+                    if "rising" in r
+                },
             }
         out[case] = {"extra": extra, "mixtures": mixtures, "checks": checks(case, mixtures)}
     return out
@@ -229,6 +366,9 @@ def checks(case: str, mx: dict) -> dict:
     extra = EXTRA[case]
     if extra is not None:
         out["extra_share_second_half"] = new["share_second_half"][extra]
+    uni = mx.get("uniform-paired")
+    if case == "e" and uni is not None:
+        out["all_minus_uniform_paired"] = new["mean_all"] - uni["mean_all"]
     for all_arms, learnable, tag in (
         ("uniform-paired", "uniform-learnable-paired", "paired"),
         ("uniform", "uniform-learnable", "fixed"),
@@ -259,6 +399,7 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
         head += " | second-half share " + (f"of {extra}" if extra else "(code/comments/docstrings)")
         lines += [head + " |", "|---" * (3 + len(seeds)) + "|"]
         uni = s["mixtures"].get("uniform-paired")
+        notes: list[str] = []
         for m, v in s["mixtures"].items():
             if case == "a" and "learnable" in m:
                 continue
@@ -271,6 +412,12 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
                     cells.append(f"{value:.4f} ({value - uni['per_seed'][x]:+.4f})")
                 else:
                     cells.append(f"{value:.4f}")
+            if v["steps_to_detect"]:
+                detect = ", ".join(
+                    f"seed {x}: {'never' if d is None else d}"
+                    for x, d in v["steps_to_detect"].items()
+                )
+                notes.append(f"{m}: steps from {extra}'s plateau to its detection: {detect}")
             share = v["share_second_half"]
             shown = (
                 f"{share[extra]:.3f}" if extra else " / ".join(f"{share[n]:.2f}" for n in LEARNABLE)
@@ -280,12 +427,18 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
             )
         if s["checks"]:
             lines += ["", "Checks: " + "; ".join(said_checks(s["checks"], extra)) + "."]
+        if notes:
+            lines += ["", *(f"- {n}" for n in notes)]
     lines += [
         "",
         "Per seed, in parentheses: the difference to uniform-paired (uniform over all arms, drawn "
         "from the same per-step uniforms as the bandit) of the same seed.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def said_steps(d: int | None) -> str:
+    return "never" if d is None else str(d)
 
 
 def said_checks(c: dict, extra: str | None) -> list[str]:
@@ -298,6 +451,11 @@ def said_checks(c: dict, extra: str | None) -> list[str]:
                 f"gap between uniform over all and over the learnable arms ({tag}) recovered: "
                 f"{100 * c[f'gap_recovered_{tag}']:.0f}%"
             )
+    if "all_minus_uniform_paired" in c:
+        said.append(
+            f"{NEW} − uniform (paired), mean over all arms: "
+            f"{c['all_minus_uniform_paired']:+.4f} nats"
+        )
     if "extra_share_second_half" in c:
         said.append(f"{extra}'s second-half share: {c['extra_share_second_half']:.3f}")
     return said

@@ -1,5 +1,5 @@
-"""The project's scripts (scripts/*.py), loaded as modules for the tests that call their functions
-in-process."""
+"""The project's scripts (scripts/*.py, and the benchmarks' tests/bench/*.py), loaded as modules for
+the tests that call their functions in-process."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load_script(name: str) -> ModuleType:
-    """scripts/`name`.py as the module `name` (registered in sys.modules, as dataclasses need)."""
+def load_script(name: str, folder: str = "scripts") -> ModuleType:
+    """`folder`/`name`.py as the module `name` (registered in sys.modules, as dataclasses need)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

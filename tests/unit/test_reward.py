@@ -29,7 +29,7 @@ from andrea.daemon.mixing.reward import (
 )
 from andrea.daemon.rundir.layout import POLICY_FILE, STATE_FILE
 
-from ..support.bandit import drive, seed_state
+from ..support.bandit import TEXT3, drive, run, second_half_share, seed_state
 
 # ------------------------------------------------------------------------------ the statistics
 
@@ -174,58 +174,12 @@ def test_a_zombie_never_draws_while_a_new_arm_is_measured() -> None:
 # ------------------------------------------------------------------------ losses like a trainer's
 
 
-class Learner:
-    """Losses shaped like andrea-tiny's on its arms (tests/bench/bench_mixing.py measures the
-    real thing): each arm's loss is a function of what has been trained so far, plus noise."""
-
-    def __init__(self, kinds: dict[str, str], seed: int = 0) -> None:
-        self.kinds = kinds
-        self.rng = np.random.default_rng(seed)
-        self.pulls = dict.fromkeys(kinds, 0)
-        self.last = dict.fromkeys(kinds, 0)
-        self.t = 0
-
-    def loss(self, arm: str) -> float:
-        """The loss of training `arm` at the next step (then it counts as trained)."""
-        kind, n, t = self.kinds[arm], self.pulls[arm], self.t
-        if kind == "text":  # learns from its own steps, and a little from the others'
-            value = 1.6 + 3.9 / math.sqrt(1 + (n + 0.3 * (t - n)) / 8) + self.rng.normal(0, 0.12)
-        elif kind == "random":  # 5.55 nats at best; worse while the model trains on text
-            idle = t - self.last[arm] if n else t
-            value = 5.55 + 0.6 * (1 - math.exp(-idle / 60)) + self.rng.normal(0, 0.013)
-        else:  # one short document repeated: learnt to its floor in a few hundred steps
-            value = 0.15 + 5.4 * math.exp(-n / 40) + abs(self.rng.normal(0, 0.04))
-        self.t += 1
-        self.pulls[arm] += 1
-        self.last[arm] = self.t
-        return value
-
-
-def run(kinds: dict[str, str], policy: Policy, steps: int, seed: int = 5) -> list[str]:
-    """What the proxy does, with the loss of each step coming from a `Learner`."""
-    arms = [ConfiguredArm(n, n, True) for n in kinds]
-    b = Bandit(arms, policy, seed=seed)
-    learner = Learner(kinds, seed)
-    losses: dict[int, tuple[str, float]] = {}
-    trained = []
-    for s in range(1, steps + 1):
-        while b.last_step < s - policy.lag:
-            j = b.last_step + 1
-            b.observe(j, *losses[j])
-        arm = b.assign(s, [losses[j][0] for j in range(b.last_step + 1, s)])
-        losses[s] = (arm, learner.loss(arm))
-        trained.append(arm)
-    return trained
-
-
-def second_half_share(trained: list[str], arm: str) -> float:
-    half = trained[len(trained) // 2 :]
-    return half.count(arm) / len(half)
-
-
-TEXT3 = {"code": "text", "comments": "text", "docstrings": "text"}
 #: What each learnability reward divides eps_t by to explore one arm.
-EXPLORED_SHARE = {"learnability": 1, "gated-learnability": 4, "gated-learnability-2": 4}
+EXPLORED_SHARE = {
+    "learnability": 1,
+    "gated-learnability": 4,
+    "gated-learnability-2": 4,
+}
 
 
 @pytest.mark.parametrize("kind", LEARNABILITY_REWARDS)

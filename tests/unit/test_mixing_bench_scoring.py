@@ -1,0 +1,97 @@
+"""The mixing benchmark's scoring (tests/bench/bench_mixing.py), on curves made by hand: when an arm's
+plateau starts and when the bandit is found to have seen it, the least share of an arm while its
+held-out loss rose, and the generated arms' bytes. docs/mixing-quality.md's figures rest on these."""
+
+from __future__ import annotations
+
+import collections
+import math
+from types import SimpleNamespace
+
+from ..support.scripts import load_script
+
+bench = load_script("bench_mixing", "tests/bench")
+
+
+def test_plateau_and_its_detection_by_hand() -> None:
+    # Four arms; the extra one ("letters") on every other step for 300 steps, its loss halving
+    # towards 1.0 every step of its own, then the others only.
+    curve = []
+    for s in range(1, 601):
+        if s <= 300 and s % 2 == 0:
+            n = s // 2
+            curve.append(("letters", 1.0 + 2.0 * 0.5**n))
+        else:
+            curve.append(("code", 3.0))
+    out = bench.plateau_detection("d", curve, 4)
+    # Its own losses are 1 + 2 / 2^n; its plateau is the step of its first loss at which the mean
+    # of its last 10 is within 2% of the last such mean (also its lowest: it never rises).
+    own = [1.0 + 2.0 * 0.5**n for n in range(1, 151)]
+    smooth = [sum(own[max(0, j - 9) : j + 1]) / len(own[max(0, j - 9) : j + 1]) for j in range(150)]
+    first = next(j for j, m in enumerate(smooth) if m <= smooth[-1] * 1.02)
+    plateau = 2 * (first + 1)
+    assert out["final"]["plateau_step"] == out["floor"]["plateau_step"] == plateau
+    # Half of 1/K is 12.5 of 100 steps: its share of steps s-99..s first falls below that once
+    # fewer than 13 of them are its (it stops at step 300: at step 300 + 76, 12 of the last 100).
+    detected = next(
+        s for s in range(max(plateau, 100), 601)
+        if sum(1 for a, _ in curve[s - 100 : s] if a == "letters") < 12.5
+    )  # fmt: skip
+    assert detected == 376
+    assert out["final"]["steps_to_detect"] == detected - plateau
+    assert bench.plateau_detection("a", curve, 4) is None
+
+
+def test_a_forgotten_arm_makes_the_final_plateau_earlier_than_the_floor() -> None:
+    # Learnt to 1.0 by its 20th step, then its last losses rise to 1.5: within 2% of 1.5 is
+    # reached on the way down, long before it is within 2% of its lowest.
+    own = [1.0 + 3.0 * math.exp(-n / 3) for n in range(1, 41)] + [1.5] * 10
+    curve = [("letters" if s % 2 == 0 else "code", 0.0) for s in range(1, 101)]
+    losses = iter(own)
+    curve = [(a, next(losses) if a == "letters" else 3.0) for a, _ in curve]
+    out = bench.plateau_detection("d", curve, 4)
+    assert out["final"]["plateau_step"] < out["floor"]["plateau_step"]
+
+
+def test_rising_shares_by_hand() -> None:
+    # Evaluations every 100 steps; "code" rises from 300 to 600 (2.0 -> 2.1) and nowhere else
+    # over 300 steps, "docs" never rises.
+    held = {
+        100: {"code": 2.3, "docs": 3.0},
+        200: {"code": 2.2, "docs": 2.9},
+        300: {"code": 2.0, "docs": 2.8},
+        400: {"code": 2.05, "docs": 2.7},
+        500: {"code": 2.08, "docs": 2.6},
+        600: {"code": 2.1, "docs": 2.5},
+    }
+    evals = {
+        s: SimpleNamespace(arms={n: SimpleNamespace(loss=x) for n, x in v.items()})
+        for s, v in held.items()
+    }
+    # Steps 301..600 (indices 300..599): code on one step in ten.
+    arms = ["docs"] * 600
+    for i in range(300, 600, 10):
+        arms[i] = "code"
+    out = bench.rising_shares(arms, evals)
+    assert out == {"code": 30 / 300, "docs": None}
+
+
+def test_the_generated_arms() -> None:
+    letters = b"".join(bench.letters_text(i) for i in range(8))
+    odds = {k: v / len(letters) for k, v in collections.Counter(letters).items()}
+    assert set(odds) == set(b"etao")
+    for letter, n in bench.LETTER_ODDS.items():
+        assert abs(odds[letter[0]] - n / 256) < 0.01
+    assert bench.letters_text(3) == bench.letters_text(3) != bench.letters_text(4)
+    synth = bench.synth_text(0)
+    assert len(synth) == 4096 and set(synth) <= set(bench.SYNTH_LETTERS)
+    # One of its pair's two letters 9 times in 10: the pairs' most common successor accounts for
+    # well over a third of each pair's continuations, far above 1/26.
+    follow: dict[bytes, collections.Counter] = collections.defaultdict(collections.Counter)
+    text = b"".join(bench.synth_text(i) for i in range(40))
+    for i in range(2, len(text)):
+        follow[text[i - 2 : i]][text[i]] += 1
+    top = sum(c.most_common(1)[0][1] for c in follow.values()) / sum(
+        sum(c.values()) for c in follow.values()
+    )
+    assert top > 0.4
