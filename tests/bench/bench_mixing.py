@@ -258,10 +258,10 @@ def plateau_detection(case: str, curve: list[tuple[str, float]], k: int) -> dict
     late is forgotten, and its final loss then says so rather than where learning it stopped).
     Detected: the first step from the plateau at which its share of the last 100 steps is below
     half of 1/K; steps_to_detect is the difference (None: never in the run)."""
-    if case not in PLATEAU:
-        return None
     extra = EXTRA[case]
     own = [(s, loss) for s, (arm, loss) in enumerate(curve, start=1) if arm == extra]
+    if case not in PLATEAU or not own:  # not a plateau case, or the arm left out
+        return None
     smooth = [
         (s, statistics.fmean(x for _, x in own[max(0, j - 9) : j + 1]))
         for j, (s, _) in enumerate(own)
