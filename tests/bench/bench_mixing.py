@@ -10,10 +10,10 @@ Cases (arms; the held-out loss that counts is the mean over the three learnable 
 - a: docstrings, code, comments (the embedded corpus);
 - b: the three plus `random`, 300 files of 4,096 random bytes (irreducible loss ln 256 = 5.55 nats);
 - c: the three plus `dup`, 300 copies of one 45-byte sentence (learnt to its floor, then worthless);
-- d: the three plus `letters`, letters drawn independently with fixed odds (1.21 nats: learnt within a
-  few hundred steps, then a flat, noisy curve);
-- e: the three plus `synth8`, an order-2 chain over eight capital letters (learnable all run long, and of no
-  use to the other three).
+- d: the three plus `letters`, letters drawn independently with fixed odds (1.21 nats: learnt
+  within a few hundred steps, then a flat, noisy curve);
+- e: the three plus `synth8`, an order-2 chain over eight capital letters (learnable all run long,
+  and of no use to the other three).
 The extra arms' files are generated deterministically (SHA-256 counter streams, fixed text) into the
 work directory.
 
@@ -41,8 +41,8 @@ seeds, and seed by seed against uniform), each arm's share of the steps in the s
 checks the mixing-quality page states. Every run also records each arm's share per 100 steps, the
 held-out losses of every evaluation (every 100 steps), the least share an arm had over a 300-step
 stretch across which its held-out loss rose, and in cases c and d the steps from the extra arm's
-plateau to the bandit's seeing it (`plateau_detection`). Also the bandit's own cost per step under each reward
-(observe + assign, in process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
+plateau to the bandit's seeing it (`plateau_detection`). Also the bandit's own cost per step under
+each reward (observe + assign, in process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
 
 Training is deterministic, so a run does not need repeating: `--reuse` takes, from an earlier
 mixing.json of the same --steps and --batch-size, the runs of every (case, mixture, seed) this
@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -170,8 +171,9 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
         "mixing": "fixed" if mixture in FIXED else "proxy",
         "optim": {"decay_steps": args.steps},
         "checkpoint": {"every": 0},
-        # Every 100 steps, to see an arm being forgotten (evaluation never changes training).
-        "eval": {"every": 100, "sequences": args.eval_sequences},
+        # Every 100 steps, to see an arm being forgotten (evaluation never changes training), and
+        # at the last step whatever --steps is.
+        "eval": {"every": math.gcd(WINDOW, args.steps), "sequences": args.eval_sequences},
         "data": {"arms": arms, "heldout_fraction": DEFAULT_FRACTION},
     }
 
@@ -336,7 +338,10 @@ def summarise(runs: list[dict]) -> dict:
                     n: statistics.fmean(r["heldout"][n] for r in seeds.values()) for n in LEARNABLE
                 },
                 "seconds": statistics.fmean(r["seconds"] for r in seeds.values()),
-                "mean_all": statistics.fmean(r["mean_all"] for r in seeds.values()),
+                # Runs reused from a mixing.json written before these were recorded lack them.
+                "mean_all": statistics.fmean(r["mean_all"] for r in seeds.values())
+                if all("mean_all" in r for r in seeds.values())
+                else None,
                 "steps_to_detect": {
                     s: (
                         r["plateau"]["final"]["steps_to_detect"],
@@ -346,7 +351,10 @@ def summarise(runs: list[dict]) -> dict:
                     if r.get("plateau") is not None
                 },
                 "rising_min_share": {
-                    s: min((v for v in r["rising"].values() if v is not None), default=None)
+                    s: min(
+                        (r["rising"][n] for n in LEARNABLE if r["rising"][n] is not None),
+                        default=None,
+                    )
                     for s, r in sorted(seeds.items())
                     if "rising" in r
                 },
@@ -367,7 +375,7 @@ def checks(case: str, mx: dict) -> dict:
     if extra is not None:
         out["extra_share_second_half"] = new["share_second_half"][extra]
     uni = mx.get("uniform-paired")
-    if case == "e" and uni is not None:
+    if case == "e" and uni is not None and None not in (new["mean_all"], uni["mean_all"]):
         out["all_minus_uniform_paired"] = new["mean_all"] - uni["mean_all"]
     for all_arms, learnable, tag in (
         ("uniform-paired", "uniform-learnable-paired", "paired"),
@@ -414,10 +422,20 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
                     cells.append(f"{value:.4f}")
             if v["steps_to_detect"]:
                 detect = ", ".join(
-                    f"seed {x}: {'never' if d is None else d}"
-                    for x, d in v["steps_to_detect"].items()
+                    f"seed {x}: {said_steps(final)} / {said_steps(floor)}"
+                    for x, (final, floor) in v["steps_to_detect"].items()
                 )
-                notes.append(f"{m}: steps from {extra}'s plateau to its detection: {detect}")
+                notes.append(
+                    f"{m}: steps from {extra}'s plateau (within 2% of its final / its lowest "
+                    f"training loss) to its detection: {detect}"
+                )
+            rising = {x: r for x, r in v["rising_min_share"].items() if r is not None}
+            if rising:
+                notes.append(
+                    f"{m}: least share of a stdlib arm over a {RISE}-step stretch across which its "
+                    "held-out loss rose: "
+                    + ", ".join(f"seed {x}: {r:.2f}" for x, r in rising.items())
+                )
             share = v["share_second_half"]
             shown = (
                 f"{share[extra]:.3f}" if extra else " / ".join(f"{share[n]:.2f}" for n in LEARNABLE)
@@ -438,6 +456,7 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
 
 
 def said_steps(d: int | None) -> str:
+    """A count of steps, or "never" for a plateau the run never saw."""
     return "never" if d is None else str(d)
 
 

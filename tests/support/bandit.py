@@ -1,4 +1,5 @@
-"""Synthetic loss landscapes and drivers for the bandit, shared by the bandit's and the rewards' tests."""
+"""Synthetic loss landscapes and drivers for the bandit, shared by the bandit's and the rewards'
+tests."""
 
 from __future__ import annotations
 

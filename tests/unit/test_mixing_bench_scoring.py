@@ -1,6 +1,7 @@
-"""The mixing benchmark's scoring (tests/bench/bench_mixing.py), on curves made by hand: when an arm's
-plateau starts and when the bandit is found to have seen it, the least share of an arm while its
-held-out loss rose, and the generated arms' bytes. docs/mixing-quality.md's figures rest on these."""
+"""The mixing benchmark's scoring (tests/bench/bench_mixing.py), on curves made by hand: when an
+arm's plateau starts and when the bandit is found to have seen it, the least share of an arm while
+its held-out loss rose, and the generated arms' bytes. docs/mixing-quality.md's figures rest on
+these."""
 
 from __future__ import annotations
 
@@ -95,3 +96,24 @@ def test_the_generated_arms() -> None:
         sum(c.values()) for c in follow.values()
     )
     assert top > 0.4
+
+
+def test_runs_reused_from_an_older_mixing_json_are_summarised() -> None:
+    """`--reuse` takes runs recorded before the per-step shares, the plateau and the rising shares
+    existed: the summary and its page leave those figures out instead of failing."""
+
+    def old_run(mixture: str, seed: int, mean: float) -> dict:
+        held = {"code": mean, "comments": mean, "docstrings": mean, "synth8": 2.0}
+        share = {n: 0.25 for n in held}
+        return {"case": "e", "mixture": mixture, "seed": seed, "seconds": 80.0, "steps": 1500,
+                "heldout": held, "mean": mean, "share": share, "share_second_half": share}  # fmt: skip
+
+    runs = [old_run(m, s, 2.2 + s / 100) for m in ("gated-learnability-2", "uniform-paired")
+            for s in (1, 2)]  # fmt: skip
+    summary = bench.summarise(runs)
+    mixtures = summary["e"]["mixtures"]
+    assert mixtures["gated-learnability-2"]["mean_all"] is None
+    assert "all_minus_uniform_paired" not in summary["e"]["checks"]
+    args = SimpleNamespace(batch_size=32, steps=1500, seeds=[1, 2], eval_sequences=128)
+    page = bench.markdown(summary, args)
+    assert "### Case e (+ synth8)" in page and "least share" not in page

@@ -175,11 +175,7 @@ def test_a_zombie_never_draws_while_a_new_arm_is_measured() -> None:
 
 
 #: What each learnability reward divides eps_t by to explore one arm.
-EXPLORED_SHARE = {
-    "learnability": 1,
-    "gated-learnability": 4,
-    "gated-learnability-2": 4,
-}
+EXPLORED_SHARE = {"learnability": 1, "gated-learnability": 4, "gated-learnability-2": 4}
 
 
 @pytest.mark.parametrize("kind", LEARNABILITY_REWARDS)
