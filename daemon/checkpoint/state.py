@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..optimizer import AdamW
 from . import format as checkpoint_format
 from .manifest import LayoutEntry
 
@@ -48,7 +49,7 @@ def load_weights(
 
 
 def load_adam_state(
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     params: Sequence[torch.Tensor],
     layout: Sequence[LayoutEntry],
     payload: checkpoint_format.Payload,

@@ -25,6 +25,7 @@ from ..data.batch_split import BatchShape, batch_shape
 from ..data.encoding_progress import EncodingProgress
 from ..data.tokenizer import RunTokenizer, load_tokenizer
 from ..model import GPT
+from ..optimizer import AdamW
 from .platform import determinism
 from .platform import distributed as dist
 from .platform.precision import NumericMode, resolve_device
@@ -32,9 +33,6 @@ from .platform.precision import resolve as resolve_precision
 
 if TYPE_CHECKING:  # imported when a job wraps its model
     from torch.nn.parallel import DistributedDataParallel
-
-#: AdamW's fused kernel, recorded in the manifest's optimizer state.
-FUSED = True
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,7 @@ class Parts:
     forward: torch.nn.Module
     params: list[torch.nn.Parameter]
     layout: list[LayoutEntry]
-    optimizer: torch.optim.AdamW
+    optimizer: AdamW
     compiled: bool
     #: In a job, DDP's wrapper of the model (what `forward` calls, maybe compiled); None alone.
     ddp: DistributedDataParallel | None = None
@@ -100,14 +98,13 @@ class Parts:
         return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
 
 
-def adamw(model: GPT, optim: OptimConfig) -> torch.optim.AdamW:
+def adamw(model: GPT, optim: OptimConfig) -> AdamW:
     """The run's optimizer: AdamW over the model's weight-decay groups, with the config's settings."""
-    return torch.optim.AdamW(
+    return AdamW(
         model.decay_groups(optim.weight_decay),
         lr=optim.lr,
         betas=(optim.beta1, optim.beta2),
         eps=optim.eps,
-        fused=FUSED,
     )
 
 

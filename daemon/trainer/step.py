@@ -118,7 +118,7 @@ class StepRunner:
         lr = lr_at(step, self.ctx.cfg.optim)
         for g in optimizer.param_groups:
             g["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         # Every rank draws the whole global batch's chunks, so the cursors advance alike
         # everywhere and the digest names the global batch.
         batches = self.batches.draw(arm)

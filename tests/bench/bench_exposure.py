@@ -120,7 +120,7 @@ def one_run(variant: str, seed: int, args: argparse.Namespace) -> dict:
     for step, arm in enumerate(arm_sequence(variant, seed, args.steps), start=1):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, optim)
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         xy = torch.from_numpy(streams[arm].next_batch(args.batch_size))
         _, loss = model(xy[:, :-1], xy[:, 1:])
         loss.backward()

@@ -367,7 +367,7 @@ def bench_stall(preset: str, rounds: int, work: Path, cache: Path) -> dict:
     for p in parts.params:
         p.grad = torch.randn_like(p) * 1e-3
     parts.optimizer.step()
-    parts.optimizer.zero_grad(set_to_none=True)
+    parts.optimizer.zero_grad()
     counters.step = 1
     ms, vs = parts.moments()
     writes: list[float] = []

@@ -38,7 +38,7 @@ def step_seconds(n_layer: int, steps: int) -> float:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         if i >= 20:
             times.append(time.thread_time() - start)
     # The quickest steps: caches and frequency scaling under other load only ever add time.

@@ -70,7 +70,7 @@ def build(kind: str, preset: str, dropout: float | None, compile_: bool):
         def step(x: torch.Tensor, y: torch.Tensor) -> float:
             # Exactly the math of StepRunner.train, without the data pipeline and bookkeeping.
             _, loss = fwd(x, y)
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip, foreach=True)
             opt.step()

@@ -16,9 +16,9 @@ from andrea.daemon.checkpoint.manifest import (
     RankState,
 )
 from andrea.daemon.checkpoint.writer import StagingBuffer
+from andrea.daemon.optimizer import FUSED
 
 from ..context import TrainerContext
-from ..parts import FUSED
 from ..platform import distributed as dist
 from ..platform.environment import environment_of
 from ..schedule import scheduler_state

@@ -1,5 +1,8 @@
-"""A start refused for its command line, environment or config answers before torch's import
-(2-3 s of CPU, more than the refusal itself): an operator's typo costs well under a second."""
+"""What a trainer start imports, read off `-X importtime`. A start refused for its command line,
+environment or config answers before torch's import (2-3 s of CPU, more than the refusal itself):
+an operator's typo costs well under a second. A run that does not compile never imports the
+compiler (`torch._dynamo`, 1.7 s of CPU, a third of a start): torch.optim's AdamW would import it
+on its first use, so the trainer calls the same fused kernel itself (daemon/optimizer.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from andrea.daemon.rundir.layout import DAEMON_MODULES
 from andrea.daemon.runtime.exitcodes import ExitCode
 
 
-def _refused(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> str:
+def _start(
+    run_dir: Path, *args: str, env: dict[str, str] | None = None, code: int = ExitCode.CONFIG_ERROR
+) -> str:
     """The start's stderr under `-X importtime` (which lists every module the process imported)."""
     cmd = [sys.executable, "-X", "importtime", "-m", DAEMON_MODULES["trainer"]]
     res = subprocess.run(
@@ -21,9 +26,9 @@ def _refused(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> st
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=120,
     )
-    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr[-2000:]
+    assert res.returncode == code, res.stderr[-2000:]
     return res.stderr
 
 
@@ -50,7 +55,7 @@ def test_a_config_refusal_never_imports_torch(
     run.mkdir()
     if run_toml:
         (run / "run.toml").write_text('preset = "andrea-tiny"\n' + run_toml)
-    stderr = _refused(run, *flags)
+    stderr = _start(run, *flags)
     assert says in stderr
     modules = _imported(stderr)
     assert "andrea.daemon.config" in modules, "the config was read"
@@ -61,6 +66,19 @@ def test_a_partial_torchrun_environment_is_refused_before_torch(tmp_path: Path) 
     import os
 
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2"}
-    stderr = _refused(tmp_path / "run", "--preset", "andrea-tiny", env=env)
+    stderr = _start(tmp_path / "run", "--preset", "andrea-tiny", env=env)
     assert "incomplete distributed environment" in stderr
     assert "torch" not in _imported(stderr)
+
+
+def test_a_run_without_compile_never_imports_the_compiler(tmp_path: Path, cache_dir: Path) -> None:
+    run = tmp_path / "run"
+    flags = ["--preset", "andrea-tiny", "--threads", "1", "--cache-dir", str(cache_dir)]
+    flags += ["--sample-every", "0", "--compile", "off"]
+    fresh = _imported(_start(run, *flags, "--max-steps", "2", code=ExitCode.OK))
+    # The resume too: it loads Adam's moments from the checkpoint into the optimizer.
+    resumed = _start(run, *flags, "--max-steps", "3", code=ExitCode.OK)
+    assert "resumed from step_000002.bin" in resumed, resumed[-2000:]
+    for modules in (fresh, _imported(resumed)):
+        assert "torch" in modules and "andrea.daemon.optimizer" in modules, "it trained"
+        assert "torch._dynamo" not in modules, "the compiler was imported by a run without it"
