@@ -38,6 +38,8 @@ class Pivots:
         self.checkpointer = checkpointer
         self.restorer = restorer
         self.reporter = reporter
+        #: A torchrun job said once that it cannot roll back to a pivot it ran past.
+        self._refused_rollback = False
 
     def after_boundary(self, hold: bool) -> None:
         """After an agreed boundary checkpoint: hold when a pivot asked for it (`hold`). A failed
@@ -136,13 +138,26 @@ class Pivots:
         """Roll back to a pivot's boundary if the proxy started a phase whose first step this
         trainer already trained under an older phase (the manual pivot while it ran ahead, or a
         resume from a checkpoint of the old phase). True when it rolled back."""
-        if self.ctx.world.distributed:
-            return False
         c = self.ctx.counters
         target = self.sink.rollback_target(c.step, c.phase)
         if target is None:
             return False
         phase, boundary = target
+        if self.ctx.world.distributed:
+            # Only rank 0 hears the proxy, and it takes no arm of the new phase: the job waits.
+            if not self._refused_rollback:
+                self._refused_rollback = True
+                log.error(
+                    "the proxy started phase %d after step %d, but this torchrun job trained up to "
+                    "step %d under phase %d, and a job does not roll back by itself: it waits for "
+                    "arms it cannot take. Stop it and pivot as docs/operations.md says for DDP "
+                    "runs (stop the job first)",
+                    phase,
+                    boundary,
+                    c.step,
+                    c.phase,
+                )
+            return False
         log.warning(
             "the proxy started phase %d after step %d, but this trainer trained up to step %d under "
             "phase %d: rolling back to %s (the steps after it stay in .loss.json as superseded)",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from andrea.daemon.mixing.policy import NEW_RUN_REWARD, REWARDS, Policy
+from andrea.daemon.mixing.policy import NEW_RUN_REWARD, REWARDS, ArmBounds, Policy
 from andrea.daemon.mixing.proxy import LogContradiction, Proxy, ProxyOptions
 from andrea.daemon.rundir.layout import (
     EVAL_FILE,
@@ -28,7 +28,9 @@ from andrea.daemon.rundir.layout import (
 )
 from andrea.daemon.rundir.losslog import read_entries
 from andrea.daemon.runtime.operator_requests import OperatorRequests
+from andrea.daemon.trainer.counters import Counters
 from andrea.daemon.trainer.service.proxy_client import ProxyLink
+from andrea.daemon.trainer.sink import ProxySink
 from andrea.protocol import messages
 from andrea.protocol.evalentry import ArmEval, EvalEntry
 from andrea.protocol.lossentry import LossEntry
@@ -440,15 +442,17 @@ def _durable_files(run_dir: Path) -> dict[str, bytes]:
 class _Served:
     """A proxy on its real socket, served by a thread of this process."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, policy: Policy | None = None) -> None:
         self.flags = OperatorRequests()
         self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(run_dir,), daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, args=(run_dir, policy or Policy(lag=2)), daemon=True
+        )
         self.thread.start()
         assert self.ready.wait(30)
 
-    def _run(self, run_dir: Path) -> None:
-        p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), Policy(lag=2)), self.flags)
+    def _run(self, run_dir: Path, policy: Policy) -> None:
+        p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), policy), self.flags)
         p.setup()
         self.ready.set()
         try:
@@ -520,3 +524,63 @@ def test_the_trainer_link_waits_for_the_old_life_and_says_hello_again(
         if old.poll() is None:
             old.kill()
             old.wait()
+
+
+def _sink_arm(sink: ProxySink, step: int, within: float = 30) -> int | None:
+    """The arm the trainer's sink gives `step`, asked for as the training loop does."""
+    deadline = time.monotonic() + within
+    while (arm := sink.arm_for(step)) is None and time.monotonic() < deadline:
+        pass
+    return arm
+
+
+def test_a_trainer_past_a_manual_pivot_takes_no_arm_of_the_new_phase_before_rolling_back(
+    tmp_path: Path,
+) -> None:
+    """The seed's manual pivot while the trainer runs ahead of the boundary. The restarted proxy
+    can answer an assignment request that the link queued before its hello, with the arms of the
+    new phase (seen under systemd: the trainer trained them on top of the old phase's steps, then
+    waited for ever). The trainer's sink gives no such arm until the trainer has rolled back to
+    the boundary, whichever reply told of the pivot."""
+    cfg = text_arms_config(tmp_path)
+    names = ["alpha", "beta"]
+    served = _Served(tmp_path)
+    link = ProxyLink(peer_endpoint(tmp_path, "proxy"), 0, cfg.seed, names)
+    counters = Counters()
+    sink = ProxySink(link, counters, {n: i for i, n in enumerate(names)})
+    try:
+        with play_trainer(tmp_path):
+            link.start()
+            for step in range(1, 7):
+                arm = _sink_arm(sink, step)
+                assert arm is not None, f"no arm for step {step}"
+                counters.step = step
+                link.submit_loss(_entry(step, names[arm], segment=counters.segment))
+            assert link.wait_acknowledged(30)
+            write_checkpoint(tmp_path, 6, mixing="proxy")
+            served.stop()
+            # The operator's new policy (beta capped at 0), and the proxy started again with it:
+            # a manual pivot after step 6, the newest checkpoint. The trainer has step 7's arm in
+            # hand; step 8, within the lag of the boundary, needs no loss of the new phase.
+            served = _Served(tmp_path, Policy(lag=2, arms={"beta": ArmBounds(cap=0.0)}))
+            deadline = time.monotonic() + 30
+            while sink.rollback_target(counters.step, counters.phase) is None:
+                arm = sink.arm_for(counters.step + 1)
+                if arm is not None:  # an arm prefetched before the stop: the trainer runs ahead
+                    assert counters.phase == 0, "an arm of the new phase on the old phase's steps"
+                    counters.step += 1
+                    link.submit_loss(_entry(counters.step, names[arm], segment=counters.segment))
+                assert time.monotonic() < deadline, "the trainer never heard of the pivot"
+            ahead = counters.step
+            assert ahead > 6 and sink.rollback_target(ahead, 0) == (1, 6)
+            assert _sink_arm(sink, ahead + 1, within=1.0) is None
+            assert (counters.step, counters.phase) == (ahead, 0)
+            # The roll-back (Pivots.follow): the trainer is at the boundary in a new segment, and
+            # the new phase's arms are taken from there on.
+            counters.step = 6
+            sink.restart_after(6, new_segment=True)
+            assert _sink_arm(sink, 7) == names.index("alpha")
+            assert counters.phase == 1
+    finally:
+        link.close()
+        served.stop()
