@@ -137,12 +137,18 @@ def _arm(
     progress: EncodingProgress,
 ) -> Arm:
     """An encoded arm from its cache entry, verified first (daemon/data/tokencache.py); encoded from
-    `source()` when there is none or it is damaged."""
-    record = tokencache.verified(cache, identity, tokenizer, should_stop)
+    `source()` when there is none or it is damaged. Processes sharing the cache verify an entry
+    together and encode it one at a time (the entry's lock)."""
+    with tokencache.entry_lock(cache, identity, False, name, should_stop):
+        record = tokencache.verified(cache, identity, tokenizer, should_stop, repair=False)
     if record is None:
-        record = _encode(
-            name, cache, identity, source(), tokenizer, fraction, should_stop, progress
-        )
+        with tokencache.entry_lock(cache, identity, True, name, should_stop):
+            # Another process may have encoded it meanwhile; a damaged entry is removed here.
+            record = tokencache.verified(cache, identity, tokenizer, should_stop)
+            if record is None:
+                record = _encode(
+                    name, cache, identity, source(), tokenizer, fraction, should_stop, progress
+                )
     train_path, held_path = split_paths(cache, identity, tokenizer.suffix)
     dtype = tokenizer.dtype
     if record.documents_held_out is None:

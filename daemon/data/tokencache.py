@@ -13,13 +13,23 @@ writer died before its end) is encoded again too.
 
 A write that fails (a full disk) removes its temporary files (``NAME.<pid>.tmp``); those left by a
 process that no longer exists (killed mid-write) are removed at the next start.
+
+Processes that share a cache (the ranks of a torchrun job on a first start, two runs on one
+machine) take ``<identity>.lock`` (`entry_lock`): shared to verify an entry, exclusive to repair or
+encode it. Without it one rank took another's entry, half written, for a damaged one and removed
+it under its writer, and the job failed on its first start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import logging
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +46,8 @@ log = logging.getLogger(__name__)
 #: The most an entry's record may hold (a few hundred bytes in practice).
 MAX_RECORD_BYTES = 1 << 16
 _CHUNK = 1 << 20
+#: How often a process waiting for another's lock on an entry looks again (and at a stop request).
+_LOCK_POLL_S = 0.1
 
 
 class CachedFile(BaseModel):
@@ -89,19 +101,58 @@ def write_record(
     return record
 
 
+@contextlib.contextmanager
+def entry_lock(
+    cache: Path, identity: str, exclusive: bool, name: str, should_stop: Stop = None
+) -> Iterator[None]:
+    """Hold the entry's lock: `exclusive` to repair or encode it, shared to verify it. A process
+    that must wait says so once (`name`: the arm) and honours a stop request meanwhile. A cache
+    where this user cannot create the lock file is one nobody writes as this user: the shared
+    lock is then done without (encoding there fails anyway, naming the directory)."""
+    try:
+        fd = os.open(cache / f"{identity}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if exclusive or e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        yield
+        return
+    try:
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not said:
+                    log.info("arm %s: another process is encoding it into %s; waiting", name, cache)
+                    said = True
+                check_stop(should_stop, "waiting for the token cache")
+                time.sleep(_LOCK_POLL_S)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def verified(
-    cache: Path, identity: str, tokenizer: RunTokenizer, should_stop: Stop = None
+    cache: Path,
+    identity: str,
+    tokenizer: RunTokenizer,
+    should_stop: Stop = None,
+    repair: bool = True,
 ) -> EntryRecord | None:
     """The record of the entry `identity` once each of its files matches it; None when there is
-    no complete entry, or a damaged one (whose files are then removed, and the damage logged
-    naming the file): the caller encodes the arm again."""
+    no complete entry, or a damaged one (with `repair`, whose files are then removed, and the
+    damage logged naming the file): the caller encodes the arm again. Repair only under the
+    entry's exclusive lock (`entry_lock`)."""
     if not any(p.exists() for p in entry_paths(cache, identity, tokenizer)):
         return None
     damage = _damage(cache, identity, tokenizer, should_stop)
     if damage is None:
         return _read_record(cache, identity)
-    log.warning("token cache: %s; removing the entry and encoding the arm again", damage)
-    remove(cache, identity, tokenizer)
+    if repair:
+        log.warning("token cache: %s; removing the entry and encoding the arm again", damage)
+        remove(cache, identity, tokenizer)
     return None
 
 

@@ -6,6 +6,7 @@ warmed."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
@@ -15,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from andrea.daemon.config import build_config
+from andrea.daemon.data.arms import arm_identity
+from andrea.daemon.data.encoding import split_paths
 from andrea.daemon.runtime.exitcodes import ExitCode
 
 from ..support.daemons import Daemon, andreactl, trainer_cmd
@@ -200,6 +204,55 @@ def test_encoding_on_one_thread_or_many_writes_the_same_cache(tmp_path: Path) ->
             check=True,
             timeout=300,
         )
-        caches[threads] = {p.name: p.read_bytes() for p in sorted(cache.iterdir())}
+        # Each entry's lock file (empty) aside.
+        caches[threads] = {
+            p.name: p.read_bytes() for p in sorted(cache.iterdir()) if p.suffix != ".lock"
+        }
     assert len(caches["1"]) == 8  # two arms: tokens, held-out tokens, counts, record
     assert caches["1"] == caches["4"]
+
+
+def test_runs_sharing_a_cache_wait_for_the_arm_another_is_encoding(tmp_path: Path) -> None:
+    """Two trainers (two runs here, or the ranks of a job) start on one cache while a third process
+    encodes their arm: both wait for it, leave its half-written entry alone, then one encodes the
+    arm and the other uses that entry. Without the entry's lock a rank took another's entry, half
+    written, for a damaged one, removed it under its writer, and the job failed at its start."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        (run / "notes").mkdir(parents=True)
+        for i in range(20):
+            (run / "notes" / f"n{i}.txt").write_text(f"{i} {PROSE}" * (10 + i))
+        (run / "run.toml").write_text("[data]\nheldout_fraction = 0.05\n" + TEXT_ARM)
+    arm = {"name": "notes", "kind": "text", "paths": ["notes/*.txt"]}
+    cfg = build_config(
+        {"data": {"arms": [arm], "heldout_fraction": 0.05}},
+        {"preset": "andrea-tiny", "data": {"cache_dir": str(cache)}},
+    )
+    identity = arm_identity(cfg.data.arms[0], cfg.data, runs[0], cfg.model.vocab_size)
+    assert identity == arm_identity(cfg.data.arms[0], cfg.data, runs[1], cfg.model.vocab_size)
+    half = split_paths(cache, identity, "u8")[0]
+    lock = os.open(cache / f"{identity}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the writer, mid-way: tokens written, no record yet
+        half.write_bytes(b"\0" * 4096)
+        trainers = [
+            Daemon(trainer_cmd(run, cache, "--max-steps", "2", "--checkpoint-every", "2"))
+            for run in runs
+        ]
+        for t in trainers:
+            t.wait_for(r"arm notes: another process is encoding it into .*; waiting", 120)
+        time.sleep(0.5)
+        assert half.read_bytes() == b"\0" * 4096, "an entry was touched under its writer"
+        assert all(t.proc.poll() is None for t in trainers)
+    finally:
+        os.close(lock)  # the writer dies before its record: its entry is record-less
+    for t in trainers:
+        assert t.wait(120) == ExitCode.OK, t.log
+    logs = [t.log for t in trainers]
+    assert sum("encoding arm notes" in log for log in logs) == 1, logs
+    assert sum("removing the entry and encoding the arm again" in log for log in logs) == 1
+    for run in runs:  # both trained on the entry the cache now holds
+        manifest = json.loads((run / "step_000002.json").read_text())
+        assert [d["identity"] for d in manifest["data"]] == [identity]
