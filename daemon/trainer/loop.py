@@ -123,6 +123,11 @@ class Trainer:
             if d.checkpoint is not None:
                 self.checkpointer.save(d.checkpoint)
                 worked = True
+            if d.stop is None and c.step >= cfg.max_steps and self.pivots.follow():
+                # A pivot heard at the last step: its steps are trained again in the new phase,
+                # rather than the run ending on steps that the pivot superseded.
+                settled = c.step
+                continue
             if d.stop is not None or c.step >= cfg.max_steps:
                 break
             if worked:

@@ -81,6 +81,34 @@ def samples_steps(path: Path) -> set[int]:
     return {r["step"] for r in json.loads(path.read_text())["records"]}
 
 
+def test_a_pivot_heard_at_the_last_step_is_trained_before_the_run_ends(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """The manual pivot while the trainer finishes its last step (paused there, in its held-out
+    evaluation): it hears of the new phase before it ends, so it rolls back and trains the
+    superseded steps again in the new phase, instead of ending the run on them."""
+    run = tmp_path / "run"
+    p, t = proxy(run), trainer(run, cache_dir, STEPS)
+    t.wait_for(rf"evaluating step {STEPS} on held-out data", timeout=WAIT)
+    t.signal(signal.SIGSTOP)
+    assert stop(p) == ExitCode.OK, p.log
+    (run / "policy.toml").write_text(POLICY)
+    p = proxy(run)
+    said = p.wait_for(r"a pivot after the newest checkpoint, step (\d+)", timeout=WAIT)
+    boundary = int(said.group(1))
+    assert boundary == STEPS - EVERY, p.log
+    t.signal(signal.SIGCONT)
+    assert t.wait() == ExitCode.OK, t.log
+    assert f"rolling back to {bin_name(boundary)}" in t.log, t.log
+    assert stop(p) == ExitCode.OK, p.log
+    final = json.loads((run / f"step_{STEPS:06d}.json").read_text())
+    assert final["mixing"]["phase"] == 1
+    c = curve(run)
+    assert [s for s, *_ in c] == list(range(1, STEPS + 1))
+    assert all(ph == (0 if s <= boundary else 1) for s, _, _, ph in c)
+    assert {arm for s, _, arm, _ in c if s > boundary} == {"docstrings"}
+
+
 def test_seed_manual_pivot_in_a_terminal_is_bit_identical_to_the_command(
     tmp_path: Path, cache_dir: Path
 ) -> None:
