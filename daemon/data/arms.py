@@ -139,10 +139,10 @@ def _arm(
     """An encoded arm from its cache entry, verified first (daemon/data/tokencache.py); encoded from
     `source()` when there is none or it is damaged. Processes sharing the cache verify an entry
     together and encode it one at a time (the entry's lock)."""
-    with tokencache.entry_lock(cache, identity, False, name, should_stop):
+    with tokencache.entry_lock(cache, identity, name, should_stop, exclusive=False):
         record = tokencache.verified(cache, identity, tokenizer, should_stop, repair=False)
     if record is None:
-        with tokencache.entry_lock(cache, identity, True, name, should_stop):
+        with tokencache.entry_lock(cache, identity, name, should_stop, exclusive=True):
             # Another process may have encoded it meanwhile; a damaged entry is removed here.
             record = tokencache.verified(cache, identity, tokenizer, should_stop)
             if record is None:

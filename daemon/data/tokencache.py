@@ -97,35 +97,44 @@ def write_record(
     try:
         atomic_write_bytes(record_path(cache, identity), record.model_dump_json(indent=1).encode())
     except OSError as e:
-        raise OSError(e.errno, f"cannot write the token cache in {cache}: {e.strerror}") from None
+        raise _unwritable(cache, e) from None
     return record
+
+
+def _unwritable(cache: Path, e: OSError) -> OSError:
+    return OSError(e.errno, f"cannot write the token cache in {cache}: {e.strerror}")
 
 
 @contextlib.contextmanager
 def entry_lock(
-    cache: Path, identity: str, exclusive: bool, name: str, should_stop: Stop = None
+    cache: Path, identity: str, name: str, should_stop: Stop = None, *, exclusive: bool
 ) -> Iterator[None]:
     """Hold the entry's lock: `exclusive` to repair or encode it, shared to verify it. A process
     that must wait says so once (`name`: the arm) and honours a stop request meanwhile. A cache
     where this user cannot create the lock file is one nobody writes as this user: the shared
-    lock is then done without (encoding there fails anyway, naming the directory)."""
+    lock is then done without, and the exclusive one fails naming the directory."""
     try:
         fd = os.open(cache / f"{identity}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        if exclusive or e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        if exclusive:
+            raise _unwritable(cache, e) from None
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
         yield
         return
+    # A shared waiter waits for an encoding; an exclusive one may also wait for readers.
+    doing = "encoding or verifying" if exclusive else "encoding"
     try:
-        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         said = False
         while True:
             try:
-                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if not said:
-                    log.info("arm %s: another process is encoding it into %s; waiting", name, cache)
+                    log.info(
+                        "arm %s: another process is %s it into %s; waiting", name, doing, cache
+                    )
                     said = True
                 check_stop(should_stop, "waiting for the token cache")
                 time.sleep(_LOCK_POLL_S)

@@ -193,7 +193,10 @@ class ProxySink(RecordSink):
         segment = self.link.segment
         if a is None or segment is None:  # the proxy numbers the segment before it assigns
             return None
-        if self.link.rollback_target(self.counters.step, self.counters.phase) is not None:
+        if (
+            a.phase != self.counters.phase
+            and self.link.rollback_target(self.counters.step, self.counters.phase) is not None
+        ):
             # The reply that told of a pivot this trainer ran past may carry the new phase's arms
             # (a restarted proxy answers a request queued before its hello). Trained on top of the
             # old phase's steps, they would mix two phases in one trajectory: the roll-back

@@ -12,7 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from pydantic import ValidationError
@@ -39,6 +41,7 @@ from andrea.protocol.transport import request
 from ..support.hostile import play_trainer, text_arms_config, trainer_hello, write_checkpoint
 
 PEER = b"trainer"
+T = TypeVar("T")
 
 
 def _proxy(run_dir: Path, reward: str = NEW_RUN_REWARD) -> Proxy:
@@ -465,12 +468,17 @@ class _Served:
         self.thread.join(30)
 
 
+def _until(ask: Callable[[], T | None], within: float = 30) -> T | None:
+    """What `ask` answers, asked again (each ask waits for a reply a moment) for up to `within` s."""
+    deadline = time.monotonic() + within
+    while (got := ask()) is None and time.monotonic() < deadline:
+        pass
+    return got
+
+
 def _assigned(link: ProxyLink, step: int, within: float = 30) -> messages.Assignment | None:
     """The arm of `step`, asked for as the trainer does (each wait ends at any reply)."""
-    deadline = time.monotonic() + within
-    while (a := link.assignment(step, timeout=0.25)) is None and time.monotonic() < deadline:
-        pass
-    return a
+    return _until(lambda: link.assignment(step, timeout=0.25), within)
 
 
 def test_the_trainer_link_waits_for_the_old_life_and_says_hello_again(
@@ -528,10 +536,7 @@ def test_the_trainer_link_waits_for_the_old_life_and_says_hello_again(
 
 def _sink_arm(sink: ProxySink, step: int, within: float = 30) -> int | None:
     """The arm the trainer's sink gives `step`, asked for as the training loop does."""
-    deadline = time.monotonic() + within
-    while (arm := sink.arm_for(step)) is None and time.monotonic() < deadline:
-        pass
-    return arm
+    return _until(lambda: sink.arm_for(step), within)
 
 
 def test_a_trainer_past_a_manual_pivot_takes_no_arm_of_the_new_phase_before_rolling_back(
