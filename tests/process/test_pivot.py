@@ -145,6 +145,11 @@ def test_seed_manual_pivot_in_a_terminal_is_bit_identical_to_the_command(
     assert all(ph == (0 if s <= boundary else 1) for s, _, _, ph in c)
 
     b = tmp_path / "manual"
+    # Its boundary checkpoint written by the training thread itself, so that the trainer is still
+    # at the boundary when the line shows: written in the background, the line came 0.5 s late on
+    # a loaded machine, after the trainer had reached its last step (and sometimes its exit).
+    b.mkdir()
+    (b / "run.toml").write_text("[checkpoint]\nasync_write = false\n")
     p, t = proxy(b), trainer(b, cache_dir, STEPS)
     t.wait_for(r"step 12/", timeout=WAIT)
     t.signal(signal.SIGUSR1)  # 1. an audit checkpoint, then the cadence boundary comes
