@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from .support.daemons import LIVE
+from .support.scheduling import FileSeconds, load_seconds, longest_first
 
 # pytester runs pytest in-process: tests/unit/test_tiers.py checks the rules below with it.
 pytest_plugins = ["pytester"]
@@ -30,19 +31,45 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(shared) if shared else tmp_path_factory.mktemp("cache")
 
 
+#: Set on the controller when -n hands out files longest first; each worker is told (workerinput).
+_LONGEST_FIRST = pytest.StashKey[bool]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-file-seconds",
+        action="store_true",
+        help="write each test file's seconds to tests/support/file_seconds.json, the lengths "
+        "by which -n hands out the files, longest first (tests/support/scheduling.py)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """With -n: each test file on one worker, so a file's module fixtures (a reference run trained
-    once for its tests) are built once, not once per worker. Set here rather than in addopts,
-    where `--dist` would stop a pytest without pytest-xdist from starting; an explicit --dist wins."""
+    once for its tests) are built once, not once per worker, and the files handed out longest
+    first (tests/support/scheduling.py). Set here rather than in addopts, where `--dist` would stop
+    a pytest without pytest-xdist from starting; an explicit --dist wins."""
     explicit = any(a.startswith(("--dist", "-d")) for a in config.invocation_params.args)
     if config.pluginmanager.hasplugin("xdist") and not explicit:
         if config.getoption("dist", "no") == "load":
             config.option.dist = "loadfile"
+            # xdist's own order (most tests first) would undo the one the workers collect in.
+            config.option.loadscopereorder = False
+            config.stash[_LONGEST_FIRST] = True
+    if config.getoption("record_file_seconds") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(FileSeconds(), "file-seconds")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist, on the controller: tells each worker to collect in the longest-first order."""
+    node.workerinput["longest_first"] = node.config.stash.get(_LONGEST_FIRST, False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The folder is the tier: tests/process/ items get the `process` mark; a test outside
-    tests/unit/ and tests/process/, or one marked `process` in tests/unit/, is refused."""
+    tests/unit/ and tests/process/, or one marked `process` in tests/unit/, is refused. Under -n,
+    the workers collect the files longest first."""
     tests = config.rootpath / "tests"
     unit, process = tests / "unit", tests / "process"
     refused = []
@@ -60,6 +87,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "tests/process/ for real processes (which are marked `process` there, never by hand):\n  "
             + "\n  ".join(refused)
         )
+    if getattr(config, "workerinput", {}).get("longest_first"):
+        items[:] = longest_first(items, load_seconds())
 
 
 @pytest.fixture(autouse=True)

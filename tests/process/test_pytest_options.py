@@ -4,6 +4,7 @@ test file to one worker."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -32,3 +33,21 @@ def test_two_workers_distribute_by_file_unless_told_otherwise() -> None:
     assert r.returncode == 0 and "via LoadFileScheduling" in r.stdout, r.stdout + r.stderr
     r = pytest_run("-n", "2", "-v", "--dist", "load", SMALL)
     assert r.returncode == 0 and "via LoadScheduling" in r.stdout, r.stdout + r.stderr
+
+
+def test_workers_take_the_files_longest_first() -> None:
+    """One worker runs the files in the order -n hands them out: the recorded seconds' order
+    (tests/support/scheduling.py), not xdist's own (most tests first) or the command line's."""
+    recorded = json.loads((REPO / "tests" / "support" / "file_seconds.json").read_text())
+    # Their numbers of tests (158, 7) give xdist's own order; their seconds the reverse.
+    files = ["tests/unit/test_code_shape.py", "tests/unit/test_plot.py"]
+    expected = sorted(files, key=lambda f: -recorded[f])
+    assert expected == files[::-1], "pick two files whose seconds and numbers of tests disagree"
+    r = pytest_run("-n", "1", "-v", *files)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ran = [
+        line.split("PASSED ", 1)[1].split("::")[0]
+        for line in r.stdout.splitlines()
+        if "PASSED " in line
+    ]
+    assert list(dict.fromkeys(ran)) == expected, r.stdout

@@ -242,14 +242,15 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
 
 def declared_options(*paths: str) -> set[str]:
     """The `--options` of the `add_argument` calls in these files: the entry points that build
-    their parser inside `main` (scripts, benchmarks, `python -m` tools)."""
+    their parser inside `main` (scripts, benchmarks, `python -m` tools); and of the `addoption`
+    calls of a conftest, pytest's options of the suite."""
     found = set()
     for path in paths:
         for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8"))):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"
+                and node.func.attr in ("add_argument", "addoption")
             ):
                 found |= {
                     a.value
@@ -359,6 +360,9 @@ def _other_programs() -> list[Program]:
     tools.append(
         _program("torchrun", r"\btorchrun(?![\w-])", parser_options(torchrun.get_args_parser()))
     )
+    # The suite's own options (tests/conftest.py), beside pytest's that the docs use.
+    pytest_options = declared_options("tests/conftest.py") | {"--durations", "--dist"}
+    tools.append(_program("pytest", r"\bpytest(?![\w-])", pytest_options))
     # Another program's name is often a value (`--format tensorboard`): only at the start of a
     # command is it the command.
     tools += [
