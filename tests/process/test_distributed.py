@@ -26,6 +26,7 @@ from andrea.daemon.runtime.exitcodes import ExitCode
 
 from ..support.daemons import Daemon
 from ..support.distributed import BIN, STEPS, job, torchrun
+from ..support.manifests import final_trigger_is
 
 
 def rank_pids(t: Daemon, n: int = 2) -> dict[int, int]:
@@ -55,14 +56,6 @@ def manifests(run_dir: Path) -> dict[int, dict]:
 
 def stopped_steps(log: str) -> set[int]:
     return {int(s) for s in re.findall(r"\[rank \d\] .*stopped at step (\d+)", log)}
-
-
-def final_trigger_is(trigger: str, man: dict, log: str) -> bool:
-    """The final checkpoint's trigger; a stop that lands just after the cadence checkpoint of
-    that very step has nothing to add (and says so), as in a single process."""
-    return man["trigger"] == trigger or (
-        man["trigger"] == "cadence" and f"step {man['step']} is already checkpointed" in log
-    )
 
 
 def left_the_group(log: str) -> list[int]:
