@@ -31,6 +31,12 @@ def _decode_loss(value: Any) -> Any:
     return value
 
 
+#: A held-out loss in a record: a number, or one of the non-finite spellings of a loss.
+HeldoutLoss = Annotated[float, BeforeValidator(_decode_loss)]
+#: The fields a record may leave out (absent from the JSON when they have no value).
+OPTIONAL_FIELDS = frozenset({"heldout"})
+
+
 class LossEntry(BaseModel):
     """One trained step, as written in ``.loss.json`` and sent from the trainer to the proxy.
 
@@ -65,4 +71,13 @@ class LossEntry(BaseModel):
     )
     batch_sha256: str | None = Field(
         pattern=r"^[0-9a-f]{64}$", description="sha256 of the batch tokens, or null"
+    )
+    # Optional, and left out of the JSON when absent, so that the records of steps that follow no
+    # evaluation (nearly all) keep the bytes they always had, and logs written before it stay valid.
+    heldout: dict[Annotated[str, Field(min_length=1, max_length=64)], HeldoutLoss] | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="held-out loss per arm of the weights this step started from (those after "
+        "update step - 1), when the trainer evaluated them; absent otherwise. Part of the record "
+        "so that the bandit reads evaluations in the same ordered, durable stream as the losses",
     )

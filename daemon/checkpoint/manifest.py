@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lineage import Lineage, WorldSpan
-from andrea.protocol.lossentry import LossEntry
+from andrea.protocol.lossentry import NON_FINITE_LOSSES, HeldoutLoss, LossEntry
 
 from ..config import ModelConfig
 from ..data.arms import CursorState
@@ -186,6 +187,11 @@ class Manifest(_M):
         description="the newest step evaluated on held-out data; a resume at an evaluation step "
         "that was not evaluated (a stop interrupted it) evaluates it first",
     )
+    heldout: dict[str, HeldoutLoss] | None = Field(
+        None,
+        description="held-out loss per arm of the checkpointed weights, when `step` was evaluated: "
+        "the loss record of the next step carries them (absent in manifests written before)",
+    )
     pending_evals: list[EvalEntry] = Field(
         default_factory=list,
         description="evaluation records the proxy had not yet acknowledged; re-sent on resume",
@@ -215,6 +221,14 @@ class Manifest(_M):
         if self.lineage is not None:
             return self.lineage
         return Lineage(world_sizes=[WorldSpan(from_step=0, world_size=self.environment.world_size)])
+
+    @field_serializer("heldout", when_used="json")
+    def _spell_non_finite(self, value: dict[str, float] | None) -> dict[str, float | str] | None:
+        # As a loss record spells them, so that a diverged arm's NaN survives the round trip.
+        spelling = {repr(v): k for k, v in NON_FINITE_LOSSES.items()}
+        if value is None:
+            return None
+        return {n: v if math.isfinite(v) else spelling[repr(v)] for n, v in value.items()}
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:

@@ -65,12 +65,14 @@ import fcntl
 import gc
 import json
 import logging
+import operator
 import os
 import stat
-from collections.abc import Callable, Collection, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, KeysView, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, partial
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
@@ -120,7 +122,17 @@ MAX_LOG_BYTES = 8 << 30
 
 
 _ENTRIES = TypeAdapter(list[LossEntry])
-_FIELD_NAMES = LossEntry.model_fields.keys()
+
+
+def _key_sets(model: type[BaseModel]) -> tuple[KeysView[str], KeysView[str]]:
+    """The fields every entry of `model` has, in model order, and all its fields: those plus the
+    ones its JSON leaves out when they have no value (a record's ``heldout``)."""
+    fields = model.model_fields
+    required = dict.fromkeys(n for n, f in fields.items() if f.exclude_if is None)
+    return required.keys(), fields.keys()
+
+
+_FIELD_NAMES, _ALL_FIELDS = _key_sets(LossEntry)
 # What LossEntry takes for each field, in JSON, as whole-column checks for read_curve: the Python types
 # (strict: an int is not a bool or a float; a float may be an int; loss strings are decoded before this
 # check), the ge= bound of each integer field, and the column type in a LossCurve.
@@ -296,10 +308,14 @@ def _parse_body(
 
 
 def _field_columns(
-    doc: bytes, names: Iterable[str], fields: Collection[str] = _FIELD_NAMES
+    doc: bytes,
+    names: Iterable[str],
+    fields: KeysView[str] = _FIELD_NAMES,
+    everything: KeysView[str] = _ALL_FIELDS,
 ) -> dict[str, list[Any]]:
-    """Parse ``doc`` as strict JSON (no NaN literal), check that every entry is an object with exactly the
-    LossEntry fields (ValueError otherwise) and return the values of the fields ``names``, in file order.
+    """Parse ``doc`` as strict JSON (no NaN literal), check that every entry is an object with the
+    ``fields`` every entry has and no others than ``everything`` (ValueError otherwise) and return
+    the values of the fields ``names``, in file order.
 
     Written with map() so that no Python bytecode runs per entry: a plain loop costs as much as the JSON
     parse itself. Each pass walks 200,000 objects scattered in memory, so the fields are checked in one
@@ -311,6 +327,12 @@ def _field_columns(
     items = pydantic_core.from_json(doc, allow_inf_nan=False)
     try:
         names_ok = all(map(fields.__eq__, map(dict.keys, items)))
+        if not names_ok and len(everything) > len(fields):
+            # Some entries carry an optional field: each must hold the required ones and no more
+            # than all of them (still no bytecode per entry).
+            names_ok = all(map(operator.ge, map(dict.keys, items), repeat(fields))) and all(
+                map(operator.le, map(dict.keys, items), repeat(everything))
+            )
     except TypeError:  # an item that is not an object
         names_ok = False
     if not names_ok:
@@ -318,13 +340,15 @@ def _field_columns(
     return {name: list(map(itemgetter(name), items)) for name in names}
 
 
-def _index_keys(doc: bytes, fields: Collection[str] = _FIELD_NAMES) -> list[tuple[int, int]]:
+def _index_keys(
+    doc: bytes, fields: KeysView[str] = _FIELD_NAMES, everything: KeysView[str] = _ALL_FIELDS
+) -> list[tuple[int, int]]:
     """(segment, step) of every entry, checking strict JSON, the exact field names and those two fields.
 
     The writer needs no more, and validating 200,000 models would double the time of an open, so the
     other fields are left to :func:`read_entries` and :func:`read_curve`.
     """
-    columns = _field_columns(doc, ("segment", "step"), fields)
+    columns = _field_columns(doc, ("segment", "step"), fields, everything)
     segments, steps = columns["segment"], columns["step"]
     for values in (segments, steps):
         if set(map(type, values)) != {int} or min(values) < 1:
@@ -480,7 +504,8 @@ class LossLog:
             buf = _read_all(fd, _content_size(path, fd, size))
             model = cls.entry_type
             tail = _scan_tail(path, lambda offset, n: buf[offset : offset + n], len(buf), model)
-            index = partial(_index_keys, fields=model.model_fields.keys())
+            required, everything = _key_sets(model)
+            index = partial(_index_keys, fields=required, everything=everything)
             listed = _parse_body(path, buf, tail, index, model)
             keys = set(listed)
             if len(keys) != len(listed):

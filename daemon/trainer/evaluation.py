@@ -96,6 +96,8 @@ def plan_evaluation(ctx: TrainerContext, manifest: Manifest | None) -> EvalPlan:
     catch_up = False
     if manifest is not None:
         counters.last_eval_step = manifest.last_eval_step
+        if manifest.heldout is not None and manifest.last_eval_step == counters.step:
+            counters.heldout, counters.heldout_step = dict(manifest.heldout), counters.step
         catch_up = bool(
             every and counters.step % every == 0 and counters.last_eval_step < counters.step
         )
@@ -173,6 +175,7 @@ class Evaluation:
         )
         self.sink.record_eval(entry)
         self.last_eval, c.last_eval_step = entry, c.step
+        c.heldout, c.heldout_step = {n: a.loss for n, a in entry.arms.items()}, c.step
         log.info(
             "held-out loss at step %d: mean %.4f | %s | %.2f s (%.1f%% of training time so far)",
             c.step,

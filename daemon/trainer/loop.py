@@ -232,7 +232,8 @@ class Trainer:
         self.reporter.waiting_over()
         if not self.ctx.main:
             return
-        entry = trained.entry(loss if loss is not None else trained.value())
+        heldout = c.heldout if c.heldout_step == trained.step - 1 else None
+        entry = trained.entry(loss if loss is not None else trained.value(), heldout)
         before, self._previous = self._previous, trained
         if before is not None and before.step == trained.step - 1 == self._checkpointed:
             log.debug(

@@ -73,8 +73,9 @@ class TrainedStep:
             self._value = self.loss.item()
         return self._value
 
-    def entry(self, loss: float) -> LossEntry:
-        """The step's record, with `loss` (this rank's, or the job's mean)."""
+    def entry(self, loss: float, heldout: dict[str, float] | None = None) -> LossEntry:
+        """The step's record, with `loss` (this rank's, or the job's mean) and the held-out
+        losses of the weights it started from, when they were evaluated."""
         return LossEntry(
             step=self.step,
             loss=loss,
@@ -85,6 +86,7 @@ class TrainedStep:
             segment=self.segment,
             phase=self.phase,
             batch_sha256=self.batches.digest(),
+            heldout=heldout,
         )
 
 

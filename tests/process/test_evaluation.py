@@ -30,6 +30,12 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in json.loads((run_dir / ".loss.json").read_text())}
 
 
+def carried(run_dir: Path) -> dict[int, dict[str, float]]:
+    """The held-out losses each step's record carries (the newest record of a step wins)."""
+    entries = json.loads((run_dir / ".loss.json").read_text())
+    return {e["step"]: e["heldout"] for e in entries if "heldout" in e}
+
+
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     """The never-stopped reference: two micro-batches per step, evaluated every 5 steps."""
@@ -79,6 +85,32 @@ def test_resume_with_evaluation_and_accumulation_is_bit_exact(
     # The same weights give the same held-out losses, bit for bit, whichever life evaluated them.
     mine = {e["step"]: e["arms"] for e in evals(tmp_path)}
     assert mine == {e["step"]: e["arms"] for e in evals(evaluated)}
+
+
+def test_the_record_after_an_evaluation_carries_it(evaluated: Path) -> None:
+    """The bandit reads evaluations in the loss records' stream: the record of step s + 1 carries
+    the held-out losses of the weights after step s, exactly as .eval.json holds them."""
+    scored = {e["step"]: {n: a["loss"] for n, a in e["arms"].items()} for e in evals(evaluated)}
+    assert carried(evaluated) == {s + 1: arms for s, arms in scored.items() if s < STEPS}
+
+
+def test_a_killed_run_carries_the_same_evaluations_after_its_resume(
+    evaluated: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """SIGKILL once the checkpoint of an evaluated step (10) is written: the resume starts from
+    the weights of step 10, whose evaluation only the manifest still holds for the record of
+    step 11 (the killed life may or may not have recorded step 11 already)."""
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, *ARGS, "--eval-every", "5"))
+    t.wait_for(r"checkpoint step_000010.bin written \(cadence")
+    t.signal(signal.SIGKILL)
+    t.wait()
+    man = json.loads((tmp_path / manifest_name(10)).read_text())
+    assert man["heldout"] == carried(evaluated)[11]
+    res = run_trainer(tmp_path, cache_dir, *ARGS, "--eval-every", "5")
+    assert res.returncode == 0, res.stderr
+    assert f"resumed from {bin_name(10)}" in res.stderr
+    assert carried(tmp_path) == carried(evaluated)
+    assert losses(tmp_path) == losses(evaluated)
 
 
 def test_stop_during_evaluation_is_honoured_at_once(tmp_path: Path, cache_dir: Path) -> None:
