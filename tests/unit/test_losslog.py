@@ -344,6 +344,32 @@ def test_garbage_in_the_middle_is_refused_with_offset(
     assert last_entry(path) is not None
 
 
+def test_records_with_and_without_an_evaluation(tmp_path: Path) -> None:
+    """The record after an evaluation carries it (`heldout`); every other record leaves the key out,
+    so its bytes are those it always had. Both kinds open, read and repair alike; a key that is
+    neither a field nor `heldout` is still damage."""
+    evaluated = entry(3).model_copy(update={"heldout": {"code": 2.5, "docs": math.nan}})
+    entries = [entry(1), entry(2), evaluated, entry(4)]
+    path = tmp_path / ".loss.json"
+    raw = clean_bytes(entries)
+    assert b'"heldout"' not in clean_bytes([entry(2)])
+    assert b'"heldout":{"code":2.5,"docs":"NaN"}}' in raw
+    path.write_bytes(raw[:-3] + b',\n{"step":5,')  # an append torn over the terminator
+    with LossLog.open(path) as log:
+        assert len(log) == 4 and log.append(entry(5))
+    got = read_entries(path)
+    assert dumps(got) == dumps([*entries, entry(5)]) and math.isnan(got[2].heldout["docs"])
+    assert read_curve(path).step.tolist() == [1, 2, 3, 4, 5]
+    offset = _line_offset(path.read_bytes(), 1)
+    bad = path.read_bytes()[:offset] + path.read_bytes()[offset:].replace(
+        b'"batch_sha256":null', b'"batch_sha256":null,"held":{}', 1
+    )
+    path.write_bytes(bad)
+    for action in (LossLog.open, read_entries, read_curve):
+        with pytest.raises(LossLogCorrupt):
+            action(path)
+
+
 def test_field_error_in_the_middle(tmp_path: Path) -> None:
     """open checks what the writer relies on (JSON, layout, field names, segment and step); readers the rest."""
     path, raw = _lines_file(tmp_path)
