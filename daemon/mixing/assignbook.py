@@ -1,7 +1,8 @@
 """Deterministic assignment of arms to steps: the proxy's memory of what it decided and why.
 
-The arm of step s is a pure function of (seed, phase, policy, the canonical losses of the phase's
-steps <= s - W). This book makes that true across crashes of either process:
+The arm of step s is a pure function of (seed, phase, policy, the canonical loss records of the
+phase's steps <= s - W: each one's loss, and the held-out evaluation the record after one carries).
+This book makes that true across crashes of either process:
 
 - every assignment made is remembered (`arm_of`) and re-served as is, e.g. to a trainer that
   restarted from an older checkpoint; after a proxy restart the trained steps' arms come back from
@@ -23,7 +24,7 @@ Pure logic, no I/O: the proxy feeds it losses and asks it for arms.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .bandit import Bandit, BanditState, ConfiguredArm
 from .reward import MAX_EXP_LOSS
@@ -52,6 +53,7 @@ class AssignmentBook:
         }
         self.arm_of: dict[int, str] = {}
         self.loss_of: dict[int, float] = {}
+        self.heldout_of: dict[int, dict[str, float]] = {}
         self.snapshots: list[BanditState] = [bandit.state_dict()]
 
     @property
@@ -62,10 +64,18 @@ class AssignmentBook:
         """The phase that owns `step`: the newest one that starts before it."""
         return max(p for p, start in self.starts.items() if start < step or p == 0)
 
-    def record(self, step: int, arm: str, loss: float, phase: int) -> bool:
-        """A trained step's loss; False when it is superseded (trained under a phase that does not
-        own the step). The first one recorded per step is canonical for the bandit (later segments
-        re-training the step produce the same value in a bit-exact run)."""
+    def record(
+        self,
+        step: int,
+        arm: str,
+        loss: float,
+        phase: int,
+        heldout: Mapping[str, float] | None = None,
+    ) -> bool:
+        """A trained step's loss, and the held-out losses its record carries; False when it is
+        superseded (trained under a phase that does not own the step). The first one recorded per
+        step is canonical for the bandit (later segments re-training the step produce the same
+        values in a bit-exact run)."""
         if phase != self.phase_of(step):
             return False
         if step <= self.phase_start:
@@ -74,6 +84,8 @@ class AssignmentBook:
         if step not in self.loss_of:
             self.loss_of[step] = loss
             self.arm_of.setdefault(step, arm)
+            if heldout is not None:
+                self.heldout_of[step] = dict(heldout)
         return True
 
     def assign(self, step: int) -> str | None:
@@ -114,7 +126,12 @@ class AssignmentBook:
             # A diverged step (NaN/inf) counts as the hardest possible instead of the bandit
             # refusing to go on: the loss reward saturates; under the learnability reward the
             # arm's loss EMA jumps up, which sets no new low (no progress) until it comes down.
-            self.bandit.observe(j, self.arm_of[j], loss if math.isfinite(loss) else MAX_EXP_LOSS)
+            self.bandit.observe(
+                j,
+                self.arm_of[j],
+                loss if math.isfinite(loss) else MAX_EXP_LOSS,
+                self.heldout_of.get(j),
+            )
             if j % SNAPSHOT_EVERY == 0:
                 self.snapshots.append(self.bandit.state_dict())
         return True

@@ -1,20 +1,22 @@
 """Online data mixing: an EXP3-style bandit over data sources ("arms"), with caps, floors and a lag.
 
 With K live arms and t the number of losses incorporated in the current phase, the policy's reward
-(`reward.py`: ODM's "loss", "learnability", "gated-learnability", or "gated-learnability-2", the default
-of new runs) turns the arms' loss statistics into mixture weights w, with EXP3's exploration
-``eps_t = min(1/K, sqrt(ln K / (K t)))`` mixed in, and for t = 0 the policy's normalised initial
-weights. Then
+(`reward.py`: ODM's "loss", "learnability", "gated-learnability", "gated-learnability-2", or
+"gated-heldout", the default of new runs) turns the arms' loss statistics into mixture weights w,
+with EXP3's exploration ``eps_t = min(1/K, sqrt(ln K / (K t)))`` mixed in, and for t = 0 the
+policy's normalised initial weights. Then
 
 - probabilities: ``p = clip(c * w, floor, cap)`` with the unique c that makes ``sum(p) = 1`` — the
   KL projection of w onto the capped simplex, solved exactly from the breakpoints of c.
 
-Determinism: the arm of step s is a pure function of (seed, phase, policy, live arms, losses of the
-phase's steps <= s - W). Losses are incorporated strictly in step order, `assign` refuses to run at any
-other point than "everything up to s - W, nothing after", and the draw itself is a counter-based uniform
-(SHA-256 of seed, phase and step), so a restarted proxy recomputes every assignment bit for bit. Under
-gated-learnability-2 the draw of s also depends on the arms assigned to the steps between s - W and s,
-which are functions of the same losses; `assign` takes them from the caller (the assignment book).
+Determinism: the arm of step s is a pure function of (seed, phase, policy, live arms, loss records of
+the phase's steps <= s - W): each record's arm and loss, and the held-out evaluation the record of the
+step after each evaluation carries (gated-heldout reads them). Records are incorporated strictly in
+step order, `assign` refuses to run at any other point than "everything up to s - W, nothing after",
+and the draw itself is a counter-based uniform (SHA-256 of seed, phase and step), so a restarted proxy
+recomputes every assignment bit for bit. Under gated-learnability-2 and gated-heldout the draw of s
+also depends on the arms assigned to the steps between s - W and s, which are functions of the same
+records; `assign` takes them from the caller (the assignment book).
 
 Zombies: `Bandit.from_state` reconciles the arms of a saved state with the configured sources. An arm
 whose source is gone never draws (p = 0, its floor not counted), stays in the state with its history,
@@ -25,13 +27,14 @@ Pure: no I/O, no clock, no global random state.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -85,6 +88,10 @@ class ConfiguredArm(NamedTuple):
 _MAX_REWARD = math.exp(reward.MAX_EXP_LOSS) * (1 + 1e-9)
 
 
+#: A loss statistic in a state: losses are clamped to MAX_EXP_LOSS nats before any statistic sees them.
+_Loss = Annotated[float | None, Field(ge=-reward.MAX_EXP_LOSS, le=reward.MAX_EXP_LOSS)]
+
+
 class _StateModel(BaseModel):
     # strict: a state is written by this module; any coercion ("3" for 3) means it was edited or broken.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
@@ -106,18 +113,10 @@ class ArmState(_StateModel):
     weight: float = Field(ge=0.0, description="mixture weight w_i before the cap/floor projection")
     probability: float = Field(ge=0.0, le=1.0)
     # Version 2: the learnability reward's statistics (reward.py); absent from version 1 states.
-    loss_ema: float | None = Field(
-        None,
-        ge=-reward.MAX_EXP_LOSS,
-        le=reward.MAX_EXP_LOSS,
-        description="m_i, EMA of the arm's training loss; null before its first step",
+    loss_ema: _Loss = Field(
+        None, description="m_i, EMA of the arm's training loss; null before its first step"
     )
-    loss_best: float | None = Field(
-        None,
-        ge=-reward.MAX_EXP_LOSS,
-        le=reward.MAX_EXP_LOSS,
-        description="b_i, the lowest m_i of the phase",
-    )
+    loss_best: _Loss = Field(None, description="b_i, the lowest m_i of the phase")
     # The drops it sums add up to at most the span of the (clamped) loss EMA.
     progress_sum: float = Field(
         0.0,
@@ -131,6 +130,14 @@ class ArmState(_StateModel):
     fruitless: int = Field(
         0, ge=0, description="the arm's steps since its loss EMA last set a new low"
     )
+    # Absent from the states written before gated-heldout, whose rewards do not use them.
+    first_loss: _Loss = Field(None, description="the arm's first training loss of the phase")
+    heldout: _Loss = Field(None, description="its held-out loss at the newest evaluation")
+    heldout_low: _Loss = Field(None, description="its lowest held-out loss of the phase")
+    heldout_evals: int = Field(0, ge=0, description="the evaluations of it seen in the phase")
+    forgotten: bool = Field(
+        False, description="its held-out loss rose at the newest evaluation, above its low"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ArmState:
@@ -140,6 +147,8 @@ class ArmState(_StateModel):
             )
         if (self.loss_ema is None) != (self.loss_best is None):
             raise ValueError(f"arm {self.name!r}: loss_ema and loss_best come together")
+        if (self.heldout is None) != (self.heldout_low is None):
+            raise ValueError(f"arm {self.name!r}: heldout and heldout_low come together")
         # Both count this arm's steps of the phase, at most one per pull.
         if self.fruitless > self.pulls or self.progress_pulls > self.pulls:
             raise ValueError(
@@ -155,15 +164,7 @@ class ArmState(_StateModel):
         return self
 
     def stats(self) -> ArmStats:
-        return ArmStats(
-            self.ema_reward,
-            self.loss_ema,
-            self.loss_best,
-            self.progress_sum,
-            self.progress_pulls,
-            self.last_pull,
-            self.fruitless,
-        )
+        return ArmStats(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ArmStats)})
 
 
 class LastObservation(_StateModel):
@@ -509,35 +510,28 @@ class Bandit:
 
     def _mixture(self, live: list[_Arm], pending: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The weights and the probabilities of the live arms, given each one's pending steps."""
-        t = self.steps_in_phase
-        kind = self._policy.reward
-        progress, pulls = [a.stats.progress for a in live], [a.pulls for a in live]
-        initial = [self._policy.initial_weight(a.name) for a in live]
-        if kind == "gated-learnability-2":
-            fruitless = [a.stats.fruitless for a in live]
-            w = reward.measuring_weights(
-                progress, pulls, pending, fruitless, t, initial if t == 0 else None
-            )
-        elif t == 0:
-            w = np.array(initial, dtype=np.float64) / math.fsum(initial)
-        elif kind == "learnability":
-            w = reward.learnability_weights(progress, pulls, t)
-        elif kind == "gated-learnability":
-            w = reward.gated_weights(progress, pulls, t)
-        else:
-            w = reward.mixture_weights(
-                np.array([a.stats.ema_reward for a in live], dtype=np.float64), t
-            )
+        w = reward.weights(
+            self._policy.reward,
+            [a.stats for a in live],
+            [a.pulls for a in live],
+            pending,
+            self.steps_in_phase,
+            [self._policy.initial_weight(a.name) for a in live],
+        )
         lo, hi = self._policy.bounds([a.name for a in live])
         return w, project_capped_simplex(w, lo, hi)
 
     # ---------------------------------------------------------------------------------------------
 
-    def observe(self, step: int, arm: str, loss: float) -> bool:
-        """Incorporate the loss of `step`, trained on `arm`. Steps must come as
-        phase_start_step + 1, + 2, ... Returns False (and changes nothing) for an exact repeat of the
-        last observation; raises `ObservationOrderError` for any other step than the next one.
-        A zombie arm's loss (a step trained before its source went away) updates its history only."""
+    def observe(
+        self, step: int, arm: str, loss: float, heldout: Mapping[str, float] | None = None
+    ) -> bool:
+        """Incorporate the loss of `step`, trained on `arm`, and the held-out losses its record
+        carries (those of the weights the step started from; arms the bandit does not know are
+        ignored). Steps must come as phase_start_step + 1, + 2, ... Returns False (and changes
+        nothing) for an exact repeat of the last observation; raises `ObservationOrderError` for
+        any other step than the next one. A zombie arm's loss (a step trained before its source
+        went away) updates its history only."""
         loss = float(loss)
         if not math.isfinite(loss):
             raise ValueError(f"step {step}: loss {loss} is not finite")
@@ -556,6 +550,11 @@ class Bandit:
             raise ObservationOrderError(
                 f"losses are incorporated in step order: expected step {self._last_step + 1}, got {step}"
             )
+        # The evaluation came before the step's training: it closes the interval of the steps
+        # before it.
+        for name, value in (heldout or {}).items():
+            if name in self._arms:
+                reward.observe_heldout(self._arms[name].stats, float(value))
         reward.observe(rec.stats, step, loss, self._policy.alpha)
         rec.pulls += 1
         self._last_step = step
@@ -637,13 +636,9 @@ class Bandit:
         if self._policy.reward not in LEARNABILITY_REWARDS:
             return {a.name: a.stats.ema_reward for a in self._arms.values()}
         live = [a for a in self._arms.values() if a.live]
-        progress, pulls = [a.stats.progress for a in live], [a.pulls for a in live]
-        if self._policy.reward == "gated-learnability-2":
-            shares = reward.measuring_shares(progress, pulls, [0] * len(live)).tolist()
-        elif self._policy.reward == "gated-learnability":
-            shares = reward.gated_shares(progress, pulls).tolist()
-        else:
-            shares = reward.progress_shares(progress, pulls).tolist()
+        shares = reward.shares(
+            self._policy.reward, [a.stats for a in live], [a.pulls for a in live]
+        )
         out = dict.fromkeys(self._arms, 0.0)
         out.update(zip((a.name for a in live), shares))
         return out
@@ -673,7 +668,7 @@ class Bandit:
     def counts_pending(self) -> bool:
         """Whether `assign` needs the arms of the steps between the last incorporated one and
         the step assigned (the gated-learnability-2 reward)."""
-        return self._policy.reward == "gated-learnability-2"
+        return self._policy.reward in ("gated-learnability-2", "gated-heldout")
 
     @property
     def zombies(self) -> list[Zombie]:
@@ -743,6 +738,11 @@ class Bandit:
                     progress_pulls=a.stats.progress_pulls,
                     last_pull=a.stats.last_pull,
                     fruitless=a.stats.fruitless,
+                    first_loss=a.stats.first_loss,
+                    heldout=a.stats.heldout,
+                    heldout_low=a.stats.heldout_low,
+                    heldout_evals=a.stats.heldout_evals,
+                    forgotten=a.stats.forgotten,
                 )
                 for a in self._arms.values()
             ],

@@ -4,8 +4,8 @@ A policy is one phase's rules for the bandit (`andrea.daemon.mixing.bandit`). It
 by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
 recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
 
-    reward = "gated-learnability-2"  # what the bandit rewards (docs/bandit.md); or
-                                     # "gated-learnability", "learnability", "loss"
+    reward = "gated-heldout"  # what the bandit rewards (docs/bandit.md); or "gated-learnability-2",
+                              # "gated-learnability", "learnability", "loss"
     alpha = 0.9   # EMA smoothing of the per-arm reward (ODM's default)
     lag = 8       # W: the assignment of step s sees the losses of steps <= s - W
 
@@ -55,18 +55,21 @@ from ..runtime.validation_messages import describe
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9
 
-Reward = Literal["loss", "learnability", "gated-learnability", "gated-learnability-2"]
+Reward = Literal[
+    "loss", "learnability", "gated-learnability", "gated-learnability-2", "gated-heldout"
+]
 REWARDS: tuple[str, ...] = get_args(Reward)
 #: The rewards whose mixture is made of each arm's progress statistics (reward.py).
 LEARNABILITY_REWARDS: tuple[str, ...] = (
     "learnability",
     "gated-learnability",
     "gated-learnability-2",
+    "gated-heldout",
 )
 #: What a policy without a `reward` key means: ODM's reward, the only one before the choice existed.
 IMPLICIT_REWARD: Reward = "loss"
 #: The reward a new run gets when its policy does not name one (decided in `policystore`).
-NEW_RUN_REWARD: Reward = "gated-learnability-2"
+NEW_RUN_REWARD: Reward = "gated-heldout"
 
 #: Slack for comparing sums of probabilities written in decimal (ten floors of 0.1 must pass).
 FEASIBILITY_TOLERANCE = 1e-12
@@ -99,10 +102,11 @@ class Policy(_Strict):
 
     reward: Reward = Field(
         IMPLICIT_REWARD,
-        description="what the bandit rewards: 'gated-learnability-2' (an equal share for every "
-        "arm training still improves, each arm measured first), 'gated-learnability' (the same, "
-        "without measuring first), 'learnability' (shares proportional to that progress) or "
-        "'loss' (ODM's EMA of exp(loss))",
+        description="what the bandit rewards: 'gated-heldout' (as 'gated-learnability-2', and "
+        "a least share for an arm whose held-out loss rises), 'gated-learnability-2' (an equal "
+        "share for every arm training still improves, each arm measured first), "
+        "'gated-learnability' (the same, without measuring first), 'learnability' (shares "
+        "proportional to that progress) or 'loss' (ODM's EMA of exp(loss))",
     )
     alpha: float = Field(
         0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last"
@@ -116,8 +120,8 @@ class Policy(_Strict):
     arms: dict[str, ArmBounds] = Field(default_factory=dict)
     initial_weights: dict[str, float] = Field(
         default_factory=dict,
-        description="relative weights of the first W draws (under gated-learnability-2, of the "
-        "arms still to measure); unlisted arms weigh 1",
+        description="relative weights of the first W draws (under gated-heldout and "
+        "gated-learnability-2, of the arms still to measure); unlisted arms weigh 1",
     )
 
     @model_validator(mode="after")

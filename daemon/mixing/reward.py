@@ -58,8 +58,8 @@ Exploration eps_t / K per arm, not ODM's eps_t: the gate, not exploration, keeps
 share, and every step spent exploring an arm that cannot be learnt is taken from the learnable
 ones.
 
-**gated-learnability-2** (the default of new runs): the gate, with each arm measured first and
-explored less as its steps bring nothing. For the draw of a step, an arm with fewer than
+**gated-learnability-2** (new runs got it before gated-heldout): the gate, with each arm measured
+first and explored less as its steps bring nothing. For the draw of a step, an arm with fewer than
 ``MEASURE_PULLS`` losses known counts the steps already assigned to it whose losses are still on
 their way (``pending``): while it lacks steps for its measurement it gets a full share, as the best
 arm would (before any loss, its initial weight), and once it has them, nothing but exploration until
@@ -77,6 +77,26 @@ learnable arm the gate starved sets a new low as soon as it is trained again (th
 lowered its loss meanwhile), so it keeps eps_t / K and its full share comes back soon. A flat
 eps_t / K**2 for every arm would leave such an arm starved K times as long (measured with it:
 case a +0.026 nats against uniform, this rule +0.002; docs/mixing-quality.md).
+
+**gated-heldout** (the default of new runs): gated-learnability-2, and a least share for an arm the
+held-out evaluations show being forgotten, read from the evaluations the loss records carry
+(`observe_heldout`; docs/bandit.md says how they reach the bandit with the losses, in step order and
+with the same lag). A learnt arm whose held-out loss rises gets at least ``FORGETTING_SHARE / K``
+(an eighth of a uniform share).
+Why: the training losses cannot see forgetting, since an arm the gate starves has none; the
+evaluations score every arm whatever trained. An arm whose held-out loss is higher than at the
+evaluation before, and above its lowest by ``RISE_TOLERANCE``, is being forgotten, and keeps a few
+steps per hundred until it stops rising. "Learnt" (its held-out loss went ``LEARNT_MARGIN`` below
+its first training loss of the phase, what the model scored on it before learning anything of it)
+keeps random bytes out: their floor is the untrained model's ln 256, and their rise while the model
+learns text is nothing forgotten. The bound stays under half of 1/K, the share under which an arm
+counts as given up, so that an arm learnt to its floor, then forgotten, is still seen as given up.
+What was tried and not adopted (docs/mixing-quality.md has the runs): the held-out losses as the
+progress itself (their new lows per step of the arm, or a plateau called when they stop moving for
+one or two evaluations), and the gate measured against the median arm rather than the best. At
+andrea-tiny an arm's held-out loss follows the recent mixture (an arm left alone for 100 steps rises
+by 0.16 to 0.37 nats, a learnable one can stay flat for an interval), so the first cut learnable arms
+as often as plateaued ones; the median gate kept plateaued arms longer.
 
 All rewards keep all these statistics (a few float operations per step), so that status shows each
 arm's recent loss and progress whichever reward makes the mixture.
@@ -102,6 +122,14 @@ WARMUP_PULLS = 3
 GATE = 0.5
 #: gated-learnability-2: an arm is measured once this many of its losses are known (its first drop).
 MEASURE_PULLS = 2
+#: gated-heldout: an arm counts as learnt once its held-out loss is this fraction below its first
+#: training loss of the phase (what the model scored on it before learning anything of it).
+LEARNT_MARGIN = 0.02
+#: gated-heldout: a held-out loss higher than at the evaluation before, and this fraction above the
+#: arm's lowest, is being forgotten.
+RISE_TOLERANCE = 0.01
+#: gated-heldout: a learnt arm being forgotten gets at least this fraction of a uniform share, 1/K.
+FORGETTING_SHARE = 0.125
 
 #: What each reward means, in a few words, for status displays and exports.
 MEANING = {
@@ -113,6 +141,8 @@ MEANING = {
     "gated-learnability-2": "share of the mixture its recent progress earns: equal for every arm "
     "whose loss EMA still sets new lows at least half as fast as the best arm's, less below; an "
     "arm not measured yet gets the 2 steps its measurement needs, then waits for their losses",
+    "gated-heldout": "as gated-learnability-2, and at least an eighth of a uniform share for an "
+    "arm it has learnt while its held-out loss rises (being forgotten)",
 }
 
 
@@ -127,6 +157,19 @@ class ArmStats:
     progress_pulls: float = 0.0  # P_i: its steps, weighted alike (rho_i = D_i / P_i)
     last_pull: int = 0  # the step of its last loss
     fruitless: int = 0  # its steps since its loss EMA last set a new low
+    first_loss: float | None = None  # its first training loss of the phase
+    heldout: float | None = None  # its held-out loss at the newest evaluation
+    heldout_low: float | None = None  # its lowest held-out loss of the phase
+    heldout_evals: int = 0  # the evaluations of it seen in the phase
+    forgotten: bool = False  # its held-out loss rose at the newest evaluation, above its low
+
+    @property
+    def learnt(self) -> bool:
+        """Whether its held-out loss ever went below what the model scored on it before learning
+        anything of it: an arm never learnt (random bytes) cannot be forgotten."""
+        if self.heldout_low is None or self.first_loss is None:
+            return False
+        return self.heldout_low < self.first_loss - LEARNT_MARGIN * abs(self.first_loss)
 
     @property
     def progress(self) -> float:
@@ -143,7 +186,7 @@ def observe(stats: ArmStats, step: int, loss: float, alpha: float) -> None:
     age = PROGRESS_DECAY ** (step - stats.last_pull)
     stats.last_pull = step
     if stats.loss_ema is None or stats.loss_best is None:
-        stats.loss_ema = stats.loss_best = x
+        stats.loss_ema = stats.loss_best = stats.first_loss = x
         stats.fruitless = 0
         return
     stats.loss_ema = LEVEL_DECAY * stats.loss_ema + (1.0 - LEVEL_DECAY) * x
@@ -152,6 +195,20 @@ def observe(stats: ArmStats, step: int, loss: float, alpha: float) -> None:
     stats.loss_best = min(stats.loss_best, stats.loss_ema)
     stats.progress_sum = age * stats.progress_sum + drop
     stats.progress_pulls = age * stats.progress_pulls + 1.0
+
+
+def observe_heldout(stats: ArmStats, loss: float) -> None:
+    """Fold the arm's held-out loss at an evaluation into its statistics: its lowest, and whether
+    it is being forgotten (higher than at the evaluation before, and RISE_TOLERANCE above its
+    lowest)."""
+    x = min(max(loss, -MAX_EXP_LOSS), MAX_EXP_LOSS) if not math.isnan(loss) else MAX_EXP_LOSS
+    before, low = stats.heldout, stats.heldout_low
+    if before is None or low is None:
+        stats.heldout = stats.heldout_low = x
+    else:
+        stats.forgotten = x > before and x > low + RISE_TOLERANCE * abs(low)
+        stats.heldout, stats.heldout_low = x, min(low, x)
+    stats.heldout_evals += 1
 
 
 def exploration_rate(k: int, t: int) -> float:
@@ -255,3 +312,71 @@ def measuring_weights(
     k = shares.size
     e = exploration_rate(k, t) / (k * (1.0 + np.array(fruitless, dtype=np.float64)))
     return max(0.0, 1.0 - math.fsum(e)) * shares + e
+
+
+def protect_forgotten(w: np.ndarray, forgotten: list[bool]) -> np.ndarray:
+    """`w` with every arm being forgotten raised to FORGETTING_SHARE / K, the others scaled down to
+    make room, in proportion (sums to 1)."""
+    mask = np.array(forgotten, dtype=bool)
+    if not mask.any():
+        return w
+    out = np.where(mask, np.maximum(w, FORGETTING_SHARE / w.size), w)
+    rest = math.fsum(w[~mask])
+    if rest > 0.0:
+        out[~mask] = w[~mask] * max(0.0, 1.0 - math.fsum(out[mask])) / rest
+    return out / math.fsum(out)
+
+
+def heldout_weights(
+    stats: list[ArmStats],
+    pulls: list[int],
+    pending: list[int],
+    t: int,
+    initial: list[float] | None = None,
+) -> np.ndarray:
+    """gated-heldout (sums to 1): gated-learnability-2's weights, then at least
+    FORGETTING_SHARE / K for every learnt arm being forgotten."""
+    progress, fruitless = [s.progress for s in stats], [s.fruitless for s in stats]
+    w = measuring_weights(progress, pulls, pending, fruitless, t, initial)
+    return protect_forgotten(w, [s.forgotten and s.learnt for s in stats])
+
+
+def weights(
+    kind: str,
+    stats: list[ArmStats],
+    pulls: list[int],
+    pending: list[int],
+    t: int,
+    initial: list[float],
+) -> np.ndarray:
+    """The mixture weights of the live arms under reward `kind` (sums to 1): `pending`, each arm's
+    steps assigned whose losses are not known yet; `t`, the losses incorporated in the phase;
+    `initial`, the policy's initial weights (the mixture before any loss)."""
+    progress = [s.progress for s in stats]
+    if kind == "gated-heldout":
+        return heldout_weights(stats, pulls, pending, t, initial if t == 0 else None)
+    if kind == "gated-learnability-2":
+        fruitless = [s.fruitless for s in stats]
+        return measuring_weights(
+            progress, pulls, pending, fruitless, t, initial if t == 0 else None
+        )
+    if t == 0:
+        return np.array(initial, dtype=np.float64) / math.fsum(initial)
+    if kind == "learnability":
+        return learnability_weights(progress, pulls, t)
+    if kind == "gated-learnability":
+        return gated_weights(progress, pulls, t)
+    return mixture_weights(np.array([s.ema_reward for s in stats], dtype=np.float64), t)
+
+
+def shares(kind: str, stats: list[ArmStats], pulls: list[int]) -> list[float]:
+    """The reward of each live arm, for people: the share the learnability rewards give it before
+    exploration, or the loss reward's R_i."""
+    progress = [s.progress for s in stats]
+    if kind in ("gated-learnability-2", "gated-heldout"):
+        return measuring_shares(progress, pulls, [0] * len(stats)).tolist()
+    if kind == "gated-learnability":
+        return gated_shares(progress, pulls).tolist()
+    if kind == "learnability":
+        return progress_shares(progress, pulls).tolist()
+    return [s.ema_reward for s in stats]

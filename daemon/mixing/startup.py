@@ -164,6 +164,15 @@ _HISTORY = (
     "last_pull",
     "fruitless",
 )
+#: The statistics only gated-heldout reads: states written before it lack them, and under the other
+#: rewards a difference there changes no assignment.
+_HELDOUT_HISTORY = (
+    "first_loss",
+    "heldout",
+    "heldout_low",
+    "heldout_evals",
+    "forgotten",
+)
 
 
 def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict[int, int]) -> None:
@@ -176,7 +185,7 @@ def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict
     )
     book = AssignmentBook(fresh, arms, starts=starts)
     for e in entries:
-        book.record(e.step, e.arm, e.loss, e.phase)
+        book.record(e.step, e.arm, e.loss, e.phase, e.heldout)
     if not book.incorporate(state.last_step):
         raise ValueError(
             f"{STATE_FILE}: its bandit has seen step {state.last_step}, but {LOSS_FILE} lacks"
@@ -191,7 +200,10 @@ def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict
     logged_arms = {a.name: a for a in replayed.arms}
     for mine in state.arms:
         logged = logged_arms[mine.name]
-        for field in _HISTORY:
+        compared: tuple[str, ...] = _HISTORY
+        if state.policy.reward == "gated-heldout":
+            compared += _HELDOUT_HISTORY
+        for field in compared:
             if getattr(mine, field) != getattr(logged, field):
                 raise ValueError(
                     f"{STATE_FILE}: arm {mine.name!r} has {field} = {getattr(mine, field)!r},"
@@ -214,7 +226,7 @@ def replay(book: AssignmentBook, entries: list[LossEntry], max_segment: int) -> 
     counted by nothing."""
     durable_step = trainer_step = superseded = 0
     for e in entries:
-        if book.record(e.step, e.arm, e.loss, e.phase):
+        if book.record(e.step, e.arm, e.loss, e.phase, e.heldout):
             durable_step = max(durable_step, e.step)
         else:
             superseded += 1

@@ -5,6 +5,7 @@
         [--cases a b c d e] [--mixtures gated-learnability-2 gated-learnability learnability loss
         uniform-paired uniform-learnable-paired uniform uniform-learnable] [--jobs 2]
         [--eval-sequences 128] [--threads 1] [--out-dir DIR] [--reuse OLD/mixing.json]
+        [--keep-runs DIR]
 
 Cases (arms; the held-out loss that counts is the mean over the three learnable stdlib arms):
 - a: docstrings, code, comments (the embedded corpus);
@@ -75,11 +76,11 @@ from andrea.daemon.mixing.policy import Policy
 from andrea.daemon.rundir.evallog import canonical_evals, read_evals
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 
-REWARDS = ("gated-learnability-2", "gated-learnability", "learnability", "loss")
+REWARDS = ("gated-heldout", "gated-learnability-2", "gated-learnability", "learnability", "loss")
 PAIRED = ("uniform-paired", "uniform-learnable-paired")
 FIXED = ("uniform", "uniform-learnable")
 MIXTURES = (*REWARDS, *PAIRED, *FIXED)
-NEW = "gated-learnability-2"
+NEW = "gated-heldout"
 LEARNABLE = ("code", "comments", "docstrings")
 EXTRA = {"a": None, "b": "random", "c": "dup", "d": "letters", "e": "synth8"}
 #: The cases whose extra arm is learnt to a floor and then teaches nothing more.
@@ -520,6 +521,11 @@ def main() -> None:
         default=Path(os.environ.get("TMPDIR", "/tmp")) / "andrea-bench-mixing",
     )
     p.add_argument("--reuse", type=Path, help="an earlier mixing.json whose other runs to keep")
+    p.add_argument(
+        "--keep-runs",
+        type=Path,
+        help="an empty or new directory to train the runs in and keep them (default: a temporary one)",
+    )
     args = p.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     jobs = plan(args)
@@ -532,7 +538,9 @@ def main() -> None:
     )
     runs: list[dict] = []
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="andrea-mixing-") as work:
+    with tempfile.TemporaryDirectory(prefix="andrea-mixing-") as temporary:
+        work = str(args.keep_runs or temporary)
+        Path(work).mkdir(parents=True, exist_ok=True)
         args.work_dir = work
         write_inputs(Path(work))
 

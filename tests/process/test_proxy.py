@@ -58,6 +58,15 @@ def curve(run_dir: Path) -> list[tuple[int, float, str]]:
     return [(e.step, e.loss, e.arm) for e in canonical_curve(read_entries(run_dir / ".loss.json"))]
 
 
+def carried(run_dir: Path) -> dict[int, dict[str, float]]:
+    """The evaluations the records carry, as the bandit reads them (the first record of a step)."""
+    out: dict[int, dict[str, float]] = {}
+    for e in read_entries(run_dir / ".loss.json"):
+        if e.heldout is not None:
+            out.setdefault(e.step, e.heldout)
+    return out
+
+
 def stop(p: Daemon) -> int:
     if p.proc.poll() is None:
         p.signal(signal.SIGTERM)
@@ -101,6 +110,8 @@ def test_reference_mixes_arms_and_writes_the_satellite_files(reference: Path) ->
     for arm, report in state["live_reward"]["arms"].items():
         assert report["pulls"] > 0 and report["loss"] > 0, arm
     assert sum(r["reward"] for r in state["live_reward"]["arms"].values()) == pytest.approx(1.0)
+    # Evaluations every checkpoint (10 steps): the record after each carries it to the bandit.
+    assert sorted(carried(reference)) == list(range(11, STEPS + 1, 10))
 
 
 @pytest.mark.parametrize("reward", [NEW_RUN_REWARD, "loss"])
@@ -130,6 +141,7 @@ def test_proxy_sigkill_is_invisible(
         "one entry per step, none lost, none twice"
     )
     assert curve(tmp_path) == curve(reference)
+    assert carried(tmp_path) == carried(reference)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
 
 
@@ -161,6 +173,7 @@ def test_trainer_sigkill_starts_a_new_segment_at_the_checkpoint(
             second[s].batch_sha256,
         )
     assert curve(tmp_path) == curve(reference)
+    assert carried(tmp_path) == carried(reference)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
 
 
@@ -194,6 +207,7 @@ def test_random_sigkills_of_both_are_invisible(
     assert stop(proxy) == ExitCode.OK, proxy.log
     assert kills >= 2
     assert curve(tmp_path) == curve(reference)
+    assert carried(tmp_path) == carried(reference)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
     json.loads((tmp_path / ".state.json").read_text())
 
@@ -268,6 +282,11 @@ def test_zombie_arm_never_draws_and_is_reported(
         progress_sum=0.0,
         progress_pulls=0.0,
         last_pull=0,
+        first_loss=None,
+        heldout=None,
+        heldout_low=None,
+        heldout_evals=0,
+        forgotten=False,
     )
     state["bandit"]["arms"].append(arm)
     state["bandit"]["arms"].sort(key=lambda a: a["name"])
@@ -330,6 +349,7 @@ def test_damaged_state_is_rebuilt_from_the_loss_log(
     assert stop(proxy) == ExitCode.OK, proxy.log
     assert list(tmp_path.glob(".state.json.corrupt-*")), "the damaged file is kept for inspection"
     assert curve(tmp_path) == curve(reference)
+    assert carried(tmp_path) == carried(reference)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
 
 

@@ -110,21 +110,41 @@ class Learner:
         self.last[arm] = self.t
         return value
 
+    def heldout(self, arm: str) -> float:
+        """The arm's held-out loss now: its expected loss, without noise, and higher the longer it
+        has not been trained (as andrea-tiny forgets an arm it stops training)."""
+        kind, n, t = self.kinds[arm], self.pulls[arm], self.t
+        forgotten = 1 - math.exp(-(t - self.last[arm] if n else t) / 60)
+        if kind == "text":
+            return 1.6 + 3.9 / math.sqrt(1 + (n + 0.3 * (t - n)) / 8) + 0.3 * forgotten
+        if kind == "random":
+            return 5.55 + 0.6 * forgotten
+        if kind == "floor":
+            return 1.21 + 4.34 * math.exp(-n / 5) + 0.05 * forgotten
+        return 0.15 + 5.4 * math.exp(-n / 40) + 0.5 * forgotten
 
-def run(kinds: dict[str, str], policy: Policy, steps: int, seed: int = 5) -> list[str]:
-    """What the proxy does, with the loss of each step coming from a `Learner`."""
+
+def run(
+    kinds: dict[str, str], policy: Policy, steps: int, seed: int = 5, eval_every: int = 0
+) -> list[str]:
+    """What the proxy does, with the loss of each step coming from a `Learner`, and every
+    `eval_every` steps (0: never) its held-out losses carried by the next step's record, as the
+    trainer sends them."""
     arms = [ConfiguredArm(n, n, True) for n in kinds]
     b = Bandit(arms, policy, seed=seed)
     learner = Learner(kinds, seed)
     losses: dict[int, tuple[str, float]] = {}
+    heldout: dict[int, dict[str, float]] = {}
     trained = []
     for s in range(1, steps + 1):
         while b.last_step < s - policy.lag:
             j = b.last_step + 1
-            b.observe(j, *losses[j])
+            b.observe(j, *losses[j], heldout.get(j))
         arm = b.assign(s, [losses[j][0] for j in range(b.last_step + 1, s)])
         losses[s] = (arm, learner.loss(arm))
         trained.append(arm)
+        if eval_every and s % eval_every == 0:
+            heldout[s + 1] = {n: learner.heldout(n) for n in kinds}
     return trained
 
 

@@ -16,6 +16,15 @@ from ..support.bandit import synthetic_loss
 
 ARMS = [ConfiguredArm(n, f"id-{n}", True) for n in ("a", "b", "c", "d")]
 STEPS = 160
+#: The trainer evaluates every this many steps: the next step's record carries the result.
+EVAL_EVERY = 20
+
+
+def heldout(step: int) -> dict[str, float] | None:
+    """The held-out losses the record of `step` carries (those of the weights after step - 1)."""
+    if step == 1 or (step - 1) % EVAL_EVERY:
+        return None
+    return {a.name: synthetic_loss(step - 1, a.name) + 0.05 for a in ARMS}
 
 
 def first_life(reward: str) -> tuple[dict[int, str], AssignmentBook]:
@@ -26,12 +35,15 @@ def first_life(reward: str) -> tuple[dict[int, str], AssignmentBook]:
         arm = book.assign(s)
         assert arm is not None
         arms[s] = arm
-        book.record(s, arm, synthetic_loss(s, arm), 0)
+        book.record(s, arm, synthetic_loss(s, arm), 0, heldout(s))
     return arms, book
 
 
 def restarted(
-    state_book: AssignmentBook, arms: dict[int, str], durable: int, wrong: range = range(0)
+    state_book: AssignmentBook,
+    arms: dict[int, str],
+    durable: int,
+    wrong: range = range(0),
 ) -> AssignmentBook:
     """A proxy restarted from the state it persisted at `durable` and the losses logged up to
     it (arm a's losses of the steps in `wrong` logged 1 nat too low, for the negative control)."""
@@ -39,7 +51,7 @@ def restarted(
     book = AssignmentBook(Bandit.from_state(state, ARMS), ARMS)
     for s in range(1, durable + 1):
         loss = synthetic_loss(s, arms[s]) - (1.0 if s in wrong and arms[s] == "a" else 0.0)
-        book.record(s, arms[s], loss, 0)
+        book.record(s, arms[s], loss, 0, heldout(s))
     return book
 
 
@@ -68,3 +80,27 @@ def test_a_wrong_logged_loss_is_seen(reward: str) -> None:
     again = restarted(book, arms, 100, wrong=range(65, 101))
     got = [again.assign(s) for s in range(101, 109)]
     assert got != [arms[s] for s in range(101, 109)]
+
+
+def test_a_wrong_logged_evaluation_is_seen() -> None:
+    """Under gated-heldout the evaluations the records carry are inputs too: arm d (its loss flat,
+    so the gate gives it only exploration) logged as rising in one evaluation gets the least share
+    of an arm being forgotten in every step drawn after it, W steps later."""
+
+    def replayed(d_at_101: float) -> AssignmentBook:
+        book = AssignmentBook(Bandit(ARMS, Policy(reward="gated-heldout"), seed=11), ARMS)
+        for s in range(1, 131):
+            arm = book.assign(s)
+            assert arm is not None
+            evaluated = None
+            if s in (61, 81, 101):
+                evaluated = {a.name: synthetic_loss(s - 1, a.name) for a in ARMS}
+                evaluated["d"] = d_at_101 if s == 101 else 0.5
+            loss = 1.0 if arm == "d" else synthetic_loss(s, arm)
+            book.record(s, arm, loss, 0, evaluated)
+        return book
+
+    true, wrong = replayed(0.49), replayed(0.9)
+    assert [true.arm_of[s] for s in range(1, 110)] == [wrong.arm_of[s] for s in range(1, 110)]
+    assert true.bandit.probabilities()["d"] < 0.125 / 4
+    assert wrong.bandit.probabilities()["d"] == pytest.approx(0.125 / 4)

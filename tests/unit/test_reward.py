@@ -175,7 +175,12 @@ def test_a_zombie_never_draws_while_a_new_arm_is_measured() -> None:
 
 
 #: What each learnability reward divides eps_t by to explore one arm.
-EXPLORED_SHARE = {"learnability": 1, "gated-learnability": 4, "gated-learnability-2": 4}
+EXPLORED_SHARE = {
+    "learnability": 1,
+    "gated-learnability": 4,
+    "gated-learnability-2": 4,
+    "gated-heldout": 4,
+}
 
 
 @pytest.mark.parametrize("kind", LEARNABILITY_REWARDS)
@@ -322,7 +327,7 @@ def test_a_policy_without_the_key_keeps_its_fingerprint() -> None:
 
 def test_a_new_run_gets_the_newest_reward_and_its_file_says_so(tmp_path: Path) -> None:
     resolved = resolve_policy(tmp_path, None, False)
-    assert resolved.policy.reward == NEW_RUN_REWARD == "gated-learnability-2"
+    assert resolved.policy.reward == NEW_RUN_REWARD == "gated-heldout"
     assert resolved.write is not None and parse_policy(resolved.write).reward == NEW_RUN_REWARD
 
     given = tmp_path / "base.toml"
