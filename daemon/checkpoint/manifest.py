@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lineage import Lineage, WorldSpan
-from andrea.protocol.lossentry import NON_FINITE_LOSSES, HeldoutLoss, LossEntry
+from andrea.protocol.lossentry import HeldoutLoss, LossEntry
 
 from ..config import ModelConfig
 from ..data.arms import CursorState
@@ -155,6 +154,10 @@ class MixingState(_M):
 
 
 class Manifest(_M):
+    # A diverged arm's held-out loss (NaN) is spelled as a loss record spells it, so that it
+    # survives the round trip; every other number of a manifest is finite.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
+
     format_version: Literal[1, 2] = FORMAT_VERSION
     step: int = Field(ge=1, le=checkpoint_format.INT32_MAX)
     n_params: int = Field(ge=1, le=checkpoint_format.INT32_MAX)
@@ -221,14 +224,6 @@ class Manifest(_M):
         if self.lineage is not None:
             return self.lineage
         return Lineage(world_sizes=[WorldSpan(from_step=0, world_size=self.environment.world_size)])
-
-    @field_serializer("heldout", when_used="json")
-    def _spell_non_finite(self, value: dict[str, float] | None) -> dict[str, float | str] | None:
-        # As a loss record spells them, so that a diverged arm's NaN survives the round trip.
-        spelling = {repr(v): k for k, v in NON_FINITE_LOSSES.items()}
-        if value is None:
-            return None
-        return {n: v if math.isfinite(v) else spelling[repr(v)] for n, v in value.items()}
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:

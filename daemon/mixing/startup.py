@@ -198,11 +198,9 @@ def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict
             f" ({replayed.last_observation})"
         )
     logged_arms = {a.name: a for a in replayed.arms}
+    compared = _HISTORY + (_HELDOUT_HISTORY if state.policy.reward == "gated-heldout" else ())
     for mine in state.arms:
         logged = logged_arms[mine.name]
-        compared: tuple[str, ...] = _HISTORY
-        if state.policy.reward == "gated-heldout":
-            compared += _HELDOUT_HISTORY
         for field in compared:
             if getattr(mine, field) != getattr(logged, field):
                 raise ValueError(

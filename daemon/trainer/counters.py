@@ -35,10 +35,9 @@ class Counters:
     checkpoints_written: int = 0
     #: The newest step whose held-out evaluation is recorded (a manifest field).
     last_eval_step: int = 0
-    #: Held-out loss per arm of the newest evaluated weights, those after update `heldout_step`:
-    #: the loss record of the step after it carries them to the bandit (a manifest field).
+    #: Held-out loss per arm of the weights after update `last_eval_step` (None when this life does
+    #: not know it): the loss record of the step after it carries them to the bandit.
     heldout: dict[str, float] | None = None
-    heldout_step: int = 0
     #: Where the run's state came from (world sizes, --init-from); set at the start of a life.
     lineage: Lineage | None = None
     #: With --init-from: the source checkpoint's manifest, carried into every manifest.

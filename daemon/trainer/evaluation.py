@@ -97,7 +97,7 @@ def plan_evaluation(ctx: TrainerContext, manifest: Manifest | None) -> EvalPlan:
     if manifest is not None:
         counters.last_eval_step = manifest.last_eval_step
         if manifest.heldout is not None and manifest.last_eval_step == counters.step:
-            counters.heldout, counters.heldout_step = dict(manifest.heldout), counters.step
+            counters.heldout = dict(manifest.heldout)
         catch_up = bool(
             every and counters.step % every == 0 and counters.last_eval_step < counters.step
         )
@@ -175,7 +175,7 @@ class Evaluation:
         )
         self.sink.record_eval(entry)
         self.last_eval, c.last_eval_step = entry, c.step
-        c.heldout, c.heldout_step = {n: a.loss for n, a in entry.arms.items()}, c.step
+        c.heldout = {n: a.loss for n, a in entry.arms.items()}
         log.info(
             "held-out loss at step %d: mean %.4f | %s | %.2f s (%.1f%% of training time so far)",
             c.step,

@@ -232,7 +232,7 @@ class Trainer:
         self.reporter.waiting_over()
         if not self.ctx.main:
             return
-        heldout = c.heldout if c.heldout_step == trained.step - 1 else None
+        heldout = c.heldout if c.last_eval_step == trained.step - 1 else None
         entry = trained.entry(loss if loss is not None else trained.value(), heldout)
         before, self._previous = self._previous, trained
         if before is not None and before.step == trained.step - 1 == self._checkpointed:

@@ -7,12 +7,14 @@ and give way to a stop at once; gradient accumulation must keep resume bit-exact
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 
@@ -104,8 +106,12 @@ def test_a_killed_run_carries_the_same_evaluations_after_its_resume(
     t.wait_for(r"checkpoint step_000010.bin written \(cadence")
     t.signal(signal.SIGKILL)
     t.wait()
-    man = json.loads((tmp_path / manifest_name(10)).read_text())
-    assert man["heldout"] == carried(evaluated)[11]
+    raw = (tmp_path / manifest_name(10)).read_text()
+    assert json.loads(raw)["heldout"] == carried(evaluated)[11]
+    # A diverged arm's held-out loss (NaN) survives the manifest's round trip.
+    diverged = Manifest.model_validate_json(raw).model_copy(update={"heldout": {"code": math.nan}})
+    again = Manifest.model_validate_json(diverged.model_dump_json())
+    assert again.heldout is not None and math.isnan(again.heldout["code"])
     res = run_trainer(tmp_path, cache_dir, *ARGS, "--eval-every", "5")
     assert res.returncode == 0, res.stderr
     assert f"resumed from {bin_name(10)}" in res.stderr

@@ -100,6 +100,7 @@ def _other(arm: str) -> str:
         ("never-assigned-step", lambda arms: _entry(500, "alpha")),
         ("unnumbered-segment", lambda arms: _entry(1, arms[1], segment=7)),
         ("future-phase", lambda arms: _entry(1, arms[1], phase=3)),
+        ("unknown-held-out-arm", lambda arms: _entry(1, arms[1], heldout={"gamma": 2.0})),
     ],
 )
 def test_rejected_loss_report_changes_nothing(proxy: Proxy, name: str, bad) -> None:

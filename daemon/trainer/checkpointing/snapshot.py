@@ -103,7 +103,7 @@ class Snapshotter:
             mixing=MixingState(mode=cfg.mixing, phase=c.phase, arms=[a.name for a in parts.arms]),
             pending_losses=sink.pending_losses(c.step),
             last_eval_step=c.last_eval_step,
-            heldout=c.heldout if c.heldout_step == c.step else None,
+            heldout=c.heldout if c.last_eval_step == c.step else None,
             pending_evals=sink.pending_evals(c.step),
             progress=Progress(
                 step=c.step,
