@@ -101,10 +101,6 @@ class TrainerLink:
         an assignment needs the losses it depends on to be durable here already, so the arm of
         every genuine step can be recomputed now (and is the same: assignments are pure)."""
         run_state, book = self.run_state, self.run_state.book
-        if e.heldout is not None:
-            strangers = sorted(set(e.heldout) - {c.name for c in run_state.configured})
-            if strangers:
-                return f"step {e.step}: held-out losses of arms not of this run: {strangers[:3]}"
         if e.segment > run_state.max_segment:
             return f"step {e.step}: segment {e.segment} was never numbered (highest: {run_state.max_segment})"
         if e.phase > book.bandit.phase:

@@ -100,7 +100,6 @@ def _other(arm: str) -> str:
         ("never-assigned-step", lambda arms: _entry(500, "alpha")),
         ("unnumbered-segment", lambda arms: _entry(1, arms[1], segment=7)),
         ("future-phase", lambda arms: _entry(1, arms[1], phase=3)),
-        ("unknown-held-out-arm", lambda arms: _entry(1, arms[1], heldout={"gamma": 2.0})),
     ],
 )
 def test_rejected_loss_report_changes_nothing(proxy: Proxy, name: str, bad) -> None:
@@ -115,6 +114,15 @@ def test_rejected_loss_report_changes_nothing(proxy: Proxy, name: str, bad) -> N
     ack = proxy.handle(PEER, messages.LossReport(id="y", entries=[_entry(1, proxy.arms[1])]))
     assert isinstance(ack, messages.LossAck) and ack.keys == [(1, 1)]
     assert [(e.step, e.arm) for e in read_entries(run_dir / LOSS_FILE)] == [(1, proxy.arms[1])]
+
+
+def test_held_out_losses_of_an_arm_the_proxy_does_not_configure_are_taken(proxy: Proxy) -> None:
+    """A trainer still evaluates an arm the proxy's config dropped (it is a zombie there): its
+    record is genuine, and the bandit ignores the arm it does not know."""
+    entry = _entry(1, proxy.arms[1], heldout={"gamma": 2.0, proxy.arms[1]: 2.5})
+    ack = proxy.handle(PEER, messages.LossReport(id="y", entries=[entry]))
+    assert isinstance(ack, messages.LossAck) and ack.keys == [(1, 1)]
+    assert read_entries(proxy.run_dir / LOSS_FILE)[0].heldout == entry.heldout
 
 
 @pytest.mark.parametrize(
