@@ -316,14 +316,27 @@ def measuring_weights(
 
 def protect_forgotten(w: np.ndarray, forgotten: list[bool]) -> np.ndarray:
     """`w` with every arm being forgotten raised to FORGETTING_SHARE / K, the others scaled down to
-    make room, in proportion (sums to 1)."""
+    make room, in proportion (sums to 1).
+
+    When the arms being forgotten already hold all the weight between them (one holds nearly all of
+    it and a second is raised), the others would be left nothing: a weight of 0, which the caps and
+    floors' projection refuses. Then the room is taken from every arm's
+    weight above its own least (FORGETTING_SHARE / K for an arm being forgotten, 0 for the others),
+    in proportion to it: the least shares sum to at most FORGETTING_SHARE, so there is always
+    weight above them to take from, and an arm with weight keeps some. Every other case keeps the
+    weights it always had, so that a run's assignments stay what they were; with every arm being
+    forgotten, that is the raised weights normalised, each a little under the bound."""
     mask = np.array(forgotten, dtype=bool)
     if not mask.any():
         return w
-    out = np.where(mask, np.maximum(w, FORGETTING_SHARE / w.size), w)
-    rest = math.fsum(w[~mask])
+    least = np.where(mask, FORGETTING_SHARE / w.size, 0.0)
+    out = np.maximum(w, least)
+    room, rest = 1.0 - math.fsum(out[mask]), math.fsum(w[~mask])
+    if rest > 0.0 and room <= 0.0:
+        above = out - least
+        return least + above * (1.0 - math.fsum(least)) / math.fsum(above)
     if rest > 0.0:
-        out[~mask] = w[~mask] * max(0.0, 1.0 - math.fsum(out[mask])) / rest
+        out[~mask] = w[~mask] * room / rest
     return out / math.fsum(out)
 
 

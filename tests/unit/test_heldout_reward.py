@@ -49,6 +49,52 @@ def test_a_learnt_arm_being_forgotten_keeps_an_eighth_of_a_uniform_share() -> No
     assert reward.protect_forgotten(w, [True, False, False, False]) == pytest.approx(w)
 
 
+def test_two_arms_being_forgotten_leave_the_others_some_weight() -> None:
+    # The heavy arm being forgotten too: lifting the light one takes from every arm's weight
+    # above its own least, so the arms not forgotten keep some (they got 0 before, and the
+    # bandit's projection then refused the weights).
+    w = np.array([0.97, 0.01, 0.01, 0.01])
+    got = reward.protect_forgotten(w, [True, True, False, False])
+    bound = 0.125 / 4
+    scale = (1 - 2 * bound) / (0.97 - bound + 0.01 + 0.01)
+    want = [bound + (0.97 - bound) * scale, bound, 0.01 * scale, 0.01 * scale]
+    assert got == pytest.approx(want, abs=1e-15)
+    assert math.fsum(got) == pytest.approx(1.0, abs=1e-15)
+
+
+def test_the_bandit_goes_on_when_its_heavy_arm_and_a_light_one_are_forgotten() -> None:
+    # a learns all along; b and c never set a new low after their first loss, so the gate gives a
+    # nearly everything. Then a and b are both forgotten: the bandit raised b and left c a weight
+    # of 0, and its projection refused it (ValueError) before the fix.
+    b = Bandit([ConfiguredArm(n, n, True) for n in "abc"], Policy(reward="gated-heldout"), seed=1)
+    seq = ["a", "b", "c", "b", "c"] + ["a"] * 300 + ["b", "c"] * 5
+    for s, arm in enumerate(seq, start=1):
+        b.observe(s, arm, 5.5 - 0.01 * seq[:s].count("a") if arm == "a" else 5.5)
+    assert b.probabilities()["a"] > 0.99
+    n, last = len(seq), 5.5 - 0.01 * seq.count("a")
+    b.observe(n + 1, "a", last - 0.01, {"a": 3.0, "b": 3.0, "c": 3.0})
+    b.observe(n + 2, "a", last - 0.02, {"a": 3.2, "b": 3.2, "c": 2.9})
+    p = b.probabilities()
+    assert p["b"] == pytest.approx(0.125 / 3, abs=1e-15)
+    assert 0.0 < p["c"] < 0.01 and math.fsum(p.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_the_least_share_holds_for_any_weights() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        k = int(rng.integers(2, 9))
+        w = rng.dirichlet(np.full(k, 0.3))
+        forgotten = (rng.random(k) < 0.5).tolist()
+        got = reward.protect_forgotten(w, forgotten)
+        assert math.fsum(got) == pytest.approx(1.0, abs=1e-12)
+        for wi, gi, f in zip(w, got, forgotten):
+            assert gi > 0.0 or wi == 0.0  # an arm with weight keeps some
+            # With every arm being forgotten there is no other arm to make room, and the raised
+            # weights are normalised as they always were (a little under the bound).
+            if f and not all(forgotten):
+                assert gi >= 0.125 / k - 1e-15
+
+
 def test_the_mixture_by_hand() -> None:
     """heldout_weights: w = (1 - sum e) shares + e with e_i = eps_t / (K (1 + f_i)), then the
     bound for the learnt arm being forgotten."""
