@@ -270,8 +270,9 @@ class MetricsConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    """Held-out evaluation. Operational: it never changes a bit of training, so it may change at
-    any restart."""
+    """Held-out evaluation. Operational: it never changes a bit of a step's training, so it may
+    change at any restart; under proxy mixing the bandit may read it (gated-heldout), and a resume
+    that changes it says so (`evaluation_changes`)."""
 
     every: int | None = Field(
         None,
@@ -548,6 +549,27 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         was, now = _setting(a, key), _setting(b, key)
         if was != now:
             out.append(f"{key}: {was} → {now}")
+    return out
+
+
+def evaluation_changes(old: dict[str, Any], cfg: RunConfig) -> list[str]:
+    """The held-out evaluation settings that differ between a config dump (a checkpoint's) and
+    `cfg`, where they decide the mixture: under proxy mixing the evaluations reach the bandit in
+    the loss records, and gated-heldout (the default reward of new runs) reads them, so these
+    operational settings change which arm a later step trains. [] under the fixed mixture, or for
+    a dump written before evaluations had settings."""
+    if cfg.mixing != "proxy" or not isinstance(old.get("eval"), dict):
+        return []
+    then = old["eval"]
+    every_then = then.get("every")
+    if every_then is None:
+        every_then = old.get("checkpoint", {}).get("every")
+    every_now = cfg.eval.every if cfg.eval.every is not None else cfg.checkpoint.every
+    out = []
+    if every_then != every_now:
+        out.append(f"evaluation every {every_then} steps → {every_now}")
+    if then.get("sequences") != cfg.eval.sequences:
+        out.append(f"eval.sequences: {then.get('sequences')} → {cfg.eval.sequences}")
     return out
 
 

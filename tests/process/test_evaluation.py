@@ -156,6 +156,15 @@ def test_proxy_records_evaluations(tmp_path: Path, cache_dir: Path) -> None:
     assert [(e["step"], e["segment"], e["phase"]) for e in got] == [(5, 1, 0), (10, 1, 0)]
     man = json.loads((tmp_path / manifest_name(10)).read_text())
     assert man["pending_evals"] == [] or man["pending_evals"][0]["step"] == 10
+    # The evaluations reach the bandit (gated-heldout reads them): a resume that changes them
+    # says so, naming the change.
+    res = run_trainer(
+        tmp_path, cache_dir, "--with-proxy", "--max-steps", "12", "--checkpoint-every", "5",
+        "--eval-every", "3",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "the held-out evaluations changed (evaluation every 5 steps → 3)" in res.stderr
+    assert "NOT be bit-exact" not in res.stderr
 
 
 def test_andreactl_history_lists_evaluations(evaluated: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from andrea.daemon.config import ConfigError, RunConfig, build_config
+from andrea.daemon.config import ConfigError, RunConfig, build_config, evaluation_changes
 from andrea.daemon.model import GPT
 
 
@@ -66,6 +66,26 @@ def test_operational_settings_do_not_change_the_trajectory_hash() -> None:
     b = build_config(overrides={"max_steps": 99999, "checkpoint": {"every": 7}, "threads": 1})
     c = build_config(overrides={"seed": 7})
     assert a.trajectory_hash() == b.trajectory_hash() != c.trajectory_hash()
+
+
+def test_a_change_of_the_evaluations_is_named_where_the_bandit_reads_them() -> None:
+    proxy = {"mixing": "proxy", "checkpoint": {"every": 100}}
+    old = build_config(overrides=proxy).model_dump(mode="json")  # eval.every: the checkpoint's
+    assert evaluation_changes(old, build_config(overrides=proxy)) == []
+    # The same cadence spelt out is no change; another cadence or sequence count is.
+    assert evaluation_changes(old, build_config(overrides={**proxy, "eval": {"every": 100}})) == []
+    changed = build_config(overrides={**proxy, "eval": {"every": 50, "sequences": 32}})
+    assert evaluation_changes(old, changed) == [
+        "evaluation every 100 steps → 50",
+        "eval.sequences: 64 → 32",
+    ]
+    # A new checkpoint cadence moves the evaluations that follow it.
+    moved = build_config(overrides={"mixing": "proxy", "checkpoint": {"every": 30}})
+    assert evaluation_changes(old, moved) == ["evaluation every 100 steps → 30"]
+    # The fixed mixture never reads them; a dump without evaluation settings says nothing.
+    fixed = build_config(overrides={"checkpoint": {"every": 100}}).model_dump(mode="json")
+    assert evaluation_changes(fixed, build_config(overrides={"eval": {"every": 5}})) == []
+    assert evaluation_changes({k: v for k, v in old.items() if k != "eval"}, changed) == []
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

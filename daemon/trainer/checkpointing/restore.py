@@ -21,7 +21,12 @@ from andrea.daemon.checkpoint.manifest import Manifest, RankState
 from andrea.daemon.checkpoint.rngstate import RngState
 from andrea.daemon.checkpoint.source import Source, SourceError, read_source
 from andrea.daemon.checkpoint.state import load_adam_state, load_weights
-from andrea.daemon.config import config_changes, record_trajectory, trajectory_of
+from andrea.daemon.config import (
+    config_changes,
+    evaluation_changes,
+    record_trajectory,
+    trajectory_of,
+)
 from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE
 from andrea.protocol.lineage import Lineage, WorldSpan
 
@@ -293,6 +298,7 @@ class Restorer:
         and filled by a broadcast."""
         if self.ctx.main:
             self._warn_if_inexact(m)
+            self._warn_if_mixing_inputs_changed(m)
         if p is None:
             # The moments' shapes and step count only; a broadcast from rank 0 fills them.
             n = m.n_params
@@ -340,6 +346,16 @@ class Restorer:
         if changed:
             log.warning(
                 "this resume will NOT be bit-exact with the run so far (%s)", "; ".join(changed)
+            )
+
+    def _warn_if_mixing_inputs_changed(self, m: Manifest) -> None:
+        changed = evaluation_changes(m.config, self.ctx.cfg)
+        if changed:
+            log.warning(
+                "the held-out evaluations changed (%s): under proxy mixing the bandit's reward "
+                "(gated-heldout, the default of new runs) reads them, so the arms of the steps from "
+                "here on may differ from those the run so far would have had",
+                "; ".join(changed),
             )
 
 
