@@ -320,12 +320,12 @@ def protect_forgotten(w: np.ndarray, forgotten: list[bool]) -> np.ndarray:
 
     When the arms being forgotten already hold all the weight between them (one holds nearly all of
     it and a second is raised), the others would be left nothing: a weight of 0, which the caps and
-    floors' projection refuses. Then the room is taken from every arm's
-    weight above its own least (FORGETTING_SHARE / K for an arm being forgotten, 0 for the others),
-    in proportion to it: the least shares sum to at most FORGETTING_SHARE, so there is always
-    weight above them to take from, and an arm with weight keeps some. Every other case keeps the
-    weights it always had, so that a run's assignments stay what they were; with every arm being
-    forgotten, that is the raised weights normalised, each a little under the bound."""
+    floors' projection refuses. Then the room is taken from every arm's weight above its own least
+    (FORGETTING_SHARE / K for an arm being forgotten, 0 for the others), in proportion to it: the
+    least shares sum to at most FORGETTING_SHARE, so there is always weight above them to take
+    from, and an arm with weight keeps some. Every other case keeps the weights it always had, so
+    that a run's assignments stay what they were; with every arm being forgotten, that is the
+    raised weights normalised, each a little under the bound."""
     mask = np.array(forgotten, dtype=bool)
     if not mask.any():
         return w
