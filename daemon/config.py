@@ -447,6 +447,11 @@ class RunConfig(_Strict):
             )
         return self
 
+    def eval_every(self) -> int:
+        """Steps between held-out evaluations as configured: `eval.every`, else the checkpoint
+        cadence (0: never)."""
+        return self.eval.every if self.eval.every is not None else self.checkpoint.every
+
     def trajectory(self) -> dict[str, Any]:
         """The settings that decide the training trajectory, as plain JSON data."""
         return trajectory_of(self.model_dump(mode="json"))
@@ -564,10 +569,9 @@ def evaluation_changes(old: dict[str, Any], cfg: RunConfig) -> list[str]:
     every_then = then.get("every")
     if every_then is None:
         every_then = old.get("checkpoint", {}).get("every")
-    every_now = cfg.eval.every if cfg.eval.every is not None else cfg.checkpoint.every
     out = []
-    if every_then != every_now:
-        out.append(f"evaluation every {every_then} steps → {every_now}")
+    if every_then != cfg.eval_every():
+        out.append(f"evaluation every {every_then} steps → {cfg.eval_every()}")
     if then.get("sequences") != cfg.eval.sequences:
         out.append(f"eval.sequences: {then.get('sequences')} → {cfg.eval.sequences}")
     return out

@@ -81,7 +81,7 @@ class EvalPlan:
 def plan_evaluation(ctx: TrainerContext, manifest: Manifest | None) -> EvalPlan:
     """Build the fixed evaluation set and decide the cadence (every rank)."""
     cfg, parts, counters = ctx.cfg, ctx.parts, ctx.counters
-    every = cfg.eval.every if cfg.eval.every is not None else cfg.checkpoint.every
+    every = cfg.eval_every()
     evaluator = Evaluator(
         parts.arms, cfg.model.block_size, cfg.eval.sequences, parts.micro_batch, ctx.platform.device
     )

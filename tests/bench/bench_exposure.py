@@ -47,7 +47,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from bench_mixing import LEARNABLE, write_inputs, write_results
+from bench_mixing import LEARNABLE, PLATEAU_MARGIN, smoothed, write_inputs, write_results
 
 from andrea.daemon.config import (
     PRESETS,
@@ -80,9 +80,6 @@ VARIANTS = (
 )
 #: The variants that cut the extra arm some steps after its plateau in the uniform run.
 CUTS = {"cut-at-plateau": 0, "cut-150": 150}
-#: Steps of the extra arm's training loss averaged to find its plateau, and how close to its final
-#: value the average comes there (bench_mixing.py's plateau_detection).
-SMOOTH, PLATEAU_MARGIN = 10, 0.02
 EARLY = (5, 12, 20, 35, 50)
 LATE_FRACTIONS = (2 / 3, 11 / 15, 4 / 5, 13 / 15, 14 / 15)
 #: The proxy's default lag W, and the steps of its own an arm needs to be measured
@@ -128,15 +125,12 @@ def measured_sequence(draws: list[float], four: list[str], until: int) -> list[s
 
 
 def plateau_step(losses: list[tuple[int, float]], fall: float | None = None) -> int:
-    """The first step at which the mean of the arm's last SMOOTH training losses (`losses`: its
+    """The first step at which the mean of the arm's last 10 training losses (`losses`: its
     steps and losses in order) is within PLATEAU_MARGIN of its final value; with `fall`, the first
     at which it has come that fraction of the way from its first loss down to its final value (an
     arm learnt towards 0 is within 2% of its final value only once it is within a few thousandths
     of a nat of it, often late in the run)."""
-    smooth = [
-        (s, statistics.fmean(x for _, x in losses[max(0, j - SMOOTH + 1) : j + 1]))
-        for j, (s, _) in enumerate(losses)
-    ]
+    smooth = smoothed(losses)
     final = smooth[-1][1]
     if fall is not None:
         level = final + (1 - fall) * (losses[0][1] - final)
@@ -276,7 +270,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="andrea-exposure-") as work:
         args.work_dir = work
         write_inputs(Path(work))
-        runs: list[dict] = []
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             # The cut variants need the uniform run of their seed: it runs first.
             first = [v for v in args.variants if v not in CUTS]

@@ -87,6 +87,9 @@ EXTRA = {"a": None, "b": "random", "c": "dup", "d": "letters", "e": "synth8"}
 PLATEAU = ("c", "d")
 #: Steps per window of the shares reported step by step (and of the plateau's detection).
 WINDOW = 100
+#: An arm's plateau: the first step at which the mean of its last SMOOTH training losses is within
+#: PLATEAU_MARGIN of its final (or lowest) value.
+SMOOTH, PLATEAU_MARGIN = 10, 0.02
 #: The stretch over which a rising held-out loss counts as forgetting.
 RISE = 300
 DUP_TEXT = b"The quick brown fox jumps over the lazy dog.\n"
@@ -254,6 +257,14 @@ def rising_shares(arms: list[str], evals: dict) -> dict[str, float | None]:
     return out
 
 
+def smoothed(own: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """An arm's (step, training loss) pairs, each loss replaced by the mean of its last SMOOTH."""
+    return [
+        (s, statistics.fmean(x for _, x in own[max(0, j - SMOOTH + 1) : j + 1]))
+        for j, (s, _) in enumerate(own)
+    ]
+
+
 def plateau_detection(case: str, curve: list[tuple[str, float]], k: int) -> dict | None:
     """For a plateau case, the extra arm's plateau and how long the bandit took to see it. The
     arm's training loss is smoothed over its last 10 steps; its plateau is the first step at which
@@ -265,14 +276,11 @@ def plateau_detection(case: str, curve: list[tuple[str, float]], k: int) -> dict
     own = [(s, loss) for s, (arm, loss) in enumerate(curve, start=1) if arm == extra]
     if case not in PLATEAU or not own:  # not a plateau case, or the arm left out
         return None
-    smooth = [
-        (s, statistics.fmean(x for _, x in own[max(0, j - 9) : j + 1]))
-        for j, (s, _) in enumerate(own)
-    ]
+    smooth = smoothed(own)
     arms = [arm for arm, _ in curve]
     out: dict = {}
     for name, level in (("final", smooth[-1][1]), ("floor", min(m for _, m in smooth))):
-        plateau = next(s for s, m in smooth if m <= level * 1.02)
+        plateau = next(s for s, m in smooth if m <= level * (1 + PLATEAU_MARGIN))
         detected = next(
             (
                 s
