@@ -5,7 +5,6 @@ estimated from the arms' files. Torch-free, and nothing is tokenized.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from andrea.daemon.config import ArmSpec, RunConfig
 from andrea.daemon.data import corpus
 from andrea.daemon.data.sources import DataError, arm_files
 from andrea.daemon.data.tokenizer import BYTES
-from andrea.daemon.rundir.boundedio import read_bounded
+from andrea.daemon.rundir.boundedio import read_json
 from andrea.daemon.rundir.layout import manifest_name
 
 #: Bytes a token of a trained (BPE) tokenizer stands for in English prose and code: the usual
@@ -39,7 +38,7 @@ def newest_manifest(run_dir: Path) -> dict | None:
     if not steps:
         return None
     try:
-        data = json.loads(read_bounded(run_dir / manifest_name(steps[0]), MAX_MANIFEST_BYTES))
+        data = read_json(run_dir / manifest_name(steps[0]), MAX_MANIFEST_BYTES)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,13 +19,20 @@ from pydantic import ValidationError
 
 from andrea.daemon.metrics.series import ema_update
 from andrea.daemon.mixing.proxyfiles import MAX_STATE_BYTES
-from andrea.daemon.rundir.boundedio import FileRejected, open_regular, read_bounded
+from andrea.daemon.rundir.boundedio import (
+    FileRejected,
+    open_regular,
+    read_bounded,
+    read_json,
+    regular_size,
+)
 from andrea.daemon.rundir.evallog import last_eval
 from andrea.daemon.rundir.layout import (
     EVAL_FILE,
     LOSS_FILE,
     MAX_MANIFEST_BYTES,
     STATE_FILE,
+    bin_name,
     lock_path,
     parse_checkpoint_name,
 )
@@ -131,11 +137,15 @@ def _newest_checkpoint(
     )
     for step, path in reversed(manifests):
         try:
-            data = json.loads(read_bounded(path, MAX_MANIFEST_BYTES))
+            data = read_json(path, MAX_MANIFEST_BYTES)
             created = datetime.fromisoformat(data["created_utc"]).astimezone(UTC)
             phase = int(data["mixing"]["phase"])
             trigger = str(data["trigger"])
-        except (OSError, ValueError, KeyError, TypeError):
+            # A cheap look, not a verification (status must answer at once beside a 1.4 GB
+            # payload): a checkpoint whose payload is gone or cut is not the resume point.
+            if regular_size(run_dir / bin_name(step)) != data["bin_size"]:
+                continue
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # a damaged manifest is not a checkpoint; the older one is
         info = CheckpointInfo(
             step=step, trigger=trigger, created=created, age_seconds=(now - created).total_seconds()
@@ -203,7 +213,7 @@ def _bandit_view(
     None for a fixed-mixture run (no state) and an unreadable one. The reward is None too in a
     state written before the reward could be chosen (no ``live_reward``)."""
     try:
-        state = json.loads(read_bounded(run_dir / STATE_FILE, MAX_STATE_BYTES))
+        state = read_json(run_dir / STATE_FILE, MAX_STATE_BYTES)
         fingerprint = str(state["bandit"]["policy_fingerprint"])
         phase = int(state["bandit"]["phase"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -15,7 +15,6 @@ or a directory) is unreadable, never followed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from pydantic import TypeAdapter
 
 from andrea.daemon.mixing.policy import MAX_POLICY_BYTES, Policy, PolicyError, parse_policy
 from andrea.daemon.mixing.proxyfiles import MAX_STATE_BYTES
-from andrea.daemon.rundir.boundedio import read_inside
+from andrea.daemon.rundir.boundedio import read_inside, read_json_inside
 from andrea.daemon.rundir.layout import (
     MAX_MANIFEST_BYTES,
     MAX_PIVOT_RECORD_BYTES,
@@ -75,7 +74,7 @@ _ZOMBIES = TypeAdapter(list[ZombieReport])
 
 def _read_json(run_dir: Path, path: Path, limit: int) -> dict:
     """A JSON file of the run, read where it lies (never through a link) and bounded."""
-    return json.loads(read_inside(run_dir, path.relative_to(run_dir), limit))
+    return read_json_inside(run_dir, path.relative_to(run_dir), limit)
 
 
 def _first_line(e: Exception) -> str:
@@ -128,8 +127,8 @@ def _audit_checkpoints(run_dir: Path, problems: list[str]) -> list[tuple[int, st
         except (OSError, ValueError, KeyError, TypeError) as e:
             problems.append(f"{path.name}: unreadable manifest ({_first_line(e)})")
             continue
-        if trigger in REQUESTED_TRIGGERS:
-            out.append((step, str(trigger)))
+        if isinstance(trigger, str) and trigger in REQUESTED_TRIGGERS:
+            out.append((step, trigger))
     return out
 
 

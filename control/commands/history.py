@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import math
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +13,7 @@ import numpy as np
 
 from andrea.daemon.metrics.series import arm_loss_ema
 from andrea.daemon.mixing.proxyfiles import MAX_SAMPLES_BYTES
-from andrea.daemon.rundir.boundedio import read_bounded
+from andrea.daemon.rundir.boundedio import read_json
 from andrea.daemon.rundir.evallog import canonical_evals, last_eval, read_evals
 from andrea.daemon.rundir.layout import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, pivot_records
 from andrea.daemon.rundir.losslog import LossCurve, read_curve
@@ -28,9 +27,19 @@ def _stamp(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0 or more)")
+    return value
+
+
 def _last_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--last", type=int, default=20, help="how many of the newest steps (0: all)"
+        "--last", type=_count, default=20, help="how many of the newest steps (0: all)"
     )
 
 
@@ -146,7 +155,7 @@ def _sample_files(run_dir: Path, all_phases: bool) -> list[Path]:
 
 def _read_records(path: Path) -> list[dict]:
     try:
-        return json.loads(read_bounded(path, MAX_SAMPLES_BYTES))["records"]
+        return read_json(path, MAX_SAMPLES_BYTES)["records"]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path}: not a samples file ({e})") from None
 

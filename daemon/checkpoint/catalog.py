@@ -9,7 +9,6 @@ pivot rolls back to, and the archive's reference) unless told to explicitly.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..rundir import layout as rundir
-from ..rundir.boundedio import read_bounded, read_inside, regular_size
+from ..rundir.boundedio import parse_json, read_inside, read_json, regular_size
 from .manager import checkpoint_steps, verify_checkpoint
 
 
@@ -36,9 +35,18 @@ class Entry:
         return self.state in ("ok", "size ok")
 
     def age_seconds(self, now: datetime) -> float | None:
-        if self.created_utc is None:
-            return None
-        return (now - datetime.fromisoformat(self.created_utc)).total_seconds()
+        created = _utc_time(self.created_utc)
+        return None if created is None else (now - created).total_seconds()
+
+
+def _utc_time(value: object) -> datetime | None:
+    """A manifest's `created_utc`, or None when it is not a time with its zone: a damaged
+    manifest's fields are shown, never trusted."""
+    try:
+        created = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return created if created is not None and created.tzinfo is not None else None
 
 
 def pivot_boundaries(run_dir: Path) -> set[int]:
@@ -48,14 +56,14 @@ def pivot_boundaries(run_dir: Path) -> set[int]:
         try:
             rel = record.relative_to(run_dir)
             raw = read_inside(run_dir, rel, rundir.MAX_PIVOT_RECORD_BYTES)
-            out.add(int(json.loads(raw)["boundary_step"]))
+            out.add(int(parse_json(raw, record)["boundary_step"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
 
 
 def _quick(run_dir: Path, step: int) -> tuple[dict, str]:
-    man = json.loads(read_bounded(run_dir / rundir.manifest_name(step), rundir.MAX_MANIFEST_BYTES))
+    man = read_json(run_dir / rundir.manifest_name(step), rundir.MAX_MANIFEST_BYTES)
     size = regular_size(run_dir / rundir.bin_name(step))
     if size != man["bin_size"]:
         return man, f"payload is {size} bytes, manifest says {man['bin_size']}"
@@ -79,7 +87,7 @@ def inventory(
             if verify and state == "size ok":
                 verify_checkpoint(run_dir, step)
                 state = "ok"
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             state = f"damaged: {e}"
         try:
             size = (run_dir / rundir.bin_name(step)).lstat().st_size
@@ -88,9 +96,9 @@ def inventory(
         out.append(
             Entry(
                 step=step,
-                trigger=str(man.get("trigger", "?")),
+                trigger=str(man.get("trigger", "?"))[:40],
                 bytes=size,
-                created_utc=man.get("created_utc"),
+                created_utc=man["created_utc"] if _utc_time(man.get("created_utc")) else None,
                 state=state,
                 pivot_boundary=step in boundaries,
             )
@@ -112,18 +120,21 @@ def plan_prune(
     boundaries: bool = False,
     newest: bool = False,
 ) -> Plan:
-    """Which checkpoints a prune removes: all but the newest `keep_latest` (or only `steps`), never
-    the newest intact one unless `newest`, never a pivot boundary unless `boundaries`, never a
-    damaged one (its files are evidence; the trainer reports and skips it)."""
+    """Which checkpoints a prune removes: all but the newest `keep_latest` intact ones (or only
+    `steps`), never the newest intact one unless `newest`, never a pivot boundary unless
+    `boundaries`, never a damaged one (its files are evidence; the trainer reports and skips it,
+    so it does not count among the kept: a run keeps `keep_latest` it can resume from)."""
     entries = sorted(entries, key=lambda e: e.step, reverse=True)
     newest_intact = next((e.step for e in entries if e.intact), None)
     keep: dict[int, str] = {}
     remove = []
-    for i, e in enumerate(entries):
+    kept_intact = 0
+    for e in entries:
         if steps is not None and e.step not in steps:
             keep[e.step] = "not named"
-        elif steps is None and i < keep_latest:
-            keep[e.step] = f"among the newest {keep_latest}"
+        elif steps is None and e.intact and kept_intact < keep_latest:
+            kept_intact += 1
+            keep[e.step] = f"among the newest {keep_latest} intact"
         elif not e.intact:
             keep[e.step] = "damaged (left for inspection)"
         elif e.step == newest_intact and not newest:

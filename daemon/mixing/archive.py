@@ -17,7 +17,7 @@ import tomli_w
 
 from andrea.protocol import messages
 
-from ..rundir.boundedio import read_bounded, read_inside
+from ..rundir.boundedio import read_bounded, read_inside, read_json_inside
 from ..rundir.durable import atomic_write_bytes
 from ..rundir.layout import (
     MAX_PIVOT_RECORD_BYTES,
@@ -73,7 +73,7 @@ def write_archive(run_dir: Path, boundary: int, old: Bandit, policy: Policy) -> 
 
 def _read_record(run_dir: Path, record: Path) -> dict:
     """A pivot record, read where it lies and bounded (FileRejected, a ValueError, otherwise)."""
-    return json.loads(read_inside(run_dir, record.relative_to(run_dir), MAX_PIVOT_RECORD_BYTES))
+    return read_json_inside(run_dir, record.relative_to(run_dir), MAX_PIVOT_RECORD_BYTES)
 
 
 def _pivot_records(run_dir: Path) -> list[tuple[Path, dict]]:

@@ -24,13 +24,12 @@ that the file alone says it from then on.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..rundir.boundedio import read_bounded
+from ..rundir.boundedio import read_json
 from ..rundir.durable import atomic_write_bytes
 from ..rundir.layout import LOSS_FILE, POLICY_FILE, STATE_FILE
 from .policy import (
@@ -59,7 +58,7 @@ def _state_policy(run_dir: Path) -> Policy | None:
     """The policy recorded in `.state.json`, or None (absent or unreadable: the proxy reports
     that itself when it starts)."""
     try:
-        data = json.loads(read_bounded(run_dir / STATE_FILE, MAX_STATE_BYTES))
+        data = read_json(run_dir / STATE_FILE, MAX_STATE_BYTES)
         return Policy.model_validate(data["bandit"]["policy"])
     except (OSError, ValueError, KeyError, TypeError, ValidationError):
         return None

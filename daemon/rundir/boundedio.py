@@ -18,9 +18,11 @@ Files a person names on the command line (`--config`, `--policy`) may be links
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 from pathlib import Path, PurePath
+from typing import Any
 
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -125,6 +127,26 @@ def read_inside(root: Path, relative: PurePath | str, limit: int) -> bytes:
         return _read_fd(fd, Path(root, relative), limit)
     finally:
         os.close(fd)
+
+
+def parse_json(raw: bytes | str, path: Path) -> Any:
+    """JSON of a run-directory file. ValueError naming `path` for anything that is not JSON, a
+    nesting too deep for the parser included (`[[[[…` in a bounded file exhausts Python's
+    recursion limit, a RecursionError that no reader expects)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply") from None
+
+
+def read_json(path: Path, limit: int, *, follow_symlinks: bool = False) -> Any:
+    """`read_bounded`, parsed as JSON (`parse_json`): ValueError when it is not JSON."""
+    return parse_json(read_bounded(path, limit, follow_symlinks=follow_symlinks), path)
+
+
+def read_json_inside(root: Path, relative: PurePath | str, limit: int) -> Any:
+    """`read_inside`, parsed as JSON (`parse_json`): ValueError when it is not JSON."""
+    return parse_json(read_inside(root, relative, limit), Path(root, relative))
 
 
 def regular_size(path: Path) -> int:

@@ -102,6 +102,13 @@ def test_an_arm_the_log_does_not_hold_is_a_usage_error(run: Path, capsys) -> Non
     assert code == EXIT_USAGE and "not allowed with argument" in err
 
 
+def test_a_negative_count_of_steps_is_a_usage_error(run: Path, capsys) -> None:
+    # `--last -3` was taken as Python's slice [-(-3):], which drops the first three steps.
+    code, out, err = history(capsys, run, "--last", "-3")
+    assert code == EXIT_USAGE and out == ""
+    assert "--last: '-3' is not a count (0 or more)" in err
+
+
 def test_the_schema_names_the_arm_and_its_ema(capsys) -> None:
     assert andreactl.main(["schema", "history"]) == 0
     schema = json.loads(capsys.readouterr().out)
