@@ -3,9 +3,11 @@
 Public surface: `save(snapshot, trigger)` and `load(expect)`, plus `due(step)` for the cadence.
 
 Write protocol (each step durable before the next):
-  payload `.bin.<pid>.tmp` (hashed on a second thread while written) → fsync → rename → fsync dir
-  → manifest `.json.<pid>.tmp` → fsync → rename → fsync dir.
+  payload `.bin.<pid>.tmp` (hashed on a second thread while written) → fsync → manifest
+  `.json.<pid>.tmp` → fsync → rename of the payload → fsync dir → rename of the manifest → fsync dir.
 The manifest is the commit marker: a payload without one is an interrupted write, never loaded.
+Everything that needs space is written before anything in place changes, so a full disk leaves an
+earlier checkpoint of the same step (one rewritten after a config change) untouched.
 Older checkpoints are deleted only after the new one is committed, on a background thread.
 
 `save` writes synchronously; `save_async` hands the same work to one background writer thread
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -32,8 +35,8 @@ from pydantic import ValidationError
 from ..config import CheckpointConfig, ModelConfig, config_changes, trajectory_of
 from ..data.tokenizer import describe_identity
 from ..rundir import layout as rundir
-from ..rundir.boundedio import FileRejected, read_bounded, regular_size
-from ..rundir.durable import atomic_write_bytes
+from ..rundir.boundedio import FileRejected, read_bounded, read_json, regular_size
+from ..rundir.durable import atomic_write_bytes, fsync_dir, stage
 from ..runtime.operator_requests import REQUESTED_TRIGGERS
 from ..runtime.validation_messages import first_problem
 from . import format as checkpoint_format
@@ -46,7 +49,7 @@ from .manifest import (
     decode_manifest,
     encode_manifest,
 )
-from .writer import BackgroundWriter, read_payload_into, write_payload
+from .writer import BackgroundWriter, read_payload_into, stage_payload
 
 log = logging.getLogger(__name__)
 
@@ -161,19 +164,16 @@ class CheckpointManager:
         written: whatever must reach the disk no later than the checkpoint (the loss log)."""
         bin_path = self.run_dir / rundir.bin_name(snap.step)
         man_path = self.run_dir / rundir.manifest_name(snap.step)
-        payload = snap.payload_bytes()
-        # A checkpoint of the same step from an earlier life is retired first, so that no moment
-        # exists where its manifest describes the new payload's bytes.
-        man_path.unlink(missing_ok=True)
-        digest = write_payload(bin_path, payload)
+        # Both files are staged, durable, beside whatever is in place: a full disk or a crash until
+        # the renames leaves an earlier checkpoint of the same step (rewritten after a config
+        # change) as it was. The renames need no space.
+        bin_tmp, digest = stage_payload(bin_path, snap.payload_bytes())
+        man_tmp: Path | None = None
         try:
-            size = bin_path.stat().st_size
+            size = bin_tmp.stat().st_size
             if size != checkpoint_format.payload_size(
                 snap.n_params
-            ) or checkpoint_format.read_header(bin_path) != (
-                snap.step,
-                snap.n_params,
-            ):
+            ) or checkpoint_format.read_header(bin_tmp) != (snap.step, snap.n_params):
                 raise OSError(f"{bin_path}: re-read does not match what was written")
             if before_commit is not None:
                 before_commit()
@@ -187,16 +187,37 @@ class CheckpointManager:
                 created_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
                 **snap.fields,
             )
-            atomic_write_bytes(man_path, encode_manifest(manifest))
+            data = encode_manifest(manifest)
+            man_tmp = stage(man_path, lambda f: f.write(data))
+            # When the bytes in place are these bytes, the old manifest stays true of them until
+            # the new one replaces it, and the step is never without a checkpoint; otherwise it
+            # must never describe the new payload's bytes, and goes first.
+            if not self._same_payload(snap.step, digest):
+                man_path.unlink(missing_ok=True)
+            os.replace(bin_tmp, bin_path)
+            fsync_dir(self.run_dir)  # the payload's name is durable before the commit's
+            os.replace(man_tmp, man_path)
+            fsync_dir(self.run_dir)
         except BaseException:
-            # Not committed: the payload is removed, so that a failed save (a full disk) leaves
-            # nothing behind that holds space or looks like a lost checkpoint at the next start.
-            bin_path.unlink(missing_ok=True)
+            bin_tmp.unlink(missing_ok=True)
+            if man_tmp is not None:
+                man_tmp.unlink(missing_ok=True)
+            # A payload renamed without its manifest (a failed rename) is not a checkpoint, and
+            # would hold space and look like a lost one at the next start.
+            if bin_path.exists() and not man_path.exists():
+                bin_path.unlink(missing_ok=True)
             raise
         with self._lock:
             self._triggers[snap.step] = trigger
             self._retire()
         return manifest
+
+    def _same_payload(self, step: int, digest: str) -> bool:
+        """Whether the checkpoint of `step` in place has a manifest that names these bytes."""
+        try:
+            return read_manifest(self.run_dir, step, rng_trial=False).bin_sha256 == digest
+        except (OSError, ValueError):
+            return False
 
     # ---- background writes -----------------------------------------------------------------
 
@@ -240,14 +261,44 @@ class CheckpointManager:
         if self._writer is not None:
             self._writer.wait()
 
-    def mark_requested(self, step: int, trigger: Trigger) -> None:
-        """Turn an existing checkpoint into an operator-requested one (kept as an audit point)."""
+    def mark_requested(self, step: int, trigger: Trigger) -> bool:
+        """Turn an existing checkpoint into an operator-requested one (kept as an audit point).
+        False when the run directory no longer holds it intact (a person pruned or damaged it):
+        the caller writes it again. A manifest that cannot be rewritten (a full disk) keeps its
+        old trigger, with a warning: the checkpoint itself is intact."""
         man_path = self.run_dir / rundir.manifest_name(step)
         with self._lock:
-            manifest = decode_manifest(read_bounded(man_path, MAX_MANIFEST_BYTES))
-            updated = manifest.model_copy(update={"trigger": trigger})
-            atomic_write_bytes(man_path, encode_manifest(updated))
+            if (manifest := self._present(step)) is None:
+                return False
+            try:
+                atomic_write_bytes(
+                    man_path, encode_manifest(manifest.model_copy(update={"trigger": trigger}))
+                )
+            except OSError as e:
+                log.warning(
+                    "checkpoint %d could not be marked %s (%s); it stays %s and may be retired",
+                    step,
+                    trigger,
+                    e,
+                    manifest.trigger,
+                )
+                return True
             self._triggers[step] = trigger
+            return True
+
+    def holds(self, step: int) -> bool:
+        """Whether the run directory still has a checkpoint of `step` (its manifest and a payload of
+        the declared size: a cheap look, not a verification)."""
+        return self._present(step) is not None
+
+    def _present(self, step: int) -> Manifest | None:
+        try:
+            manifest = read_manifest(self.run_dir, step, rng_trial=False)
+            if regular_size(self.run_dir / manifest.bin_file) == manifest.bin_size:
+                return manifest
+        except (OSError, ValueError):
+            pass
+        return None
 
     # ---- retention -------------------------------------------------------------------------
 
@@ -406,7 +457,7 @@ class CheckpointManager:
     def _read_trigger(self, step: int) -> str:
         try:
             path = self.run_dir / rundir.manifest_name(step)
-            return json.loads(read_bounded(path, MAX_MANIFEST_BYTES))["trigger"]
+            return read_json(path, MAX_MANIFEST_BYTES)["trigger"]
         except (OSError, ValueError, KeyError, TypeError):
             return "cadence"
 

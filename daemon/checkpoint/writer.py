@@ -119,9 +119,24 @@ def _as_bytes_view(buf: np.ndarray) -> memoryview:
 def write_payload(path: Path, payload: np.ndarray) -> str:
     """Create `path` atomically with the bytes of `payload` and return their SHA-256 hex digest.
 
-    temporary file → large writes (hashed on a second thread as they go out, writeback started per
-    chunk) → fsync → rename → fsync of the directory. On any error the temporary file is removed and
-    an existing `path` is untouched.
+    `stage_payload`, then rename → fsync of the directory. On any error the temporary file is
+    removed and an existing `path` is untouched.
+    """
+    tmp, digest = stage_payload(path, payload)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return digest
+
+
+def stage_payload(path: Path, payload: np.ndarray) -> tuple[Path, str]:
+    """The bytes of `payload` in `path`'s temporary file, durable but not yet in place, and their
+    SHA-256 hex digest: temporary file → large writes (hashed on a second thread as they go out,
+    writeback started per chunk) → fsync. The caller renames it over `path` or removes it. On any
+    error the temporary file is removed and an existing `path` is untouched.
     """
     view = _as_bytes_view(payload)
     size = len(view)
@@ -150,7 +165,6 @@ def write_payload(path: Path, payload: np.ndarray) -> str:
         os.close(fd)
         fd = -1
         digest, hasher = hasher.hexdigest(), None
-        os.replace(tmp, path)
     except BaseException:
         if hasher is not None:
             hasher.abandon()
@@ -158,8 +172,7 @@ def write_payload(path: Path, payload: np.ndarray) -> str:
             os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
-    return digest
+    return tmp, digest
 
 
 def read_payload_into(

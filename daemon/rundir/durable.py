@@ -31,6 +31,18 @@ def atomic_write(path: Path, fill: Callable[[BinaryIO], object]) -> None:
     `fill` writes the content to the open temporary file. On error the temporary file is removed
     and the old file (if any) is untouched.
     """
+    tmp = stage(path, fill)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def stage(path: Path, fill: Callable[[BinaryIO], object]) -> Path:
+    """`path`'s temporary file, filled by `fill` and fsynced, not yet in place: the caller renames
+    it over `path` (a commit that needs no more space) or removes it. On error nothing is left."""
     tmp = tmp_path(path)
     # The temporary's name is known in advance: a link planted there is refused (ELOOP), never
     # written through.
@@ -40,11 +52,10 @@ def atomic_write(path: Path, fill: Callable[[BinaryIO], object]) -> None:
             fill(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    return tmp
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -254,6 +254,7 @@ def open_sink(ctx: TrainerContext, manifest: Manifest | None) -> RecordSink:
         sink, counters.segment = FileSink.open(run_dir, parts.mixture, prior)
         return sink
     # The proxy owns .loss.json and numbers the segments (it sees every life's records).
+    counters.segment = _provisional_segment(run_dir, manifest)
     link = ProxyLink(
         peer_endpoint(run_dir, "proxy"), counters.step, cfg.seed, [a.name for a in parts.arms]
     )
@@ -263,3 +264,20 @@ def open_sink(ctx: TrainerContext, manifest: Manifest | None) -> RecordSink:
         link.submit_eval(record)
     link.start()
     return ProxySink(link, counters, parts.arm_index)
+
+
+def _provisional_segment(run_dir: Path, manifest: Manifest | None) -> int:
+    """Proxy mode: the life a checkpoint records if one is taken before the proxy has numbered
+    this life (a stop after an accepted config change rewrites the resumed step): one more than
+    any life the checkpoint or the log knows, as fixed mode numbers it. A life of its own, so that
+    the resume check never compares the cursors with draws of the earlier lives, made under the
+    old config (crosscheck.py). The proxy's number replaces it at the first assignment; 0 for a
+    fresh run, which has nothing to checkpoint before its first step."""
+    if manifest is None:
+        return 0
+    loss_path = run_dir / LOSS_FILE
+    try:
+        tail = last_entry(loss_path) if loss_path.exists() else None
+    except (LossLogError, OSError):
+        tail = None  # the proxy repairs or refuses its log; the checkpoint's own life still counts
+    return max(manifest.progress.segment, tail.segment if tail else 0) + 1

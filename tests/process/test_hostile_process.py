@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from andrea.daemon.checkpoint.manager import verify_checkpoint
 from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
@@ -124,3 +125,29 @@ def test_disk_full(small_disk: Path, cache_dir: Path, mode: list[str]) -> None:
     curve = canonical_curve(read_entries(run_dir / rundir.LOSS_FILE))
     assert [e.step for e in curve[: last + 3]] == list(range(1, last + 4))
     assert {e.segment for e in curve[last : last + 3]} == {2}
+
+
+def test_a_rewrite_of_the_resumed_step_on_a_full_disk_keeps_its_checkpoint(
+    small_disk: Path, cache_dir: Path
+) -> None:
+    """An accepted config change rewrites the resumed step's checkpoint at the stop (it must carry
+    the new config). On a full disk that write fails with exit 3, and the old checkpoint must still
+    be there: it was unlinked first, and the next start began the run again from step 0."""
+    run_dir = small_disk / "run"
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "6", "--checkpoint-every", "6")
+    assert res.returncode == ExitCode.OK, res.stderr
+    filler = _fill(small_disk)
+    os.truncate(filler, filler.stat().st_size - 64 * 1024)  # room for run.toml, not a payload
+    change = ("--seed", "5", "--allow-config-change")
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "6", *change)
+    assert res.returncode == ExitCode.CHECKPOINT_FAILED, res.stderr
+    assert "the newest valid checkpoint is step 6" in res.stderr and "Traceback" not in res.stderr
+    manifest, _ = verify_checkpoint(run_dir, 6)
+    assert manifest.trigger == "cadence" and manifest.config["seed"] != 5
+    assert sorted(p.name for p in run_dir.glob("step_*")) == ["step_000006.bin", "step_000006.json"]
+    filler.unlink()
+    res = run_trainer(run_dir, cache_dir, "--max-steps", "8", *change)
+    assert res.returncode == ExitCode.OK, res.stderr
+    assert f"resumed from {rundir.bin_name(6)}" in res.stderr
+    curve = canonical_curve(read_entries(run_dir / rundir.LOSS_FILE))
+    assert [e.step for e in curve] == list(range(1, 9))

@@ -149,9 +149,14 @@ class Checkpointer:
         self.wait_for_write()
         step = self.ctx.counters.step
         if self.ctx.counters.last_saved == step:
-            store.manager.mark_requested(step, trigger)
-            log.info("checkpoint of step %d already written; kept as requested (%s)", step, trigger)
-            return
+            if store.manager.mark_requested(step, trigger):
+                log.info(
+                    "checkpoint of step %d already written; kept as requested (%s)", step, trigger
+                )
+                return
+            log.warning(
+                "the checkpoint of step %d is gone from the run directory; writing it", step
+            )
         try:
             with self.ctx.notifier.keepalive(f"writing checkpoint of step {step} ({trigger})"):
                 self.write(trigger, ranks)
@@ -187,10 +192,14 @@ class Checkpointer:
         # A checkpoint request that came with the stop is served by the final checkpoint, which
         # then counts as requested (an audit point kept by retention).
         requested = agreed.checkpoint
-        if requested is not None and c.step > c.last_saved:
+        # After an accepted config change the newest checkpoint must carry the new config, or the
+        # next plain restart would be refused against the old one: it is written again. So is one
+        # a person removed (`andreactl prune --include-newest`) while the trainer ran.
+        rewrite = c.step > 0 and (self.config_changed or not store.manager.holds(c.step))
+        if requested is not None and (c.step > c.last_saved or rewrite):
             trigger = requested
         elif requested is not None and c.step > 0:
-            store.manager.mark_requested(c.step, requested)
+            rewrite = not store.manager.mark_requested(c.step, requested)
         if self.sink.unlogged is not None and not self.sink.retry_unlogged():
             log.error(
                 "no final checkpoint: the loss of step %d could not be written; the newest valid"
@@ -199,9 +208,7 @@ class Checkpointer:
                 c.last_saved or "none",
             )
             return ExitCode.CHECKPOINT_FAILED
-        # After an accepted config change the newest checkpoint must carry the new config, or the
-        # next plain restart would be refused against the old one: it is written again.
-        if c.step <= c.last_saved and not (self.config_changed and c.step > 0):
+        if c.step <= c.last_saved and not rewrite:
             log.info("step %d is already checkpointed; nothing to write", c.step)
             return ExitCode.OK
         try:
