@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import os
 import re
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -90,9 +91,12 @@ def manifest_name(step: int) -> str:
 
 
 def parse_checkpoint_name(name: str) -> tuple[int, str] | None:
-    """(step, "bin"|"json") for a checkpoint file name, None for anything else."""
+    """(step, "bin"|"json") for a checkpoint file name, None for anything else: a name the trainer
+    would not write (`step_0000030.json`, a step padded past six digits) is not a checkpoint."""
     m = _CHECKPOINT_NAME.match(name)
-    return (int(m.group(1)), m.group(2)) if m else None
+    if m is None or name != f"{checkpoint_stem(int(m.group(1)))}.{m.group(2)}":
+        return None
+    return int(m.group(1)), m.group(2)
 
 
 def corrupt_name(name: str, when: int) -> str:
@@ -280,19 +284,36 @@ def _fallback_dir(run_dir: Path) -> Path:
     with a random name under the temporary directory (mkdtemp: owner-only, never a name another
     user could create first). The caller records it."""
     recorded = _read_record(run_dir)
-    if recorded is not None and _usable(recorded):
+    if recorded is not None and _usable(recorded) and _serves(recorded, run_dir):
         return recorded
     digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    d: Path | None = None
     for base in _runtime_bases():
         try:
             _check_dir(base, _own_uid())
         except SocketDirError:
             continue
         if _usable(base / f"andrea-{digest}"):
-            return base / f"andrea-{digest}"
-    d = Path(tempfile.mkdtemp(prefix=f"andrea-{_own_uid()}-"))
-    _check_dir(d, _own_uid())
+            d = base / f"andrea-{digest}"
+            break
+    if d is None:
+        d = Path(tempfile.mkdtemp(prefix=f"andrea-{_own_uid()}-"))
+        _check_dir(d, _own_uid())
+    (d / _OWNER_FILE).write_text(f"{run_dir.resolve()}\n", encoding="utf-8")
     return d
+
+
+#: In a fallback socket directory: the run directory it serves. A run directory copied with its
+#: .socket-dir names the original's directory, whose sockets must stay the original's.
+_OWNER_FILE = "run-dir"
+
+
+def _serves(d: Path, run_dir: Path) -> bool:
+    try:
+        owner = read_bounded(d / _OWNER_FILE, _MAX_RECORD).decode().strip()
+    except (OSError, ValueError):
+        return False
+    return owner == str(run_dir.resolve())
 
 
 def _read_record(run_dir: Path) -> Path | None:
@@ -398,8 +419,30 @@ def find_socket_dir(run_dir: Path) -> Path:
 
 def endpoint(run_dir: Path, role: str) -> str:
     """The ZeroMQ endpoint a `role` daemon ("trainer" or "proxy") binds (creates and records the
-    socket directory)."""
-    return f"ipc://{socket_dir(run_dir)}/{role}.sock"
+    socket directory). SocketDirError when a live daemon already listens there: binding would take
+    its socket over (two runs given one $ANDREA_SOCKET_DIR), and its clients would reach this one."""
+    path = socket_dir(run_dir) / f"{role}.sock"
+    if _listening(path):
+        raise SocketDirError(
+            f"{path}: another {role} listens there (another run with the same socket directory?)"
+            f"{_AVOID}, one per run"
+        )
+    return f"ipc://{path}"
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket `path` (a stale one refuses)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)  # a full backlog blocks a connect: a daemon too busy to accept is alive
+    try:
+        probe.connect(os.fsencode(path))
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def peer_endpoint(run_dir: Path, role: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 from andrea.daemon.rundir.layout import (
     SOCKET_DIR_RECORD,
     SocketDirError,
+    endpoint,
     find_socket_dir,
     socket_dir,
 )
@@ -184,7 +186,7 @@ def test_a_recorded_directory_another_user_took_over_is_not_used(
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     run = _long_run(tmp_path)
     first = socket_dir(run)
-    first.rmdir()
+    shutil.rmtree(first)
     first.mkdir()
     os.chown(first, OTHER_UID, OTHER_UID)
     with pytest.raises(SocketDirError, match=f"owned by uid {OTHER_UID}"):
@@ -195,6 +197,57 @@ def test_a_recorded_directory_another_user_took_over_is_not_used(
     assert second != first and second.parent == runtime
     assert os.stat(second).st_uid == os.geteuid() and mode(second) == 0o700
     assert find_socket_dir(run) == second
+
+
+@pytest.mark.parametrize("runtime_dir", [True, False], ids=["runtime-dir", "tmp"])
+def test_a_copied_run_directory_gets_sockets_of_its_own(
+    tmp_path: Path, runtime: Path, monkeypatch, runtime_dir: bool
+) -> None:
+    """A run directory too long for RUN_DIR/.sock, copied with its .socket-dir (cp -a, rsync):
+    the copy's record names the original's directory, which must stay the original's, or the two
+    trainers would bind one socket and andreactl would stop the wrong one."""
+    monkeypatch.delenv("ANDREA_SOCKET_DIR", raising=False)
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    if runtime_dir:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    else:
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    original = _long_run(tmp_path)
+    first = socket_dir(original)
+    copy = original.with_name(original.name + "-copy")
+    shutil.copytree(original, copy)
+    assert (copy / SOCKET_DIR_RECORD).read_text() == f"{first}\n"
+    second = socket_dir(copy)
+    assert second != first and mode(second) == 0o700
+    assert find_socket_dir(copy) == second and find_socket_dir(original) == first
+    assert socket_dir(original) == first  # each keeps its own from then on
+    assert socket_dir(copy) == second
+    shutil.rmtree(second, ignore_errors=True)
+    shutil.rmtree(first, ignore_errors=True)
+
+
+def test_a_socket_a_live_daemon_listens_on_is_never_taken_over(tmp_path: Path, monkeypatch) -> None:
+    """Two runs given one $ANDREA_SOCKET_DIR: the second daemon of a role must not bind over the
+    first's socket (ZeroMQ would unlink it silently); a stale socket, of a daemon gone, is reused."""
+    shared = tmp_path / "sockets"
+    monkeypatch.setenv("ANDREA_SOCKET_DIR", str(shared))
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    run_a.mkdir()
+    run_b.mkdir()
+    path = Path(endpoint(run_a, "trainer").removeprefix("ipc://"))
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        live.bind(str(path))
+        live.listen()
+        with pytest.raises(
+            SocketDirError, match=r"another trainer listens there.*ANDREA_SOCKET_DIR"
+        ):
+            endpoint(run_b, "trainer")
+        assert endpoint(run_b, "proxy") == f"ipc://{shared}/proxy.sock"  # another role: free
+    finally:
+        live.close()
+    assert path.exists()  # closed, not unlinked: the socket of a daemon that is gone
+    assert endpoint(run_b, "trainer") == f"ipc://{path}"
 
 
 def test_a_refusal_names_the_variable_that_avoids_it(tmp_path: Path, monkeypatch) -> None:
