@@ -627,11 +627,15 @@ def resume_problems(m: Manifest, expect: Expectation) -> list[str]:
             if expect.trajectory is not None
             else []
         )
-        out.append(
-            "training config differs from the checkpoint's: "
-            + ("; ".join(changes) if changes else "(optimizer, batch, seed, data or mixing)")
-            + "; pass --allow-config-change to continue under the new one on purpose"
-        )
+        if m.model != expect.model:
+            # No flag resumes another model (its line above): the hint is for the rest alone.
+            changes = [c for c in changes if not c.startswith("model.")]
+        if changes or m.model == expect.model:
+            out.append(
+                "training config differs from the checkpoint's: "
+                + ("; ".join(changes) if changes else "(optimizer, batch, seed, data or mixing)")
+                + "; pass --allow-config-change to continue under the new one on purpose"
+            )
     return out
 
 

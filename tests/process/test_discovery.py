@@ -138,6 +138,8 @@ def test_different_preset_is_refused_with_the_difference_named(
     res = run_trainer(run_dir, cache_dir, "--max-steps", "25")
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
     assert "model config differs" in res.stderr and "n_layer: 2 → 3" in res.stderr
+    # No flag resumes another model: the refusal does not suggest one.
+    assert "--allow-config-change" not in res.stderr, res.stderr
 
 
 def test_changed_data_is_refused_with_the_arm_named(
