@@ -21,7 +21,6 @@ The rooms: this module is the process (lock, socket, the duty-cycled loop, routi
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import time
@@ -34,7 +33,7 @@ from andrea.protocol.transport import bind_router, close_router
 
 from ..rundir.layout import claim, endpoint
 from ..runtime.dutycycle import Burst
-from ..runtime.exitcodes import ExitCode
+from ..runtime.exitcodes import ExitCode, disk_full
 from ..runtime.logthrottle import ThrottledWarning
 from ..runtime.operator_requests import OperatorRequests
 from ..runtime.peer_frames import Rejected, decode_or_reject
@@ -152,7 +151,7 @@ class Proxy(ProxyRunState):
             # A file could not be written. The request was not acknowledged, so the trainer
             # keeps its records; a restart repairs (.loss.json's tail, a pivot half done) and
             # goes on. A full disk is told apart: restarting before space is freed cannot help.
-            full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            full = disk_full(e)
             self.exit_code = ExitCode.CHECKPOINT_FAILED if full else ExitCode.FAILURE
             log.error(
                 "cannot write the run's files (%s); stopping with exit code %d%s; nothing"

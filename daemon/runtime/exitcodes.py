@@ -31,6 +31,14 @@ NO_RESTART = (ExitCode.CONFIG_ERROR, ExitCode.RESUME_REFUSED, ExitCode.DATA_ERRO
 #: Permission problems do not go away by themselves: a restart would only repeat them.
 _PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
+#: A full disk (or quota, or file size limit): CHECKPOINT_FAILED wherever it strikes, freeing
+#: space cures it.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
 
 #: How torch reports an allocation that failed as a plain RuntimeError: the CPU allocator (a model
 #: built too large), CUDA's caching allocator and the CUDA runtime.
@@ -61,6 +69,10 @@ def for_unexpected(exc: BaseException) -> tuple[ExitCode, str]:
             f"out of memory ({exc!r}); exit 2, not restarted: the model or its batch does not fit"
             " this machine: lower --batch-size, use a smaller --preset, or a smaller [model]"
             " vocab_size (`andreactl plan` sizes them)"
+        )
+    if disk_full(exc):
+        return ExitCode.CHECKPOINT_FAILED, (
+            f"{exc}; exit 3: free space, then restart; the newest valid checkpoint is resumed"
         )
     if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
         return ExitCode.CONFIG_ERROR, (

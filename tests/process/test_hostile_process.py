@@ -151,3 +151,13 @@ def test_a_rewrite_of_the_resumed_step_on_a_full_disk_keeps_its_checkpoint(
     assert f"resumed from {rundir.bin_name(6)}" in res.stderr
     curve = canonical_curve(read_entries(run_dir / rundir.LOSS_FILE))
     assert [e.step for e in curve] == list(range(1, 9))
+
+
+def test_a_full_disk_at_the_start_is_exit_3(small_disk: Path, cache_dir: Path) -> None:
+    """docs/operations.md: a full disk is exit 3 wherever it strikes (restarted: freeing space
+    cures it), the start included, where it was a configuration error (exit 2, never restarted)."""
+    _fill(small_disk)
+    res = run_trainer(small_disk / "run", cache_dir, "--max-steps", "3")
+    assert res.returncode == ExitCode.CHECKPOINT_FAILED, res.stderr
+    assert "No space left on device" in res.stderr and "free space" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 
@@ -31,7 +32,6 @@ def test_errors_a_restart_cannot_cure_are_not_restarted(exc: BaseException) -> N
 @pytest.mark.parametrize(
     "exc",
     [
-        OSError(errno.ENOSPC, "No space left on device"),  # space may be freed
         OSError(errno.EIO, "Input/output error"),
         RuntimeError("something nobody foresaw"),
     ],
@@ -40,6 +40,14 @@ def test_other_errors_exit_1_and_say_that_the_start_limit_ends_a_loop(exc: BaseE
     code, advice = for_unexpected(exc)
     assert code == ExitCode.FAILURE
     assert "start limit" in advice and repr(exc) in advice
+
+
+@pytest.mark.parametrize("number", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG])
+def test_a_full_disk_is_exit_3_wherever_it_strikes(number: int) -> None:
+    # Space may be freed: restarted (not in NO_RESTART), and the advice says what cures it.
+    code, advice = for_unexpected(OSError(number, os.strerror(number)))
+    assert code == ExitCode.CHECKPOINT_FAILED and code not in NO_RESTART
+    assert "free space" in advice
 
 
 def test_torchs_failed_cpu_allocation_is_not_restarted() -> None:

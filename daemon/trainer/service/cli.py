@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from andrea.daemon.rundir.layout import CONFIG_FILE
 from andrea.daemon.runtime.cliargs import add_log_level_argument, add_run_dir_argument
-from andrea.daemon.runtime.exitcodes import ExitCode, for_unexpected
+from andrea.daemon.runtime.exitcodes import ExitCode, disk_full, for_unexpected
 from andrea.daemon.runtime.logsetup import setup_logging
 from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.daemon.runtime.sdnotify import Notifier
@@ -203,6 +203,9 @@ def run(args: argparse.Namespace, flags: OperatorRequests, world: World | None =
         plan = plan_start(args, world)
     except (ConfigError, OSError) as e:
         # Before the process group exists: torchrun's agent sees this rank fail and stops the others.
+        if disk_full(e):
+            log.error("%s; exit 3: free space, then start again", e)
+            return ExitCode.CHECKPOINT_FAILED
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
     except StartRefused as e:
