@@ -34,11 +34,12 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Iterator
-from glob import glob
 from pathlib import Path
 
 from ..config import DEFAULT_MAX_DOCUMENT_BYTES, ArmSpec
 from ..rundir.boundedio import FileRejected, open_regular
+from ..rundir.layout import ARCHIVE_DIR, is_run_file
+from .globbing import expand, split_pattern
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +78,7 @@ Roots = tuple[Path, ...] | None
 def link_roots(patterns: list[str], base: Path) -> tuple[Path, ...]:
     """The directories of `patterns` (relative to `base`), resolved: each glob's part before its
     first wildcard (a pattern without one names its file: whatever it is, it was named)."""
-    roots = []
-    for pattern in patterns:
-        path = base / Path(pattern).expanduser()
-        fixed = []
-        for part in path.parts:
-            if any(c in part for c in "*?["):
-                break
-            fixed.append(part)
-        roots.append(Path(*fixed) if len(fixed) < len(path.parts) else path)
+    roots = [split_pattern(pattern, base)[0] for pattern in patterns]
     return tuple(sorted({Path(os.path.realpath(r)) for r in roots}))
 
 
@@ -241,13 +234,8 @@ def arm_files(spec: ArmSpec, base: Path) -> tuple[list[Path], Path]:
     that a `**` glob matches are passed over; so is anything that is not a file (a FIFO, a
     socket), which `stat` tells without opening it. A link that leads out of the arm's directory
     and the run's is refused (`check_link`) before any file is read."""
-    files = sorted(
-        {
-            Path(p)
-            for pat in spec.paths
-            for p in glob(str(base / pat), recursive=True)
-            if Path(p).is_file()
-        }
+    files = _distinct(
+        sorted({p for pat in spec.paths for p in expand(pat, base) if p.is_file()}), base
     )
     if not files:
         raise DataError(f"arm {spec.name!r}: no files match {spec.paths} (relative to {base})")
@@ -255,6 +243,29 @@ def arm_files(spec: ArmSpec, base: Path) -> tuple[list[Path], Path]:
     for f in files:
         check_link(f, roots)
     return files, Path(os.path.commonpath([f.parent for f in files]))
+
+
+def _distinct(files: list[Path], base: Path) -> list[Path]:
+    """`files` without the run directory's own files (its config, policy, checkpoints and pivot
+    archives change as it runs: an arm of `*` beside them trained on run.toml and was refused at
+    every restart) and without a second name of one file (the first name, in order, stays).
+    DataError for a name that is not UTF-8: a document's id is its path, and it must be text."""
+    run_dir, seen, out = os.path.realpath(base), set(), []
+    archive = os.path.join(run_dir, ARCHIVE_DIR, "")
+    for f in files:
+        try:
+            os.fsencode(f).decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataError(
+                f"{os.fsencode(f)!r}: a file name that is not UTF-8; rename it"
+            ) from None
+        real = os.path.realpath(f)
+        own = os.path.dirname(real) == run_dir and is_run_file(os.path.basename(real))
+        if real in seen or own or real.startswith(archive):
+            continue
+        seen.add(real)
+        out.append(f)
+    return out
 
 
 def text_documents(

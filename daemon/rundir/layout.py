@@ -99,6 +99,17 @@ def parse_checkpoint_name(name: str) -> tuple[int, str] | None:
     return int(m.group(1)), m.group(2)
 
 
+def is_run_file(name: str) -> bool:
+    """Whether a file of this name directly in a run directory is the run's own (its config,
+    policy, checkpoints, their temporaries, the daemons' dot files), never data."""
+    return (
+        name in (CONFIG_FILE, POLICY_FILE)
+        or name.startswith(".")
+        or parse_checkpoint_name(name) is not None
+        or (name.startswith("step_") and name.endswith(".tmp"))
+    )
+
+
 def corrupt_name(name: str, when: int) -> str:
     """Where an unreadable satellite file is moved aside (`NAME.corrupt-<unix time>`)."""
     return f"{name}.corrupt-{when}"
