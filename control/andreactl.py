@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 from andrea.daemon.rundir.boundedio import FileRejected
 from andrea.daemon.rundir.layout import RUN_DIR_ENV, SocketDirError
 from andrea.daemon.rundir.losslog import LossLogError
+from andrea.daemon.runtime.cliargs import run_dir_path
 
 from .commands import (
     checkpoints,
@@ -135,7 +136,10 @@ def _add_global_options(parser: argparse.ArgumentParser, in_command: bool) -> No
     unset = argparse.SUPPRESS if in_command else None
     group = parser.add_argument_group("global options (before or after the command)")
     group.add_argument(
-        "--run-dir", type=Path, default=unset, help=f"the run directory (default: ${RUN_DIR_ENV})"
+        "--run-dir",
+        type=run_dir_path,
+        default=unset,
+        help=f"the run directory (default: ${RUN_DIR_ENV})",
     )
     group.add_argument(
         "--json",

@@ -98,7 +98,8 @@ def _prune_arguments(parser: argparse.ArgumentParser) -> None:
 def _steps(args: argparse.Namespace) -> set[int] | None:
     """The steps of --steps, or None for all older ones."""
     try:
-        return {int(x) for x in args.steps.split(",")} if args.steps else None
+        # An empty --steps (an unset shell variable) names no step: never "all older ones".
+        return {int(x) for x in args.steps.split(",")} if args.steps is not None else None
     except ValueError:
         raise UserError(
             f"--steps takes step numbers separated by commas, not {args.steps!r}"

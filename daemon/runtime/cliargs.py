@@ -14,12 +14,20 @@ def add_run_dir_argument(parser: argparse.ArgumentParser) -> None:
     from_env = os.environ.get(RUN_DIR_ENV)
     parser.add_argument(
         "--run-dir",
-        type=Path,
+        type=run_dir_path,
         required=not from_env,
         default=Path(from_env) if from_env else None,
         metavar="DIR",
         help=f"the run's directory (created if missing; default: ${RUN_DIR_ENV})",
     )
+
+
+def run_dir_path(text: str) -> Path:
+    """`--run-dir`'s value: an empty one (an unset shell variable, `--run-dir "$RUN"`) is refused;
+    `Path("")` is the current directory, which would have become the run's."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty run directory; name one")
+    return Path(text)
 
 
 def add_log_level_argument(parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,28 @@ def test_metrics_export_never_writes_through_a_link(tmp_path: Path, capsys) -> N
         assert _code(argv) == 2, fmt
         assert "symbolic link" in capsys.readouterr().err
         assert not target.exists() and os.readlink(link) == str(target)
+
+
+@pytest.mark.parametrize(
+    "parser",
+    [trainer_cli.build_parser, proxy_cli.build_parser],
+    ids=["andrea-trainer", "andrea-proxy"],
+)
+def test_an_empty_run_directory_is_refused_not_taken_as_the_current_one(
+    parser: Callable[[], argparse.ArgumentParser], capsys
+) -> None:
+    # `--run-dir "$RUN"` with RUN unset: Path("") is ".", which became the run directory.
+    with pytest.raises(SystemExit) as exit:
+        parser().parse_args(["--run-dir", ""])
+    assert exit.value.code == 2
+    assert "--run-dir: an empty run directory; name one" in capsys.readouterr().err
+
+
+def test_andreactl_refuses_an_empty_run_directory_and_an_empty_list_of_steps(
+    tmp_path: Path, capsys
+) -> None:
+    assert andreactl.main(["--run-dir", "", "status"]) == 2
+    assert "an empty run directory" in capsys.readouterr().err
+    # An empty --steps named all older checkpoints: it names none, a usage error.
+    assert andreactl.main(["--run-dir", str(tmp_path), "prune", "--steps", "", "--dry-run"]) == 2
+    assert "--steps takes step numbers" in capsys.readouterr().err
