@@ -123,7 +123,13 @@ class ArmSpec(_Strict):
     field: str | None = Field(
         None, min_length=1, description='jsonl arms: the field holding the text (default "text")'
     )
-    weight: float = Field(1.0, ge=0, description="share in the fixed mixture")
+    weight: float = Field(
+        1.0,
+        ge=0,
+        le=1e6,
+        allow_inf_nan=False,  # inf or 1e308 overflows the normalised shares: one arm took them all
+        description="share in the fixed mixture (relative to the other arms' weights)",
+    )
     links: Literal["inside", "follow"] | None = Field(
         None,
         description="text and jsonl arms: a link among the files its globs match is followed "

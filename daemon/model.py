@@ -262,7 +262,12 @@ def next_token(
     `andreactl generate`."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    scaled = logits.float() / temperature
+    if not bool(torch.isfinite(scaled).all()):
+        # A temperature so small that the logits overflow (1e-300) is greedy, which it tends to;
+        # the softmax of infinities would be NaN and the draw would fail.
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = scaled
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

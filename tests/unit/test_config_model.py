@@ -166,3 +166,11 @@ def test_a_run_toml_older_than_the_samples_table_loads_as_it_meant() -> None:
     del dump["samples"]
     dump |= {"sample_every": 3, "sample_tokens": 4}
     assert RunConfig.model_validate(dump).samples.max_new_tokens == 4
+
+
+@pytest.mark.parametrize("weight", [float("inf"), float("nan"), 1e308, -1.0])
+def test_an_arm_weight_that_cannot_be_a_share_is_refused(weight: float) -> None:
+    # inf (or 1e308, whose sum overflows) gave every step to one arm, and "Infinity" to the manifest.
+    arms = [{"name": "a", "kind": "text", "paths": ["a/*"], "weight": weight}]
+    with pytest.raises(ConfigError, match=r"data\.arms\.0\.weight"):
+        build_config({"data": {"arms": arms}})
