@@ -31,7 +31,7 @@ import zmq
 from andrea.protocol import messages
 from andrea.protocol.transport import bind_router, close_router
 
-from ..rundir.layout import claim, endpoint
+from ..rundir.layout import bind_endpoint, claim
 from ..runtime.dutycycle import Burst
 from ..runtime.exitcodes import ExitCode, disk_full
 from ..runtime.logthrottle import ThrottledWarning
@@ -76,7 +76,7 @@ class Proxy(ProxyRunState):
         if self.policy_changed:
             self.pivots.manual()
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.endpoint = endpoint(self.run_dir, "proxy")
+        self.endpoint = bind_endpoint(self.run_dir, "proxy")
         self.sock = bind_router(self.ctx, self.endpoint)
         self.write_state()
         log.info("proxy ready: %d logged entries, up to step %d", logged, self.durable_step)

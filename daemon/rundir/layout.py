@@ -429,16 +429,23 @@ def find_socket_dir(run_dir: Path) -> Path:
 
 
 def endpoint(run_dir: Path, role: str) -> str:
-    """The ZeroMQ endpoint a `role` daemon ("trainer" or "proxy") binds (creates and records the
-    socket directory). SocketDirError when a live daemon already listens there: binding would take
-    its socket over (two runs given one $ANDREA_SOCKET_DIR), and its clients would reach this one."""
-    path = socket_dir(run_dir) / f"{role}.sock"
+    """The ZeroMQ endpoint of a `role` daemon ("trainer" or "proxy") of the run (creates and
+    records the socket directory)."""
+    return f"ipc://{socket_dir(run_dir)}/{role}.sock"
+
+
+def bind_endpoint(run_dir: Path, role: str) -> str:
+    """`endpoint`, for the daemon about to bind it. SocketDirError when a live daemon already
+    listens there: binding would take its socket over (two runs given one $ANDREA_SOCKET_DIR), and
+    its clients would reach this one."""
+    address = endpoint(run_dir, role)
+    path = Path(address.removeprefix("ipc://"))
     if _listening(path):
         raise SocketDirError(
             f"{path}: another {role} listens there (another run with the same socket directory?)"
             f"{_AVOID}, one per run"
         )
-    return f"ipc://{path}"
+    return address
 
 
 def _listening(path: Path) -> bool:

@@ -16,7 +16,7 @@ from typing import IO
 import torch
 
 from ..data.encoding_progress import EncodingProgress
-from ..rundir.layout import claim, endpoint
+from ..rundir.layout import bind_endpoint, claim
 from ..runtime.operator_requests import OperatorRequests
 from ..runtime.sdnotify import Notifier
 from .checkpointing.checkpointer import Checkpointer, Storage
@@ -66,7 +66,7 @@ def open_context(
         status = partial(
             starting_status, opts, platform, counters, holds, progress, time.monotonic()
         )
-        control = ControlServer(endpoint(opts.run_dir, "trainer"), flags, status, holds)
+        control = ControlServer(bind_endpoint(opts.run_dir, "trainer"), flags, status, holds)
     parts = build_parts(opts.cfg, platform, world, opts.run_dir, flags.stop_requested, progress)
     coord = dist.Coordinator(world, enabled=opts.coordinate)
     ctx = TrainerContext(opts, platform, parts, counters, notifier, flags, holds, coord, progress)

@@ -20,7 +20,7 @@ import pytest
 from andrea.daemon.rundir.layout import (
     SOCKET_DIR_RECORD,
     SocketDirError,
-    endpoint,
+    bind_endpoint,
     find_socket_dir,
     socket_dir,
 )
@@ -234,7 +234,7 @@ def test_a_socket_a_live_daemon_listens_on_is_never_taken_over(tmp_path: Path, m
     run_a, run_b = tmp_path / "a", tmp_path / "b"
     run_a.mkdir()
     run_b.mkdir()
-    path = Path(endpoint(run_a, "trainer").removeprefix("ipc://"))
+    path = Path(bind_endpoint(run_a, "trainer").removeprefix("ipc://"))
     live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         live.bind(str(path))
@@ -242,12 +242,12 @@ def test_a_socket_a_live_daemon_listens_on_is_never_taken_over(tmp_path: Path, m
         with pytest.raises(
             SocketDirError, match=r"another trainer listens there.*ANDREA_SOCKET_DIR"
         ):
-            endpoint(run_b, "trainer")
-        assert endpoint(run_b, "proxy") == f"ipc://{shared}/proxy.sock"  # another role: free
+            bind_endpoint(run_b, "trainer")
+        assert bind_endpoint(run_b, "proxy") == f"ipc://{shared}/proxy.sock"  # another role: free
     finally:
         live.close()
     assert path.exists()  # closed, not unlinked: the socket of a daemon that is gone
-    assert endpoint(run_b, "trainer") == f"ipc://{path}"
+    assert bind_endpoint(run_b, "trainer") == f"ipc://{path}"
 
 
 def test_a_refusal_names_the_variable_that_avoids_it(tmp_path: Path, monkeypatch) -> None:
