@@ -284,9 +284,9 @@ def train_text(report: reports.TokenizerTrainReport, run_dir: Path, cfg_tokenize
             f"the arms are encoded with it into the token cache {report.cache_dir} "
             f"({report.cache_seconds:.1f} s): the run's first start reads no document again"
         )
-    relative = Path(report.out)
-    if relative.parent == run_dir:
-        relative = Path(relative.name)
+    # run.toml's paths are relative to the run directory, --out's to the shell's directory.
+    out, home = Path(report.out).absolute(), run_dir.absolute()
+    relative = out.relative_to(home) if out.is_relative_to(home) else out
     if cfg_tokenizer == BYTES:
         lines.append(
             f'to train with it: [data] tokenizer = "{relative}" in {run_dir / CONFIG_FILE} '

@@ -649,7 +649,10 @@ def load_toml(path: Path, *, follow_symlinks: bool = True) -> dict[str, Any]:
     `follow_symlinks` is False: a tool reading another's run directory). ConfigError naming it."""
     try:
         return tomllib.loads(
-            read_bounded(path, MAX_CONFIG_BYTES, follow_symlinks=follow_symlinks).decode("utf-8")
+            # utf-8-sig: an editor's byte-order mark is not a TOML statement.
+            read_bounded(path, MAX_CONFIG_BYTES, follow_symlinks=follow_symlinks).decode(
+                "utf-8-sig"
+            )
         )
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None

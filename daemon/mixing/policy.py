@@ -282,7 +282,9 @@ def read_policy_text(path: str | Path) -> str:
     followed: a person names the file). Raises `PolicyError` naming the file."""
     path = Path(path)
     try:
-        return read_bounded(path, MAX_POLICY_BYTES, follow_symlinks=True).decode("utf-8")
+        return read_bounded(path, MAX_POLICY_BYTES, follow_symlinks=True).decode(
+            "utf-8-sig"
+        )  # an editor's byte-order mark is no TOML
     except FileRejected as e:
         raise PolicyError(f"policy file {e}") from None
     except OSError as e:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.config import ConfigError, load_toml
-from andrea.daemon.mixing.policy import PolicyError, load_policy
+from andrea.daemon.mixing.policy import PolicyError, load_policy, read_policy_text
 
 GIB = 1 << 30
 
@@ -100,3 +100,13 @@ def test_files_a_person_names_may_be_links(tmp_path: Path) -> None:
     real.write_text('preset = "andrea-tiny"\n')
     (tmp_path / "run.toml").symlink_to(real)
     assert load_toml(tmp_path / "run.toml") == {"preset": "andrea-tiny"}
+
+
+def test_a_run_toml_saved_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
+    # Editors on Windows write one; it is no TOML statement ("Invalid statement (line 1, column 1)").
+    path = tmp_path / "run.toml"
+    path.write_bytes(b"\xef\xbb\xbfpreset = 'andrea-tiny'\n[optim]\nlr = 0.002\n")
+    assert load_toml(path) == {"preset": "andrea-tiny", "optim": {"lr": 0.002}}
+    policy = tmp_path / "policy.toml"
+    policy.write_bytes(b"\xef\xbb\xbf[arms.code]\ncap = 0.5\n")
+    assert read_policy_text(policy) == "[arms.code]\ncap = 0.5\n"

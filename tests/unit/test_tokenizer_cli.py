@@ -97,6 +97,13 @@ def test_train_sees_the_training_documents_only(run: Path, capsys) -> None:
     text = train_text(report, run, "bytes")
     assert f"byte-level BPE of {report.n_vocab} ids" in text
     assert 'to train with it: [data] tokenizer = "tokenizer.json"' in text
+    # The hint is a run.toml path, relative to the run directory whatever --out was relative to.
+    nested = report.model_copy(update={"out": str(run / "tok" / "t.json")})
+    assert '[data] tokenizer = "tok/t.json"' in train_text(nested, run, "bytes")
+    outside = report.model_copy(update={"out": "elsewhere.json"})
+    assert f'[data] tokenizer = "{Path("elsewhere.json").absolute()}"' in train_text(
+        outside, run, "bytes"
+    )
 
 
 def test_encode_writes_the_tokens_file_and_its_record(run: Path, capsys) -> None:
