@@ -12,7 +12,7 @@ from typing import Literal
 
 #: Why the daemon was asked to stop: a signal, a control request, the --with-proxy child giving up,
 #: or a loss record that could not be written.
-StopReason = Literal["sigterm", "sigint", "sighup", "control", "proxy", "disk-full"]
+StopReason = Literal["sigterm", "sigint", "sighup", "control", "proxy", "disk-full", "diverged"]
 
 
 #: Who asked for a checkpoint now: SIGUSR1 or a control request.

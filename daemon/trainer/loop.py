@@ -18,6 +18,7 @@ a step boundary; each piece lives in its own module:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import IO
@@ -251,6 +252,9 @@ class Trainer:
             self.ctx.flags.request_stop("disk-full")
             return
         self.reporter.step_done(entry)
+        if not math.isfinite(entry.loss):
+            # Recorded (a non-finite loss is an event of the run), then the end of it.
+            self.checkpointer.diverge(trained.step, f"its loss ({entry.loss})")
 
     # ---- the end ----------------------------------------------------------------------------
 

@@ -812,9 +812,9 @@ def test_a_flag_is_checked_against_the_command_it_follows() -> None:
 
 def test_a_list_of_stop_reasons_that_lacks_one_is_found() -> None:
     name = "docs/distributed.md"
-    doc, n = drifted(name, ", `disk-full`)", ")")
+    doc, n = drifted(name, ", `diverged`)", ")")
     assert reason_problems(doc) == [  # reported where the list begins, a line above
-        f"{name}:{n - 1}: stop reasons listed as {sorted(STOP_REASONS - {'disk-full'})}, "
+        f"{name}:{n - 1}: stop reasons listed as {sorted(STOP_REASONS - {'diverged'})}, "
         f"the code has {sorted(STOP_REASONS)}"
     ]
 

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+import torch
+
 from andrea.daemon.checkpoint.manager import CheckpointManager
 from andrea.daemon.checkpoint.manifest import Manifest, RankState, Trigger
 from andrea.daemon.rundir.layout import bin_name
@@ -74,6 +76,9 @@ class Checkpointer:
         self.sink = sink
         self.config_changed = config_changed
         self.last_write_seconds = 0.0
+        #: The step at which the run diverged (a non-finite loss, or weights): no checkpoint is
+        #: written from then on, so retention never rotates the last finite one out.
+        self.diverged: int | None = None
 
     # ---- the policy --------------------------------------------------------------------------
 
@@ -169,6 +174,33 @@ class Checkpointer:
                 self.ctx.counters.last_saved or "none",
             )
 
+    def diverge(self, step: int, what: str) -> None:
+        """The run diverged at `step` (`what` was not finite): stop at the next boundary, write no
+        checkpoint of it or after it, and exit CONFIG_ERROR. A restart from the newest checkpoint
+        would train the same steps bit for bit and diverge again: a person must change something
+        (the learning rate, its warmup, the data)."""
+        if self.diverged is None:
+            self.diverged = step
+            log.error(
+                "step %d: %s is not finite: the run diverged. No checkpoint is written from here on;"
+                " the newest checkpoint, step %s, is kept. Lower optim.lr (or lengthen"
+                " optim.warmup_steps, or set optim.grad_clip) before starting again from it",
+                step,
+                what,
+                self.ctx.counters.last_saved or "none",
+            )
+        self.ctx.flags.request_stop("diverged")
+
+    def _finite_weights(self) -> bool:
+        """Whether every weight is finite (one device sync). A loss can still be finite at the
+        step whose update made the weights infinite or NaN (an overflowing gradient)."""
+        params = self.ctx.parts.params
+        if self.diverged is None and not bool(
+            torch.stack([p.isfinite().all() for p in params]).all()
+        ):
+            self.diverge(self.ctx.counters.step, "the weights")
+        return self.diverged is None
+
     # ---- the end -----------------------------------------------------------------------------
 
     def finish_background_write(self) -> None:
@@ -188,6 +220,15 @@ class Checkpointer:
         ranks = gather_ranks(self.ctx) if c.step > 0 else None
         if store is None:
             return ExitCode.OK
+        if self.diverged is not None:
+            log.error(
+                "no final checkpoint: the run diverged at step %d; exit %d, not restarted: the"
+                " newest checkpoint, step %s, would diverge again the same way",
+                self.diverged,
+                ExitCode.CONFIG_ERROR,
+                c.last_saved or "none",
+            )
+            return ExitCode.CONFIG_ERROR
         trigger: Trigger = agreed.stop if agreed.stop is not None else "end"
         # A checkpoint request that came with the stop is served by the final checkpoint, which
         # then counts as requested (an audit point kept by retention).
@@ -238,6 +279,8 @@ class Checkpointer:
         t0 = time.perf_counter()
         store = self._rank0()
         store.manager.wait()
+        if not self._finite_weights():
+            return
         snap = store.snapshots.take(self.sink, ranks)
         manifest = store.manager.save(snap, trigger, before_commit=self.sink.sync)
         c = self.ctx.counters
@@ -261,6 +304,8 @@ class Checkpointer:
         t0 = time.perf_counter()
         store = self._rank0()
         store.manager.wait()
+        if not self._finite_weights():
+            return
         snap = store.snapshots.take(self.sink, ranks)
         store.manager.save_async(
             snap,
