@@ -94,6 +94,21 @@ class OptimConfig(_Strict):
     weight_decay: float = Field(0.1, ge=0, allow_inf_nan=False)
     grad_clip: float = Field(1.0, ge=0, allow_inf_nan=False, description="0 disables clipping")
 
+    @model_validator(mode="after")
+    def _a_schedule(self) -> OptimConfig:
+        # Each value is valid alone; together these are no schedule: a "decay" that raises the
+        # rate, or a warmup that ends after the decay did (the rate jumps from its peak to min_lr).
+        if self.min_lr > self.lr:
+            raise ValueError(
+                f"min_lr {self.min_lr} is above lr {self.lr}: the decay would raise it"
+            )
+        if self.warmup_steps > self.decay_steps:
+            raise ValueError(
+                f"warmup_steps {self.warmup_steps} is past decay_steps {self.decay_steps}: the"
+                " schedule would end before its warmup"
+            )
+        return self
+
 
 #: The rule for an arm's name, wherever one is written (run config, policy, bandit state).
 ARM_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"

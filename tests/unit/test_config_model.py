@@ -174,3 +174,16 @@ def test_an_arm_weight_that_cannot_be_a_share_is_refused(weight: float) -> None:
     arms = [{"name": "a", "kind": "text", "paths": ["a/*"], "weight": weight}]
     with pytest.raises(ConfigError, match=r"data\.arms\.0\.weight"):
         build_config({"data": {"arms": arms}})
+
+
+@pytest.mark.parametrize(
+    "optim, named",
+    [
+        ({"lr": 0.001, "min_lr": 0.5}, "min_lr 0.5 is above lr 0.001"),
+        ({"warmup_steps": 5000, "decay_steps": 10}, "warmup_steps 5000 is past decay_steps 10"),
+    ],
+)
+def test_a_schedule_that_contradicts_itself_is_refused(optim: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        build_config({"optim": optim})
+    build_config({"optim": {"lr": 0.001, "min_lr": 0.001, "warmup_steps": 10, "decay_steps": 10}})
