@@ -51,9 +51,15 @@ def disagreement(cfg: OptimConfig, max_steps: int) -> str | None:
             "existing one needs --allow-config-change, which changes the LR of the steps to come)"
         )
     if max_steps < cfg.decay_steps:
+        # A decay cannot end before the warmup does (OptimConfig refuses it).
+        advice = (
+            f"set --decay-steps {max_steps}"
+            if max_steps >= cfg.warmup_steps
+            else f"set --decay-steps {cfg.warmup_steps} (its warmup's {cfg.warmup_steps} steps)"
+        )
         return (
             f"max_steps {max_steps:,} ends the run before the LR decay does (step {cfg.decay_steps:,}): "
             f"the last step trains at LR {lr_at(max_steps, cfg):.3g}, not the minimum "
-            f"{cfg.min_lr:.3g}; fine if the run will be extended, else set --decay-steps {max_steps}"
+            f"{cfg.min_lr:.3g}; fine if the run will be extended, else {advice}"
         )
     return None

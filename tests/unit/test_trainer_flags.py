@@ -101,7 +101,7 @@ def test_batch_size_has_one_definition_used_by_its_flag_run_toml_and_the_docs() 
 def test_each_config_flag_sets_its_setting(flag) -> None:
     values = {"preset": "andrea-12m", "device": "cpu", "precision": "fp32", "mixing": "proxy"}
     values |= {"compile": "off", "deterministic": "on", "data.cache_dir": "/tmp/c"}
-    values |= {"data.heldout_fraction": "0.25"}
+    values |= {"data.heldout_fraction": "0.25", "optim.decay_steps": "3000"}  # past the warmup
     given = values.get(flag.path, "3")
     args = build_parser().parse_args(["--run-dir", "r", flag.flag, given])
     overrides = config_overrides(args)
@@ -132,3 +132,18 @@ def test_the_readmes_first_run_has_a_schedule_that_matches_it() -> None:
     # Long enough to try `andreactl status`, Ctrl-C and the resume the README describes: at 33 ms
     # of CPU per step (measured, trainer and proxy together), 3,000 steps last about a minute.
     assert cfg.max_steps >= 3000
+
+
+@pytest.mark.parametrize("max_steps", [10, 500])
+def test_the_advice_of_a_run_shorter_than_its_decay_can_be_followed(max_steps: int) -> None:
+    """The warning's --decay-steps is one the config accepts: never before the warmup's end."""
+    from andrea.daemon.trainer.schedule import disagreement
+
+    cfg = build_config({}, {"preset": "andrea-tiny", "max_steps": max_steps})
+    advice = disagreement(cfg.optim, max_steps)
+    assert advice is not None
+    decay = int(re.search(r"--decay-steps (\d+)", advice)[1])  # type: ignore[index]
+    assert decay == max(max_steps, cfg.optim.warmup_steps)
+    build_config(
+        {}, {"preset": "andrea-tiny", "max_steps": max_steps, "optim": {"decay_steps": decay}}
+    )
