@@ -426,6 +426,7 @@ class RunConfig(_Strict):
     threads: int | None = Field(
         None,
         ge=1,
+        le=1024,  # 100,000 aborted the process in its thread pool (and were recorded in run.toml)
         description="torch intra-op threads (a bit-exact resume needs the same count); default: "
         "torch's choice",
     )

@@ -187,3 +187,10 @@ def test_a_schedule_that_contradicts_itself_is_refused(optim: dict, named: str) 
     with pytest.raises(ConfigError, match=named):
         build_config({"optim": optim})
     build_config({"optim": {"lr": 0.001, "min_lr": 0.001, "warmup_steps": 10, "decay_steps": 10}})
+
+
+def test_a_thread_count_no_machine_has_is_refused() -> None:
+    # --threads 100000 aborted in torch's thread pool after being recorded in run.toml.
+    with pytest.raises(ConfigError, match="threads"):
+        build_config({"threads": 100_000})
+    assert build_config({"threads": 64}).threads == 64
