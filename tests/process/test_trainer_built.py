@@ -29,6 +29,7 @@ STATE = {
     ("ControlServer", "_status_cache"): "no status asked for yet",
     ("Holds", "_hold"): "no pivot's hold requested",
     ("Holds", "_done"): "no hold ended yet",
+    ("Checkpointer", "diverged"): "the run has not diverged",
 }
 
 
