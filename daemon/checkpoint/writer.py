@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..rundir.durable import fsync_dir, tmp_path
+from ..rundir.durable import commit, tmp_path
 from . import format as checkpoint_format
 
 if TYPE_CHECKING:  # imported where it is used: a read of a payload needs no torch
@@ -123,12 +123,7 @@ def write_payload(path: Path, payload: np.ndarray) -> str:
     removed and an existing `path` is untouched.
     """
     tmp, digest = stage_payload(path, payload)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    commit(tmp, path)
     return digest
 
 

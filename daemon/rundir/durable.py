@@ -31,7 +31,11 @@ def atomic_write(path: Path, fill: Callable[[BinaryIO], object]) -> None:
     `fill` writes the content to the open temporary file. On error the temporary file is removed
     and the old file (if any) is untouched.
     """
-    tmp = stage(path, fill)
+    commit(stage(path, fill), path)
+
+
+def commit(tmp: Path, path: Path) -> None:
+    """Rename the staged `tmp` over `path`, then fsync the directory; on error `tmp` is removed."""
     try:
         os.replace(tmp, path)
     except BaseException:
