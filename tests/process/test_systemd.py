@@ -264,14 +264,19 @@ def test_manual_pivot_with_systemctl_stop_and_start(sd: SystemdMachine) -> None:
     said = r"a pivot after the newest checkpoint, step (\d+)"
     before = len(re.findall(said, sd.journal(proxy(RUN))))
     sd.systemctl("start", proxy(RUN))
+    units = (trainer(RUN), proxy(RUN))
     sd.wait_until(
-        lambda: len(re.findall(said, sd.journal(proxy(RUN)))) > before, 60, "the proxy's pivot"
+        lambda: len(re.findall(said, sd.journal(proxy(RUN)))) > before,
+        120,
+        "the proxy's pivot",
+        show=units,
     )
     boundary = int(re.findall(said, sd.journal(proxy(RUN)))[-1])
     sd.wait_until(
         lambda: f"rolling back to step_{boundary:06d}.bin" in sd.journal(trainer(RUN)),
-        60,
+        120,  # both units on a loaded 2-core machine, the whole suite beside them
         "the trainer's roll-back",
+        show=units,
     )
     wait_step(sd, RUN, boundary + 5)
     status = json.loads(ctl(sd, RUN, "--json", "status").stdout)

@@ -168,12 +168,21 @@ class SystemdMachine:
         (d / f"{name}.conf").write_text(text)
 
     def wait_until(
-        self, cond: Callable[[], object], timeout: float = 60, what: str = "a condition"
+        self,
+        cond: Callable[[], object],
+        timeout: float = 60,
+        what: str = "a condition",
+        show: tuple[str, ...] = (),
     ) -> object:
+        """`cond()` once it is true; AssertionError after `timeout`, with the last journal lines of
+        the units in `show` (what they did instead)."""
         deadline = time.monotonic() + timeout
         while True:
             if result := cond():
                 return result
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+                tails = "".join(
+                    f"\n--- {u}:\n" + "\n".join(self.journal(u).splitlines()[-25:]) for u in show
+                )
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tails}")
             time.sleep(0.2)
