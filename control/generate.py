@@ -19,6 +19,7 @@ import torch
 
 from andrea.daemon.checkpoint.manager import checkpoint_steps
 from andrea.daemon.checkpoint.manifest import Manifest
+from andrea.daemon.config import MAX_TEMPERATURE
 from andrea.daemon.data.tokenizer import RunTokenizer
 from andrea.daemon.model import GPT, next_token
 
@@ -45,8 +46,10 @@ class Sampling:
         """GenerateError naming the first setting out of range."""
         if self.max_new_tokens < 0:
             raise GenerateError(f"--max-new-tokens {self.max_new_tokens}: must be 0 or more")
-        if not 0 <= self.temperature <= 100:  # NaN included
-            raise GenerateError(f"--temperature {self.temperature}: must be from 0 (greedy) to 100")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:  # NaN included
+            raise GenerateError(
+                f"--temperature {self.temperature}: must be from 0 (greedy) to {MAX_TEMPERATURE:g}"
+            )
         if self.top_k is not None and self.top_k < 1:
             raise GenerateError(f"--top-k {self.top_k}: must be 1 or more")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:

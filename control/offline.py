@@ -145,7 +145,7 @@ def _newest_checkpoint(
             # payload): a checkpoint whose payload is gone or cut is not the resume point.
             if regular_size(run_dir / bin_name(step)) != data["bin_size"]:
                 continue
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError):
             continue  # a damaged manifest is not a checkpoint; the older one is
         info = CheckpointInfo(
             step=step, trigger=trigger, created=created, age_seconds=(now - created).total_seconds()

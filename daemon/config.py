@@ -305,6 +305,11 @@ class EvalConfig(_Strict):
     )
 
 
+#: The highest sampling temperature (the trainer's samples and `andreactl generate`).
+MAX_TEMPERATURE = 100.0
+#: Below this a temperature samples greedily: its limit, and where a logit over it could overflow.
+GREEDY_BELOW = 1e-6
+
 #: The first tokens of a document that make a default sample prompt (`SamplesConfig.prompts`).
 DEFAULT_PROMPT_TOKENS = 8
 
@@ -330,7 +335,7 @@ class SamplesConfig(_Strict):
     temperature: float = Field(
         0.8,
         ge=0.0,
-        le=100.0,
+        le=MAX_TEMPERATURE,
         allow_inf_nan=False,
         description="softmax temperature of each next token; 0: greedy (the most likely one)",
     )

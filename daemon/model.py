@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from .config import GREEDY_BELOW, ModelConfig
 
 
 def _cpu_training_dropout(x: torch.Tensor, p: float) -> bool:
@@ -260,14 +260,11 @@ def next_token(
     else drawn with `generator` from the softmax at `temperature`, kept to the `top_k` most likely
     and to the smallest set of mass `top_p`. The one rule of the trainer's samples and of
     `andreactl generate`."""
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
+        # Greedy is the limit; a smaller divisor could overflow the logits (1e-300), whose softmax
+        # would be NaN and the draw would fail.
         return logits.argmax(dim=-1, keepdim=True)
-    scaled = logits.float() / temperature
-    if not bool(torch.isfinite(scaled).all()):
-        # A temperature so small that the logits overflow (1e-300) is greedy, which it tends to;
-        # the softmax of infinities would be NaN and the draw would fail.
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = scaled
+    logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -87,7 +87,7 @@ def inventory(
             if verify and state == "size ok":
                 verify_checkpoint(run_dir, step)
                 state = "ok"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:
             state = f"damaged: {e}"
         try:
             size = (run_dir / rundir.bin_name(step)).lstat().st_size

@@ -56,11 +56,12 @@ def _match(directory: Path, parts: list[str], seen: set[tuple[int, int, int]]) -
         if key is None or key in seen:
             return
         seen.add(key)
+        entries = _entries(directory, "*")
         if not tail:
-            yield from (p for p in _entries(directory, "*") if not p.is_dir())
+            yield from (p for p in entries if not p.is_dir())
         else:
             yield from _match(directory, tail, seen)
-        for sub in _entries(directory, "*"):
+        for sub in entries:
             if sub.is_dir():
                 yield from _match(sub, parts, seen)
         return

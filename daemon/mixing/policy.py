@@ -282,9 +282,8 @@ def read_policy_text(path: str | Path) -> str:
     followed: a person names the file). Raises `PolicyError` naming the file."""
     path = Path(path)
     try:
-        return read_bounded(path, MAX_POLICY_BYTES, follow_symlinks=True).decode(
-            "utf-8-sig"
-        )  # an editor's byte-order mark is no TOML
+        # utf-8-sig: an editor's byte-order mark is not a TOML statement.
+        return read_bounded(path, MAX_POLICY_BYTES, follow_symlinks=True).decode("utf-8-sig")
     except FileRejected as e:
         raise PolicyError(f"policy file {e}") from None
     except OSError as e:

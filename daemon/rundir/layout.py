@@ -31,6 +31,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import IO
 
@@ -106,7 +107,7 @@ def is_run_file(name: str) -> bool:
         name in (CONFIG_FILE, POLICY_FILE)
         or name.startswith(".")
         or parse_checkpoint_name(name) is not None
-        or (name.startswith("step_") and name.endswith(".tmp"))
+        or fnmatchcase(name, CHECKPOINT_TEMPORARIES)
     )
 
 

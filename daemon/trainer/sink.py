@@ -116,10 +116,8 @@ class FileSink(RecordSink):
     def open(cls, run_dir: Path, mixture: FixedMixture, prior_segment: int) -> tuple[FileSink, int]:
         """The sink, and the number of this life: one more than any life the checkpoint
         (`prior_segment`) or the log knows. RecordLogRefused when either file cannot be a log."""
-        loss_path = run_dir / LOSS_FILE
         try:
-            tail = last_entry(loss_path) if loss_path.exists() else None
-            return cls(run_dir, mixture), max(prior_segment, tail.segment if tail else 0) + 1
+            return cls(run_dir, mixture), next_life(run_dir, prior_segment)
         except LossLogError as e:
             raise RecordLogRefused(
                 f"{e}. The trainer writes no records over it: move it aside (a damaged log: "
@@ -275,9 +273,16 @@ def _provisional_segment(run_dir: Path, manifest: Manifest | None) -> int:
     fresh run, which has nothing to checkpoint before its first step."""
     if manifest is None:
         return 0
-    loss_path = run_dir / LOSS_FILE
     try:
-        tail = last_entry(loss_path) if loss_path.exists() else None
+        return next_life(run_dir, manifest.progress.segment)
     except (LossLogError, OSError):
-        tail = None  # the proxy repairs or refuses its log; the checkpoint's own life still counts
-    return max(manifest.progress.segment, tail.segment if tail else 0) + 1
+        # The proxy repairs or refuses its log; the checkpoint's own life still counts.
+        return manifest.progress.segment + 1
+
+
+def next_life(run_dir: Path, prior_segment: int) -> int:
+    """One more than any life the checkpoint (`prior_segment`) or the loss log's tail knows.
+    LossLogError when the log cannot be read as one."""
+    loss_path = run_dir / LOSS_FILE
+    tail = last_entry(loss_path) if loss_path.exists() else None
+    return max(prior_segment, tail.segment if tail else 0) + 1
