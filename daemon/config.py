@@ -268,7 +268,7 @@ class CheckpointConfig(_Strict):
 
 
 class MetricsConfig(_Strict):
-    """Where the run's metrics go besides .loss.json (docs/metrics.md). Operational: any restart may
+    """Where the run's metrics go besides .loss.json (docs/observability.md). Operational: any restart may
     change it."""
 
     tensorboard: bool = Field(

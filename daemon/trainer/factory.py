@@ -3,7 +3,8 @@ then, once every rank of a job has agreed that its start-up went well, each coll
 from the checkpoint the life resumes from (`build_trainer`). Nothing is set after it is built.
 
 The two steps are apart for one reason: a rank that fails to load its data (or is stopped while it
-does) must tell the others before any of them waits in the resume's broadcast (trainer_cli.py).
+does) must tell the others before any of them waits in the resume's broadcast (`_agree_on_start`
+in service/cli.py).
 """
 
 from __future__ import annotations

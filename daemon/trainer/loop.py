@@ -11,7 +11,7 @@ a step boundary; each piece lives in its own module:
 - checkpointer.py: when and where a checkpoint is written (cadence, boundary, request, final);
   snapshot.py: what it holds;
 - sink.py: where the records go and where the arms come from (fixed mode or the proxy);
-- pivot.py: the hold at a pivot's boundary, and the roll-back to one;
+- pivot_boundary.py: the hold at a pivot's boundary, and the roll-back to one;
 - evaluation.py: held-out evaluation and samples; reporting.py: progress, metrics, summary.
 """
 

@@ -200,7 +200,7 @@ def finalize_ddp_buckets(ddp: torch.nn.Module, model: GPT, device: torch.device)
     """Give DDP's gradient buckets their final layout before the first step of every life.
 
     DDP reduces its first iteration in one bucket of every gradient, then rebuilds its buckets in
-    the order the gradients became ready (torch/nn/parallel/distributed.py,
+    the order the gradients became ready (torch's torch/nn/parallel/distributed.py,
     `compute_bucket_size_limits` and `_pre_forward`; the reducer's `rebuild_buckets`). An
     uninterrupted run therefore reduces step k + 1 in the rebuilt layout, and a run resumed at
     step k in the first-iteration one. An element's place in the bucket decides the order in which

@@ -17,7 +17,11 @@ Each rule reads the Markdown and asks the code itself, never a copy of it:
 - dotted settings and manifest paths (`checkpoint.every`, `environment.world_size`) resolve in
   `RunConfig` or `Manifest`;
 - links between the docs point at a file and heading that exist;
-- every module of daemon/, control/ and protocol/ is named on docs/architecture.md.
+- every module of daemon/, control/ and protocol/ is named on docs/architecture.md;
+- the docstrings of those packages name modules, dotted names and functions (`name()`) that
+  exist: a file name in the docstring's own top-level package, a function among the packages'
+  definitions, Python's builtins, the docstring's parameters and its module's imports (a name
+  after a possessive, nanoGPT's `prepare.py`, is another project's).
 
 Each rule is a function from a document's text to the problems found, so that the tests at the end
 inject one drift of each kind into a real document and see it reported.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import importlib
 import os
 import re
@@ -36,7 +41,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import torch.distributed.run as torchrun
 from pydantic import BaseModel
 
@@ -694,6 +701,136 @@ def _read_in(folder: str, path: str) -> str | None:
         return folder + path if folder + path in modules() else None
     candidates = [m for m in modules() if m.endswith("/" + path)]
     return candidates[0] if len(candidates) == 1 else None
+
+
+# ---- docstrings --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Docstring:
+    """A docstring of the packages: where it starts, its text, and the names it may call that are
+    not defined in the packages (its function's parameters, what its module imports)."""
+
+    module: str
+    line: int
+    text: str
+    names: frozenset[str] = frozenset()
+
+
+def docstrings() -> list[Docstring]:
+    """Every module, class and function docstring of daemon/, control/ and protocol/."""
+    found = []
+    for module in modules():
+        tree = ast.parse((ROOT / module).read_text(encoding="utf-8"))
+        imported = {
+            (alias.asname or alias.name).split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        for node in ast.walk(tree):
+            if not isinstance(
+                node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+            ):
+                continue
+            text = ast.get_docstring(node, clean=False)
+            if text is None:
+                continue
+            names = set(imported)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                names |= {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
+            found.append(Docstring(module, node.body[0].lineno, text, frozenset(names)))
+    return found
+
+
+#: Written after a possessive, a name is another project's: nanoGPT's `prepare.py`, JavaScript's
+#: `Number()`.
+FOREIGN = re.compile(r"'s\s*`*$")
+CALL = re.compile(r"`+([A-Za-z_][\w.]*)\(")
+
+
+@cache
+def defined_names() -> frozenset[str]:
+    """The names of every function and class the packages define."""
+    names = set()
+    for module in modules():
+        for node in ast.walk(ast.parse((ROOT / module).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+    return frozenset(names)
+
+
+def _a_module_near(module: str, path: str) -> bool:
+    """Whether the file a docstring of `module` names is a module of its own top-level package:
+    a path from the repository root, or one that ends a module's path there."""
+    if path.split("/")[0] in REPO_DIRS:
+        return path in repo_files() or path.rstrip("/") in repo_dirs()
+    package = module.split("/")[0] + "/"
+    return any(m.startswith(package) and (m.endswith("/" + path)) for m in modules())
+
+
+def _a_known_call(name: str, names: frozenset[str]) -> bool:
+    """Whether `name()` is the project's, Python's, a parameter or an import of the docstring's,
+    or an attribute of what the code works with (a module, a tensor, an array, a path)."""
+    last = name.rsplit(".", 1)[-1]
+    if last in defined_names() or last in names or hasattr(builtins, last):
+        return True
+    if "." in name and resolves_anywhere(name):
+        return True
+    return any(hasattr(t, last) for t in (torch.nn.Module, torch.Tensor, np.ndarray, Path))
+
+
+def resolves_anywhere(dotted: str) -> bool:
+    """Whether `a.b.c` is an importable module or an attribute of one (any package, not only ours)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        return all((obj := getattr(obj, attr, None)) is not None for attr in parts[cut:])
+    return False
+
+
+def docstring_problems(doc: Docstring) -> list[str]:
+    """The modules, dotted names and functions a docstring names exist: a file name is read in the
+    docstring's own top-level package (`loop.py` in daemon/ names a module of daemon/)."""
+    problems = []
+    for number, line in enumerate(doc.text.splitlines()):
+        where = f"{doc.module}:{doc.line + number}"
+        for m in PATH.finditer(line):
+            path = m.group(1).rstrip(".")
+            if not FOREIGN.search(line[: m.start()]) and not _a_module_near(doc.module, path):
+                problems.append(f"{where}: {path} does not exist")
+        problems += [
+            f"{where}: {n} is neither a module nor an attribute of one"
+            for n in sorted(set(DOTTED.findall(line)))
+            if not resolves(n)
+        ]
+        for m in CALL.finditer(line):
+            if not FOREIGN.search(line[: m.start()]) and not _a_known_call(m.group(1), doc.names):
+                problems.append(f"{where}: {m.group(1)}() is defined nowhere")
+    return problems
+
+
+def test_what_the_docstrings_name_exists() -> None:
+    assert [p for d in docstrings() for p in docstring_problems(d)] == []
+
+
+def test_a_docstring_that_names_a_module_or_function_gone_is_found() -> None:
+    (loop,) = [d for d in docstrings() if d.module == "daemon/trainer/loop.py" and d.line == 1]
+    stale = Docstring(loop.module, 1, loop.text.replace("pivot_boundary.py", "pivot.py", 1))
+    (number,) = [n for n, line in enumerate(stale.text.splitlines(), 1) if "- pivot.py" in line]
+    assert docstring_problems(stale) == [
+        f"daemon/trainer/loop.py:{number}: pivot.py does not exist"
+    ]
+    called = Docstring("daemon/model.py", 5, "Built by `build_gpt()`, unlike `build_model()`.")
+    assert docstring_problems(called) == ["daemon/model.py:5: build_gpt() is defined nowhere"]
+    foreign = Docstring(
+        "control/x.py", 1, "As nanoGPT's `prepare.py` writes, JavaScript's `Number()`."
+    )
+    assert docstring_problems(foreign) == []
 
 
 # ---- the rules, on every document --------------------------------------------------------------
