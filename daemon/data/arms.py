@@ -553,6 +553,12 @@ class CursorState(BaseModel):
         return self
 
 
+def too_few_tokens(name: str, n_tokens: int, chunk: int) -> str:
+    """The refusal of an arm with fewer training tokens than one chunk (block_size + 1): the
+    start's, and `--check`'s for an arm whose files hold no document."""
+    return f"arm {name!r} has {n_tokens} training tokens, fewer than one chunk of {chunk}"
+
+
 class ArmStream:
     """Deterministic, resumable batches of chunks from one arm."""
 
@@ -569,10 +575,7 @@ class ArmStream:
                     f": [data] heldout_fraction holds out {arm.documents_held_out} of its "
                     f"{arm.documents} documents; lower heldout_fraction, or give the arm more data"
                 )
-            raise DataError(
-                f"arm {arm.name!r} has {arm.n_tokens} training tokens, fewer than one chunk of "
-                f"{self.chunk}{held}"
-            )
+            raise DataError(too_few_tokens(arm.name, arm.n_tokens, self.chunk) + held)
         self.epoch = 0
         self.position = 0
         self._perm_epoch = -1

@@ -217,6 +217,11 @@ FIRST_RECORD_CASES: dict[str, tuple[Callable[[Path], None], int, list[str]]] = {
         ExitCode.DATA_ERROR,
         ["arm 'web'", "a.jsonl:1", "field 'page'"],
     ),
+    # The check said "check passed" (exit 0) where the start found 0 training tokens (exit 5).
+    "jsonl-empty": (
+        lambda run: _jsonl_arm(run, None, {"a.jsonl": [], "b.jsonl": []}), ExitCode.DATA_ERROR,
+        ["arm 'web' has 0 training tokens, fewer than one chunk of 65"],
+    ),
 }  # fmt: skip
 
 
