@@ -204,7 +204,8 @@ class DataConfig(_Strict):
     arms: list[ArmSpec] = Field(default_factory=default_arms, min_length=1)
     cache_dir: str | None = Field(
         None,
-        description="where tokenized arms are cached; default $CACHE_DIRECTORY or ~/.cache/andrea",
+        description="where tokenized arms are cached, relative to the run directory (--cache-dir: "
+        "to the working directory); default $CACHE_DIRECTORY or ~/.cache/andrea",
     )
     tokenizer: str = Field(
         "bytes",

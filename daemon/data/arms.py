@@ -71,9 +71,11 @@ class Arm:
         return int(self.tokens.shape[0])
 
 
-def cache_root(cfg: DataConfig) -> Path:
+def cache_root(cfg: DataConfig, base: Path) -> Path:
+    """The token cache: `[data] cache_dir`, relative to the run directory `base` (under systemd
+    the working directory is `/`); else systemd's CacheDirectory=, else the user's cache."""
     if cfg.cache_dir:
-        return Path(cfg.cache_dir).expanduser()
+        return base / Path(cfg.cache_dir).expanduser()
     if os.environ.get("CACHE_DIRECTORY"):  # set by systemd's CacheDirectory=
         return Path(os.environ["CACHE_DIRECTORY"].split(":")[0])
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "andrea"
@@ -482,7 +484,7 @@ def load_arms(
     for warning in check_tokenizers(cfg, base, tokenizer.identity):
         log.warning("%s", warning)
     progress = progress or EncodingProgress()
-    cache = cache_root(cfg)
+    cache = cache_root(cfg, base)
     cache.mkdir(parents=True, exist_ok=True)
     tokencache.remove_stale_temporaries(cache)
     fraction = cfg.heldout_fraction
@@ -510,7 +512,7 @@ def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) ->
     if spec.kind == "tokens":
         tokenizer = tokenizer_identity(cfg.tokenizer, base)
         check_tokenizers(cfg, base, tokenizer, only=spec.name)
-        cache = cache_root(cfg)
+        cache = cache_root(cfg, base)
         cache.mkdir(parents=True, exist_ok=True)
         return _tokens_arm(spec, base, cache, vocab_size, fraction, tokenizer).identity
     run_tokenizer = load_tokenizer(cfg.tokenizer, base)

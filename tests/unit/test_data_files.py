@@ -251,3 +251,20 @@ def test_a_linked_tokens_file_has_its_record_beside_the_link(tmp_path: Path) -> 
     assert len(unknown) == 1 and "no pre.u16.json beside it" in unknown[0], unknown
     record(run / "pre.u16.json", "bytes")  # the link's own: the run's tokenizer
     assert check_tokenizers(cfg, run, "bytes") == []
+
+
+def test_a_relative_cache_dir_is_the_run_directorys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under systemd the working directory is `/`: a relative `[data] cache_dir` used to land
+    there (or fail to), not beside the run that names it."""
+    run, elsewhere = tmp_path / "run", tmp_path / "cwd"
+    (run / "notes").mkdir(parents=True)
+    elsewhere.mkdir()
+    (run / "notes" / "a.txt").write_text(PROSE)
+    monkeypatch.chdir(elsewhere)
+    spec = [{"name": "notes", "kind": "text", "paths": ["notes/*.txt"]}]
+    data = DataConfig.model_validate({"arms": spec, "cache_dir": "cache"})
+    (arm,) = load_arms(data, run, 256)
+    assert arm.n_tokens == len(PROSE.encode())
+    assert any((run / "cache").iterdir()) and not (elsewhere / "cache").exists()
