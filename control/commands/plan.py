@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from andrea.daemon.config import (
@@ -24,7 +25,7 @@ from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, RUN_DIR_ENV
 
 from .. import datasize, reports, sizing
 from ..offline import tail_entries
-from ..planning import GB, GPUS, GiB, GpuSpec, PlanInputs, gpu_of, make_plan
+from ..planning import GB, GPUS, GiB, GpuSpec, PlanInputs, gpu_of, make_plan, steps_in_window
 from .conventions import EXIT_OK, Command, UserError, emit
 
 DEFAULT_MFU = 0.30
@@ -56,6 +57,12 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--precision", choices=("auto", "fp32", "tf32", "bf16"), help="default: the config's"
     )
     parser.add_argument("--steps", type=int, help="planned steps (default: max_steps)")
+    parser.add_argument(
+        "--days",
+        type=float,
+        help="plan backwards: the steps and tokens a rental window of this many days holds "
+        "(instead of --steps)",
+    )
     parser.add_argument(
         "--mfu",
         type=float,
@@ -161,6 +168,8 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         shape = batch_shape(cfg, args.gpus)
     except ConfigError as e:
         raise UserError(str(e)) from None
+    if args.days is not None and args.steps is not None:
+        raise UserError("give --steps or --days, not both: --days plans the steps")
     mfu = _mfu(args, cfg)
     inputs = PlanInputs(
         source=source,
@@ -175,7 +184,18 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         startup_seconds=args.startup_seconds,
         data_tokens=_data_tokens(args, cfg, source),
     )
+    window = None
+    if args.days is not None:
+        inputs = replace(inputs, steps=steps_in_window(cfg, shape, inputs, args.days))
     report = make_plan(cfg, shape, inputs)
+    if args.days is not None:
+        window = reports.PlanWindow(
+            days=args.days,
+            steps=inputs.steps,
+            tokens=inputs.steps * shape.tokens_per_step,
+            hours=report.rental.total_hours,
+        )
+        report = report.model_copy(update={"window": window})
     emit(args, report, plan_text(report))
     return EXIT_OK
 
@@ -214,6 +234,7 @@ _FIGURES: dict[str, tuple[float, bool, float]] = {
     "batch_size": (1, True, 10**9),
     "grad_accum": (1, True, 10**9),
     "steps": (0, True, 10**12),
+    "days": (0, False, 3650),
     "mfu": (0, False, 1),
     "gpu_memory_gb": (0, False, 10_000),
     "gpu_tflops": (0, False, 1_000_000),
@@ -295,6 +316,14 @@ def plan_text(p: reports.PlanReport) -> str:
         ),
         "assumptions: " + "; ".join(f"{k}: {v}" for k, v in p.assumptions.items()),
     ]
+    if (w := p.window) is not None:
+        lines.insert(
+            1,
+            f"in {w.days:g} day(s): {w.steps:,} steps, {w.tokens:,} tokens "
+            f"({w.hours:,.1f} rental hours of {w.days * 24:,.1f}; the figures below are theirs)"
+            if w.steps
+            else f"in {w.days:g} day(s): no step; one stop, resume and export alone take longer",
+        )
     lines += [f"WARNING: {w}" for w in p.warnings]
     return "\n".join(lines)
 
