@@ -218,8 +218,9 @@ class DataConfig(_Strict):
         None,
         ge=1 << 10,
         le=1 << 36,
-        description="the largest JSON Lines line (one document) read, in bytes; a longer one is a "
-        f"data error naming the file and line (default {DEFAULT_MAX_DOCUMENT_BYTES:,}: 64 MiB)",
+        description="the largest document read, in bytes: a JSON Lines line, or a text arm's file "
+        "(one document); a longer one is a data error naming the file (and line) "
+        f"(default {DEFAULT_MAX_DOCUMENT_BYTES:,}: 64 MiB)",
     )
     heldout_fraction: float | None = Field(
         None,
@@ -232,7 +233,7 @@ class DataConfig(_Strict):
 
     @property
     def document_bound(self) -> int:
-        """The largest JSON Lines line read, in bytes."""
+        """The largest document read (a JSON Lines line, a text file), in bytes."""
         return self.max_document_bytes or DEFAULT_MAX_DOCUMENT_BYTES
 
     @model_validator(mode="after")

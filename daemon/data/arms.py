@@ -45,6 +45,7 @@ from .sources import (
     arm_files,
     arm_roots,
     jsonl_documents,
+    oversize_text,
     text_documents,
 )
 from .tokenizer import BYTES, RunTokenizer, check_vocab, load_tokenizer, tokenizer_identity
@@ -276,9 +277,20 @@ def _file_arm(
 
     fraction = cfg.heldout_fraction
     with _naming(spec):
+        if spec.kind == "text":
+            # Before the files are hashed (gigabytes take minutes): a document over the bound is
+            # refused at once (read_file checks again, should the file grow meanwhile).
+            _check_sizes(spec, arm_files(spec, base)[0], cfg.document_bound)
         digest, _ = _source_identity(spec, base, should_stop)
         identity = encoded_identity(digest, tokenizer.identity, fraction)
         return _arm(spec.name, cache, identity, tokenizer, source, fraction, should_stop, progress)
+
+
+def _check_sizes(spec: ArmSpec, files: list[Path], bound: int) -> None:
+    """A text arm's file is one document: one over `bound` bytes is a DataError naming both."""
+    for f in files:
+        if (size := f.stat().st_size) > bound:
+            raise DataError(oversize_text(f"arm {spec.name!r}: ", f, size, bound))
 
 
 @contextlib.contextmanager
@@ -300,8 +312,8 @@ def arm_documents(
 ) -> Iterable[Document]:
     """The documents of an arm whose text the run's tokenizer encodes, `(id, text)` in order: the
     unit of the held-out split. `stdlib`: the embedded corpus's documents, when they were
-    extracted already (for another arm); `bound`: the longest JSON Lines line read (`[data]
-    max_document_bytes`); `meter`: counts the bytes read from the arm's files."""
+    extracted already (for another arm); `bound`: the longest document read, a JSON Lines line
+    or a text file (`[data] max_document_bytes`); `meter`: counts the bytes read from the arm's files."""
     if spec.kind == "stdlib":
         if stdlib is None:
             root = corpus.stdlib_root()
@@ -311,10 +323,10 @@ def arm_documents(
         raise ValueError(f"arm {spec.name!r} is a tokens file: it holds ids, not documents")
     files, common = arm_files(spec, base)
     inside = arm_roots(spec, base)
-    if spec.kind == "text":
-        return text_documents(files, common, should_stop, inside, meter)
-    field = spec.field or DEFAULT_FIELD
     label = f"arm {spec.name!r}: "
+    if spec.kind == "text":
+        return text_documents(files, common, should_stop, inside, meter, bound, label)
+    field = spec.field or DEFAULT_FIELD
     return jsonl_documents(files, common, field, should_stop, label, inside, bound, meter)
 
 
