@@ -21,7 +21,7 @@ from andrea.daemon.config import (
     load_toml,
 )
 from andrea.daemon.data.batch_split import batch_shape, step_sequences
-from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, RUN_DIR_ENV
+from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, RUN_DIR_ENV, recorded_config
 
 from .. import datasize, reports, sizing
 from ..offline import tail_entries
@@ -86,12 +86,17 @@ def load_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
     try:
         if args.preset:
             return for_new_run(build_config(overrides={"preset": args.preset})), args.preset
-        path = args.config or (args.run_dir / CONFIG_FILE if args.run_dir else None)
+        # A run directory's config is the one it trains under (its flags included).
+        path = args.config or (_run_config(args.run_dir) if args.run_dir else None)
         if path is None:
             raise UserError("say what to size: --preset NAME, --config run.toml or --run-dir DIR")
         return build_config(load_toml(path), source=str(path)), str(path)
     except ConfigError as e:
         raise UserError(str(e)) from None
+
+
+def _run_config(run_dir: Path) -> Path:
+    return recorded_config(run_dir) or run_dir / CONFIG_FILE
 
 
 def _batched(cfg: RunConfig, args: argparse.Namespace) -> RunConfig:
