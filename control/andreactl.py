@@ -23,7 +23,6 @@ import re
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any, NoReturn
 
 from andrea.daemon.rundir.boundedio import FileRejected
@@ -197,9 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.json = args.json or args.output_format == "json"
     # The environment stands in for --run-dir only where a run directory is needed: a default
     # must never break a command that has no use for it (verify-resume --problem mini).
-    if command.needs_run_dir and args.run_dir is None and os.environ.get(RUN_DIR_ENV):
-        args.run_dir = Path(os.environ[RUN_DIR_ENV])
     try:
+        if command.needs_run_dir and args.run_dir is None and os.environ.get(RUN_DIR_ENV):
+            try:
+                args.run_dir = run_dir_path(os.environ[RUN_DIR_ENV])
+            except argparse.ArgumentTypeError as e:
+                sub.error(f"${RUN_DIR_ENV}: {e}")
         if command.needs_run_dir:
             if args.run_dir is None:
                 sub.error(f"{command.name} needs --run-dir DIR (or ${RUN_DIR_ENV})")

@@ -10,7 +10,7 @@ disk and rental hours follow from the stated bandwidths and start-up time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from andrea.daemon.config import RunConfig
 from andrea.daemon.data.batch_split import BatchShape
@@ -93,6 +93,10 @@ class PlanInputs:
     data_tokens: tuple[int, str] | None = None
 
 
+#: The most steps a window is planned for (plan's --steps bound).
+MAX_WINDOW_STEPS = 10**12
+
+
 def step_floor_seconds(n_layer: int) -> float:
     """The least time a step of an `n_layer` model takes on the host, whatever the GPU."""
     return STEP_FLOOR_BASE_S + STEP_FLOOR_PER_LAYER_S * n_layer
@@ -139,6 +143,35 @@ def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> reports.
         assumptions=_assumptions(inputs, costs),
         warnings=_warnings(shape, memory, data),
     )
+
+
+def steps_in_window(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs, days: float) -> int:
+    """The most steps whose rental hours (training, checkpoint stalls, evaluation, one stop and
+    resume, the export: `_rental`) fit in `days` days; 0 when not even the fixed hours do. The
+    hours grow with the steps (never shrink), so a bisection finds it."""
+    costs = _Costs(
+        sizing.parameters(cfg.model),
+        sizing.cuda_numerics(inputs.precision),
+        sizing.flops_per_token(cfg.model),
+    )
+
+    def fits(steps: int) -> bool:
+        at = replace(inputs, steps=steps)
+        speed = _speed(shape, at, costs, cfg.model.n_layer)
+        hours = _rental(cfg, at, costs, speed, _checkpoints(cfg, at, costs)).total_hours
+        return hours <= days * 24
+
+    if not fits(0):
+        return 0
+    low, high = 0, 1
+    while fits(high) and high < MAX_WINDOW_STEPS:
+        low, high = high, min(2 * high, MAX_WINDOW_STEPS)
+    if fits(high):
+        return high
+    while high - low > 1:  # fits(low), not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def _data(shape: BatchShape, inputs: PlanInputs) -> reports.PlanData | None:

@@ -401,6 +401,15 @@ class PlanRental(_Report):
     fits_days: dict[int, bool] = Field(description="whether it fits a 3, 7 and 30-day rental")
 
 
+class PlanWindow(_Report):
+    """``plan --days N``: the plan backwards, what a rental window of N days holds."""
+
+    days: float
+    steps: int = Field(description="the most steps whose rental hours fit in the window")
+    tokens: int = Field(description="the tokens those steps train on (steps x tokens per step)")
+    hours: float = Field(description="the rental hours of those steps (at most days x 24)")
+
+
 class PlanReport(_Report):
     """``andreactl plan``: memory, time and disk of a run before renting."""
 
@@ -419,6 +428,9 @@ class PlanReport(_Report):
     rental: PlanRental
     data: PlanData | None = Field(
         None, description="passes over the run's data (null: the data cannot be found)"
+    )
+    window: PlanWindow | None = Field(
+        None, description="with --days: the steps and tokens the window holds (the plan is theirs)"
     )
     assumptions: dict[str, str] = Field(description="each assumed figure and where it comes from")
     warnings: list[str]

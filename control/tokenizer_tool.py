@@ -236,7 +236,11 @@ def _warm_cache(
     reads (their entries do not depend on where the tokenizer file lies, only on its bytes)."""
     started = time.monotonic()
     data = cfg.data.model_copy(
-        update={"arms": specs, "cache_dir": str(cache) if cache else cfg.data.cache_dir}
+        # A --cache-dir is the working directory's; the run's [data] cache_dir is the run's.
+        update={
+            "arms": specs,
+            "cache_dir": str(cache.expanduser().absolute()) if cache else cfg.data.cache_dir,
+        }
     )
     try:
         load_arms(data, run_dir, padded_vocab(made.n_vocab), tokenizer=made)
@@ -244,7 +248,7 @@ def _warm_cache(
         raise UserError(str(e)) from None
     except OSError as e:
         raise UserError(f"the token cache could not be warmed: {e}") from None
-    return cache_root(data), time.monotonic() - started
+    return cache_root(data, run_dir), time.monotonic() - started
 
 
 def _arm_row(tally: _Tally, tokenizer: RunTokenizer) -> reports.TokenizerArm:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import textwrap
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -26,7 +27,12 @@ from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 from .data.heldout import DEFAULT_FRACTION
 from .rundir.boundedio import FileRejected, read_bounded
 from .rundir.durable import atomic_write_bytes
-from .rundir.layout import CONFIG_FILE
+from .rundir.layout import (
+    APPLIED_CONFIG_FILE,
+    CONFIG_FILE,
+    RESOLVED_CONFIG_FILE,
+    recorded_config,
+)
 from .runtime.validation_messages import Note, describe
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
@@ -204,7 +210,8 @@ class DataConfig(_Strict):
     arms: list[ArmSpec] = Field(default_factory=default_arms, min_length=1)
     cache_dir: str | None = Field(
         None,
-        description="where tokenized arms are cached; default $CACHE_DIRECTORY or ~/.cache/andrea",
+        description="where tokenized arms are cached, relative to the run directory (--cache-dir: "
+        "to the working directory); default $CACHE_DIRECTORY or ~/.cache/andrea",
     )
     tokenizer: str = Field(
         "bytes",
@@ -217,8 +224,9 @@ class DataConfig(_Strict):
         None,
         ge=1 << 10,
         le=1 << 36,
-        description="the largest JSON Lines line (one document) read, in bytes; a longer one is a "
-        f"data error naming the file and line (default {DEFAULT_MAX_DOCUMENT_BYTES:,}: 64 MiB)",
+        description="the largest document read, in bytes: a JSON Lines line, or a text arm's file "
+        "(one document); a longer one is a data error naming the file (and line) "
+        f"(default {DEFAULT_MAX_DOCUMENT_BYTES:,}: 64 MiB)",
     )
     heldout_fraction: float | None = Field(
         None,
@@ -231,7 +239,7 @@ class DataConfig(_Strict):
 
     @property
     def document_bound(self) -> int:
-        """The largest JSON Lines line read, in bytes."""
+        """The largest document read (a JSON Lines line, a text file), in bytes."""
         return self.max_document_bytes or DEFAULT_MAX_DOCUMENT_BYTES
 
     @model_validator(mode="after")
@@ -736,22 +744,20 @@ def for_new_run(cfg: RunConfig) -> RunConfig:
         raise ConfigError(describe(e, "invalid configuration for a new run")) from None
 
 
-def record_new_run(path: Path, cfg: RunConfig) -> list[str]:
-    """A new run's own run.toml, written by a person: record in it every trajectory setting it
-    leaves open, as this first start settled it (a flag, a preset's value, the held-out default,
-    the tokenizer's vocabulary), so that every restart trains under the same ones. A setting the
-    file states is left as it is. Rewritten atomically, only when one is missing; what it records,
-    `key = value` (`table.*` for a whole table)."""
-    values = load_toml(path)
+def left_open(values: dict[str, Any], cfg: RunConfig) -> tuple[dict[str, Any], list[str]]:
+    """What a new run's own config file (`values`, as a person wrote it) leaves open among the
+    trajectory settings, filled in as this first start settled it (a flag, a preset's value, the
+    held-out default, the tokenizer's vocabulary): the filled values, and each setting filled,
+    `key = value` (`table.*` for a whole table). The resolved config records them, so that every
+    restart trains under the same ones; the person's file is never rewritten."""
+    values = json.loads(json.dumps(values, default=str))  # a copy, never the caller's
     dump = cfg.model_dump(mode="json", exclude_none=True)
     dump["data"].pop("cache_dir", None)
     recorded: list[str] = []
     for key in RunConfig.TRAJECTORY_FIELDS:
         if key in dump:  # a setting left unset (None) stays unset
             _fill_missing(values, key, dump[key], key, recorded)
-    if recorded:
-        atomic_write_bytes(path, tomli_w.dumps(values).encode())
-    return recorded
+    return values, recorded
 
 
 def _fill_missing(
@@ -765,17 +771,101 @@ def _fill_missing(
             _fill_missing(into[key], k, v, f"{dotted}.{k}", recorded)
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """A run's recorded config (`recorded_config`) and its person's file as that record last took
+    it in (`APPLIED_CONFIG_FILE`; for a run directory of an earlier version, its run.toml, which
+    was both)."""
+
+    path: Path
+    values: dict[str, Any]
+    applied: dict[str, Any]
+
+    def with_edits(self, now: dict[str, Any] | None, source: Path) -> dict[str, Any]:
+        """The config values a start resolves from: the record, with what the person's file
+        (`now`, None when there is none) changed since the record took it in. An unchanged file
+        changes nothing (an accepted --allow-config-change stands); an edited key is taken, a
+        removed one falls back to its default. A changed preset is refused: a run keeps its
+        model."""
+        if now is None:
+            return dict(self.values)
+        try:
+            then, now = upgrade_legacy(dict(self.applied)), upgrade_legacy(dict(now))
+            values = upgrade_legacy(dict(self.values))
+        except ValueError as e:
+            raise ConfigError(f"invalid configuration ({source}): {e}") from None
+        was = values.get("preset", "andrea-tiny")
+        if "preset" in now and now["preset"] != then.get("preset") and now["preset"] != was:
+            raise ConfigError(
+                f"{source} sets preset {now['preset']}, and this run (it has checkpoints) is "
+                f"{was}: a run keeps its model; set it back, or start a new run directory"
+            )
+        return _apply_edits(values, then, now)
+
+
+def _apply_edits(
+    record: dict[str, Any], then: dict[str, Any], now: dict[str, Any]
+) -> dict[str, Any]:
+    out = dict(record)
+    for key in then.keys() | now.keys():
+        if key not in now:
+            out.pop(key, None)
+        elif then.get(key) == now[key]:
+            continue
+        elif all(isinstance(d.get(key), dict) for d in (then, now, out)):
+            out[key] = _apply_edits(out[key], then[key], now[key])
+        else:
+            out[key] = now[key]
+    return out
+
+
+def read_record(run_dir: Path) -> RunRecord | None:
+    """The run's recorded config (None before a first start recorded one). ConfigError naming
+    the file when it cannot be read."""
+    path = recorded_config(run_dir)
+    if path is None:
+        return None
+    values = load_toml(path, follow_symlinks=False)
+    if path.name == CONFIG_FILE:
+        return RunRecord(path, values, values)
+    applied = run_dir / APPLIED_CONFIG_FILE
+    return RunRecord(path, values, load_toml(applied) if applied.is_file() else {})
+
+
+def record_resolved(cfg: RunConfig, run_dir: Path, user_file: Path | None) -> None:
+    """Record the config the run trains under (RESOLVED_CONFIG_FILE), and the person's file it
+    took in, byte for byte (APPLIED_CONFIG_FILE; none when there is none). run.toml is written
+    only where there is none, so that the run directory describes itself: a person's file is
+    never rewritten. Atomically: the proxy, started at the same time, and the other ranks of a job
+    may read them at any moment."""
+    own = run_dir / CONFIG_FILE
+    if not own.exists():
+        save_config(cfg, own)
+        user_file = user_file or own
+    save_config(cfg, run_dir / RESOLVED_CONFIG_FILE)
+    _record_applied(run_dir, user_file)
+
+
+def _record_applied(run_dir: Path, user_file: Path | None) -> None:
+    applied = run_dir / APPLIED_CONFIG_FILE
+    if user_file is not None and user_file.is_file():
+        atomic_write_bytes(applied, read_bounded(user_file, MAX_CONFIG_BYTES))
+    else:
+        applied.unlink(missing_ok=True)
+
+
 def save_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config as run.toml, so the run directory describes itself. Atomically:
-    the proxy, started at the same time, and the other ranks of a job may read it at any moment."""
+    """Write the resolved config as TOML at `path`, opening with what it is. Atomically."""
     _write_toml(path, cfg.model_dump(mode="json", exclude_none=True))
 
 
-def record_trajectory(cfg: RunConfig, path: Path) -> None:
-    """Make `cfg`'s trajectory settings those of the run.toml at `path` (after a change accepted
-    with --allow-config-change), keeping the file's other settings; atomic and durable, so that
-    the next plain restart runs under the accepted config."""
-    values = load_toml(path) if path.exists() else {}
+def record_trajectory(cfg: RunConfig, run_dir: Path, user_file: Path | None) -> None:
+    """Make `cfg`'s trajectory settings those of the run's recorded config (after a change
+    accepted with --allow-config-change), keeping its other settings, and take in the person's
+    file as it is now; atomic and durable, so that the next plain restart runs under the
+    accepted config. The person's run.toml is left as it is."""
+    source = recorded_config(run_dir)
+    values = load_toml(source, follow_symlinks=False) if source is not None else {}
     dump = cfg.model_dump(mode="json", exclude_none=True)
     cache_dir = (
         values.get("data", {}).get("cache_dir") if isinstance(values.get("data"), dict) else None
@@ -788,7 +878,8 @@ def record_trajectory(cfg: RunConfig, path: Path) -> None:
     values["data"] = {k: v for k, v in values["data"].items() if k != "cache_dir"}
     if cache_dir is not None:
         values["data"]["cache_dir"] = cache_dir
-    _write_toml(path, values)
+    _write_toml(run_dir / RESOLVED_CONFIG_FILE, values)
+    _record_applied(run_dir, user_file)
 
 
 def _write_toml(path: Path, values: dict[str, Any]) -> None:

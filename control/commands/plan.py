@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from andrea.daemon.config import (
@@ -20,11 +21,11 @@ from andrea.daemon.config import (
     load_toml,
 )
 from andrea.daemon.data.batch_split import batch_shape, step_sequences
-from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, RUN_DIR_ENV
+from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, RUN_DIR_ENV, recorded_config
 
 from .. import datasize, reports, sizing
 from ..offline import tail_entries
-from ..planning import GB, GPUS, GiB, GpuSpec, PlanInputs, gpu_of, make_plan
+from ..planning import GB, GPUS, GiB, GpuSpec, PlanInputs, gpu_of, make_plan, steps_in_window
 from .conventions import EXIT_OK, Command, UserError, emit
 
 DEFAULT_MFU = 0.30
@@ -57,6 +58,12 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, help="planned steps (default: max_steps)")
     parser.add_argument(
+        "--days",
+        type=float,
+        help="plan backwards: the steps and tokens a rental window of this many days holds "
+        "(instead of --steps)",
+    )
+    parser.add_argument(
         "--mfu",
         type=float,
         help="model FLOPs utilisation to assume, 0-1 (default: measured in --run-dir's run, else "
@@ -79,12 +86,17 @@ def load_config(args: argparse.Namespace) -> tuple[RunConfig, str]:
     try:
         if args.preset:
             return for_new_run(build_config(overrides={"preset": args.preset})), args.preset
-        path = args.config or (args.run_dir / CONFIG_FILE if args.run_dir else None)
+        # A run directory's config is the one it trains under (its flags included).
+        path = args.config or (_run_config(args.run_dir) if args.run_dir else None)
         if path is None:
             raise UserError("say what to size: --preset NAME, --config run.toml or --run-dir DIR")
         return build_config(load_toml(path), source=str(path)), str(path)
     except ConfigError as e:
         raise UserError(str(e)) from None
+
+
+def _run_config(run_dir: Path) -> Path:
+    return recorded_config(run_dir) or run_dir / CONFIG_FILE
 
 
 def _batched(cfg: RunConfig, args: argparse.Namespace) -> RunConfig:
@@ -161,6 +173,8 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         shape = batch_shape(cfg, args.gpus)
     except ConfigError as e:
         raise UserError(str(e)) from None
+    if args.days is not None and args.steps is not None:
+        raise UserError("give --steps or --days, not both: --days plans the steps")
     mfu = _mfu(args, cfg)
     inputs = PlanInputs(
         source=source,
@@ -175,7 +189,18 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         startup_seconds=args.startup_seconds,
         data_tokens=_data_tokens(args, cfg, source),
     )
+    window = None
+    if args.days is not None:
+        inputs = replace(inputs, steps=steps_in_window(cfg, shape, inputs, args.days))
     report = make_plan(cfg, shape, inputs)
+    if args.days is not None:
+        window = reports.PlanWindow(
+            days=args.days,
+            steps=inputs.steps,
+            tokens=inputs.steps * shape.tokens_per_step,
+            hours=report.rental.total_hours,
+        )
+        report = report.model_copy(update={"window": window})
     emit(args, report, plan_text(report))
     return EXIT_OK
 
@@ -214,6 +239,7 @@ _FIGURES: dict[str, tuple[float, bool, float]] = {
     "batch_size": (1, True, 10**9),
     "grad_accum": (1, True, 10**9),
     "steps": (0, True, 10**12),
+    "days": (0, False, 3650),
     "mfu": (0, False, 1),
     "gpu_memory_gb": (0, False, 10_000),
     "gpu_tflops": (0, False, 1_000_000),
@@ -295,6 +321,14 @@ def plan_text(p: reports.PlanReport) -> str:
         ),
         "assumptions: " + "; ".join(f"{k}: {v}" for k, v in p.assumptions.items()),
     ]
+    if (w := p.window) is not None:
+        lines.insert(
+            1,
+            f"in {w.days:g} day(s): {w.steps:,} steps, {w.tokens:,} tokens "
+            f"({w.hours:,.1f} rental hours of {w.days * 24:,.1f}; the figures below are theirs)"
+            if w.steps
+            else f"in {w.days:g} day(s): no step; one stop, resume and export alone take longer",
+        )
     lines += [f"WARNING: {w}" for w in p.warnings]
     return "\n".join(lines)
 

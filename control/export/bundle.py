@@ -503,8 +503,10 @@ def _write_export(
         )
     name = rundir.manifest_name(manifest.step)
     files = [payload, _write_new(dest / name, manifest_bytes, str(run_dir / name))]
-    if (run_dir / CONFIG_FILE).is_file():
-        files.append(_copy_hashed(run_dir, PurePath(CONFIG_FILE), dest / CONFIG_FILE))
+    # The config the run trains under (flags and accepted changes in), as the export's run.toml:
+    # what a resume from the export needs; the person's own run.toml may leave settings open.
+    if (recorded := rundir.recorded_config(run_dir)) is not None:
+        files.append(_copy_hashed(run_dir, PurePath(recorded.name), dest / CONFIG_FILE))
     else:
         progress(
             f"      WARNING: {run_dir / CONFIG_FILE} is missing; the manifest's config is the only record"

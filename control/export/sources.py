@@ -21,6 +21,7 @@ from andrea.daemon.rundir.layout import (
     CONFIG_FILE,
     LOSS_FILE,
     POLICY_FILE,
+    RESOLVED_CONFIG_FILE,
     SAMPLES_FILE,
     STATE_FILE,
     parse_checkpoint_name,
@@ -34,7 +35,7 @@ def offenders(run_dir: Path) -> list[str]:
     """``NAME: what it is`` for each file an export would read that is not a regular file inside
     ``run_dir``: the config, the audit files, every checkpoint file and everything under archive/."""
     out = []
-    names = [CONFIG_FILE, *AUDIT_FILES]
+    names = [CONFIG_FILE, RESOLVED_CONFIG_FILE, *AUDIT_FILES]
     names += sorted(p.name for p in run_dir.iterdir() if parse_checkpoint_name(p.name))
     for name in names:
         kind = _kind(run_dir / name)

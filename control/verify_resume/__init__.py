@@ -104,13 +104,14 @@ def run_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     prepared = None
     if config is not None or run_dir is not None:
         from andrea.daemon.config import ConfigError
-        from andrea.daemon.rundir.layout import CONFIG_FILE
+        from andrea.daemon.rundir.layout import CONFIG_FILE, recorded_config
 
         if config is not None:
             source = config
         else:
             assert run_dir is not None  # one of the two, by the condition above
-            source = run_dir / CONFIG_FILE
+            # The config the run trains under: its flags and accepted changes included.
+            source = recorded_config(run_dir) or run_dir / CONFIG_FILE
         # Relative data paths mean what the trainer makes of them: relative to the run directory,
         # or, for a config file given alone, to the directory that holds it.
         base = (run_dir if run_dir is not None else source.parent).resolve()

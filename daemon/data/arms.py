@@ -45,6 +45,7 @@ from .sources import (
     arm_files,
     arm_roots,
     jsonl_documents,
+    oversize_text,
     text_documents,
 )
 from .tokenizer import BYTES, RunTokenizer, check_vocab, load_tokenizer, tokenizer_identity
@@ -71,9 +72,11 @@ class Arm:
         return int(self.tokens.shape[0])
 
 
-def cache_root(cfg: DataConfig) -> Path:
+def cache_root(cfg: DataConfig, base: Path) -> Path:
+    """The token cache: `[data] cache_dir`, relative to the run directory `base` (under systemd
+    the working directory is `/`); else systemd's CacheDirectory=, else the user's cache."""
     if cfg.cache_dir:
-        return Path(cfg.cache_dir).expanduser()
+        return base / Path(cfg.cache_dir).expanduser()
     if os.environ.get("CACHE_DIRECTORY"):  # set by systemd's CacheDirectory=
         return Path(os.environ["CACHE_DIRECTORY"].split(":")[0])
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "andrea"
@@ -274,9 +277,20 @@ def _file_arm(
 
     fraction = cfg.heldout_fraction
     with _naming(spec):
+        if spec.kind == "text":
+            # Before the files are hashed (gigabytes take minutes): a document over the bound is
+            # refused at once (read_file checks again, should the file grow meanwhile).
+            _check_sizes(spec, arm_files(spec, base)[0], cfg.document_bound)
         digest, _ = _source_identity(spec, base, should_stop)
         identity = encoded_identity(digest, tokenizer.identity, fraction)
         return _arm(spec.name, cache, identity, tokenizer, source, fraction, should_stop, progress)
+
+
+def _check_sizes(spec: ArmSpec, files: list[Path], bound: int) -> None:
+    """A text arm's file is one document: one over `bound` bytes is a DataError naming both."""
+    for f in files:
+        if (size := f.stat().st_size) > bound:
+            raise DataError(oversize_text(f"arm {spec.name!r}: ", f, size, bound))
 
 
 @contextlib.contextmanager
@@ -298,8 +312,8 @@ def arm_documents(
 ) -> Iterable[Document]:
     """The documents of an arm whose text the run's tokenizer encodes, `(id, text)` in order: the
     unit of the held-out split. `stdlib`: the embedded corpus's documents, when they were
-    extracted already (for another arm); `bound`: the longest JSON Lines line read (`[data]
-    max_document_bytes`); `meter`: counts the bytes read from the arm's files."""
+    extracted already (for another arm); `bound`: the longest document read, a JSON Lines line
+    or a text file (`[data] max_document_bytes`); `meter`: counts the bytes read from the arm's files."""
     if spec.kind == "stdlib":
         if stdlib is None:
             root = corpus.stdlib_root()
@@ -309,10 +323,10 @@ def arm_documents(
         raise ValueError(f"arm {spec.name!r} is a tokens file: it holds ids, not documents")
     files, common = arm_files(spec, base)
     inside = arm_roots(spec, base)
-    if spec.kind == "text":
-        return text_documents(files, common, should_stop, inside, meter)
-    field = spec.field or DEFAULT_FIELD
     label = f"arm {spec.name!r}: "
+    if spec.kind == "text":
+        return text_documents(files, common, should_stop, inside, meter, bound, label)
+    field = spec.field or DEFAULT_FIELD
     return jsonl_documents(files, common, field, should_stop, label, inside, bound, meter)
 
 
@@ -482,7 +496,7 @@ def load_arms(
     for warning in check_tokenizers(cfg, base, tokenizer.identity):
         log.warning("%s", warning)
     progress = progress or EncodingProgress()
-    cache = cache_root(cfg)
+    cache = cache_root(cfg, base)
     cache.mkdir(parents=True, exist_ok=True)
     tokencache.remove_stale_temporaries(cache)
     fraction = cfg.heldout_fraction
@@ -510,7 +524,7 @@ def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) ->
     if spec.kind == "tokens":
         tokenizer = tokenizer_identity(cfg.tokenizer, base)
         check_tokenizers(cfg, base, tokenizer, only=spec.name)
-        cache = cache_root(cfg)
+        cache = cache_root(cfg, base)
         cache.mkdir(parents=True, exist_ok=True)
         return _tokens_arm(spec, base, cache, vocab_size, fraction, tokenizer).identity
     run_tokenizer = load_tokenizer(cfg.tokenizer, base)
@@ -553,6 +567,12 @@ class CursorState(BaseModel):
         return self
 
 
+def too_few_tokens(name: str, n_tokens: int, chunk: int) -> str:
+    """The refusal of an arm with fewer training tokens than one chunk (block_size + 1): the
+    start's, and `--check`'s for an arm whose files hold no document."""
+    return f"arm {name!r} has {n_tokens} training tokens, fewer than one chunk of {chunk}"
+
+
 class ArmStream:
     """Deterministic, resumable batches of chunks from one arm."""
 
@@ -569,10 +589,7 @@ class ArmStream:
                     f": [data] heldout_fraction holds out {arm.documents_held_out} of its "
                     f"{arm.documents} documents; lower heldout_fraction, or give the arm more data"
                 )
-            raise DataError(
-                f"arm {arm.name!r} has {arm.n_tokens} training tokens, fewer than one chunk of "
-                f"{self.chunk}{held}"
-            )
+            raise DataError(too_few_tokens(arm.name, arm.n_tokens, self.chunk) + held)
         self.epoch = 0
         self.position = 0
         self._perm_epoch = -1

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -193,12 +194,30 @@ class RegularReader(io.RawIOBase):
         super().close()
 
 
+def oversize_text(label: str, path: Path, size: int, bound: int) -> str:
+    """The refusal of a text arm's file over the document bound (`label`: "arm 'notes': ")."""
+    return (
+        f"{label}{path}: a text document of {size:,} bytes, longer than {bound:,} ([data] "
+        "max_document_bytes: a text arm's file is one document, held whole in memory while it is "
+        "encoded); split it into several files, or raise the bound"
+    )
+
+
 def read_file(
-    path: Path, inside: Roots = None, should_stop: Stop = None, meter: Meter | None = None
+    path: Path,
+    inside: Roots = None,
+    should_stop: Stop = None,
+    meter: Meter | None = None,
+    bound: int | None = None,
+    label: str = "",
 ) -> bytes:
     """The whole content of the regular file `path` (SourceRejected, DataError naming it), read in
-    chunks with a look at `should_stop` after each: a large file never delays a stop."""
+    chunks with a look at `should_stop` after each: a large file never delays a stop. A file of
+    more than `bound` bytes is a DataError naming it (after `label`), before anything is read
+    or allocated: one document that size would exhaust memory in the tokenizer."""
     with RegularReader(path, inside, meter) as r:
+        if bound is not None and r.size > bound:
+            raise DataError(oversize_text(label, path, r.size, bound))
         out = bytearray(r.size)
         view = memoryview(out)
         while r.done < r.size:
@@ -209,16 +228,40 @@ def read_file(
         return bytes(out)
 
 
-def file_digest(path: Path, inside: Roots = None, should_stop: Stop = None) -> tuple[int, bytes]:
+#: The most time between two progress lines while one file is hashed (as an encoding logs).
+HASH_LOG_EVERY_S = 10.0
+
+
+def file_digest(
+    path: Path,
+    inside: Roots = None,
+    should_stop: Stop = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[int, bytes]:
     """(size, sha256 digest) of the regular file `path`, streamed (a stop request is looked at
-    after each chunk)."""
+    after each chunk). A file that takes longer than HASH_LOG_EVERY_S to hash (gigabytes) logs
+    how far it is, at that interval: a start that identifies its data is never silent."""
     sha = hashlib.sha256()
     buf = bytearray(_CHUNK)
     with RegularReader(path, inside) as r:
+        started = logged = clock()
         while n := r.readinto(buf):
             check_stop(should_stop, "hashing the data's files")
             sha.update(memoryview(buf)[:n])
+            if (now := clock()) - logged >= HASH_LOG_EVERY_S:
+                logged = now
+                log.info(
+                    "identifying the data: %s hashed, %s of %s (%.0f MB/s)",
+                    path,
+                    _size(r.done),
+                    _size(r.size),
+                    r.done / (now - started) / 1e6,
+                )
         return r.size, sha.digest()
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def arm_roots(spec: ArmSpec, base: Path) -> Roots:
@@ -274,11 +317,16 @@ def text_documents(
     should_stop: Stop = None,
     inside: Roots = None,
     meter: Meter | None = None,
+    bound: int | None = DEFAULT_MAX_DOCUMENT_BYTES,
+    label: str = "",
 ) -> Iterator[tuple[str, bytes]]:
-    """A text arm's documents: `(path relative to common, bytes)` per file."""
+    """A text arm's documents: `(path relative to common, bytes)` per file. DataError naming the
+    file (after `label`: "arm 'notes': ") for one longer than `bound` bytes, as a JSON Lines
+    line is bounded (None: unbounded, for a tool of a person's own files)."""
     for f in files:
         check_stop(should_stop, "reading text arms")
-        yield f.relative_to(common).as_posix(), read_file(f, inside, should_stop, meter)
+        document = read_file(f, inside, should_stop, meter, bound, label)
+        yield f.relative_to(common).as_posix(), document
 
 
 class _Oversize(Exception):

@@ -6,9 +6,10 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from ..rundir.layout import CONFIG_FILE, AlreadyRunning, SocketDirError
+from ..rundir.layout import CONFIG_FILE, AlreadyRunning, SocketDirError, recorded_config
 from ..runtime.cliargs import add_log_level_argument, add_run_dir_argument
 from ..runtime.exitcodes import ExitCode, for_unexpected
 from ..runtime.logsetup import setup_logging
@@ -59,18 +60,29 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(int(code))
 
 
-def _wait_for(path: Path, flags: OperatorRequests) -> bool:
-    """Wait for the run config, which the trainer's first start writes.
+def _wait_for(run_dir: Path, given: Path | None, flags: OperatorRequests) -> Path | None:
+    """The run config to read: `given` (--config), else the run's recorded config
+    (`recorded_config`), waited for until the trainer's first start writes it; None when a stop
+    came first.
 
     The units start the trainer after the proxy is ready (so that a stop runs the other way: the
     trainer's final loss records reach a proxy that is still there). So on a first start the
     proxy says READY=1 before this wait, or the trainer would never start and write the file."""
-    if path.exists():
-        return True
+    if given is not None:
+        return given if given.exists() or _wait(given.exists, given, flags) else None
+    path = recorded_config(run_dir)
+    if path is not None:
+        return path
+    if not _wait(lambda: recorded_config(run_dir) is not None, run_dir / CONFIG_FILE, flags):
+        return None
+    return recorded_config(run_dir)
+
+
+def _wait(ready: Callable[[], bool], path: Path, flags: OperatorRequests) -> bool:
     notifier = Notifier()
     log.info("waiting for %s (the trainer's first start writes it)", path)
     notifier.ready(f"waiting for {path.name} (written by the trainer's first start)")
-    while not path.exists():
+    while not ready():
         if flags.stop_requested():
             return False
         notifier.tick()
@@ -93,8 +105,8 @@ def run(args: argparse.Namespace, flags: OperatorRequests) -> ExitCode:
     except OSError as e:
         log.error("--run-dir %s: not a usable directory (%s)", run_dir, e.strerror or e)
         return ExitCode.CONFIG_ERROR
-    cfg_path = args.config or run_dir / CONFIG_FILE
-    if not _wait_for(cfg_path, flags):
+    cfg_path = _wait_for(run_dir, args.config, flags)
+    if cfg_path is None:
         return ExitCode.OK
     try:
         cfg = read_run_config(cfg_path, run_dir)
@@ -102,7 +114,7 @@ def run(args: argparse.Namespace, flags: OperatorRequests) -> ExitCode:
     except (ConfigError, PolicyError, OSError) as e:
         log.error("%s", e)
         return ExitCode.CONFIG_ERROR
-    proxy = Proxy(ProxyOptions(run_dir, cfg, resolved.policy, resolved.write, cfg_path), flags)
+    proxy = Proxy(ProxyOptions(run_dir, cfg, resolved.policy, resolved.write, args.config), flags)
     try:
         proxy.setup()
     except LogContradiction as e:

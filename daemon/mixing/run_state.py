@@ -22,7 +22,14 @@ from ..config import ConfigError, RunConfig, config_changes
 from ..data.open_settings import read_run_config
 from ..metrics.prometheus import exposition_for
 from ..rundir.evallog import EvalLog, last_eval
-from ..rundir.layout import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, STATE_FILE, TENSORBOARD_DIR
+from ..rundir.layout import (
+    EVAL_FILE,
+    LOSS_FILE,
+    SAMPLES_FILE,
+    STATE_FILE,
+    TENSORBOARD_DIR,
+    recorded_config,
+)
 from ..rundir.losslog import LossLog, canonical_curve, read_entries
 from .archive import archive_samples, phase_starts
 from .assignbook import AssignmentBook
@@ -53,7 +60,8 @@ class ProxyOptions:
     policy: Policy
     #: Text to make the run's policy file before starting (a first start, or `--policy --pivot`).
     policy_text: str | None = None
-    #: Where `cfg` was read, to re-read after a deliberate config change (--allow-config-change).
+    #: The config file given (--config), re-read after a deliberate config change
+    #: (--allow-config-change); without one, the run's recorded config (`recorded_config`).
     config_path: Path | None = None
 
 
@@ -118,11 +126,11 @@ class ProxyRunState:
         policy.check_feasible(c.name for c in self.configured if c.available)
 
     def reload_config(self) -> None:
-        """The trainer may have recorded a deliberate change in run.toml (--allow-config-change)
+        """The trainer may have recorded a deliberate change (--allow-config-change)
         since this proxy read it: take a changed seed or arm set from there. The running phase's
         bandit keeps its own seed (its draws so far are in .state.json); a removed arm becomes a
         zombie, an added one joins with a fresh reward."""
-        path = self.opts.config_path
+        path = self.opts.config_path or recorded_config(self.run_dir)
         if path is None:
             return
         try:

@@ -2,7 +2,11 @@
 
 A run directory holds (see docs/satellite-files.md and docs/checkpoint-format.md)::
 
-    run.toml                     the run's config (written by the trainer's first start)
+    run.toml                     the run's config as a person wrote it (never rewritten; written
+                                 by the trainer's first start only where there is none)
+    .run.resolved.toml           the config the run trains under: preset, run.toml and flags
+                                 resolved by the trainer, with the changes accepted since
+    .run.applied.toml            run.toml byte for byte as .run.resolved.toml last took it in
     policy.toml                  the proxy's mixing policy (optional)
     step_NNNNNN.bin / .json      checkpoint payload and manifest
     .loss.json                   proxy: one entry per trained step
@@ -38,6 +42,11 @@ from typing import IO
 from .boundedio import LINK_REFUSED, irregular, read_bounded
 
 CONFIG_FILE = "run.toml"
+#: The config the run trains under, as its trainer resolved and recorded it (daemon/config.py).
+RESOLVED_CONFIG_FILE = ".run.resolved.toml"
+#: The person's config file as the resolved config last took it in, byte for byte: a later edit
+#: of run.toml is told from it key by key (`config.edits_since`).
+APPLIED_CONFIG_FILE = ".run.applied.toml"
 POLICY_FILE = "policy.toml"
 LOSS_FILE = ".loss.json"
 EVAL_FILE = ".eval.json"
@@ -126,10 +135,21 @@ def pivot_records(run_dir: Path) -> Iterator[Path]:
     return run_dir.glob(f"{ARCHIVE_DIR}/pivot-*/{PIVOT_RECORD}")
 
 
+def recorded_config(run_dir: Path) -> Path | None:
+    """The file of the config the run trains under: RESOLVED_CONFIG_FILE; in a run directory of
+    an earlier version (none), its run.toml, which that trainer rewrote into the resolved config.
+    None where neither exists (before a first start). What every reader of a run's config reads
+    (the proxy, andreactl plan, export, verify-resume); run.toml is the person's."""
+    for name in (RESOLVED_CONFIG_FILE, CONFIG_FILE):
+        if (run_dir / name).is_file():
+            return run_dir / name
+    return None
+
+
 def is_run_dir(path: Path) -> bool:
-    """Whether `path` holds a run: its run.toml, its loss log or a checkpoint's manifest (a
-    trainer writes run.toml before anything else)."""
-    if (path / CONFIG_FILE).is_file() or (path / LOSS_FILE).is_file():
+    """Whether `path` holds a run: its config, its loss log or a checkpoint's manifest (a
+    trainer records its config before anything else)."""
+    if recorded_config(path) is not None or (path / LOSS_FILE).is_file():
         return True
     return any(parse_checkpoint_name(p.name) for p in path.glob("step_*.json"))
 

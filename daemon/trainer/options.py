@@ -21,9 +21,12 @@ class TrainerOptions:
     world: dist.World = field(default_factory=dist.World)
     #: False only to measure what the per-step agreement costs (tests/bench/bench_distributed.py).
     coordinate: bool = True
-    #: Changes to the run's run.toml accepted with --allow-config-change, recorded there once the
-    #: resume is accepted and before the proxy is told (it re-reads the file on a changed seed).
+    #: Changes to the run's config accepted with --allow-config-change, recorded in its resolved
+    #: config once the resume is accepted and before the proxy is told (it re-reads the record
+    #: on a changed seed).
     config_changes: list[str] = field(default_factory=list)
+    #: The person's config file the start read (--config, else run.toml): the record takes it in.
+    user_config: Path | None = None
     #: A new run starts from this checkpoint of another run (--init-from): its weights, and with
     #: `init_optimizer` Adam's moments and step count.
     init_from: Path | None = None

@@ -1,14 +1,18 @@
 """Config changes are named or refused, and a deliberate one (--allow-config-change) is recorded in
-run.toml so that every later plain restart runs under it — with the proxy too. One test per kind of
-change the docs allow: optimizer, batch, seed, data (an arm removed: the zombie-arm workflow) and
-mixing. Real trainer and proxy processes."""
+the run's resolved config so that every later plain restart runs under it — with the proxy too. One
+test per kind of change the docs allow: optimizer, batch, seed, data (an arm removed: the zombie-arm
+workflow) and mixing; and a person's run.toml, never rewritten. Real trainer and proxy processes."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
+from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest
+from andrea.daemon.rundir.layout import RESOLVED_CONFIG_FILE, recorded_config
 from andrea.daemon.rundir.losslog import read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
@@ -16,7 +20,10 @@ from ..support.daemons import run_trainer
 
 
 def run_toml(run_dir: Path) -> dict:
-    return tomllib.loads((run_dir / "run.toml").read_text())
+    """The config the run trains under, as the trainer recorded it."""
+    path = recorded_config(run_dir)
+    assert path is not None and path.name == RESOLVED_CONFIG_FILE
+    return tomllib.loads(path.read_text())
 
 
 def test_changes_are_named_refused_or_recorded(tmp_path: Path, cache_dir: Path) -> None:
@@ -32,7 +39,7 @@ def test_changes_are_named_refused_or_recorded(tmp_path: Path, cache_dir: Path) 
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
     assert "batch_size: 8 → 16" in res.stderr and "--allow-config-change" in res.stderr
 
-    # Optimizer: an edit of run.toml is named by the checkpoint's own check.
+    # Optimizer: an edit of run.toml is named against the run's recorded config.
     text = (run / "run.toml").read_text().replace("lr = 0.003\n", "lr = 0.002\n")
     (run / "run.toml").write_text(text)
     res = run_trainer(run, cache_dir, "--max-steps", "12")
@@ -44,7 +51,7 @@ def test_changes_are_named_refused_or_recorded(tmp_path: Path, cache_dir: Path) 
         run, cache_dir, "--max-steps", "12", "--batch-size", "16", "--allow-config-change"
     )
     assert res.returncode == ExitCode.OK, res.stderr
-    assert "recorded in run.toml: batch_size: 8 → 16" in res.stderr, res.stderr
+    assert "recorded in .run.resolved.toml: batch_size: 8 → 16" in res.stderr, res.stderr
     assert run_toml(run)["batch_size"] == 16 and run_toml(run)["optim"]["lr"] == 0.002
     res = run_trainer(run, cache_dir, "--max-steps", "14")
     assert res.returncode == ExitCode.OK and "resumed from step_000012.bin" in res.stderr, (
@@ -94,3 +101,57 @@ def test_deliberate_changes_with_the_proxy(tmp_path: Path, cache_dir: Path) -> N
         "docstrings",
     }
     assert [e.step for e in read_entries(run / ".loss.json")][-1] == 22
+
+
+#: A person's run.toml, as people write them: comments, their own layout, a preset.
+HAND_WRITTEN = """# my run: written by hand, commented
+preset = "andrea-12m"   # the bigger model
+
+[[data.arms]]
+name = "web"
+kind = "jsonl"
+paths = ["web.jsonl"]
+"""
+
+
+def _start(run: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    """A trainer start without run_trainer's --preset: the run's own file says it."""
+    args = ["--run-dir", str(run), "--threads", "1", "--cache-dir", str(cache), "--sample-every"]
+    cmd = [sys.executable, "-m", "andrea.daemon.trainer.service.cli", *args, "0", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def test_a_hand_written_run_toml_is_never_rewritten(tmp_path: Path, cache_dir: Path) -> None:
+    """Issue 50: the first start replaced a person's run.toml with the resolved config (comments
+    gone); after a failed first start it held that preset's shape, and a later preset change then
+    trained the old shape and schedule, with no warning."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.toml").write_text(HAND_WRITTEN)
+    (run / "web.jsonl").write_text("")
+    res = _start(run, cache_dir, "--max-steps", "4", "--checkpoint-every", "2")
+    assert res.returncode == ExitCode.DATA_ERROR, res.stderr
+    assert (run / "run.toml").read_text() == HAND_WRITTEN
+
+    # A preset change before any checkpoint means the preset: its shape and its schedule.
+    changed = HAND_WRITTEN.replace('preset = "andrea-12m"', 'preset = "andrea-tiny"')
+    (run / "run.toml").write_text(changed)
+    rows = "".join(
+        json.dumps({"text": f"document {i}: " + "some prose " * 40}) + "\n" for i in range(60)
+    )
+    (run / "web.jsonl").write_text(rows)
+    res = _start(run, cache_dir, "--max-steps", "4", "--checkpoint-every", "2")
+    assert res.returncode == ExitCode.OK, res.stderr
+    assert "model andrea-tiny: " in res.stderr, res.stderr
+    model = read_manifest(run, 4).config["model"]
+    assert (model["n_layer"], model["n_embd"], model["block_size"]) == (2, 64, 64)
+    assert read_manifest(run, 4).config["optim"]["warmup_steps"] == 20
+    assert (run / "run.toml").read_text() == changed
+
+    # A preset change once the run has checkpoints: refused (a run keeps its model).
+    (run / "run.toml").write_text(HAND_WRITTEN)
+    res = _start(run, cache_dir, "--max-steps", "6")
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
+    assert "sets preset andrea-12m, and this run (it has checkpoints) is andrea-tiny" in res.stderr
+    assert (run / "run.toml").read_text() == HAND_WRITTEN and checkpoint_steps(run)[0] == 4
+    # (An accepted change beside an unchanged file: test_changes_are_named_refused_or_recorded.)

@@ -46,3 +46,18 @@ def test_a_diverging_run_stops_and_keeps_its_last_finite_checkpoint(
     losses = {e["step"]: e["loss"] for e in json.loads((run / rundir.LOSS_FILE).read_text())}
     diverged = min(s for s, loss in losses.items() if not np.isfinite(float(loss)))
     assert 4 < diverged and max(losses) <= diverged + 2, losses
+
+
+def test_a_divergence_before_the_first_checkpoint_says_there_is_none(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """It used to log "the newest checkpoint, step none, is kept" (and "step none" again at exit)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / rundir.CONFIG_FILE).write_text("[optim]\nlr = 1e30\nwarmup_steps = 0\ngrad_clip = 0.0\n")
+    res = run_trainer(run, cache_dir, "--max-steps", "40", "--checkpoint-every", "0")
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
+    errors = [line for line in res.stderr.splitlines() if " ERROR " in line]
+    assert errors and not any("none" in line for line in errors), res.stderr
+    assert "(no checkpoint yet)" in res.stderr and "not restarted (no checkpoint yet)" in res.stderr
+    assert checkpoint_steps(run) == []

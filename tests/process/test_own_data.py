@@ -132,8 +132,10 @@ def test_subword_arms_under_the_proxy_resume_bit_exact_and_export_with_the_token
     curve = _curve(stopped)
     assert curve == _curve(whole) and [s for s, _, _ in curve] == list(range(1, STEPS + 1))
     assert {a for _, _, a in curve} == {"notes", "web", "pre"}
-    toml = (stopped / "run.toml").read_text()
+    # What the run's own run.toml left open is recorded beside it, in the resolved config.
+    toml = (stopped / ".run.resolved.toml").read_text()
     assert "vocab_size = 512" in toml and "heldout_fraction = 0.05" in toml
+    assert "vocab_size" not in (stopped / "run.toml").read_text()
     _samples_decode(stopped)
     _export_reloads_with_its_tokenizer(stopped, tmp_path / "export")
     _another_tokenizer_is_refused(whole, tmp_path, cache_dir)

@@ -194,6 +194,14 @@ def _jsonl_arm(
 
 PAGES = [{"page": PROSE * 4}] * 5
 
+
+def _huge_note(run: Path) -> None:
+    (run / "notes").mkdir(parents=True)
+    (run / "notes" / "small.txt").write_text(PROSE)
+    (run / "notes" / "huge.txt").write_text("x" * 2048)
+    (run / "run.toml").write_text(f"[data]\nmax_document_bytes = 1024\n{TEXT_ARM}")
+
+
 #: Inputs whose refusal only a read of the arm's records finds: (setup, exit code, what the
 #: error names), for `--check` and the start alike.
 FIRST_RECORD_CASES: dict[str, tuple[Callable[[Path], None], int, list[str]]] = {
@@ -216,6 +224,17 @@ FIRST_RECORD_CASES: dict[str, tuple[Callable[[Path], None], int, list[str]]] = {
         lambda run: _jsonl_arm(run, "page", {"a.jsonl": [{"page": None}, *PAGES]}),
         ExitCode.DATA_ERROR,
         ["arm 'web'", "a.jsonl:1", "field 'page'"],
+    ),
+    # A text file is one document, bounded as a JSON Lines line is (issue 50, M5: it was read
+    # whole, then "out of memory", exit 2, naming neither the arm nor the file).
+    "text-document-over-the-bound": (
+        _huge_note, ExitCode.DATA_ERROR,
+        ["arm 'notes': ", "huge.txt: a text document of 2,048 bytes, longer than 1,024"],
+    ),
+    # The check said "check passed" (exit 0) where the start found 0 training tokens (exit 5).
+    "jsonl-empty": (
+        lambda run: _jsonl_arm(run, None, {"a.jsonl": [], "b.jsonl": []}), ExitCode.DATA_ERROR,
+        ["arm 'web' has 0 training tokens, fewer than one chunk of 65"],
     ),
 }  # fmt: skip
 

@@ -58,5 +58,6 @@ def test_a_cpu_runs_mfu_is_not_carried_to_a_gpu_and_its_data_is_counted(
     monkeypatch.setenv(RUN_DIR_ENV, str(run))
     code, again, err = plan(capsys, "--gpu", "h100", "--steps", "5000", "--json")
     assert code == 0, err
-    assert json.loads(again)["source"] == p.source == str(run / "run.toml")
+    # The config the run trains under, which its first start recorded beside run.toml.
+    assert json.loads(again)["source"] == p.source == str(run / ".run.resolved.toml")
     assert json.loads(again)["data"] == json.loads(out)["data"]

@@ -118,13 +118,19 @@ def test_deleted_run_toml_is_not_rewritten_before_a_refusal(
 ) -> None:
     res = _trainer(tmp_path, cache_dir, "--seed", "7")
     assert res.returncode == ExitCode.OK, res.stderr
+    # run.toml alone deleted: the run's resolved config still says seed 7, and it resumes.
     (tmp_path / "run.toml").unlink()
-    res = _trainer(tmp_path, cache_dir)  # the default seed: not the run's, refused
+    res = _trainer(tmp_path, cache_dir, "--max-steps", "6")
+    assert res.returncode == ExitCode.OK, res.stderr
+    # Both deleted: rebuilt from defaults and flags, and recorded only once the resume is accepted.
+    (tmp_path / ".run.resolved.toml").unlink()
+    res = _trainer(tmp_path, cache_dir, "--max-steps", "6")  # the default seed: refused
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
-    assert not (tmp_path / "run.toml").exists()
-    res = _trainer(tmp_path, cache_dir, "--seed", "7")
+    assert not (tmp_path / "run.toml").exists() and not (tmp_path / ".run.resolved.toml").exists()
+    res = _trainer(tmp_path, cache_dir, "--seed", "7", "--max-steps", "6")
     assert res.returncode == ExitCode.OK, res.stderr
     assert "seed = 7" in (tmp_path / "run.toml").read_text()
+    assert "seed = 7" in (tmp_path / ".run.resolved.toml").read_text()
 
 
 def test_proxy_policy_linked_to_dev_zero(tmp_path: Path) -> None:

@@ -238,6 +238,44 @@ def test_an_empty_run_directory_is_refused_not_taken_as_the_current_one(
     assert "--run-dir: an empty run directory; name one" in capsys.readouterr().err
 
 
+#: A run directory whose path holds a byte that is not UTF-8 (as the file system may).
+NOT_UTF8 = os.fsdecode(b"/tmp/run-\xff")
+NOT_UTF8_LINE = "the path is not UTF-8 (byte 0xff)"
+
+
+@pytest.mark.parametrize(
+    "parser",
+    [trainer_cli.build_parser, proxy_cli.build_parser],
+    ids=["andrea-trainer", "andrea-proxy"],
+)
+def test_a_run_directory_that_is_not_utf8_is_a_usage_error(
+    parser: Callable[[], argparse.ArgumentParser],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 50, M7: the trainer failed with CRITICAL UnicodeEncodeError writing .socket-dir (exit
+    1, restarted by systemd until its start limit)."""
+    with pytest.raises(SystemExit) as exit:
+        parser().parse_args(["--run-dir", NOT_UTF8])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "/tmp/run-\\xff: " + NOT_UTF8_LINE in err and "Traceback" not in err
+    monkeypatch.setenv("ANDREA_RUN_DIR", NOT_UTF8)
+    with pytest.raises(SystemExit) as exit:
+        parser().parse_args([])
+    assert exit.value.code == 2 and NOT_UTF8_LINE in capsys.readouterr().err
+
+
+def test_andreactl_refuses_a_run_directory_that_is_not_utf8(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert andreactl.main(["--run-dir", NOT_UTF8, "status"]) == 2
+    assert NOT_UTF8_LINE in capsys.readouterr().err
+    monkeypatch.setenv("ANDREA_RUN_DIR", NOT_UTF8)
+    assert andreactl.main(["status"]) == 2
+    assert NOT_UTF8_LINE in capsys.readouterr().err
+
+
 def test_andreactl_refuses_an_empty_run_directory_and_an_empty_list_of_steps(
     tmp_path: Path, capsys
 ) -> None:

@@ -251,3 +251,62 @@ def test_a_linked_tokens_file_has_its_record_beside_the_link(tmp_path: Path) -> 
     assert len(unknown) == 1 and "no pre.u16.json beside it" in unknown[0], unknown
     record(run / "pre.u16.json", "bytes")  # the link's own: the run's tokenizer
     assert check_tokenizers(cfg, run, "bytes") == []
+
+
+def test_a_relative_cache_dir_is_the_run_directorys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under systemd the working directory is `/`: a relative `[data] cache_dir` used to land
+    there (or fail to), not beside the run that names it."""
+    run, elsewhere = tmp_path / "run", tmp_path / "cwd"
+    (run / "notes").mkdir(parents=True)
+    elsewhere.mkdir()
+    (run / "notes" / "a.txt").write_text(PROSE)
+    monkeypatch.chdir(elsewhere)
+    spec = [{"name": "notes", "kind": "text", "paths": ["notes/*.txt"]}]
+    data = DataConfig.model_validate({"arms": spec, "cache_dir": "cache"})
+    (arm,) = load_arms(data, run, 256)
+    assert arm.n_tokens == len(PROSE.encode())
+    assert any((run / "cache").iterdir()) and not (elsewhere / "cache").exists()
+
+
+def test_a_text_document_over_the_bound_is_refused_naming_the_arm_and_file(
+    tmp_path: Path,
+) -> None:
+    """Issue 50, M5: a huge single file in a text arm (one document) was read whole, then failed
+    as "out of memory ... the model or its batch does not fit" (exit 2), naming neither the file
+    nor the arm. It is bounded as a JSON Lines line is, before it is hashed or read."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "small.txt").write_text("a short note\n")
+    (tmp_path / "notes" / "huge.txt").write_bytes(b"x" * 2048)
+    spec = [{"name": "notes", "kind": "text", "paths": ["notes/*.txt"]}]
+    data = _data(tmp_path, spec, max_document_bytes=1024)
+    with pytest.raises(DataError) as e:
+        load_arms(data, tmp_path, 256)
+    assert str(e.value) == (
+        f"arm 'notes': {tmp_path / 'notes' / 'huge.txt'}: a text document of 2,048 bytes, longer "
+        "than 1,024 ([data] max_document_bytes: a text arm's file is one document, held whole in "
+        "memory while it is encoded); split it into several files, or raise the bound"
+    )
+    assert not any((tmp_path / "cache").glob("*.u8"))
+    # Within the bound (the default, 64 MiB, here): encoded.
+    (arm,) = load_arms(_data(tmp_path, spec), tmp_path, 256)
+    assert arm.n_tokens >= 2048 + len("a short note\n")  # both documents, and their joins
+
+
+def test_hashing_a_large_file_says_how_far_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Identifying an arm hashes its files whole (minutes for gigabytes): progress is logged every
+    HASH_LOG_EVERY_S, as an encoding's is."""
+    from andrea.daemon.data.sources import HASH_LOG_EVERY_S, file_digest
+
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"y" * (3 << 20))  # three chunks of 1 MiB
+    ticks = iter(range(0, 1000, int(HASH_LOG_EVERY_S) + 1))
+    with caplog.at_level(logging.INFO):
+        size, _ = file_digest(path, clock=lambda: float(next(ticks)))
+    assert size == 3 << 20
+    lines = [r.getMessage() for r in caplog.records if "identifying the data" in r.getMessage()]
+    assert lines[0] == f"identifying the data: {path} hashed, 1.0 MB of 3.1 MB (0 MB/s)"
+    assert len(lines) == 3

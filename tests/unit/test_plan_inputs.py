@@ -31,6 +31,7 @@ FLOATS = (
 ABSURD = [(o, v) for o in FLOATS for v in ("nan", "inf", "-inf", "1e300", "-1")]
 ABSURD += [(o, "0") for o in ("--batch-size", "--grad-accum", "--gpus", "--gpu-memory-gb")]
 ABSURD += [("--gpus", "-2"), ("--steps", "-1"), ("--batch-size", "-8")]
+ABSURD += [("--days", v) for v in ("0", "-1", "nan", "inf", "1e6")]
 
 
 @pytest.mark.parametrize("option,value", ABSURD)
@@ -102,3 +103,42 @@ def test_a_configs_passes_are_estimated_from_its_files(
 def test_a_preset_says_its_passes_are_not_known(capsys: pytest.CaptureFixture[str]) -> None:
     code, text, _ = plan(capsys, "--preset", "andrea-tiny")
     assert code == 0 and "data: passes not known" in text, text
+
+
+def _window(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    code, out, err = plan(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_plan_days_gives_the_steps_and_tokens_a_window_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 50: `plan --days N`, backwards. Without cadences (no checkpoint, no evaluation) the
+    rental is the steps' time plus one stop, resume and export: the window holds
+    floor((N days - those) / step time) steps, each of tokens_per_step tokens."""
+    config = tmp_path / "run.toml"
+    config.write_text('preset = "andrea-120m"\n[checkpoint]\nevery = 0\n[eval]\nevery = 0\n')
+    figures = ("--config", str(config), "--gpu", "h100", "--mfu", "0.4")
+    for days in (0.5, 3.0, 7.0):
+        p = _window(capsys, *figures, "--days", str(days))
+        fixed = (p["rental"]["stop_resume_hours"] + p["rental"]["export_hours"]) * 3600
+        step = p["speed"]["step_seconds"]
+        steps = int((days * 86_400 - fixed) // step)
+        assert p["window"]["steps"] == steps == p["speed"]["steps"]
+        assert p["window"]["tokens"] == steps * p["batch"]["tokens_per_step"]
+        assert p["window"]["hours"] == pytest.approx(steps * step / 3600 + fixed / 3600)
+        assert p["window"]["hours"] <= days * 24 < p["window"]["hours"] + step / 3600
+    # With cadences: the steps fit, and one more step would not.
+    p = _window(capsys, "--preset", "andrea-12m", "--gpu", "a100-80gb", "--days", "1")
+    steps = p["window"]["steps"]
+    assert p["rental"]["total_hours"] <= 24
+    more = _window(
+        capsys, "--preset", "andrea-12m", "--gpu", "a100-80gb", "--steps", str(steps + 1)
+    )
+    assert more["rental"]["total_hours"] > 24
+    # A window shorter than a stop, a resume and an export holds no step.
+    p = _window(capsys, *figures, "--days", "0.0001")
+    assert p["window"]["steps"] == 0 and p["window"]["tokens"] == 0
+    code, _, err = plan(capsys, *figures, "--days", "1", "--steps", "10")
+    assert code == EXIT_USAGE and "give --steps or --days, not both" in err

@@ -108,16 +108,21 @@ def test_held_out_case_of_a_new_run_and_of_a_run_older_than_splits(tmp_path: Pat
 
 
 def test_a_new_runs_own_run_toml_records_what_it_leaves_open(tmp_path: Path) -> None:
-    from andrea.daemon.config import load_toml, record_new_run
+    from andrea.daemon.config import left_open, load_toml, record_resolved
 
     path = tmp_path / "run.toml"
-    path.write_text('preset = "andrea-tiny"\nseed = 7\n[data]\ntokenizer = "bytes"\n')
+    text = '# mine\npreset = "andrea-tiny"\nseed = 7\n[data]\ntokenizer = "bytes"\n'
+    path.write_text(text)
     cfg = resolve_open_settings(build_config(load_toml(path)), tmp_path, predates_splits=False).cfg
-    recorded = record_new_run(path, cfg)
-    values = load_toml(path)
+    values, recorded = left_open(load_toml(path), cfg)
     assert values["seed"] == 7 and values["data"]["tokenizer"] == "bytes"  # stated: kept
     assert values["data"]["heldout_fraction"] == 0.05 and values["model"]["vocab_size"] == 256
     assert "data.heldout_fraction = 0.05" in recorded and "optim.*" in recorded
     assert "batch_size_per" not in values  # unset stays unset: what the file left to the reading
     assert build_config(values).trajectory_hash() == cfg.trajectory_hash()
-    assert record_new_run(path, cfg) == []  # nothing left open: the file is not rewritten
+    assert left_open(values, cfg)[1] == []  # nothing left open
+    record_resolved(cfg, tmp_path, path)
+    assert path.read_text() == text  # the person's file, byte for byte
+    resolved = load_toml(tmp_path / ".run.resolved.toml")
+    assert build_config(resolved).trajectory_hash() == cfg.trajectory_hash()
+    assert (tmp_path / ".run.applied.toml").read_text() == text

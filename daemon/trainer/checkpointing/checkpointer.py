@@ -33,6 +33,12 @@ from .snapshot import Snapshotter, gather_ranks
 log = logging.getLogger(__name__)
 
 
+def newest_checkpoint(last_saved: int) -> str:
+    """The newest checkpoint a log line names: `step N`, or that there is none yet (a run that
+    diverges or fails to write before its first checkpoint has nothing to start again from)."""
+    return f"the newest checkpoint is step {last_saved}" if last_saved else "no checkpoint yet"
+
+
 @dataclass(frozen=True)
 class Storage:
     """Rank 0's: the host buffer a checkpoint is staged in, and the manager that writes, finds
@@ -167,11 +173,11 @@ class Checkpointer:
                 self.write(trigger, ranks)
         except OSError as e:
             log.error(
-                "checkpoint of step %d (%s) FAILED: %s; training continues, newest valid is step %s",
+                "checkpoint of step %d (%s) FAILED: %s; training continues (%s)",
                 step,
                 trigger,
                 e,
-                self.ctx.counters.last_saved or "none",
+                newest_checkpoint(self.ctx.counters.last_saved),
             )
 
     def diverge(self, step: int, what: str) -> None:
@@ -182,12 +188,12 @@ class Checkpointer:
         if self.diverged is None:
             self.diverged = step
             log.error(
-                "step %d: %s is not finite: the run diverged. No checkpoint is written from here on;"
-                " the newest checkpoint, step %s, is kept. Lower optim.lr (or lengthen"
-                " optim.warmup_steps, or set optim.grad_clip) before starting again from it",
+                "step %d: %s is not finite: the run diverged. No checkpoint is written from here on"
+                " (%s). Lower optim.lr (or lengthen optim.warmup_steps, or set"
+                " optim.grad_clip) before starting again",
                 step,
                 what,
-                self.ctx.counters.last_saved or "none",
+                newest_checkpoint(self.ctx.counters.last_saved),
             )
         self.ctx.flags.request_stop("diverged")
 
@@ -222,11 +228,11 @@ class Checkpointer:
             return ExitCode.OK
         if self.diverged is not None:
             log.error(
-                "no final checkpoint: the run diverged at step %d; exit %d, not restarted: the"
-                " newest checkpoint, step %s, would diverge again the same way",
+                "no final checkpoint: the run diverged at step %d; exit %d, not restarted (%s):"
+                " a start from where it stands would diverge again the same way",
                 self.diverged,
                 ExitCode.CONFIG_ERROR,
-                c.last_saved or "none",
+                newest_checkpoint(c.last_saved),
             )
             return ExitCode.CONFIG_ERROR
         trigger: Trigger = agreed.stop if agreed.stop is not None else "end"

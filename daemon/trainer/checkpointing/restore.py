@@ -27,7 +27,7 @@ from andrea.daemon.config import (
     record_trajectory,
     trajectory_of,
 )
-from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE
+from andrea.daemon.rundir.layout import LOSS_FILE, RESOLVED_CONFIG_FILE
 from andrea.protocol.lineage import Lineage, WorldSpan
 
 from ..context import TrainerContext
@@ -80,11 +80,14 @@ class Restorer:
                         or "data identities changed",
                     )
                 changed = True
+        # Accepted changes of the flags, or of the person's run.toml (which the checkpoint's own
+        # check names): the record takes them in, so that a plain restart runs under them.
+        if self.ctx.main and (self.ctx.opts.config_changes or changed):
+            record_trajectory(self.ctx.cfg, self.ctx.opts.run_dir, self.ctx.opts.user_config)
         if self.ctx.main and self.ctx.opts.config_changes:
-            record_trajectory(self.ctx.cfg, self.ctx.opts.run_dir / CONFIG_FILE)
             log.warning(
                 "config change accepted on purpose (--allow-config-change) and recorded in %s: %s",
-                CONFIG_FILE,
+                RESOLVED_CONFIG_FILE,
                 "; ".join(self.ctx.opts.config_changes),
             )
         return manifest, changed

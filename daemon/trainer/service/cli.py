@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from andrea.daemon.rundir.layout import CONFIG_FILE
+from andrea.daemon.rundir.layout import CONFIG_FILE, RESOLVED_CONFIG_FILE
 from andrea.daemon.runtime.cliargs import add_log_level_argument, add_run_dir_argument
 from andrea.daemon.runtime.exitcodes import ExitCode, disk_full, for_unexpected
 from andrea.daemon.runtime.logsetup import setup_logging
@@ -215,7 +215,8 @@ def run(args: argparse.Namespace, flags: OperatorRequests, world: World | None =
         log.info("held-out split: %s", plan.heldout)
         if plan.recorded:
             log.info(
-                "a new run: recorded in %s what it left open: %s",
+                "a new run: recorded in %s what %s left open (the file is left as written): %s",
+                RESOLVED_CONFIG_FILE,
                 CONFIG_FILE,
                 ", ".join(plan.recorded),
             )
@@ -296,7 +297,7 @@ def _train(
     when the refusal came before training)."""
     from andrea.daemon.checkpoint.manager import ResumeRefused
     from andrea.daemon.checkpoint.source import SourceError
-    from andrea.daemon.config import save_config
+    from andrea.daemon.config import record_resolved
 
     from ..factory import build_trainer
     from ..sink import RecordLogRefused
@@ -325,8 +326,13 @@ def _train(
         # operator's to fix (2), as the same errors are while the context opens.
         raise StartRefused(f"cannot set up the run: {e}", ExitCode.CONFIG_ERROR) from None
     if plan.write_config_after_setup:
-        log.warning("%s was missing; rewritten from the configuration just resumed", CONFIG_FILE)
-        save_config(plan.cfg, plan.run_dir / CONFIG_FILE)
+        log.warning(
+            "the run's config was missing (no %s, no %s); recorded from the configuration just "
+            "resumed",
+            CONFIG_FILE,
+            RESOLVED_CONFIG_FILE,
+        )
+        record_resolved(plan.cfg, plan.run_dir, plan.user_file)
     try:
         return trainer.run()
     except ProxyRefused as e:
@@ -348,6 +354,7 @@ def _options(plan: StartPlan, args: argparse.Namespace, world: World) -> Trainer
         world=world,
         coordinate=not args.unsafe_no_coordination,
         config_changes=list(plan.changes),
+        user_config=plan.user_file,
         init_from=plan.init_from,
         init_optimizer=args.init_from_optimizer,
     )

@@ -13,6 +13,7 @@ blaming the command line, exactly as one from run.toml is named.
 from __future__ import annotations
 
 import argparse
+import os
 import types
 import typing
 from dataclasses import dataclass
@@ -162,6 +163,9 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, _dest(flag))
         if value is None:
             continue
+        if flag.path == "data.cache_dir":
+            # A path on the command line is the working directory's; in run.toml, the run's.
+            value = os.path.abspath(os.path.expanduser(value))
         *parents, name = flag.path.split(".")
         node = out
         for part in parents:

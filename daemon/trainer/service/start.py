@@ -23,15 +23,16 @@ from andrea.daemon.config import (
     build_config,
     config_changes,
     for_new_run,
+    left_open,
     load_toml,
-    record_new_run,
-    save_config,
+    read_record,
+    record_resolved,
 )
 from andrea.daemon.data.batch_split import batch_shape
 from andrea.daemon.data.open_settings import OpenSettings, resolve_open_settings
 from andrea.daemon.data.sources import DataError, SourceRejected
 from andrea.daemon.data.tokenizer import RunTokenizer, describe_identity
-from andrea.daemon.rundir.layout import CONFIG_FILE, bin_name
+from andrea.daemon.rundir.layout import CONFIG_FILE, RESOLVED_CONFIG_FILE, bin_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.protocol.lineage import InitSource
 
@@ -73,7 +74,8 @@ class StartPlan:
     device: torch.device
     #: Restores skipped on purpose (the negative controls of the resume proof).
     skip: frozenset[str]
-    #: run.toml was lost beside checkpoints: it is written only once the resume is accepted.
+    #: The run's config was lost beside checkpoints: it is recorded only once the resume is
+    #: accepted.
     write_config_after_setup: bool = False
     #: Changes of the trajectory accepted with --allow-config-change, named.
     changes: list[str] = field(default_factory=list)
@@ -81,25 +83,31 @@ class StartPlan:
     init_from: Path | None = None
     #: Which held-out case applies (new run, predates splits, set), for the start log.
     heldout: str = ""
-    #: Settings a person's run.toml left open that this new run recorded there, `key = value`.
+    #: Settings a person's run.toml left open that this new run recorded, `key = value`.
     recorded: list[str] = field(default_factory=list)
+    #: The person's config file this start read (--config, else run.toml), None without one.
+    user_file: Path | None = None
 
 
 def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> StartPlan:
-    """Resolve and check the run's config and record it in run.toml when it is a new run (unless
-    `write` is False: `--check` writes nothing).
+    """Resolve and check the run's config and record it (RESOLVED_CONFIG_FILE) when it is a new
+    run (unless `write` is False: `--check` writes nothing). A person's run.toml is never
+    rewritten.
 
     ConfigError (or OSError) for a mistake of the command line, the config or the run directory;
     StartRefused when the start would change an existing run's trajectory without
     --allow-config-change, or start one that has checkpoints over again (--init-from)."""
     run_dir: Path = args.run_dir
-    # Whether this run already has its own run.toml (read once: another rank of a job may write it
-    # in the meantime), and checkpoints: only then can a run.toml without a split predate splits.
-    run_toml_existed = (run_dir / CONFIG_FILE).exists()
-    predates = run_toml_existed and bool(_checkpoints(run_dir))
+    # Whether this run already has its own config (read once: another rank of a job may write it
+    # in the meantime), and checkpoints: only then can a config without a split predate splits.
+    has_checkpoints = bool(_checkpoints(run_dir))
+    run_toml_existed = (run_dir / CONFIG_FILE).exists() or (
+        has_checkpoints and (run_dir / RESOLVED_CONFIG_FILE).exists()
+    )
+    predates = run_toml_existed and has_checkpoints
     settled = resolve_start(args, run_toml_existed, predates)
     cfg = settled.cfg
-    device = _check_machine(cfg, world, predates or bool(_checkpoints(run_dir)))
+    device = _check_machine(cfg, world, has_checkpoints)
     init_from = _check_init_from(args, cfg, world, settled.tokenizer)
     check_proxy_options(args)
     skip = _unsafe_options(args, cfg)
@@ -107,12 +115,30 @@ def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> St
     # leaves no run directory behind.
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
-    own_new = run_toml_existed and not predates and write
-    recorded = _record_new_run(args, cfg, world, own_new)
-    write_later, changes = _resolve_run_toml(args, cfg, world, run_toml_existed, write, predates)
+    user_file = _user_file(args)
+    recorded: list[str] = []
+    own = run_dir / CONFIG_FILE
+    if world.is_main and own.exists() and not has_checkpoints:
+        recorded = left_open(load_toml(own), cfg)[1]
+    write_later, changes = _resolve_recorded(args, cfg, world, write, has_checkpoints, predates)
     return StartPlan(
-        run_dir, cfg, device, skip, write_later, changes, init_from, settled.heldout, recorded
+        run_dir,
+        cfg,
+        device,
+        skip,
+        write_later,
+        changes,
+        init_from,
+        settled.heldout,
+        recorded,
+        user_file,
     )
+
+
+def _user_file(args: argparse.Namespace) -> Path | None:
+    """The config file a person gave this start: --config, else the run's run.toml, if any."""
+    path: Path = args.config or (args.run_dir / CONFIG_FILE)
+    return path if args.config or path.exists() else None
 
 
 def resolve_config(
@@ -132,7 +158,14 @@ def resolve_start(
     if predates_splits is None:
         predates_splits = run_toml_existed and bool(_checkpoints(args.run_dir))
     cfg_path = args.config or (args.run_dir / CONFIG_FILE)
-    file_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else {}
+    user_values = load_toml(cfg_path) if (args.config or cfg_path.exists()) else None
+    file_values = user_values or {}
+    # A run with checkpoints trains under its recorded config, with what the person's file
+    # changed since (then named, and refused unless deliberate). Before the first checkpoint the
+    # file and the flags alone decide: a record a refused first start left means nothing.
+    record = read_record(args.run_dir) if _checkpoints(args.run_dir) else None
+    if record is not None:
+        file_values = record.with_edits(user_values, cfg_path)
     run_preset = file_values.get("preset")
     if args.preset and run_preset and args.preset != run_preset:
         raise ConfigError(
@@ -147,7 +180,12 @@ def resolve_start(
         # counts it per step; an existing one keeps what its run.toml says (a --config file
         # written for it need not repeat it).
         run_toml = args.run_dir / CONFIG_FILE
-        recorded = load_toml(run_toml) if args.config and run_toml_existed else file_values
+        if record is not None:
+            recorded = record.values
+        elif args.config and run_toml_existed and run_toml.exists():
+            recorded = load_toml(run_toml)
+        else:
+            recorded = file_values
         if not run_toml_existed:
             file_values["batch_size_per"] = "step"
         elif "batch_size_per" in recorded:
@@ -159,17 +197,6 @@ def resolve_start(
     # restores it. A run.toml of a new run (no checkpoint) gets the default split too.
     cfg = cfg if run_toml_existed else for_new_run(cfg)
     return resolve_open_settings(cfg, args.run_dir, predates_splits)
-
-
-def _record_new_run(
-    args: argparse.Namespace, cfg: RunConfig, world: World, own_new_run_toml: bool
-) -> list[str]:
-    """A new run started from a run.toml a person wrote in the run directory: the trajectory
-    settings it leaves open go into it as this start settled them (flags included), so that every
-    restart resumes alike; one it states and a flag changes is still refused."""
-    if not (world.is_main and own_new_run_toml):
-        return []
-    return record_new_run(args.run_dir / CONFIG_FILE, cfg)
 
 
 def _check_machine(cfg: RunConfig, world: World, existing: bool) -> torch.device:
@@ -186,37 +213,47 @@ def _check_machine(cfg: RunConfig, world: World, existing: bool) -> torch.device
     return device
 
 
-def _resolve_run_toml(
+def _resolve_recorded(
     args: argparse.Namespace,
     cfg: RunConfig,
     world: World,
-    run_toml_existed: bool,
     write: bool,
+    has_checkpoints: bool,
     predates: bool,
 ) -> tuple[bool, list[str]]:
-    """The new-run/existing-run decision: (write run.toml only after the resume?, the trajectory
-    changes this start makes). A new run's run.toml is written now (if `write`)."""
+    """The new-run/existing-run decision: (record the config only after the resume?, the
+    trajectory changes this start makes). A new run's config is recorded now (if `write`)."""
     run_dir: Path = args.run_dir
+    record = read_record(run_dir) if has_checkpoints else None
+    # A run that has checkpoints but lost its config gets one only once the resume is accepted:
+    # recorded now, a refusal would leave the defaults recorded for every restart.
+    write_later = world.is_main and has_checkpoints and record is None
     run_toml = run_dir / CONFIG_FILE
-    # A run that has checkpoints but lost its run.toml gets one only once the resume is accepted:
-    # written now, a refusal would leave the defaults recorded for every restart.
-    write_later = world.is_main and not run_toml.exists() and bool(_checkpoints(run_dir))
     changes: list[str] = []
-    if world.is_main and run_toml_existed:
-        # Flags that change the trajectory the run's own file describes: named, and refused unless
-        # deliberate (then recorded in run.toml once the resume has been accepted).
-        own = build_config(load_toml(run_toml), source=CONFIG_FILE)
+    if world.is_main and (record is not None or run_toml.exists()):
+        # What this start's flags change in the trajectory its record describes, with the
+        # person's edits in (those the checkpoint's own check names, arms explained); for a new
+        # run, what its own run.toml states (a flag may set what it leaves open). Named, and
+        # refused unless deliberate (then recorded once the resume has been accepted).
+        if record is not None:
+            user_file = _user_file(args)
+            user_values = load_toml(user_file) if user_file is not None else None
+            where = user_file or record.path
+            values = record.with_edits(user_values, where)
+        else:
+            where, values = run_toml, left_open(load_toml(run_toml), cfg)[0]
+        own = build_config(values, source=str(where))
         recorded = resolve_open_settings(own, run_dir, predates).cfg
         changes = config_changes(recorded.trajectory(), cfg.trajectory())
         if changes and not args.allow_config_change:
             raise StartRefused(
-                f"this start changes the run's training config ({run_toml}): "
+                f"this start changes the run's training config ({where}): "
                 f"{'; '.join(changes)}; pass --allow-config-change to continue under the new one "
                 "on purpose",
                 ExitCode.RESUME_REFUSED,
             )
-    if write and world.is_main and not run_toml.exists() and not write_later:
-        save_config(cfg, run_toml)
+    if write and world.is_main and not has_checkpoints:
+        record_resolved(cfg, run_dir, _user_file(args))
     return write_later, changes
 
 
