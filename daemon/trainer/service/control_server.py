@@ -165,6 +165,7 @@ class ControlServer:
                 )
             # A waiter is registered before its flag is set: once set, the training loop may
             # serve it (or finish) at once, and answers only the waiters it finds.
+            log.info("control: checkpoint requested%s", " (the client waits)" if msg.wait else "")
             if msg.wait:
                 with self._lock:
                     self._checkpoint_waiters.append((peer, msg.id))
@@ -189,6 +190,7 @@ class ControlServer:
                 id=msg.id, ok=True, data={"hold_id": msg.hold_id, "outcome": done}
             )
         if isinstance(msg, messages.StopRequest):
+            log.info("control: stop requested%s", " (the client waits)" if msg.wait else "")
             if msg.wait:
                 with self._lock:
                     self._stop_waiters.append((peer, msg.id))
