@@ -46,6 +46,8 @@ def test_crashed_proxy_is_restarted(tmp_path: Path, cache_dir: Path) -> None:
     t = Daemon(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "40"))
     t.wait_for(r"step 5/")
     (proxy,) = _children(t.proc.pid)
+    os.kill(proxy, signal.SIGALRM)  # ignored: its default action killed it (exit 142)
+    t.wait_for(r"SIGALRM received and ignored")
     os.kill(proxy, signal.SIGKILL)
     t.wait_for(r"andrea-proxy exited with signal SIGKILL; restarting it")
     assert t.wait() == ExitCode.OK, t.log
@@ -58,6 +60,8 @@ def test_sighup_checkpoints_and_exits(tmp_path: Path, cache_dir: Path) -> None:
     t.wait_for(r"step 4/")
     t.signal(signal.SIGUSR2)  # ignored: its default action would kill without a checkpoint
     t.wait_for(r"SIGUSR2 received and ignored")
+    os.kill(t.proc.pid, signal.SIGALRM)  # the same (a stray SIGALRM exited 142, no checkpoint)
+    t.wait_for(r"SIGALRM received and ignored")
     t.signal(signal.SIGHUP)
     assert t.wait() == ExitCode.OK, t.log
     m = next(iter(tmp_path.glob("step_*.json")))
