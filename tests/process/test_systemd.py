@@ -29,7 +29,7 @@ TINY = "--preset andrea-tiny --threads 1 --log-every 10 --sample-every 0"
 ANDREACTL = f"{REPO}/.venv/bin/andreactl"
 #: Caps of 0 leave docstrings as the only arm: every step of the new phase comes from it.
 POLICY = "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n"
-#: Text files of 0.12 MB each: a corpus whose encoding outlasts a start timeout of 3 s (from 4 s
+#: Text files of 0.11 MB each: a corpus whose encoding outlasts a start timeout of 3 s (from 4 s
 #: on an idle machine to 15 s at 1.3 MB/s, as a loaded one encoded it).
 ENCODE_FILES = 160
 
@@ -423,8 +423,9 @@ def test_a_first_start_encoding_past_its_start_timeout_trains_and_a_restart_cont
     assert props == {"ActiveState": "active", "NRestarts": "0"}, (props, sd.journal(unit)[-3000:])
     log = sd.journal(unit)
     assert "timed out" not in log, log[-3000:]
-    kept = re.search(r"arm notes: continuing the encoding .*: its first ([\d,]+) documents", log)
+    kept = re.search(r"arm notes: continuing the encoding .*: its first ([\d,]+) documents.*", log)
     assert kept and int(kept.group(1).replace(",", "")) > 0, log[-3000:]
+    print(kept.group(0))
     assert log.count("encoding arm notes") == 2, "one encoding, begun once, continued once"
     wait_step(sd, run, 1)
     sd.systemctl("stop", unit)
