@@ -382,7 +382,7 @@ def _keep(kept: partial.Partial, writers: list[TokenWriter], expected: int) -> N
     """Save what a stopped encoding wrote, for the next start; a save that fails (a full disk)
     removes it instead: it begins again."""
     try:
-        if len(writers) == expected and sum(w.documents for w in writers):
+        if len(writers) == expected and sum(w.documents for w in writers) > 0:
             kept.save(list(writers))
     except OSError as e:
         log.warning("cannot keep the encoding in %s for the next start (%s)", kept.cache, e)

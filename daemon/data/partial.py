@@ -132,17 +132,20 @@ class Partial:
         except FileNotFoundError:
             return None
         except (OSError, FileRejected, ValidationError) as e:
-            return self._unusable(f"{self.record} is damaged ({str(e).splitlines()[0]})")
+            self._unusable(f"{self.record} is damaged ({str(e).splitlines()[0]})")
+            return None
         wrong = self._mismatch(record)
         if wrong is not None:
-            return self._unusable(wrong)
+            self._unusable(wrong)
+            return None
         if not record.documents:
             return None  # nothing to continue: the files are written again from their start
         prefixes = []
         for path, part in zip(self.paths, record.files, strict=True):
             prefix = _prefix(partial_path(path), part, should_stop)
             if isinstance(prefix, str):
-                return self._unusable(prefix)
+                self._unusable(prefix)
+                return None
             prefixes.append(prefix)
         return Kept(record.documents, prefixes)
 
@@ -164,7 +167,6 @@ class Partial:
     def _unusable(self, why: str) -> None:
         log.warning("token cache: %s; encoding the arm from its beginning", why)
         self.discard(files=True)
-        return None
 
     def save(self, writers: list[Growing]) -> None:
         """Make what `writers` hold durable and record it (the record last: a record never

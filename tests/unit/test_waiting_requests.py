@@ -79,3 +79,26 @@ def test_a_stop_awaited_during_the_start_is_answered_when_the_start_ends(tmp_pat
     assert stopped.data["exit_code"] == 0 and stopped.data["checkpoint"] is None
     assert not checkpointed.ok
     assert checkpointed.error == "no checkpoint: stopped during start-up; nothing was trained"
+
+
+def test_a_final_checkpoint_that_failed_is_answered_with_its_reason(tmp_path: Path) -> None:
+    """`stop --wait` on a full disk printed "error: None": the reply now carries the reason the
+    checkpointer logged."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from andrea.daemon.runtime.operator_requests import OperatorRequests
+    from andrea.daemon.trainer.service.control_server import ControlServer
+    from andrea.protocol import messages
+    from andrea.protocol.transport import new_id, request
+
+    flags = OperatorRequests()
+    ep = bind_endpoint(tmp_path, "trainer")
+    server = ControlServer(ep, flags, status=lambda: None)  # type: ignore[arg-type,return-value]
+    why = "final checkpoint of step 7 FAILED ([Errno 28] No space left on device); ..."
+    with ThreadPoolExecutor(1) as pool:
+        stop = pool.submit(request, ep, messages.StopRequest(id=new_id(), wait=True), 30, 1)
+        while not flags.stop_requested():
+            time.sleep(0.01)
+        server.close({"step": 7, "exit_code": 3, "checkpoint": "step_000005.bin"}, error=why)
+        reply = stop.result(10)
+    assert not reply.ok and reply.error == why
