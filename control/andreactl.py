@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     except CommandFailed as e:
-        return failed(args.json, command.name, str(e), EXIT_FAILED)
+        return failed(args.json, command.name, str(e), e.code)
     except (UserError, LossLogError, SocketDirError, FileRejected, OSError) as e:
         # A person's mistake or an unreadable file: one line, no traceback.
         return failed(args.json, command.name, str(e), EXIT_USAGE)

@@ -115,6 +115,34 @@ def process_running(pid: int) -> bool:
         return False
 
 
+def lock_holder(run_dir: Path, role: str) -> int | None:
+    """The pid of the process that holds ``role``'s lock, as the kernel lists it (/proc/locks),
+    never the pid written in the file (a copy of a run carries its original's); None when no
+    process of this pid namespace holds it."""
+    try:
+        st = os.stat(lock_path(run_dir, role), follow_symlinks=False)
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2154883 0 EOF" (a waiter's line has "->" first)
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode:
+            pid = int(fields[4]) if fields[4].isdigit() else 0
+            return pid or None  # 0: a process of another pid namespace
+    return None
+
+
+def process_paused(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, SIGTSTP, a debugger): it exists, holds what it holds,
+    and runs nothing until SIGCONT."""
+    try:
+        return _proc_stat(pid)[0] in "Tt"
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 def _parent_pid(pid: int) -> int | None:
     try:
         return int(_proc_stat(pid)[1])

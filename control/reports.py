@@ -65,14 +65,32 @@ class OfflineSummary(_Report):
     )
 
 
+class DaemonLiveness(_Report):
+    """What one daemon's lock and socket say about it."""
+
+    state: Literal["answering", "not answering", "paused", "not running"] = Field(
+        description="not running: nobody holds its lock; paused: its lock's holder is stopped "
+        "(SIGSTOP) and runs nothing until SIGCONT; not answering: it holds its lock, runs, but "
+        "did not answer within 3 s"
+    )
+    pid: int | None = Field(None, description="the lock's holder, as the kernel lists it")
+
+
 class StatusReport(_Report):
     """``andreactl status`` (and each line of ``watch``)."""
 
     time: datetime
     run_dir: str
-    state: Literal["running", "stopped", "partial"] = Field(
-        description="running: trainer answers; stopped: neither daemon runs; partial: only the proxy runs, "
-        "or a daemon holds its lock but does not answer"
+    state: Literal["running", "stopped", "partial", "paused"] = Field(
+        description="running: trainer answers; stopped: neither daemon runs; paused: the trainer "
+        "holds its lock but is stopped (SIGSTOP); partial: only the proxy runs, or a daemon holds "
+        "its lock but does not answer"
+    )
+    daemons: dict[str, DaemonLiveness] = Field(
+        default_factory=dict, description="trainer and proxy: what their locks and sockets say"
+    )
+    mixing: Literal["fixed", "proxy"] | None = Field(
+        None, description="the run's mixing (run.toml), which says whether it has a proxy at all"
     )
     trainer: TrainerStatus | None = Field(description="the trainer's live status, or null")
     proxy: ProxyStatus | None = Field(description="the proxy's live status, or null")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -24,6 +25,15 @@ from .messages import MAX_MESSAGE_BYTES, Message, _Msg, decode, encode
 
 class Unreachable(RuntimeError):
     """No reply from the peer after every retry."""
+
+
+class PeerGone(Unreachable):
+    """The peer a request waits on exited without answering (its `alive` check said so)."""
+
+
+#: How often a request with an `alive` check looks whether its peer still exists, and how long it
+#: then still waits for a reply already on its way.
+ALIVE_POLL_S = 0.5
 
 
 def bind_router(ctx: zmq.Context, ep: str) -> zmq.Socket:
@@ -50,8 +60,16 @@ def new_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def request(ep: str, msg: _Msg, timeout: float = 2.0, retries: int = 3) -> Message:
-    """Send one request and return its reply (Lazy Pirate). Raises Unreachable."""
+def request(
+    ep: str,
+    msg: _Msg,
+    timeout: float = 2.0,
+    retries: int = 3,
+    alive: Callable[[], bool] | None = None,
+) -> Message:
+    """Send one request and return its reply (Lazy Pirate). Raises Unreachable; PeerGone when
+    `alive` (looked at every `ALIVE_POLL_S` while waiting) says the peer exited and no reply came
+    within `ALIVE_POLL_S` after: a long wait (a checkpoint, a stop) ends when its peer does."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     payload = encode(msg)
     for _ in range(retries):
@@ -62,9 +80,16 @@ def request(ep: str, msg: _Msg, timeout: float = 2.0, retries: int = 3) -> Messa
         try:
             sock.send_multipart([b"", payload])
             deadline = time.monotonic() + timeout
+            gone = False
             while (left := deadline - time.monotonic()) > 0:
-                if not sock.poll(int(left * 1000)):
-                    break
+                slice_s = left if alive is None else min(left, ALIVE_POLL_S)
+                if not sock.poll(int(slice_s * 1000)):
+                    if gone:
+                        raise PeerGone(f"{ep}: the process it waited on exited without answering")
+                    gone = alive is not None and not alive()
+                    if alive is None:
+                        break
+                    continue
                 frames = sock.recv_multipart()
                 reply = decode(frames[-1])
                 if reply.id == msg.id:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED, EXIT_GONE = 0, 1, 2, 3, 4
 #: What every command's exit code means; a command may add its own (status: 3).
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "done"),
@@ -30,7 +30,16 @@ class UserError(Exception):
 
 
 class CommandFailed(Exception):
-    """The run refused or did not answer: printed as one line, exit code 1."""
+    """The run refused or did not answer: printed as one line, exit code `code` (1)."""
+
+    code = EXIT_FAILED
+
+
+class ProcessGone(CommandFailed):
+    """The daemon a command waited on (``stop --wait``, ``checkpoint --wait``) exited without
+    answering: killed, or ended before it could: exit code 4."""
+
+    code = EXIT_GONE
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,20 @@ from __future__ import annotations
 import argparse
 import signal
 import time
+import tomllib
 from pathlib import Path
+from typing import Literal
 
 from andrea.daemon.data.encoding_progress import describe as describe_preparation
+from andrea.daemon.rundir.boundedio import read_bounded
+from andrea.daemon.rundir.layout import CONFIG_FILE
 from andrea.daemon.runtime.progress import format_duration
 from andrea.protocol import messages
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 from andrea.protocol.transport import new_id
 
 from .. import reports
-from ..offline import daemon_running, offline_summary
+from ..offline import daemon_running, lock_holder, offline_summary, process_paused
 from .conventions import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, Command, emit, no_arguments
 from .daemons import ask
 from .formatting import ago, eval_text, reward_lines
@@ -23,38 +27,82 @@ from .formatting import ago, eval_text, reward_lines
 
 def status_report(run_dir: Path) -> reports.StatusReport:
     """Live status from each daemon that holds its lock; an offline summary when the trainer does not
-    run. A stopped daemon is known from its lock at once: no socket is touched, nothing created."""
-    running = {role: daemon_running(run_dir, role) for role in ("trainer", "proxy")}
+    run. A stopped daemon is known from its lock at once, a paused one (SIGSTOP) from its lock's
+    holder: no socket is touched for either, nothing created."""
+    daemons: dict[str, reports.DaemonLiveness] = {}
     live: dict[str, dict | None] = {}
-    for role, up in running.items():
-        # A daemon that holds its lock runs: it answers within one round of its fair queue, even
-        # among 100 clients polling as fast as it answers (0.24 s median, 0.74 s at most, measured
-        # in docs/performance.md), so a loaded machine gets 3 s. Only a wedged daemon makes this
-        # wait 2 × 3 s.
-        reply = ask(run_dir, role, messages.StatusRequest(id=new_id()), timeout=3.0) if up else None
-        live[role] = reply.data if reply is not None and reply.ok else None
+    for role in ("trainer", "proxy"):
+        daemons[role], live[role] = _liveness(run_dir, role)
     trainer = TrainerStatus.model_validate(live["trainer"]) if live["trainer"] else None
     proxy = ProxyStatus.model_validate(live["proxy"]) if live["proxy"] else None
     if trainer is not None:
         state = "running"
-    elif not any(running.values()):
+    elif all(d.state == "not running" for d in daemons.values()):
         state = "stopped"
+    elif daemons["trainer"].state == "paused":
+        state = "paused"
     else:
         state = "partial"
     return reports.StatusReport(
         time=reports.utc_now(),
         run_dir=str(run_dir),
         state=state,
+        daemons=daemons,
+        mixing=trainer.mixing if trainer is not None else _run_mixing(run_dir),
         trainer=trainer,
         proxy=proxy,
         offline=offline_summary(run_dir) if trainer is None else None,
     )
 
 
+def _liveness(run_dir: Path, role: str) -> tuple[reports.DaemonLiveness, dict | None]:
+    """What `role`'s lock and socket say, and its live status when it answers."""
+    if not daemon_running(run_dir, role):
+        return reports.DaemonLiveness(state="not running"), None
+    pid = lock_holder(run_dir, role)
+    if pid is not None and process_paused(pid):
+        # Asking would only wait out 2 x 3 s: a stopped process reads nothing.
+        return reports.DaemonLiveness(state="paused", pid=pid), None
+    # A daemon that holds its lock runs: it answers within one round of its fair queue, even
+    # among 100 clients polling as fast as it answers (0.24 s median, 0.74 s at most, measured
+    # in docs/performance.md), so a loaded machine gets 3 s. Only a wedged daemon makes this
+    # wait 2 x 3 s.
+    reply = ask(run_dir, role, messages.StatusRequest(id=new_id()), timeout=3.0)
+    if reply is not None and reply.ok:
+        return reports.DaemonLiveness(state="answering", pid=pid), reply.data
+    return reports.DaemonLiveness(state="not answering", pid=pid), None
+
+
+def _run_mixing(run_dir: Path) -> Literal["fixed", "proxy"] | None:
+    """The mixing run.toml records (fixed when it names none, as the config's default); None when
+    it cannot be read."""
+    try:
+        mixing = tomllib.loads(read_bounded(run_dir / CONFIG_FILE, 1 << 20).decode()).get("mixing")
+    except (OSError, ValueError):
+        return None
+    return "proxy" if mixing == "proxy" else "fixed" if mixing in (None, "fixed") else None
+
+
+def _absent(report: reports.StatusReport, role: str) -> str | None:
+    """Why `role` has no live status: its lock's state (`status_report`); None when the report
+    does not say (one built elsewhere)."""
+    d = report.daemons.get(role)
+    if d is None:
+        return None
+    if d.state == "paused":
+        return (
+            f"paused (SIGSTOP, pid {d.pid}): holds its lock, but runs and answers nothing until "
+            f"`kill -CONT {d.pid}`"
+        )
+    return "holds its lock but does not answer" if d.state == "not answering" else "not running"
+
+
 def _trainer_lines(report: reports.StatusReport) -> list[str]:
     t = report.trainer
     if t is None:
-        why = "holds its lock but does not answer" if report.state == "partial" else "not running"
+        why = _absent(report, "trainer") or (
+            "holds its lock but does not answer" if report.state == "partial" else "not running"
+        )
         return [f"trainer: {why}"]
     loss = f"{t.loss_ema:.4f}" if t.loss_ema is not None else "-"
     done = t.step / t.max_steps if t.max_steps else 1.0
@@ -89,8 +137,13 @@ def _trainer_lines(report: reports.StatusReport) -> list[str]:
 def _proxy_lines(report: reports.StatusReport, explained: frozenset[str]) -> list[str]:
     p = report.proxy
     if p is None:
-        not_running = report.state != "partial" or report.trainer
-        return ["proxy:   not running" if not_running else "proxy:   not answering"]
+        why = _absent(report, "proxy")
+        if why == "not running" and report.mixing == "fixed":
+            return []  # a fixed mixture has no proxy to speak of
+        if why is None:
+            not_running = report.state != "partial" or report.trainer
+            why = "not running" if not_running else "not answering"
+        return [f"proxy:   {why}"]
     probs = ", ".join(f"{k} {v:.3f}" for k, v in p.probabilities.items())
     lines = [
         f"proxy:   phase {p.phase} (after step {p.phase_start_step}, policy "
@@ -123,8 +176,11 @@ def _offline_lines(
     if o is None:
         return []
     c = o.last_checkpoint
+    held = report.daemons.get("trainer")
+    # Not "stopped" while a trainer holds the run's lock: a paused one resumes with SIGCONT.
+    said = "stopped" if held is None or held.state == "not running" else "from its files"
     lines = [
-        f"{run_dir}: stopped; last checkpoint "
+        f"{run_dir}: {said}; last checkpoint "
         + (
             f"step {c.step:,} ({c.trigger}, {c.created.isoformat(timespec='seconds')}, "
             f"{format_duration(c.age_seconds)} ago)"

@@ -9,15 +9,28 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, is_run_dir
 from andrea.protocol import messages
-from andrea.protocol.transport import new_id
+from andrea.protocol.transport import PeerGone, new_id
 
 from .. import reports
 from ..offline import daemon_running, process_running, run_processes
-from .conventions import EXIT_FAILED, EXIT_OK, Command, CommandFailed, UserError, emit
+from .conventions import (
+    EXIT_FAILED,
+    EXIT_GONE,
+    EXIT_OK,
+    Command,
+    CommandFailed,
+    ProcessGone,
+    UserError,
+    emit,
+)
 from .daemons import ask
+
+#: What exit code 4 of a waiting request means (--help and docs/andreactl.md).
+GONE_MEANS = "with --wait: the trainer exited without answering (killed, or ended first)"
 
 
 def _checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,13 +64,21 @@ def _ask_trainer(
     not answer."""
     # One long try for a waiting request: re-sending it would only coalesce, but a retry loop of
     # short timeouts would print nothing useful while a slow checkpoint is written.
-    reply = ask(
-        args.run_dir,
-        "trainer",
-        msg,
-        timeout=args.timeout if wait else 3.0,
-        retries=1 if wait else 2,
-    )
+    try:
+        reply = ask(
+            args.run_dir,
+            "trainer",
+            msg,
+            timeout=args.timeout if wait else 3.0,
+            retries=1 if wait else 2,
+            alive=(lambda: trainer_alive(args.run_dir)) if wait else None,
+        )
+    except PeerGone:
+        raise ProcessGone(
+            f"the trainer of {args.run_dir} exited without answering (killed, or it ended "
+            f"before it could): no {args.command} to confirm; its log (journalctl -u, or its "
+            "stderr) says how it ended, and `andreactl status` what the run holds"
+        ) from None
     if reply is None:
         raise CommandFailed(f"the trainer of {args.run_dir} does not answer (not running?)")
     data = dict(reply.data or {})
@@ -75,9 +96,24 @@ def _ask_trainer(
     text = (
         "ok: " + ", ".join(f"{k} {v}" for k, v in (reply.data or {}).items())
         if reply.ok
-        else f"error: {reply.error}"
+        else f"error: {_refusal(reply.error, reply.data)}"
     )
     return report, text
+
+
+def trainer_alive(run_dir: Path) -> bool:
+    """Whether the trainer a request waits on still exists: judged by its run-directory lock, held
+    for its whole life and released by the kernel however it ends (never by a pid, which a copy of
+    the run or another pid namespace makes mean another process)."""
+    return daemon_running(run_dir, "trainer")
+
+
+def _refusal(error: str | None, data: dict | None) -> str:
+    """What a refusal says; a trainer too old to say why: its exit code."""
+    if error:
+        return error
+    code = (data or {}).get("exit_code")
+    return f"the trainer exited with code {code}; its log says why" if code else "refused"
 
 
 def cmd_checkpoint(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -135,6 +171,7 @@ CHECKPOINT = Command(
     _checkpoint_arguments,
     cmd_checkpoint,
     examples=("andreactl checkpoint --run-dir runs/r1 --wait",),
+    extra_exit_codes=((EXIT_GONE, GONE_MEANS),),
 )
 STOP = Command(
     "stop",
@@ -142,4 +179,5 @@ STOP = Command(
     _stop_arguments,
     cmd_stop,
     examples=("andreactl stop --run-dir runs/r1 --wait",),
+    extra_exit_codes=((EXIT_GONE, GONE_MEANS),),
 )

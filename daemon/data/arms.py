@@ -191,7 +191,7 @@ def _encode(
     progress.start(name, source.total_bytes, source.meter)
     try:
         written = write_arm(
-            cache, identity, docs, tokenizer, fraction, should_stop, progress.update
+            cache, identity, docs, tokenizer, fraction, should_stop, progress.update, arm=name
         )
         record = tokencache.write_record(cache, identity, tokenizer, written)
     finally:

@@ -5,16 +5,20 @@ Documents are encoded in batches by the tokenizer's batch encoder (its own threa
 ids go straight to the file of its side of the split, joined by the tokenizer's encoding of a blank
 line: under the byte-level tokenizer the bytes are exactly those of the documents joined by
 ``\\n\\n``, as before tokenizers existed. Every file is written under a temporary name and renamed
-once complete, so a stop or a crash never leaves a partial cache entry.
+once complete, so a stop or a crash never leaves a partial cache entry; an arm's encoding that a
+stop or a crash interrupts is kept, though, and the next start continues it (daemon/data/partial.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -27,9 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..rundir.boundedio import FileRejected, read_bounded
 from ..rundir.durable import atomic_write_bytes, fsync_dir, tmp_path
-from . import heldout
+from . import heldout, partial
 from .sources import DataError, Stop, check_stop
 from .tokenizer import BYTES, RunTokenizer
+
+log = logging.getLogger(__name__)
 
 #: A batch handed to the tokenizer ends at this many documents or bytes, whichever comes first:
 #: large enough to keep its threads busy, small enough to keep two batches in memory.
@@ -40,6 +46,7 @@ STOP_POLL_S = 0.05
 #: The most a tokens file's record may hold (it lists the inputs by name).
 MAX_RECORD_BYTES = 16 << 20
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+_REOPEN = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Document = tuple[str, str | bytes]
 #: Called with the bytes and the number of the documents encoded so far.
@@ -48,11 +55,19 @@ Progress = Callable[[int, int], None]
 
 class TokenWriter:
     """One token file being written: documents joined by the separator, in order; its size and
-    sha256 are taken as it is written (what the token cache verifies an entry against)."""
+    sha256 are taken as it is written (what the token cache verifies an entry against). It grows
+    under `tmp` (default: a temporary of this process's), or, with `prefix`, goes on from what
+    `tmp` holds already (an encoding an earlier start kept: daemon/data/partial.py)."""
 
-    def __init__(self, path: Path, tokenizer: RunTokenizer) -> None:
+    def __init__(
+        self,
+        path: Path,
+        tokenizer: RunTokenizer,
+        tmp: Path | None = None,
+        prefix: partial.Prefix | None = None,
+    ) -> None:
         self.path = path
-        self.tmp = tmp_path(path)
+        self.tmp = tmp or tmp_path(path)
         self.dtype = tokenizer.dtype
         self.separator = tokenizer.separator.astype(self.dtype).tobytes()
         self.documents = 0
@@ -60,7 +75,14 @@ class TokenWriter:
         self.sha256 = hashlib.sha256()
         # The temporary's name is known in advance: a link planted there is refused, never
         # written through.
-        fd = os.open(self.tmp, _CREATE, 0o644)
+        fd = os.open(self.tmp, _CREATE if prefix is None else _REOPEN, 0o644)
+        if prefix is not None:
+            # What was written after the prefix was recorded (a SIGKILL between two saves) goes.
+            os.ftruncate(fd, prefix.size)
+            os.lseek(fd, prefix.size, os.SEEK_SET)
+            self.documents = prefix.documents
+            self.tokens = prefix.size // self.dtype.itemsize
+            self.sha256 = prefix.sha256
         self._file: BinaryIO = os.fdopen(fd, "wb")
 
     def _put(self, data: bytes) -> None:
@@ -79,12 +101,23 @@ class TokenWriter:
     def size(self) -> int:
         return self.tokens * self.dtype.itemsize
 
-    def commit(self) -> None:
-        """Make the file durable under its name (its directory's fsync is the caller's)."""
+    def sync(self) -> None:
+        """Make what is written so far durable (under the temporary name)."""
         self._file.flush()
         os.fsync(self._file.fileno())
+
+    def commit(self) -> None:
+        """Make the file durable under its name (its directory's fsync is the caller's)."""
+        self.sync()
         self._file.close()
         os.replace(self.tmp, self.path)
+
+    def close(self) -> None:
+        """Close the file, keeping it under its temporary name (an encoding to continue)."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
 
     def abort(self) -> None:
         """Remove the temporary file, whatever closing it says: on a full disk the close fails
@@ -243,44 +276,140 @@ def write_arm(
     fraction: float | None,
     should_stop: Stop = None,
     progress: Progress | None = None,
+    *,
+    arm: str = "?",
 ) -> Written:
     """Encode an arm's documents into the cache under `identity`: with a held-out `fraction`, the
     held-out tokens, the document counts and the training tokens; without one, the training
-    tokens alone. Every file is written under a temporary name, removed whatever ends the
-    write; an OSError names the cache directory."""
+    tokens alone. The files grow under partial names, saved every `partial.SAVE_EVERY_S` and when
+    a stop interrupts the encoding: the next call continues from there (`arm` names the arm in
+    what it logs), ending in the same files. Anything else that ends the write removes them; an
+    OSError names the cache directory."""
     train_path, held_path = split_paths(cache, identity, tokenizer.suffix)
+    paths = [train_path, held_path] if fraction else [train_path]
+    kept = partial.Partial(cache, identity, tokenizer, paths)
     writers: list[TokenWriter] = []
     try:
-        train = TokenWriter(train_path, tokenizer)
-        writers.append(train)
-        held = TokenWriter(held_path, tokenizer) if fraction else None
-        if held is not None:
-            writers.append(held)
+        prior = kept.load(should_stop)
+        for i, p in enumerate(paths):
+            prefix = prior.prefixes[i] if prior is not None else None
+            writers.append(TokenWriter(p, tokenizer, partial.partial_path(p), prefix))
+        docs, report = _continued(docs, prior, kept, writers, should_stop, progress, arm)
 
         def route(doc_id: str) -> TokenWriter:
-            if held is not None and heldout.is_held_out(doc_id, fraction or 0.0):
-                return held
-            return train
+            if fraction and heldout.is_held_out(doc_id, fraction):
+                return writers[1]
+            return writers[0]
 
-        encode_documents(docs, tokenizer, route, should_stop, progress)
-        files = []
-        if held is not None:
-            held.commit()
-            counts = json.dumps([train.documents + held.documents, held.documents]).encode()
-            atomic_write_bytes(counts_path(cache, identity), counts)
-            files.append((held.path, held.size, held.sha256.hexdigest()))
-            files.append((counts_path(cache, identity), len(counts), _sha256(counts)))
-        train.commit()
-        files.append((train.path, train.size, train.sha256.hexdigest()))
-        fsync_dir(cache)
+        encode_documents(docs, tokenizer, route, should_stop, report)
+        kept.discard(files=False)
+        return _commit(cache, identity, writers)
+    except InterruptedError:
+        # A stop is no failure of the cache: what is encoded stays for the next start.
+        _keep(kept, writers, len(paths))
+        raise
     except BaseException as e:
         for w in writers:
             w.abort()
-        # A stop is an InterruptedError, an OSError too: it is no failure of the cache.
-        if isinstance(e, OSError) and not isinstance(e, InterruptedError):
+        with contextlib.suppress(OSError):
+            kept.discard(files=True)
+        if isinstance(e, OSError):
             why = f"cannot write the token cache in {cache}: {e.strerror or e}"
             raise (OSError(e.errno, why) if e.errno else OSError(why)) from None
         raise
+
+
+def _continued(
+    docs: Iterable[Document],
+    prior: partial.Kept | None,
+    kept: partial.Partial,
+    writers: list[TokenWriter],
+    should_stop: Stop,
+    progress: Progress | None,
+    arm: str,
+) -> tuple[Iterable[Document], Progress]:
+    """The documents left to encode (those an earlier start encoded, skipped), and the encoder's
+    progress callback: it saves the encoding every `partial.SAVE_EVERY_S` and reports the arm's
+    progress, the skipped documents included."""
+    skipped = (0, 0)
+    if prior is not None:
+        t0 = time.perf_counter()
+        docs, skipped = _skip(docs, prior.documents, should_stop)
+        log.info(
+            "arm %s: continuing the encoding a stopped start left in %s: its first %s documents "
+            "(%.1f MB of text, %.1f MB of tokens) were encoded already and are not encoded again "
+            "(skipped in %.1f s)",
+            arm,
+            kept.cache,
+            f"{prior.documents:,}",
+            skipped[0] / 1e6,
+            prior.token_bytes / 1e6,
+            time.perf_counter() - t0,
+        )
+    saved = time.monotonic()
+
+    def report(done_bytes: int, documents: int) -> None:
+        nonlocal saved
+        if time.monotonic() - saved >= partial.SAVE_EVERY_S:
+            kept.save(list(writers))
+            saved = time.monotonic()
+        if progress is not None:
+            progress(done_bytes + skipped[0], documents + skipped[1])
+
+    return docs, report
+
+
+def _skip(
+    docs: Iterable[Document], count: int, should_stop: Stop
+) -> tuple[Iterator[Document], tuple[int, int]]:
+    """`docs` after their first `count`, read but not encoded; (their bytes, `count`)."""
+    it = iter(docs)
+    size = 0
+    for i in range(count):
+        if i % 1024 == 0:
+            check_stop(should_stop, "skipping the documents encoded already")
+        doc = next(it, None)
+        if doc is None:
+            raise DataError(
+                f"the arm has {i:,} documents, fewer than the {count:,} an earlier encoding "
+                "recorded: the record belongs to other data"
+            )
+        size += len(doc[1])
+    return it, (size, count)
+
+
+def _keep(kept: partial.Partial, writers: list[TokenWriter], expected: int) -> None:
+    """Save what a stopped encoding wrote, for the next start; a save that fails (a full disk)
+    removes it instead: it begins again."""
+    try:
+        if len(writers) == expected and sum(w.documents for w in writers) > 0:
+            kept.save(list(writers))
+    except OSError as e:
+        log.warning("cannot keep the encoding in %s for the next start (%s)", kept.cache, e)
+        for w in writers:
+            w.abort()
+        with contextlib.suppress(OSError):
+            kept.discard(files=True)
+    finally:
+        for w in writers:
+            w.close()
+
+
+def _commit(cache: Path, identity: str, writers: list[TokenWriter]) -> Written:
+    """Put a finished encoding's files in place: the held-out tokens and the document counts
+    first, the training tokens last."""
+    train = writers[0]
+    held = writers[1] if len(writers) > 1 else None
+    files = []
+    if held is not None:
+        held.commit()
+        counts = json.dumps([train.documents + held.documents, held.documents]).encode()
+        atomic_write_bytes(counts_path(cache, identity), counts)
+        files.append((held.path, held.size, held.sha256.hexdigest()))
+        files.append((counts_path(cache, identity), len(counts), _sha256(counts)))
+    train.commit()
+    files.append((train.path, train.size, train.sha256.hexdigest()))
+    fsync_dir(cache)
     return Written(
         files,
         train.documents + (held.documents if held else 0),

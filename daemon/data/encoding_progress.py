@@ -23,23 +23,37 @@ log = logging.getLogger(__name__)
 
 #: The most time between two progress lines of an encoding.
 LOG_EVERY_S = 10.0
+#: The most often `on_advance` is told (each time one datagram to systemd).
+NOTIFY_EVERY_S = 1.0
 
 
 class EncodingProgress:
-    """The progress of the arm being encoded now (one at a time); thread-safe reads."""
+    """The progress of the arm being encoded now (one at a time); thread-safe reads. `on_advance`
+    hears the figures whenever they moved on, at most every `NOTIFY_EVERY_S` (the trainer tells
+    systemd: daemon/runtime/sdnotify.py `Notifier.preparing`)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        on_advance: Callable[[DataPreparation], None] | None = None,
+    ) -> None:
         self._clock = clock
+        self._on_advance = on_advance
         self._lock = threading.Lock()
         self._now: DataPreparation | None = None
         self._meter: Meter | None = None
-        self._started = self._logged = 0.0
+        self._started = self._logged = self._told = 0.0
+        #: (time, bytes) of the first report: the rate counts from there, so that the documents
+        #: a continued encoding skips (read, not encoded) do not make it look faster.
+        self._base: tuple[float, int] | None = None
+        self._figures = (0, 0)
 
     def start(self, arm: str, total_bytes: int, meter: Meter | None) -> None:
         """Arm `arm` starts encoding: `total_bytes` to read, counted by `meter` (None: by the
         encoder's document bytes)."""
         self._meter = meter
         self._started = self._logged = self._clock()
+        self._told, self._base, self._figures = 0.0, None, (0, 0)
         with self._lock:
             self._now = DataPreparation(
                 arm=arm, bytes_done=0, bytes_total=total_bytes, documents=0, elapsed_seconds=0.0
@@ -50,16 +64,18 @@ class EncodingProgress:
         if self._now is None:
             return
         now = self._clock()
-        elapsed = now - self._started
         done = self._meter.read if self._meter is not None else document_bytes
+        if self._base is None:
+            self._base = (now, done)
+        took, since = now - self._base[0], done - self._base[1]
         total = self._now.bytes_total
-        rate = done / elapsed if elapsed > 0 else None
+        rate = since / took if took > 0 and since > 0 else None
         eta = (max(total - done, 0) / rate) if rate else None
         state = self._now.model_copy(
             update={
                 "bytes_done": done,
                 "documents": documents,
-                "elapsed_seconds": round(elapsed, 1),
+                "elapsed_seconds": round(now - self._started, 1),
                 "bytes_per_second": round(rate, 1) if rate is not None else None,
                 "eta_seconds": round(eta, 1) if eta is not None else None,
             }
@@ -69,6 +85,11 @@ class EncodingProgress:
         if now - self._logged >= LOG_EVERY_S:
             self._logged = now
             log.info("%s", describe(state))
+        figures = (done, documents)
+        if self._on_advance is not None and figures != self._figures:
+            if now - self._told >= NOTIFY_EVERY_S:
+                self._figures, self._told = figures, now
+                self._on_advance(state)
 
     def finish(self) -> None:
         with self._lock:

@@ -121,6 +121,8 @@ class Proxy(ProxyRunState):
         not_before = 0.0
         while not self.flags.stop_requested():
             self.notifier.tick()
+            if (ignored := self.flags.take_ignored_signal()) is not None:
+                log.info("%s received and ignored (see docs/operations.md)", ignored)
             if deferred and time.monotonic() >= not_before:
                 burst = Burst()
                 while deferred and not burst.spent():

@@ -44,8 +44,9 @@ class OperatorRequests:
           SSH session of a foreground run went away) must not lose work, and nobody is left to
           talk to: it is a stop, like the default action it replaces, but with the checkpoint.
         - SIGUSR1: checkpoint after the current step and continue.
-        - SIGUSR2: ignored, and logged once at the next step boundary: its default action would
-          kill the process without a checkpoint, and no meaning was ever given to it.
+        - SIGUSR2, SIGALRM: ignored, and logged once at the next step boundary (the proxy: at
+          its next request or poll): their default action would kill the process without a
+          checkpoint (a stray `kill -ALRM`, exit 142), and no meaning was ever given to them.
         """
         for sig, fn in (
             (signal.SIGTERM, self._on_stop),
@@ -53,6 +54,7 @@ class OperatorRequests:
             (signal.SIGHUP, self._on_stop),
             (signal.SIGUSR1, self._on_checkpoint),
             (signal.SIGUSR2, self._on_ignored),
+            (signal.SIGALRM, self._on_ignored),
         ):
             signal.signal(sig, fn)
 

@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 
 #: How long the stop timeout is extended at most while one final checkpoint is being written.
 EXTEND_LIMIT = 3600.0
+#: How much more time to start each sign of a start's progress asks for (each step of the start,
+#: and, at most every second, an encoding that advances: a first start's encoding may take longer
+#: than any TimeoutStartSec): a start that shows none for this long, past the unit's
+#: TimeoutStartSec, ends in the start's timeout as before.
+START_EXTEND_S = 300.0
 
 
 try:
@@ -63,6 +68,12 @@ class Notifier:
             if now - self._last_ping >= self._watchdog_every:
                 self._last_ping = now
                 self._send("WATCHDOG=1")
+
+    def preparing(self, status: str) -> None:
+        """The start moved on (`status` says how far): STATUS=, and EXTEND_TIMEOUT_USEC of
+        `START_EXTEND_S`, so that a first start encoding a large corpus for longer than the
+        unit's TimeoutStartSec is not killed and restarted half-way. Before READY=1 only."""
+        self._send(f"EXTEND_TIMEOUT_USEC={int(START_EXTEND_S * 1e6)}", f"STATUS={status}")
 
     def extend_timeout(self, seconds: float) -> None:
         """Ask systemd for `seconds` more from now to finish stopping."""

@@ -16,8 +16,9 @@ from typing import IO
 
 import torch
 
-from ..data.encoding_progress import EncodingProgress
+from ..data.encoding_progress import EncodingProgress, describe
 from ..rundir.layout import bind_endpoint, claim
+from ..runtime.exitcodes import ExitCode
 from ..runtime.operator_requests import OperatorRequests
 from ..runtime.sdnotify import Notifier
 from .checkpointing.checkpointer import Checkpointer, Storage
@@ -59,7 +60,10 @@ def open_context(
     world = opts.world
     notifier = notifier or Notifier(enabled=world.is_main)
     platform = resolve_platform(opts.cfg, device)
-    counters, holds, progress = Counters(), Holds(), EncodingProgress()
+    # Each sign of an encoding's progress keeps systemd waiting for READY=1 (a first start on a
+    # large corpus outlasts any TimeoutStartSec), with the progress line as the unit's status.
+    progress = EncodingProgress(on_advance=lambda p: notifier.preparing(describe(p)))
+    counters, holds = Counters(), Holds()
     control: ControlServer | None = None
     lock: IO[bytes] | None = None
     if world.is_main:
@@ -68,10 +72,28 @@ def open_context(
             starting_status, opts, platform, counters, holds, progress, time.monotonic()
         )
         control = ControlServer(bind_endpoint(opts.run_dir, "trainer"), flags, status, holds)
-    parts = build_parts(opts.cfg, platform, world, opts.run_dir, flags.stop_requested, progress)
+    notifier.preparing("starting: preparing the data (verifying, or encoding, the arms)")
+    try:
+        parts = build_parts(opts.cfg, platform, world, opts.run_dir, flags.stop_requested, progress)
+    except BaseException as e:
+        if control is not None:  # a client waiting on a stop or checkpoint hears how it ended
+            control.abandon(*_ended_before_training(e))
+        raise
+    notifier.preparing("starting: the data is ready; building the model and resuming")
     coord = dist.Coordinator(world, enabled=opts.coordinate)
     ctx = TrainerContext(opts, platform, parts, counters, notifier, flags, holds, coord, progress)
     return Opened(ctx, control, lock)
+
+
+def _ended_before_training(e: BaseException) -> tuple[int | None, str]:
+    """The exit code (None: the caller's mapping decides it) and reason the control socket's
+    waiting clients hear when the start ends while the data is prepared."""
+    if isinstance(e, InterruptedError):
+        return (
+            ExitCode.OK,
+            "stopped during start-up (while preparing the data); nothing was trained",
+        )
+    return None, f"the start failed while preparing the data ({e}); the trainer's log says more"
 
 
 def build_trainer(opened: Opened, backend: str | None = None) -> Trainer:

@@ -282,12 +282,14 @@ class Trainer:
                 torch.cuda.max_memory_reserved(self.ctx.platform.device) / 2**30,
             )
         if self.control is not None:
+            failure = self.checkpointer.failure or f"exit {int(code)} ({code.name}); see its log"
             self.control.close(
                 {
                     "step": c.step,
                     "exit_code": int(code),
                     "checkpoint": bin_name(c.last_saved) if c.last_saved else None,
-                }
+                },
+                error=None if code == ExitCode.OK else failure,
             )
         return code
 

@@ -122,12 +122,25 @@ def test_encoding_progress_is_in_status_and_a_stop_ends_it_within_a_second(tmp_p
     assert preparing["bytes_done"] <= preparing["bytes_total"]
     text = andreactl(run, "status").stdout
     assert "data: arm notes: encoding," in text and "documents)" in text, text
+    # A checkpoint awaited during the start is answered when the stop ends it (it waited out
+    # its 3,600 s before), not a moment later.
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run)]
+        + ["checkpoint", "--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    t.wait_for(r"control: checkpoint requested \(the client waits\)", timeout=30)
     t.signal(signal.SIGTERM)
     sent = time.monotonic()
     assert t.wait(30) == 0, t.log
     waited = time.monotonic() - sent
     assert waited < 1.0, f"{waited:.2f} s from SIGTERM to exit during encoding"
     assert "stop requested during start-up" in t.log, t.log
+    out, _ = waiting.communicate(timeout=30)
+    assert waiting.returncode == 1, out
+    assert "no checkpoint: stopped during start-up" in out, out
     assert not list(cache.glob("*.tmp")) and not list(cache.glob("*.u16")), list(cache.iterdir())
     print(f"SIGTERM during encoding: exit 0 after {waited:.2f} s")
 

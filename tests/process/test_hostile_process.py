@@ -18,7 +18,7 @@ from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from ..support.daemons import Daemon, run_trainer, trainer_cmd
+from ..support.daemons import Daemon, andreactl, run_trainer, trainer_cmd
 
 
 def _children(pid: int) -> list[int]:
@@ -46,6 +46,8 @@ def test_crashed_proxy_is_restarted(tmp_path: Path, cache_dir: Path) -> None:
     t = Daemon(trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--max-steps", "40"))
     t.wait_for(r"step 5/")
     (proxy,) = _children(t.proc.pid)
+    os.kill(proxy, signal.SIGALRM)  # ignored: its default action killed it (exit 142)
+    t.wait_for(r"SIGALRM received and ignored")
     os.kill(proxy, signal.SIGKILL)
     t.wait_for(r"andrea-proxy exited with signal SIGKILL; restarting it")
     assert t.wait() == ExitCode.OK, t.log
@@ -58,6 +60,17 @@ def test_sighup_checkpoints_and_exits(tmp_path: Path, cache_dir: Path) -> None:
     t.wait_for(r"step 4/")
     t.signal(signal.SIGUSR2)  # ignored: its default action would kill without a checkpoint
     t.wait_for(r"SIGUSR2 received and ignored")
+    os.kill(t.proc.pid, signal.SIGALRM)  # the same (a stray SIGALRM exited 142, no checkpoint)
+    t.wait_for(r"SIGALRM received and ignored")
+    # Paused, it is not "stopped", and a fixed mixture has no proxy "not answering".
+    t.signal(signal.SIGSTOP)
+    try:
+        res = andreactl(tmp_path, "status")
+    finally:
+        t.signal(signal.SIGCONT)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.stdout.startswith(f"trainer: paused (SIGSTOP, pid {t.proc.pid})"), res.stdout
+    assert "stopped" not in res.stdout and "proxy" not in res.stdout, res.stdout
     t.signal(signal.SIGHUP)
     assert t.wait() == ExitCode.OK, t.log
     m = next(iter(tmp_path.glob("step_*.json")))

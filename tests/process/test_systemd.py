@@ -21,6 +21,7 @@ from andrea.daemon.config import build_config
 from andrea.daemon.data.arms import load_arms
 
 from ..support.manifests import final_trigger_is
+from ..support.owndata import PROSE, bpe_file
 from ..support.realsystemd import REPO, SystemdMachine
 
 RUN = f"r{os.getpid()}"  # unique: other test machines may share the cgroup tree
@@ -28,6 +29,9 @@ TINY = "--preset andrea-tiny --threads 1 --log-every 10 --sample-every 0"
 ANDREACTL = f"{REPO}/.venv/bin/andreactl"
 #: Caps of 0 leave docstrings as the only arm: every step of the new phase comes from it.
 POLICY = "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n"
+#: Text files of 0.11 MB each: a corpus whose encoding outlasts a start timeout of 3 s (from 4 s
+#: on an idle machine to 15 s at 1.3 MB/s, as a loaded one encoded it).
+ENCODE_FILES = 160
 
 
 def trainer(run: str) -> str:
@@ -370,6 +374,61 @@ def test_watchdog_and_a_slow_final_checkpoint(sd: SystemdMachine) -> None:
     assert took > stop_timeout, f"{took:.1f} s: the write was not slow enough to test anything"
     final = manifests(sd, run)[-1]
     assert final["trigger"] == "sigterm" and final["step"] > saved
+
+
+def _encoded(status: str) -> bool:
+    """Whether a STATUS= line says an encoding is under way with documents encoded."""
+    found = re.search(r"encoding, .* read, ([\d,]+) documents\)", status)
+    return bool(found) and int(found.group(1).replace(",", "")) > 0
+
+
+def test_a_first_start_encoding_past_its_start_timeout_trains_and_a_restart_continues_it(
+    sd: SystemdMachine,
+) -> None:
+    """A first start whose encoding outlasts TimeoutStartSec= is not killed: the trainer tells
+    systemd how it advances (EXTEND_TIMEOUT_USEC, the progress in STATUS=). A restart half-way
+    (a SIGTERM) keeps what was encoded, and the next life continues it to training, no restart
+    by systemd. Before, the start timed out, and each restart began the encoding from nothing."""
+    run = f"{RUN}e"
+    timeout = 3
+    sd.write_dropin(trainer(run), "encode", f"[Service]\nTimeoutStartSec={timeout}s\n")
+    sd.daemon_reload()
+    home = sd.path(state_dir(run))
+    (home / "notes").mkdir(parents=True)
+    bpe_file(home / "tokenizer.json", [PROSE * 10])
+    for i in range(ENCODE_FILES):
+        (home / "notes" / f"n{i:03d}.txt").write_text(f"{i} {PROSE}" * 600)
+    (home / "run.toml").write_text(
+        '[data]\ntokenizer = "tokenizer.json"\n'
+        '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.txt"]\n'
+    )
+    sd.sh(f"chown -R andrea:andrea {state_dir(run)}", check=True)
+    sd.write_env(
+        run, f'ANDREA_TRAINER_ARGS="{TINY} --mixing fixed --max-steps 100000 --checkpoint-every 0"'
+    )
+    unit = trainer(run)
+    started = time.monotonic()
+    sd.systemctl("start", "--no-block", unit)
+    # Past its start timeout, still encoding, some documents encoded, and systemd still waits
+    # for READY=1.
+    sd.wait_until(
+        lambda: time.monotonic() - started > timeout + 1 and _encoded(sd.prop(unit, "StatusText")),
+        60,
+        "the encoding to outlast the start timeout",
+        show=(unit,),
+    )
+    assert sd.prop(unit, "ActiveState") == "activating", sd.journal(unit)[-3000:]
+    sd.systemctl("restart", unit)  # returns once the new life is READY
+    props = sd.show(unit, "ActiveState", "NRestarts")
+    assert props == {"ActiveState": "active", "NRestarts": "0"}, (props, sd.journal(unit)[-3000:])
+    log = sd.journal(unit)
+    assert "timed out" not in log, log[-3000:]
+    kept = re.search(r"arm notes: continuing the encoding .*: its first ([\d,]+) documents.*", log)
+    assert kept and int(kept.group(1).replace(",", "")) > 0, log[-3000:]
+    print(kept.group(0))
+    assert log.count("encoding arm notes") == 2, "one encoding, begun once, continued once"
+    wait_step(sd, run, 1)
+    sd.systemctl("stop", unit)
 
 
 # ---- data parallel: the torchrun unit ----------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -10,9 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from andrea.control.commands.status import status_text
-from andrea.control.offline import offline_summary
-from andrea.control.reports import OfflineSummary, StatusReport
-from andrea.daemon.rundir.layout import STATE_FILE
+from andrea.control.offline import lock_holder, offline_summary, process_paused
+from andrea.control.reports import DaemonLiveness, OfflineSummary, StatusReport
+from andrea.daemon.rundir.layout import STATE_FILE, claim, lock_path
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 
 TRAINER = {
@@ -189,3 +190,44 @@ def test_a_stopped_run_without_a_readable_reward_says_nothing_of_it(
     else:
         assert summary.problems == []
     assert not [line for line in text.splitlines() if line.startswith("reward")]
+
+
+def test_a_paused_trainer_of_a_fixed_mixture_is_neither_stopped_nor_missing_a_proxy(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP: the trainer holds its lock and answers nothing. Status says it is paused (not
+    "stopped"), and of a fixed mixture's proxy, which does not exist, it says nothing."""
+    summary = offline_summary(tmp_path)
+    report = StatusReport(
+        time=datetime(2026, 1, 1, tzinfo=UTC),
+        run_dir=str(tmp_path),
+        state="paused",
+        daemons={
+            "trainer": DaemonLiveness(state="paused", pid=4242),
+            "proxy": DaemonLiveness(state="not running"),
+        },
+        mixing="fixed",
+        trainer=None,
+        proxy=None,
+        offline=summary,
+    )
+    lines = status_text(report, tmp_path).splitlines()
+    assert lines[0] == (
+        "trainer: paused (SIGSTOP, pid 4242): holds its lock, but runs and answers nothing until "
+        "`kill -CONT 4242`"
+    )
+    assert not [line for line in lines if "proxy" in line], lines
+    assert lines[1] == f"{tmp_path}: from its files; last checkpoint none", lines
+    proxied = report.model_copy(update={"mixing": "proxy"})
+    assert "proxy:   not running" in status_text(proxied, tmp_path).splitlines()
+
+
+def test_the_holder_of_a_lock_is_read_from_the_kernel_not_the_file(tmp_path: Path) -> None:
+    lock = claim(tmp_path, "trainer")  # this process holds it
+    lock_path(tmp_path, "trainer").write_text("1")  # what a copied run's lock file would say
+    try:
+        assert lock_holder(tmp_path, "trainer") == os.getpid()
+        assert not process_paused(os.getpid())
+    finally:
+        lock.close()
+    assert lock_holder(tmp_path, "trainer") is None

@@ -85,6 +85,8 @@ class Checkpointer:
         #: The step at which the run diverged (a non-finite loss, or weights): no checkpoint is
         #: written from then on, so retention never rotates the last finite one out.
         self.diverged: int | None = None
+        #: Why the final checkpoint was not written, when it was not (what `stop --wait` prints).
+        self.failure: str | None = None
 
     # ---- the policy --------------------------------------------------------------------------
 
@@ -248,12 +250,12 @@ class Checkpointer:
         elif requested is not None and c.step > 0:
             rewrite = not store.manager.mark_requested(c.step, requested)
         if self.sink.unlogged is not None and not self.sink.retry_unlogged():
-            log.error(
-                "no final checkpoint: the loss of step %d could not be written; the newest valid"
-                " checkpoint is step %s, and a restart once there is space resumes from it",
-                c.step,
-                c.last_saved or "none",
+            self.failure = (
+                f"no final checkpoint: the loss of step {c.step} could not be written; the newest"
+                f" valid checkpoint is step {c.last_saved or 'none'}, and a restart once there is"
+                " space resumes from it"
             )
+            log.error("%s", self.failure)
             return ExitCode.CHECKPOINT_FAILED
         if c.step <= c.last_saved and not rewrite:
             log.info("step %d is already checkpointed; nothing to write", c.step)
@@ -263,12 +265,11 @@ class Checkpointer:
             with self.ctx.notifier.keepalive(f"writing final checkpoint of step {c.step}", extend):
                 self.write(trigger, ranks)
         except (OSError, LossLogError) as e:
-            log.error(
-                "final checkpoint of step %d FAILED (%s); the newest valid checkpoint is step %s",
-                c.step,
-                e,
-                c.last_saved or "none",
+            self.failure = (
+                f"final checkpoint of step {c.step} FAILED ({e}); the newest valid checkpoint is"
+                f" step {c.last_saved or 'none'}"
             )
+            log.error("%s", self.failure)
             return ExitCode.CHECKPOINT_FAILED
         return ExitCode.OK
 

@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> None:
         tag="trainer" if args.with_proxy else None,
         rank=world.rank if world.distributed else None,
     )
+    # Each step of a start tells systemd it advances: a first start may take far longer than
+    # the unit's TimeoutStartSec (it encodes the corpus), and must not be killed half-way.
+    Notifier(enabled=world.is_main).preparing("starting: reading the config")
     try:
         code = run(args, flags, world)
     except Exception as e:
@@ -295,6 +298,27 @@ def _train(
 ) -> ExitCode:
     """Build, resume and run the trainer. StartRefused when it cannot start (agreed by every rank
     when the refusal came before training)."""
+    opened, code, message = _open(_options(plan, args, world), flags, plan, world)
+    # Nothing opened and no error: a stop came during start-up.
+    if _agree_on_start(code, opened is None, message, world, flags) or opened is None:
+        log.info("stop requested during start-up; nothing was trained, exiting")
+        if opened is not None and opened.control is not None:
+            opened.control.abandon(ExitCode.OK, "stopped during start-up; nothing was trained")
+        return ExitCode.OK
+    try:
+        return _build_and_run(opened, plan, backend)
+    except BaseException as e:
+        # A client waiting on a stop or a checkpoint hears it, instead of waiting out its timeout.
+        if opened.control is not None:
+            opened.control.abandon(
+                None, f"the trainer ended with an error ({e}); its log says more"
+            )
+        raise
+
+
+def _build_and_run(opened: Opened, plan: StartPlan, backend: str | None) -> ExitCode:
+    """Build the trainer from its opened context, resume and train; StartRefused naming why it
+    cannot."""
     from andrea.daemon.checkpoint.manager import ResumeRefused
     from andrea.daemon.checkpoint.source import SourceError
     from andrea.daemon.config import record_resolved
@@ -304,11 +328,6 @@ def _train(
     from .proxy_client import ProxyRefused
     from .start import StartRefused
 
-    opened, code, message = _open(_options(plan, args, world), flags, plan, world)
-    # Nothing opened and no error: a stop came during start-up.
-    if _agree_on_start(code, opened is None, message, world, flags) or opened is None:
-        log.info("stop requested during start-up; nothing was trained, exiting")
-        return ExitCode.OK
     try:
         trainer = build_trainer(opened, backend)
     except SourceError as e:

@@ -77,15 +77,36 @@ class ControlServer:
                 (peer, messages.Reply(id=rid, ok=error is None, error=error, data=data))
             )
 
-    def close(self, final: dict[str, Any]) -> None:
-        """Answer `stop --wait` (and any checkpoint still waiting) with the final result, then stop."""
+    def close(self, final: dict[str, Any], error: str | None = None) -> None:
+        """Answer `stop --wait` (and any checkpoint still waiting) with the final result, then
+        stop. `error`: why the exit code is not 0 (the clients print it)."""
+        ok = final.get("exit_code", 0) == 0
         with self._lock:
             waiters = self._stop_waiters + self._checkpoint_waiters
             self._stop_waiters, self._checkpoint_waiters = [], []
         for peer, rid in waiters:
-            self._outbox.put(
-                (peer, messages.Reply(id=rid, ok=final.get("exit_code", 0) == 0, data=final))
-            )
+            reply = messages.Reply(id=rid, ok=ok, error=None if ok else error, data=final)
+            self._outbox.put((peer, reply))
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def abandon(self, exit_code: int | None, why: str) -> None:
+        """The trainer ends without its final result (a stop during start-up, an error): a
+        `stop --wait` hears the exit code (None: a failure, its code decided elsewhere) and
+        `why`, a `checkpoint --wait` that no checkpoint comes; then stop. Nothing once closed."""
+        if self._done.is_set():
+            return
+        with self._lock:
+            stops, checkpoints = self._stop_waiters, self._checkpoint_waiters
+            self._stop_waiters, self._checkpoint_waiters = [], []
+        data = {"step": 0, "exit_code": exit_code, "checkpoint": None, "ended": why}
+        for peer, rid in stops:
+            ok = exit_code == 0
+            reply = messages.Reply(id=rid, ok=ok, error=None if ok else why, data=data)
+            self._outbox.put((peer, reply))
+        for peer, rid in checkpoints:
+            error = f"no checkpoint: {why}"
+            self._outbox.put((peer, messages.Reply(id=rid, ok=False, error=error, data=data)))
         self._done.set()
         self._thread.join(timeout=5)
 
@@ -144,6 +165,7 @@ class ControlServer:
                 )
             # A waiter is registered before its flag is set: once set, the training loop may
             # serve it (or finish) at once, and answers only the waiters it finds.
+            log.info("control: checkpoint requested%s", " (the client waits)" if msg.wait else "")
             if msg.wait:
                 with self._lock:
                     self._checkpoint_waiters.append((peer, msg.id))
@@ -168,6 +190,7 @@ class ControlServer:
                 id=msg.id, ok=True, data={"hold_id": msg.hold_id, "outcome": done}
             )
         if isinstance(msg, messages.StopRequest):
+            log.info("control: stop requested%s", " (the client waits)" if msg.wait else "")
             if msg.wait:
                 with self._lock:
                     self._stop_waiters.append((peer, msg.id))
