@@ -111,11 +111,14 @@ class Trainer:
                 continue
             fresh = c.step > settled
             d = self._agree(fresh)
-            # In a job the stop for an unlogged loss reaches the other ranks with the next
-            # agreement; until then rank 0 takes part in checkpoints but writes none.
-            worked = self.sink.unlogged is not None
-            if worked and not self.ctx.world.distributed:
-                break  # no checkpoint of a step whose loss is not on disk; finish retries it
+            # Alone: no checkpoint of a step whose loss is not on disk; finish retries it. In a
+            # job the stop for an unlogged loss reaches the other ranks with the next agreement;
+            # until then rank 0 goes the others' way (it trains with them, takes part in
+            # checkpoints but writes none): only rank 0 knows, and a path of its own would pair
+            # its next collective with another one of theirs.
+            if self.sink.unlogged is not None and not self.ctx.world.distributed:
+                break
+            worked = False
             if (ignored := self.ctx.flags.take_ignored_signal()) is not None:
                 log.info("%s received and ignored (see docs/operations.md)", ignored)
             if fresh:
@@ -136,8 +139,8 @@ class Trainer:
             if d.arm is None:
                 self.reporter.waiting_for_proxy(c.step + 1)
                 continue
-            if not self.evaluation.catch_up():
-                continue
+            if self.evaluation.catch_up():
+                continue  # a stop that cut it short reaches every rank at the next agreement
             t0 = time.perf_counter()
             self._unrecorded.append(self.stepper.train(d.arm))
             c.train_seconds += time.perf_counter() - t0
@@ -206,10 +209,13 @@ class Trainer:
         anything but the evaluation ran."""
         c = self.ctx.counters
         worked = False
+        # Every decision here is a pure function of the step (or agreed), the same on every rank:
+        # rank 0 alone evaluates and samples, but every rank takes the same path, so that each
+        # rank's next collective is the others' next one too.
         if self.evaluation.due(c.step):
             # Before the cadence checkpoint, so that its manifest says this step was evaluated.
             with self.reporter.excluded():  # training speed only
-                self.evaluation.evaluate()
+                self.evaluation.at_step()
             c.activity = Activity.TRAINING
         # Samples first: the sample of a pivot's boundary belongs to the phase that ends there,
         # so it must reach the proxy before the hold.
