@@ -109,7 +109,14 @@ class TokenFile:
         if (what := self.seen.change(os.fstat(self._fd))) is not None:
             raise TokensChanged(self.describe(what))
 
-    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        """The whole file's ids (what `np.asarray` asks for), in one read."""
+        whole = self[slice(None)]
+        return whole if dtype is None else whole.astype(dtype)
+
+    def __getitem__(self, index: np.ndarray | slice | int) -> np.ndarray:
+        if isinstance(index, slice):
+            index = np.arange(*index.indices(self.shape[0]), dtype=np.int64)
         idx = np.asarray(index, dtype=np.int64)
         flat = idx.ravel()
         out = np.empty(flat.size, dtype=self.dtype)
@@ -123,12 +130,11 @@ class TokenFile:
         first = flat[starts].tolist()
         size = self.dtype.itemsize
         self._check_open()
+        view = memoryview(out.data).cast("B")  # read straight into `out`
         for s, e, at in zip(starts, ends, first, strict=True):
             want = (e - s) * size
-            data = os.pread(self._fd, want, self._offset + at * size)
-            if len(data) < want:
+            if os.preadv(self._fd, [view[s * size : e * size]], self._offset + at * size) < want:
                 raise TokensChanged(self.describe(f"it ends before token {at + e - s:,}"))
-            out[s:e] = np.frombuffer(data, dtype=self.dtype)
         self._check_open()
         if self._limit is not None and int(out.max()) >= self._limit:
             raise TokensChanged(

@@ -49,6 +49,8 @@ def test_reads_are_the_maps_reads(tmp_path: Path, dtype: str, offset: int) -> No
         assert f[index].dtype == mapped.dtype
     with pytest.raises(IndexError):
         f[np.array([N])]
+    assert np.array_equal(np.asarray(f), ids) and np.array_equal(f[10:20:3], ids[10:20:3])
+    assert int(f[7]) == int(ids[7])
 
 
 def test_loaded_arms_read_through_it_and_draw_the_same_batches(tmp_path: Path) -> None:
