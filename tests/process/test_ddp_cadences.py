@@ -7,7 +7,9 @@ mismatch"). That happened at the first sample step that was not a checkpoint ste
 Real torchrun jobs of gloo ranks on CPU, at 2 and 3 ranks. The 3-rank job runs once to its
 end, then resumes from its first cadence checkpoint in the same directory (the newer ones removed,
 as if the machine had died right after writing it) and must end on the same bytes, the same loss
-curve and the same samples.
+curve and the same samples. The 2-rank job runs past the same points, then is stopped by the one
+thing only a rank's own look can find out (its token file replaced), as a job must stop: every
+rank at one step. So is a job whose rank 0 cannot write a loss.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
+import numpy as np
 
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
-from ..support.daemons import trainer_args
+from ..support.daemons import Daemon, trainer_args
 from ..support.distributed import BIN
 
 STEPS, RESUME = 15, 7
@@ -54,25 +56,51 @@ def curve(run_dir: Path) -> list[tuple[int, float, str]]:
     return [(e.step, e.loss, e.arm) for e in canonical_curve(read_entries(run_dir / ".loss.json"))]
 
 
-@pytest.mark.parametrize("ranks, resume", [(2, False), (3, True)])
-def test_cadences_that_do_not_align_keep_every_rank_in_step(
-    tmp_path: Path, cache_dir: Path, ranks: int, resume: bool
+def test_cadences_that_do_not_align_at_3_ranks_resume_bit_exact(
+    tmp_path: Path, cache_dir: Path
 ) -> None:
-    """Resumed at 3 ranks only (a launch costs seconds): there the sums' order is the strictest."""
-    whole = job(tmp_path, cache_dir, ranks)
+    whole = job(tmp_path, cache_dir, 3)
     assert re.search(r"held-out loss at step 5:", whole), whole
     assert len(samples(whole, 0)) == 5 * 3  # steps 3, 6, 9, 12, 15; a sample per arm
-    if not resume:
-        return
     final, reference = (tmp_path / bin_name(STEPS)).read_bytes(), curve(tmp_path)
     for step in (14, STEPS):  # back to the cadence checkpoint of step 7
         (tmp_path / bin_name(step)).unlink()
         (tmp_path / manifest_name(step)).unlink()
-    resumed = job(tmp_path, cache_dir, ranks)
+    resumed = job(tmp_path, cache_dir, 3)
     assert f"resumed from {bin_name(RESUME)}" in resumed, resumed
     assert (tmp_path / bin_name(STEPS)).read_bytes() == final
     assert curve(tmp_path) == reference
     assert samples(resumed, RESUME) == samples(whole, RESUME)
+
+
+def test_cadences_that_do_not_align_at_2_ranks_then_a_data_change_stops_all_at_one_step(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """The same cadences past several points where they do not align, on a token file; then the
+    file is replaced (a rename over it: the ranks' open files still read the old one, so only
+    the step boundary's check can see it). Every rank stops at one step, agreed, with one
+    checkpoint of it (daemon/data/livefiles.py)."""
+    data = tmp_path / "mine.u16"
+    (tmp_path / "run.toml").write_text(
+        '[data]\nheldout_fraction = 0.3\n[[data.arms]]\nname = "mine"\nkind = "tokens"\n'
+        'path = "mine.u16"\ndtype = "uint16"\n'
+    )
+    ids = np.random.default_rng(0).integers(0, 256, 300_000).astype("<u2")
+    ids.tofile(data)
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+    cmd += ["--max-restarts", "0", "--no-python", str(BIN / "andrea-trainer")]
+    cmd += trainer_args(tmp_path, cache_dir, "--max-steps", "100000", *CADENCES)
+    t = Daemon(cmd, start_new_session=True)
+    t.wait_for(r"\[rank 0\] INFO step 12/")
+    ids[::-1].tofile(tmp_path / "new.u16")
+    (tmp_path / "new.u16").replace(data)
+    t.wait()
+    assert re.search(r"held-out loss at step 10:", t.log) and "sample at step 9:" in t.log, t.log
+    stops = set(re.findall(r"\[rank \d\] .*stopped at step (\d+) \(data-changed\)", t.log))
+    assert len(stops) == 1 and t.log.count("INFO left the process group") == 2, t.log
+    (step,) = stops
+    assert f"checkpoint {bin_name(int(step))} written (data-changed" in t.log, t.log
+    assert f"exitcode: {int(ExitCode.DATA_ERROR)}" in t.log and "exitcode: -6" not in t.log
 
 
 def limit_file_size() -> None:
