@@ -497,7 +497,7 @@ def load_arms(
         elif s.kind == "tokens":
             byname[s.name] = _tokens_arm(s, base, cache, vocab_size, fraction, tokenizer.identity)
     # Read by pread from here on: a file changed under the live run is an error, not a SIGBUS.
-    arms = [guard_arm(byname[s.name], vocab_size) for s in cfg.arms]
+    arms = [guard_arm(byname[s.name], vocab_size, s.kind == "tokens") for s in cfg.arms]
     if fraction:
         for arm in arms:
             _log_split(arm, fraction)

@@ -10,9 +10,13 @@ and one at or above the vocabulary is an IndexError (on a GPU, a device assert).
 - `TokenFile` reads by `pread` into memory of its own (copy-on-read), never through a map: a
   short read is an error naming the file, never a signal. Every read checks the open file's size
   and modification time before and after it, and the ids it returns against the vocabulary;
-- `DataWatch.changed` compares every token file with what the run opened (the path's device,
-  inode, size and modification time): a few `stat` calls per step boundary, so that the loop can
-  stop every rank at one step with a checkpoint of the last step trained on the data as it was.
+- `DataWatch.changed` compares every token file with what the run opened: the open file's size
+  and modification time (truncated, rewritten in place) and, for a `tokens` arm's own file, what
+  its path names now (replaced, removed: what a restart would read). A few `stat` calls per step
+  boundary, so that the loop can stop every rank at one step with a checkpoint of the last step
+  trained on the data as it was. The cache's paths are not watched: it replaces an entry only by
+  one of the same content, and removes one only to encode it again (tokencache.py), so a run that
+  reads the file it opened reads the same ids.
 
 The contents read are the same bytes the map gave, so no trajectory changes. `guard_arm` puts a
 loaded arm's memory-mapped arrays behind `TokenFile`s; how a file is opened (its header, dtype,
@@ -76,9 +80,12 @@ class TokenFile:
     index arrays like the memory map it replaces (what `ArmStream`, `heldout.Spliced` and the
     evaluation need). TokensChanged, naming the file, when the file is not as it was opened."""
 
-    def __init__(self, mapped: np.memmap, arm: str, vocab_size: int | None) -> None:
+    def __init__(
+        self, mapped: np.memmap, arm: str, vocab_size: int | None, watch_path: bool = True
+    ) -> None:
         """`mapped`: the opener's map of the file (its path, offset, dtype and length are read);
-        `vocab_size`: ids at or above it are refused (None: not checked)."""
+        `vocab_size`: ids at or above it are refused (None: not checked); `watch_path`: `change`
+        also reports the path naming another file, or none."""
         if mapped.filename is None:
             raise ValueError("a TokenFile replaces a map of a named file")
         self.path = Path(mapped.filename)
@@ -87,6 +94,7 @@ class TokenFile:
         self.shape = (int(mapped.shape[0]),)
         self._offset = int(mapped.offset)
         self._limit = vocab_size
+        self._watch_path = watch_path
         self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         weakref.finalize(self, os.close, self._fd)
         self.seen = _Seen.of(os.fstat(self._fd))
@@ -98,12 +106,13 @@ class TokenFile:
         return f"arm {self.arm!r}: token file {self.path} changed under the run: {what}"
 
     def change(self) -> str | None:
-        """How the file differs from the one the run opened: at its path, or the open one."""
+        """How the file differs from the one the run opened: the open one, or at its path."""
+        if (what := self.seen.change(os.fstat(self._fd))) is not None or not self._watch_path:
+            return what
         try:
-            at_path = os.stat(self.path)
+            return self.seen.change(os.stat(self.path))
         except FileNotFoundError:
             return "removed"
-        return self.seen.change(at_path) or self.seen.change(os.fstat(self._fd))
 
     def _check_open(self) -> None:
         if (what := self.seen.change(os.fstat(self._fd))) is not None:
@@ -146,20 +155,22 @@ class TokenFile:
 
 
 def _guarded(
-    tokens: np.ndarray | heldout.Spliced | TokenFile, arm: str, vocab_size: int | None
+    tokens: np.ndarray | heldout.Spliced | TokenFile, arm: str, vocab: int | None, path: bool
 ) -> np.ndarray | heldout.Spliced | TokenFile:
     if isinstance(tokens, np.memmap) and tokens.filename is not None:
-        return TokenFile(tokens, arm, vocab_size)
+        return TokenFile(tokens, arm, vocab, path)
     if isinstance(tokens, heldout.Spliced) and isinstance(tokens.base, np.memmap):
-        return heldout.Spliced(_guarded(tokens.base, arm, vocab_size), tokens.spans)
+        return heldout.Spliced(_guarded(tokens.base, arm, vocab, path), tokens.spans)
     return tokens
 
 
-def guard_arm(arm: Arm, vocab_size: int | None) -> Arm:
+def guard_arm(arm: Arm, vocab_size: int | None, watch_path: bool) -> Arm:
     """`arm` with every memory-mapped array (its training tokens, its held-out ones) read by a
-    `TokenFile` instead."""
-    held = None if arm.heldout is None else _guarded(arm.heldout, arm.name, vocab_size)
-    return dataclasses.replace(arm, tokens=_guarded(arm.tokens, arm.name, vocab_size), heldout=held)
+    `TokenFile` instead; `watch_path` for a file a person names (a `tokens` arm's), not the
+    cache's."""
+    tokens = _guarded(arm.tokens, arm.name, vocab_size, watch_path)
+    held = None if arm.heldout is None else _guarded(arm.heldout, arm.name, vocab_size, watch_path)
+    return dataclasses.replace(arm, tokens=tokens, heldout=held)
 
 
 def _files(tokens: heldout.TokenArray | heldout.Spliced | None) -> list[TokenFile]:

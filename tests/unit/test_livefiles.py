@@ -114,3 +114,29 @@ def test_a_replaced_or_removed_file_is_a_change(tmp_path: Path) -> None:
     assert np.array_equal(f[np.arange(100)], before)  # the open file is still the one opened
     path.unlink()
     assert "changed under the run: removed" in (watch.changed() or "")
+
+
+def test_the_caches_paths_are_not_watched_its_open_files_are(tmp_path: Path) -> None:
+    """The cache replaces an entry only by one of the same content and removes one only to
+    encode it again: the run goes on reading the files it opened. Those changed in place stop it."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("alpha beta gamma\n" * 500)
+    cfg = DataConfig.model_validate(
+        {
+            "arms": [{"name": "notes", "kind": "text", "paths": ["notes/*.txt"]}],
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    )
+    (arm,) = load_arms(cfg, tmp_path, 256)
+    assert isinstance(arm.tokens, TokenFile)
+    watch, cached = DataWatch([arm]), arm.tokens.path
+    opened = cached.with_name("opened")
+    os.link(cached, opened)  # another name of the file the run has open
+    copy = cached.with_name("copy")
+    copy.write_bytes(cached.read_bytes())
+    copy.replace(cached)
+    assert watch.changed() is None
+    cached.unlink()
+    assert watch.changed() is None
+    os.truncate(opened, 100)
+    assert f"{cached} changed under the run: " in (watch.changed() or "")
