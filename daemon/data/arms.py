@@ -36,6 +36,7 @@ from . import corpus, heldout, tokencache
 from .compression import sampled
 from .encoding import Document, read_record, split_paths, write_arm
 from .encoding_progress import EncodingProgress
+from .livefiles import TokenFile, guard_arm
 from .sources import (
     DEFAULT_FIELD,
     DataError,
@@ -62,8 +63,8 @@ class Arm:
 
     name: str
     identity: str
-    tokens: np.ndarray | heldout.Spliced  # 1-D, read-only (often a memmap)
-    heldout: np.ndarray | heldout.Spliced | None = None
+    tokens: np.ndarray | heldout.Spliced | TokenFile  # 1-D, read-only (livefiles.py)
+    heldout: np.ndarray | heldout.Spliced | TokenFile | None = None
     documents: int | None = None
     documents_held_out: int | None = None
 
@@ -509,7 +510,8 @@ def load_arms(
             byname[s.name] = _file_arm(s, base, cache, cfg, tokenizer, should_stop, progress)
         elif s.kind == "tokens":
             byname[s.name] = _tokens_arm(s, base, cache, vocab_size, fraction, tokenizer.identity)
-    arms = [byname[s.name] for s in cfg.arms]
+    # Read by pread from here on: a file changed under the live run is an error, not a SIGBUS.
+    arms = [guard_arm(byname[s.name], vocab_size, s.kind == "tokens") for s in cfg.arms]
     if fraction:
         for arm in arms:
             _log_split(arm, fraction)

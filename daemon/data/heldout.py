@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Protocol
 
 import numpy as np
 
@@ -72,12 +73,25 @@ def split_documents(
     )
 
 
+class TokenArray(Protocol):
+    """What reading an arm needs of its tokens: a 1-D array, or a file read on demand
+    (daemon/data/livefiles.py), indexable with integer index arrays."""
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray: ...
+
+
 class Spliced:
     """A read-only 1-D view of some `TOKEN_SPAN`-token spans of a token array, concatenated in
     order, indexable like an array with integer index arrays (what `ArmStream` needs) without
     copying a possibly huge memory-mapped file."""
 
-    def __init__(self, base: np.ndarray, spans: np.ndarray) -> None:
+    def __init__(self, base: TokenArray, spans: np.ndarray) -> None:
         self.base = base
         self.spans = np.asarray(spans, dtype=np.int64)
         self.dtype = base.dtype

@@ -11,8 +11,11 @@ from types import FrameType
 from typing import Literal
 
 #: Why the daemon was asked to stop: a signal, a control request, the --with-proxy child giving up,
-#: or a loss record that could not be written.
-StopReason = Literal["sigterm", "sigint", "sighup", "control", "proxy", "disk-full", "diverged"]
+#: a loss record that could not be written, a diverged loss, or a token file that changed under
+#: the run (daemon/data/livefiles.py).
+StopReason = Literal[
+    "sigterm", "sigint", "sighup", "control", "proxy", "disk-full", "diverged", "data-changed"
+]
 
 
 #: Who asked for a checkpoint now: SIGUSR1 or a control request.

@@ -64,6 +64,10 @@ class StepBatches:
         copy from pinned memory is queued, not waited for)."""
         return self._gathered.result().rows[i].to(self._device, non_blocking=True)
 
+    def wait(self) -> None:
+        """Until the step's tokens are gathered; what gathering them raised (TokensChanged)."""
+        self._gathered.result()
+
     def digest(self) -> str | None:
         """Rank 0: the step's digest (see the module docstring); None on the other ranks."""
         return self._gathered.result().digest

@@ -105,8 +105,12 @@ def plan_evaluation(ctx: TrainerContext, manifest: Manifest | None) -> EvalPlan:
 
 
 class Evaluation:
-    """Held-out evaluation and samples at their cadences (rank 0: the other ranks wait for it at
-    the next agreement)."""
+    """Held-out evaluation and samples at their cadences.
+
+    Whether a step is due either is a pure function of the step and the config, the same on every
+    rank of a job, and every rank takes the same path through that step's boundary (loop.py agrees
+    again after samples and after a catch-up, on every rank). Rank 0 alone does the work, with the
+    plain model: no collective, so the other ranks simply wait for it at the next collective."""
 
     def __init__(self, ctx: TrainerContext, plan: EvalPlan, sink: RecordSink) -> None:
         self.ctx = ctx
@@ -116,28 +120,35 @@ class Evaluation:
         self.sink = sink
         self.last_eval: EvalEntry | None = None
         self.eval_seconds = 0.0
-        self._catch_up = plan.catch_up and ctx.main
+        #: The same on every rank: the plan is built from the manifest that every rank reads.
+        self._catch_up = plan.catch_up
         self._prompts: list[Prompt] | None = None
 
     def due(self, step: int) -> bool:
-        """Whether this rank evaluates `step`."""
-        return self.main and bool(self.every) and step % self.every == 0
+        """Whether `step` is evaluated (every rank alike; rank 0 evaluates: `at_step`)."""
+        return bool(self.every) and step % self.every == 0
 
     def samples_due(self, step: int) -> bool:
-        """Whether this rank samples at `step` (not once a stop is requested)."""
+        """Whether `step` is sampled (every rank alike; rank 0 samples: `samples`)."""
         every = self.ctx.cfg.samples.every
-        return (
-            self.main and bool(every) and step % every == 0 and not self.ctx.flags.stop_requested()
-        )
+        return bool(every) and step % every == 0
+
+    def at_step(self) -> None:
+        """Rank 0: evaluate the step just trained (the other ranks: nothing)."""
+        if self.main:
+            self.evaluate()
 
     def catch_up(self) -> bool:
         """The evaluation of the checkpointed step that a stop interrupted in the last life, once,
         before the first step of this one (after its first assignment: with the proxy, that is
-        when the segment is known). False when a stop interrupted it again."""
+        when the segment is known). True on every rank when it was due, whether rank 0 finished
+        it or a stop cut it short again: the loop then agrees once more before a step, and a stop
+        heard meanwhile reaches every rank there rather than rank 0 alone."""
         if not self._catch_up:
-            return True
+            return False
         self._catch_up = False
-        return self.evaluate() is not None
+        self.at_step()
+        return True
 
     def evaluate(self) -> EvalEntry | None:
         """Score the current weights on every arm's held-out sequences and record the result
@@ -223,9 +234,11 @@ class Evaluation:
         return out
 
     def samples(self) -> None:
-        """Log the samples of the current step and record them. A sample that fails is logged,
-        and training goes on: a sample never ends a run. Samples a stop cut short are neither
-        logged nor recorded."""
+        """Rank 0 (the other ranks: nothing): log the samples of the current step and record
+        them, unless a stop is requested. A sample that fails is logged, and training goes on: a
+        sample never ends a run. Samples a stop cut short are neither logged nor recorded."""
+        if not self.main or self.ctx.flags.stop_requested():
+            return
         c = self.ctx.counters
         log.info("generating samples at step %d", c.step)
         try:

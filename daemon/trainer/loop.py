@@ -27,6 +27,7 @@ import torch
 
 from andrea.protocol.status import Activity, TrainerStatus
 
+from ..data.livefiles import RESUME_ADVICE, DataWatch, TokensChanged
 from ..metrics.series import ema_update
 from ..rundir.layout import bin_name
 from ..runtime.exitcodes import ExitCode
@@ -90,6 +91,8 @@ class Trainer:
         #: runs beside it).
         self._previous: TrainedStep | None = None
         self._checkpointed = 0
+        #: The run's token files, compared with what it opened at every step boundary.
+        self.data = DataWatch(ctx.parts.arms)
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -110,12 +113,16 @@ class Trainer:
                 settled = c.step
                 continue
             fresh = c.step > settled
+            self._watch_data()
             d = self._agree(fresh)
-            # In a job the stop for an unlogged loss reaches the other ranks with the next
-            # agreement; until then rank 0 takes part in checkpoints but writes none.
-            worked = self.sink.unlogged is not None
-            if worked and not self.ctx.world.distributed:
-                break  # no checkpoint of a step whose loss is not on disk; finish retries it
+            # Alone: no checkpoint of a step whose loss is not on disk; finish retries it. In a
+            # job the stop for an unlogged loss reaches the other ranks with the next agreement;
+            # until then rank 0 goes the others' way (it trains with them, takes part in
+            # checkpoints but writes none): only rank 0 knows, and a path of its own would pair
+            # its next collective with another one of theirs.
+            if self.sink.unlogged is not None and not self.ctx.world.distributed:
+                break
+            worked = False
             if (ignored := self.ctx.flags.take_ignored_signal()) is not None:
                 log.info("%s received and ignored (see docs/operations.md)", ignored)
             if fresh:
@@ -136,12 +143,45 @@ class Trainer:
             if d.arm is None:
                 self.reporter.waiting_for_proxy(c.step + 1)
                 continue
-            if not self.evaluation.catch_up():
-                continue
-            t0 = time.perf_counter()
-            self._unrecorded.append(self.stepper.train(d.arm))
-            c.train_seconds += time.perf_counter() - t0
+            if self.evaluation.catch_up():
+                continue  # a stop that cut it short reaches every rank at the next agreement
+            if not self._train(d.arm):
+                break
         return self.finish()
+
+    def _train(self, arm: int) -> bool:
+        """Train the next step; False when its tokens could not be read as the run opened them
+        (changed after this boundary's check). Alone, nothing of the step was done, so the newest
+        step is checkpointed as for a stop. In a job the other ranks are inside the step already:
+        this rank exits (DATA_ERROR, service/cli.py), torchrun ends the job, and the newest
+        checkpoint stays the resume point."""
+        t0 = time.perf_counter()
+        try:
+            self._unrecorded.append(self.stepper.train(arm))
+        except TokensChanged as e:
+            if self.ctx.world.distributed:
+                raise
+            self._data_changed(str(e))
+            return False
+        self.ctx.counters.train_seconds += time.perf_counter() - t0
+        return True
+
+    def _watch_data(self) -> None:
+        """A token file changed under the run: a stop, which the agreement carries to every rank
+        (all of them check; one that sees it is enough)."""
+        if self.ctx.flags.stop_reason is None and (why := self.data.changed()) is not None:
+            self._data_changed(why)
+
+    def _data_changed(self, why: str) -> None:
+        log.error(
+            "%s. Stopping at step %d with a checkpoint of it (its steps were trained on the file "
+            "as the run opened it); exit %d, not restarted: %s",
+            why,
+            self.ctx.counters.step,
+            ExitCode.DATA_ERROR,
+            RESUME_ADVICE,
+        )
+        self.ctx.flags.request_stop("data-changed")
 
     def _agree(self, fresh: bool) -> dist.Decision:
         """The step boundary's agreement, and the records of the steps whose losses it reads.
@@ -206,10 +246,13 @@ class Trainer:
         anything but the evaluation ran."""
         c = self.ctx.counters
         worked = False
+        # Every decision here is a pure function of the step (or agreed), the same on every rank:
+        # rank 0 alone evaluates and samples, but every rank takes the same path, so that each
+        # rank's next collective is the others' next one too.
         if self.evaluation.due(c.step):
             # Before the cadence checkpoint, so that its manifest says this step was evaluated.
             with self.reporter.excluded():  # training speed only
-                self.evaluation.evaluate()
+                self.evaluation.at_step()
             c.activity = Activity.TRAINING
         # Samples first: the sample of a pivot's boundary belongs to the phase that ends there,
         # so it must reach the proxy before the hold.
@@ -272,6 +315,8 @@ class Trainer:
         self.checkpointer.finish_background_write()
         closing = self.ctx.coord.agree(self.ctx.flags)
         final = self.checkpointer.final(closing)
+        if closing.stop == "data-changed" and final == ExitCode.OK:
+            final = ExitCode.DATA_ERROR  # checkpointed; a person decides about the data
         code = ExitCode(dist.agree_code(self.ctx.world, int(final)))
         self.close()
         self.reporter.summary(closing.stop)

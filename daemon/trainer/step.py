@@ -20,6 +20,7 @@ import torch
 
 from andrea.protocol.lossentry import LossEntry
 
+from ..data.livefiles import TokensChanged
 from .batch_loader import Batches, StepBatches
 from .context import TrainerContext
 from .platform import determinism
@@ -113,7 +114,9 @@ class StepRunner:
 
     def train(self, arm: int) -> TrainedStep:
         """`grad_accum` micro-batches of the step's arm, their gradients averaged, each on this
-        rank's share of the micro-batch's global batch; then the optimizer's update."""
+        rank's share of the micro-batch's global batch; then the optimizer's update.
+        TokensChanged, before anything of the step is done, when its tokens cannot be read as
+        the run opened them."""
         start = Mark(self.ctx.platform.device)
         step = self.ctx.counters.step + 1
         accum, optimizer = self.ctx.cfg.grad_accum, self.ctx.parts.optimizer
@@ -123,7 +126,15 @@ class StepRunner:
         optimizer.zero_grad()
         # Every rank draws the whole global batch's chunks, so the cursors advance alike
         # everywhere and the digest names the global batch.
+        stream = self.ctx.parts.streams[arm]
+        cursor = stream.epoch, stream.position
         batches = self.batches.draw(arm)
+        try:
+            batches.wait()
+        except TokensChanged:
+            # Nothing of the step happened: the checkpoint of the step before is exact.
+            stream.epoch, stream.position = cursor
+            raise
         if step < self.ctx.cfg.max_steps:
             self.batches.prefetch(self._next_arm(step + 1))
         losses = self._micro_batches(batches)

@@ -287,12 +287,14 @@ class Restorer:
         return self._cursor_problems(m) + self._crosscheck.problems(m)
 
     def _cursor_problems(self, m: Manifest) -> list[str]:
-        """Cursors a resume could not take (an arm's chunk count differs from the data's)."""
-        sizes = {s.arm.name: s.n_chunks for s in self.ctx.parts.streams}
+        """Cursors a resume could not take (an arm's chunk count differs from the data's). The
+        cursor of an arm whose data changed is not taken at all (`_restore_cursors`: a change
+        accepted with --allow-config-change starts it from the beginning), whatever its size."""
+        sizes = {s.arm.name: (s.arm.identity, s.n_chunks) for s in self.ctx.parts.streams}
         return [
-            f"arm {c.name!r}: cursor written for {c.n_chunks} chunks, the arm has {sizes[c.name]}"
+            f"arm {c.name!r}: cursor written for {c.n_chunks} chunks, the arm has {sizes[c.name][1]}"
             for c in m.data
-            if c.name in sizes and c.n_chunks != sizes[c.name]
+            if sizes.get(c.name, (None, 0))[0] == c.identity and c.n_chunks != sizes[c.name][1]
         ]
 
     def restore(self, m: Manifest, p: Payload | None) -> None:

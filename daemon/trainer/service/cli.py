@@ -322,6 +322,7 @@ def _build_and_run(opened: Opened, plan: StartPlan, backend: str | None) -> Exit
     from andrea.daemon.checkpoint.manager import ResumeRefused
     from andrea.daemon.checkpoint.source import SourceError
     from andrea.daemon.config import record_resolved
+    from andrea.daemon.data.livefiles import RESUME_ADVICE, TokensChanged
 
     from ..factory import build_trainer
     from ..sink import RecordLogRefused
@@ -357,6 +358,14 @@ def _build_and_run(opened: Opened, plan: StartPlan, backend: str | None) -> Exit
     except ProxyRefused as e:
         trainer.close()
         raise StartRefused(str(e), ExitCode.CONFIG_ERROR) from None
+    except TokensChanged as e:
+        # A job's rank whose step could not read its tokens (Trainer.run): the newest checkpoint
+        # stays the resume point.
+        trainer.close()
+        raise StartRefused(
+            f"{e}; no checkpoint of this step, the newest one stays valid: {RESUME_ADVICE}",
+            ExitCode.DATA_ERROR,
+        ) from None
     except ResumeRefused as e:
         trainer.close()
         raise StartRefused(str(e), ExitCode.RESUME_REFUSED) from None
