@@ -1,11 +1,11 @@
 """Token files read while a run lives: reads that a file changed under the run cannot crash, and
 the check that notices the change.
 
-A run reads its token files (a `tokens` arm's file, the cache's encoded arms) for days. Someone
-may truncate or rewrite one meanwhile: a new run of nanoGPT's `prepare.py` over `train.bin`, a
-copy onto it. Through a memory map, a read past the new end of a truncated file is SIGBUS, which kills the process
-with no line logged and no checkpoint; ids rewritten in place reach the embedding as they are,
-and one at or above the vocabulary is an IndexError (on a GPU, a device assert). So:
+A run reads its token files (a `tokens` arm's file, the cache's encoded arms) for days. Someone may
+truncate or rewrite one meanwhile: a new run of nanoGPT's `prepare.py` over `train.bin`, a copy onto
+it. Through a memory map, a read past the new end of a truncated file is SIGBUS, which kills the
+process with no line logged and no checkpoint; ids rewritten in place reach the embedding as they
+are, and one at or above the vocabulary is an IndexError (on a GPU, a device assert). So:
 
 - `TokenFile` reads by `pread` into memory of its own (copy-on-read), never through a map: a
   short read is an error naming the file, never a signal. Every read checks the open file's size
