@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, is_run_dir
@@ -16,7 +17,7 @@ from andrea.protocol import messages
 from andrea.protocol.transport import PeerGone, new_id
 
 from .. import reports
-from ..offline import daemon_running, process_running, run_processes
+from ..offline import daemon_running, lock_holder, process_running, run_processes
 from .conventions import (
     EXIT_FAILED,
     EXIT_GONE,
@@ -71,7 +72,7 @@ def _ask_trainer(
             msg,
             timeout=args.timeout if wait else 3.0,
             retries=1 if wait else 2,
-            alive=(lambda: trainer_alive(args.run_dir)) if wait else None,
+            alive=trainer_alive(args.run_dir) if wait else None,
         )
     except PeerGone:
         raise ProcessGone(
@@ -101,11 +102,19 @@ def _ask_trainer(
     return report, text
 
 
-def trainer_alive(run_dir: Path) -> bool:
-    """Whether the trainer a request waits on still exists: judged by its run-directory lock, held
-    for its whole life and released by the kernel however it ends (never by a pid, which a copy of
-    the run or another pid namespace makes mean another process)."""
-    return daemon_running(run_dir, "trainer")
+def trainer_alive(run_dir: Path) -> Callable[[], bool]:
+    """Whether the trainer a request waits on still exists: the process holding the run's trainer
+    lock now (released by the kernel however it ends), and, where the kernel names it, the same
+    process as when the wait began (a unit's restart is another life, which never answers this
+    request). Never judged by the pid written in the lock file, which a copy of the run carries."""
+    first = lock_holder(run_dir, "trainer")
+
+    def alive() -> bool:
+        if not daemon_running(run_dir, "trainer"):
+            return False
+        return first is None or lock_holder(run_dir, "trainer") in (first, None)
+
+    return alive
 
 
 def _refusal(error: str | None, data: dict | None) -> str:
