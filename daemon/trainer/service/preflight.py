@@ -26,8 +26,9 @@ from andrea.daemon.checkpoint.manager import (
     resume_problems,
 )
 from andrea.daemon.checkpoint.manifest import Manifest
-from andrea.daemon.config import ArmSpec, ConfigError, RunConfig
+from andrea.daemon.config import FILE_KINDS, ArmSpec, ConfigError, RunConfig
 from andrea.daemon.data.arms import DataError, arm_identity
+from andrea.daemon.data.parquet import parquet_documents
 from andrea.daemon.data.sources import DEFAULT_FIELD, arm_files, jsonl_documents, text_documents
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
@@ -86,23 +87,26 @@ def _data_identities(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]
     identities = {}
     for spec in cfg.data.arms:
         identities[spec.name] = arm_identity(spec, cfg.data, args.run_dir, cfg.model.vocab_size)
-        if spec.kind in ("text", "jsonl"):
+        if spec.kind in FILE_KINDS:
             _first_records(spec, args.run_dir)
     return identities
 
 
 def _first_records(spec: ArmSpec, base: Path) -> None:
-    """Read the first document of each of a text or JSON Lines arm's files: a JSON Lines line
-    without the arm's field, or that is not JSON, fails here as it would fail the start (exit 5,
-    naming the arm, the file and the line). The rest of the file is the start's to read."""
+    """Read the first document of each of a text, JSON Lines or Parquet arm's files: a JSON Lines
+    line without the arm's field, or that is not JSON, a Parquet file without the arm's text
+    column, fails here as it would fail the start (exit 5, naming the arm, the file and the line).
+    The rest of the file is the start's to read."""
     files, common = arm_files(spec, base)
     for f in files:
         if spec.kind == "text":
             next(text_documents([f], common), None)
             continue
         field = spec.field or DEFAULT_FIELD
-        if next(jsonl_documents([f], common, field, label=f"arm {spec.name!r}: "), None) is None:
-            log.warning("arm %r: %s holds no JSON Lines records", spec.name, f)
+        read = parquet_documents if spec.kind == "parquet" else jsonl_documents
+        if next(read([f], common, field, label=f"arm {spec.name!r}: "), None) is None:
+            what = "rows" if spec.kind == "parquet" else "JSON Lines records"
+            log.warning("arm %r: %s holds no %s", spec.name, f, what)
 
 
 def _check_checkpoint(plan: StartPlan, identities: dict[str, str], allow_change: bool) -> str:
