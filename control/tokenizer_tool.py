@@ -44,7 +44,13 @@ from andrea.daemon.data.sources import (
     link_roots,
     read_file,
 )
-from andrea.daemon.data.tokenizer import BYTES, FileTokenizer, RunTokenizer, padded_vocab
+from andrea.daemon.data.tokenizer import (
+    BYTES,
+    END_OF_DOCUMENT,
+    FileTokenizer,
+    RunTokenizer,
+    padded_vocab,
+)
 from andrea.daemon.rundir.boundedio import irregular
 from andrea.daemon.rundir.durable import atomic_write_bytes
 from andrea.daemon.rundir.layout import CONFIG_FILE
@@ -170,6 +176,8 @@ def _new_bpe(vocab_size: int, progress: bool) -> tuple[Tokenizer, BpeTrainer]:
         vocab_size=vocab_size,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=progress,
+        # Id 0: the end of a document, which joins the arms' documents (tokenizer.py).
+        special_tokens=[END_OF_DOCUMENT],
     )
     return tokenizer, trainer
 
