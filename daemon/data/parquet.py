@@ -104,11 +104,15 @@ def _rows(
     row = 0
     for group in range(groups):
         check_stop(should_stop, "reading Parquet arms")
-        column = parquet.read_row_group(group, columns=[field]).column(0)
+        # One thread: a single column gains nothing from more, and the pool's threads each kept
+        # freed memory (reading a 120 MB file grew the process by 140 MiB; on one thread by
+        # 89 MiB, and by as much for a file three times its size).
+        column = parquet.read_row_group(group, columns=[field], use_threads=False).column(0)
         for start in range(0, len(column), ROWS):
             for text in _strings(column.slice(start, ROWS), row, bound):
                 row += 1
                 yield f"{rel}:{row}", text
+        del column  # before the next row group is read: one in memory, never two
         if meter is not None:  # each row group counts as its share of the file's bytes
             meter.read += size * (group + 1) // groups - size * group // groups
 
