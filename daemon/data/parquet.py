@@ -14,6 +14,7 @@ parquet arm is read, and its absence is a configuration error naming the arm.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,20 +61,39 @@ def parquet_documents(
     """A parquet arm's documents: `(relative path:row number, text)` per row of each file, in
     order. DataError naming the file (after `label`: "arm 'web': ") and the row."""
     pq = _pyarrow(label)
-    import pyarrow as pa
-
     for f in files:
         check_stop(should_stop, "reading Parquet arms")
         rel = f.relative_to(common).as_posix()
-        with RegularReader(f, inside) as raw, os.fdopen(raw.fd, "rb", closefd=False) as handle:
-            try:
-                yield from _rows(pq, handle, f, rel, field, should_stop, bound, meter, raw.size)
-            except InterruptedError:  # a stop request, not the file's fault
-                raise
-            except (pa.ArrowException, OSError) as e:
-                raise DataError(f"{label}{f}: {_unreadable(handle, e)}") from None
-            except ValueError as e:
-                raise DataError(f"{label}{f}: {e}") from None
+        with _opened(f, label, inside) as (handle, size):
+            yield from _rows(pq, handle, f, rel, field, should_stop, bound, meter, size)
+
+
+def check_parquet(path: Path, field: str, label: str = "", inside: Roots = None) -> int:
+    """What `andrea-trainer --check` reads of a Parquet file: its footer, never a row (a row group
+    may be hundreds of MB): DataError, as `parquet_documents` gives it, when it is not Parquet or
+    has no string column `field`. Its number of rows."""
+    pq = _pyarrow(label)
+    with _opened(path, label, inside) as (handle, _):
+        parquet = pq.ParquetFile(handle)
+        _check_column(parquet.schema_arrow, field)
+        return int(parquet.metadata.num_rows)
+
+
+@contextlib.contextmanager
+def _opened(path: Path, label: str, inside: Roots) -> Iterator[tuple[Any, int]]:
+    """The regular file `path` as a seekable file for pyarrow, and its size; what pyarrow or the
+    reading finds wrong with it becomes a DataError naming it (after `label`)."""
+    import pyarrow as pa
+
+    with RegularReader(path, inside) as raw, os.fdopen(raw.fd, "rb", closefd=False) as handle:
+        try:
+            yield handle, raw.size
+        except InterruptedError:  # a stop request, not the file's fault
+            raise
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{label}{path}: {_unreadable(handle, e)}") from None
+        except ValueError as e:
+            raise DataError(f"{label}{path}: {e}") from None
 
 
 def _unreadable(handle: Any, e: Exception) -> str:

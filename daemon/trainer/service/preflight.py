@@ -28,7 +28,7 @@ from andrea.daemon.checkpoint.manager import (
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import FILE_KINDS, ArmSpec, ConfigError, RunConfig
 from andrea.daemon.data.arms import DataError, arm_identity
-from andrea.daemon.data.parquet import parquet_documents
+from andrea.daemon.data.parquet import check_parquet
 from andrea.daemon.data.sources import DEFAULT_FIELD, arm_files, jsonl_documents, text_documents
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
@@ -93,20 +93,20 @@ def _data_identities(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]
 
 
 def _first_records(spec: ArmSpec, base: Path) -> None:
-    """Read the first document of each of a text, JSON Lines or Parquet arm's files: a JSON Lines
-    line without the arm's field, or that is not JSON, a Parquet file without the arm's text
-    column, fails here as it would fail the start (exit 5, naming the arm, the file and the line).
-    The rest of the file is the start's to read."""
+    """Read the first document of each of a text or JSON Lines arm's files, and the footer of each
+    of a Parquet arm's: a JSON Lines line without the arm's field, or that is not JSON, a Parquet
+    file without the arm's text column, fails here as it would fail the start (exit 5, naming the
+    arm, the file and the line). The rest of the file is the start's to read."""
     files, common = arm_files(spec, base)
+    field, label = spec.field or DEFAULT_FIELD, f"arm {spec.name!r}: "
     for f in files:
         if spec.kind == "text":
             next(text_documents([f], common), None)
-            continue
-        field = spec.field or DEFAULT_FIELD
-        read = parquet_documents if spec.kind == "parquet" else jsonl_documents
-        if next(read([f], common, field, label=f"arm {spec.name!r}: "), None) is None:
-            what = "rows" if spec.kind == "parquet" else "JSON Lines records"
-            log.warning("arm %r: %s holds no %s", spec.name, f, what)
+        elif spec.kind == "parquet":
+            if not check_parquet(f, field, label):
+                log.warning("arm %r: %s holds no rows", spec.name, f)
+        elif next(jsonl_documents([f], common, field, label=label), None) is None:
+            log.warning("arm %r: %s holds no JSON Lines records", spec.name, f)
 
 
 def _check_checkpoint(plan: StartPlan, identities: dict[str, str], allow_change: bool) -> str:
