@@ -2,7 +2,7 @@
 export folder, with every path of ``run.toml`` that is relative to the run directory provided.
 
 A run resolves the relative paths of its ``run.toml`` against its own directory: ``[data]
-tokenizer``, the globs of its text and jsonl arms, a tokens arm's file, ``[metrics]
+tokenizer``, the globs of its text, jsonl and parquet arms, a tokens arm's file, ``[metrics]
 prometheus_textfile_dir``. They cannot be rewritten as absolute paths in the copy: the data
 settings are part of the training config's hash, so a checkpoint would refuse to resume under
 them. So ``run.toml`` is copied as it is, and the recipe puts in the new directory what each

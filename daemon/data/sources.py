@@ -229,7 +229,7 @@ def file_digest(path: Path, inside: Roots = None, should_stop: Stop = None) -> t
 
 
 def arm_roots(spec: ArmSpec, base: Path) -> Roots:
-    """Where links among a text or jsonl arm's files may lead: the run directory `base` and the
+    """Where links among a text, jsonl or parquet arm's files may lead: the run directory `base` and the
     arm's directories (`link_roots`); None when the arm follows every link."""
     if spec.links == "follow":
         return None
