@@ -82,3 +82,21 @@ def test_a_tokenizer_without_it_joins_with_a_blank_line_as_before(tmp_path: Path
         for i, d in enumerate(DOCS):
             expected += (blank if i else []) + tok.encode(d)
         assert _web(run, name).tolist() == expected
+
+
+def test_generate_stops_before_the_end_of_a_document() -> None:
+    import torch
+
+    from andrea.control.generate import Loaded, Sampling, generate_ids
+    from andrea.daemon.config import ModelConfig
+    from andrea.daemon.model import GPT
+
+    model = GPT(ModelConfig(vocab_size=64, block_size=16, n_layer=1, n_head=1, n_embd=8)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.zero_()  # every logit 0: greedy takes id 0, the end of a document
+    # No manifest: generate_ids reads the model alone.
+    loaded = Loaded(model, load_tokenizer("bytes", Path(".")), None, "test")
+    greedy = Sampling(max_new_tokens=10, temperature=0.0)
+    assert generate_ids(loaded, [5, 6], greedy) == [0] * 10
+    assert generate_ids(loaded, [5, 6], greedy, stop=0) == []
+    assert generate_ids(loaded, [5, 6], greedy, stop=3) == [0] * 10
