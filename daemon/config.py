@@ -130,8 +130,9 @@ class ArmSpec(_Strict):
       document per row: the string column ``field`` (default ``"text"``);
     - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped.
 
-    The text of ``stdlib``, ``text``, ``jsonl`` and ``parquet`` arms is encoded with the run's tokenizer
-    (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it (daemon/data/encoding.py).
+    The text of ``stdlib``, ``text``, ``jsonl`` and ``parquet`` arms is encoded with the run's
+    tokenizer (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it
+    (daemon/data/encoding.py).
     """
 
     name: str = Field(pattern=ARM_NAME_PATTERN)
@@ -154,10 +155,10 @@ class ArmSpec(_Strict):
     )
     links: Literal["inside", "follow"] | None = Field(
         None,
-        description="text, jsonl and parquet arms: a link among the files its globs match is followed "
-        "only when it leads inside the arm's directory or the run's (\"inside\", the default: "
-        'any other is refused, naming it); "follow" follows every link (data kept behind links '
-        "on purpose)",
+        description="text, jsonl and parquet arms: a link among the files its globs match is "
+        "followed only when it leads inside the arm's directory or the run's (\"inside\", the "
+        'default: any other is refused, naming it); "follow" follows every link (data kept behind '
+        "links on purpose)",
     )
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
 """Data arms: materialised token arrays, their identities, and a resumable order over each.
 
-The text of `stdlib`, `text`, `jsonl` and `parquet` arms is encoded with the run's tokenizer (daemon/data/tokenizer.py:
-bytes by default, or a subword `tokenizer.json`) once, and cached under its identity; `tokens` arms
+The text of `stdlib`, `text`, `jsonl` and `parquet` arms is encoded with the run's tokenizer
+(daemon/data/tokenizer.py: bytes by default, or a subword `tokenizer.json`) once, and cached under
+its identity; `tokens` arms
 are pre-tokenized flat files of uint8/16/32 ids, memory-mapped, that say which tokenizer made them
 (daemon/data/encoding.py). An arm's identity names its source files, its held-out split and, for encoded
 arms under a subword tokenizer, the tokenizer: a run resumes only onto the same data, encoded alike.

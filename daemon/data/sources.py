@@ -19,9 +19,9 @@ A stop requested meanwhile is honoured between files (and between batches of lin
 
 Documents, the unit of the held-out split (daemon/data/heldout.py):
 - ``text``: one file; its id is its path relative to the arm's common directory;
-- ``jsonl``: one line of a ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst`` file (daemon/data/zstdstream.py),
-  the string at the arm's ``field``; its id is ``<relative path>:<line number>``. A malformed line
-  is an error naming the file and line;
+- ``jsonl``: one line of a ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst`` file
+  (daemon/data/zstdstream.py), the string at the arm's ``field``; its id is
+  ``<relative path>:<line number>``. A malformed line is an error naming the file and line;
 - ``parquet``: one row of a Parquet file, the string in the arm's ``field`` column
   (daemon/data/parquet.py); its id is ``<relative path>:<row number>``.
 """
@@ -229,8 +229,8 @@ def file_digest(path: Path, inside: Roots = None, should_stop: Stop = None) -> t
 
 
 def arm_roots(spec: ArmSpec, base: Path) -> Roots:
-    """Where links among a text, jsonl or parquet arm's files may lead: the run directory `base` and the
-    arm's directories (`link_roots`); None when the arm follows every link."""
+    """Where links among a text, jsonl or parquet arm's files may lead: the run directory `base`
+    and the arm's directories (`link_roots`); None when the arm follows every link."""
     if spec.links == "follow":
         return None
     return tuple(sorted({Path(os.path.realpath(base)), *link_roots(spec.paths, base)}))
