@@ -194,3 +194,15 @@ def test_a_zstd_bomb_is_refused_at_the_line_bound(tmp_path: Path) -> None:
     web = {"name": "web", "kind": "jsonl", "paths": ["*.jsonl.zst"]}
     with pytest.raises(DataError, match=r"bomb\.jsonl\.zst:1: a line longer than 1,024 bytes"):
         load_arms(_data(tmp_path, [web], max_document_bytes=1024), tmp_path, 256)
+
+
+def test_tokenizer_encode_takes_parquet_and_jsonl_zst_inputs(tmp_path: Path) -> None:
+    from andrea.control.tokenizer_tool import encode
+    from andrea.daemon.data.tokenizer import ByteTokenizer
+
+    texts = write_hub(tmp_path, shards=1, rows=100)
+    write_slim(tmp_path / "slim.jsonl.zst", texts[:40])
+    inputs = [tmp_path / "data" / "train-00000-of-00001.parquet", tmp_path / "slim.jsonl.zst"]
+    report = encode(inputs, tmp_path / "out.u8", ByteTokenizer())
+    assert report.documents == 140
+    assert (tmp_path / "out.u8").read_bytes() == "\n\n".join(texts + texts[:40]).encode()
