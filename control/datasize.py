@@ -5,21 +5,29 @@ estimated from the arms' files. Torch-free, and nothing is tokenized.
 
 from __future__ import annotations
 
+import io
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from andrea.daemon.config import ArmSpec, RunConfig
+from andrea.daemon.config import FILE_KINDS, ArmSpec, ConfigError, RunConfig
 from andrea.daemon.data import corpus
-from andrea.daemon.data.sources import DataError, arm_files
+from andrea.daemon.data.parquet import text_bytes
+from andrea.daemon.data.sources import DEFAULT_FIELD, DataError, arm_files
 from andrea.daemon.data.tokenizer import BYTES
+from andrea.daemon.data.zstdstream import ZstdDataError, ZstdReader
 from andrea.daemon.rundir.boundedio import read_json
 from andrea.daemon.rundir.layout import manifest_name
 
 #: Bytes a token of a trained (BPE) tokenizer stands for in English prose and code: the usual
 #: 3.5-4.5 of GPT-2-like vocabularies; the estimate says it assumes this.
 BPE_BYTES_PER_TOKEN = 4.0
+#: Compressed bytes at the head of a .gz or .zst file whose ratio sizes the whole file.
+RATIO_SAMPLE = 1 << 20
+#: The most decompressed bytes that sample is read to (a bomb's ratio is not worth computing).
+RATIO_LIMIT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,9 @@ def counted(run_dir: Path) -> DataTokens | None:
 
 def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
     """The training tokens the arms' files would make: a tokens file's ids exactly, text and JSON
-    Lines at one token a byte (the bytes tokenizer) or BPE_BYTES_PER_TOKEN, the embedded corpus
-    at its size; less the held-out fraction. None when an arm's files cannot be found."""
+    Lines at one token a byte (the bytes tokenizer) or BPE_BYTES_PER_TOKEN (a compressed file at
+    its head's ratio, a Parquet file at its text column's size), the embedded corpus at its size;
+    less the held-out fraction. None when an arm's files cannot be found or read."""
     per_token = 1.0 if cfg.data.tokenizer == BYTES else BPE_BYTES_PER_TOKEN
     tokens = 0.0
     try:
@@ -74,7 +83,7 @@ def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
             tokens += sum(p.stat().st_size for p in corpus.stdlib_files()) / per_token
         for spec in cfg.data.arms:
             tokens += _arm_tokens(spec, base, per_token)
-    except (DataError, OSError):
+    except (DataError, ConfigError, OSError, ValueError):
         return None
     kept = 1.0 - (cfg.data.heldout_fraction or 0.0)
     ratio = "a token a byte" if per_token == 1.0 else f"{per_token:g} bytes a token (assumed)"
@@ -87,7 +96,36 @@ def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
 def _arm_tokens(spec: ArmSpec, base: Path, per_token: float) -> float:
     if spec.kind == "tokens":
         return (base / spec.tokens_path()).stat().st_size / np.dtype(spec.dtype).itemsize
-    if spec.kind in ("text", "jsonl"):
+    if spec.kind in FILE_KINDS:
         files, _ = arm_files(spec, base)
-        return sum(f.stat().st_size for f in files) / per_token
+        return sum(_text_size(spec, f) for f in files) / per_token
     return 0.0  # stdlib: counted once above, for all its parts
+
+
+def _text_size(spec: ArmSpec, path: Path) -> float:
+    """The bytes of text a file of the arm holds: a Parquet file's text column, a compressed
+    file's size after decompression (estimated from its head), any other file's size."""
+    if spec.kind == "parquet":
+        return text_bytes(path, spec.field or DEFAULT_FIELD)
+    size = path.stat().st_size
+    if spec.kind != "jsonl" or not path.name.endswith((".gz", ".zst")):
+        return size
+    with path.open("rb") as f:
+        head = f.read(RATIO_SAMPLE)
+    if path.name.endswith(".gz"):
+        unzip = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out = len(unzip.decompress(head, RATIO_LIMIT))
+        except zlib.error:
+            return size
+        used = len(head) - len(unzip.unconsumed_tail) - len(unzip.unused_data)
+    else:
+        reader = ZstdReader(io.BytesIO(head))
+        out = 0
+        try:
+            while out < RATIO_LIMIT and (chunk := reader.read(1 << 20)):
+                out += len(chunk)
+        except ZstdDataError:  # the head ends inside a frame: as expected
+            pass
+        used = reader.consumed
+    return size * out / used if used else size

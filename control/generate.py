@@ -106,9 +106,11 @@ def generate_ids(
     prompt: list[int],
     sampling: Sampling,
     on_token: Callable[[list[int]], None] | None = None,
+    stop: int | None = None,
 ) -> list[int]:
-    """The ``sampling.max_new_tokens`` ids that follow ``prompt``; ``on_token`` sees the
-    continuation so far after each one. The window slides at block_size."""
+    """The ``sampling.max_new_tokens`` ids that follow ``prompt``, or fewer: generation ends before
+    the id ``stop`` (the tokenizer's end of a document); ``on_token`` sees the continuation so far
+    after each one. The window slides at block_size."""
     model = loaded.model
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(sampling.seed)
@@ -124,6 +126,8 @@ def generate_ids(
             sampling.top_k,
             sampling.top_p,
         )
+        if int(nxt.item()) == stop:
+            break
         idx = torch.cat([idx, nxt], dim=1)
         out.append(int(nxt.item()))
         if on_token is not None:

@@ -1,10 +1,10 @@
 """``andreactl tokenizer``: a subword tokenizer without the internet, and token files from text.
 
 - ``train``: a byte-level BPE (Hugging Face `tokenizers`) trained on the **training** documents of a
-  run's text arms (stdlib, text, jsonl), never on its held-out ones: the split is the one the run
+  run's text arms (stdlib, text, jsonl, parquet), never on its held-out ones: the split is the one the run
   uses (daemon/data/heldout.py), decided before the tokenizer exists. It writes the run's
   ``tokenizer.json`` and measures the compression (bytes per token) of each arm.
-- ``encode``: text files and JSON Lines into one flat tokens file, documents joined as in an arm,
+- ``encode``: text files, JSON Lines and Parquet files into one flat tokens file, documents joined as in an arm,
   with ``FILE.json`` beside it saying which tokenizer made it (daemon/data/encoding.py): the role of
   nanoGPT's ``prepare.py``.
 """
@@ -34,6 +34,7 @@ from andrea.daemon.data.compression import measure, sampled
 from andrea.daemon.data.encoding import Document, record_path, write_tokens_file
 from andrea.daemon.data.heldout import is_held_out
 from andrea.daemon.data.open_settings import resolve_heldout_fraction
+from andrea.daemon.data.parquet import parquet_documents
 from andrea.daemon.data.sources import (
     DEFAULT_FIELD,
     DataError,
@@ -43,7 +44,13 @@ from andrea.daemon.data.sources import (
     link_roots,
     read_file,
 )
-from andrea.daemon.data.tokenizer import BYTES, FileTokenizer, RunTokenizer, padded_vocab
+from andrea.daemon.data.tokenizer import (
+    BYTES,
+    END_OF_DOCUMENT,
+    FileTokenizer,
+    RunTokenizer,
+    padded_vocab,
+)
 from andrea.daemon.rundir.boundedio import irregular
 from andrea.daemon.rundir.durable import atomic_write_bytes
 from andrea.daemon.rundir.layout import CONFIG_FILE
@@ -153,7 +160,9 @@ def _select_arms(cfg: RunConfig, names: list[str] | None) -> list[ArmSpec]:
                 raise UserError(f"--arm {name}: a tokens arm holds ids, not text to train on")
         text_arms = [s for s in text_arms if s.name in names]
     if not text_arms:
-        raise UserError("the run has no text arm (stdlib, text or jsonl) to train a tokenizer on")
+        raise UserError(
+            "the run has no text arm (stdlib, text, jsonl or parquet) to train a tokenizer on"
+        )
     return text_arms
 
 
@@ -167,6 +176,8 @@ def _new_bpe(vocab_size: int, progress: bool) -> tuple[Tokenizer, BpeTrainer]:
         vocab_size=vocab_size,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=progress,
+        # Id 0: the end of a document, which joins the arms' documents (tokenizer.py).
+        special_tokens=[END_OF_DOCUMENT],
     )
     return tokenizer, trainer
 
@@ -369,8 +380,10 @@ def _named_input(path: Path) -> None:
 
 def _documents(files: list[Path], field: str, bound: int) -> Iterator[Document]:
     for f in files:
-        if f.name.endswith((".jsonl", ".jsonl.gz")):
+        if f.name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
             yield from jsonl_documents([f], f.parent, field, bound=bound)
+        elif f.name.endswith(".parquet"):
+            yield from parquet_documents([f], f.parent, field, bound=bound)
         else:
             yield f.name, read_file(f)
 

@@ -116,6 +116,9 @@ class OptimConfig(_Strict):
         return self
 
 
+#: The arm kinds whose `paths` globs name files of documents (read by daemon/data/sources.py).
+FILE_KINDS = ("text", "jsonl", "parquet")
+
 #: The rule for an arm's name, wherever one is written (run config, policy, bandit state).
 ARM_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
@@ -127,22 +130,27 @@ class ArmSpec(_Strict):
       — the embedded default corpus, present wherever Python is;
     - ``text``: glob patterns of text files, one document each (relative patterns are resolved
       against the run directory);
-    - ``jsonl``: glob patterns of JSON Lines files (``.jsonl``, or ``.jsonl.gz``), one document per
-      line: the string at ``field`` (default ``"text"``);
+    - ``jsonl``: glob patterns of JSON Lines files (``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst``),
+      one document per line: the string at ``field`` (default ``"text"``);
+    - ``parquet``: glob patterns of Parquet files (the Hub's ``data/train-*.parquet``), one
+      document per row: the string column ``field`` (default ``"text"``);
     - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped.
 
-    The text of ``stdlib``, ``text`` and ``jsonl`` arms is encoded with the run's tokenizer
-    (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it (daemon/data/encoding.py).
+    The text of ``stdlib``, ``text``, ``jsonl`` and ``parquet`` arms is encoded with the run's
+    tokenizer (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it
+    (daemon/data/encoding.py).
     """
 
     name: str = Field(pattern=ARM_NAME_PATTERN)
-    kind: Literal["stdlib", "text", "jsonl", "tokens"]
+    kind: Literal["stdlib", "text", "jsonl", "parquet", "tokens"]
     part: Literal["docstrings", "code", "comments"] | None = None
     paths: list[str] = Field(default_factory=list)
     path: str | None = None
     dtype: Literal["uint8", "uint16", "uint32"] = "uint8"
     field: str | None = Field(
-        None, min_length=1, description='jsonl arms: the field holding the text (default "text")'
+        None,
+        min_length=1,
+        description='jsonl and parquet arms: the field (column) holding the text (default "text")',
     )
     weight: float = Field(
         1.0,
@@ -153,10 +161,10 @@ class ArmSpec(_Strict):
     )
     links: Literal["inside", "follow"] | None = Field(
         None,
-        description="text and jsonl arms: a link among the files its globs match is followed "
-        "only when it leads inside the arm's directory or the run's (\"inside\", the default: "
-        'any other is refused, naming it); "follow" follows every link (data kept behind links '
-        "on purpose)",
+        description="text, jsonl and parquet arms: a link among the files its globs match is "
+        "followed only when it leads inside the arm's directory or the run's (\"inside\", the "
+        'default: any other is refused, naming it); "follow" follows every link (data kept behind '
+        "links on purpose)",
     )
 
     @model_validator(mode="after")
@@ -165,14 +173,18 @@ class ArmSpec(_Strict):
             raise ValueError(
                 f"arm {self.name!r}: kind 'stdlib' needs part = docstrings|code|comments"
             )
-        if self.kind in ("text", "jsonl") and not self.paths:
+        if self.kind in FILE_KINDS and not self.paths:
             raise ValueError(f"arm {self.name!r}: kind {self.kind!r} needs paths = [glob, ...]")
         if self.kind == "tokens" and not self.path:
             raise ValueError(f"arm {self.name!r}: kind 'tokens' needs path")
-        if self.field is not None and self.kind != "jsonl":
-            raise ValueError(f"arm {self.name!r}: field is a setting of jsonl arms only")
-        if self.links is not None and self.kind not in ("text", "jsonl"):
-            raise ValueError(f"arm {self.name!r}: links is a setting of text and jsonl arms only")
+        if self.field is not None and self.kind not in ("jsonl", "parquet"):
+            raise ValueError(
+                f"arm {self.name!r}: field is a setting of jsonl and parquet arms only"
+            )
+        if self.links is not None and self.kind not in FILE_KINDS:
+            raise ValueError(
+                f"arm {self.name!r}: links is a setting of text, jsonl and parquet arms only"
+            )
         return self
 
     @property
@@ -224,8 +236,8 @@ class DataConfig(_Strict):
         None,
         ge=1 << 10,
         le=1 << 36,
-        description="the largest document read, in bytes: a JSON Lines line, or a text arm's file "
-        "(one document); a longer one is a data error naming the file (and line) "
+        description="the largest document read, in bytes: a JSON Lines line, a Parquet row, or a "
+        "text arm's file (one document); a longer one is a data error naming the file (and line) "
         f"(default {DEFAULT_MAX_DOCUMENT_BYTES:,}: 64 MiB)",
     )
     heldout_fraction: float | None = Field(

@@ -132,7 +132,7 @@ def cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         if not args.json:
             print(f"--- prompt {i} ---\n{prompt}", end="", flush=True)
         shower = _Stream(tok.decode) if stream else None
-        new = generate_ids(loaded, ids, sampling, shower)
+        new = generate_ids(loaded, ids, sampling, shower, stop=tok.end_of_document)
         text = tok.decode(new)
         if shower is not None:
             shower.finish(text)

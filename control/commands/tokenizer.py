@@ -55,8 +55,9 @@ def _encode_arguments(encode: argparse._ArgumentGroup) -> None:
         action="extend",
         nargs="+",
         metavar="FILE",
-        help="text files (one document each) and .jsonl/.jsonl.gz files (one per line), encoded in "
-        "this order; quoted globs are expanded (repeatable)",
+        help="text files (one document each), .jsonl/.jsonl.gz/.jsonl.zst files (one per line) "
+        "and .parquet files (one per row), encoded in this order; quoted globs are expanded "
+        "(repeatable)",
     )
     encode.add_argument(
         "--tokenizer",
@@ -64,7 +65,9 @@ def _encode_arguments(encode: argparse._ArgumentGroup) -> None:
         help='the tokenizer.json to encode with, or "bytes" (default: the run\'s [data] tokenizer)',
     )
     encode.add_argument(
-        "--field", default="text", help="the field of a JSON Lines line that holds the text"
+        "--field",
+        default="text",
+        help="the field of a JSON Lines line (the column of a Parquet file) that holds the text",
     )
     encode.add_argument(
         "--follow-links",

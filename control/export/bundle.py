@@ -442,8 +442,9 @@ def _write_hf(
     dest: Path, manifest: Manifest, weights: np.ndarray, byte_level: bool
 ) -> list[ExportedFile]:
     """The Hugging Face files (andrea.control.export.hf) beside the checkpoint; a byte-level run
-    gets its tokenizer.json too."""
-    files = export_hf.hf_files(manifest, weights, byte_level)
+    gets its tokenizer.json too, a subword run's (already written) says its end of document."""
+    eod = None if byte_level else load_export_tokenizer(dest, manifest).end_of_document
+    files = export_hf.hf_files(manifest, weights, byte_level, eod)
     written = [_write_new(dest / name, data) for name, data in files.items()]
     fsync_dir(dest)
     return written

@@ -13,6 +13,10 @@ learned positions, an untied head), so the mapping is direct:
 - ``tokenizer.json`` + ``tokenizer_config.json``: the run's own tokenizer file, or, for a run of
   the byte-level tokenizer, a ``tokenizers`` file whose ids are the byte values (GPT-2's byte-level
   alphabet, each byte's symbol at the id of its value, no merges);
+- a tokenizer with the end-of-document token (``andreactl tokenizer train`` reserves it, and it
+  joined the run's documents) names it in all three configs as the eos token, where generation
+  stops, and the pad token, which batches need (padded on the left, as a decoder-only model
+  needs); its text inside a prompt stays text, as it was in the training documents;
 - the model card's YAML front matter and section (:func:`model_card`).
 
 The files are returned as bytes for the exporter to write with every other file's mode, and
@@ -32,7 +36,7 @@ import numpy as np
 from andrea.daemon.checkpoint import format as checkpoint_format
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import ModelConfig
-from andrea.daemon.data.tokenizer import RunTokenizer
+from andrea.daemon.data.tokenizer import END_OF_DOCUMENT, RunTokenizer
 from andrea.daemon.rundir.evallog import EvalEntry
 
 CONFIG_NAME = "config.json"
@@ -70,7 +74,8 @@ def hf_config(model: ModelConfig) -> dict[str, Any]:
         "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,
         "tie_word_embeddings": False,
-        # GPT-2's own token 50256 is not in this vocabulary: no start or end token.
+        # GPT-2's own token 50256 is not in this vocabulary: no start token; an end token only
+        # where the tokenizer has the end of a document (name_end_of_document).
         "bos_token_id": None,
         "eos_token_id": None,
         "use_cache": True,
@@ -197,18 +202,44 @@ def generation_config(model: ModelConfig) -> dict[str, Any]:
     }
 
 
-def hf_files(manifest: Manifest, weights: np.ndarray, byte_level: bool) -> dict[str, bytes]:
+def name_end_of_document(
+    config: dict[str, Any], generation: dict[str, Any], tokenizer: dict[str, Any], token: int
+) -> None:
+    """Name the end-of-document token `token` (its id) as eos and pad in ``config.json``,
+    ``generation_config.json`` and ``tokenizer_config.json``."""
+    config.update(eos_token_id=token, pad_token_id=token)
+    generation.update(eos_token_id=token, pad_token_id=token)
+    tokenizer.update(
+        eos_token=END_OF_DOCUMENT,
+        pad_token=END_OF_DOCUMENT,
+        padding_side="left",
+        # As the run encoded its documents: the token's text in a text is text.
+        split_special_tokens=True,
+    )
+
+
+def hf_files(
+    manifest: Manifest, weights: np.ndarray, byte_level: bool, end_of_document: int | None = None
+) -> dict[str, bytes]:
     """Every Hugging Face file but the README and, for a subword run, ``tokenizer.json`` (the
-    run's own file, which the export already holds): name -> bytes."""
+    run's own file, which the export already holds): name -> bytes. `end_of_document`: the id of
+    the tokenizer's end-of-document token, named as eos and pad (None: it has none)."""
     model = manifest.model
 
     def as_json(doc: dict[str, Any]) -> bytes:
         return (json.dumps(doc, indent=2) + "\n").encode()
 
+    config, generation, tokenizer = (
+        hf_config(model),
+        generation_config(model),
+        tokenizer_config(model),
+    )
+    if end_of_document is not None:
+        name_end_of_document(config, generation, tokenizer, end_of_document)
     files = {
-        CONFIG_NAME: as_json(hf_config(model)),
-        GENERATION_CONFIG_NAME: as_json(generation_config(model)),
-        TOKENIZER_CONFIG_NAME: as_json(tokenizer_config(model)),
+        CONFIG_NAME: as_json(config),
+        GENERATION_CONFIG_NAME: as_json(generation),
+        TOKENIZER_CONFIG_NAME: as_json(tokenizer),
         WEIGHTS_NAME: weights_bytes(manifest, weights),
     }
     if byte_level:

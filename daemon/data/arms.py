@@ -1,7 +1,8 @@
 """Data arms: materialised token arrays, their identities, and a resumable order over each.
 
-The text of `stdlib`, `text` and `jsonl` arms is encoded with the run's tokenizer (daemon/data/tokenizer.py:
-bytes by default, or a subword `tokenizer.json`) once, and cached under its identity; `tokens` arms
+The text of `stdlib`, `text`, `jsonl` and `parquet` arms is encoded with the run's tokenizer
+(daemon/data/tokenizer.py: bytes by default, or a subword `tokenizer.json`) once, and cached under
+its identity; `tokens` arms
 are pre-tokenized flat files of uint8/16/32 ids, memory-mapped, that say which tokenizer made them
 (daemon/data/encoding.py). An arm's identity names its source files, its held-out split and, for encoded
 arms under a subword tokenizer, the tokenizer: a run resumes only onto the same data, encoded alike.
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ..config import DEFAULT_MAX_DOCUMENT_BYTES, ArmSpec, DataConfig
+from ..config import DEFAULT_MAX_DOCUMENT_BYTES, FILE_KINDS, ArmSpec, DataConfig
 from ..rundir.boundedio import FileRejected, irregular, read_bounded
 from ..rundir.durable import atomic_write_bytes
 from . import corpus, heldout, tokencache
@@ -37,6 +38,7 @@ from .compression import sampled
 from .encoding import Document, read_record, split_paths, write_arm
 from .encoding_progress import EncodingProgress
 from .livefiles import TokenFile, guard_arm
+from .parquet import parquet_documents
 from .sources import (
     DEFAULT_FIELD,
     DataError,
@@ -251,10 +253,10 @@ def _stdlib_arms(
 
 
 def _source_identity(spec: ArmSpec, base: Path, should_stop: Stop = None) -> tuple[str, Path]:
-    """The identity of a text or jsonl arm's files (their listing, sizes and contents), and their
-    common directory."""
+    """The identity of a text, jsonl or parquet arm's files (their listing, sizes and contents),
+    and their common directory."""
     files, common = arm_files(spec, base)
-    salt = "text:v1" if spec.kind == "text" else f"jsonl:v1:{spec.field or DEFAULT_FIELD}"
+    salt = "text:v1" if spec.kind == "text" else f"{spec.kind}:v1:{spec.field or DEFAULT_FIELD}"
     inside = arm_roots(spec, base)
     return corpus.listing_digest(files, common, salt, should_stop, inside), common
 
@@ -268,7 +270,7 @@ def _file_arm(
     should_stop: Stop,
     progress: EncodingProgress,
 ) -> Arm:
-    """A text or JSON Lines arm."""
+    """A text, JSON Lines or Parquet arm."""
 
     def source() -> _Source:
         files, _ = arm_files(spec, base)
@@ -328,7 +330,8 @@ def arm_documents(
     if spec.kind == "text":
         return text_documents(files, common, should_stop, inside, meter, bound, label)
     field = spec.field or DEFAULT_FIELD
-    return jsonl_documents(files, common, field, should_stop, label, inside, bound, meter)
+    read = parquet_documents if spec.kind == "parquet" else jsonl_documents
+    return read(files, common, field, should_stop, label, inside, bound, meter)
 
 
 def _tokens_file(spec: ArmSpec, base: Path) -> tuple[Path, np.dtype, os.stat_result]:
@@ -506,7 +509,7 @@ def load_arms(
         _stdlib_arms(stdlib, cache, should_stop, fraction, tokenizer, progress) if stdlib else {}
     )
     for s in cfg.arms:
-        if s.kind in ("text", "jsonl"):
+        if s.kind in FILE_KINDS:
             byname[s.name] = _file_arm(s, base, cache, cfg, tokenizer, should_stop, progress)
         elif s.kind == "tokens":
             byname[s.name] = _tokens_arm(s, base, cache, vocab_size, fraction, tokenizer.identity)

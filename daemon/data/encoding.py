@@ -2,11 +2,12 @@
 file ``andreactl tokenizer encode`` writes with the record of the tokenizer that made it.
 
 Documents are encoded in batches by the tokenizer's batch encoder (its own threads), and each one's
-ids go straight to the file of its side of the split, joined by the tokenizer's encoding of a blank
-line: under the byte-level tokenizer the bytes are exactly those of the documents joined by
-``\\n\\n``, as before tokenizers existed. Every file is written under a temporary name and renamed
-once complete, so a stop or a crash never leaves a partial cache entry; an arm's encoding that a
-stop or a crash interrupts is kept, though, and the next start continues it (daemon/data/partial.py).
+ids go straight to the file of its side of the split, joined by the tokenizer's separator
+(`RunTokenizer.separator`: its end-of-document token, else its encoding of a blank line): under the
+byte-level tokenizer the bytes are exactly those of the documents joined by ``\\n\\n``, as before
+tokenizers existed. Every file is written under a temporary name and renamed once complete, so a
+stop or a crash never leaves a partial cache entry; an arm's encoding that a stop or a crash
+interrupts is kept, though, and the next start continues it (daemon/data/partial.py).
 """
 
 from __future__ import annotations

@@ -19,8 +19,11 @@ A stop requested meanwhile is honoured between files (and between batches of lin
 
 Documents, the unit of the held-out split (daemon/data/heldout.py):
 - ``text``: one file; its id is its path relative to the arm's common directory;
-- ``jsonl``: one line of a ``.jsonl`` or ``.jsonl.gz`` file, the string at the arm's ``field``; its
-  id is ``<relative path>:<line number>``. A malformed line is an error naming the file and line.
+- ``jsonl``: one line of a ``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst`` file
+  (daemon/data/zstdstream.py), the string at the arm's ``field``; its id is
+  ``<relative path>:<line number>``. A malformed line is an error naming the file and line;
+- ``parquet``: one row of a Parquet file, the string in the arm's ``field`` column
+  (daemon/data/parquet.py); its id is ``<relative path>:<row number>``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from ..config import DEFAULT_MAX_DOCUMENT_BYTES, ArmSpec
 from ..rundir.boundedio import FileRejected, open_regular
 from ..rundir.layout import ARCHIVE_DIR, is_run_file
 from .globbing import expand, split_pattern
+from .zstdstream import SUFFIX as ZSTD_SUFFIX
+from .zstdstream import ZstdDataError, ZstdReader
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,8 @@ DEFAULT_FIELD = "text"
 #: What a lone surrogate of a JSON string becomes.
 REPLACEMENT_CHARACTER = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: The first bytes of every Parquet file.
+PARQUET_MAGIC = b"PAR1"
 
 Stop = Callable[[], bool] | None
 
@@ -265,8 +272,8 @@ def _size(n: int) -> str:
 
 
 def arm_roots(spec: ArmSpec, base: Path) -> Roots:
-    """Where links among a text or jsonl arm's files may lead: the run directory `base` and the
-    arm's directories (`link_roots`); None when the arm follows every link."""
+    """Where links among a text, jsonl or parquet arm's files may lead: the run directory `base`
+    and the arm's directories (`link_roots`); None when the arm follows every link."""
     if spec.links == "follow":
         return None
     return tuple(sorted({Path(os.path.realpath(base)), *link_roots(spec.paths, base)}))
@@ -336,16 +343,28 @@ class _Oversize(Exception):
         self.line = line
 
 
+class _LooksParquet(Exception):
+    """A JSON Lines arm's file that begins as a Parquet file does."""
+
+
 def _lines(
     path: Path, bound: int, should_stop: Stop, meter: Meter | None, inside: Roots = None
 ) -> Iterator[bytes]:
-    """The lines of a JSON Lines file (gunzipped when its name ends in .gz), without their
-    newline. Read in chunks of `_CHUNK` bytes whatever the lines' length: a line longer than
-    `bound` (a gzip bomb of NULs holds no newline at all) raises `_Oversize` once `bound` bytes of
-    it are held, never more; a stop request is looked at after every chunk."""
+    """The lines of a JSON Lines file (gunzipped when its name ends in .gz, decompressed when it
+    ends in .zst), without their newline. Read in chunks of `_CHUNK` bytes whatever the lines'
+    length: a line longer than `bound` (a gzip bomb of NULs holds no newline at all) raises
+    `_Oversize` once `bound` bytes of it are held, never more; a stop request is looked at after
+    every chunk. `_LooksParquet` for a file that begins as Parquet files do."""
     raw = RegularReader(path, inside, meter)
     with io.BufferedReader(raw, _CHUNK) as buffered:
+        if path.name.endswith(ZSTD_SUFFIX):
+            with io.BufferedReader(ZstdReader(buffered), _CHUNK) as unzstd:
+                yield from _split(unzstd, bound, should_stop)
+            buffered.read()
+            return
         if not path.name.endswith(".gz"):
+            if buffered.peek(len(PARQUET_MAGIC))[: len(PARQUET_MAGIC)] == PARQUET_MAGIC:
+                raise _LooksParquet
             yield from _split(buffered, bound, should_stop)
             return
         with gzip.GzipFile(fileobj=buffered, mode="rb") as unzipped:
@@ -450,6 +469,15 @@ def jsonl_documents(
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             raise DataError(
                 f"{label}{f}: not a readable gzip file after line {lineno} ({e})"
+            ) from None
+        except ZstdDataError as e:
+            raise DataError(
+                f"{label}{f}: not a readable zstd file after line {lineno} ({e})"
+            ) from None
+        except _LooksParquet:
+            raise DataError(
+                f"{label}{f}: a Parquet file (it begins with {PARQUET_MAGIC.decode()}), not JSON "
+                'Lines: read it with an arm of kind = "parquet" (its text column: field = ...)'
             ) from None
         if replaced:
             log.warning(

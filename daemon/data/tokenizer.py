@@ -33,6 +33,13 @@ BYTES = "bytes"
 VOCAB_MULTIPLE = 64
 #: Text that separates two documents in an arm's token stream (encoded by the run's tokenizer).
 DOC_SEPARATOR_TEXT = "\n\n"
+#: The special token that `andreactl tokenizer train` reserves (id 0) and that joins documents
+#: instead of `DOC_SEPARATOR_TEXT` under a tokenizer that has it: the end of a document, which
+#: the Hugging Face export names as its eos_token (generation stops there) and pad_token (batches).
+#: Not GPT-2's "<|endoftext|>": tokenizer files that runs already use carry that one (GPT-2's,
+#: StarCoder's), and their documents must stay joined as they were, the token cache's identity
+#: being the tokenizer file's sha256 and never how it joins.
+END_OF_DOCUMENT = "<|endofdocument|>"
 #: The largest tokenizer file read (the big public ones are a few tens of MB).
 MAX_TOKENIZER_BYTES = 256 << 20
 _REPLACEMENT = "\ufffd"
@@ -98,8 +105,16 @@ class RunTokenizer:
 
     @functools.cached_property
     def separator(self) -> np.ndarray:
-        """The ids placed between two documents."""
+        """The ids placed between two documents: the end-of-document token where the tokenizer
+        has one, else the encoding of a blank line."""
+        if self.end_of_document is not None:
+            return np.array([self.end_of_document], dtype=self.dtype)
         return self.encode_batch([DOC_SEPARATOR_TEXT])[0]
+
+    @property
+    def end_of_document(self) -> int | None:
+        """The id of the special token `END_OF_DOCUMENT`; None when the tokenizer has none."""
+        return None
 
     def describe(self, full: bool = False) -> str:
         """The tokenizer for a person: which, its identity (whole with `full`) and size."""
@@ -174,7 +189,16 @@ class FileTokenizer(RunTokenizer):
         if self.n_vocab < 1:
             raise TokenizerError(f"[data] tokenizer = {spec!r}: {path} has an empty vocabulary")
         _check_dense(spec, path, len(ids), self.n_vocab)
+        self._end_of_document = _special_id(self.hf, END_OF_DOCUMENT)
+        if self._end_of_document is not None:
+            # The token's text inside a document is text, never the end of one (tokenizers turns
+            # an added token's text into its id unless told); files without it keep their rule.
+            self.hf.encode_special_tokens = True
         self._encode = getattr(self.hf, "encode_batch_fast", self.hf.encode_batch)
+
+    @property
+    def end_of_document(self) -> int | None:
+        return self._end_of_document
 
     def encode_raw(self, docs: Sequence[str | bytes]) -> list[Any]:
         texts = [d if isinstance(d, str) else d.decode("utf-8") for d in docs]
@@ -206,6 +230,14 @@ class FileTokenizer(RunTokenizer):
             return self.hf.decode(ids, skip_special_tokens=False) if ids else ""
         except Exception:  # an id the file's model lacks although its vocabulary counts it
             return _REPLACEMENT * len(ids)
+
+
+def _special_id(hf: Any, content: str) -> int | None:
+    """The id of the special added token `content` of the tokenizers object `hf`; None without."""
+    for i, token in hf.get_added_tokens_decoder().items():
+        if token.content == content and token.special:
+            return int(i)
+    return None
 
 
 def describe_identity(identity: str) -> str:

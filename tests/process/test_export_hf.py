@@ -49,10 +49,15 @@ with torch.no_grad():
     np.save(work + "/logits.npy", logits.float().numpy())
     out = model.generate(torch.tensor([job["prompt"]]), max_new_tokens=job["new"], do_sample=False)
 text = pipeline("text-generation", model=folder)("The ", max_new_tokens=16)[0]["generated_text"]
+batch = None
+if job["batch"]:  # padded with the end-of-document token: a batch of two prompts of two lengths
+    runs = pipeline("text-generation", model=folder, batch_size=2)
+    batch = [o[0]["generated_text"] for o in runs(["The ", "def main("], max_new_tokens=8)]
 print(json.dumps({
     "greedy": out[0].tolist()[len(job["prompt"]):],
     "ids": [tok(d)["input_ids"] for d in job["docs"]],
     "pipeline": text,
+    "batch": batch,
 }))
 """
 
@@ -172,6 +177,7 @@ def test_transformers_loads_the_export_with_andreas_numbers(
     assert any(c["name"] == "Hugging Face weights" for c in report["checks"])
 
     rows, logits, job = _andrea_side(exported, held_out)
+    job["batch"] = _names_its_end_of_document(exported, report)
     np.save(tmp_path / "rows.npy", rows)
     (tmp_path / "job.json").write_text(json.dumps(job))
     elsewhere = tmp_path / "cwd"
@@ -196,6 +202,26 @@ def test_transformers_loads_the_export_with_andreas_numbers(
     assert got["greedy"] == job["andrea_greedy"] and len(got["greedy"]) == NEW_TOKENS
     assert got["ids"] == job["andrea_ids"] and len(got["ids"]) == len(held_out)
     assert got["pipeline"].startswith("The ") and len(got["pipeline"]) > len("The ")
+    if job["batch"]:
+        first, second = got["batch"]
+        assert first.startswith("The ") and second.startswith("def main(")
+
+
+def _names_its_end_of_document(exported: Path, report: dict) -> bool:
+    """A tokenizer that `tokenizer train` made has the end-of-document token (id 0): the
+    export names it as eos and pad, where generation stops and with which batches are padded.
+    A byte-level run has none (its documents are joined by a blank line)."""
+    config, generation, tokenizer = (
+        json.loads((exported / name).read_text())
+        for name in ("config.json", "generation_config.json", "tokenizer_config.json")
+    )
+    if report["tokenizer"]["kind"] == "bytes":
+        assert config["eos_token_id"] is None and "pad_token" not in tokenizer
+        return False
+    assert config["eos_token_id"] == config["pad_token_id"] == 0
+    assert generation["eos_token_id"] == generation["pad_token_id"] == 0
+    assert tokenizer["eos_token"] == tokenizer["pad_token"] == "<|endofdocument|>"
+    return True
 
 
 def test_the_readmes_three_commands_run_as_written(bytes_run: Path, tmp_path: Path) -> None:

@@ -202,6 +202,20 @@ def _huge_note(run: Path) -> None:
     (run / "run.toml").write_text(f"[data]\nmax_document_bytes = 1024\n{TEXT_ARM}")
 
 
+def _hub_without_text(run: Path) -> None:
+    """A Hub dataset whose text column is "content" (as code datasets name it), and an arm that
+    leaves field out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (run / "data").mkdir(parents=True)
+    table = pa.table({"id": [1, 2], "content": [PROSE, PROSE]})
+    pq.write_table(table, run / "data" / "train-00000-of-00001.parquet")
+    (run / "run.toml").write_text(
+        '[[data.arms]]\nname = "hub"\nkind = "parquet"\npaths = ["data/train-*.parquet"]\n'
+    )
+
+
 #: Inputs whose refusal only a read of the arm's records finds: (setup, exit code, what the
 #: error names), for `--check` and the start alike.
 FIRST_RECORD_CASES: dict[str, tuple[Callable[[Path], None], int, list[str]]] = {
@@ -235,6 +249,10 @@ FIRST_RECORD_CASES: dict[str, tuple[Callable[[Path], None], int, list[str]]] = {
     "jsonl-empty": (
         lambda run: _jsonl_arm(run, None, {"a.jsonl": [], "b.jsonl": []}), ExitCode.DATA_ERROR,
         ["arm 'web' has 0 training tokens, fewer than one chunk of 65"],
+    ),
+    "parquet-without-the-column": (
+        _hub_without_text, ExitCode.DATA_ERROR,
+        ["arm 'hub'", "train-00000-of-00001.parquet: no column 'text' (its columns: id, content)"],
     ),
 }  # fmt: skip
 

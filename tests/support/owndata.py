@@ -41,6 +41,45 @@ def write_jsonl(path: Path, rows: Iterable[dict], gz: bool = False) -> Path:
     return path
 
 
+def hub_texts(n: int, tag: str) -> list[str]:
+    """`n` documents of different lengths, each naming `tag` and its number."""
+    return [f"{tag} {i}: " + PROSE[: 40 + 7 * i % 200] for i in range(n)]
+
+
+def write_hub(root: Path, shards: int = 2, rows: int = 300) -> list[str]:
+    """A Hugging Face dataset as the Hub serves it: data/train-0000i-of-0000n.parquet, written by
+    pyarrow with several row groups each, a text column among others; the texts, in order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    out = []
+    for s in range(shards):
+        texts = hub_texts(rows, f"shard {s}")
+        table = pa.table({"id": list(range(rows)), "text": texts, "url": ["u"] * rows})
+        name = f"train-{s:05d}-of-{shards:05d}.parquet"
+        pq.write_table(table, root / "data" / name, row_group_size=64)
+        out += texts
+    return out
+
+
+def slim_line(text: str) -> str:
+    return json.dumps({"text": text, "meta": {"redpajama_set_name": "RedPajamaWikipedia"}}) + "\n"
+
+
+def write_slim(path: Path, texts: list[str], frames: int = 1) -> Path:
+    """JSON Lines compressed with zstd, as SlimPajama's chunks are (`frames` > 1: several frames,
+    as pzstd writes)."""
+    import zstandard
+
+    lines = [slim_line(t) for t in texts]
+    step = -(-len(lines) // frames)
+    parts = ["".join(lines[i : i + step]).encode() for i in range(0, len(lines), step)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(zstandard.ZstdCompressor(level=3).compress(p) for p in parts))
+    return path
+
+
 def names(pattern: str, fraction: float, held: bool, count: int) -> list[str]:
     """`count` document ids `pattern.format(i)` that the held-out rule puts held out (or not)."""
     out, i = [], 0
