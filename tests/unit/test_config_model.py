@@ -194,3 +194,47 @@ def test_a_thread_count_no_machine_has_is_refused() -> None:
     with pytest.raises(ConfigError, match="threads"):
         build_config({"threads": 100_000})
     assert build_config({"threads": 64}).threads == 64
+
+
+def test_a_runs_record_takes_in_what_the_person_edited_since(tmp_path) -> None:
+    """Issue 50: run.toml is the person's and never rewritten; the run's resolved config is
+    recorded beside it, and a start with checkpoints takes from run.toml only what changed since
+    the record took it in (`.run.applied.toml`)."""
+    from andrea.daemon.config import read_record, record_resolved, record_trajectory
+
+    run_toml = tmp_path / "run.toml"
+    mine = "# mine\nseed = 7\n[optim]\nlr = 0.003\n[eval]\nsequences = 32\n"
+    run_toml.write_text(mine)
+    record_resolved(
+        build_config({"seed": 7, "optim": {"lr": 0.003}}, {"threads": 2}), tmp_path, run_toml
+    )
+    assert run_toml.read_text() == mine
+    # A flag's change accepted since: it stands while the file is unchanged.
+    record_trajectory(build_config({"seed": 7, "optim": {"lr": 0.002}}), tmp_path, run_toml)
+    record = read_record(tmp_path)
+    assert record is not None and record.path.name == ".run.resolved.toml"
+    values = record.with_edits(
+        {"seed": 7, "optim": {"lr": 0.003}, "eval": {"sequences": 32}}, run_toml
+    )
+    assert values["optim"]["lr"] == 0.002 and values["threads"] == 2  # a first start's flag, kept
+    # An edit is taken, key by key; a removed key falls back to its default.
+    values = record.with_edits({"seed": 9, "optim": {"lr": 0.003}}, run_toml)
+    assert values["seed"] == 9 and values["optim"]["lr"] == 0.002 and "eval" not in values
+    # No file at all: the record as it is.
+    assert record.with_edits(None, run_toml)["seed"] == 7
+    # A changed preset is refused: a run keeps its model.
+    with pytest.raises(ConfigError, match="sets preset andrea-12m, and this run .* is andrea-tiny"):
+        record.with_edits({"preset": "andrea-12m", "seed": 7}, run_toml)
+    assert run_toml.read_text() == mine
+
+
+def test_an_earlier_versions_run_toml_is_its_record(tmp_path) -> None:
+    """A run directory of an earlier version has no .run.resolved.toml: its run.toml, which that
+    trainer rewrote into the resolved config, is the record, and changes nothing by itself."""
+    from andrea.daemon.config import read_record, save_config
+
+    save_config(build_config({"seed": 5}), tmp_path / "run.toml")
+    record = read_record(tmp_path)
+    assert record is not None and record.path.name == "run.toml"
+    now = dict(record.values)
+    assert record.with_edits(now, tmp_path / "run.toml") == record.values
