@@ -347,6 +347,11 @@ class SamplesConfig(_Strict):
     )
 
 
+#: Seeds are below this, the trainer's and `andreactl generate`'s alike: torch's generators take
+#: 64 bits, and a seed also travels as a signed 64-bit integer (the proxy's messages).
+SEED_LIMIT = 2**63
+
+
 #: Settings of runs created before `[samples]` existed, at the top level of their run.toml: their
 #: names there, and where they live now. Such a file still loads, meaning what it always meant.
 LEGACY_SAMPLE_KEYS = {"sample_every": "every", "sample_tokens": "max_new_tokens"}
@@ -406,7 +411,9 @@ class RunConfig(_Strict):
         "absent in runs created before, whose batch_size counted the sequences of one "
         "micro-batch (batch_size x grad_accum per step), and which keep that reading",
     )
-    seed: int = Field(1337, ge=0, lt=2**63, description="seed of every random stream of the run")
+    seed: int = Field(
+        1337, ge=0, lt=SEED_LIMIT, description="seed of every random stream of the run"
+    )
     mixing: Literal["fixed", "proxy"] = Field(
         "fixed",
         description="who chooses each step's data arm: the fixed mixture of the arms' weights, or "
