@@ -516,7 +516,21 @@ def _write_export(
     return files
 
 
+def _check_text(what: str, path: Path) -> None:
+    """ExportRefused for a path that is not UTF-8 text: export.json, the README and the model card
+    record it as text, so such a name would fail only after every file had been copied."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise ExportRefused(
+            f"{what} {shown}: the name is not UTF-8, and export.json records it as text; "
+            "choose a UTF-8 name"
+        ) from None
+
+
 def _check_destination(dest: Path) -> None:
+    _check_text("--to", dest)
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise ExportRefused(f"{dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()):
@@ -527,6 +541,7 @@ def _check_destination(dest: Path) -> None:
 
 def _check_sources(run_dir: Path) -> None:
     """Every file the export reads is a regular file inside the run directory; the offenders named."""
+    _check_text("--run-dir", run_dir)
     if not run_dir.is_dir():
         raise ExportRefused(f"{run_dir}: not a run directory")
     bad = offenders(run_dir)

@@ -210,3 +210,17 @@ def test_a_destination_that_cannot_be_created_is_a_refusal(
     assert ex.main(["--run-dir", str(run_dir), "--to", "/proc/andrea-export"]) == ex.EXIT_REFUSED
     err = capsys.readouterr().err
     assert "cannot create /proc/andrea-export" in err and "NOT VERIFIED" not in err
+
+
+def test_what_an_export_cannot_record_is_refused_before_anything_is_written(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """M8: a destination whose name is not UTF-8 failed after the whole copy (export.json records
+    it as text)."""
+    dest = tmp_path / os.fsdecode(b"exp\xe9")
+    argv = ["--json", "export", "--run-dir", str(run_dir), "--to", str(dest)]
+    assert andreactl.main(argv) == ex.EXIT_REFUSED
+    out, err = capsys.readouterr()
+    assert "--to " + str(tmp_path) + "/exp\\xe9: the name is not UTF-8" in err, err
+    assert json.loads(out)["exit_code"] == ex.EXIT_REFUSED
+    assert not os.path.lexists(dest), "a refused export writes nothing"
