@@ -24,6 +24,7 @@ from andrea.daemon.data.tokenizer import RunTokenizer
 from andrea.daemon.model import GPT, next_token
 
 from .export.bundle import REPORT_NAME, ExportRefused, build_model, select_checkpoint
+from .export.hf import HF_DIR
 from .export.tokenizer import TokenizerProblem, load_export_tokenizer, run_tokenizer
 
 #: The most tokens one continuation may have: far beyond a page of text, and a bound on a typo's
@@ -132,6 +133,11 @@ def torch_device(device: str) -> torch.device:
 
 def _checkpoint(folder: Path, step: int | None) -> tuple[Manifest, np.ndarray, list[str]]:
     if not checkpoint_steps(folder):
+        if folder.name == HF_DIR and is_export(folder.parent):
+            raise GenerateError(
+                f"{folder} is the Hugging Face folder of the export {folder.parent}, which holds "
+                f"the checkpoint: give --export-dir {folder.parent}"
+            )
         raise GenerateError(f"no checkpoint in {folder}: give a run directory or an export folder")
     try:
         loaded = select_checkpoint(folder, step)

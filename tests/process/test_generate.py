@@ -151,3 +151,6 @@ def test_a_source_is_needed_and_a_step_belongs_to_a_run(sources, capsys, tmp_pat
     assert code == 2 and "an export holds one" in err
     code, _, err = _generate(capsys, "--export-dir", str(tmp_path), "--prompt", "a")
     assert code == 2 and f"no checkpoint in {tmp_path}" in err
+    hub = sources["hf"] / "hf"
+    code, _, err = _generate(capsys, "--export-dir", str(hub), "--prompt", "a")
+    assert code == 2 and f"give --export-dir {sources['hf']}" in err, err
