@@ -19,7 +19,11 @@ FIFO or a device among the files an export reads refuses it, each one named.
 
 Exit codes: 0 exported and verified; 1 written but the verification failed (DEST is left for
 inspection, without export.json); 2 refused, nothing written (DEST not empty or not creatable, no
-intact checkpoint, a file of RUN that is not a regular file inside it, bad arguments).
+intact checkpoint, a file of RUN that is not a regular file inside it, a name that is not UTF-8,
+an ``[export]`` table of run.toml that is not valid, bad arguments).
+
+``--format hf`` adds ``DEST/hf`` (:mod:`andrea.control.export.hf`): the Hugging Face files and
+their model card, nothing else, the folder to push to the Hub; the rest stays beside it.
 """
 
 from __future__ import annotations
@@ -1113,7 +1117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--format",
         choices=FORMATS,
         default="andrea",
-        help="hf: also the files transformers loads (config.json, model.safetensors, tokenizer)",
+        help="hf: also DEST/hf, the folder transformers loads and the Hub takes (config.json, "
+        "model.safetensors, tokenizer, model card)",
     )
     # The fresh process of the export's own verification.
     parser.add_argument("--reload-check", type=Path, help=argparse.SUPPRESS)
