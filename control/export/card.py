@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import ConfigError, ExportConfig, load_toml
+from andrea.daemon.data.arms import CursorState
 from andrea.daemon.data.tokenizer import RunTokenizer
 from andrea.daemon.rundir.evallog import EvalEntry
 from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE
@@ -148,10 +149,11 @@ def _yaml(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def card_arms(manifest: Manifest) -> list[dict[str, Any]]:
-    """Each arm of the checkpoint: name, identity (sha256), tokens, and its source as configured,
-    without the settings its kind has not (a text arm has no dtype: only a tokens file has one)."""
-    arms_config = {a.get("name"): a for a in manifest.config.get("data", {}).get("arms", [])}
+def card_arms(config: dict[str, Any], data: Sequence[CursorState]) -> list[dict[str, Any]]:
+    """Each arm of a checkpoint (its resolved ``config`` and the cursors of its ``data``): name,
+    identity (sha256), tokens, and its source as configured, without the settings its kind has
+    not (a text arm has no dtype: only a tokens file has one) nor those left unset."""
+    arms_config = {a.get("name"): a for a in config.get("data", {}).get("arms", [])}
 
     def source(spec: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -169,7 +171,7 @@ def card_arms(manifest: Manifest) -> list[dict[str, Any]]:
             "tokens": c.n_tokens,
             "source": source(arms_config.get(c.name, {})),
         }
-        for c in manifest.data
+        for c in data
     ]
 
 
@@ -191,7 +193,7 @@ def _front_matter(
         "andrea_step": manifest.step,
         "andrea_tokens_seen": manifest.progress.tokens_seen,
         "andrea_tokenizer": tokenizer.identity,
-        "andrea_arms": card_arms(manifest),
+        "andrea_arms": card_arms(manifest.config, manifest.data),
         "andrea_mixture": _shares(last.arms) if last is not None else None,
         "andrea_pivots": [{"after_step": s, "phase": p} for s, p, _ in mix.pivots],
         "andrea_held_out_loss": held_out,
@@ -234,7 +236,7 @@ def model_card(
     held = next((e for e in reversed(evals) if e.step == manifest.step), None)
     held_out = {n: a.loss for n, a in held.arms.items()} if held else None
     config = manifest.config
-    arms = card_arms(manifest)
+    arms = card_arms(config, manifest.data)
     weights = {
         str(a.get("name")): a.get("weight", 1.0) for a in config.get("data", {}).get("arms", [])
     }
