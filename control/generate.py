@@ -19,12 +19,19 @@ import torch
 
 from andrea.daemon.checkpoint.manager import checkpoint_steps
 from andrea.daemon.checkpoint.manifest import Manifest
-from andrea.daemon.config import MAX_TEMPERATURE
+from andrea.daemon.config import MAX_TEMPERATURE, SEED_LIMIT
 from andrea.daemon.data.tokenizer import RunTokenizer
 from andrea.daemon.model import GPT, next_token
 
 from .export.bundle import REPORT_NAME, ExportRefused, build_model, select_checkpoint
+from .export.hf import HF_DIR
 from .export.tokenizer import TokenizerProblem, load_export_tokenizer, run_tokenizer
+
+#: The most tokens one continuation may have: far beyond a page of text, and a bound on a typo's
+#: run time (10**12 would sample for ever).
+MAX_NEW_TOKENS = 1 << 16
+#: The kinds of torch device a model generates on (the trainer's own choices).
+DEVICE_TYPES = ("cpu", "cuda")
 
 
 class GenerateError(ValueError):
@@ -44,8 +51,10 @@ class Sampling:
 
     def check(self) -> None:
         """GenerateError naming the first setting out of range."""
-        if self.max_new_tokens < 0:
-            raise GenerateError(f"--max-new-tokens {self.max_new_tokens}: must be 0 or more")
+        if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise GenerateError(
+                f"--max-new-tokens {self.max_new_tokens}: must be from 0 to {MAX_NEW_TOKENS:,}"
+            )
         if not 0 <= self.temperature <= MAX_TEMPERATURE:  # NaN included
             raise GenerateError(
                 f"--temperature {self.temperature}: must be from 0 (greedy) to {MAX_TEMPERATURE:g}"
@@ -54,6 +63,11 @@ class Sampling:
             raise GenerateError(f"--top-k {self.top_k}: must be 1 or more")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise GenerateError(f"--top-p {self.top_p}: must be in (0, 1]")
+        if not 0 <= self.seed < SEED_LIMIT:
+            # A negative seed would wrap to another one silently; the trainer's --seed refuses it.
+            raise GenerateError(
+                f"--seed {self.seed}: must be from 0 to 2**63 - 1 (as the trainer's)"
+            )
 
 
 @dataclass
@@ -64,6 +78,8 @@ class Loaded:
     tokenizer: RunTokenizer
     manifest: Manifest
     source: str
+    #: Newer checkpoints that were damaged and passed over, each with why.
+    skipped: list[str]
 
 
 def is_export(folder: Path) -> bool:
@@ -74,7 +90,8 @@ def is_export(folder: Path) -> bool:
 def load_source(folder: Path, step: int | None, device: str) -> Loaded:
     """The checkpoint of ``folder`` (an export, or a run: its newest intact checkpoint or exactly
     ``step``), verified, on ``device`` in eval mode, with its tokenizer. GenerateError otherwise."""
-    manifest, weights = _checkpoint(folder, step)
+    where = torch_device(device)
+    manifest, weights, skipped = _checkpoint(folder, step)
     try:
         if is_export(folder):
             tokenizer = load_export_tokenizer(folder, manifest)
@@ -83,21 +100,50 @@ def load_source(folder: Path, step: int | None, device: str) -> Loaded:
     except (TokenizerProblem, OSError, ValueError) as exc:
         raise GenerateError(str(exc)) from None
     try:
-        model = build_model(manifest, weights).to(device)
+        model = build_model(manifest, weights).to(where)
     except (RuntimeError, ValueError) as exc:
         raise GenerateError(f"--device {device}: {exc}") from None
     kind = "export" if is_export(folder) else "run"
-    return Loaded(model, tokenizer, manifest, f"{kind} {folder}, step {manifest.step}")
+    return Loaded(model, tokenizer, manifest, f"{kind} {folder}, step {manifest.step}", skipped)
 
 
-def _checkpoint(folder: Path, step: int | None) -> tuple[Manifest, np.ndarray]:
+def torch_device(device: str) -> torch.device:
+    """The torch device ``--device`` names, when a model can generate there: the CPU, or a CUDA
+    device this machine has. GenerateError naming it otherwise (``meta`` holds no data)."""
+    try:
+        where = torch.device(device)
+    except RuntimeError:
+        raise GenerateError(
+            f"--device {device}: not a torch device (cpu, cuda, cuda:1, ...)"
+        ) from None
+    if where.type not in DEVICE_TYPES:
+        raise GenerateError(
+            f"--device {device}: a model generates on {' or '.join(DEVICE_TYPES)}, not {where.type}"
+        )
+    if where.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise GenerateError(f"--device {device}: this machine has no CUDA device torch can use")
+        if where.index is not None and where.index >= count:
+            raise GenerateError(
+                f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
+    return where
+
+
+def _checkpoint(folder: Path, step: int | None) -> tuple[Manifest, np.ndarray, list[str]]:
     if not checkpoint_steps(folder):
+        if folder.name == HF_DIR and is_export(folder.parent):
+            raise GenerateError(
+                f"{folder} is the Hugging Face folder of the export {folder.parent}, which holds "
+                f"the checkpoint: give --export-dir {folder.parent}"
+            )
         raise GenerateError(f"no checkpoint in {folder}: give a run directory or an export folder")
     try:
         loaded = select_checkpoint(folder, step)
     except ExportRefused as exc:
         raise GenerateError(str(exc)) from None
-    return loaded.manifest, loaded.payload.weights
+    return loaded.manifest, loaded.payload.weights, loaded.skipped
 
 
 @torch.no_grad()

@@ -367,6 +367,38 @@ class SamplesConfig(_Strict):
     )
 
 
+#: Seeds are below this, the trainer's and `andreactl generate`'s alike: torch's generators take
+#: 64 bits, and a seed also travels as a signed 64-bit integer (the proxy's messages).
+SEED_LIMIT = 2**63
+#: A licence, language or dataset name of the Hugging Face Hub's metadata: plain characters, so
+#: that the model card's front matter says exactly what was written.
+_HUB_LICENSE = r"^[a-z0-9][a-z0-9.+-]{0,63}$"
+_HUB_LANGUAGE = r"^[a-z]{2,3}(-[A-Za-z0-9]{1,8}){0,3}$"
+_HUB_DATASET = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
+
+
+class ExportConfig(_Strict):
+    """The model card's metadata for the Hugging Face Hub (`andreactl export --format hf`,
+    docs/export.md). Read from run.toml when the export is made, so it may be added or changed at
+    any time; it changes nothing about training."""
+
+    license: str | None = Field(
+        None,
+        pattern=_HUB_LICENSE,
+        description="the Hub's licence identifier (apache-2.0, mit, cc-by-4.0, other, ...)",
+    )
+    language: list[Annotated[str, Field(pattern=_HUB_LANGUAGE)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="the text's languages as ISO 639 codes (en, fr, pt-BR, ...)",
+    )
+    datasets: list[Annotated[str, Field(pattern=_HUB_DATASET)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="the Hub datasets it was trained on (OWNER/NAME or NAME)",
+    )
+
+
 #: Settings of runs created before `[samples]` existed, at the top level of their run.toml: their
 #: names there, and where they live now. Such a file still loads, meaning what it always meant.
 LEGACY_SAMPLE_KEYS = {"sample_every": "every", "sample_tokens": "max_new_tokens"}
@@ -426,7 +458,9 @@ class RunConfig(_Strict):
         "absent in runs created before, whose batch_size counted the sequences of one "
         "micro-batch (batch_size x grad_accum per step), and which keep that reading",
     )
-    seed: int = Field(1337, ge=0, lt=2**63, description="seed of every random stream of the run")
+    seed: int = Field(
+        1337, ge=0, lt=SEED_LIMIT, description="seed of every random stream of the run"
+    )
     mixing: Literal["fixed", "proxy"] = Field(
         "fixed",
         description="who chooses each step's data arm: the fixed mixture of the arms' weights, or "
@@ -462,6 +496,9 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: int = Field(10, ge=1, description="steps between progress lines")
     samples: SamplesConfig = Field(default_factory=SamplesConfig)
+    export: ExportConfig | None = Field(
+        None, description="what `andreactl export --format hf` writes in the model card"
+    )
 
     TRAJECTORY_FIELDS: ClassVar[tuple[str, ...]] = (
         "model",

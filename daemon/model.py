@@ -273,6 +273,8 @@ def next_token(
         mass = F.softmax(ordered, dim=-1)
         # Drop a token when the mass before it already reaches top_p (the first always stays).
         drop = (mass.cumsum(dim=-1) - mass) >= top_p
+        # Even where top_p rounds to 0 in the logits' float32 (below 1.4e-45).
+        drop[..., 0] = False
         logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
     probs = F.softmax(logits, dim=-1)
     return torch.multinomial(probs.to(generator.device), 1, generator=generator).to(logits.device)

@@ -8,12 +8,16 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
 from andrea.daemon.rundir.layout import RUN_DIR_ENV
 
 from .. import reports
 from .conventions import EXIT_OK, Command, UserError, emit
+
+if TYPE_CHECKING:
+    from andrea.daemon.data.tokenizer import RunTokenizer
 
 #: The largest prompt file read.
 MAX_PROMPT_BYTES = 16 << 20
@@ -38,7 +42,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="a UTF-8 file whose whole text is one prompt (repeatable)",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, help="tokens to generate (at most 65,536)"
+    )
     parser.add_argument(
         "--temperature", type=float, default=0.8, help="softmax temperature; 0: greedy"
     )
@@ -47,13 +53,27 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "--top-p", type=float, help="sample among the most likely tokens of this total mass only"
     )
     parser.add_argument(
-        "--seed", type=int, default=1337, help="the sampling seed: the same seed, the same text"
+        "--seed",
+        type=int,
+        default=1337,
+        help="the sampling seed, 0 to 2**63 - 1: the same seed, the same text",
     )
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
-    prompts = list(args.prompt)
+    prompts = []
+    for i, text in enumerate(args.prompt, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # The shell passed bytes that are not UTF-8: a tokenizer reads text, and so does --json.
+            raise UserError(
+                f"--prompt {i}: not UTF-8 text (byte {len(text[: exc.start].encode())} of the "
+                "argument); give UTF-8, "
+                "or the bytes in a file read as UTF-8 with --prompt-file"
+            ) from None
+        prompts.append(text)
     for path in args.prompt_file:
         try:
             raw = read_bounded(path, MAX_PROMPT_BYTES)
@@ -83,6 +103,18 @@ def _source(args: argparse.Namespace) -> Path:
     if not folder.is_dir():
         raise UserError(f"{folder}: no such directory")
     return folder
+
+
+def _encode(tok: RunTokenizer, i: int, prompt: str) -> list[int]:
+    """The prompt's ids; UserError when the tokenizer makes none of it (a tokenizer that drops
+    whitespace, given only spaces): a continuation needs one token to continue."""
+    ids = tok.encode(prompt)
+    if not ids:
+        raise UserError(
+            f"prompt {i} ({len(prompt)} characters) encodes to no token with {tok.describe()}: "
+            "a continuation needs at least one"
+        )
+    return ids
 
 
 class _Stream:
@@ -117,11 +149,13 @@ def cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     except GenerateError as exc:
         raise UserError(str(exc)) from None
     tok, block = loaded.tokenizer, loaded.model.cfg.block_size
+    for reason in loaded.skipped:
+        print(f"WARNING: skipped damaged checkpoint {reason}", file=sys.stderr)
     print(f"{loaded.source}: {tok.describe()}, window {block} tokens", file=sys.stderr)
+    encoded = [_encode(tok, i, p) for i, p in enumerate(prompts, 1)]
     stream = not args.json and sys.stdout.isatty()
     outputs = []
-    for i, prompt in enumerate(prompts, 1):
-        ids = tok.encode(prompt)
+    for i, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True), 1):
         if len(ids) > block:
             print(f"prompt {i} has {len(ids)} tokens, more than the window of {block}: the model "
                   f"sees its last {block}", file=sys.stderr)  # fmt: skip

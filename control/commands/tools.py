@@ -37,8 +37,9 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("andrea", "hf"),
         default="andrea",
         help=(
-            "hf: also the Hugging Face files (config.json, model.safetensors under GPT2LMHeadModel's "
-            "names, tokenizer.json, tokenizer_config.json, a model card) that transformers loads"
+            "hf: also DEST/hf, the Hugging Face folder to push to the Hub (config.json, "
+            "model.safetensors under GPT2LMHeadModel's names, tokenizer.json, "
+            "tokenizer_config.json, a model card) that transformers loads"
         ),
     )
 

@@ -19,7 +19,11 @@ FIFO or a device among the files an export reads refuses it, each one named.
 
 Exit codes: 0 exported and verified; 1 written but the verification failed (DEST is left for
 inspection, without export.json); 2 refused, nothing written (DEST not empty or not creatable, no
-intact checkpoint, a file of RUN that is not a regular file inside it, bad arguments).
+intact checkpoint, a file of RUN that is not a regular file inside it, a name that is not UTF-8,
+an ``[export]`` table of run.toml that is not valid, bad arguments).
+
+``--format hf`` adds ``DEST/hf`` (:mod:`andrea.control.export.hf`): the Hugging Face files and
+their model card, nothing else, the folder to push to the Hub; the rest stays beside it.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from andrea.daemon.rundir.losslog import LossLogError, read_curve
 from andrea.protocol.lineage import Lineage
 
 from ..reports import ErrorReport, utc_now
+from . import card as export_card
 from . import hf as export_hf
 from .resume import resume_recipe
 from .sources import audit_sources, offenders
@@ -120,6 +125,15 @@ FILE_MODE = 0o644
 _COPY_CHUNK = 8 << 20
 
 
+#: The README's row for the Hugging Face folder of `--format hf`.
+_HF_ROW = (
+    f"| `{export_hf.HF_DIR}/` | the Hugging Face folder, the one to push to the Hub: `config.json`, "
+    "`generation_config.json`, `model.safetensors` (transformers' names), the tokenizer files and "
+    "the model card `README.md`, nothing else; `transformers` loads it with nothing of andrea "
+    "installed |\n"
+)
+
+
 class ExportRefused(Exception):
     """Nothing was exported: the destination is not empty, or no intact checkpoint is available."""
 
@@ -161,6 +175,11 @@ class ExportMetrics(_Record):
     environment: Environment
     #: World sizes, and the checkpoint of another run this one started from (--init-from).
     lineage: Lineage
+
+
+#: What phase 3 writes besides the checkpoint: metrics, README, the run's tokenizer file (its bytes
+#: and where it was read; None for the byte-level one) and the Hugging Face model card (``hf``).
+_Written = tuple[ExportMetrics, str, tuple[bytes, Path] | None, str | None]
 
 
 class ReloadCheck(_Record):
@@ -439,13 +458,22 @@ def _write_safetensors(dest: Path, manifest: Manifest, weights: np.ndarray) -> E
 
 
 def _write_hf(
-    dest: Path, manifest: Manifest, weights: np.ndarray, byte_level: bool
+    dest: Path, manifest: Manifest, weights: np.ndarray, tokenizer: bytes | None, card: str
 ) -> list[ExportedFile]:
-    """The Hugging Face files (andrea.control.export.hf) beside the checkpoint; a byte-level run
-    gets its tokenizer.json too, a subword run's (already written) says its end of document."""
-    eod = None if byte_level else load_export_tokenizer(dest, manifest).end_of_document
-    files = export_hf.hf_files(manifest, weights, byte_level, eod)
-    written = [_write_new(dest / name, data) for name, data in files.items()]
+    """The Hub's folder, ``DEST/hf``: the Hugging Face files (andrea.control.export.hf), the
+    run's tokenizer (or, for a byte-level run, one whose ids are the bytes) and the model card,
+    nothing else. Paths in the listing are relative to DEST."""
+    folder = dest / export_hf.HF_DIR
+    folder.mkdir()
+    # A subword run's tokenizer (written in DEST already) may have an end of document to name.
+    eod = None if tokenizer is None else load_export_tokenizer(dest, manifest).end_of_document
+    files = export_hf.hf_files(manifest, weights, tokenizer, eod)
+    files[README_NAME] = card.encode()
+    written = [
+        _relative(_write_new(folder / name, data), dest, folder / name)
+        for name, data in files.items()
+    ]
+    fsync_dir(folder)
     fsync_dir(dest)
     return written
 
@@ -453,16 +481,17 @@ def _write_hf(
 def _check_hf(dest: Path, manifest: Manifest, weights: np.ndarray) -> list[ExportCheck]:
     """The Hugging Face weights read back against the checkpoint's, bit for bit, and a byte
     run's tokenizer proved to give the byte values."""
+    folder = dest / export_hf.HF_DIR
     try:
         checks = [
             ExportCheck(
                 name="Hugging Face weights",
-                detail=export_hf.check_weights(dest / export_hf.WEIGHTS_NAME, manifest, weights),
+                detail=export_hf.check_weights(folder / export_hf.WEIGHTS_NAME, manifest, weights),
             )
         ]
         if manifest.tokenizer == BYTES:
             detail = export_hf.check_byte_tokenizer(
-                dest / TOKENIZER_NAME, EVAL_TEXT.decode("utf-8")
+                folder / TOKENIZER_NAME, EVAL_TEXT.decode("utf-8")
             )
             checks.append(ExportCheck(name="Hugging Face byte tokenizer", detail=detail))
     except export_hf.HFExportError as exc:
@@ -519,7 +548,21 @@ def _write_export(
     return files
 
 
+def _check_text(what: str, path: Path) -> None:
+    """ExportRefused for a path that is not UTF-8 text: export.json, the README and the model card
+    record it as text, so such a name would fail only after every file had been copied."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise ExportRefused(
+            f"{what} {shown}: the name is not UTF-8, and export.json records it as text; "
+            "choose a UTF-8 name"
+        ) from None
+
+
 def _check_destination(dest: Path) -> None:
+    _check_text("--to", dest)
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise ExportRefused(f"{dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()):
@@ -530,6 +573,7 @@ def _check_destination(dest: Path) -> None:
 
 def _check_sources(run_dir: Path) -> None:
     """Every file the export reads is a regular file inside the run directory; the offenders named."""
+    _check_text("--run-dir", run_dir)
     if not run_dir.is_dir():
         raise ExportRefused(f"{run_dir}: not a run directory")
     bad = offenders(run_dir)
@@ -584,9 +628,11 @@ def _readme(
     loss_hex: str,
     tokenizer: RunTokenizer,
     tokenizer_copied: bool,
+    hf: bool = False,
 ) -> str:
     """The export's README.md: README_TEMPLATE filled in with this checkpoint's figures and its
-    resume recipe (``tokenizer_copied``: the export holds the run's tokenizer file)."""
+    resume recipe (``tokenizer_copied``: the export holds the run's tokenizer file; ``hf``: it
+    holds the Hugging Face folder too)."""
     m = manifest.model
     arms = "\n".join(
         f"| `{c.name}` | `{c.identity}` | {c.n_tokens:,} | {c.epoch}:{c.position} |"
@@ -623,6 +669,7 @@ def _readme(
             rundir.checkpoint_stem(report_step),
             TOKENIZER_NAME if tokenizer_copied else None,
         ),
+        hf_row=_HF_ROW if hf else "",
         **readme_fields(tokenizer),
     )
 
@@ -716,10 +763,10 @@ def _contents(
     loss: float,
     tokenizer: tuple[RunTokenizer, tuple[bytes, Path] | None],
     card_command: str | None = None,
-) -> tuple[str, ExportMetrics, tuple[ExportMetrics, str, tuple[bytes, Path] | None]]:
+) -> tuple[str, ExportMetrics, _Written]:
     """When the export is made, its metrics, and what phase 3 writes besides the checkpoint:
-    metrics, README (after the Hugging Face model card naming ``card_command``, when given),
-    tokenizer."""
+    metrics, README, tokenizer and, with ``card_command``, the Hugging Face model card naming it.
+    ExportRefused when the run's ``[export]`` table cannot be used (nothing is written yet)."""
     created = datetime.now(UTC).isoformat(timespec="milliseconds")
     metrics = _metrics(run_dir, manifest)
     readme = _readme(
@@ -730,11 +777,19 @@ def _contents(
         loss.hex(),
         tokenizer[0],
         tokenizer[1] is not None,
+        card_command is not None,
     )
+    card = None
     if card_command is not None:
-        card = export_hf.model_card(manifest, _evals(run_dir), card_command, tokenizer[0])
-        readme = card + readme
-    return created, metrics, (metrics, readme, tokenizer[1])
+        try:
+            meta = export_card.export_metadata(run_dir)
+        except export_card.CardProblem as exc:
+            raise ExportRefused(str(exc)) from None
+        mix = export_card.mixture(run_dir, manifest.step)
+        card = export_card.model_card(
+            manifest, _evals(run_dir), card_command, tokenizer[0], meta, mix
+        )
+    return created, metrics, (metrics, readme, tokenizer[1], card)
 
 
 def held_out_line(step: int, evals: Sequence[EvalEntry]) -> str:
@@ -782,16 +837,16 @@ def _copy(
     dest: Path,
     source: Loaded,
     manifest_bytes: bytes,
-    written: tuple[ExportMetrics, str, tuple[bytes, Path] | None],
+    written: _Written,
     formats: tuple[bool, bool],
     progress: Callable[[str], None],
 ) -> list[ExportedFile]:
     """Phase 3: the checkpoint, its config, metrics, README and tokenizer (`written`), the audit
     trail and, when asked (``formats``: safetensors, hf), the safetensors weights or the Hugging
-    Face files, written durably into ``dest``."""
+    Face folder with its model card, written durably into ``dest``."""
     manifest = source.manifest
     safetensors, hf = formats
-    metrics, readme, tokenizer_file = written
+    metrics, readme, tokenizer_file, card = written
     _create_destination(dest)
     try:
         files = _write_export(run_dir, dest, manifest, manifest_bytes, metrics, readme, progress)
@@ -802,7 +857,8 @@ def _copy(
         if safetensors:
             files.append(_write_safetensors(dest, manifest, source.payload.weights))
         if hf:
-            files += _write_hf(dest, manifest, source.payload.weights, tokenizer_file is None)
+            run_file = tokenizer_file[0] if tokenizer_file is not None else None
+            files += _write_hf(dest, manifest, source.payload.weights, run_file, card or "")
     except (OSError, FileRejected) as exc:
         raise ExportFailed(f"writing {dest} failed: {exc}") from exc
     return files
@@ -1065,7 +1121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--format",
         choices=FORMATS,
         default="andrea",
-        help="hf: also the files transformers loads (config.json, model.safetensors, tokenizer)",
+        help="hf: also DEST/hf, the folder transformers loads and the Hub takes (config.json, "
+        "model.safetensors, tokenizer, model card)",
     )
     # The fresh process of the export's own verification.
     parser.add_argument("--reload-check", type=Path, help=argparse.SUPPRESS)

@@ -9,7 +9,9 @@ learned positions, an untied head), so the mapping is direct:
 - ``model.safetensors``: the weights under ``GPT2LMHeadModel``'s names, each ``nn.Linear`` weight
   transposed to GPT-2's ``Conv1D`` layout (in, out); where the run trained without biases, the
   biases GPT-2 always has are written as zeros (adding zero changes no bit);
-- ``generation_config.json``: greedy, at most ``block_size`` positions (GPT-2 has no more);
+- ``generation_config.json``: greedy, and a default of new tokens that keeps a short prompt
+  inside the ``block_size`` positions (:func:`default_new_tokens`); no ``max_length``, which
+  transformers would warn about at every call that sets ``max_new_tokens``;
 - ``tokenizer.json`` + ``tokenizer_config.json``: the run's own tokenizer file, or, for a run of
   the byte-level tokenizer, a ``tokenizers`` file whose ids are the byte values (GPT-2's byte-level
   alphabet, each byte's symbol at the id of its value, no merges);
@@ -17,9 +19,11 @@ learned positions, an untied head), so the mapping is direct:
   joined the run's documents) names it in all three configs as the eos token, where generation
   stops, and the pad token, which batches need (padded on the left, as a decoder-only model
   needs); its text inside a prompt stays text, as it was in the training documents;
-- the model card's YAML front matter and section (:func:`model_card`).
+- the model card (:mod:`andrea.control.export.card`).
 
-The files are returned as bytes for the exporter to write with every other file's mode, and
+All of them, and nothing else, go into the export's ``hf/`` folder (`HF_DIR`), the folder pushed to
+the Hub; the checkpoint and what resumes it stay in the export folder above it. The files are
+returned as bytes for the exporter to write with every other file's mode, and
 :func:`check_weights` reads ``model.safetensors`` back against the checkpoint, bit for bit.
 """
 
@@ -27,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +39,16 @@ import numpy as np
 from andrea.daemon.checkpoint import format as checkpoint_format
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import ModelConfig
-from andrea.daemon.data.tokenizer import END_OF_DOCUMENT, RunTokenizer
-from andrea.daemon.rundir.evallog import EvalEntry
+from andrea.daemon.data.tokenizer import END_OF_DOCUMENT
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 GENERATION_CONFIG_NAME = "generation_config.json"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+#: The export's subfolder that holds the Hugging Face files and nothing else: the Hub's folder.
+HF_DIR = "hf"
+#: transformers' text-generation pipeline's default of new tokens, when the model names none.
+PIPELINE_NEW_TOKENS = 256
 #: nn.LayerNorm's default, which every norm of the ANDREA GPT uses.
 LAYER_NORM_EPSILON = 1e-5
 #: The Linear weights that GPT-2 stores as Conv1D, (in, out): andrea's are (out, in).
@@ -192,10 +198,18 @@ def tokenizer_config(model: ModelConfig) -> dict[str, Any]:
     }
 
 
+def default_new_tokens(block_size: int) -> int:
+    """The new tokens a call that names none generates: half the context, so that a prompt of up to
+    the other half stays inside it, and at most transformers' pipeline's own default (256)."""
+    return max(1, min(PIPELINE_NEW_TOKENS, block_size // 2))
+
+
 def generation_config(model: ModelConfig) -> dict[str, Any]:
-    """``generation_config.json``: greedy, never past the model's positions."""
+    """``generation_config.json``: greedy, and `default_new_tokens` when a call names no length.
+    No ``max_length``: with it, every call that sets ``max_new_tokens`` (as the pipeline's usage
+    does) warns that both are set."""
     return {
-        "max_length": model.block_size,
+        "max_new_tokens": default_new_tokens(model.block_size),
         "do_sample": False,
         "bos_token_id": None,
         "eos_token_id": None,
@@ -219,31 +233,34 @@ def name_end_of_document(
 
 
 def hf_files(
-    manifest: Manifest, weights: np.ndarray, byte_level: bool, end_of_document: int | None = None
+    manifest: Manifest,
+    weights: np.ndarray,
+    tokenizer: bytes | None,
+    end_of_document: int | None = None,
 ) -> dict[str, bytes]:
-    """Every Hugging Face file but the README and, for a subword run, ``tokenizer.json`` (the
-    run's own file, which the export already holds): name -> bytes. `end_of_document`: the id of
-    the tokenizer's end-of-document token, named as eos and pad (None: it has none)."""
+    """Every Hugging Face file but the model card: name -> bytes. ``tokenizer``: a subword run's
+    own ``tokenizer.json``; None for a byte-level run, which gets one whose ids are the bytes.
+    `end_of_document`: the id of the tokenizer's end-of-document token, named as eos and pad
+    (None: it has none)."""
     model = manifest.model
 
     def as_json(doc: dict[str, Any]) -> bytes:
         return (json.dumps(doc, indent=2) + "\n").encode()
 
-    config, generation, tokenizer = (
+    config, generation, tokenizer_settings = (
         hf_config(model),
         generation_config(model),
         tokenizer_config(model),
     )
     if end_of_document is not None:
-        name_end_of_document(config, generation, tokenizer, end_of_document)
+        name_end_of_document(config, generation, tokenizer_settings, end_of_document)
     files = {
         CONFIG_NAME: as_json(config),
         GENERATION_CONFIG_NAME: as_json(generation),
-        TOKENIZER_CONFIG_NAME: as_json(tokenizer),
+        TOKENIZER_CONFIG_NAME: as_json(tokenizer_settings),
         WEIGHTS_NAME: weights_bytes(manifest, weights),
     }
-    if byte_level:
-        files["tokenizer.json"] = byte_tokenizer_json().encode()
+    files["tokenizer.json"] = tokenizer if tokenizer is not None else byte_tokenizer_json().encode()
     return files
 
 
@@ -256,77 +273,3 @@ def check_byte_tokenizer(path: Path, text: str) -> str:
     if ids != list(text.encode("utf-8")) or tok.decode(ids) != text:
         raise HFExportError(f"{path}: its ids are not the byte values of the text")
     return f"ids = byte values on {len(ids)} bytes, decoded back"
-
-
-def _yaml(value: Any) -> str:
-    # JSON is YAML: every value of the front matter written as JSON needs no YAML library.
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _arms(manifest: Manifest) -> list[dict[str, Any]]:
-    """Each arm of the checkpoint: name, identity (sha256), tokens, and its source as configured."""
-    arms_config = {a.get("name"): a for a in manifest.config.get("data", {}).get("arms", [])}
-    return [
-        {
-            "name": c.name,
-            "identity_sha256": c.identity,
-            "tokens": c.n_tokens,
-            "source": {k: v for k, v in arms_config.get(c.name, {}).items() if k != "name"},
-        }
-        for c in manifest.data
-    ]
-
-
-def model_card(
-    manifest: Manifest,
-    evals: Sequence[EvalEntry],
-    command: str,
-    tokenizer: RunTokenizer,
-) -> str:
-    """The Hub-style YAML front matter and the model card's section: the data identity (arms,
-    sources, sha256s), steps, tokens, the held-out losses per arm at this step, lineage, and the
-    command that made the export."""
-    arms = _arms(manifest)
-    held = next((e for e in reversed(evals) if e.step == manifest.step), None)
-    held_out = {n: a.loss for n, a in held.arms.items()} if held else None
-    lineage = manifest.lineage_or_default().model_dump(mode="json")
-    front = {
-        "library_name": "transformers",
-        "pipeline_tag": "text-generation",
-        "tags": ["andrea", "gpt2"],
-        "andrea_step": manifest.step,
-        "andrea_tokens_seen": manifest.progress.tokens_seen,
-        "andrea_tokenizer": tokenizer.identity,
-        "andrea_arms": arms,
-        "andrea_held_out_loss": held_out,
-        "andrea_lineage": lineage,
-        "andrea_checkpoint_sha256": manifest.bin_sha256,
-        "andrea_command": command,
-    }
-    lines = ["---", *(f"{k}: {_yaml(v)}" for k, v in front.items()), "---", ""]
-    held_line = (
-        "held-out loss at this step: "
-        + ", ".join(f"`{n}` {v:.4f}" for n, v in sorted(held_out.items()))
-        + " (mean cross-entropy, nats per token, on the run's held-out documents)"
-        if held_out
-        else "held-out loss at this step: none recorded (the run evaluated no held-out split then)"
-    )
-    lines += [
-        f"# ANDREA GPT, step {manifest.step} (Hugging Face format)",
-        "",
-        "This folder loads with `transformers` alone (a `GPT2LMHeadModel`):",
-        "",
-        "```python",
-        "from transformers import pipeline",
-        'print(pipeline("text-generation", model=".")("The ", max_new_tokens=32)[0]["generated_text"])',
-        "```",
-        "",
-        f"- trained for {manifest.step:,} steps, {manifest.progress.tokens_seen:,} tokens",
-        f"- {held_line}",
-        "- data: " + "; ".join(f"`{a['name']}` (sha256 `{a['identity_sha256']}`)" for a in arms),
-        f"- made by: `{command}`",
-        "",
-        "The andrea checkpoint, its verification and its load procedure follow.",
-        "",
-    ]
-    return "\n".join(lines)

@@ -60,6 +60,8 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
         ("pivot", "--run-dir", str(tmp_path), "--policy", str(tmp_path / "nope.toml")),
         ("metrics", "export", "--run-dir", str(tmp_path), "--format", "xml", "--out", "x"),
         ("history",),
+        # Bytes that are not UTF-8, as a shell passes them (M10): refused before any checkpoint.
+        ("generate", "--run-dir", str(tmp_path), "--prompt", os.fsdecode(b"caf\xe9")),
     ]
     for argv in cases:
         res = run(*argv, env={"ANDREA_RUN_DIR": ""})
@@ -68,6 +70,8 @@ def test_user_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
         lines = res.stderr.strip().splitlines()
         # Ours: "andreactl: what is wrong" (its details indented below); argparse's: usage + error.
         assert lines[0].startswith("andreactl: ") or ": error: " in lines[-1], (argv, lines)
+    # The last case's refusal names the argument, not the folder's missing checkpoint.
+    assert "--prompt 1: not UTF-8 text (byte 3 of the argument)" in res.stderr, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "policy.toml"], "nothing created"
 
 

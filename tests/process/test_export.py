@@ -210,3 +210,54 @@ def test_a_destination_that_cannot_be_created_is_a_refusal(
     assert ex.main(["--run-dir", str(run_dir), "--to", "/proc/andrea-export"]) == ex.EXIT_REFUSED
     err = capsys.readouterr().err
     assert "cannot create /proc/andrea-export" in err and "NOT VERIFIED" not in err
+
+
+def test_what_an_export_cannot_record_is_refused_before_anything_is_written(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """M8: a destination whose name is not UTF-8 failed after the whole copy (export.json records
+    it as text); a run.toml whose [export] table the model card cannot use is refused too."""
+    dest = tmp_path / os.fsdecode(b"exp\xe9")
+    argv = ["--json", "export", "--run-dir", str(run_dir), "--to", str(dest)]
+    assert andreactl.main(argv) == ex.EXIT_REFUSED
+    out, err = capsys.readouterr()
+    assert "--to " + str(tmp_path) + "/exp\\xe9: the name is not UTF-8" in err, err
+    assert json.loads(out)["exit_code"] == ex.EXIT_REFUSED
+    assert not os.path.lexists(dest), "a refused export writes nothing"
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns(".sock*", "*.lock"))
+    with (run / "run.toml").open("a") as f:
+        f.write('\n[export]\nlicense = "mit"\nlanguage = "en"\n')
+    hf = tmp_path / "hf"
+    argv = ["export", "--run-dir", str(run), "--to", str(hf), "--format", "hf"]
+    assert andreactl.main(argv) == ex.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert f"{run / 'run.toml'}: [export]:\n  language: Input should be a valid list" in err
+    assert not hf.exists(), "a refused export writes nothing"
+
+
+def test_the_model_card_describes_the_mixture_and_the_pivots(audited_run: Path) -> None:
+    """Each phase's arms, steps and share of the tokens, counted on the run's loss log, and the
+    pivot between the phases (tests/support/audited_run.py: a pivot, a zombie arm after it)."""
+    from andrea.control.export import card
+    from andrea.daemon.config import ExportConfig
+    from andrea.daemon.data.tokenizer import ByteTokenizer
+    from andrea.daemon.rundir.losslog import read_curve
+
+    manifest = ex.select_checkpoint(audited_run, None).manifest
+    mix = card.mixture(audited_run, manifest.step)
+    curve = read_curve(audited_run / ".loss.json")
+    assert [p.phase for p in mix.phases] == [0, 1] and len(mix.pivots) == 1
+    boundary = mix.pivots[0][0]
+    assert mix.phases[0].last == boundary and mix.phases[1].first == boundary + 1
+    for ph in mix.phases:
+        mine = (curve.phase == ph.phase) & (curve.step <= manifest.step)
+        assert sum(s for s, _ in ph.arms.values()) == int(mine.sum())
+        assert sum(t for _, t in ph.arms.values()) == int(curve.tokens[mine].sum())
+    assert "comments" in mix.phases[0].arms and "comments" not in mix.phases[1].arms
+    text = card.model_card(manifest, [], "andreactl export", ByteTokenizer(), ExportConfig(), mix)
+    assert "Mixing: `proxy`: andrea-proxy's bandit chose each step's arm." in text
+    assert f"- after step {boundary:,}: phase 1, policy `{mix.pivots[0][2][:16]}`" in text
+    assert f'andrea_pivots: [{{"after_step": {boundary}, "phase": 1}}]' in text
+    assert "license:" not in text  # no [export] table: no Hub metadata invented

@@ -1,5 +1,7 @@
 """`andreactl export --format hf`: a folder that transformers loads, in a fresh process where
-andrea's package cannot be imported, with andrea's logits, greedy tokens and token ids."""
+andrea's package cannot be imported, with andrea's logits, greedy tokens and token ids, without a
+warning, and with a default length that stays inside the context; the folder holds only what the
+Hub reads, its model card the run.toml's [export] metadata and the mixture."""
 
 from __future__ import annotations
 
@@ -44,17 +46,28 @@ folder, work = sys.argv[1], sys.argv[2]
 job = json.load(open(work + "/job.json"))
 model = AutoModelForCausalLM.from_pretrained(folder).eval()
 tok = AutoTokenizer.from_pretrained(folder)
+prompt = torch.tensor([job["prompt"]])
 with torch.no_grad():
     logits = model(torch.tensor(np.load(work + "/rows.npy"))).logits
     np.save(work + "/logits.npy", logits.float().numpy())
-    out = model.generate(torch.tensor([job["prompt"]]), max_new_tokens=job["new"], do_sample=False)
+    out = model.generate(prompt, max_new_tokens=job["new"], do_sample=False)
+    default = model.generate(prompt)  # the folder's own default length
 text = pipeline("text-generation", model=folder)("The ", max_new_tokens=16)[0]["generated_text"]
 batch = None
 if job["batch"]:  # padded with the end-of-document token: a batch of two prompts of two lengths
     runs = pipeline("text-generation", model=folder, batch_size=2)
     batch = [o[0]["generated_text"] for o in runs(["The ", "def main("], max_new_tokens=8)]
+print("--- past the context ---", file=sys.stderr)  # what comes after it is expected to warn
+try:
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=job["past"])
+    past = "no error"
+except IndexError as e:
+    past = f"IndexError: {e}"
 print(json.dumps({
     "greedy": out[0].tolist()[len(job["prompt"]):],
+    "default_new": default.shape[1] - len(job["prompt"]),
+    "past": past,
     "ids": [tok(d)["input_ids"] for d in job["docs"]],
     "pipeline": text,
     "batch": batch,
@@ -101,8 +114,21 @@ def held_out() -> list[str]:
     return texts
 
 
+#: The Hub metadata the model card must carry (run.toml's [export]).
+EXPORT_TOML = '\n[export]\nlicense = "apache-2.0"\nlanguage = ["en"]\n'
+#: Everything the Hub folder holds, and nothing else.
+HUB_FILES = {
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+
+
 def _train(run: Path, cache: Path, toml: str, subword: bool) -> Path:
-    (run / "run.toml").write_text(f"[model]\nblock_size = {BLOCK}\n" + toml)
+    (run / "run.toml").write_text(f"[model]\nblock_size = {BLOCK}\n" + toml + EXPORT_TOML)
     if subword:
         _ok(andreactl(run, "tokenizer", "train", "--vocab-size", "400", timeout=600))
     res = run_trainer(run, cache, "--max-steps", "20", timeout=600)
@@ -160,6 +186,7 @@ def _andrea_side(dest: Path, held_out: list[str]) -> tuple[np.ndarray, np.ndarra
     job = {
         "prompt": prompt,
         "new": NEW_TOKENS,
+        "past": BLOCK,  # 16 + 128 positions: past the last
         "docs": held_out,
         "andrea_greedy": idx[0, len(prompt) :].tolist(),
         "andrea_ids": [tok.encode(d) for d in held_out],
@@ -170,11 +197,17 @@ def _andrea_side(dest: Path, held_out: list[str]) -> tuple[np.ndarray, np.ndarra
 def test_transformers_loads_the_export_with_andreas_numbers(
     exported: Path, held_out: list[str], tmp_path: Path
 ) -> None:
-    card = (exported / "README.md").read_text()
-    assert card.startswith("---\nlibrary_name:") and "andrea_arms:" in card
-    assert {oct(p.stat().st_mode & 0o777) for p in exported.iterdir() if p.is_file()} == {"0o644"}
+    hub = exported / "hf"
+    assert {p.name for p in hub.iterdir()} == HUB_FILES, "the Hub folder holds only what it reads"
+    card = (hub / "README.md").read_text()
+    assert card.startswith('---\nlicense: "apache-2.0"\nlanguage: ["en"]\nlibrary_name:'), card
+    assert "andrea_arms:" in card and '"dtype"' not in card  # stdlib arms: text, no dtype
+    assert "## Training data mixture" in card and "IndexError: index out of range" in card
+    assert not (exported / "README.md").read_text().startswith("---"), "the andrea README"
+    assert {oct(p.stat().st_mode & 0o777) for p in hub.iterdir()} == {"0o644"}
     report = json.loads((exported / "export.json").read_text())
     assert any(c["name"] == "Hugging Face weights" for c in report["checks"])
+    assert {f["name"] for f in report["files"]} >= {f"hf/{n}" for n in HUB_FILES}
 
     rows, logits, job = _andrea_side(exported, held_out)
     job["batch"] = _names_its_end_of_document(exported, report)
@@ -185,7 +218,7 @@ def test_transformers_loads_the_export_with_andreas_numbers(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     res = subprocess.run(
-        [sys.executable, "-I", "-c", LOADER, str(exported), str(tmp_path)],
+        [sys.executable, "-I", "-c", LOADER, str(hub), str(tmp_path)],
         cwd=elsewhere,
         env=env,
         capture_output=True,
@@ -202,6 +235,13 @@ def test_transformers_loads_the_export_with_andreas_numbers(
     assert got["greedy"] == job["andrea_greedy"] and len(got["greedy"]) == NEW_TOKENS
     assert got["ids"] == job["andrea_ids"] and len(got["ids"]) == len(held_out)
     assert got["pipeline"].startswith("The ") and len(got["pipeline"]) > len("The ")
+    # No warning at load, generate or pipeline (a max_length beside max_new_tokens warned at
+    # every call); past the context, the documented IndexError after transformers' own warning.
+    calls, past = res.stderr.split("--- past the context ---")
+    assert "max_length" not in calls and "Warning" not in calls, calls[-3000:]
+    assert got["default_new"] == BLOCK // 2 and len(job["prompt"]) + BLOCK // 2 <= BLOCK
+    assert got["past"] == "IndexError: index out of range in self", got["past"]
+    assert f"exceeded the model's predefined maximum length ({BLOCK})" in past
     if job["batch"]:
         first, second = got["batch"]
         assert first.startswith("The ") and second.startswith("def main(")
@@ -212,7 +252,7 @@ def _names_its_end_of_document(exported: Path, report: dict) -> bool:
     export names it as eos and pad, where generation stops and with which batches are padded.
     A byte-level run has none (its documents are joined by a blank line)."""
     config, generation, tokenizer = (
-        json.loads((exported / name).read_text())
+        json.loads((exported / "hf" / name).read_text())
         for name in ("config.json", "generation_config.json", "tokenizer_config.json")
     )
     if report["tokenizer"]["kind"] == "bytes":
@@ -240,7 +280,7 @@ def test_the_readmes_three_commands_run_as_written(bytes_run: Path, tmp_path: Pa
         res = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=600)  # fmt: skip
         outputs.append(_ok(res))
-    assert (tmp_path / "exports" / "demo-hf" / "config.json").is_file()
+    assert (tmp_path / "exports" / "demo-hf" / "hf" / "config.json").is_file()
     assert outputs[1].startswith("--- prompt 1 ---\ndef ") and len(outputs[1]) > 25
     # A 20-step model may well continue with spaces: the pipeline returned the prompt and more.
     assert outputs[2].startswith("def ") and len(outputs[2].rstrip("\n")) > len("def ")

@@ -115,7 +115,9 @@ def test_every_file_of_both_export_kinds_has_one_mode(
         }
         assert {"audit/plot.png", "export.json", "README.md", bin_name(6)} <= set(modes)
         assert set(modes.values()) == {"0o644"}, modes
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in hf.iterdir()}
+    hub = {p.name for p in (hf / "hf").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= hub
+    assert not any(n.endswith(".bin") or n == "export.json" for n in hub), "resume state beside"
 
 
 def test_the_reload_check_loss_is_named_beside_the_held_out_losses(

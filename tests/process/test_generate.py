@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,22 @@ def test_a_step_and_greedy_decoding(sources, capsys) -> None:
     assert doc["step"] == 5 and doc["temperature"] == 0.0
     code, again, _ = _generate(capsys, *argv, "--max-new-tokens", "8", "--seed", "99")
     assert again["outputs"][0]["tokens"] == doc["outputs"][0]["tokens"], "greedy ignores the seed"
+    # A top-p that is 0 in float32 keeps the most likely token alone: greedy, not a failed draw.
+    tiny = [*argv[:-2], "--temperature", "1", "--top-p", "1e-46", "--max-new-tokens", "8"]
+    code, nucleus, err = _generate(capsys, *tiny)
+    assert code == 0, err
+    assert nucleus["outputs"][0]["tokens"] == doc["outputs"][0]["tokens"]
+
+
+def test_a_damaged_newest_checkpoint_is_named_when_skipped(sources, capsys, tmp_path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(sources["run"], run, ignore=shutil.ignore_patterns(".sock*", "*.lock"))
+    payload = run / "step_000010.bin"
+    payload.write_bytes(payload.read_bytes()[:-4])
+    code, doc, err = _generate(capsys, "--run-dir", str(run), "--prompt", "a",
+                               "--max-new-tokens", "2")  # fmt: skip
+    assert code == 0 and doc["step"] == 5, err
+    assert "WARNING: skipped damaged checkpoint step_000010.json: " in err, err
 
 
 def test_the_window_slides_and_says_so(sources, capsys, tmp_path: Path) -> None:
@@ -102,6 +119,12 @@ def test_the_window_slides_and_says_so(sources, capsys, tmp_path: Path) -> None:
         (["--prompt", ""], "prompt 1 is empty"),
         (["--prompt", "a", "--top-p", "1.5"], "--top-p 1.5: must be in (0, 1]"),
         (["--prompt", "a", "--temperature", "-1"], "--temperature -1.0"),
+        (["--prompt", "caf\udce9"], "--prompt 1: not UTF-8 text (byte 3 of the argument)"),
+        (["--prompt", "a", "--seed", "-1"], "--seed -1: must be from 0 to 2**63 - 1"),
+        (["--prompt", "a", "--seed", str(2**64)], f"--seed {2**64}: must be from 0"),
+        (["--prompt", "a", "--device", "meta"], "--device meta: a model generates on cpu or"),
+        (["--prompt", "a", "--max-new-tokens", "1e12"], "invalid int value"),
+        (["--prompt", "a", "--max-new-tokens", str(10**12)], "must be from 0 to 65,536"),
     ],
 )
 def test_bad_inputs_are_usage_errors_naming_what(
@@ -111,7 +134,8 @@ def test_bad_inputs_are_usage_errors_naming_what(
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     code, doc, err = _generate(capsys, "--run-dir", str(sources["run"]), *argv)
     assert code == 2 and said in err, err
-    assert doc["exit_code"] == 2 and said in doc["error"]
+    if said != "invalid int value":  # argparse's own refusal: its usage, no JSON document
+        assert doc["exit_code"] == 2 and said in doc["error"]
 
 
 def test_a_source_is_needed_and_a_step_belongs_to_a_run(sources, capsys, tmp_path: Path) -> None:
@@ -127,3 +151,6 @@ def test_a_source_is_needed_and_a_step_belongs_to_a_run(sources, capsys, tmp_pat
     assert code == 2 and "an export holds one" in err
     code, _, err = _generate(capsys, "--export-dir", str(tmp_path), "--prompt", "a")
     assert code == 2 and f"no checkpoint in {tmp_path}" in err
+    hub = sources["hf"] / "hf"
+    code, _, err = _generate(capsys, "--export-dir", str(hub), "--prompt", "a")
+    assert code == 2 and f"give --export-dir {sources['hf']}" in err, err

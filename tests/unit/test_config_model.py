@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
-from andrea.daemon.config import ConfigError, RunConfig, build_config, evaluation_changes
+from andrea.control.export.card import CardProblem, export_metadata
+from andrea.daemon.config import (
+    ConfigError,
+    ExportConfig,
+    RunConfig,
+    build_config,
+    evaluation_changes,
+)
 from andrea.daemon.model import GPT
 
 
@@ -238,3 +248,24 @@ def test_an_earlier_versions_run_toml_is_its_record(tmp_path) -> None:
     assert record is not None and record.path.name == "run.toml"
     now = dict(record.values)
     assert record.with_edits(now, tmp_path / "run.toml") == record.values
+def test_the_export_table_is_validated_and_changes_no_trajectory(tmp_path: Path) -> None:
+    """[export]: the model card's Hub metadata, checked at every start and when exporting."""
+    meta = {"license": "apache-2.0", "language": ["en", "pt-BR"], "datasets": ["org/corpus"]}
+    cfg = build_config({"export": meta})
+    assert cfg.export is not None and cfg.export.language == ["en", "pt-BR"]
+    assert cfg.trajectory_hash() == build_config().trajectory_hash()
+    for bad, named in [
+        ({"language": "en"}, "export.language"),
+        ({"language": ["English!"]}, "export.language.0"),
+        ({"licence": "mit"}, "export.licence: unknown key"),
+        ({"datasets": ["a/b/c"]}, "export.datasets.0"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            build_config({"export": bad})
+    (tmp_path / "run.toml").write_text('[export]\nlicense = "MIT License"\n')
+    with pytest.raises(CardProblem, match=re.escape(f"{tmp_path / 'run.toml'}: [export]")):
+        export_metadata(tmp_path)
+    (tmp_path / "run.toml").write_text('[export]\nlicense = "mit"\nlanguage = ["en"]\n')
+    assert export_metadata(tmp_path) == ExportConfig(license="mit", language=["en"])
+    (tmp_path / "run.toml").unlink()
+    assert export_metadata(tmp_path) == ExportConfig()
