@@ -248,6 +248,8 @@ def test_an_earlier_versions_run_toml_is_its_record(tmp_path) -> None:
     assert record is not None and record.path.name == "run.toml"
     now = dict(record.values)
     assert record.with_edits(now, tmp_path / "run.toml") == record.values
+
+
 def test_the_export_table_is_validated_and_changes_no_trajectory(tmp_path: Path) -> None:
     """[export]: the model card's Hub metadata, checked at every start and when exporting."""
     meta = {"license": "apache-2.0", "language": ["en", "pt-BR"], "datasets": ["org/corpus"]}

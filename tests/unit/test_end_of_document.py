@@ -95,7 +95,7 @@ def test_generate_stops_before_the_end_of_a_document() -> None:
     with torch.no_grad():
         model.lm_head.weight.zero_()  # every logit 0: greedy takes id 0, the end of a document
     # No manifest: generate_ids reads the model alone.
-    loaded = Loaded(model, load_tokenizer("bytes", Path(".")), None, "test")
+    loaded = Loaded(model, load_tokenizer("bytes", Path(".")), None, "test", [])
     greedy = Sampling(max_new_tokens=10, temperature=0.0)
     assert generate_ids(loaded, [5, 6], greedy) == [0] * 10
     assert generate_ids(loaded, [5, 6], greedy, stop=0) == []
