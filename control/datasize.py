@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from andrea.daemon.config import ArmSpec, RunConfig
 from andrea.daemon.data import corpus
+from andrea.daemon.data.encoding import read_record
 from andrea.daemon.data.sources import DataError, arm_files
+from andrea.daemon.data.token_files import open_token_file
 from andrea.daemon.data.tokenizer import BYTES
 from andrea.daemon.rundir.boundedio import read_json
 from andrea.daemon.rundir.layout import manifest_name
@@ -86,7 +86,12 @@ def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
 
 def _arm_tokens(spec: ArmSpec, base: Path, per_token: float) -> float:
     if spec.kind == "tokens":
-        return (base / spec.tokens_path()).stat().st_size / np.dtype(spec.dtype).itemsize
+        named = base / spec.tokens_path()
+        record = read_record(named)
+        recorded = record.dtype if record is not None else None
+        return open_token_file(
+            f"arm {spec.name!r}", named.resolve(), spec.dtype, recorded, named
+        ).count
     if spec.kind in ("text", "jsonl"):
         files, _ = arm_files(spec, base)
         return sum(f.stat().st_size for f in files) / per_token
