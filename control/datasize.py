@@ -66,20 +66,23 @@ def counted(run_dir: Path) -> DataTokens | None:
 def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
     """The training tokens the arms' files would make: a tokens file's ids exactly, text and JSON
     Lines at one token a byte (the bytes tokenizer) or BPE_BYTES_PER_TOKEN, the embedded corpus
-    at its size; less the held-out fraction. None when an arm's files cannot be found."""
+    at its size; less the held-out fraction (none of an arm with a `heldout_path` file). None when
+    an arm's files cannot be found."""
     per_token = 1.0 if cfg.data.tokenizer == BYTES else BPE_BYTES_PER_TOKEN
+    kept = 1.0 - (cfg.data.heldout_fraction or 0.0)
     tokens = 0.0
     try:
         if any(s.kind == "stdlib" for s in cfg.data.arms):
-            tokens += sum(p.stat().st_size for p in corpus.stdlib_files()) / per_token
+            tokens += kept * sum(p.stat().st_size for p in corpus.stdlib_files()) / per_token
         for spec in cfg.data.arms:
-            tokens += _arm_tokens(spec, base, per_token)
+            # An arm whose held-out data is a file of its own trains on all of its `path`.
+            share = 1.0 if spec.heldout_path is not None and kept < 1.0 else kept
+            tokens += share * _arm_tokens(spec, base, per_token)
     except (DataError, OSError):
         return None
-    kept = 1.0 - (cfg.data.heldout_fraction or 0.0)
     ratio = "a token a byte" if per_token == 1.0 else f"{per_token:g} bytes a token (assumed)"
     return DataTokens(
-        int(tokens * kept),
+        int(tokens),
         f"estimated from the arms' file sizes at {ratio}; run the trainer once to count them",
     )
 

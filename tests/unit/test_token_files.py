@@ -191,3 +191,25 @@ def test_dtype_left_out_keeps_the_hash_of_runs_whose_arms_all_said_uint8() -> No
         arm["dtype"] = "uint8"
     assert trajectory_of(old) == cfg.trajectory()
     assert RunConfig.model_validate(old).trajectory_hash() == cfg.trajectory_hash()
+
+
+def test_the_proxy_and_plan_see_the_arm_the_trainer_loads(tmp_path: Path) -> None:
+    """arm_identity (the proxy's, --check's) names the arm load_arms builds, val.bin included;
+    `andreactl plan` counts a header file's ids, not its bytes."""
+    from andrea.control.datasize import estimated
+    from andrea.daemon.data.arms import arm_identity
+
+    nanogpt_char(tmp_path / "sc", TEXT)
+    llmc_file(tmp_path / "ts" / "a_train.bin", list(range(5000)))
+    arms = [
+        _tokens("sc", "sc/train.bin", heldout_path="sc/val.bin"),
+        _tokens("ts", "ts/a_train.bin"),
+    ]
+    cfg = build_config({"data": {**_data(tmp_path, arms, tokenizer="sc/meta.pkl").model_dump(
+        exclude_none=True)}, "model": {"vocab_size": 5056}})  # fmt: skip
+    loaded = load_arms(cfg.data, tmp_path, 5056)
+    assert [arm_identity(s, cfg.data, tmp_path, 5056) for s in cfg.data.arms] == [
+        a.identity for a in loaded
+    ]
+    plan = estimated(cfg, tmp_path)
+    assert plan is not None and plan.tokens == int(len(TEXT) * 0.9) + int(5000 * 0.95)
