@@ -168,6 +168,7 @@ def test_gpt2_uint16_and_llmc_files_count_exactly_and_warn_once(
         line for line in _ok(res).splitlines() + res.stderr.splitlines() if "unknown" in line
     ]
     assert len(unknown) == 1 and "llmc" in unknown[0] and "WARNING" not in unknown[0], unknown
+    assert f"resumed from {bin_name(10)}" in res.stderr  # the arms' identities held (header, val)
     # The export ships the run's tokenizer, and says in its log and README which arm's maker is
     # unknown (M6: it used to ship a byte tokenizer for any ids, silently).
     out = _ok(andreactl(run, "export", "--to", str(tmp_path / "export"), timeout=600))
