@@ -10,12 +10,12 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from andrea.daemon.config import FILE_KINDS, ArmSpec, ConfigError, RunConfig
 from andrea.daemon.data import corpus
+from andrea.daemon.data.encoding import read_record
 from andrea.daemon.data.parquet import text_bytes
 from andrea.daemon.data.sources import DEFAULT_FIELD, DataError, arm_files
+from andrea.daemon.data.token_files import open_token_file
 from andrea.daemon.data.tokenizer import BYTES
 from andrea.daemon.data.zstdstream import ZstdDataError, ZstdReader
 from andrea.daemon.rundir.boundedio import read_json
@@ -75,27 +75,35 @@ def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
     """The training tokens the arms' files would make: a tokens file's ids exactly, text and JSON
     Lines at one token a byte (the bytes tokenizer) or BPE_BYTES_PER_TOKEN (a compressed file at
     its head's ratio, a Parquet file at its text column's size), the embedded corpus at its size;
-    less the held-out fraction. None when an arm's files cannot be found or read."""
+    less the held-out fraction (none of an arm with a `heldout_path` file). None when an arm's
+    files cannot be found or read."""
     per_token = 1.0 if cfg.data.tokenizer == BYTES else BPE_BYTES_PER_TOKEN
+    kept = 1.0 - (cfg.data.heldout_fraction or 0.0)
     tokens = 0.0
     try:
         if any(s.kind == "stdlib" for s in cfg.data.arms):
-            tokens += sum(p.stat().st_size for p in corpus.stdlib_files()) / per_token
+            tokens += kept * sum(p.stat().st_size for p in corpus.stdlib_files()) / per_token
         for spec in cfg.data.arms:
-            tokens += _arm_tokens(spec, base, per_token)
+            # An arm whose held-out data is a file of its own trains on all of its `path`.
+            share = 1.0 if spec.heldout_path is not None and kept < 1.0 else kept
+            tokens += share * _arm_tokens(spec, base, per_token)
     except (DataError, ConfigError, OSError, ValueError):
         return None
-    kept = 1.0 - (cfg.data.heldout_fraction or 0.0)
     ratio = "a token a byte" if per_token == 1.0 else f"{per_token:g} bytes a token (assumed)"
     return DataTokens(
-        int(tokens * kept),
+        int(tokens),
         f"estimated from the arms' file sizes at {ratio}; run the trainer once to count them",
     )
 
 
 def _arm_tokens(spec: ArmSpec, base: Path, per_token: float) -> float:
     if spec.kind == "tokens":
-        return (base / spec.tokens_path()).stat().st_size / np.dtype(spec.dtype).itemsize
+        named = base / spec.tokens_path()
+        record = read_record(named)
+        recorded = record.dtype if record is not None else None
+        return open_token_file(
+            f"arm {spec.name!r}", named.resolve(), spec.dtype, recorded, named
+        ).count
     if spec.kind in FILE_KINDS:
         files, _ = arm_files(spec, base)
         return sum(_text_size(spec, f) for f in files) / per_token

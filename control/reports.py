@@ -471,7 +471,8 @@ ModelRef = type[BaseModel] | str
 
 #: The model(s) of each command's --json document, the schema registry ``andreactl schema`` shows.
 #: A command with two models prints one or the other: ``history --eval`` an EvalHistoryReport,
-#: ``pivot --cancel`` a PivotCancelReport, ``tokenizer`` train or encode its own. ``export`` and
+#: ``pivot --cancel`` a PivotCancelReport, ``tokenizer`` train or encode its own, record the
+#: record it wrote. ``export`` and
 #: ``verify-resume`` print the report file they write (export.json, verification.json;
 #: docs/export.md and docs/resume-proof.md).
 REPORTS: dict[str, tuple[ModelRef, ...]] = {
@@ -488,7 +489,11 @@ REPORTS: dict[str, tuple[ModelRef, ...]] = {
     "metrics": (MetricsReport,),
     "size": (SizeReport,),
     "plan": (PlanReport,),
-    "tokenizer": (TokenizerTrainReport, TokenizerEncodeReport),
+    "tokenizer": (
+        TokenizerTrainReport,
+        TokenizerEncodeReport,
+        "andrea.daemon.data.encoding:TokensRecord",  # record: the FILE.json it wrote
+    ),
     "generate": (GenerateReport,),
     "export": ("andrea.control.export.bundle:ExportReport",),
     "verify-resume": ("andrea.control.verify_resume.engine:VerificationReport",),

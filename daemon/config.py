@@ -134,7 +134,8 @@ class ArmSpec(_Strict):
       one document per line: the string at ``field`` (default ``"text"``);
     - ``parquet``: glob patterns of Parquet files (the Hub's ``data/train-*.parquet``), one
       document per row: the string column ``field`` (default ``"text"``);
-    - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped.
+    - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped: andrea's,
+      nanoGPT's ``train.bin`` or llm.c's ``.bin`` (daemon/data/token_files.py).
 
     The text of ``stdlib``, ``text``, ``jsonl`` and ``parquet`` arms is encoded with the run's
     tokenizer (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it
@@ -146,7 +147,17 @@ class ArmSpec(_Strict):
     part: Literal["docstrings", "code", "comments"] | None = None
     paths: list[str] = Field(default_factory=list)
     path: str | None = None
-    dtype: Literal["uint8", "uint16", "uint32"] = "uint8"
+    dtype: Literal["uint8", "uint16", "uint32"] | None = Field(
+        None,
+        description="tokens arms: the ids' type; may be left out only where the file says it (an "
+        "llm.c header, its andrea record FILE.json, a nanoGPT meta.pkl beside it: "
+        "daemon/data/token_files.py), never guessed",
+    )
+    heldout_path: str | None = Field(
+        None,
+        description="tokens arms: a token file of held-out ids (nanoGPT's val.bin), evaluated "
+        "instead of spans of `path` held out by [data] heldout_fraction",
+    )
     field: str | None = Field(
         None,
         min_length=1,
@@ -185,6 +196,9 @@ class ArmSpec(_Strict):
             raise ValueError(
                 f"arm {self.name!r}: links is a setting of text, jsonl and parquet arms only"
             )
+        # (dtype is not refused elsewhere: every arm's dump held dtype = "uint8" once.)
+        if self.heldout_path is not None and self.kind != "tokens":
+            raise ValueError(f"arm {self.name!r}: heldout_path is a setting of tokens arms only")
         return self
 
     @property
@@ -561,12 +575,7 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
             del traj["data"]["tokenizer"]
         if isinstance(traj["data"].get("arms"), list):
             # Which links an arm may follow changes no token (its identity names its files).
-            traj["data"]["arms"] = [
-                {k: v for k, v in a.items() if not (k == "field" and v is None) and k != "links"}
-                if isinstance(a, dict)
-                else a
-                for a in traj["data"]["arms"]
-            ]
+            traj["data"]["arms"] = [_arm_trajectory(a) for a in traj["data"]["arms"]]
     # Runs created before batch_size_per existed hash as they always did; with one micro-batch a
     # step both readings train the same batches.
     if traj.get("batch_size_per") is None or traj.get("grad_accum", 1) == 1:
@@ -574,6 +583,23 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
     if traj.get("grad_accum") == 1:
         del traj["grad_accum"]
     return traj
+
+
+def _arm_trajectory(arm: Any) -> Any:
+    if not isinstance(arm, dict):
+        return arm
+    # Which links an arm may follow changes no token (its identity names its files); settings
+    # added after runs existed are left out unset, and dtype, once a default of every arm, is
+    # "uint8" unset, so that those runs' hashes are unchanged. A tokens arm's identity names the
+    # type its ids are read as, whoever says it (daemon/data/token_files.py).
+    out = {
+        k: v
+        for k, v in arm.items()
+        if not (k in ("field", "heldout_path") and v is None) and k != "links"
+    }
+    if out.get("dtype", "uint8") is None:
+        out["dtype"] = "uint8"
+    return out
 
 
 def divisible_choices(total: int, divisor: int, name: str) -> str:

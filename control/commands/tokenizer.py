@@ -1,5 +1,6 @@
-"""``andreactl tokenizer train|encode``: a run's subword tokenizer, trained offline on its training
-documents, and token files encoded with it (:mod:`andrea.control.tokenizer_tool`; docs/data.md)."""
+"""``andreactl tokenizer train|encode|record``: a run's subword tokenizer, trained offline on its
+training documents, token files encoded with it (:mod:`andrea.control.tokenizer_tool`), and the
+record of which tokenizer made a token file written elsewhere (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,16 @@ from .conventions import EXIT_OK, Command, UserError, emit
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "action",
-        choices=("train", "encode"),
+        choices=("train", "encode", "record"),
         help="train: a byte-level BPE on the run's training documents; encode: text or JSON "
-        "Lines into a tokens file",
+        "Lines into a tokens file; record: write FILE.json beside a token file made elsewhere "
+        "(nanoGPT's train.bin), saying which tokenizer made it",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("uint8", "uint16", "uint32"),
+        help="record: the type of the file's ids, where nothing else says it (an llm.c header "
+        "or a nanoGPT meta.pkl beside it does)",
     )
     train = parser.add_argument_group("train")
     train.add_argument("--vocab-size", type=int, metavar="N", help="ids of the tokenizer")
@@ -88,7 +96,41 @@ def cmd_tokenizer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """Train the run's tokenizer, or encode files into a tokens file."""
     if args.action == "train":
         return _train(args, parser)
+    if args.action == "record":
+        return _record(args, parser)
+    if args.dtype is not None:
+        parser.error("--dtype is an option of record")
     return _encode(args, parser)
+
+
+def _record(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.vocab_size is not None or args.arm or args.out is not None or args.field != "text":
+        parser.error("record takes --input FILE and --tokenizer FILE|bytes (or --run-dir), --dtype")
+    if not args.inputs or len(args.inputs) != 1:
+        parser.error("record needs one --input FILE: the token file to write the record of")
+    from andrea.control import tokenizer_tool as tool
+    from andrea.daemon.config import ConfigError
+    from andrea.daemon.data.sources import DataError
+    from andrea.daemon.data.token_files import record_existing
+    from andrea.daemon.data.tokenizer import load_tokenizer
+
+    try:
+        if args.tokenizer is not None:
+            tokenizer = load_tokenizer(args.tokenizer, Path.cwd())
+        elif args.run_dir is not None:
+            tokenizer = load_tokenizer(tool.run_config(args.run_dir).data.tokenizer, args.run_dir)
+        else:
+            parser.error("record needs --tokenizer FILE|bytes, or --run-dir DIR for its tokenizer")
+        path = Path(args.inputs[0])
+        record = record_existing(path, tokenizer, args.dtype)
+    except (ConfigError, DataError) as e:
+        raise UserError(str(e)) from None
+    text = (
+        f"{path}.json: {path} holds {record.tokens:,} tokens ({record.dtype}) made by "
+        f"{tokenizer.describe()}"
+    )
+    emit(args, record, text)
+    return EXIT_OK
 
 
 def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -165,5 +207,6 @@ TOKENIZER = Command(
         "andreactl tokenizer train --run-dir runs/r1 --vocab-size 8192",
         "andreactl tokenizer encode --run-dir runs/r1 --input 'data/web/*.jsonl.gz' --out runs/r1/web.u16",
         "andreactl tokenizer encode --tokenizer tokenizer.json --input notes/*.md --out notes.u16",
+        "andreactl tokenizer record --tokenizer gpt2/tokenizer.json --input data/train.bin --dtype uint16",
     ),
 )

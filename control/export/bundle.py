@@ -87,7 +87,10 @@ from .tokenizer import (
     TokenizerProblem,
     load_export_tokenizer,
     readme_fields,
+    round_trip_text,
     run_tokenizer,
+    unknown_makers,
+    unknown_note,
 )
 from .tokenizer import record as tokenizer_record
 
@@ -291,7 +294,7 @@ def reload_check(export_dir: Path) -> ReloadCheck:
     model, manifest = load_model(export_dir)
     tokenizer = load_export_tokenizer(export_dir, manifest)
     loss = eval_loss(model, tokenizer)
-    text = EVAL_TEXT.decode("utf-8")
+    text = round_trip_text(tokenizer, EVAL_TEXT.decode("utf-8"))
     return ReloadCheck(
         pid=os.getpid(),
         step=manifest.step,
@@ -670,7 +673,7 @@ def _readme(
             TOKENIZER_NAME if tokenizer_copied else None,
         ),
         hf_row=_HF_ROW if hf else "",
-        **readme_fields(tokenizer),
+        **readme_fields(tokenizer, unknown_note(unknown_makers(run_dir, manifest))),
     )
 
 
@@ -718,7 +721,7 @@ def export_checkpoint(
     progress(f"[1/5] verifying the checkpoint in {run_dir}")
     source, manifest_bytes = _verify_source(run_dir, step, progress)
     manifest, weights = source.manifest, source.payload.weights
-    tokenizer, tokenizer_file = _source_tokenizer(run_dir, manifest)
+    tokenizer, tokenizer_file = _source_tokenizer(run_dir, manifest, progress)
     clock.phase("verify_source")
     progress("[2/5] evaluating the fixed batch at export time")
     loss = eval_loss(build_model(manifest, weights), tokenizer)
@@ -821,14 +824,17 @@ def _intact_detail(manifest: Manifest) -> str:
 
 
 def _source_tokenizer(
-    run_dir: Path, manifest: Manifest
+    run_dir: Path, manifest: Manifest, progress: Callable[[str], None]
 ) -> tuple[RunTokenizer, tuple[bytes, Path] | None]:
     """The tokenizer the checkpoint was trained with, and its file's bytes and path (None for the
-    byte-level one); refused when the run's file is not that one."""
+    byte-level one); refused when the run's file is not that one. A tokens arm of an unknown
+    tokenizer is a warning (`unknown_makers`), in the README too."""
     try:
         tokenizer, raw = run_tokenizer(run_dir, manifest)
     except TokenizerProblem as exc:
         raise ExportRefused(str(exc)) from None
+    for line in unknown_makers(run_dir, manifest):
+        progress(f"      WARNING: {line}; the export's README says so")
     return tokenizer, (raw, getattr(tokenizer, "path", run_dir)) if raw is not None else None
 
 

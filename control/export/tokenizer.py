@@ -12,9 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from andrea.daemon.checkpoint.manifest import Manifest
+from andrea.daemon.config import DataConfig
+from andrea.daemon.data.arms import check_tokenizers
+from andrea.daemon.data.sources import DataError
 from andrea.daemon.data.tokenizer import (
     BYTES,
     MAX_TOKENIZER_BYTES,
@@ -22,6 +25,7 @@ from andrea.daemon.data.tokenizer import (
     FileTokenizer,
     RunTokenizer,
     TokenizerError,
+    tokenizer_bytes,
     tokenizer_path,
 )
 from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
@@ -58,7 +62,10 @@ def run_tokenizer(run_dir: Path, manifest: Manifest) -> tuple[RunTokenizer, byte
     spec = str(manifest.config.get("data", {}).get("tokenizer", ""))
     path = tokenizer_path(spec, run_dir)
     try:
-        raw = read_bounded(path, MAX_TOKENIZER_BYTES)
+        # A nanoGPT meta.pkl gives the tokenizers file built from it: what the export ships.
+        path, raw = tokenizer_bytes(spec, run_dir, follow_symlinks=False)
+    except TokenizerError as e:
+        raise TokenizerProblem(str(e)) from None
     except (FileRejected, OSError) as e:
         raise TokenizerProblem(
             f"the run's tokenizer {path} ([data] tokenizer = {spec!r}) cannot be read: {e}"
@@ -104,11 +111,13 @@ def record(tokenizer: RunTokenizer, file: tuple[bytes, Path] | None) -> ExportTo
     )
 
 
-def readme_fields(tokenizer: RunTokenizer) -> dict[str, str]:
-    """The README's tokenizer sentence and its encode/decode lines, for this export."""
+def readme_fields(tokenizer: RunTokenizer, note: str = "") -> dict[str, str]:
+    """The README's tokenizer sentence (`note` after it: `unknown_note`) and its encode/decode
+    lines, for this export."""
     if tokenizer.identity == BYTES:
         return {
-            "tokenizer_line": "byte-level tokens (token = byte value, 256 ids; no tokenizer file)",
+            "tokenizer_line": "byte-level tokens (token = byte value, 256 ids; no tokenizer file)"
+            + note,
             "tokenizer_row": "",
             "encode_lines": 'ids = list("def ".encode("utf-8"))            # byte-level: token = byte',
             "decode_lines": 'print(bytes(i for i in out[0].tolist() if i < 256).decode("utf-8", "replace"))',
@@ -116,7 +125,7 @@ def readme_fields(tokenizer: RunTokenizer) -> dict[str, str]:
     return {
         "tokenizer_line": (
             f"tokens of the subword tokenizer `{TOKENIZER_NAME}` ({tokenizer.n_vocab:,} ids, "
-            f"sha256 `{tokenizer.identity}`)"
+            f"sha256 `{tokenizer.identity}`)" + note
         ),
         "tokenizer_row": (
             f"| `{TOKENIZER_NAME}` | the run's tokenizer (Hugging Face `tokenizers`), the one its "
@@ -129,3 +138,43 @@ def readme_fields(tokenizer: RunTokenizer) -> dict[str, str]:
         ),
         "decode_lines": "print(tok.decode(out[0].tolist()))",
     }
+
+
+def unknown_makers(run_dir: Path, manifest: Manifest) -> list[str]:
+    """The checkpoint's tokens arms whose files say no tokenizer made them, one line each: their
+    ids were read as the run's tokenizer's, which an export then ships, and nothing proves it is
+    the one that made them (a nanoGPT GPT-2 ``train.bin`` under the byte-level tokenizer
+    decodes as noise). An export says so in its log and README; it is not refused, since the
+    weights are what they are."""
+    data = manifest.config.get("data", {})
+    arms = data.get("arms", []) if isinstance(data, dict) else []
+    if not any(isinstance(a, dict) and a.get("kind") == "tokens" for a in arms):
+        return []
+    try:
+        cfg = DataConfig.model_validate(data)
+        return [line for _, line in check_tokenizers(cfg, run_dir, manifest.tokenizer)]
+    except (ValidationError, DataError, OSError) as e:
+        return [
+            f"which tokenizer made the run's tokens arms cannot be told ({str(e).splitlines()[0]})"
+        ]
+
+
+def unknown_note(unknown: list[str]) -> str:
+    """The README's warning, after its tokenizer sentence, when `unknown_makers` found any."""
+    if not unknown:
+        return ""
+    return (
+        " **Warning: the tokenizer of some training data is unknown**, so text decoded with this "
+        "one may be wrong: " + "; ".join(unknown)
+    )
+
+
+def round_trip_text(tokenizer: RunTokenizer, text: str) -> str:
+    """The part of `text` the export's round trip (decode(encode(text)) == text) proves the
+    tokenizer on: all of it, but for a character vocabulary (a nanoGPT meta.pkl's), which
+    encodes the characters it lacks as a stand-in, the characters it has."""
+    hf = getattr(tokenizer, "hf", None)
+    vocab = hf.get_vocab() if hf is not None else {}
+    if vocab and all(len(token) == 1 for token in vocab):
+        return "".join(c for c in text if c in vocab)
+    return text

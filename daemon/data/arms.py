@@ -31,13 +31,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ..config import DEFAULT_MAX_DOCUMENT_BYTES, FILE_KINDS, ArmSpec, DataConfig
-from ..rundir.boundedio import FileRejected, irregular, read_bounded
+from ..rundir.boundedio import FileRejected, read_bounded
 from ..rundir.durable import atomic_write_bytes
 from . import corpus, heldout, tokencache
 from .compression import sampled
 from .encoding import Document, read_record, split_paths, write_arm
 from .encoding_progress import EncodingProgress
 from .livefiles import TokenFile, guard_arm
+from .nanogpt_meta import META_NAME, MetaRefused, read_meta, tokenizer_json
 from .parquet import parquet_documents
 from .sources import (
     DEFAULT_FIELD,
@@ -51,6 +52,7 @@ from .sources import (
     oversize_text,
     text_documents,
 )
+from .token_files import TokenLayout, llmc_header, open_token_file, validation_sibling
 from .tokenizer import BYTES, RunTokenizer, check_vocab, load_tokenizer, tokenizer_identity
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,8 @@ class Arm:
     heldout: np.ndarray | heldout.Spliced | TokenFile | None = None
     documents: int | None = None
     documents_held_out: int | None = None
+    #: The held-out file of a tokens arm (`heldout_path`), for the log.
+    heldout_file: str | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -92,6 +96,15 @@ def _load_tokens(path: Path, dtype: np.dtype) -> np.ndarray:
 
 
 def _log_split(arm: Arm, fraction: float) -> None:
+    if arm.heldout_file is not None and arm.heldout is not None:
+        log.info(
+            "arm %s: %s training tokens, %s held out from its own file %s",
+            arm.name,
+            f"{arm.n_tokens:,}",
+            f"{arm.heldout.shape[0]:,}",
+            arm.heldout_file,
+        )
+        return
     log.info(
         "arm %s: %s of %s documents held out (fraction %g): %s training tokens, %s held out",
         arm.name,
@@ -334,42 +347,53 @@ def arm_documents(
     return read(files, common, field, should_stop, label, inside, bound, meter)
 
 
-def _tokens_file(spec: ArmSpec, base: Path) -> tuple[Path, np.dtype, os.stat_result]:
-    path = (base / spec.tokens_path()).resolve()
-    try:
-        kind = irregular(path, follow_symlinks=True)
-    except FileNotFoundError:
-        raise DataError(f"arm {spec.name!r}: token file {path} does not exist") from None
-    if kind is not None:
-        raise SourceRejected(
-            f"arm {spec.name!r}: token file {path} is not a regular file ({kind}); set the arm's "
-            "path to a file of token ids"
-        )
-    dtype = np.dtype(spec.dtype).newbyteorder("<")
-    st = path.stat()
-    if st.st_size == 0:
-        raise DataError(f"arm {spec.name!r}: token file {path} is empty")
-    if st.st_size % dtype.itemsize:
-        raise DataError(
-            f"arm {spec.name!r}: {path} is {st.st_size} bytes, not a whole number of {spec.dtype}"
-        )
-    return path, dtype, st
+def _tokens_file(spec: ArmSpec, base: Path, held_out: bool = False) -> TokenLayout:
+    """A tokens arm's file (its held-out file with `held_out`), opened by what says its ids'
+    type (daemon/data/token_files.py)."""
+    named = base / (spec.heldout_path if held_out and spec.heldout_path else spec.tokens_path())
+    record = read_record(named)
+    return open_token_file(
+        f"arm {spec.name!r}",
+        named.resolve(),
+        spec.dtype,
+        record.dtype if record is not None else None,
+        named,
+        "held-out token file" if held_out else "token file",
+    )
 
 
 def _made_by(spec: ArmSpec, base: Path) -> tuple[str | None, str]:
     """Which tokenizer made a tokens arm's file: its record's identity (None: unknown), and where
     that is said. The record is the one beside the path the arm names (a link's own, not its
-    target's: whoever links a file from elsewhere says, beside the link, what made it)."""
+    target's: whoever links a file from elsewhere says, beside the link, what made it); without
+    one, a nanoGPT meta.pkl beside it says (its vocabulary is a tokenizer)."""
     path = base / spec.tokens_path()
     record = read_record(path)
-    if record is None:
-        return None, f"no {path.name}.json beside it"
-    if record.dtype != spec.dtype:
-        raise DataError(
-            f"arm {spec.name!r}: {path.name}.json says the file holds {record.dtype}, the arm's "
-            f"dtype is {spec.dtype}; set dtype = {record.dtype!r}"
+    if record is not None:
+        return record.tokenizer, f"per {path.name}.json"
+    meta = path.parent / META_NAME
+    if meta.is_file():
+        try:
+            made_by = hashlib.sha256(tokenizer_json(read_meta(meta))).hexdigest()
+        except MetaRefused as e:
+            raise SourceRejected(f"arm {spec.name!r}: {e}") from None
+        return (
+            made_by,
+            f"per nanoGPT's {META_NAME} beside it ([data] tokenizer = {_beside(spec)!r})",
         )
-    return record.tokenizer, f"per {path.name}.json"
+    head = llmc_header(path, path.stat().st_size) if path.is_file() else None
+    if head is not None:
+        family = "GPT-2's" if head[0] == 20240520 else "Llama 3's"
+        return None, (
+            f"llm.c's header, magic {head[0]}, says {family} ids: set [data] tokenizer to that "
+            "tokenizer.json to decode them"
+        )
+    return None, f"no {path.name}.json beside it"
+
+
+def _beside(spec: ArmSpec) -> str:
+    """The meta.pkl beside a tokens arm's file, as [data] tokenizer names it."""
+    return str(Path(spec.tokens_path()).parent / META_NAME)
 
 
 def _describe_tokenizer(identity: str) -> str:
@@ -378,19 +402,23 @@ def _describe_tokenizer(identity: str) -> str:
 
 def check_tokenizers(
     cfg: DataConfig, base: Path, run_tokenizer: str, only: str | None = None
-) -> list[str]:
+) -> list[tuple[ArmSpec, str]]:
     """Refuse a run whose arms come from different tokenizers (DataError naming the arms); the
     tokens arms whose tokenizer is unknown, accepted (the caller warns). `only`: check that arm."""
-    unknown, foreign = [], []
+    unknown: list[tuple[ArmSpec, str]] = []
+    foreign: list[str] = []
     for spec in cfg.arms:
         if spec.kind != "tokens" or only not in (None, spec.name):
             continue
         made_by, where = _made_by(spec, base)
         if made_by is None:
             unknown.append(
-                f"arm {spec.name!r}: which tokenizer made {spec.path} is unknown ({where}); its ids "
-                f"are read as the run's tokenizer's ({_describe_tokenizer(run_tokenizer)}); "
-                "andreactl tokenizer encode writes files that say"
+                (
+                    spec,
+                    f"arm {spec.name!r}: which tokenizer made {spec.path} is unknown ({where}); its ids "
+                    f"are read as the run's tokenizer's ({_describe_tokenizer(run_tokenizer)}); "
+                    "write its record to say (docs/data.md, `Which tokenizer made a tokens arm`)",
+                )
             )
         elif made_by != run_tokenizer:
             foreign.append(f"{spec.name!r} by {_describe_tokenizer(made_by)} ({where})")
@@ -427,17 +455,17 @@ def _memo(path: Path) -> _TokensMemo | None:
         return None
 
 
-def _tokens_identity(spec: ArmSpec, base: Path, cache: Path) -> tuple[str, int]:
-    """A token file's identity (a hash of its content) and largest id; both remembered per
-    (path, size, mtime, inode), since hashing a large file takes a while."""
-    path, dtype, st = _tokens_file(spec, base)
-    memo = cache / f"tokens-{hashlib.sha256(str(path).encode()).hexdigest()[:16]}.json"
-    key = [st.st_size, st.st_mtime_ns, st.st_ino]
+def _tokens_identity(file: TokenLayout, cache: Path) -> tuple[str, int]:
+    """A token file's identity (a hash of its ids) and largest id; both remembered per (path,
+    size, mtime, inode, id width, header), since hashing a large file takes a while."""
+    st = file.path.stat()
+    memo = cache / f"tokens-{hashlib.sha256(str(file.path).encode()).hexdigest()[:16]}.json"
+    key = [st.st_size, st.st_mtime_ns, st.st_ino, file.dtype.itemsize, file.offset]
     remembered = _memo(memo)
     if remembered is not None and remembered.key == key:
         return remembered.identity, remembered.max_id
-    tokens = np.memmap(path, dtype=dtype, mode="r")
-    h = hashlib.sha256(f"tokens:{spec.dtype}:v1".encode())
+    tokens = file.tokens()
+    h = hashlib.sha256(f"tokens:{file.dtype.name}:v1".encode())
     max_id = 0
     step = 1 << 24
     for i in range(0, tokens.shape[0], step):
@@ -451,6 +479,20 @@ def _tokens_identity(spec: ArmSpec, base: Path, cache: Path) -> tuple[str, int]:
     return identity, max_id
 
 
+def _checked_identity(
+    spec: ArmSpec, file: TokenLayout, cache: Path, vocab_size: int, tokenizer: str
+) -> str:
+    identity, max_id = _tokens_identity(file, cache)
+    if max_id >= vocab_size:
+        raise DataError(
+            f"arm {spec.name!r}: token id {max_id:,} in {file.path} is not below [model] "
+            f"vocab_size {vocab_size:,}: set [model] vocab_size to at least {max_id + 1:,}, or "
+            "[data] tokenizer to the tokenizer that made the file (the run's is "
+            f"{_describe_tokenizer(tokenizer)}; its size is the default vocab_size)"
+        )
+    return identity
+
+
 def _tokens_arm(
     spec: ArmSpec,
     base: Path,
@@ -459,26 +501,31 @@ def _tokens_arm(
     fraction: float | None,
     tokenizer: str,
 ) -> Arm:
-    identity, max_id = _tokens_identity(spec, base, cache)
-    path = (base / spec.tokens_path()).resolve()
-    if max_id >= vocab_size:
-        raise DataError(
-            f"arm {spec.name!r}: token id {max_id:,} in {path} is not below [model] vocab_size "
-            f"{vocab_size:,}: set [model] vocab_size to at least {max_id + 1:,}, or [data] "
-            "tokenizer to the tokenizer that made the file (the run's is "
-            f"{_describe_tokenizer(tokenizer)}; its size is the default vocab_size)"
-        )
-    tokens = np.memmap(path, dtype=np.dtype(spec.dtype).newbyteorder("<"), mode="r")
+    """A tokens arm: its file's ids; held out, its `heldout_path` file (nanoGPT's val.bin), else
+    `fraction` of its spans of `heldout.TOKEN_SPAN` tokens (none without a fraction)."""
+    train = _tokens_file(spec, base)
+    identity = _checked_identity(spec, train, cache, vocab_size, tokenizer)
+    tokens = train.tokens()
     if not fraction:
         return Arm(spec.name, identity, tokens)
-    kept, held = heldout.split_token_spans(tokens.shape[0], fraction)
+    if spec.heldout_path is not None:
+        held = _tokens_file(spec, base, held_out=True)
+        held_identity = _checked_identity(spec, held, cache, vocab_size, tokenizer)
+        return Arm(
+            spec.name,
+            hashlib.sha256(f"{identity}\0heldout file\0{held_identity}".encode()).hexdigest(),
+            tokens,
+            held.tokens(),
+            heldout_file=f"{spec.heldout_path} ({held.said_by})",
+        )
+    kept, held_spans = heldout.split_token_spans(tokens.shape[0], fraction)
     return Arm(
         spec.name,
         heldout.split_identity(identity, fraction),
         heldout.Spliced(tokens, kept),
-        heldout.Spliced(tokens, held),
-        len(kept) + len(held),
-        len(held),
+        heldout.Spliced(tokens, held_spans),
+        len(kept) + len(held_spans),
+        len(held_spans),
     )
 
 
@@ -497,8 +544,7 @@ def load_arms(
     meanwhile, and OSError naming the cache directory when the cache cannot be written."""
     tokenizer = tokenizer or load_tokenizer(cfg.tokenizer, base)
     check_vocab(vocab_size, tokenizer, any(s.encoded for s in cfg.arms))
-    for warning in check_tokenizers(cfg, base, tokenizer.identity):
-        log.warning("%s", warning)
+    unknown = check_tokenizers(cfg, base, tokenizer.identity)
     progress = progress or EncodingProgress()
     cache = cache_root(cfg, base)
     cache.mkdir(parents=True, exist_ok=True)
@@ -518,7 +564,48 @@ def load_arms(
     if fraction:
         for arm in arms:
             _log_split(arm, fraction)
+    _warn_tokens_files(cfg, base, cache, unknown)
     return arms
+
+
+def _warn_tokens_files(
+    cfg: DataConfig, base: Path, cache: Path, unknown: list[tuple[ArmSpec, str]]
+) -> None:
+    """Once the arms are loaded: which tokens arms come from an unknown tokenizer, and which
+    leave a val.bin beside them unused, each said once (`_warn_once`)."""
+    for spec, warning in unknown:
+        _warn_once(cache, warning, base / spec.tokens_path())
+    for spec in cfg.arms:
+        if spec.kind != "tokens" or spec.heldout_path is not None or not cfg.heldout_fraction:
+            continue
+        sibling = validation_sibling(base / spec.tokens_path())
+        if sibling is not None:
+            _warn_once(
+                cache,
+                f"arm {spec.name!r}: {sibling.name} lies beside {spec.tokens_path()}, and spans "
+                f"of {spec.tokens_path()} are held out instead: set heldout_path = "
+                f"{str(Path(spec.tokens_path()).with_name(sibling.name))!r} in the arm to "
+                "evaluate on it (before the run's first checkpoint: it changes the arm's data)",
+                sibling,
+            )
+
+
+def _warn_once(cache: Path, warning: str, file: Path) -> None:
+    """Log a warning about a data file once, not at every start: a marker in the cache remembers
+    it, by its text and the file's size and time (a file written again is warned about again).
+    Later starts log it at INFO."""
+    try:
+        st = file.stat()
+        key = f"{warning}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+    except OSError:
+        key = warning
+    marker = cache / f"warned-{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+    if marker.exists():
+        log.info("%s (warned at an earlier start)", warning)
+        return
+    log.warning("%s", warning)
+    with contextlib.suppress(OSError):  # an unwritable cache warns again next time, no more
+        atomic_write_bytes(marker, warning.encode())
 
 
 def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) -> str:

@@ -8,7 +8,8 @@ that they derive the same arms, with the same identities, from the same run.toml
   rewritten by hand without the key changes nothing either); any other run is new and holds out
   the default fraction.
 - `[model] vocab_size` unset: the tokenizer's size rounded up to a multiple of 64 (256 for the
-  byte-level tokenizer, the default every run had before). A smaller value is refused.
+  byte-level tokenizer, the default every run had before); a nanoGPT meta.pkl's size as it is.
+  A smaller value is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from ..checkpoint.manager import checkpoint_steps, read_manifest
 from ..config import RunConfig, build_config, load_toml
 from .heldout import DEFAULT_FRACTION
+from .nanogpt_meta import is_meta
 from .tokenizer import RunTokenizer, check_vocab, load_tokenizer, padded_vocab
 
 
@@ -44,7 +46,10 @@ def resolve_open_settings(cfg: RunConfig, run_dir: Path, predates_splits: bool) 
 
 def _resolve_vocab_size(cfg: RunConfig, tokenizer: RunTokenizer) -> RunConfig:
     if "vocab_size" not in cfg.model.model_fields_set:
-        model = cfg.model.model_copy(update={"vocab_size": padded_vocab(tokenizer.n_vocab)})
+        # A nanoGPT character vocabulary keeps its size, as nanoGPT's train.py does: rows past it
+        # would only be drawn by an early model's samples, as U+FFFD.
+        size = tokenizer.n_vocab if is_meta(cfg.data.tokenizer) else padded_vocab(tokenizer.n_vocab)
+        model = cfg.model.model_copy(update={"vocab_size": size})
         return cfg.model_copy(update={"model": model})
     check_vocab(cfg.model.vocab_size, tokenizer, any(s.encoded for s in cfg.data.arms))
     return cfg

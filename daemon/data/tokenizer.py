@@ -3,7 +3,8 @@
 `[data] tokenizer` is either ``"bytes"`` (the default, and what every run created before tokenizers
 existed resumes with: token = byte value, 256 ids, nothing to download) or the path of a Hugging Face
 `tokenizers` file (``tokenizer.json``, relative paths against the run directory), the format every
-model hub reads and ``andreactl tokenizer train`` writes.
+model hub reads and ``andreactl tokenizer train`` writes, or of a nanoGPT character-level
+``meta.pkl`` (read as plain data, and made into such a file: daemon/data/nanogpt_meta.py).
 
 A tokenizer is part of the data contract: its identity (``"bytes"``, or the sha256 of the file's
 bytes) enters the identity of every arm it encodes and every checkpoint's manifest, so a run resumes
@@ -26,6 +27,7 @@ import numpy as np
 
 from ..config import MAX_VOCAB_SIZE, ConfigError
 from ..rundir.boundedio import FileRejected, read_bounded
+from .nanogpt_meta import MetaRefused, is_meta, read_meta, tokenizer_json
 
 #: `[data] tokenizer` of the byte-level tokenizer.
 BYTES = "bytes"
@@ -268,10 +270,30 @@ def tokenizer_path(spec: str, base: Path) -> Path:
     return base / Path(spec).expanduser()
 
 
+def tokenizer_bytes(spec: str, base: Path, follow_symlinks: bool = True) -> tuple[Path, bytes]:
+    """Where `[data] tokenizer = spec` points, and the bytes of its ``tokenizers`` file: the file
+    itself, or the one built from a nanoGPT meta.pkl (daemon/data/nanogpt_meta.py). FileRejected or
+    OSError when it cannot be read; TokenizerError for a meta.pkl refused."""
+    path = tokenizer_path(spec, base)
+    if not is_meta(spec):
+        return path, read_bounded(path, MAX_TOKENIZER_BYTES, follow_symlinks=follow_symlinks)
+    if not follow_symlinks and path.is_symlink():
+        raise FileRejected(f"{path} is a symbolic link")
+    try:
+        return path, tokenizer_json(read_meta(path))
+    except MetaRefused as e:
+        raise TokenizerError(f"[data] tokenizer = {spec!r}: {e}") from None
+
+
 def _read(spec: str, base: Path) -> tuple[Path, bytes]:
     path = tokenizer_path(spec, base)
+    if is_meta(spec) and not path.exists():
+        raise TokenizerError(
+            f"[data] tokenizer = {spec!r}: {path} does not exist; name the meta.pkl nanoGPT's "
+            "prepare.py wrote beside train.bin"
+        )
     try:
-        return path, read_bounded(path, MAX_TOKENIZER_BYTES, follow_symlinks=True)
+        return tokenizer_bytes(spec, base)
     except FileNotFoundError:
         raise TokenizerError(
             f"[data] tokenizer = {spec!r}: {path} does not exist; train one with `andreactl "

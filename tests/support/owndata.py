@@ -128,3 +128,68 @@ def gzip_bomb(path: Path, mib: int) -> Path:
     member = gzip.compress(bytes(64 << 20), compresslevel=9)
     path.write_bytes(member * (mib // 64))
     return path
+
+
+def nanogpt_char(folder: Path, text: str) -> dict:
+    """What nanoGPT's data/shakespeare_char/prepare.py writes for `text`: train.bin and val.bin
+    (the first 90% and the rest, uint16 ids) and meta.pkl; the meta it pickled."""
+    import pickle
+
+    import numpy as np
+
+    chars = sorted(set(text))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    itos = {i: ch for i, ch in enumerate(chars)}
+    n = len(text)
+    train_ids = [stoi[c] for c in text[: int(n * 0.9)]]
+    val_ids = [stoi[c] for c in text[int(n * 0.9) :]]
+    folder.mkdir(parents=True, exist_ok=True)
+    np.array(train_ids, dtype=np.uint16).tofile(folder / "train.bin")
+    np.array(val_ids, dtype=np.uint16).tofile(folder / "val.bin")
+    meta = {"vocab_size": len(chars), "itos": itos, "stoi": stoi}
+    with open(folder / "meta.pkl", "wb") as f:
+        pickle.dump(meta, f)
+    return meta
+
+
+def nanogpt_gpt2(folder: Path, train_ids: list[int], val_ids: list[int]) -> None:
+    """What nanoGPT's data/openwebtext/prepare.py (tiktoken's GPT-2 ids) leaves: train.bin and
+    val.bin of uint16 ids, no meta.pkl."""
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    np.array(train_ids, dtype=np.uint16).tofile(folder / "train.bin")
+    np.array(val_ids, dtype=np.uint16).tofile(folder / "val.bin")
+
+
+def llmc_file(path: Path, ids: list[int], llama: bool = False) -> None:
+    """What llm.c's dev/data/data_common.py write_datafile writes: 256 int32 (magic, version,
+    token count), then the ids (uint16 for GPT-2, uint32 for Llama 3)."""
+    import numpy as np
+
+    header = np.zeros(256, dtype=np.int32)
+    header[0] = 20240801 if llama else 20240520
+    header[1] = 7 if llama else 1
+    header[2] = len(ids)
+    toks = np.array(ids, dtype=np.uint32 if llama else np.uint16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(toks.tobytes())
+
+
+def gpt2_sized_tokenizer(path: Path) -> Path:
+    """A byte-level BPE of GPT-2's 50,257 ids (its 256 byte symbols, fillers, and
+    <|endoftext|> last): a stand-in for GPT-2's tokenizer.json, which is a download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab.update({f"tok{i}": i for i in range(len(alphabet), 50256)})
+    vocab["<|endoftext|>"] = 50256
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path

@@ -248,7 +248,7 @@ def test_a_linked_tokens_file_has_its_record_beside_the_link(tmp_path: Path) -> 
     arm = {"name": "pre", "kind": "tokens", "path": "pre.u16", "dtype": "uint16"}
     cfg = _data(run, [arm])
     unknown = check_tokenizers(cfg, run, "bytes")
-    assert len(unknown) == 1 and "no pre.u16.json beside it" in unknown[0], unknown
+    assert len(unknown) == 1 and "no pre.u16.json beside it" in unknown[0][1], unknown
     record(run / "pre.u16.json", "bytes")  # the link's own: the run's tokenizer
     assert check_tokenizers(cfg, run, "bytes") == []
 
