@@ -745,8 +745,8 @@ def docstrings() -> list[Docstring]:
 
 
 #: Written after a possessive, a name is another project's: nanoGPT's `prepare.py`, JavaScript's
-#: `Number()`.
-FOREIGN = re.compile(r"'s\s*`*$")
+#: `Number()`, nanoGPT's character-level `prepare.py` (two words may stand between).
+FOREIGN = re.compile(r"'s\s+(?:[\w-]+\s+){0,2}`*$|'s\s*`*$")
 CALL = re.compile(r"`+([A-Za-z_][\w.]*)\(")
 
 
