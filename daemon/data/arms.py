@@ -427,9 +427,12 @@ def _tokens_identity(spec: ArmSpec, base: Path, cache: Path) -> tuple[str, int]:
         h.update(block.tobytes())
         max_id = max(max_id, int(block.max(initial=0)))
     identity = h.hexdigest()
-    atomic_write_bytes(
-        memo, json.dumps({"key": key, "identity": identity, "max_id": max_id}).encode()
-    )
+    # Under the memo's own lock, as every temporary of the cache is written: a start that finds
+    # the lock free takes the temporary for one a killed writer left (remove_stale_temporaries).
+    with tokencache.entry_lock(cache, memo.stem, spec.name, exclusive=True):
+        atomic_write_bytes(
+            memo, json.dumps({"key": key, "identity": identity, "max_id": max_id}).encode()
+        )
     return identity, max_id
 
 

@@ -1,5 +1,6 @@
-"""Nothing a second start or a copy of a run can do harms a live run (issue 50, H1, H2 and M2): who
-owns a run directory is judged from the lock that is held, never from a pid written in a file.
+"""Nothing a second start, a copy of a run or a stray pid can do harms a live run (issue 50, H1, H2,
+M2 and M4): who owns a run directory or a cache entry is judged from the lock that is held, never
+from a pid written in a file.
 
 A live run here is what the units run: a proxy and a trainer without `--with-proxy`, each its own
 process. Against it:
@@ -9,25 +10,33 @@ process. Against it:
 - a copy (`cp -r`, its lock files naming the live processes) trains as a fork of the run, with a
   proxy of its own, and stops without signalling the original's (it used to adopt the original's
   proxy, wait forever, and SIGTERM it when stopped; with a proxy of its own it was refused, exit 2,
-  because the copied `.state.json` names the original's live trainer).
+  because the copied `.state.json` names the original's live trainer);
+- a run sharing a cache with an encoder in another pid namespace leaves its temporary alone (it
+  used to judge the temporary's pid dead and remove it, and the encoder failed with exit 2).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from andrea.daemon.rundir.layout import STATE_FILE, bin_name, parse_checkpoint_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 
 from ..support.daemons import Daemon, trainer_cmd
+from ..support.owndata import PROSE, bpe_file
 
 WAIT = 120
+TEXT_ARM = '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.txt"]\n'
 
 
 class LiveRun:
@@ -109,3 +118,56 @@ def _copy_is_a_fork_that_leaves_the_original_alone(
     assert (copy / bin_name(resumed + 2)).exists()
     forked = {e.step: e.segment for e in canonical_curve(read_entries(copy / ".loss.json"))}
     assert [forked[step] for step in (resumed + 1, resumed + 2)] == [segments + 1] * 2
+
+
+#: Runs its arguments in a new user and pid namespace, where the command's pid is `sys.argv[1]` + 1
+#: (a pid no process of this namespace has): a container, or another node of a job, sharing a cache.
+_IN_ANOTHER_PID_NAMESPACE = 'echo "$1" > /proc/sys/kernel/ns_last_pid && shift && "$@"; exit $?'
+
+
+def _free_pid() -> int:
+    """A pid no process has here, after which the other namespace numbers its command."""
+    top = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return next(n for n in range(top - 2, 300, -1) if not Path(f"/proc/{n + 1}").exists())
+
+
+def _text_run(run: Path, files: int, size: int, extra: str = "") -> Path:
+    (run / "notes").mkdir(parents=True)
+    for i in range(files):
+        (run / "notes" / f"n{i}.txt").write_text(f"{i} " + (PROSE + "\n") * (size // len(PROSE)))
+    (run / "run.toml").write_text(extra + TEXT_ARM)
+    return run
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_an_encoder_in_another_pid_namespace_keeps_its_temporaries(tmp_path: Path) -> None:
+    probe = subprocess.run(["unshare", "-Urpf", "--mount-proc", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user and pid namespaces are not allowed here: {probe.stderr!r}")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    # A subword tokenizer encodes slowly enough (about 1 MB/s) to be caught mid-write.
+    first = _text_run(tmp_path / "first", 6, 50_000, '[data]\ntokenizer = "tokenizer.json"\n')
+    bpe_file(first / "tokenizer.json", [PROSE * 10])
+    pid = _free_pid()
+    encoder = Daemon(
+        ["unshare", "-Urpf", "--mount-proc", "sh", "-c", _IN_ANOTHER_PID_NAMESPACE, "sh", str(pid),
+         *trainer_cmd(first, cache, "--max-steps", "2")],
+        env={"RAYON_NUM_THREADS": "1"},
+        start_new_session=True,
+    )  # fmt: skip
+    while not (writing := list(cache.glob("*.tmp"))):
+        assert encoder.proc.poll() is None, encoder.log
+        time.sleep(0.002)
+    os.killpg(encoder.proc.pid, signal.SIGSTOP)  # held mid-write while the other run starts
+    try:
+        assert {p.name.rsplit(".", 2)[-2] for p in writing} == {str(pid + 1)}, writing
+        second = Daemon(trainer_cmd(_text_run(tmp_path / "second", 4, 8_000), cache,
+                                    "--max-steps", "1"))  # fmt: skip
+        assert second.wait(WAIT) == ExitCode.OK, second.log
+        assert "token cache: removed" not in second.log
+        assert all(p.exists() for p in writing), "the other run removed a live temporary"
+    finally:
+        os.killpg(encoder.proc.pid, signal.SIGCONT)
+    assert encoder.wait(WAIT) == ExitCode.OK, encoder.log
+    assert (first / bin_name(2)).exists() and not list(cache.glob("*.tmp"))

@@ -1,5 +1,6 @@
-"""Who holds a run directory is the lock that is held, never a pid written in a file (issue 50, H1,
-H2, M2): a copied lock file, which names a live process, holds nothing. In this process: a flock
+"""Who holds a run directory or a cache entry is the lock that is held, never a pid written in a file
+(issue 50, H1, H2, M2, M4): a copied lock file, which names a live process, holds nothing; a
+temporary whose writer holds its entry's lock is kept whatever its pid. In this process: a flock
 taken through one open file conflicts with a probe through another, as another process's does."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from types import FrameType
 
 import pytest
 
+from andrea.daemon.data.tokencache import entry_lock, remove_stale_temporaries
 from andrea.daemon.rundir.layout import claim, lock_holder, lock_path, signal_holder
 
 
@@ -57,3 +59,14 @@ def test_a_claim_outwaits_a_probe(tmp_path: Path) -> None:
     fcntl.flock(probe, fcntl.LOCK_SH)
     threading.Timer(0.1, os.close, (probe,)).start()
     claim(tmp_path, "trainer").close()
+
+
+def test_a_temporary_is_kept_while_its_entry_is_locked(tmp_path: Path) -> None:
+    # A pid no process has here: another pid namespace's writer, or a writer killed mid-write.
+    temporary = tmp_path / "0a1b.u16.4000000.tmp"
+    temporary.write_bytes(b"half written")
+    with entry_lock(tmp_path, "0a1b", "notes", exclusive=True):
+        remove_stale_temporaries(tmp_path)
+        assert temporary.exists(), "removed under its live writer"
+    remove_stale_temporaries(tmp_path)
+    assert not temporary.exists(), "a killed writer's temporary stays"
