@@ -120,8 +120,8 @@ def _copy_is_a_fork_that_leaves_the_original_alone(
     assert [forked[step] for step in (resumed + 1, resumed + 2)] == [segments + 1] * 2
 
 
-#: Runs its arguments in a new user and pid namespace, where the command's pid is `sys.argv[1]` + 1
-#: (a pid no process of this namespace has): a container, or another node of a job, sharing a cache.
+#: `sh -c` of this, under `unshare -Urpf`, runs `$2...` in a new user and pid namespace as pid `$1` + 1
+#: (one no process has out here): a container, or a job's other node, sharing a cache.
 _IN_ANOTHER_PID_NAMESPACE = 'echo "$1" > /proc/sys/kernel/ns_last_pid && shift && "$@"; exit $?'
 
 
@@ -141,15 +141,19 @@ def _text_run(run: Path, files: int, size: int, extra: str = "") -> Path:
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
 def test_an_encoder_in_another_pid_namespace_keeps_its_temporaries(tmp_path: Path) -> None:
-    probe = subprocess.run(["unshare", "-Urpf", "--mount-proc", "true"], capture_output=True)
+    pid = _free_pid()
+    probe = subprocess.run(
+        ["unshare", "-Urpf", "--mount-proc", "sh", "-c", _IN_ANOTHER_PID_NAMESPACE, "sh", str(pid),
+         "true"],
+        capture_output=True,
+    )  # fmt: skip
     if probe.returncode != 0:
-        pytest.skip(f"user and pid namespaces are not allowed here: {probe.stderr!r}")
+        pytest.skip(f"a user and pid namespace cannot be made here: {probe.stderr!r}")
     cache = tmp_path / "cache"
     cache.mkdir()
     # A subword tokenizer encodes slowly enough (about 1 MB/s) to be caught mid-write.
     first = _text_run(tmp_path / "first", 6, 50_000, '[data]\ntokenizer = "tokenizer.json"\n')
     bpe_file(first / "tokenizer.json", [PROSE * 10])
-    pid = _free_pid()
     encoder = Daemon(
         ["unshare", "-Urpf", "--mount-proc", "sh", "-c", _IN_ANOTHER_PID_NAMESPACE, "sh", str(pid),
          *trainer_cmd(first, cache, "--max-steps", "2")],
