@@ -481,8 +481,33 @@ def find_socket_dir(run_dir: Path) -> Path:
             raise SocketDirError(f"{record}: {e}") from None
         if not d.is_absolute():
             raise SocketDirError(f"{record} does not hold an absolute path: {str(d)!r}")
+        d = _own_record(run_dir, d)
     if d.exists():
         _check_dir(d, owner)
+    return d
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _own_record(run_dir: Path, d: Path) -> Path:
+    """The recorded socket directory `d`, unless it is another run directory's: a run directory
+    copied from a live one (`cp -r`) carries the original's record until its own daemons bind, and
+    a client must never reach the original's daemons through it (`andreactl --run-dir COPY stop`
+    would stop the original). The copy's own default directory then, where its daemons will bind;
+    SocketDirError for a copied fallback directory, whose own one is not known yet."""
+    if d.name == SOCKET_DIR and is_run_dir(d.parent) and not _same_dir(d.parent, run_dir):
+        return run_dir.resolve() / SOCKET_DIR
+    if (d / _OWNER_FILE).exists() and not _serves(d, run_dir):
+        raise SocketDirError(
+            f"{run_dir / SOCKET_DIR_RECORD} names {d}, the socket directory of another run "
+            "directory (this one copied from it?): its daemons have not recorded theirs yet; "
+            "try again in a moment"
+        )
     return d
 
 
