@@ -276,7 +276,15 @@ class ProxyChild:
     def _stop_adopted(self, pid: int) -> None:
         try:
             if not signal_holder(self.run_dir, "proxy", pid, signal.SIGTERM):
-                return  # it has exited, or no longer holds this run: nothing of ours to stop
+                if lock_holder(self.run_dir, "proxy") == pid:
+                    log.warning(
+                        "an andrea-proxy holds the proxy lock of %s, but pid %d, which it wrote "
+                        "there, is not its holder here (another pid namespace?): the trainer "
+                        "leaves it running; stop it where it runs",
+                        self.run_dir,
+                        pid,
+                    )
+                return  # else it has exited: nothing to stop
             log.info("stopping andrea-proxy (pid %d), started by hand, with the trainer", pid)
             deadline = time.monotonic() + STOP_TIMEOUT
             while lock_holder(self.run_dir, "proxy") == pid:
