@@ -12,13 +12,18 @@ trainer. ``--cancel`` releases a hold without pivoting.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
+import stat
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from andrea.daemon.rundir.layout import PIVOT_LOCK
 from andrea.protocol import messages
 from andrea.protocol.status import Activity, HoldState, HoldStatus, ProxyStatus, TrainerStatus
 from andrea.protocol.transport import new_id
@@ -86,12 +91,14 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         if args.cancel:
             return _cancel(args)
-        plan = _preflight(args, _read_policy(args))
-        if args.dry_run:
-            return _show_dry_run(args, plan)
-        hold_id = _request_hold(args, plan)
-        boundary = _await_hold(args, hold_id, seen=plan.resuming is not None)
-        return _commit(args, plan, hold_id, boundary)
+        text = _read_policy(args)
+        with _pivot_client(args.run_dir, args.dry_run):
+            plan = _preflight(args, text)
+            if args.dry_run:
+                return _show_dry_run(args, plan)
+            hold_id = _request_hold(args, plan)
+            boundary = _await_hold(args, hold_id, seen=plan.resuming is not None)
+            return _commit(args, plan, hold_id, boundary)
     except _Failed as e:
         raise CommandFailed(str(e)) from None
 
@@ -124,24 +131,64 @@ def _read_policy(args: argparse.Namespace) -> str:
         raise UserError(str(e)) from None
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if pid is None:
+#: Never through a link, never blocking on a FIFO planted there.
+_LOCK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@contextmanager
+def _pivot_client(run_dir: Path, dry_run: bool) -> Iterator[None]:
+    """Be the run's pivot client while the pivot runs: hold RUN/.pivot.lock (a flock; nothing is
+    written, so another user's client can take it too). A pivot in progress is known by its
+    client's lock, never by the pid its hold names: a client in another pid namespace has a pid
+    that means nothing here. A dry run takes nothing."""
+    if dry_run:
+        yield
+        return
+    path = run_dir / PIVOT_LOCK
+    try:
+        fd = os.open(path, _LOCK_FLAGS | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise _Failed(f"cannot open {path}: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Failed(f"{path} is not a regular file: remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _Failed(
+                "another pivot is in progress (another andreactl pivot holds "
+                f"{path}); wait for it, or cancel it with `andreactl pivot --cancel`"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _other_client(run_dir: Path) -> bool:
+    """Whether another andreactl pivot holds the run's pivot lock (a shared probe, never created)."""
+    try:
+        fd = os.open(run_dir / PIVOT_LOCK, _LOCK_FLAGS)
+    except OSError:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
-    return True
+    finally:
+        os.close(fd)
+    return False
 
 
-def _interrupted_hold(trainer: TrainerStatus) -> HoldStatus | None:
-    """The hold of an interrupted pivot, which this one completes; refused while its client lives."""
+def _interrupted_hold(args: argparse.Namespace, trainer: TrainerStatus) -> HoldStatus | None:
+    """The hold of an interrupted pivot, which this one completes; refused while its client lives.
+    Only a dry run looks: any other pivot holds the pivot lock itself (`_pivot_client`), so no
+    other client lives."""
     hold = trainer.hold
     if hold is None or hold.state is HoldState.FAILED:
         return None
-    if _pid_alive(hold.owner_pid) and hold.owner_pid != os.getpid():
+    if args.dry_run and _other_client(args.run_dir):
         raise _Failed(
             f"another pivot is in progress (hold {hold.id}, andreactl pid {hold.owner_pid}); "
             "wait for it, or cancel it with `andreactl pivot --cancel`"
@@ -168,7 +215,7 @@ def _preflight(args: argparse.Namespace, text: str) -> _Preflight:
         raise _Failed("a pivot needs the proxy running and answering")
     if trainer.mixing != "proxy":
         raise _Failed("the trainer uses a fixed mixture; there is no bandit to pivot")
-    resuming = _interrupted_hold(trainer)
+    resuming = _interrupted_hold(args, trainer)
     boundary = resuming.step if resuming is not None and resuming.step is not None else None
     check = ask(
         args.run_dir,
@@ -341,7 +388,7 @@ def _cancel(args: argparse.Namespace) -> int:
     hold = trainer.hold
     if hold is None or hold.state is HoldState.FAILED:
         raise UserError("the trainer holds for no pivot; nothing to cancel")
-    if hold.state is HoldState.PENDING and _pid_alive(hold.owner_pid):
+    if hold.state is HoldState.PENDING and _other_client(args.run_dir):
         print(
             f"pivot: cancelling hold {hold.id} of a pivot still waiting for its boundary "
             f"(andreactl pid {hold.owner_pid} will report it)",

@@ -455,9 +455,10 @@ def _memo(path: Path) -> _TokensMemo | None:
         return None
 
 
-def _tokens_identity(file: TokenLayout, cache: Path) -> tuple[str, int]:
+def _tokens_identity(file: TokenLayout, cache: Path, arm: str) -> tuple[str, int]:
     """A token file's identity (a hash of its ids) and largest id; both remembered per (path,
-    size, mtime, inode, id width, header), since hashing a large file takes a while."""
+    size, mtime, inode, id width, header), since hashing a large file takes a while. `arm`: the
+    arm's name, for a wait on the memo's lock."""
     st = file.path.stat()
     memo = cache / f"tokens-{hashlib.sha256(str(file.path).encode()).hexdigest()[:16]}.json"
     key = [st.st_size, st.st_mtime_ns, st.st_ino, file.dtype.itemsize, file.offset]
@@ -473,16 +474,19 @@ def _tokens_identity(file: TokenLayout, cache: Path) -> tuple[str, int]:
         h.update(block.tobytes())
         max_id = max(max_id, int(block.max(initial=0)))
     identity = h.hexdigest()
-    atomic_write_bytes(
-        memo, json.dumps({"key": key, "identity": identity, "max_id": max_id}).encode()
-    )
+    # Under the memo's own lock, as every temporary of the cache is written: a start that finds
+    # the lock free takes the temporary for one a killed writer left (remove_stale_temporaries).
+    with tokencache.entry_lock(cache, memo.stem, arm, exclusive=True):
+        atomic_write_bytes(
+            memo, json.dumps({"key": key, "identity": identity, "max_id": max_id}).encode()
+        )
     return identity, max_id
 
 
 def _checked_identity(
     spec: ArmSpec, file: TokenLayout, cache: Path, vocab_size: int, tokenizer: str
 ) -> str:
-    identity, max_id = _tokens_identity(file, cache)
+    identity, max_id = _tokens_identity(file, cache, spec.name)
     if max_id >= vocab_size:
         raise DataError(
             f"arm {spec.name!r}: token id {max_id:,} in {file.path} is not below [model] "

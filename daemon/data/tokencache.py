@@ -12,7 +12,8 @@ restart cures any damage. An entry without a record (written before records exis
 writer died before its end) is encoded again too.
 
 A write that fails (a full disk) removes its temporary files (``NAME.<pid>.tmp``); those left by a
-process that no longer exists (killed mid-write) are removed at the next start.
+writer killed mid-write are removed at the next start that finds their entry's lock free (every
+temporary is written under that lock: `remove_stale_temporaries`).
 
 Processes that share a cache (the ranks of a torchrun job on a first start, two runs on one
 machine) take ``<identity>.lock`` (`entry_lock`): shared to verify an entry, exclusive to repair or
@@ -233,21 +234,27 @@ def remove(cache: Path, identity: str, tokenizer: RunTokenizer) -> None:
 
 
 def remove_stale_temporaries(cache: Path) -> None:
-    """Remove the temporary files (``NAME.<pid>.tmp``) of processes that no longer exist: a
-    writer killed mid-write leaves its own."""
-    for p in cache.glob("*.tmp"):
+    """Remove the temporary files (``NAME.<pid>.tmp``) that writers killed mid-write left. Each is
+    written under the exclusive lock of the entry its name begins with (``<identity>.lock``,
+    `entry_lock`), so one whose lock this process can take at once has no live writer. The pid in
+    the name is never judged: a writer in another pid namespace (a container sharing the cache, a
+    job's other node) has a pid that means nothing here, and its live temporary would be removed
+    under it."""
+    for p in sorted(cache.glob("*.tmp")):
         pid = p.name.rsplit(".", 2)[-2] if p.name.count(".") >= 2 else ""
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        p.unlink(missing_ok=True)
-        log.info("token cache: removed %s, left by process %s, which no longer exists", p, pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
+        if not pid.isdigit():
+            continue  # not a name this module writes
+        stem = p.name.split(".", 1)[0]
+        try:
+            fd = os.open(cache / f"{stem}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            continue  # a cache this user cannot lock is one this user does not write
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its writer (or a reader of the entry) is alive
+        else:
+            p.unlink(missing_ok=True)
+            log.info("token cache: removed %s, left by a write that did not finish", p)
+        finally:
+            os.close(fd)  # releases the lock

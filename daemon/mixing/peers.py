@@ -7,15 +7,20 @@ what a genuine trainer can show and another process cannot take from it:
 - the **life**: a secret the trainer process draws at start and sends only to the proxy, in every
   `hello`; the proxy keeps its SHA-256, never the secret;
 - the process: its **pid**, and the pid's start time (so that a reused pid is not taken for it);
-- the run's **trainer lock** (`rundir.claim`), which a trainer holds for as long as it lives and
-  which records the holder's pid.
+- the run's **trainer lock** (`rundir.claim`): the flock a trainer holds on this run directory's
+  `.trainer.lock` for as long as it lives, with the pid it wrote there.
 
 A `hello` carrying the live life's secret is that life: a reconnect (a lost socket, a restarted
 proxy: the live life is kept in `.state.json`) or a new segment after a roll-back. Any other
-`hello` would start a new life, and is admitted only once the live one is provably gone: its
-process has exited (no process has its pid and start time), and the trainer lock is held by the
-pid the `hello` names. Until then it is refused, naming the live trainer: a second peer never
-displaces a live trainer, never gets a segment, never moves the trainer's progress.
+`hello` would start a new life, and is admitted only once the live one is provably gone from this
+run directory: its pid (with its start time) no longer holds the trainer lock, and the lock is
+held by the pid the `hello` names. Until then it is refused, naming the live trainer: a second peer
+never displaces a live trainer, never gets a segment, never moves the trainer's progress.
+
+Liveness is the lock's, never the pid's alone: a copy of a run directory (`cp -r`) carries the
+original's `.state.json`, whose live life is a process that is alive but holds the original's
+lock, not the copy's. The copy is a fork of the run: its first trainer begins a new life, numbered
+after the copied segments, and the original's trainer is neither waited for nor disturbed.
 
 Losses, evaluations and samples are taken only from peers (socket identities) that said a `hello`
 admitted as the live life. What this cannot prove is said in docs/protocol.md ("Who may speak for
@@ -95,6 +100,9 @@ class TrainerPeers:
         )
 
     def _alive(self, life: TrainerLife) -> bool:
+        """Whether `life`'s process still holds this run directory's trainer lock."""
+        if lock_holder(self.run_dir, "trainer") != life.pid:
+            return False
         started = process_started(life.pid)
         return started is not None and (not life.started or not started or started == life.started)
 
@@ -112,9 +120,9 @@ class TrainerPeers:
         if proven:
             return None
         holder = lock_holder(self.run_dir, "trainer")
-        if holder != hello.pid or process_started(hello.pid) is None:
+        if holder != hello.pid:
             return (
-                f"pid {hello.pid} does not hold this run's trainer lock (the lock names "
+                f"pid {hello.pid} does not hold this run's trainer lock (it is held by "
                 f"{'pid ' + str(holder) if holder else 'no process'})"
             )
         return None

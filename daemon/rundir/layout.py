@@ -13,7 +13,8 @@ A run directory holds (see docs/satellite-files.md and docs/checkpoint-format.md
     .eval.json                   proxy: one entry per held-out evaluation
     .samples.json                proxy: recent generated samples
     .state.json                  proxy: bandit state
-    .trainer.lock / .proxy.lock  one process per role, holding the pid
+    .trainer.lock / .proxy.lock  one process per role: its flock, and its pid
+    .pivot.lock                  andreactl pivot: held (flock) by the client of a pivot in progress
     .sock/                       control sockets (unless $ANDREA_SOCKET_DIR says otherwise)
     .socket-dir                  where the control sockets are (written by each daemon)
     archive/pivot-<step>-<utc>/  what a pivot archived, with its pivot.json record
@@ -30,9 +31,11 @@ import fcntl
 import hashlib
 import os
 import re
+import signal
 import socket
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from fnmatch import fnmatchcase
@@ -56,6 +59,8 @@ ARCHIVE_DIR = "archive"
 #: TensorBoard event files the proxy writes when `[metrics] tensorboard = true`.
 TENSORBOARD_DIR = "tensorboard"
 PIVOT_RECORD = "pivot.json"
+#: Held (an flock, nothing written) by the `andreactl pivot` whose pivot is in progress.
+PIVOT_LOCK = ".pivot.lock"
 
 #: The most a checkpoint manifest can need: the layout of the largest preset, the config, every
 #: RNG, and the loss records the proxy had not acknowledged (bounded by the assignment lag). A larger
@@ -73,6 +78,8 @@ SOCKET_DIR_RECORD = ".socket-dir"
 SOCKET_DIR_ENV = "ANDREA_SOCKET_DIR"
 #: Stands in for --run-dir (andreactl, andrea-trainer, andrea-proxy).
 RUN_DIR_ENV = "ANDREA_RUN_DIR"
+#: How long `claim` tries a lock found taken again, before taking it for another daemon's.
+_CLAIM_PATIENCE_S = 0.5
 #: sun_path holds 108 bytes; keep a margin for the socket's own name.
 _MAX_IPC_PATH = 100
 #: The most RUN_DIR/.socket-dir may hold: one path.
@@ -178,15 +185,11 @@ def claim(run_dir: Path, role: str) -> IO[bytes]:
         os.close(fd)
         raise OSError(errno.EINVAL, f"not a regular file ({kind})", str(path))
     f = os.fdopen(fd, "r+b")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _flock_soon(f):
         f.seek(0)
         holder = f.read().decode(errors="replace").strip() or "?"
         f.close()
-        raise AlreadyRunning(
-            f"another andrea-{role} (pid {holder}) is running on {run_dir}"
-        ) from None
+        raise AlreadyRunning(f"another andrea-{role} (pid {holder}) is running on {run_dir}")
     f.seek(0)
     f.truncate()
     f.write(str(os.getpid()).encode())
@@ -194,22 +197,55 @@ def claim(run_dir: Path, role: str) -> IO[bytes]:
     return f
 
 
+def _flock_soon(f: IO[bytes]) -> bool:
+    """Take `f`'s exclusive flock, or False when another process holds it. A lock found taken is
+    tried again for _CLAIM_PATIENCE_S: a probe (`lock_holder`, `andreactl status`) holds it shared
+    for an instant, and a daemon starting just then must not take that for another daemon."""
+    deadline = time.monotonic() + _CLAIM_PATIENCE_S
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+
 def lock_holder(run_dir: Path, role: str) -> int | None:
-    """The pid `role`'s lock names: the last process that claimed it (which may have exited since
-    and released it). None without a readable lock file. Never creates, locks or blocks on it."""
+    """The pid of the process that holds `role`'s lock of `run_dir` now: its flock, with the pid
+    it wrote. None when no process holds it — whatever pid the file names: one that exited, or
+    the live process of another run directory whose lock file was copied here (`cp -r` copies the
+    pid, never the flock). Probes the lock shared for an instant (`claim` allows for that), never
+    creates it, never blocks."""
+    held = _held(run_dir, role)
+    return held[0] if held is not None else None
+
+
+def _held(run_dir: Path, role: str) -> tuple[int, int] | None:
+    """(pid, inode) of `role`'s lock file while a process holds its flock and has written its pid."""
     try:
-        fd = os.open(lock_path(run_dir, role), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        fd = os.open(
+            lock_path(run_dir, role), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
     except OSError:
         return None
     try:
-        text = os.read(fd, 32) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # nobody holds it
+        except BlockingIOError:
+            pass
+        try:
+            pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
+        except (OSError, ValueError):
+            return None  # held, but its holder has not written its pid yet
+        return (pid, st.st_ino) if pid > 0 else None
     finally:
-        os.close(fd)
-    try:
-        pid = int(text.decode("ascii").strip())
-    except ValueError:
-        return None
-    return pid if pid > 0 else None
+        os.close(fd)  # releases the probe's lock
 
 
 #: The module each daemon runs as under `python -m` (its command line when started that way).
@@ -219,21 +255,45 @@ DAEMON_MODULES = {
 }
 
 
-def running_holder(run_dir: Path, role: str) -> int | None:
-    """The pid of a live andrea-`role` that claimed `role`'s lock, found without touching the lock:
-    a probe that took it, even shared and for an instant, could make a daemon starting at that
-    moment fail its claim. The pid the lock names counts only while that process runs the daemon
-    (its command line names it; a zombie's is empty), so a stale pid reused since is not taken for
-    one."""
-    pid = lock_holder(run_dir, role)
-    if pid is None:
-        return None
+def signal_holder(run_dir: Path, role: str, pid: int, sig: signal.Signals) -> bool:
+    """Send `sig` to `pid` only while it holds `role`'s lock of `run_dir`: the lock is held, names
+    `pid`, and the kernel's table of locks (/proc/locks, in this process's pid namespace) shows
+    `pid` holding a flock on that very file (its inode). The process is pinned (a pidfd) before
+    it is checked, so a pid reused meanwhile is never signalled. False, sending nothing, when any
+    of it is not so, or cannot be checked (no /proc/locks, another pid namespace)."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        pidfd = os.pidfd_open(pid)
     except OSError:
-        return None
-    names = (f"andrea-{role}".encode(), DAEMON_MODULES[role].encode())
-    return pid if any(arg.endswith(name) for arg in argv for name in names) else None
+        return False  # no such process
+    try:
+        if not _holds(run_dir, role, pid):
+            return False
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        return False  # it exited after the check: nothing to signal
+    finally:
+        os.close(pidfd)
+    return True
+
+
+def _holds(run_dir: Path, role: str, pid: int) -> bool:
+    """Whether `pid` holds `role`'s lock of `run_dir`, as the lock and the kernel both say."""
+    held = _held(run_dir, role)
+    if held is None or held[0] != pid:
+        return False
+    try:
+        table = Path("/proc/locks").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    for line in table.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 8043 fe:00:2147059 0 EOF"; a waiter's line has "->" second.
+        # The device is left out: /proc/locks prints the superblock's, which differs from stat's
+        # on btrfs subvolumes. The inode and the pid together name the lock.
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4] == str(pid):
+            if fields[5].rsplit(":", 1)[-1] == str(held[1]):
+                return True
+    return False
 
 
 class SocketDirError(RuntimeError):
@@ -444,8 +504,33 @@ def find_socket_dir(run_dir: Path) -> Path:
             raise SocketDirError(f"{record}: {e}") from None
         if not d.is_absolute():
             raise SocketDirError(f"{record} does not hold an absolute path: {str(d)!r}")
+        d = _own_record(run_dir, d)
     if d.exists():
         _check_dir(d, owner)
+    return d
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _own_record(run_dir: Path, d: Path) -> Path:
+    """The recorded socket directory `d`, unless it is another run directory's: a run directory
+    copied from a live one (`cp -r`) carries the original's record until its own daemons bind, and
+    a client must never reach the original's daemons through it (`andreactl --run-dir COPY stop`
+    would stop the original). The copy's own default directory then, where its daemons will bind;
+    SocketDirError for a copied fallback directory, whose own one is not known yet."""
+    if d.name == SOCKET_DIR and is_run_dir(d.parent) and not _same_dir(d.parent, run_dir):
+        return run_dir.resolve() / SOCKET_DIR
+    if (d / _OWNER_FILE).exists() and not _serves(d, run_dir):
+        raise SocketDirError(
+            f"{run_dir / SOCKET_DIR_RECORD} names {d}, the socket directory of another run "
+            "directory (this one copied from it?): its daemons have not recorded theirs yet; "
+            "try again in a moment"
+        )
     return d
 
 

@@ -52,11 +52,14 @@ def open_context(
     flags: OperatorRequests,
     device: torch.device | None = None,
     notifier: Notifier | None = None,
+    *,
+    lock: IO[bytes] | None = None,
 ) -> Opened:
     """Resolve the platform on `device` (default: the config's); on rank 0 claim the run directory
-    and bind the control socket, which answers status from then on (the data's preparation
-    included); then load the data and build the model and optimizer. Raises InterruptedError (a
-    stop during start-up), DataError, AlreadyRunning, or OSError/ZMQError (the run directory's)."""
+    (unless `lock` holds its trainer lock already) and bind the control socket, which answers
+    status from then on (the data's preparation included); then load the data and build the model
+    and optimizer. Raises InterruptedError (a stop during start-up), DataError, AlreadyRunning, or
+    OSError/ZMQError (the run directory's)."""
     world = opts.world
     notifier = notifier or Notifier(enabled=world.is_main)
     platform = resolve_platform(opts.cfg, device)
@@ -65,9 +68,8 @@ def open_context(
     progress = EncodingProgress(on_advance=lambda p: notifier.preparing(describe(p)))
     counters, holds = Counters(), Holds()
     control: ControlServer | None = None
-    lock: IO[bytes] | None = None
     if world.is_main:
-        lock = claim(opts.run_dir, "trainer")
+        lock = lock or claim(opts.run_dir, "trainer")
         status = partial(
             starting_status, opts, platform, counters, holds, progress, time.monotonic()
         )

@@ -251,8 +251,8 @@ def test_a_new_life_begins_once_the_old_one_is_gone(tmp_path: Path) -> None:
             isinstance(reply, messages.Reply)
             and "does not hold this run's trainer lock" in reply.error
         )
-        with play_trainer(tmp_path):
-            welcome = p.handle(b"new", trainer_hello(p.opts.cfg, resume_step=0))
+        life = play_trainer(tmp_path)  # held for as long as this life lives, as a trainer's is
+        welcome = p.handle(b"new", trainer_hello(p.opts.cfg, resume_step=0))
         assert isinstance(welcome, messages.Welcome) and welcome.segment == 2
         reply = p.handle(b"old", messages.LossReport(id="l", entries=[_entry(1, "alpha")]))
         assert isinstance(reply, messages.Reply) and reply.error.startswith(messages.UNKNOWN_PEER)
@@ -268,6 +268,7 @@ def test_a_new_life_begins_once_the_old_one_is_gone(tmp_path: Path) -> None:
             assert isinstance(welcome, messages.Welcome) and welcome.segment == 2
         finally:
             again.close()
+            life.close()
     finally:
         if old.poll() is None:
             old.kill()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.rundir.layout import (
+    SOCKET_DIR,
     SOCKET_DIR_RECORD,
     SocketDirError,
     bind_endpoint,
@@ -217,6 +218,8 @@ def test_a_copied_run_directory_gets_sockets_of_its_own(
     copy = original.with_name(original.name + "-copy")
     shutil.copytree(original, copy)
     assert (copy / SOCKET_DIR_RECORD).read_text() == f"{first}\n"
+    with pytest.raises(SocketDirError, match="the socket directory of another run directory"):
+        find_socket_dir(copy)  # before the copy's daemons record theirs: never the original's
     second = socket_dir(copy)
     assert second != first and mode(second) == 0o700
     assert find_socket_dir(copy) == second and find_socket_dir(original) == first
@@ -272,3 +275,24 @@ def test_clients_refuse_a_record_they_cannot_trust(tmp_path: Path, monkeypatch) 
     os.chown(record, OTHER_UID, OTHER_UID)
     with pytest.raises(SocketDirError, match="owned by uid 0"):
         find_socket_dir(tmp_path)
+
+
+def test_a_record_copied_from_a_live_run_never_leads_to_its_daemons(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A run directory copied (cp -r) from a live one names the original's sockets in its record
+    until its own daemons bind: a client of the copy must not reach the original's meanwhile."""
+    monkeypatch.delenv("ANDREA_SOCKET_DIR", raising=False)
+    original = tmp_path / "run"
+    original.mkdir()
+    (original / "run.toml").write_text("")
+    first = socket_dir(original)
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    assert (copy / SOCKET_DIR_RECORD).read_text() == f"{first}\n"
+    assert find_socket_dir(copy) == copy.resolve() / SOCKET_DIR
+    assert find_socket_dir(original) == first
+    # A directory of that name that is not another run's is a chosen one ($ANDREA_SOCKET_DIR).
+    chosen = tmp_path / "sockets" / SOCKET_DIR
+    monkeypatch.setenv("ANDREA_SOCKET_DIR", str(chosen))
+    assert socket_dir(copy) == chosen and find_socket_dir(copy) == chosen

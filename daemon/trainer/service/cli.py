@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from andrea.daemon.rundir.layout import CONFIG_FILE, RESOLVED_CONFIG_FILE
 from andrea.daemon.runtime.cliargs import add_log_level_argument, add_run_dir_argument
@@ -244,8 +244,8 @@ def _train_in_process_group(
     proxy: ProxyChild | None = None
     refused: StartRefused | None = None
     try:
-        proxy = _start_companion(args, flags, world)
-        code = _train(plan, args, flags, world, backend)
+        lock, proxy = _start_companion(args, flags, world)
+        code = _train(plan, args, flags, world, backend, lock)
         # A proxy the trainer gave up on decides the exit code of an otherwise clean stop.
         if proxy is not None and proxy.exit_code is not None and code == ExitCode.OK:
             code = proxy.exit_code
@@ -271,14 +271,23 @@ def _train_in_process_group(
 
 def _start_companion(
     args: argparse.Namespace, flags: OperatorRequests, world: World
-) -> ProxyChild | None:
-    """The proxy of a one-command run (--with-proxy), started by rank 0 alone."""
+) -> tuple[IO[bytes] | None, ProxyChild | None]:
+    """The run's trainer lock and the proxy of a one-command run (--with-proxy), started by rank 0
+    alone once it holds the lock: a second start on a live run is refused (AlreadyRunning) before
+    it uses, and would stop on its way out, the live run's proxy."""
     if not (args.with_proxy and world.is_main):
-        return None
+        return None, None
+    from andrea.daemon.rundir.layout import claim
+
     from .with_proxy import GRACE, ProxyChild
 
+    lock = claim(args.run_dir, "trainer")
     grace = GRACE if args.proxy_grace is None else args.proxy_grace
-    return ProxyChild(args.run_dir, flags, args.log_level, args.policy, args.pivot, grace)
+    try:
+        return lock, ProxyChild(args.run_dir, flags, args.log_level, args.policy, args.pivot, grace)
+    except BaseException:
+        lock.close()
+        raise
 
 
 def _leave_process_group(world: World) -> None:
@@ -295,10 +304,12 @@ def _train(
     flags: OperatorRequests,
     world: World,
     backend: str | None,
+    lock: IO[bytes] | None = None,
 ) -> ExitCode:
-    """Build, resume and run the trainer. StartRefused when it cannot start (agreed by every rank
-    when the refusal came before training)."""
-    opened, code, message = _open(_options(plan, args, world), flags, plan, world)
+    """Build, resume and run the trainer (`lock`: the run's trainer lock, when already claimed).
+    StartRefused when it cannot start (agreed by every rank when the refusal came before
+    training)."""
+    opened, code, message = _open(_options(plan, args, world), flags, plan, world, lock)
     # Nothing opened and no error: a stop came during start-up.
     if _agree_on_start(code, opened is None, message, world, flags) or opened is None:
         log.info("stop requested during start-up; nothing was trained, exiting")
@@ -395,7 +406,11 @@ def _options(plan: StartPlan, args: argparse.Namespace, world: World) -> Trainer
 
 
 def _open(
-    opts: TrainerOptions, flags: OperatorRequests, plan: StartPlan, world: World
+    opts: TrainerOptions,
+    flags: OperatorRequests,
+    plan: StartPlan,
+    world: World,
+    lock: IO[bytes] | None = None,
 ) -> tuple[Opened | None, ExitCode, str]:
     """Open the trainer's context on this rank: (what it opened, exit code, why it failed); None
     opened with no error when a stop came during start-up. A mistake the operator must fix maps to
@@ -412,7 +427,7 @@ def _open(
 
     try:
         dist.check_same(world, "the run's config", _shared_config(plan.cfg))
-        return open_context(opts, flags, plan.device), ExitCode.OK, ""
+        return open_context(opts, flags, plan.device, lock=lock), ExitCode.OK, ""
     except InterruptedError:
         return None, ExitCode.OK, ""
     except (AlreadyRunning, SocketDirError, ConfigError, dist.DistributedError) as e:

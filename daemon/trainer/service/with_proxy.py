@@ -15,9 +15,14 @@ thread waits on the child and decides, by its exit code (daemon/runtime/exitcode
 - anything else (a crash, a signal): the proxy is restarted after a second, at most RESTARTS times
   within WINDOW seconds; past that the trainer stops the same way with 1.
 
-Whenever another andrea-proxy serves the run (found by its lock, `rundir.running_holder`), the
-trainer uses it instead of starting one, and follows it: when it exits, the same grace applies.
-An adopted proxy is stopped with the trainer, as its own child is: one command, one stop.
+Whenever another andrea-proxy serves the run (found by its lock, `rundir.lock_holder`: the
+flock held on this run directory's lock file, never a pid the file names, which a copied run
+directory carries over from its original), the trainer uses it instead of starting one, and follows
+it: when it exits, the same grace applies. An adopted proxy is stopped with the trainer, as its
+own child is: one command, one stop; it is signalled only while it holds this run directory's
+proxy lock (`rundir.signal_holder`). The trainer claims the run's trainer lock before any of this
+(daemon/trainer/service/cli.py): a second `--with-proxy` on a live run is refused before it
+adopts, and so stops, the live run's proxy.
 
 Only the first start gets the command line's `--policy` and `--pivot`: a later one runs under the
 run's policy in force (`RUN_DIR/policy.toml`), as a restart under systemd does, so that a restart
@@ -40,7 +45,8 @@ from andrea.daemon.rundir.layout import (
     DAEMON_MODULES,
     POLICY_FILE,
     AlreadyRunning,
-    running_holder,
+    lock_holder,
+    signal_holder,
 )
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.daemon.runtime.logsetup import LOG_TAG_ENV
@@ -105,7 +111,7 @@ class ProxyChild:
         #: The pid of a proxy started by hand that the trainer uses, while it has one.
         self.adopted: int | None = None
         self._adopted_any = False
-        other = running_holder(run_dir, "proxy")
+        other = lock_holder(run_dir, "proxy")
         if other is not None and pivot:
             raise AlreadyRunning(
                 f"--pivot: andrea-proxy (pid {other}) already runs on {run_dir} and would not "
@@ -165,7 +171,7 @@ class ProxyChild:
         if self._stopping.is_set():
             return None
         name = _describe(code)
-        other = running_holder(self.run_dir, "proxy")
+        other = lock_holder(self.run_dir, "proxy")
         if other is not None and other != pid:
             log.warning("andrea-proxy (pid %d) exited with %s", pid, name)
             return self._adopt(other)
@@ -192,7 +198,7 @@ class ProxyChild:
         log.warning("andrea-proxy exited with %s; restarting it", name)
         if self._stopping.wait(1.0):
             return None
-        if (other := running_holder(self.run_dir, "proxy")) is not None:
+        if (other := lock_holder(self.run_dir, "proxy")) is not None:
             return self._adopt(other)
         return self._start_own()
 
@@ -200,7 +206,7 @@ class ProxyChild:
         """Wait the grace period for a proxy started by hand; else start the trainer's own."""
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline:
-            if (other := running_holder(self.run_dir, "proxy")) is not None:
+            if (other := lock_holder(self.run_dir, "proxy")) is not None:
                 return self._adopt(other)
             if self._stopping.wait(POLL):
                 return None
@@ -224,12 +230,12 @@ class ProxyChild:
     def _follow(self) -> Step | None:
         """Watch an adopted proxy until it exits; then the grace applies again."""
         pid = self.adopted
-        while running_holder(self.run_dir, "proxy") == pid:
+        while lock_holder(self.run_dir, "proxy") == pid:
             if self._stopping.wait(POLL):
                 return None
         with self._lock:
             self.adopted = None
-        if (other := running_holder(self.run_dir, "proxy")) is not None:
+        if (other := lock_holder(self.run_dir, "proxy")) is not None:
             return self._adopt(other)
         log.warning(
             "andrea-proxy (pid %s), started by hand, has exited; waiting up to %.0f s "
@@ -268,20 +274,25 @@ class ProxyChild:
         self._thread.join(timeout=5)
 
     def _stop_adopted(self, pid: int) -> None:
-        if running_holder(self.run_dir, "proxy") != pid:
-            return
-        log.info("stopping andrea-proxy (pid %d), started by hand, with the trainer", pid)
         try:
-            os.kill(pid, signal.SIGTERM)
+            if not signal_holder(self.run_dir, "proxy", pid, signal.SIGTERM):
+                if lock_holder(self.run_dir, "proxy") == pid:
+                    log.warning(
+                        "an andrea-proxy holds the proxy lock of %s, but pid %d, which it wrote "
+                        "there, is not its holder here (another pid namespace?): the trainer "
+                        "leaves it running; stop it where it runs",
+                        self.run_dir,
+                        pid,
+                    )
+                return  # else it has exited: nothing to stop
+            log.info("stopping andrea-proxy (pid %d), started by hand, with the trainer", pid)
             deadline = time.monotonic() + STOP_TIMEOUT
-            while running_holder(self.run_dir, "proxy") == pid:
+            while lock_holder(self.run_dir, "proxy") == pid:
                 if time.monotonic() > deadline:
                     log.error("andrea-proxy (pid %d) did not stop in time; killing it", pid)
-                    os.kill(pid, signal.SIGKILL)
+                    signal_holder(self.run_dir, "proxy", pid, signal.SIGKILL)
                     return
                 time.sleep(POLL)
-        except ProcessLookupError:
-            return
         except PermissionError:
             log.error(
                 "andrea-proxy (pid %d) runs as another user; the trainer cannot stop it: stop it "
