@@ -247,7 +247,7 @@ def use_site(check: Check, site: Path) -> None:
 #: What the install must make importable, and whence: torch from the interpreter, the rest from
 #: the site directory.
 IMPORT_CHECK = """
-import sys, torch, pydantic, zmq, tomli_w, tensorboardX, crc32c, andrea.daemon.trainer
+import sys, torch, pydantic, zmq, tomli_w, tensorboardX, crc32c, zstandard, andrea.daemon.trainer
 site = sys.argv[1]
 if site:
     assert not torch.__file__.startswith(site), f"torch came from {site}: {torch.__file__}"

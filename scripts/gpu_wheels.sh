@@ -10,7 +10,7 @@
 #
 # downloads into DIR, at the versions of constraints.txt, the manylinux wheels for that Python of
 # what the image lacks (pydantic, pydantic-core, annotated-types, typing-inspection, pyzmq,
-# tomli-w, tensorboardX, crc32c) and the source of systemd-python, which has no wheel; nothing
+# tomli-w, tensorboardX, crc32c, zstandard) and the source of systemd-python, which has no wheel; nothing
 # else (a second pytest would shadow the machine's and its plugins). scripts/wheelhouse_check.py
 # proves it complete. Copy DIR beside the checkout; scripts/gpu_check.py --wheelhouse DIR installs
 # it with `pip install --no-index --no-deps --target` and PYTHONPATH (docs/performance.md).
@@ -24,7 +24,8 @@ mkdir -p "$dest"
 
 # What andrea needs and the image lacks; their own dependencies are in the image (torch brings
 # typing-extensions; tensorboard brings protobuf, numpy and packaging).
-lacking=(pydantic pydantic-core annotated-types typing-inspection pyzmq tomli-w tensorboardX crc32c)
+lacking=(pydantic pydantic-core annotated-types typing-inspection pyzmq tomli-w tensorboardX crc32c
+  zstandard)
 echo "gpu_wheels: ${lacking[*]} for Python $py -> $dest/"
 "$python" -m pip download -q --disable-pip-version-check --dest "$dest" -c constraints.txt \
   --no-deps --only-binary=:all: --implementation cp --python-version "$py" \
