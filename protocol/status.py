@@ -40,7 +40,7 @@ class HoldState(StrEnum):
 
 
 class HoldStatus(_Status):
-    """A pivot's hold on the trainer (see daemon/trainer/service/boundary_hold.py): its identity, state and age."""
+    """A pivot's hold on the trainer (see daemon/trainer/links/boundary_hold.py): its identity, state and age."""
 
     id: str
     state: HoldState

@@ -18,10 +18,10 @@ from ..data.encoding_progress import EncodingProgress
 from ..runtime.operator_requests import OperatorRequests
 from ..runtime.sdnotify import Notifier
 from .counters import Counters
+from .links.boundary_hold import Holds
 from .options import TrainerOptions
 from .parts import Parts, Platform
 from .platform import distributed as dist
-from .service.boundary_hold import Holds
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,14 @@ from .checkpointing.restore import Restorer
 from .context import TrainerContext, starting_status
 from .counters import Counters
 from .evaluation import Evaluation, plan_evaluation
+from .links.boundary_hold import Holds
+from .links.control_server import ControlServer
 from .loop import Collaborators, Trainer
 from .options import TrainerOptions
 from .parts import build_parts, resolve_platform, wrap_for_training
 from .pivot_boundary import Pivots
 from .platform import distributed as dist
 from .reporting import Reporter
-from .service.boundary_hold import Holds
-from .service.control_server import ControlServer
 from .sink import open_sink
 from .step import StepRunner
 

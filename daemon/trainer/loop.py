@@ -35,10 +35,10 @@ from .checkpointing.checkpointer import Checkpointer
 from .checkpointing.restore import Restorer
 from .context import TrainerContext, starting_status
 from .evaluation import Evaluation
+from .links.control_server import ControlServer
 from .pivot_boundary import Pivots
 from .platform import distributed as dist
 from .reporting import Reporter
-from .service.control_server import ControlServer
 from .sink import RecordSink
 from .step import StepRunner, TrainedStep
 

@@ -13,8 +13,8 @@ from ..runtime.operator_requests import REQUESTED_TRIGGERS
 from .checkpointing.checkpointer import Checkpointer
 from .checkpointing.restore import Restorer
 from .context import TrainerContext
+from .links.boundary_hold import Hold
 from .reporting import Reporter
-from .service.boundary_hold import Hold
 from .sink import RecordSink
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from ..rundir.layout import EVAL_FILE, LOSS_FILE, peer_endpoint
 from ..rundir.losslog import LossLog, LossLogError, last_entry
 from .context import TrainerContext
 from .counters import Counters
-from .service.proxy_client import ProxyLink
+from .links.proxy_client import ProxyLink
 
 log = logging.getLogger(__name__)
 

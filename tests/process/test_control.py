@@ -16,7 +16,7 @@ import zmq
 from andrea.daemon.rundir.layout import endpoint, socket_dir
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.daemon.runtime.operator_requests import OperatorRequests, StopReason
-from andrea.daemon.trainer.service.control_server import ControlServer
+from andrea.daemon.trainer.links.control_server import ControlServer
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
 

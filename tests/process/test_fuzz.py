@@ -22,8 +22,8 @@ from andrea.daemon.mixing.policy import Policy
 from andrea.daemon.mixing.proxy import Proxy, ProxyOptions
 from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.runtime.operator_requests import OperatorRequests
-from andrea.daemon.trainer.service.boundary_hold import Holds
-from andrea.daemon.trainer.service.control_server import ControlServer
+from andrea.daemon.trainer.links.boundary_hold import Holds
+from andrea.daemon.trainer.links.control_server import ControlServer
 from andrea.protocol import messages
 from andrea.protocol.status import Activity, TrainerStatus
 

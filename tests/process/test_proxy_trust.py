@@ -31,7 +31,7 @@ from andrea.daemon.rundir.layout import (
 from andrea.daemon.rundir.losslog import read_entries
 from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.daemon.trainer.counters import Counters
-from andrea.daemon.trainer.service.proxy_client import ProxyLink
+from andrea.daemon.trainer.links.proxy_client import ProxyLink
 from andrea.daemon.trainer.sink import ProxySink
 from andrea.protocol import messages
 from andrea.protocol.evalentry import ArmEval, EvalEntry

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from andrea.daemon.trainer.service.boundary_hold import Holds
+from andrea.daemon.trainer.links.boundary_hold import Holds
 from andrea.protocol.status import HoldState
 
 

@@ -57,7 +57,7 @@ def test_a_stop_awaited_during_the_start_is_answered_when_the_start_ends(tmp_pat
     from concurrent.futures import ThreadPoolExecutor
 
     from andrea.daemon.runtime.operator_requests import OperatorRequests
-    from andrea.daemon.trainer.service.control_server import ControlServer
+    from andrea.daemon.trainer.links.control_server import ControlServer
     from andrea.protocol import messages
     from andrea.protocol.transport import new_id, request
 
@@ -87,7 +87,7 @@ def test_a_final_checkpoint_that_failed_is_answered_with_its_reason(tmp_path: Pa
     from concurrent.futures import ThreadPoolExecutor
 
     from andrea.daemon.runtime.operator_requests import OperatorRequests
-    from andrea.daemon.trainer.service.control_server import ControlServer
+    from andrea.daemon.trainer.links.control_server import ControlServer
     from andrea.protocol import messages
     from andrea.protocol.transport import new_id, request
 

@@ -25,8 +25,8 @@ from andrea.daemon.rundir.losslog import LossLogError
 from andrea.daemon.runtime.exitcodes import ExitCode
 
 from ..context import TrainerContext
+from ..links.control_server import ControlServer
 from ..platform.distributed import Decision
-from ..service.control_server import ControlServer
 from ..sink import RecordSink
 from .snapshot import Snapshotter, gather_ranks
 

@@ -1,1 +1,2 @@
-"""andrea-trainer as a service: its command line, start, preflight, control socket and proxy client."""
+"""andrea-trainer's entry, above the loop: its command line, start, flags, preflight and the
+one-command proxy; the links it serves through are in daemon/trainer/links/."""

@@ -336,8 +336,8 @@ def _build_and_run(opened: Opened, plan: StartPlan, backend: str | None) -> Exit
     from andrea.daemon.data.livefiles import RESUME_ADVICE, TokensChanged
 
     from ..factory import build_trainer
+    from ..links.proxy_client import ProxyRefused
     from ..sink import RecordLogRefused
-    from .proxy_client import ProxyRefused
     from .start import StartRefused
 
     try:
