@@ -30,6 +30,7 @@ STATE = {
     ("Holds", "_hold"): "no pivot's hold requested",
     ("Holds", "_done"): "no hold ended yet",
     ("Checkpointer", "diverged"): "the run has not diverged",
+    ("Checkpointer", "failure"): "no final checkpoint has failed to be written",
 }
 
 
