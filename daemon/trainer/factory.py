@@ -16,13 +16,13 @@ from typing import IO
 
 import torch
 
+from ..checkpoint.training.checkpointer import Checkpointer, Storage
+from ..checkpoint.training.restore import Restorer
 from ..data.encoding_progress import EncodingProgress, describe
 from ..rundir.layout import bind_endpoint, claim
 from ..runtime.exitcodes import ExitCode
 from ..runtime.operator_requests import OperatorRequests
 from ..runtime.sdnotify import Notifier
-from .checkpointing.checkpointer import Checkpointer, Storage
-from .checkpointing.restore import Restorer
 from .context import TrainerContext, starting_status
 from .counters import Counters
 from .evaluation import Evaluation, plan_evaluation

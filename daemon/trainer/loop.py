@@ -7,9 +7,9 @@ a step boundary; each piece lives in its own module:
 
 - factory.py: builds the context (context.py) once, then every collaborator below, resumed;
 - parts.py: the platform, data, model and optimizer; step.py: one optimizer step;
-- restore.py: a checkpoint back into the live state, and whether the resume is exact;
-- checkpointer.py: when and where a checkpoint is written (cadence, boundary, request, final);
-  snapshot.py: what it holds;
+- checkpoint/training/restore.py: a checkpoint back into the live state, and whether the resume
+  is exact; checkpoint/training/checkpointer.py: when and where a checkpoint is written (cadence,
+  boundary, request, final); checkpoint/training/snapshot.py: what it holds;
 - sink.py: where the records go and where the arms come from (fixed mode or the proxy);
 - pivot_boundary.py: the hold at a pivot's boundary, and the roll-back to one;
 - evaluation.py: held-out evaluation and samples; reporting.py: progress, metrics, summary.
@@ -27,12 +27,12 @@ import torch
 
 from andrea.protocol.status import Activity, TrainerStatus
 
+from ..checkpoint.training.checkpointer import Checkpointer
+from ..checkpoint.training.restore import Restorer
 from ..data.livefiles import RESUME_ADVICE, DataWatch, TokensChanged
 from ..metrics.series import ema_update
 from ..rundir.layout import bin_name
 from ..runtime.exitcodes import ExitCode
-from .checkpointing.checkpointer import Checkpointer
-from .checkpointing.restore import Restorer
 from .context import TrainerContext, starting_status
 from .evaluation import Evaluation
 from .links.control_server import ControlServer

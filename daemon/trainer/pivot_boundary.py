@@ -8,10 +8,10 @@ import time
 
 from andrea.protocol.status import Activity
 
+from ..checkpoint.training.checkpointer import Checkpointer
+from ..checkpoint.training.restore import Restorer
 from ..rundir.layout import bin_name
 from ..runtime.operator_requests import REQUESTED_TRIGGERS
-from .checkpointing.checkpointer import Checkpointer
-from .checkpointing.restore import Restorer
 from .context import TrainerContext
 from .links.boundary_hold import Hold
 from .reporting import Reporter

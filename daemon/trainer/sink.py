@@ -269,8 +269,8 @@ def _provisional_segment(run_dir: Path, manifest: Manifest | None) -> int:
     this life (a stop after an accepted config change rewrites the resumed step): one more than
     any life the checkpoint or the log knows, as fixed mode numbers it. A life of its own, so that
     the resume check never compares the cursors with draws of the earlier lives, made under the
-    old config (crosscheck.py). The proxy's number replaces it at the first assignment; 0 for a
-    fresh run, which has nothing to checkpoint before its first step."""
+    old config (checkpoint/training/crosscheck.py). The proxy's number replaces it at the first
+    assignment; 0 for a fresh run, which has nothing to checkpoint before its first step."""
     if manifest is None:
         return 0
     try:

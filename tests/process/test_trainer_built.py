@@ -30,12 +30,17 @@ STATE = {
     ("Holds", "_hold"): "no pivot's hold requested",
     ("Holds", "_done"): "no hold ended yet",
     ("Checkpointer", "diverged"): "the run has not diverged",
+    ("Checkpointer", "failure"): "no final checkpoint has failed to be written",
 }
 
 
 #: Records of plain values (the counters, the options, the data and model, a trained step), whose
 #: None fields mean "not yet" or "none": not collaborators.
 DATA = {"Counters", "TrainerOptions", "Parts", "Platform", "TrainedStep", "EvalPlan"}
+
+#: The packages whose objects the walk follows: the trainer's, and the trainer's side of
+#: checkpoints (the checkpointer, the snapshots, the restorer and its cross-check).
+WALKED = ("andrea.daemon.trainer.", "andrea.daemon.checkpoint.training.")
 
 
 def _tiny(run_dir: Path, cache: Path) -> TrainerOptions:
@@ -61,7 +66,7 @@ def _fields(obj: object) -> dict[str, object]:
 
 def _left_none(trainer: Trainer) -> tuple[list[str], set[str]]:
     """Every attribute that is None without being listed in STATE, of the trainer and of every
-    object of the trainer package it reaches (its context and collaborators, theirs in turn; the
+    object of WALKED's packages it reaches (its context and collaborators, theirs in turn; the
     plain records of values, DATA, are not walked); and the classes walked."""
     found, walked = [], set()
     todo: list[tuple[str, object]] = [("trainer", trainer)]
@@ -74,7 +79,7 @@ def _left_none(trainer: Trainer) -> tuple[list[str], set[str]]:
                 found.append(f"{where}.{name}")
             kind = type(value)
             if (
-                kind.__module__.startswith("andrea.daemon.trainer.")
+                kind.__module__.startswith(WALKED)
                 and kind.__name__ not in DATA
                 and id(value) not in seen
             ):

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from andrea.daemon.checkpoint.manager import CheckpointManager, read_manifest
+from andrea.daemon.checkpoint.training.crosscheck import CrossCheck
 from andrea.daemon.config import CheckpointConfig, build_config
 from andrea.daemon.data.arms import Arm, ArmStream
 from andrea.daemon.rundir.layout import LOSS_FILE
 from andrea.daemon.rundir.losslog import LossLog, read_entries
-from andrea.daemon.trainer.checkpointing.crosscheck import CrossCheck
 from andrea.protocol.lossentry import LossEntry
 
 from ..support.hostile import ARMS, MODEL, snapshot

@@ -17,12 +17,11 @@ from andrea.daemon.checkpoint.manifest import (
 )
 from andrea.daemon.checkpoint.writer import StagingBuffer
 from andrea.daemon.optimizer import FUSED
-
-from ..context import TrainerContext
-from ..platform import distributed as dist
-from ..platform.environment import environment_of
-from ..schedule import scheduler_state
-from ..sink import RecordSink
+from andrea.daemon.trainer.context import TrainerContext
+from andrea.daemon.trainer.platform import distributed as dist
+from andrea.daemon.trainer.platform.environment import environment_of
+from andrea.daemon.trainer.schedule import scheduler_state
+from andrea.daemon.trainer.sink import RecordSink
 
 
 def gather_ranks(ctx: TrainerContext) -> list[RankState] | None:

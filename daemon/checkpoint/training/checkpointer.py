@@ -23,11 +23,11 @@ from andrea.daemon.checkpoint.manifest import Manifest, RankState, Trigger
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import LossLogError
 from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.daemon.trainer.context import TrainerContext
+from andrea.daemon.trainer.links.control_server import ControlServer
+from andrea.daemon.trainer.platform.distributed import Decision
+from andrea.daemon.trainer.sink import RecordSink
 
-from ..context import TrainerContext
-from ..links.control_server import ControlServer
-from ..platform.distributed import Decision
-from ..sink import RecordSink
 from .snapshot import Snapshotter, gather_ranks
 
 log = logging.getLogger(__name__)

@@ -28,12 +28,12 @@ from andrea.daemon.config import (
     trajectory_of,
 )
 from andrea.daemon.rundir.layout import LOSS_FILE, RESOLVED_CONFIG_FILE
+from andrea.daemon.trainer.context import TrainerContext
+from andrea.daemon.trainer.parts import seed_rank_stream
+from andrea.daemon.trainer.platform import distributed as dist
+from andrea.daemon.trainer.platform.environment import environment_of, inexact_changes
 from andrea.protocol.lineage import Lineage, WorldSpan
 
-from ..context import TrainerContext
-from ..parts import seed_rank_stream
-from ..platform import distributed as dist
-from ..platform.environment import environment_of, inexact_changes
 from .crosscheck import CrossCheck
 
 log = logging.getLogger(__name__)

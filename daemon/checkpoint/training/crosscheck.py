@@ -35,9 +35,8 @@ from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import OptimConfig
 from andrea.daemon.data.arms import ArmStream, CursorState
 from andrea.daemon.rundir.losslog import LossCurve, LossLogError, read_columns
+from andrea.daemon.trainer.schedule import lr_at
 from andrea.protocol.lossentry import LossEntry
-
-from ..schedule import lr_at
 
 log = logging.getLogger(__name__)
 
