@@ -25,12 +25,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
 
-from andrea.daemon.rundir.boundedio import FileRejected
-from andrea.daemon.rundir.layout import RUN_DIR_ENV, SocketDirError
-from andrea.daemon.rundir.losslog import LossLogError
-from andrea.daemon.runtime.cliargs import run_dir_path
-
-from .commands import (
+from andrea.control.commands import (
     checkpoints,
     generate,
     history,
@@ -42,7 +37,7 @@ from .commands import (
     tools,
     trainer_requests,
 )
-from .commands.conventions import (
+from andrea.control.commands.conventions import (
     EXIT_CODES,
     EXIT_FAILED,
     EXIT_USAGE,
@@ -50,7 +45,11 @@ from .commands.conventions import (
     CommandFailed,
     UserError,
 )
-from .commands.failures import UsageError, failed, usage_error
+from andrea.control.commands.failures import UsageError, failed, usage_error
+from andrea.daemon.rundir.boundedio import FileRejected
+from andrea.daemon.rundir.layout import RUN_DIR_ENV, SocketDirError
+from andrea.daemon.rundir.losslog import LossLogError
+from andrea.daemon.runtime.cliargs import run_dir_path
 
 #: Every subcommand, in the order `andreactl --help` lists them.
 COMMANDS: tuple[Command, ...] = (

@@ -17,15 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from andrea.control.export.bundle import REPORT_NAME, ExportRefused, build_model, select_checkpoint
+from andrea.control.export.hf import HF_DIR
+from andrea.control.export.tokenizer import TokenizerProblem, load_export_tokenizer, run_tokenizer
 from andrea.daemon.checkpoint.manager import checkpoint_steps
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import MAX_TEMPERATURE, SEED_LIMIT
 from andrea.daemon.data.tokenizer import RunTokenizer
 from andrea.daemon.model import GPT, next_token
-
-from .export.bundle import REPORT_NAME, ExportRefused, build_model, select_checkpoint
-from .export.hf import HF_DIR
-from .export.tokenizer import TokenizerProblem, load_export_tokenizer, run_tokenizer
 
 #: The most tokens one continuation may have: far beyond a page of text, and a bound on a typo's
 #: run time (10**12 would sample for ever).

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from andrea.control.reports import CheckpointInfo, OfflineSummary
 from andrea.daemon.metrics.series import ema_update
 from andrea.daemon.mixing.proxyfiles import MAX_STATE_BYTES
 from andrea.daemon.rundir.boundedio import (
@@ -42,8 +43,6 @@ from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lineage import Lineage, WorldSpan
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import RewardReport
-
-from .reports import CheckpointInfo, OfflineSummary
 
 #: The loss EMA is computed from the tail of .loss.json: 256 KiB hold about 1,000 entries, and an
 #: entry 1,000 steps back weighs 0.9**1000 (about 1e-46) in the EMA, below float64's resolution.

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from andrea.control import reports, sizing
 from andrea.daemon.config import RunConfig
 from andrea.daemon.data.batch_split import BatchShape
-
-from . import reports, sizing
 
 GB = 10**9
 GiB = 2**30

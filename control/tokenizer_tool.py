@@ -19,6 +19,9 @@ from glob import glob
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from andrea.control import reports
+from andrea.control.commands.conventions import UserError
+from andrea.control.commands.formatting import human_bytes
 from andrea.daemon.checkpoint.manager import checkpoint_steps
 from andrea.daemon.config import (
     DEFAULT_MAX_DOCUMENT_BYTES,
@@ -54,10 +57,6 @@ from andrea.daemon.data.tokenizer import (
 from andrea.daemon.rundir.boundedio import irregular
 from andrea.daemon.rundir.durable import atomic_write_bytes
 from andrea.daemon.rundir.layout import CONFIG_FILE
-
-from . import reports
-from .commands.conventions import UserError
-from .commands.formatting import human_bytes
 
 if TYPE_CHECKING:  # imported where a tokenizer is trained: the other commands need none of it
     from tokenizers import Tokenizer

@@ -22,18 +22,17 @@ from typing import Annotated, Any, ClassVar, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
-
-from .data.heldout import DEFAULT_FRACTION
-from .rundir.boundedio import FileRejected, read_bounded
-from .rundir.durable import atomic_write_bytes
-from .rundir.layout import (
+from andrea.daemon.data.heldout import DEFAULT_FRACTION
+from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
+from andrea.daemon.rundir.durable import atomic_write_bytes
+from andrea.daemon.rundir.layout import (
     APPLIED_CONFIG_FILE,
     CONFIG_FILE,
     RESOLVED_CONFIG_FILE,
     recorded_config,
 )
-from .runtime.validation_messages import Note, describe
+from andrea.daemon.runtime.validation_messages import Note, describe
+from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
 

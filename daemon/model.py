@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import GREEDY_BELOW, ModelConfig
+from andrea.daemon.config import GREEDY_BELOW, ModelConfig
 
 
 def _cpu_training_dropout(x: torch.Tensor, p: float) -> bool:

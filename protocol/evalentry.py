@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from .lossentry import _decode_loss
+from andrea.protocol.lossentry import _decode_loss
 
 
 class ArmEval(BaseModel):

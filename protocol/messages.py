@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from .evalentry import EvalEntry
-from .limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
-from .lossentry import MAX_STEP, LossEntry
+from andrea.protocol.evalentry import EvalEntry
+from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
+from andrea.protocol.lossentry import MAX_STEP, LossEntry
 
 MAX_MESSAGE_BYTES = 4 << 20
 #: 2: a `hello` names its process (`pid`) and its life's secret (`life`).

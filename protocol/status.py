@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .evalentry import EvalEntry
-from .lineage import Lineage
+from andrea.protocol.evalentry import EvalEntry
+from andrea.protocol.lineage import Lineage
 
 
 class Activity(StrEnum):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import zmq
 
-from .messages import MAX_MESSAGE_BYTES, Message, _Msg, decode, encode
+from andrea.protocol.messages import MAX_MESSAGE_BYTES, Message, _Msg, decode, encode
 
 
 class Unreachable(RuntimeError):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .support.daemons import LIVE
-from .support.scheduling import FileSeconds, load_seconds, longest_first
+from tests.support.daemons import LIVE
+from tests.support.scheduling import FileSeconds, load_seconds, longest_first
 
 # pytester runs pytest in-process: tests/unit/test_tiers.py checks the rules below with it.
 pytest_plugins = ["pytester"]
@@ -107,7 +107,7 @@ def real_systemd(tmp_path_factory: pytest.TempPathFactory):
     """A real systemd booted once for the module, PID 1 of private namespaces, with the units
     installed by scripts/install-units.sh (tests/support/realsystemd.py); killed at the end. Skips, with
     the reason, where it cannot boot (no root, no unshare, no systemd)."""
-    from .support.realsystemd import SystemdMachine, unavailable
+    from tests.support.realsystemd import SystemdMachine, unavailable
 
     if why := unavailable():
         pytest.skip(why)
@@ -123,6 +123,6 @@ def real_systemd(tmp_path_factory: pytest.TempPathFactory):
 def audited_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     """A finished real run with two restarts, a pivot, a zombie arm and an audit checkpoint
     (tests/support/audited_run.py). Shared and read-only: a test that changes it copies it first."""
-    from .support.audited_run import make_audited_run
+    from tests.support.audited_run import make_audited_run
 
     return make_audited_run(tmp_path_factory.mktemp("audited"), cache_dir)

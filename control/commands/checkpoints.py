@@ -8,9 +8,9 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .. import reports
-from .conventions import EXIT_OK, Command, UserError, emit
-from .formatting import ago, human_bytes
+from andrea.control import reports
+from andrea.control.commands.conventions import EXIT_OK, Command, UserError, emit
+from andrea.control.commands.formatting import ago, human_bytes
 
 if TYPE_CHECKING:
     from andrea.daemon.checkpoint.catalog import Entry

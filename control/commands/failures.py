@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..reports import ErrorReport, utc_now
-from .conventions import EXIT_USAGE
+from andrea.control.commands.conventions import EXIT_USAGE
+from andrea.control.reports import ErrorReport, utc_now
 
 
 class UsageError(Exception):

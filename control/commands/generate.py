@@ -10,11 +10,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from andrea.control import reports
+from andrea.control.commands.conventions import EXIT_OK, Command, UserError, emit
 from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
 from andrea.daemon.rundir.layout import RUN_DIR_ENV
-
-from .. import reports
-from .conventions import EXIT_OK, Command, UserError, emit
 
 if TYPE_CHECKING:
     from andrea.daemon.data.tokenizer import RunTokenizer

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea.control import reports
+from andrea.control.commands.conventions import EXIT_OK, Command, CommandFailed, UserError, emit
+from andrea.control.commands.formatting import eval_text
 from andrea.daemon.metrics.series import arm_loss_ema
 from andrea.daemon.mixing.proxyfiles import MAX_SAMPLES_BYTES
 from andrea.daemon.rundir.boundedio import read_json
 from andrea.daemon.rundir.evallog import canonical_evals, last_eval, read_evals
 from andrea.daemon.rundir.layout import EVAL_FILE, LOSS_FILE, SAMPLES_FILE, pivot_records
 from andrea.daemon.rundir.losslog import LossCurve, read_curve
-
-from .. import reports
-from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
-from .formatting import eval_text
 
 
 def _stamp(t: float) -> datetime:

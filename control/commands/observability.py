@@ -8,15 +8,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from andrea.control import reports
+from andrea.control.commands.conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 from andrea.daemon.metrics import files
 from andrea.daemon.metrics.tensorboard import export_tensorboard
 from andrea.daemon.rundir.evallog import canonical_evals, read_evals
 from andrea.daemon.rundir.layout import EVAL_FILE, LOSS_FILE
 from andrea.daemon.rundir.losslog import LossCurve, read_curve
 from andrea.protocol.evalentry import EvalEntry
-
-from .. import reports
-from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
 
 
 def _plot_arguments(parser: argparse.ArgumentParser) -> None:

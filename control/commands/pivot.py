@@ -23,15 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from andrea.control import reports
+from andrea.control.commands.conventions import EXIT_OK, Command, CommandFailed, UserError, emit
+from andrea.control.commands.daemons import ask
+from andrea.control.commands.status import status_report
 from andrea.daemon.rundir.layout import PIVOT_LOCK
 from andrea.protocol import messages
 from andrea.protocol.status import Activity, HoldState, HoldStatus, ProxyStatus, TrainerStatus
 from andrea.protocol.transport import new_id
-
-from .. import reports
-from .conventions import EXIT_OK, Command, CommandFailed, UserError, emit
-from .daemons import ask
-from .status import status_report
 
 #: How much older than the moment it is read a trainer's status can be (it is cached for 0.1 s).
 STATUS_LAG_S = 1.0

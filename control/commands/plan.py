@@ -12,6 +12,19 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from andrea.control import datasize, reports, sizing
+from andrea.control.commands.conventions import EXIT_OK, Command, UserError, emit
+from andrea.control.offline import tail_entries
+from andrea.control.planning import (
+    GB,
+    GPUS,
+    GiB,
+    GpuSpec,
+    PlanInputs,
+    gpu_of,
+    make_plan,
+    steps_in_window,
+)
 from andrea.daemon.config import (
     PRESETS,
     ConfigError,
@@ -22,11 +35,6 @@ from andrea.daemon.config import (
 )
 from andrea.daemon.data.batch_split import batch_shape, step_sequences
 from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, RUN_DIR_ENV, recorded_config
-
-from .. import datasize, reports, sizing
-from ..offline import tail_entries
-from ..planning import GB, GPUS, GiB, GpuSpec, PlanInputs, gpu_of, make_plan, steps_in_window
-from .conventions import EXIT_OK, Command, UserError, emit
 
 DEFAULT_MFU = 0.30
 

@@ -10,6 +10,18 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
+from andrea.control import reports
+from andrea.control.commands.conventions import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STOPPED,
+    Command,
+    emit,
+    no_arguments,
+)
+from andrea.control.commands.daemons import ask
+from andrea.control.commands.formatting import ago, eval_text, reward_lines
+from andrea.control.offline import daemon_running, lock_holder, offline_summary, process_paused
 from andrea.daemon.data.encoding_progress import describe as describe_preparation
 from andrea.daemon.rundir.boundedio import read_bounded
 from andrea.daemon.rundir.layout import CONFIG_FILE
@@ -17,12 +29,6 @@ from andrea.daemon.runtime.progress import format_duration
 from andrea.protocol import messages
 from andrea.protocol.status import Activity, ProxyStatus, TrainerStatus
 from andrea.protocol.transport import new_id
-
-from .. import reports
-from ..offline import daemon_running, lock_holder, offline_summary, process_paused
-from .conventions import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, Command, emit, no_arguments
-from .daemons import ask
-from .formatting import ago, eval_text, reward_lines
 
 
 def status_report(run_dir: Path) -> reports.StatusReport:

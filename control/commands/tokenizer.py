@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from .conventions import EXIT_OK, Command, UserError, emit
+from andrea.control.commands.conventions import EXIT_OK, Command, UserError, emit
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:

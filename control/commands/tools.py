@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from .. import reports, verify_options
-from .conventions import EXIT_OK, Command
+from andrea.control import reports, verify_options
+from andrea.control.commands.conventions import EXIT_OK, Command
 
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:

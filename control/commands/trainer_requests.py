@@ -12,13 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, is_run_dir
-from andrea.protocol import messages
-from andrea.protocol.transport import PeerGone, new_id
-
-from .. import reports
-from ..offline import daemon_running, lock_holder, process_running, run_processes
-from .conventions import (
+from andrea.control import reports
+from andrea.control.commands.conventions import (
     EXIT_FAILED,
     EXIT_GONE,
     EXIT_OK,
@@ -28,7 +23,11 @@ from .conventions import (
     UserError,
     emit,
 )
-from .daemons import ask
+from andrea.control.commands.daemons import ask
+from andrea.control.offline import daemon_running, lock_holder, process_running, run_processes
+from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE, is_run_dir
+from andrea.protocol import messages
+from andrea.protocol.transport import PeerGone, new_id
 
 #: What exit code 4 of a waiting request means (--help and docs/andreactl.md).
 GONE_MEANS = "with --wait: the trainer exited without answering (killed, or ended first)"

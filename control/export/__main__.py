@@ -2,6 +2,6 @@
 
 import sys
 
-from .bundle import main
+from andrea.control.export.bundle import main
 
 sys.exit(main())

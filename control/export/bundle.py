@@ -48,6 +48,23 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from andrea.control.export import card as export_card
+from andrea.control.export import hf as export_hf
+from andrea.control.export.resume import resume_recipe
+from andrea.control.export.sources import audit_sources, offenders
+from andrea.control.export.tokenizer import (
+    TOKENIZER_NAME,
+    ExportTokenizer,
+    TokenizerProblem,
+    load_export_tokenizer,
+    readme_fields,
+    round_trip_text,
+    run_tokenizer,
+    unknown_makers,
+    unknown_note,
+)
+from andrea.control.export.tokenizer import record as tokenizer_record
+from andrea.control.reports import ErrorReport, utc_now
 from andrea.daemon.checkpoint import format as checkpoint_format
 from andrea.daemon.checkpoint.manager import (
     Loaded,
@@ -75,24 +92,6 @@ from andrea.daemon.rundir.evallog import EvalEntry, canonical_evals, read_evals
 from andrea.daemon.rundir.layout import CONFIG_FILE, EVAL_FILE, LOSS_FILE
 from andrea.daemon.rundir.losslog import LossLogError, read_curve
 from andrea.protocol.lineage import Lineage
-
-from ..reports import ErrorReport, utc_now
-from . import card as export_card
-from . import hf as export_hf
-from .resume import resume_recipe
-from .sources import audit_sources, offenders
-from .tokenizer import (
-    TOKENIZER_NAME,
-    ExportTokenizer,
-    TokenizerProblem,
-    load_export_tokenizer,
-    readme_fields,
-    round_trip_text,
-    run_tokenizer,
-    unknown_makers,
-    unknown_note,
-)
-from .tokenizer import record as tokenizer_record
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from andrea.control.export.hf import HF_DIR, default_new_tokens
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import ConfigError, ExportConfig, load_toml
 from andrea.daemon.data.arms import CursorState
@@ -29,8 +30,6 @@ from andrea.daemon.rundir.evallog import EvalEntry
 from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE
 from andrea.daemon.rundir.losslog import LossLogError, read_curve
 from andrea.daemon.runtime.validation_messages import describe
-
-from .hf import HF_DIR, default_new_tokens
 
 #: What transformers raises past the model's last position (GPT-2's position embedding).
 PAST_CONTEXT_ERROR = "IndexError: index out of range in self"

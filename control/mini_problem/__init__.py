@@ -18,18 +18,21 @@ version, data identity, versions), :mod:`.validation` (what a checkpoint must sa
 summarise) and :mod:`.cli`. The code version hashes every module of the package.
 """
 
-from andrea.control.verify_options import (
-    SCHEDULER_AFTER_OPTIMIZER,
-    SKIP_DATA_CURSOR,
-    SKIP_NUMPY_RNG,
-    SKIP_OPTIMIZER_STATE,
+from andrea.control.mini_problem.checkpoint import load_checkpoint, save_checkpoint
+from andrea.control.mini_problem.experiment import (
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    make_dataset,
 )
-
-from .checkpoint import load_checkpoint, save_checkpoint
-from .experiment import build_model, build_optimizer, build_scheduler, make_dataset
-from .identity import code_version, current_identity, data_identity, source_files
-from .run import train
-from .schema import (
+from andrea.control.mini_problem.identity import (
+    code_version,
+    current_identity,
+    data_identity,
+    source_files,
+)
+from andrea.control.mini_problem.run import train
+from andrea.control.mini_problem.schema import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
     SABOTAGES,
@@ -43,6 +46,12 @@ from .schema import (
     MiniSummary,
     Refused,
     ResumeInfo,
+)
+from andrea.control.verify_options import (
+    SCHEDULER_AFTER_OPTIMIZER,
+    SKIP_DATA_CURSOR,
+    SKIP_NUMPY_RNG,
+    SKIP_OPTIMIZER_STATE,
 )
 
 __all__ = [

@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from andrea.control.mini_problem.cli import main
 
 sys.exit(main())

@@ -12,11 +12,20 @@ from typing import Any
 
 import torch
 
+from andrea.control.mini_problem.experiment import LiveRun, generator_states
+from andrea.control.mini_problem.schema import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    CheckpointInfo,
+    Identity,
+    LoadedCheckpoint,
+)
+from andrea.control.mini_problem.validation import (
+    check_consistency,
+    check_identity,
+    parse_checkpoint,
+)
 from andrea.daemon.rundir.durable import atomic_write_bytes
-
-from .experiment import LiveRun, generator_states
-from .schema import CHECKPOINT_FORMAT, CheckpointError, CheckpointInfo, Identity, LoadedCheckpoint
-from .validation import check_consistency, check_identity, parse_checkpoint
 
 
 def checkpoint_payload(run: LiveRun, identity: Identity) -> dict[str, Any]:

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from .run import train
-from .schema import SABOTAGES, Refused
+from andrea.control.mini_problem.run import train
+from andrea.control.mini_problem.schema import SABOTAGES, Refused
 
 log = logging.getLogger(__name__)
 

@@ -12,14 +12,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from andrea.control.mini_problem.schema import (
+    PEEKED_DRAWS,
+    LoadedCheckpoint,
+    MiniConfig,
+    NextDraws,
+    StepRecord,
+)
 from andrea.control.verify_options import (
     SCHEDULER_AFTER_OPTIMIZER,
     SKIP_DATA_CURSOR,
     SKIP_NUMPY_RNG,
     SKIP_OPTIMIZER_STATE,
 )
-
-from .schema import PEEKED_DRAWS, LoadedCheckpoint, MiniConfig, NextDraws, StepRecord
 
 log = logging.getLogger(__name__)
 

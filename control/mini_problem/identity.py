@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .experiment import make_dataset
-from .schema import Identity, MiniConfig, Versions
+from andrea.control.mini_problem.experiment import make_dataset
+from andrea.control.mini_problem.schema import Identity, MiniConfig, Versions
 
 #: The mini problem's package: its source, all of it, is the code version.
 PACKAGE_DIR = Path(__file__).resolve().parent

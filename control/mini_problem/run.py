@@ -11,10 +11,12 @@ from typing import Any
 import torch
 from pydantic import JsonValue
 
-from andrea.daemon.rundir.durable import atomic_write_bytes
-
-from .checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
-from .experiment import (
+from andrea.control.mini_problem.checkpoint import (
+    checkpoint_payload,
+    load_checkpoint,
+    save_checkpoint,
+)
+from andrea.control.mini_problem.experiment import (
     LiveRun,
     configure_torch,
     evaluate,
@@ -24,8 +26,8 @@ from .experiment import (
     resumed_run,
     train_step,
 )
-from .identity import code_version, current_versions, data_identity
-from .schema import (
+from andrea.control.mini_problem.identity import code_version, current_versions, data_identity
+from andrea.control.mini_problem.schema import (
     CHECKPOINT_NAME,
     SUMMARY_FORMAT,
     SUMMARY_NAME,
@@ -37,6 +39,7 @@ from .schema import (
     Refused,
     ResumeInfo,
 )
+from andrea.daemon.rundir.durable import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import torch
 from pydantic import BaseModel, ValidationError
 
-from .experiment import build_model, build_optimizer, build_scheduler
-from .schema import (
+from andrea.control.mini_problem.experiment import build_model, build_optimizer, build_scheduler
+from andrea.control.mini_problem.schema import (
     CHECKPOINT_FORMAT,
     CheckpointError,
     Identity,

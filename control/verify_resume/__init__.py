@@ -34,9 +34,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from andrea.control.verify_options import add_arguments
-
-from .mini import run_mini
-from .trainer import TrainerLaunch, check_user_config, run_trainer
+from andrea.control.verify_resume.mini import run_mini
+from andrea.control.verify_resume.trainer import TrainerLaunch, check_user_config, run_trainer
 
 
 class ProblemOptions(BaseModel):

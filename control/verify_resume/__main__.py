@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from andrea.control.verify_resume import main
 
 sys.exit(main())

@@ -10,8 +10,7 @@ from pydantic import ValidationError
 
 from andrea.control import mini_problem as mini
 from andrea.control.compare import Comparison, compare_all
-
-from .engine import (
+from andrea.control.verify_resume.engine import (
     CONTINUOUS,
     FULL_RESUME,
     NO_RNG_RESUME,

@@ -15,15 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from andrea.control.compare import Comparison, compare_all, compare_arrays
 from andrea.control.verify_options import TRAINER_SABOTAGES
-from andrea.daemon.checkpoint import format as checkpoint_format
-from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
-from andrea.daemon.checkpoint.manifest import Manifest
-from andrea.daemon.data.tokenizer import BYTES
-from andrea.daemon.rundir.layout import LOSS_FILE, bin_name
-from andrea.daemon.rundir.losslog import LossLogError, canonical_curve, read_entries
-from andrea.protocol.lossentry import LossEntry
-
-from .engine import (
+from andrea.control.verify_resume.engine import (
     CONTINUOUS,
     FULL_RESUME,
     NO_CURSOR_RESUME,
@@ -41,6 +33,13 @@ from .engine import (
     _verify,
     run_path,
 )
+from andrea.daemon.checkpoint import format as checkpoint_format
+from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
+from andrea.daemon.checkpoint.manifest import Manifest
+from andrea.daemon.data.tokenizer import BYTES
+from andrea.daemon.rundir.layout import LOSS_FILE, bin_name
+from andrea.daemon.rundir.losslog import LossLogError, canonical_curve, read_entries
+from andrea.protocol.lossentry import LossEntry
 
 #: The real trainer: tolerance 0, because the trainer promises bit-exact resumes on the same device,
 #: dtype and thread count, so any difference at all is a resume bug, not rounding.

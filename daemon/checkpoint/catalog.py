@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..rundir import layout as rundir
-from ..rundir.boundedio import parse_json, read_inside, read_json, regular_size
-from .manager import checkpoint_steps, verify_checkpoint
+from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
+from andrea.daemon.rundir import layout as rundir
+from andrea.daemon.rundir.boundedio import parse_json, read_inside, read_json, regular_size
 
 
 @dataclass(frozen=True)

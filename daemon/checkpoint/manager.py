@@ -32,15 +32,8 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from ..config import CheckpointConfig, ModelConfig, config_changes, trajectory_of
-from ..data.tokenizer import describe_identity
-from ..rundir import layout as rundir
-from ..rundir.boundedio import FileRejected, read_bounded, read_json, regular_size
-from ..rundir.durable import atomic_write_bytes, fsync_dir, stage
-from ..runtime.operator_requests import REQUESTED_TRIGGERS
-from ..runtime.validation_messages import first_problem
-from . import format as checkpoint_format
-from .manifest import (
+from andrea.daemon.checkpoint import format as checkpoint_format
+from andrea.daemon.checkpoint.manifest import (
     FORMAT_VERSION,
     MAX_MANIFEST_BYTES,
     LayoutEntry,
@@ -49,7 +42,14 @@ from .manifest import (
     decode_manifest,
     encode_manifest,
 )
-from .writer import BackgroundWriter, read_payload_into, stage_payload
+from andrea.daemon.checkpoint.writer import BackgroundWriter, read_payload_into, stage_payload
+from andrea.daemon.config import CheckpointConfig, ModelConfig, config_changes, trajectory_of
+from andrea.daemon.data.tokenizer import describe_identity
+from andrea.daemon.rundir import layout as rundir
+from andrea.daemon.rundir.boundedio import FileRejected, read_bounded, read_json, regular_size
+from andrea.daemon.rundir.durable import atomic_write_bytes, fsync_dir, stage
+from andrea.daemon.runtime.operator_requests import REQUESTED_TRIGGERS
+from andrea.daemon.runtime.validation_messages import first_problem
 
 log = logging.getLogger(__name__)
 

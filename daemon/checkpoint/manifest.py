@@ -20,16 +20,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from andrea.daemon.checkpoint import format as checkpoint_format
+from andrea.daemon.checkpoint.rngstate import SHAPE_ONLY, RngState
+from andrea.daemon.config import ModelConfig
+from andrea.daemon.data.arms import CursorState
+from andrea.daemon.rundir import layout as rundir
+from andrea.daemon.runtime.operator_requests import CheckpointReason, StopReason
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lineage import Lineage, WorldSpan
 from andrea.protocol.lossentry import HeldoutLoss, LossEntry
-
-from ..config import ModelConfig
-from ..data.arms import CursorState
-from ..rundir import layout as rundir
-from ..runtime.operator_requests import CheckpointReason, StopReason
-from . import format as checkpoint_format
-from .rngstate import SHAPE_ONLY, RngState
 
 FORMAT_VERSION: Literal[2] = 2
 #: Format 1 had no content hash; it is read, never written.

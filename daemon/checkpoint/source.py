@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from andrea.daemon.checkpoint import format as checkpoint_format
+from andrea.daemon.checkpoint.manager import verify_payload
+from andrea.daemon.checkpoint.manifest import MAX_MANIFEST_BYTES, Manifest, decode_manifest
+from andrea.daemon.config import ModelConfig
+from andrea.daemon.rundir import layout as rundir
+from andrea.daemon.rundir.boundedio import irregular, read_bounded
 from andrea.protocol.lineage import InitSource
-
-from ..config import ModelConfig
-from ..rundir import layout as rundir
-from ..rundir.boundedio import irregular, read_bounded
-from . import format as checkpoint_format
-from .manager import verify_payload
-from .manifest import MAX_MANIFEST_BYTES, Manifest, decode_manifest
 
 #: What makes two models the same shape: every setting but dropout, which holds no parameter.
 SHAPE_FIELDS = tuple(k for k in ModelConfig.model_fields if k != "dropout")

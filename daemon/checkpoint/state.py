@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..optimizer import AdamW
-from . import format as checkpoint_format
-from .manifest import LayoutEntry
+from andrea.daemon.checkpoint import format as checkpoint_format
+from andrea.daemon.checkpoint.manifest import LayoutEntry
+from andrea.daemon.optimizer import AdamW
 
 
 def _views(flat: np.ndarray, layout: Sequence[LayoutEntry]) -> list[torch.Tensor]:

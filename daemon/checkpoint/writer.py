@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..rundir.durable import commit, tmp_path
-from . import format as checkpoint_format
+from andrea.daemon.checkpoint import format as checkpoint_format
+from andrea.daemon.rundir.durable import commit, tmp_path
 
 if TYPE_CHECKING:  # imported where it is used: a read of a payload needs no torch
     import torch

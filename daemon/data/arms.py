@@ -30,17 +30,15 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ..config import DEFAULT_MAX_DOCUMENT_BYTES, FILE_KINDS, ArmSpec, DataConfig
-from ..rundir.boundedio import FileRejected, read_bounded
-from ..rundir.durable import atomic_write_bytes
-from . import corpus, heldout, tokencache
-from .compression import sampled
-from .encoding import Document, read_record, split_paths, write_arm
-from .encoding_progress import EncodingProgress
-from .livefiles import TokenFile, guard_arm
-from .nanogpt_meta import META_NAME, MetaRefused, read_meta, tokenizer_json
-from .parquet import parquet_documents
-from .sources import (
+from andrea.daemon.config import DEFAULT_MAX_DOCUMENT_BYTES, FILE_KINDS, ArmSpec, DataConfig
+from andrea.daemon.data import corpus, heldout, tokencache
+from andrea.daemon.data.compression import sampled
+from andrea.daemon.data.encoding import Document, read_record, split_paths, write_arm
+from andrea.daemon.data.encoding_progress import EncodingProgress
+from andrea.daemon.data.livefiles import TokenFile, guard_arm
+from andrea.daemon.data.nanogpt_meta import META_NAME, MetaRefused, read_meta, tokenizer_json
+from andrea.daemon.data.parquet import parquet_documents
+from andrea.daemon.data.sources import (
     DEFAULT_FIELD,
     DataError,
     Meter,
@@ -52,8 +50,21 @@ from .sources import (
     oversize_text,
     text_documents,
 )
-from .token_files import TokenLayout, llmc_header, open_token_file, validation_sibling
-from .tokenizer import BYTES, RunTokenizer, check_vocab, load_tokenizer, tokenizer_identity
+from andrea.daemon.data.token_files import (
+    TokenLayout,
+    llmc_header,
+    open_token_file,
+    validation_sibling,
+)
+from andrea.daemon.data.tokenizer import (
+    BYTES,
+    RunTokenizer,
+    check_vocab,
+    load_tokenizer,
+    tokenizer_identity,
+)
+from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
+from andrea.daemon.rundir.durable import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ConfigError, RunConfig, one_of
+from andrea.daemon.config import ConfigError, RunConfig, one_of
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .tokenizer import BYTES, RunTokenizer
+from andrea.daemon.data.tokenizer import BYTES, RunTokenizer
 
 #: Bytes of documents a sample holds (the last one cut there): enough for the figures, and little
 #: enough (milliseconds) that a stop during a first start is not kept waiting.

@@ -20,7 +20,7 @@ import tokenize
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .sources import Roots, check_stop, file_digest
+from andrea.daemon.data.sources import Roots, check_stop, file_digest
 
 PARTS = ("docstrings", "code", "comments")
 #: Bump when the extraction rules change: it is part of every stdlib arm's identity.

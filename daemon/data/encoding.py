@@ -30,11 +30,11 @@ from typing import BinaryIO, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..rundir.boundedio import FileRejected, read_bounded
-from ..rundir.durable import atomic_write_bytes, fsync_dir, tmp_path
-from . import heldout, partial
-from .sources import DataError, Stop, check_stop
-from .tokenizer import BYTES, RunTokenizer
+from andrea.daemon.data import heldout, partial
+from andrea.daemon.data.sources import DataError, Stop, check_stop
+from andrea.daemon.data.tokenizer import BYTES, RunTokenizer
+from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
+from andrea.daemon.rundir.durable import atomic_write_bytes, fsync_dir, tmp_path
 
 log = logging.getLogger(__name__)
 

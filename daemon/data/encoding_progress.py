@@ -14,10 +14,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from andrea.daemon.data.sources import Meter
+from andrea.daemon.runtime.progress import format_duration
 from andrea.protocol.status import DataPreparation
-
-from ..runtime.progress import format_duration
-from .sources import Meter
 
 log = logging.getLogger(__name__)
 

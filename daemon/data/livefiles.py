@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import heldout
-from .sources import DataError
+from andrea.daemon.data import heldout
+from andrea.daemon.data.sources import DataError
 
 if TYPE_CHECKING:  # arms.py imports this module
-    from .arms import Arm
+    from andrea.daemon.data.arms import Arm
 
 #: What the trainer tells a person after a token file changed under it (the log and the docs).
 RESUME_ADVICE = (

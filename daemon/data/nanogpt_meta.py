@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..rundir.boundedio import FileRejected, read_bounded
+from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
 
 #: nanoGPT's name for it, beside the token files.
 META_NAME = "meta.pkl"

@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkpoint.manager import checkpoint_steps, read_manifest
-from ..config import RunConfig, build_config, load_toml
-from .heldout import DEFAULT_FRACTION
-from .nanogpt_meta import is_meta
-from .tokenizer import RunTokenizer, check_vocab, load_tokenizer, padded_vocab
+from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest
+from andrea.daemon.config import RunConfig, build_config, load_toml
+from andrea.daemon.data.heldout import DEFAULT_FRACTION
+from andrea.daemon.data.nanogpt_meta import is_meta
+from andrea.daemon.data.tokenizer import RunTokenizer, check_vocab, load_tokenizer, padded_vocab
 
 
 @dataclass(frozen=True)

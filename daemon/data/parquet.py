@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..config import DEFAULT_MAX_DOCUMENT_BYTES, ConfigError
-from .sources import (
+from andrea.daemon.config import DEFAULT_MAX_DOCUMENT_BYTES, ConfigError
+from andrea.daemon.data.sources import (
     DataError,
     Meter,
     RegularReader,

@@ -30,10 +30,10 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..rundir.boundedio import FileRejected, open_regular, read_bounded
-from ..rundir.durable import atomic_write_bytes, fsync_dir
-from .sources import Stop, check_stop
-from .tokenizer import RunTokenizer
+from andrea.daemon.data.sources import Stop, check_stop
+from andrea.daemon.data.tokenizer import RunTokenizer
+from andrea.daemon.rundir.boundedio import FileRejected, open_regular, read_bounded
+from andrea.daemon.rundir.durable import atomic_write_bytes, fsync_dir
 
 log = logging.getLogger(__name__)
 

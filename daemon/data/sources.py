@@ -40,12 +40,12 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..config import DEFAULT_MAX_DOCUMENT_BYTES, ArmSpec
-from ..rundir.boundedio import FileRejected, open_regular
-from ..rundir.layout import ARCHIVE_DIR, is_run_file
-from .globbing import expand, split_pattern
-from .zstdstream import SUFFIX as ZSTD_SUFFIX
-from .zstdstream import ZstdDataError, ZstdReader
+from andrea.daemon.config import DEFAULT_MAX_DOCUMENT_BYTES, ArmSpec
+from andrea.daemon.data.globbing import expand, split_pattern
+from andrea.daemon.data.zstdstream import SUFFIX as ZSTD_SUFFIX
+from andrea.daemon.data.zstdstream import ZstdDataError, ZstdReader
+from andrea.daemon.rundir.boundedio import FileRejected, open_regular
+from andrea.daemon.rundir.layout import ARCHIVE_DIR, is_run_file
 
 log = logging.getLogger(__name__)
 

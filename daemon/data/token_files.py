@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..rundir.boundedio import irregular
-from ..rundir.durable import atomic_write_bytes
-from .encoding import TokensRecord, record_path
-from .nanogpt_meta import META_NAME
-from .sources import DataError, SourceRejected
-from .tokenizer import BYTES, RunTokenizer
+from andrea.daemon.data.encoding import TokensRecord, record_path
+from andrea.daemon.data.nanogpt_meta import META_NAME
+from andrea.daemon.data.sources import DataError, SourceRejected
+from andrea.daemon.data.tokenizer import BYTES, RunTokenizer
+from andrea.daemon.rundir.boundedio import irregular
+from andrea.daemon.rundir.durable import atomic_write_bytes
 
 #: llm.c's header: 256 int32, the ids after it.
 LLMC_HEADER_INTS = 256

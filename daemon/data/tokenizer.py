@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import MAX_VOCAB_SIZE, ConfigError
-from ..rundir.boundedio import FileRejected, read_bounded
-from .nanogpt_meta import MetaRefused, is_meta, read_meta, tokenizer_json
+from andrea.daemon.config import MAX_VOCAB_SIZE, ConfigError
+from andrea.daemon.data.nanogpt_meta import MetaRefused, is_meta, read_meta, tokenizer_json
+from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
 
 #: `[data] tokenizer` of the byte-level tokenizer.
 BYTES = "bytes"

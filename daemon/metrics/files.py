@@ -18,9 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from andrea.daemon.metrics.series import arm_loss_ema, loss_ema, tokens_per_second
 from andrea.daemon.rundir.losslog import LossCurve
-
-from .series import arm_loss_ema, loss_ema, tokens_per_second
 
 COLUMNS = (
     "step",

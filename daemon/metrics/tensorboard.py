@@ -31,11 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.daemon.rundir.losslog import LossCurve
-from andrea.protocol.evalentry import EvalEntry
-from andrea.protocol.lossentry import LossEntry
-
-from .series import (
+from andrea.daemon.metrics.series import (
     arm_loss_ema,
     default_window,
     ema_update,
@@ -43,6 +39,9 @@ from .series import (
     rolling_share,
     tokens_per_second,
 )
+from andrea.daemon.rundir.losslog import LossCurve
+from andrea.protocol.evalentry import EvalEntry
+from andrea.protocol.lossentry import LossEntry
 
 TAGS = {
     "loss": "loss/train",

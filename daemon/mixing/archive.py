@@ -15,11 +15,19 @@ from pathlib import Path
 
 import tomli_w
 
-from andrea.protocol import messages
-
-from ..rundir.boundedio import read_bounded, read_inside, read_json_inside
-from ..rundir.durable import atomic_write_bytes
-from ..rundir.layout import (
+from andrea.daemon.mixing.bandit import Bandit
+from andrea.daemon.mixing.policy import Policy
+from andrea.daemon.mixing.proxyfiles import (
+    MAX_SAMPLES_BYTES,
+    MAX_STATE_BYTES,
+    SampleRecord,
+    SamplesFile,
+    empty_samples,
+    now_utc,
+)
+from andrea.daemon.rundir.boundedio import read_bounded, read_inside, read_json_inside
+from andrea.daemon.rundir.durable import atomic_write_bytes
+from andrea.daemon.rundir.layout import (
     MAX_PIVOT_RECORD_BYTES,
     PIVOT_RECORD,
     POLICY_FILE,
@@ -28,16 +36,7 @@ from ..rundir.layout import (
     pivot_archive,
     pivot_records,
 )
-from .bandit import Bandit
-from .policy import Policy
-from .proxyfiles import (
-    MAX_SAMPLES_BYTES,
-    MAX_STATE_BYTES,
-    SampleRecord,
-    SamplesFile,
-    empty_samples,
-    now_utc,
-)
+from andrea.protocol import messages
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from .bandit import Bandit, BanditState, ConfiguredArm
-from .reward import MAX_EXP_LOSS
+from andrea.daemon.mixing.bandit import Bandit, BanditState, ConfiguredArm
+from andrea.daemon.mixing.reward import MAX_EXP_LOSS
 
 SNAPSHOT_EVERY = 32
 

@@ -39,14 +39,13 @@ from typing import Annotated, Literal, NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from andrea.daemon.config import ARM_NAME_PATTERN
+from andrea.daemon.mixing import reward
+from andrea.daemon.mixing.policy import IMPLICIT_REWARD, LEARNABILITY_REWARDS, Policy
+from andrea.daemon.mixing.reward import ArmStats
+from andrea.daemon.rundir.layout import STATE_FILE
+from andrea.daemon.runtime.validation_messages import describe
 from andrea.protocol.status import ArmReward, RewardReport, Zombie
-
-from ..config import ARM_NAME_PATTERN
-from ..rundir.layout import STATE_FILE
-from ..runtime.validation_messages import describe
-from . import reward
-from .policy import IMPLICIT_REWARD, LEARNABILITY_REWARDS, Policy
-from .reward import ArmStats
 
 log = logging.getLogger(__name__)
 

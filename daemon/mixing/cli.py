@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..rundir.layout import CONFIG_FILE, AlreadyRunning, SocketDirError, recorded_config
-from ..runtime.cliargs import add_log_level_argument, add_run_dir_argument
-from ..runtime.exitcodes import ExitCode, for_unexpected
-from ..runtime.logsetup import setup_logging
-from ..runtime.operator_requests import OperatorRequests
-from ..runtime.sdnotify import Notifier
+from andrea.daemon.rundir.layout import CONFIG_FILE, AlreadyRunning, SocketDirError, recorded_config
+from andrea.daemon.runtime.cliargs import add_log_level_argument, add_run_dir_argument
+from andrea.daemon.runtime.exitcodes import ExitCode, for_unexpected
+from andrea.daemon.runtime.logsetup import setup_logging
+from andrea.daemon.runtime.operator_requests import OperatorRequests
+from andrea.daemon.runtime.sdnotify import Notifier
 
 log = logging.getLogger("andrea.proxy")
 
@@ -91,13 +91,13 @@ def _wait(ready: Callable[[], bool], path: Path, flags: OperatorRequests) -> boo
 
 
 def run(args: argparse.Namespace, flags: OperatorRequests) -> ExitCode:
-    from ..config import ConfigError
-    from ..data.open_settings import read_run_config
-    from ..rundir.losslog import LossLogError
-    from .bandit import BanditError
-    from .policy import PolicyError
-    from .policystore import resolve_policy
-    from .proxy import LogContradiction, Proxy, ProxyOptions
+    from andrea.daemon.config import ConfigError
+    from andrea.daemon.data.open_settings import read_run_config
+    from andrea.daemon.mixing.bandit import BanditError
+    from andrea.daemon.mixing.policy import PolicyError
+    from andrea.daemon.mixing.policystore import resolve_policy
+    from andrea.daemon.mixing.proxy import LogContradiction, Proxy, ProxyOptions
+    from andrea.daemon.rundir.losslog import LossLogError
 
     run_dir: Path = args.run_dir
     try:

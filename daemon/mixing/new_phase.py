@@ -13,15 +13,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from andrea.daemon.mixing.archive import archive_of_phase, write_archive
+from andrea.daemon.mixing.bandit import Bandit
+from andrea.daemon.mixing.policy import Policy, PolicyError, bounds_table, differences, parse_policy
+from andrea.daemon.mixing.policystore import store, with_reward
+from andrea.daemon.mixing.run_state import ProxyRunState
+from andrea.daemon.mixing.startup import manual_pivot_boundary
+from andrea.daemon.rundir.layout import LOSS_FILE, POLICY_FILE
 from andrea.protocol import messages
-
-from ..rundir.layout import LOSS_FILE, POLICY_FILE
-from .archive import archive_of_phase, write_archive
-from .bandit import Bandit
-from .policy import Policy, PolicyError, bounds_table, differences, parse_policy
-from .policystore import store, with_reward
-from .run_state import ProxyRunState
-from .startup import manual_pivot_boundary
 
 log = logging.getLogger(__name__)
 

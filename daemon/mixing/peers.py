@@ -35,9 +35,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from andrea.daemon.rundir.layout import lock_holder
 from andrea.protocol import messages
-
-from ..rundir.layout import lock_holder
 
 #: The most peers (socket identities) kept bound to the live life: each reconnect of the trainer
 #: is a new socket; the oldest are forgotten first.

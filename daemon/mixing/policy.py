@@ -45,12 +45,12 @@ from typing import Literal, get_args
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..config import ARM_NAME_PATTERN
+from andrea.daemon.config import ARM_NAME_PATTERN
 
 # The run config's rule, so that every configured arm can be named here.
-from ..rundir.boundedio import FileRejected, read_bounded
-from ..rundir.layout import POLICY_FILE
-from ..runtime.validation_messages import describe
+from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
+from andrea.daemon.rundir.layout import POLICY_FILE
+from andrea.daemon.runtime.validation_messages import describe
 
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9

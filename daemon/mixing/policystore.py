@@ -29,10 +29,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..rundir.boundedio import read_json
-from ..rundir.durable import atomic_write_bytes
-from ..rundir.layout import LOSS_FILE, POLICY_FILE, STATE_FILE
-from .policy import (
+from andrea.daemon.mixing.policy import (
     IMPLICIT_REWARD,
     NEW_RUN_REWARD,
     Policy,
@@ -42,7 +39,10 @@ from .policy import (
     parse_policy,
     read_policy_text,
 )
-from .proxyfiles import MAX_STATE_BYTES
+from andrea.daemon.mixing.proxyfiles import MAX_STATE_BYTES
+from andrea.daemon.rundir.boundedio import read_json
+from andrea.daemon.rundir.durable import atomic_write_bytes
+from andrea.daemon.rundir.layout import LOSS_FILE, POLICY_FILE, STATE_FILE
 
 
 @dataclass(frozen=True)

@@ -28,20 +28,19 @@ from collections import deque
 
 import zmq
 
+from andrea.daemon.mixing.new_phase import PivotDesk
+from andrea.daemon.mixing.run_state import ProxyOptions, ProxyRunState
+from andrea.daemon.mixing.startup import LogContradiction, configured_arms
+from andrea.daemon.mixing.trainer_messages import TrainerLink
+from andrea.daemon.rundir.layout import bind_endpoint, claim
+from andrea.daemon.runtime.dutycycle import Burst
+from andrea.daemon.runtime.exitcodes import ExitCode, disk_full
+from andrea.daemon.runtime.logthrottle import ThrottledWarning
+from andrea.daemon.runtime.operator_requests import OperatorRequests
+from andrea.daemon.runtime.peer_frames import Rejected, decode_or_reject
+from andrea.daemon.runtime.sdnotify import Notifier
 from andrea.protocol import messages
 from andrea.protocol.transport import bind_router, close_router
-
-from ..rundir.layout import bind_endpoint, claim
-from ..runtime.dutycycle import Burst
-from ..runtime.exitcodes import ExitCode, disk_full
-from ..runtime.logthrottle import ThrottledWarning
-from ..runtime.operator_requests import OperatorRequests
-from ..runtime.peer_frames import Rejected, decode_or_reject
-from ..runtime.sdnotify import Notifier
-from .new_phase import PivotDesk
-from .run_state import ProxyOptions, ProxyRunState
-from .startup import LogContradiction, configured_arms
-from .trainer_messages import TrainerLink
 
 # Importers (andrea-proxy's command line, the tests) find the proxy's public face here.
 __all__ = ["LogContradiction", "Proxy", "ProxyOptions", "configured_arms"]

@@ -15,15 +15,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from andrea.daemon.mixing.bandit import BanditState, PhaseCounters
+from andrea.daemon.mixing.peers import TrainerLife
+from andrea.daemon.rundir.boundedio import read_bounded
+from andrea.daemon.rundir.durable import atomic_write_bytes
+from andrea.daemon.rundir.layout import LOSS_FILE, SAMPLES_FILE, STATE_FILE, corrupt_name
+from andrea.daemon.runtime.validation_messages import first_problem
 from andrea.protocol import messages
 from andrea.protocol.status import RewardReport, Zombie
-
-from ..rundir.boundedio import read_bounded
-from ..rundir.durable import atomic_write_bytes
-from ..rundir.layout import LOSS_FILE, SAMPLES_FILE, STATE_FILE, corrupt_name
-from ..runtime.validation_messages import first_problem
-from .bandit import BanditState, PhaseCounters
-from .peers import TrainerLife
 
 log = logging.getLogger(__name__)
 

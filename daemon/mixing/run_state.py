@@ -13,31 +13,16 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from andrea.protocol import messages
-from andrea.protocol.evalentry import EvalEntry
-from andrea.protocol.lossentry import LossEntry
-from andrea.protocol.status import ProxyStatus
-
-from ..config import ConfigError, RunConfig, config_changes
-from ..data.open_settings import read_run_config
-from ..metrics.prometheus import exposition_for
-from ..rundir.evallog import EvalLog, last_eval
-from ..rundir.layout import (
-    EVAL_FILE,
-    LOSS_FILE,
-    SAMPLES_FILE,
-    STATE_FILE,
-    TENSORBOARD_DIR,
-    recorded_config,
-)
-from ..rundir.losslog import LossLog, canonical_curve, read_entries
-from .archive import archive_samples, phase_starts
-from .assignbook import AssignmentBook
-from .bandit import Bandit
-from .peers import TrainerLife, TrainerPeers
-from .policy import Policy
-from .policystore import store
-from .proxyfiles import (
+from andrea.daemon.config import ConfigError, RunConfig, config_changes
+from andrea.daemon.data.open_settings import read_run_config
+from andrea.daemon.metrics.prometheus import exposition_for
+from andrea.daemon.mixing.archive import archive_samples, phase_starts
+from andrea.daemon.mixing.assignbook import AssignmentBook
+from andrea.daemon.mixing.bandit import Bandit
+from andrea.daemon.mixing.peers import TrainerLife, TrainerPeers
+from andrea.daemon.mixing.policy import Policy
+from andrea.daemon.mixing.policystore import store
+from andrea.daemon.mixing.proxyfiles import (
     ProxyState,
     SampleRecord,
     SamplesFile,
@@ -46,7 +31,26 @@ from .proxyfiles import (
     now_utc,
     write_state_file,
 )
-from .startup import check_log_against_checkpoints, configured_arms, replay, restore_bandit
+from andrea.daemon.mixing.startup import (
+    check_log_against_checkpoints,
+    configured_arms,
+    replay,
+    restore_bandit,
+)
+from andrea.daemon.rundir.evallog import EvalLog, last_eval
+from andrea.daemon.rundir.layout import (
+    EVAL_FILE,
+    LOSS_FILE,
+    SAMPLES_FILE,
+    STATE_FILE,
+    TENSORBOARD_DIR,
+    recorded_config,
+)
+from andrea.daemon.rundir.losslog import LossLog, canonical_curve, read_entries
+from andrea.protocol import messages
+from andrea.protocol.evalentry import EvalEntry
+from andrea.protocol.lossentry import LossEntry
+from andrea.protocol.status import ProxyStatus
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +104,7 @@ class ProxyRunState:
         self.mix_since_sample: dict[str, int] = {}
         self.board = None
         if self.opts.cfg.metrics.tensorboard:
-            from ..metrics.tensorboard import LiveBoard
+            from andrea.daemon.metrics.tensorboard import LiveBoard
 
             self.board = LiveBoard(self.run_dir / TENSORBOARD_DIR, canonical_curve(entries))
         self.prometheus = exposition_for(self.opts.cfg.metrics, "proxy", self.run_dir)

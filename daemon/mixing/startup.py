@@ -11,19 +11,18 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpoint
+from andrea.daemon.config import RunConfig
+from andrea.daemon.data.arms import DataError, arm_identity
+from andrea.daemon.mixing.archive import last_pivot, phase_starts
+from andrea.daemon.mixing.assignbook import AssignmentBook
+from andrea.daemon.mixing.bandit import Bandit, BanditError, BanditState, ConfiguredArm
+from andrea.daemon.mixing.peers import TrainerLife
+from andrea.daemon.mixing.policy import Policy, PolicyError
+from andrea.daemon.mixing.proxyfiles import check_state, move_aside, parse_state_file
+from andrea.daemon.rundir import layout as rundir
+from andrea.daemon.rundir.layout import LOSS_FILE, POLICY_FILE, STATE_FILE
 from andrea.protocol.lossentry import LossEntry
-
-from ..checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpoint
-from ..config import RunConfig
-from ..data.arms import DataError, arm_identity
-from ..rundir import layout as rundir
-from ..rundir.layout import LOSS_FILE, POLICY_FILE, STATE_FILE
-from .archive import last_pivot, phase_starts
-from .assignbook import AssignmentBook
-from .bandit import Bandit, BanditError, BanditState, ConfiguredArm
-from .peers import TrainerLife
-from .policy import Policy, PolicyError
-from .proxyfiles import check_state, move_aside, parse_state_file
 
 log = logging.getLogger(__name__)
 

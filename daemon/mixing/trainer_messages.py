@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import logging
 
+from andrea.daemon.mixing.run_state import ProxyRunState
+from andrea.daemon.runtime.logthrottle import ThrottledWarning
 from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
-
-from ..runtime.logthrottle import ThrottledWarning
-from .run_state import ProxyRunState
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from andrea.daemon.rundir.losslog import LossLog, last_entry, read_entries
 from andrea.protocol.evalentry import ArmEval, EvalEntry
-
-from .losslog import LossLog, last_entry, read_entries
 
 __all__ = ["ArmEval", "EvalEntry", "EvalLog", "canonical_evals", "last_eval", "read_evals"]
 

@@ -42,7 +42,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import IO
 
-from .boundedio import LINK_REFUSED, irregular, read_bounded
+from andrea.daemon.rundir.boundedio import LINK_REFUSED, irregular, read_bounded
 
 CONFIG_FILE = "run.toml"
 #: The config the run trains under, as its trainer resolved and recorded it (daemon/config.py).

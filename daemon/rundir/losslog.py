@@ -81,13 +81,12 @@ import numpy as np
 import pydantic_core
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from andrea.daemon.rundir.boundedio import LINK_REFUSED, FileRejected, open_regular
+from andrea.daemon.rundir.durable import fsync_dir
+from andrea.daemon.runtime.validation_messages import first_problem
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.lossentry import MAX_STEP, MAX_TOKENS, LossEntry
 from andrea.protocol.lossentry import NON_FINITE_LOSSES as _NON_FINITE
-
-from ..runtime.validation_messages import first_problem
-from .boundedio import LINK_REFUSED, FileRejected, open_regular
-from .durable import fsync_dir
 
 __all__ = [
     "LossCurve",

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ..rundir.layout import RUN_DIR_ENV
+from andrea.daemon.rundir.layout import RUN_DIR_ENV
 
 
 def add_run_dir_argument(parser: argparse.ArgumentParser) -> None:

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from andrea.daemon.runtime.logthrottle import ThrottledWarning
 from andrea.protocol import messages
-
-from .logthrottle import ThrottledWarning
 
 
 @dataclass(frozen=True)

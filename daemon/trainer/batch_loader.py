@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .parts import Parts
-from .platform.world import World
+from andrea.daemon.trainer.parts import Parts
+from andrea.daemon.trainer.platform.world import World
 
 
 @dataclass(frozen=True)

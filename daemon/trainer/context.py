@@ -11,17 +11,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from andrea.daemon.config import RunConfig
+from andrea.daemon.data.encoding_progress import EncodingProgress
+from andrea.daemon.runtime.operator_requests import OperatorRequests
+from andrea.daemon.runtime.sdnotify import Notifier
+from andrea.daemon.trainer.counters import Counters
+from andrea.daemon.trainer.links.boundary_hold import Holds
+from andrea.daemon.trainer.options import TrainerOptions
+from andrea.daemon.trainer.parts import Parts, Platform
+from andrea.daemon.trainer.platform import distributed as dist
 from andrea.protocol.status import TrainerStatus
-
-from ..config import RunConfig
-from ..data.encoding_progress import EncodingProgress
-from ..runtime.operator_requests import OperatorRequests
-from ..runtime.sdnotify import Notifier
-from .counters import Counters
-from .links.boundary_hold import Holds
-from .options import TrainerOptions
-from .parts import Parts, Platform
-from .platform import distributed as dist
 
 
 @dataclass(frozen=True)

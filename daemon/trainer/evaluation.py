@@ -16,19 +16,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from andrea.daemon.checkpoint.manifest import Manifest
+from andrea.daemon.config import DEFAULT_PROMPT_TOKENS, SamplesConfig
+from andrea.daemon.data.arms import Arm
+from andrea.daemon.data.tokenizer import RunTokenizer
+from andrea.daemon.rundir.evallog import ArmEval, EvalEntry
+from andrea.daemon.trainer.context import TrainerContext
+from andrea.daemon.trainer.heldout_loss import Evaluator
+from andrea.daemon.trainer.sink import RecordSink
 from andrea.protocol import messages
 from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 from andrea.protocol.status import Activity
 from andrea.protocol.transport import new_id
-
-from ..checkpoint.manifest import Manifest
-from ..config import DEFAULT_PROMPT_TOKENS, SamplesConfig
-from ..data.arms import Arm
-from ..data.tokenizer import RunTokenizer
-from ..rundir.evallog import ArmEval, EvalEntry
-from .context import TrainerContext
-from .heldout_loss import Evaluator
-from .sink import RecordSink
 
 log = logging.getLogger(__name__)
 

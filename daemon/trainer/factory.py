@@ -16,26 +16,26 @@ from typing import IO
 
 import torch
 
-from ..checkpoint.training.checkpointer import Checkpointer, Storage
-from ..checkpoint.training.restore import Restorer
-from ..data.encoding_progress import EncodingProgress, describe
-from ..rundir.layout import bind_endpoint, claim
-from ..runtime.exitcodes import ExitCode
-from ..runtime.operator_requests import OperatorRequests
-from ..runtime.sdnotify import Notifier
-from .context import TrainerContext, starting_status
-from .counters import Counters
-from .evaluation import Evaluation, plan_evaluation
-from .links.boundary_hold import Holds
-from .links.control_server import ControlServer
-from .loop import Collaborators, Trainer
-from .options import TrainerOptions
-from .parts import build_parts, resolve_platform, wrap_for_training
-from .pivot_boundary import Pivots
-from .platform import distributed as dist
-from .reporting import Reporter
-from .sink import open_sink
-from .step import StepRunner
+from andrea.daemon.checkpoint.training.checkpointer import Checkpointer, Storage
+from andrea.daemon.checkpoint.training.restore import Restorer
+from andrea.daemon.data.encoding_progress import EncodingProgress, describe
+from andrea.daemon.rundir.layout import bind_endpoint, claim
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.daemon.runtime.operator_requests import OperatorRequests
+from andrea.daemon.runtime.sdnotify import Notifier
+from andrea.daemon.trainer.context import TrainerContext, starting_status
+from andrea.daemon.trainer.counters import Counters
+from andrea.daemon.trainer.evaluation import Evaluation, plan_evaluation
+from andrea.daemon.trainer.links.boundary_hold import Holds
+from andrea.daemon.trainer.links.control_server import ControlServer
+from andrea.daemon.trainer.loop import Collaborators, Trainer
+from andrea.daemon.trainer.options import TrainerOptions
+from andrea.daemon.trainer.parts import build_parts, resolve_platform, wrap_for_training
+from andrea.daemon.trainer.pivot_boundary import Pivots
+from andrea.daemon.trainer.platform import distributed as dist
+from andrea.daemon.trainer.reporting import Reporter
+from andrea.daemon.trainer.sink import open_sink
+from andrea.daemon.trainer.step import StepRunner
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data.arms import Arm
-from ..data.heldout import eval_starts
-from ..model import GPT
-from .platform.precision import NumericMode
+from andrea.daemon.data.arms import Arm
+from andrea.daemon.data.heldout import eval_starts
+from andrea.daemon.model import GPT
+from andrea.daemon.trainer.platform.precision import NumericMode
 
 log = logging.getLogger(__name__)
 

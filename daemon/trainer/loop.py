@@ -25,22 +25,21 @@ from typing import IO
 
 import torch
 
+from andrea.daemon.checkpoint.training.checkpointer import Checkpointer
+from andrea.daemon.checkpoint.training.restore import Restorer
+from andrea.daemon.data.livefiles import RESUME_ADVICE, DataWatch, TokensChanged
+from andrea.daemon.metrics.series import ema_update
+from andrea.daemon.rundir.layout import bin_name
+from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.daemon.trainer.context import TrainerContext, starting_status
+from andrea.daemon.trainer.evaluation import Evaluation
+from andrea.daemon.trainer.links.control_server import ControlServer
+from andrea.daemon.trainer.pivot_boundary import Pivots
+from andrea.daemon.trainer.platform import distributed as dist
+from andrea.daemon.trainer.reporting import Reporter
+from andrea.daemon.trainer.sink import RecordSink
+from andrea.daemon.trainer.step import StepRunner, TrainedStep
 from andrea.protocol.status import Activity, TrainerStatus
-
-from ..checkpoint.training.checkpointer import Checkpointer
-from ..checkpoint.training.restore import Restorer
-from ..data.livefiles import RESUME_ADVICE, DataWatch, TokensChanged
-from ..metrics.series import ema_update
-from ..rundir.layout import bin_name
-from ..runtime.exitcodes import ExitCode
-from .context import TrainerContext, starting_status
-from .evaluation import Evaluation
-from .links.control_server import ControlServer
-from .pivot_boundary import Pivots
-from .platform import distributed as dist
-from .reporting import Reporter
-from .sink import RecordSink
-from .step import StepRunner, TrainedStep
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import RunConfig
-from .platform import distributed as dist
+from andrea.daemon.config import RunConfig
+from andrea.daemon.trainer.platform import distributed as dist
 
 
 @dataclass

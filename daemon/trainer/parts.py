@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from ..checkpoint.manager import layout_of
-from ..checkpoint.manifest import LayoutEntry
-from ..config import OptimConfig, RunConfig
-from ..data.arms import Arm, ArmStream, FixedMixture, load_arms
-from ..data.batch_split import BatchShape, batch_shape
-from ..data.encoding_progress import EncodingProgress
-from ..data.tokenizer import RunTokenizer, load_tokenizer
-from ..model import GPT
-from ..optimizer import AdamW
-from .platform import determinism
-from .platform import distributed as dist
-from .platform.precision import NumericMode, resolve_device
-from .platform.precision import resolve as resolve_precision
+from andrea.daemon.checkpoint.manager import layout_of
+from andrea.daemon.checkpoint.manifest import LayoutEntry
+from andrea.daemon.config import OptimConfig, RunConfig
+from andrea.daemon.data.arms import Arm, ArmStream, FixedMixture, load_arms
+from andrea.daemon.data.batch_split import BatchShape, batch_shape
+from andrea.daemon.data.encoding_progress import EncodingProgress
+from andrea.daemon.data.tokenizer import RunTokenizer, load_tokenizer
+from andrea.daemon.model import GPT
+from andrea.daemon.optimizer import AdamW
+from andrea.daemon.trainer.platform import determinism
+from andrea.daemon.trainer.platform import distributed as dist
+from andrea.daemon.trainer.platform.precision import NumericMode, resolve_device
+from andrea.daemon.trainer.platform.precision import resolve as resolve_precision
 
 if TYPE_CHECKING:  # imported when a job wraps its model
     from torch.nn.parallel import DistributedDataParallel

@@ -6,16 +6,15 @@ from __future__ import annotations
 import logging
 import time
 
+from andrea.daemon.checkpoint.training.checkpointer import Checkpointer
+from andrea.daemon.checkpoint.training.restore import Restorer
+from andrea.daemon.rundir.layout import bin_name
+from andrea.daemon.runtime.operator_requests import REQUESTED_TRIGGERS
+from andrea.daemon.trainer.context import TrainerContext
+from andrea.daemon.trainer.links.boundary_hold import Hold
+from andrea.daemon.trainer.reporting import Reporter
+from andrea.daemon.trainer.sink import RecordSink
 from andrea.protocol.status import Activity
-
-from ..checkpoint.training.checkpointer import Checkpointer
-from ..checkpoint.training.restore import Restorer
-from ..rundir.layout import bin_name
-from ..runtime.operator_requests import REQUESTED_TRIGGERS
-from .context import TrainerContext
-from .links.boundary_hold import Hold
-from .reporting import Reporter
-from .sink import RecordSink
 
 log = logging.getLogger(__name__)
 

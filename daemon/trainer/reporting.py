@@ -11,15 +11,14 @@ from collections.abc import Iterator
 
 import torch
 
+from andrea.daemon.metrics.prometheus import Exposition, exposition_for
+from andrea.daemon.runtime.operator_requests import StopReason
+from andrea.daemon.runtime.progress import RunSummary, eta_seconds, format_duration, journal_fields
+from andrea.daemon.trainer import schedule
+from andrea.daemon.trainer.context import TrainerContext
+from andrea.daemon.trainer.sink import RecordSink
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.status import Activity
-
-from ..metrics.prometheus import Exposition, exposition_for
-from ..runtime.operator_requests import StopReason
-from ..runtime.progress import RunSummary, eta_seconds, format_duration, journal_fields
-from . import schedule
-from .context import TrainerContext
-from .sink import RecordSink
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ..checkpoint.manifest import SchedulerState
-from ..config import OptimConfig
+from andrea.daemon.checkpoint.manifest import SchedulerState
+from andrea.daemon.config import OptimConfig
 
 
 def lr_at(step: int, cfg: OptimConfig) -> float:

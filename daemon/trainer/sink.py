@@ -14,17 +14,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from andrea.daemon.checkpoint.manifest import Manifest
+from andrea.daemon.data.arms import FixedMixture
+from andrea.daemon.rundir.evallog import EvalEntry, EvalLog
+from andrea.daemon.rundir.layout import EVAL_FILE, LOSS_FILE, peer_endpoint
+from andrea.daemon.rundir.losslog import LossLog, LossLogError, last_entry
+from andrea.daemon.trainer.context import TrainerContext
+from andrea.daemon.trainer.counters import Counters
+from andrea.daemon.trainer.links.proxy_client import ProxyLink
 from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
-
-from ..checkpoint.manifest import Manifest
-from ..data.arms import FixedMixture
-from ..rundir.evallog import EvalEntry, EvalLog
-from ..rundir.layout import EVAL_FILE, LOSS_FILE, peer_endpoint
-from ..rundir.losslog import LossLog, LossLogError, last_entry
-from .context import TrainerContext
-from .counters import Counters
-from .links.proxy_client import ProxyLink
 
 log = logging.getLogger(__name__)
 

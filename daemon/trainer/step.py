@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from andrea.daemon.data.livefiles import TokensChanged
+from andrea.daemon.trainer.batch_loader import Batches, StepBatches
+from andrea.daemon.trainer.context import TrainerContext
+from andrea.daemon.trainer.platform import determinism
+from andrea.daemon.trainer.schedule import lr_at
 from andrea.protocol.lossentry import LossEntry
-
-from ..data.livefiles import TokensChanged
-from .batch_loader import Batches, StepBatches
-from .context import TrainerContext
-from .platform import determinism
-from .schedule import lr_at
 
 
 class Mark:

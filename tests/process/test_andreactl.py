@@ -14,9 +14,8 @@ from andrea.control.commands.conventions import EXIT_STOPPED
 from andrea.control.reports import HistoryReport, RequestReport, StatusReport
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, trainer_cmd
-from ..support.daemons import andreactl as ctl
+from tests.support.daemons import Daemon, trainer_cmd
+from tests.support.daemons import andreactl as ctl
 
 
 def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:

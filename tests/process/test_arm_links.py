@@ -7,9 +7,8 @@ import subprocess
 from pathlib import Path
 
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import trainer_cmd
-from ..support.links import linked_run, unread
+from tests.support.daemons import trainer_cmd
+from tests.support.links import linked_run, unread
 
 
 def test_the_trainer_refuses_a_link_out_of_the_arm(tmp_path: Path) -> None:

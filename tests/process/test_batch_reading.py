@@ -12,8 +12,7 @@ from pathlib import Path
 
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
-
-from ..support.daemons import run_trainer
+from tests.support.daemons import run_trainer
 
 STEPS = 6
 #: The hash the code before batch_size_per gave this run.toml (tests/unit/test_batch.py pins it too).

@@ -11,9 +11,8 @@ from pathlib import Path
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, run_trainer, trainer_cmd
-from ..support.daemons import andreactl as ctl
+from tests.support.daemons import Daemon, run_trainer, trainer_cmd
+from tests.support.daemons import andreactl as ctl
 
 #: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
 WAIT = 300

@@ -27,8 +27,7 @@ from andrea.daemon.checkpoint.writer import (
 from andrea.daemon.config import CheckpointConfig
 from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, run_trainer, trainer_cmd
+from tests.support.daemons import Daemon, run_trainer, trainer_cmd
 
 STEPS = 20
 DELAY = {"ANDREA_CKPT_TEST_WRITE_DELAY": "1.0"}

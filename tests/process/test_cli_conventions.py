@@ -18,8 +18,7 @@ import pytest
 
 from andrea.control.commands.conventions import EXIT_STOPPED
 from andrea.control.reports import StatusReport
-
-from ..support.reports import RFC3339
+from tests.support.reports import RFC3339
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -119,8 +118,7 @@ def test_watch_explains_the_reward_once(tmp_path: Path) -> None:
     from andrea.daemon.mixing.proxy import Proxy, ProxyOptions
     from andrea.daemon.runtime.operator_requests import OperatorRequests
     from andrea.protocol import messages
-
-    from ..support.hostile import play_trainer, text_arms_config, trainer_hello
+    from tests.support.hostile import play_trainer, text_arms_config, trainer_hello
 
     audited_run = tmp_path  # a stopped run whose proxy wrote its reward in .state.json
     proxy = Proxy(

@@ -15,8 +15,7 @@ from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest
 from andrea.daemon.rundir.layout import RESOLVED_CONFIG_FILE, recorded_config
 from andrea.daemon.rundir.losslog import read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import run_trainer
+from tests.support.daemons import run_trainer
 
 
 def run_toml(run_dir: Path) -> dict:

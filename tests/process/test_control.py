@@ -19,9 +19,8 @@ from andrea.daemon.runtime.operator_requests import OperatorRequests, StopReason
 from andrea.daemon.trainer.links.control_server import ControlServer
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
-
-from ..support.daemons import Daemon, trainer_cmd
-from ..support.daemons import andreactl as ctl
+from tests.support.daemons import Daemon, trainer_cmd
+from tests.support.daemons import andreactl as ctl
 
 
 def test_status_checkpoint_wait_and_stop_wait(tmp_path: Path, cache_dir: Path) -> None:

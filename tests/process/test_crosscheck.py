@@ -12,9 +12,8 @@ from pathlib import Path
 
 from andrea.daemon.rundir.layout import LOSS_FILE, bin_name, manifest_name
 from andrea.daemon.rundir.losslog import read_entries
-
-from ..support.daemons import run_trainer
-from ..support.manifests import edit_manifest, move_cursor
+from tests.support.daemons import run_trainer
+from tests.support.manifests import edit_manifest, move_cursor
 
 #: The data order's seed: the one the manifests of `hostile.snapshot` record.
 

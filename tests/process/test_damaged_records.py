@@ -9,9 +9,8 @@ from pathlib import Path
 
 from andrea.daemon.rundir.layout import EVAL_FILE
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import run_trainer
-from ..support.records import damage
+from tests.support.daemons import run_trainer
+from tests.support.records import damage
 
 
 def test_fixed_mode_trainer_exits_4_without_a_traceback(tmp_path: Path, cache_dir: Path) -> None:

@@ -18,8 +18,7 @@ import numpy as np
 
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, run_trainer, trainer_cmd
+from tests.support.daemons import Daemon, run_trainer, trainer_cmd
 
 RUN_TOML = '[[data.arms]]\nname = "mine"\nkind = "tokens"\npath = "mine.u16"\ndtype = "uint16"\n'
 TOKENS = 300_000

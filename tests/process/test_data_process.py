@@ -20,9 +20,8 @@ from andrea.daemon.config import build_config
 from andrea.daemon.data.arms import arm_identity
 from andrea.daemon.data.encoding import split_paths
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, andreactl, trainer_cmd
-from ..support.owndata import PROSE, bpe_file, gzip_bomb
+from tests.support.daemons import Daemon, andreactl, trainer_cmd
+from tests.support.owndata import PROSE, bpe_file, gzip_bomb
 
 JSONL_ARM = '[[data.arms]]\nname = "web"\nkind = "jsonl"\npaths = ["web/*"]\n'
 TEXT_ARM = '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.txt"]\n'

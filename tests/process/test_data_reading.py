@@ -11,8 +11,7 @@ from pathlib import Path
 
 from andrea.daemon.config import DataConfig
 from andrea.daemon.data.arms import load_arms
-
-from ..support.owndata import PROSE
+from tests.support.owndata import PROSE
 
 
 def _data(tmp_path: Path, arms: list[dict], **extra) -> DataConfig:

@@ -23,9 +23,8 @@ import numpy as np
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, trainer_args
-from ..support.distributed import BIN
+from tests.support.daemons import Daemon, trainer_args
+from tests.support.distributed import BIN
 
 STEPS, RESUME = 15, 7
 #: checkpoint 7, 14 (and 15, the end); evaluation 5, 10, 15; samples 3, 6, ...; a line every 2.

@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 from andrea.daemon.rundir.layout import bin_name
-
-from ..support.daemons import trainer_args
+from tests.support.daemons import trainer_args
 
 BIN = Path(sys.executable).parent
 RANKS = 4

@@ -13,8 +13,7 @@ import pytest
 
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import run_trainer
+from tests.support.daemons import run_trainer
 
 
 @pytest.fixture(scope="module")

@@ -23,10 +23,9 @@ import pytest
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon
-from ..support.distributed import BIN, STEPS, job, torchrun
-from ..support.manifests import final_trigger_is
+from tests.support.daemons import Daemon
+from tests.support.distributed import BIN, STEPS, job, torchrun
+from tests.support.manifests import final_trigger_is
 
 
 def rank_pids(t: Daemon, n: int = 2) -> dict[int, int]:

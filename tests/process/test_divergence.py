@@ -18,8 +18,7 @@ import tomli_w
 from andrea.daemon.checkpoint.manager import checkpoint_steps, verify_checkpoint
 from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import run_trainer
+from tests.support.daemons import run_trainer
 
 
 def test_a_diverging_run_stops_and_keeps_its_last_finite_checkpoint(

@@ -25,9 +25,8 @@ from andrea.daemon.data.batch_split import batch_shape
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import run_trainer
-from ..support.distributed import job, torchrun
+from tests.support.daemons import run_trainer
+from tests.support.distributed import job, torchrun
 
 LEG = 3  # steps per life of the cycle
 ACCUM = ("--grad-accum", "2", "--eval-every", "0")

@@ -17,8 +17,7 @@ import pytest
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, run_trainer, trainer_cmd
+from tests.support.daemons import Daemon, run_trainer, trainer_cmd
 
 STEPS = 20
 ARGS = ("--max-steps", str(STEPS), "--checkpoint-every", "10", "--grad-accum", "2")
@@ -168,7 +167,7 @@ def test_proxy_records_evaluations(tmp_path: Path, cache_dir: Path) -> None:
 
 
 def test_andreactl_history_lists_evaluations(evaluated: Path) -> None:
-    from ..support.daemons import andreactl as ctl
+    from tests.support.daemons import andreactl as ctl
 
     res = ctl(evaluated, "--json", "history", "--eval", "--last", "0")
     assert res.returncode == 0, res.stderr

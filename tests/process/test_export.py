@@ -13,9 +13,8 @@ import pytest
 from andrea.control import andreactl
 from andrea.control.export import bundle as ex
 from andrea.daemon.rundir.layout import bin_name
-
-from ..support.daemons import andreactl as ctl
-from ..support.daemons import run_trainer
+from tests.support.daemons import andreactl as ctl
+from tests.support.daemons import run_trainer
 
 
 @pytest.fixture(scope="module")

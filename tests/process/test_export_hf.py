@@ -22,8 +22,7 @@ from andrea.control.export.tokenizer import load_export_tokenizer
 from andrea.daemon.config import DEFAULT_FRACTION
 from andrea.daemon.data.corpus import extract_stdlib_documents, stdlib_files, stdlib_root
 from andrea.daemon.data.heldout import is_held_out
-
-from ..support.daemons import REPO, andreactl, run_trainer
+from tests.support.daemons import REPO, andreactl, run_trainer
 
 BLOCK = 128
 NEW_TOKENS = 64

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.rundir.layout import bin_name
-
-from ..support.daemons import andreactl, run_trainer
+from tests.support.daemons import andreactl, run_trainer
 
 WORDS = (
     "the trainer writes a checkpoint at every step boundary and the proxy keeps its log while "

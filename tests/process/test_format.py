@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.daemon.checkpoint import format as ckpt_format
-
-from ..support.daemons import run_trainer
+from tests.support.daemons import run_trainer
 
 
 def numpy_only_reader(path: Path) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:

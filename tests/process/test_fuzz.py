@@ -26,8 +26,7 @@ from andrea.daemon.trainer.links.boundary_hold import Holds
 from andrea.daemon.trainer.links.control_server import ControlServer
 from andrea.protocol import messages
 from andrea.protocol.status import Activity, TrainerStatus
-
-from ..support.fuzzing import (
+from tests.support.fuzzing import (
     FUZZ,
     READERS,
     Blocked,
@@ -41,12 +40,7 @@ from ..support.fuzzing import (
     snapshot,
     within_alarm,
 )
-from ..support.hostile import (
-    TRAINER_LIFE,
-    play_trainer,
-    text_arms_config,
-    trainer_hello,
-)
+from tests.support.hostile import TRAINER_LIFE, play_trainer, text_arms_config, trainer_hello
 
 # ---- the proxy's own files: .state.json and .samples.json ---------------------------------------
 

@@ -12,8 +12,7 @@ import pytest
 
 from andrea.control import andreactl
 from andrea.control.export import bundle as ex
-
-from ..support.daemons import run_trainer
+from tests.support.daemons import run_trainer
 
 
 def _quiet(_: str) -> None:

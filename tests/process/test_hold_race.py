@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, trainer_cmd
-from ..support.pivot import POLICY, ctl, ctl_bg, proxy, stop, trainer_status, wait_hold
+from tests.support.daemons import Daemon, trainer_cmd
+from tests.support.pivot import POLICY, ctl, ctl_bg, proxy, stop, trainer_status, wait_hold
 
 EVERY = 10
 #: Enough held-out sequences that each boundary's evaluation lasts seconds: the window between

@@ -17,8 +17,7 @@ from andrea.daemon.checkpoint.manager import verify_checkpoint
 from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, andreactl, run_trainer, trainer_cmd
+from tests.support.daemons import Daemon, andreactl, run_trainer, trainer_cmd
 
 
 def _children(pid: int) -> list[int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support.daemons import andreactl
+from tests.support.daemons import andreactl
 
 GIB = 1 << 30
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 from andrea.daemon.data.heldout import DEFAULT_FRACTION, is_held_out
 from andrea.daemon.rundir.layout import bin_name
-
-from ..support.daemons import Daemon, trainer_cmd
-from ..support.owndata import hub_texts, write_hub, write_slim
+from tests.support.daemons import Daemon, trainer_cmd
+from tests.support.owndata import hub_texts, write_hub, write_slim
 
 STEPS = 30
 RUN_TOML = """\

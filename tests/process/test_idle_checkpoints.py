@@ -15,8 +15,7 @@ from pathlib import Path
 
 from andrea.daemon.checkpoint.manager import read_manifest, verify_checkpoint
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, andreactl, run_trainer, trainer_cmd
+from tests.support.daemons import Daemon, andreactl, run_trainer, trainer_cmd
 
 WAITING = r"waiting for the proxy to assign step 7"
 

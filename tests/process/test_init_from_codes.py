@@ -11,8 +11,7 @@ import numpy as np
 
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import trainer_cmd
+from tests.support.daemons import trainer_cmd
 
 TOKENS_ARM = '[[data.arms]]\nname = "pre"\nkind = "tokens"\npath = "pre.u16"\ndtype = "uint16"\n'
 

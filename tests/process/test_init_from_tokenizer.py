@@ -13,9 +13,8 @@ import pytest
 
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import trainer_cmd
-from ..support.owndata import PROSE, bpe_file
+from tests.support.daemons import trainer_cmd
+from tests.support.owndata import PROSE, bpe_file
 
 OTHER_PROSE = "Zebras quietly juggle seventeen violet umbrellas beside the frozen harbour. " * 5
 

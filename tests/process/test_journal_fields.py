@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support.daemons import trainer_cmd
+from tests.support.daemons import trainer_cmd
 
 # Run as root of a new user namespace: mount a tmpfs on /run, listen where journald listens, start
 # the trainer, and print every datagram's fields as JSON.

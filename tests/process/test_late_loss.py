@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 from andrea.daemon.rundir.layout import bin_name, manifest_name
-
-from ..support.daemons import Daemon, run_trainer, trainer_cmd
+from tests.support.daemons import Daemon, run_trainer, trainer_cmd
 
 STEPS = 80
 # No log point, checkpoint, evaluation or sample before the end: every loss is read late.

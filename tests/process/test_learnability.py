@@ -14,8 +14,7 @@ from andrea.daemon.mixing.policy import NEW_RUN_REWARD
 from andrea.daemon.mixing.reward import exploration_rate
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import REPO, Daemon, trainer_cmd
+from tests.support.daemons import REPO, Daemon, trainer_cmd
 
 STEPS = 240
 

@@ -21,8 +21,7 @@ from andrea.daemon.rundir.losslog import (
     last_entry,
     read_entries,
 )
-
-from ..support.records import entry
+from tests.support.records import entry
 
 
 def strict_json(raw: bytes) -> object:

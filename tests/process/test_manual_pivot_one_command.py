@@ -15,8 +15,7 @@ from pathlib import Path
 from andrea.daemon.rundir.layout import lock_holder
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import REPO, Daemon, trainer_cmd
+from tests.support.daemons import REPO, Daemon, trainer_cmd
 
 #: Seconds to wait for a log line: generous, for a loaded 2-core machine.
 WAIT = 300

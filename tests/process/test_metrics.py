@@ -22,10 +22,9 @@ from andrea.daemon.metrics.prometheus import (
     Exposition,
     textfile_name,
 )
-
-from ..support.audited_run import canonical_rows
-from ..support.daemons import andreactl
-from ..support.metrics_reading import ema_of, scalars
+from tests.support.audited_run import canonical_rows
+from tests.support.daemons import andreactl
+from tests.support.metrics_reading import ema_of, scalars
 
 
 def assert_matches_loss_json(tb: dict[str, list[tuple[int, float]]], rows: list[dict]) -> None:

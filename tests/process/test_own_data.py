@@ -22,9 +22,8 @@ from andrea.daemon.data.tokenizer import load_tokenizer
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, andreactl, trainer_cmd
-from ..support.owndata import PROSE, bpe_file, write_jsonl
+from tests.support.daemons import Daemon, andreactl, trainer_cmd
+from tests.support.owndata import PROSE, bpe_file, write_jsonl
 
 STEPS = 200
 PROJECT_TOML = """\

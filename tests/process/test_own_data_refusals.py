@@ -15,9 +15,8 @@ import pytest
 
 from andrea.daemon.data.tokenizer import load_tokenizer
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, andreactl, trainer_cmd
-from ..support.owndata import (
+from tests.support.daemons import Daemon, andreactl, trainer_cmd
+from tests.support.owndata import (
     PROSE,
     bpe_file,
     names,

@@ -31,9 +31,8 @@ import pytest
 from andrea.daemon.rundir.layout import STATE_FILE, bin_name, parse_checkpoint_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, trainer_cmd
-from ..support.owndata import PROSE, bpe_file
+from tests.support.daemons import Daemon, trainer_cmd
+from tests.support.owndata import PROSE, bpe_file
 
 WAIT = 120
 TEXT_ARM = '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.txt"]\n'

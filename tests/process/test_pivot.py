@@ -17,9 +17,8 @@ from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
-
-from ..support.daemons import Daemon, run_trainer, trainer_cmd
-from ..support.pivot import POLICY, ctl, ctl_bg, proxy, stop, trainer_status, wait_hold
+from tests.support.daemons import Daemon, run_trainer, trainer_cmd
+from tests.support.pivot import POLICY, ctl, ctl_bg, proxy, stop, trainer_status, wait_hold
 
 #: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
 WAIT = 300

@@ -13,8 +13,7 @@ import pytest
 from andrea.control import andreactl
 from andrea.control.reports import report_adapter
 from andrea.daemon.rundir.layout import RUN_DIR_ENV
-
-from ..support.daemons import trainer_cmd
+from tests.support.daemons import trainer_cmd
 
 TOKENS_ARM = '[[data.arms]]\nname = "pre"\nkind = "tokens"\npath = "pre.u16"\ndtype = "uint16"\n'
 

@@ -17,9 +17,8 @@ from andrea.control import andreactl
 from andrea.control.plot import audit_figure
 from andrea.control.run_events import RunEvents, read_run_events
 from andrea.daemon.rundir.losslog import read_curve
-
-from ..support.audited_run import canonical_rows
-from ..support.plotting import round_ticks, tick_values
+from tests.support.audited_run import canonical_rows
+from tests.support.plotting import round_ticks, tick_values
 
 
 def panels(fig: Figure) -> dict[str, Axes]:

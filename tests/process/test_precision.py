@@ -15,8 +15,7 @@ import torch
 
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import Daemon, run_trainer, trainer_cmd
+from tests.support.daemons import Daemon, run_trainer, trainer_cmd
 
 STEPS = 24
 

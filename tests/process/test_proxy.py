@@ -24,8 +24,7 @@ from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
-
-from ..support.daemons import Daemon, trainer_cmd
+from tests.support.daemons import Daemon, trainer_cmd
 
 STEPS = 60
 

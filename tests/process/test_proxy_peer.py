@@ -20,8 +20,7 @@ from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import new_id, request
-
-from ..support.daemons import Daemon, trainer_cmd
+from tests.support.daemons import Daemon, trainer_cmd
 
 STEPS = 30
 

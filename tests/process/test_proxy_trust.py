@@ -37,8 +37,7 @@ from andrea.protocol import messages
 from andrea.protocol.evalentry import ArmEval, EvalEntry
 from andrea.protocol.lossentry import LossEntry
 from andrea.protocol.transport import request
-
-from ..support.hostile import play_trainer, text_arms_config, trainer_hello, write_checkpoint
+from tests.support.hostile import play_trainer, text_arms_config, trainer_hello, write_checkpoint
 
 PEER = b"trainer"
 T = TypeVar("T")

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from andrea.daemon.data.corpus import stdlib_root
 from andrea.daemon.rundir.losslog import read_entries
-
-from ..support.daemons import REPO, Daemon
-from ..support.owndata import write_jsonl
+from tests.support.daemons import REPO, Daemon
+from tests.support.owndata import write_jsonl
 
 
 def _example() -> tuple[str, list[str]]:

@@ -16,10 +16,9 @@ import pytest
 from andrea.daemon.rundir.layout import peer_endpoint
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
-
-from ..support.daemons import Daemon, trainer_cmd
-from ..support.daemons import andreactl as ctl
-from ..support.reports import check
+from tests.support.daemons import Daemon, trainer_cmd
+from tests.support.daemons import andreactl as ctl
+from tests.support.reports import check
 
 #: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
 WAIT = 300

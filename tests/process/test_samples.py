@@ -16,8 +16,7 @@ import pytest
 
 from andrea.daemon.data.heldout import is_held_out
 from andrea.daemon.data.tokenizer import load_tokenizer
-
-from ..support.daemons import andreactl, run_trainer
+from tests.support.daemons import andreactl, run_trainer
 
 #: Two arms of prose, each a folder of documents named relative to the run directory.
 ARMS = {

@@ -19,10 +19,9 @@ import pytest
 
 from andrea.daemon.config import build_config
 from andrea.daemon.data.arms import load_arms
-
-from ..support.manifests import final_trigger_is
-from ..support.owndata import PROSE, bpe_file
-from ..support.realsystemd import REPO, SystemdMachine
+from tests.support.manifests import final_trigger_is
+from tests.support.owndata import PROSE, bpe_file
+from tests.support.realsystemd import REPO, SystemdMachine
 
 RUN = f"r{os.getpid()}"  # unique: other test machines may share the cgroup tree
 TINY = "--preset andrea-tiny --threads 1 --log-every 10 --sample-every 0"

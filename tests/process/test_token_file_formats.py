@@ -19,9 +19,8 @@ import numpy as np
 from andrea.daemon.data.corpus import stdlib_root
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import andreactl, run_trainer
-from ..support.owndata import gpt2_sized_tokenizer, llmc_file, nanogpt_char, nanogpt_gpt2
+from tests.support.daemons import andreactl, run_trainer
+from tests.support.owndata import gpt2_sized_tokenizer, llmc_file, nanogpt_char, nanogpt_gpt2
 
 SMALL = """\
 batch_size = 4

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.runtime.exitcodes import NO_RESTART, ExitCode
-
-from ..support.units import installed, unit
+from tests.support.units import installed, unit
 
 
 @pytest.mark.skipif(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ..support.units import installed
-from ..support.units import unit as sections
+from tests.support.units import installed
+from tests.support.units import unit as sections
 
 UNIT = "andrea-trainer-ddp@.service"
 

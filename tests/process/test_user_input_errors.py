@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..support.daemons import trainer_cmd
+from tests.support.daemons import trainer_cmd
 
 
 def _trainer(run_dir: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:

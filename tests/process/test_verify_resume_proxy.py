@@ -17,8 +17,7 @@ from andrea.control import andreactl
 from andrea.control.verify_resume.engine import EXIT_INCOMPLETE, EXIT_OK, REPORT_NAME
 from andrea.daemon.data.corpus import stdlib_root
 from andrea.daemon.rundir.losslog import read_entries
-
-from ..support.owndata import bpe_file, write_jsonl
+from tests.support.owndata import bpe_file, write_jsonl
 
 RUN_TOML = """\
 preset = "andrea-tiny"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import tomli_w
 
-from .daemons import Daemon, trainer_cmd
+from tests.support.daemons import Daemon, trainer_cmd
 
 POLICY = "[arms.code]\nfloor = 0.2\ncap = 0.6\n\n[arms.docstrings]\nfloor = 0.3\n"
 ZOMBIE = "comments"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .daemons import Daemon, trainer_args
+from tests.support.daemons import Daemon, trainer_args
 
 
 def torchrun(run_dir: Path, cache: Path, *extra: str, nproc: int = 2, launch=()) -> list[str]:

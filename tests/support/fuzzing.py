@@ -25,8 +25,7 @@ from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
-
-from .hostile import play_trainer, text_arms_config, trainer_hello, write_checkpoint
+from tests.support.hostile import play_trainer, text_arms_config, trainer_hello, write_checkpoint
 
 EXAMPLES = int(os.environ.get("ANDREA_FUZZ_EXAMPLES", "30"))
 ALLOCATION_BOUND = 64 << 20

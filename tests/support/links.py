@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .owndata import PROSE
+from tests.support.owndata import PROSE
 
 SECRET = "hunter2-PRIVATE-KEY-" * 400
 

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 from andrea.daemon.rundir.layout import manifest_name
-
-from .hostile import resign
+from tests.support.hostile import resign
 
 
 def edit_manifest(run_dir: Path, step: int, edit) -> None:

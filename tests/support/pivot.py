@@ -12,8 +12,7 @@ from pathlib import Path
 from andrea.daemon.rundir.layout import endpoint
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
-
-from .daemons import Daemon
+from tests.support.daemons import Daemon
 
 # Caps of 0 leave docstrings as the only arm: every step after the pivot must come from it.
 POLICY = "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n"

@@ -6,7 +6,7 @@ import configparser
 import subprocess
 from pathlib import Path
 
-from .daemons import REPO
+from tests.support.daemons import REPO
 
 
 def installed(tmp_path: Path) -> Path:

@@ -13,9 +13,8 @@ import pytest
 from andrea.control import andreactl
 from andrea.daemon.config import ArmSpec
 from andrea.daemon.data.sources import SourceRejected, arm_roots, read_file
-
-from ..support.links import SECRET, linked_run, unread
-from ..support.owndata import PROSE
+from tests.support.links import SECRET, linked_run, unread
+from tests.support.owndata import PROSE
 
 
 def _atime_kept(where: Path) -> bool:

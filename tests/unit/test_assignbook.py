@@ -11,8 +11,7 @@ import pytest
 from andrea.daemon.mixing.assignbook import AssignmentBook
 from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm
 from andrea.daemon.mixing.policy import REWARDS, Policy
-
-from ..support.bandit import synthetic_loss
+from tests.support.bandit import synthetic_loss
 
 ARMS = [ConfiguredArm(n, f"id-{n}", True) for n in ("a", "b", "c", "d")]
 STEPS = 160

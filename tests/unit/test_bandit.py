@@ -30,8 +30,7 @@ from andrea.daemon.mixing.bandit import (
 )
 from andrea.daemon.mixing.policy import REWARDS, Policy, PolicyError, load_policy, parse_policy
 from andrea.daemon.mixing.reward import exploration_rate
-
-from ..support.bandit import drive, seed_state
+from tests.support.bandit import drive, seed_state
 
 ROOT = Path(__file__).resolve().parents[2]
 ABC = [

@@ -17,8 +17,7 @@ from andrea.daemon.checkpoint import catalog
 from andrea.daemon.checkpoint.manager import CheckpointManager, read_manifest, verify_checkpoint
 from andrea.daemon.config import CheckpointConfig
 from andrea.daemon.rundir import layout as rundir
-
-from ..support.hostile import snapshot, write_checkpoint
+from tests.support.hostile import snapshot, write_checkpoint
 
 
 @pytest.fixture

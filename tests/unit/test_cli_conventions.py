@@ -19,8 +19,7 @@ from andrea.control import andreactl
 from andrea.control.reports import REPORTS, HistoryReport
 from andrea.daemon.mixing import cli as proxy_cli
 from andrea.daemon.trainer.service import cli as trainer_cli
-
-from ..support.reports import RFC3339
+from tests.support.reports import RFC3339
 
 
 def timestamps(doc: object) -> list[str]:

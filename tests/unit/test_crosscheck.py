@@ -20,9 +20,8 @@ from andrea.daemon.data.arms import Arm, ArmStream
 from andrea.daemon.rundir.layout import LOSS_FILE
 from andrea.daemon.rundir.losslog import LossLog, read_entries
 from andrea.protocol.lossentry import LossEntry
-
-from ..support.hostile import ARMS, MODEL, snapshot
-from ..support.manifests import edit_manifest, move_cursor
+from tests.support.hostile import ARMS, MODEL, snapshot
+from tests.support.manifests import edit_manifest, move_cursor
 
 #: The data order's seed: the one the manifests of `hostile.snapshot` record.
 SEED = build_config({}, {"preset": "andrea-tiny"}).seed

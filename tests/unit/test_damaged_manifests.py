@@ -20,8 +20,7 @@ from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.rundir.boundedio import parse_json, read_json
 from andrea.daemon.rundir.losslog import LossLog, read_columns
 from andrea.protocol.lossentry import LossEntry
-
-from ..support.hostile import write_checkpoint
+from tests.support.hostile import write_checkpoint
 
 NESTED = "[" * 200_000 + "]" * 200_000
 

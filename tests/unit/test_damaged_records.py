@@ -19,9 +19,8 @@ from andrea.daemon.rundir.losslog import LossLog
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.daemon.trainer.sink import FileSink, RecordLogRefused
-
-from ..support.hostile import text_arms_config
-from ..support.records import damage
+from tests.support.hostile import text_arms_config
+from tests.support.records import damage
 
 KINDS = ["dev-zero", "sparse", "fifo", "directory", "garbage-mid-file"]
 CASES = [(name, kind) for name in (LOSS_FILE, EVAL_FILE) for kind in KINDS]

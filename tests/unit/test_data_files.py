@@ -24,8 +24,7 @@ from andrea.daemon.data.encoding import TokensRecord, read_record, write_tokens_
 from andrea.daemon.data.heldout import is_held_out
 from andrea.daemon.data.sources import SourceRejected, arm_files, jsonl_documents, read_file
 from andrea.daemon.data.tokenizer import ByteTokenizer, load_tokenizer
-
-from ..support.owndata import PROSE, bpe_file, names, write_jsonl
+from tests.support.owndata import PROSE, bpe_file, names, write_jsonl
 
 
 def _data(tmp_path: Path, arms: list[dict], **extra) -> DataConfig:

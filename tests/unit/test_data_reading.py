@@ -20,8 +20,7 @@ from andrea.daemon.data.arms import DataError, load_arms
 from andrea.daemon.data.encoding import split_paths
 from andrea.daemon.data.encoding_progress import EncodingProgress, describe
 from andrea.daemon.data.sources import jsonl_documents
-
-from ..support.owndata import PROSE, bpe_file, gzip_bomb, write_jsonl
+from tests.support.owndata import PROSE, bpe_file, gzip_bomb, write_jsonl
 
 KINDS = ("garbage docs.json", "odd-size tokens", "ids out of range", "emptied", "record garbage")
 

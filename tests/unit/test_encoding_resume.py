@@ -16,8 +16,7 @@ from andrea.daemon.data.arms import load_arms
 from andrea.daemon.data.encoding import Written, counts_path, split_paths, write_arm
 from andrea.daemon.data.encoding_progress import EncodingProgress
 from andrea.daemon.data.tokenizer import RunTokenizer, load_tokenizer
-
-from ..support.owndata import PROSE, bpe_file
+from tests.support.owndata import PROSE, bpe_file
 
 FRACTION = 0.1
 

@@ -13,8 +13,7 @@ from andrea.control import andreactl
 from andrea.daemon.config import DataConfig
 from andrea.daemon.data.arms import load_arms
 from andrea.daemon.data.tokenizer import END_OF_DOCUMENT, load_tokenizer
-
-from ..support.owndata import PROSE, bpe_file, write_jsonl
+from tests.support.owndata import PROSE, bpe_file, write_jsonl
 
 RUN_TOML = """\
 [data]

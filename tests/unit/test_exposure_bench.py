@@ -4,7 +4,7 @@ docs/mixing-quality.md's bounds on what seeing a plateau can buy rest on these."
 
 from __future__ import annotations
 
-from ..support.scripts import load_script
+from tests.support.scripts import load_script
 
 load_script("bench_mixing", "tests/bench")  # bench_exposure imports it by name
 bench = load_script("bench_exposure", "tests/bench")

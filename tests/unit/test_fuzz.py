@@ -59,8 +59,7 @@ from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.rundir.losslog import LossLog, LossLogCorrupt, read_curve, read_entries
 from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.protocol.lossentry import LossEntry
-
-from ..support.fuzzing import (
+from tests.support.fuzzing import (
     FUZZ,
     Blocked,
     atime_is_recorded,
@@ -73,12 +72,7 @@ from ..support.fuzzing import (
     snapshot,
     within_alarm,
 )
-from ..support.hostile import (
-    expectation,
-    resign,
-    text_arms_config,
-    write_checkpoint,
-)
+from tests.support.hostile import expectation, resign, text_arms_config, write_checkpoint
 
 # ---- checkpoint manifests ------------------------------------------------------------------------
 

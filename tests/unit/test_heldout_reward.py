@@ -14,8 +14,7 @@ from andrea.daemon.mixing import reward
 from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm, parse_state
 from andrea.daemon.mixing.policy import Policy
 from andrea.daemon.mixing.reward import ArmStats
-
-from ..support.bandit import TEXT3, run, second_half_share
+from tests.support.bandit import TEXT3, run, second_half_share
 
 ARMS = [ConfiguredArm(n, n, True) for n in "abcd"]
 

@@ -14,8 +14,7 @@ import pytest
 from andrea.daemon.checkpoint.manager import CheckpointManager, ResumeRefused
 from andrea.daemon.config import CheckpointConfig
 from andrea.daemon.rundir import layout as rundir
-
-from ..support.hostile import expectation, resign, write_checkpoint, write_checkpoint_with
+from tests.support.hostile import expectation, resign, write_checkpoint, write_checkpoint_with
 
 
 @pytest.fixture

@@ -30,8 +30,7 @@ from andrea.daemon.rundir.losslog import (
     read_curve,
     read_entries,
 )
-
-from ..support.records import SHA, entry
+from tests.support.records import SHA, entry
 
 
 def clean_bytes(entries: list[LossEntry]) -> bytes:

@@ -16,8 +16,7 @@ from andrea.daemon.metrics.prometheus import (
 )
 from andrea.daemon.metrics.tensorboard import LiveBoard
 from andrea.protocol.lossentry import LossEntry
-
-from ..support.metrics_reading import ema_of, scalars
+from tests.support.metrics_reading import ema_of, scalars
 
 
 def test_prometheus_textfile_parses(tmp_path: Path) -> None:

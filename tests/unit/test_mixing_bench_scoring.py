@@ -9,7 +9,7 @@ import collections
 import math
 from types import SimpleNamespace
 
-from ..support.scripts import load_script
+from tests.support.scripts import load_script
 
 bench = load_script("bench_mixing", "tests/bench")
 

@@ -20,9 +20,8 @@ from andrea.daemon.data.arms import DataError, arm_identity, load_arms
 from andrea.daemon.data.heldout import is_held_out
 from andrea.daemon.data.parquet import parquet_documents
 from andrea.daemon.data.sources import arm_files
-
-from ..support.owndata import hub_texts as _texts
-from ..support.owndata import slim_line, write_hub, write_slim
+from tests.support.owndata import hub_texts as _texts
+from tests.support.owndata import slim_line, write_hub, write_slim
 
 HUB = {"name": "hub", "kind": "parquet", "paths": ["data/train-*.parquet"]}
 SLIM = {"name": "slim", "kind": "jsonl", "paths": ["slim/*.jsonl.zst"]}

@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD, Policy
-
-from ..support.bandit import TEXT3, Learner, run
+from tests.support.bandit import TEXT3, Learner, run
 
 #: Its 30th loss is within 2% of its floor (1.21 + 4.34 e^-5.8 = 1.223, with noise of 0.02).
 PLATEAU_PULL = 30

@@ -16,8 +16,7 @@ from andrea.control.run_events import PhaseSpan, RunEvents
 from andrea.daemon.metrics.series import rolling_share
 from andrea.daemon.mixing.policy import parse_policy
 from andrea.daemon.rundir.losslog import LossCurve
-
-from ..support.plotting import round_ticks, tick_values
+from tests.support.plotting import round_ticks, tick_values
 
 
 def panels(fig: Figure) -> dict[str, Axes]:

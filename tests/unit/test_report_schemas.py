@@ -14,8 +14,7 @@ from andrea.control.reports import REPORTS, report_models
 from andrea.daemon.rundir.evallog import ArmEval, EvalEntry, EvalLog
 from andrea.daemon.rundir.losslog import LossLog
 from andrea.protocol.lossentry import LossEntry
-
-from ..support.reports import check, printed_schema, variants
+from tests.support.reports import check, printed_schema, variants
 
 #: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
 

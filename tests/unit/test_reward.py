@@ -28,8 +28,7 @@ from andrea.daemon.mixing.reward import (
     progress_shares,
 )
 from andrea.daemon.rundir.layout import POLICY_FILE, STATE_FILE
-
-from ..support.bandit import TEXT3, drive, run, second_half_share, seed_state
+from tests.support.bandit import TEXT3, drive, run, second_half_share, seed_state
 
 # ------------------------------------------------------------------------------ the statistics
 

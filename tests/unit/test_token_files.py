@@ -19,8 +19,7 @@ from andrea.daemon.data.nanogpt_meta import MetaRefused, read_meta
 from andrea.daemon.data.sources import SourceRejected
 from andrea.daemon.data.token_files import WidthUnknown, record_existing
 from andrea.daemon.data.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
-
-from ..support.owndata import PROSE, llmc_file, nanogpt_char, nanogpt_gpt2
+from tests.support.owndata import PROSE, llmc_file, nanogpt_char, nanogpt_gpt2
 
 TEXT = PROSE * 40
 

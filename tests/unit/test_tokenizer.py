@@ -18,8 +18,7 @@ from andrea.daemon.data.tokenizer import (
     padded_vocab,
     tokenizer_identity,
 )
-
-from ..support.owndata import PROSE, bpe_file
+from tests.support.owndata import PROSE, bpe_file
 
 
 @pytest.fixture

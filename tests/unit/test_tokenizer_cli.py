@@ -15,8 +15,7 @@ from andrea.control.tokenizer_tool import _arm_row, _Tally, encode_text, train_t
 from andrea.daemon.data.encoding import read_record
 from andrea.daemon.data.heldout import is_held_out
 from andrea.daemon.data.tokenizer import load_tokenizer
-
-from ..support.owndata import (
+from tests.support.owndata import (
     PROSE,
     bpe_file,
     names,
@@ -25,7 +24,7 @@ from ..support.owndata import (
     word_level_file,
     write_jsonl,
 )
-from ..support.reports import check
+from tests.support.reports import check
 
 RUN_TOML = """\
 [data]

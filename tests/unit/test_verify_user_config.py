@@ -12,8 +12,7 @@ from andrea.daemon.config import build_config, for_new_run
 from andrea.daemon.data.corpus import stdlib_root
 from andrea.daemon.data.open_settings import resolve_open_settings
 from andrea.daemon.data.tokenizer import load_tokenizer, padded_vocab
-
-from ..support.owndata import bpe_file
+from tests.support.owndata import bpe_file
 
 CONFIG = """preset = "andrea-tiny"
 batch_size = 4

@@ -20,6 +20,7 @@ import torch
 
 from andrea.daemon.checkpoint.manager import CheckpointManager
 from andrea.daemon.checkpoint.manifest import Manifest, RankState, Trigger
+from andrea.daemon.checkpoint.training.snapshot import Snapshotter, gather_ranks
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import LossLogError
 from andrea.daemon.runtime.exitcodes import ExitCode
@@ -27,8 +28,6 @@ from andrea.daemon.trainer.context import TrainerContext
 from andrea.daemon.trainer.links.control_server import ControlServer
 from andrea.daemon.trainer.platform.distributed import Decision
 from andrea.daemon.trainer.sink import RecordSink
-
-from .snapshot import Snapshotter, gather_ranks
 
 log = logging.getLogger(__name__)
 

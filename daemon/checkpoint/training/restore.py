@@ -21,6 +21,7 @@ from andrea.daemon.checkpoint.manifest import Manifest, RankState
 from andrea.daemon.checkpoint.rngstate import RngState
 from andrea.daemon.checkpoint.source import Source, SourceError, read_source
 from andrea.daemon.checkpoint.state import load_adam_state, load_weights
+from andrea.daemon.checkpoint.training.crosscheck import CrossCheck
 from andrea.daemon.config import (
     config_changes,
     evaluation_changes,
@@ -33,8 +34,6 @@ from andrea.daemon.trainer.parts import seed_rank_stream
 from andrea.daemon.trainer.platform import distributed as dist
 from andrea.daemon.trainer.platform.environment import environment_of, inexact_changes
 from andrea.protocol.lineage import Lineage, WorldSpan
-
-from .crosscheck import CrossCheck
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,10 @@ from andrea.daemon.runtime.dutycycle import Burst
 from andrea.daemon.runtime.logthrottle import ThrottledWarning
 from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.daemon.runtime.peer_frames import Rejected, decode_or_reject
+from andrea.daemon.trainer.links.boundary_hold import Holds
 from andrea.protocol import messages
 from andrea.protocol.status import TrainerStatus
 from andrea.protocol.transport import bind_router, close_router
-
-from .boundary_hold import Holds
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,7 @@ import torch
 
 from andrea.daemon.config import ConfigError
 from andrea.daemon.runtime.operator_requests import CheckpointReason, OperatorRequests, StopReason
-
-from .world import World
+from andrea.daemon.trainer.platform.world import World
 
 log = logging.getLogger(__name__)
 

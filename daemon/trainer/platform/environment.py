@@ -8,10 +8,9 @@ import numpy as np
 import torch
 
 from andrea.daemon.checkpoint.manifest import Environment, code_version
-
-from ..parts import Platform
-from . import cudaenv
-from .world import World
+from andrea.daemon.trainer.parts import Platform
+from andrea.daemon.trainer.platform import cudaenv
+from andrea.daemon.trainer.platform.world import World
 
 #: Environment fields whose change makes a resume inexact (the versions of Python, NumPy and
 #: the code are recorded for the audit: they do not change the arithmetic of a step).

@@ -22,12 +22,11 @@ from andrea.daemon.runtime.sdnotify import Notifier
 
 if TYPE_CHECKING:
     from andrea.daemon.config import RunConfig
-
-    from ..factory import Opened
-    from ..options import TrainerOptions
-    from ..platform.world import World
-    from .start import StartPlan
-    from .with_proxy import ProxyChild
+    from andrea.daemon.trainer.factory import Opened
+    from andrea.daemon.trainer.options import TrainerOptions
+    from andrea.daemon.trainer.platform.world import World
+    from andrea.daemon.trainer.service.start import StartPlan
+    from andrea.daemon.trainer.service.with_proxy import ProxyChild
 
 log = logging.getLogger("andrea.trainer")
 
@@ -35,7 +34,7 @@ log = logging.getLogger("andrea.trainer")
 def build_parser() -> argparse.ArgumentParser:
     """andrea-trainer's options: the run directory and the launcher's own, written here; every
     config setting's flag derived from its field (daemon/trainer/service/flags.py)."""
-    from .flags import add_config_flags
+    from andrea.daemon.trainer.service.flags import add_config_flags
 
     p = argparse.ArgumentParser(
         prog="andrea-trainer",
@@ -148,8 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.check or args.world_size is not None:
         _check(args)
     from andrea.daemon.config import ConfigError
-
-    from ..platform.world import World
+    from andrea.daemon.trainer.platform.world import World
 
     try:
         world = World.from_environ()
@@ -187,7 +185,7 @@ def _check(args: argparse.Namespace) -> None:
         log.error("--world-size goes with --check")
         code = ExitCode.CONFIG_ERROR
     else:
-        from .preflight import run_check
+        from andrea.daemon.trainer.service.preflight import run_check
 
         code = run_check(args)
     logging.shutdown()
@@ -197,9 +195,8 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, flags: OperatorRequests, world: World | None = None) -> ExitCode:
     """Start (or resume) the run `args` describe and train it; the exit code says how it ended."""
     from andrea.daemon.config import ConfigError
-
-    from ..platform.world import World
-    from .start import StartRefused, plan_start
+    from andrea.daemon.trainer.platform.world import World
+    from andrea.daemon.trainer.service.start import StartRefused, plan_start
 
     world = world or World()
     try:
@@ -232,10 +229,9 @@ def _train_in_process_group(
     """Join the job's process group, start the --with-proxy companion, train, and leave the group
     on every end that all ranks agreed on."""
     from andrea.daemon.rundir.layout import AlreadyRunning, SocketDirError
-
-    from ..platform import determinism
-    from ..platform.distributed import init
-    from .start import StartRefused
+    from andrea.daemon.trainer.platform import determinism
+    from andrea.daemon.trainer.platform.distributed import init
+    from andrea.daemon.trainer.service.start import StartRefused
 
     # NCCL reads its settings when the communicator is made, which is now (a CUDA job).
     deterministic = determinism.resolve(plan.cfg.deterministic, plan.device)
@@ -278,8 +274,7 @@ def _start_companion(
     if not (args.with_proxy and world.is_main):
         return None, None
     from andrea.daemon.rundir.layout import claim
-
-    from .with_proxy import GRACE, ProxyChild
+    from andrea.daemon.trainer.service.with_proxy import GRACE, ProxyChild
 
     lock = claim(args.run_dir, "trainer")
     grace = GRACE if args.proxy_grace is None else args.proxy_grace
@@ -292,7 +287,7 @@ def _start_companion(
 
 def _leave_process_group(world: World) -> None:
     if world.distributed:
-        from ..platform.distributed import shutdown
+        from andrea.daemon.trainer.platform.distributed import shutdown
 
         shutdown(world)
         log.info("left the process group")
@@ -334,11 +329,10 @@ def _build_and_run(opened: Opened, plan: StartPlan, backend: str | None) -> Exit
     from andrea.daemon.checkpoint.source import SourceError
     from andrea.daemon.config import record_resolved
     from andrea.daemon.data.livefiles import RESUME_ADVICE, TokensChanged
-
-    from ..factory import build_trainer
-    from ..links.proxy_client import ProxyRefused
-    from ..sink import RecordLogRefused
-    from .start import StartRefused
+    from andrea.daemon.trainer.factory import build_trainer
+    from andrea.daemon.trainer.links.proxy_client import ProxyRefused
+    from andrea.daemon.trainer.service.start import StartRefused
+    from andrea.daemon.trainer.sink import RecordLogRefused
 
     try:
         trainer = build_trainer(opened, backend)
@@ -383,7 +377,7 @@ def _build_and_run(opened: Opened, plan: StartPlan, backend: str | None) -> Exit
 
 
 def _options(plan: StartPlan, args: argparse.Namespace, world: World) -> TrainerOptions:
-    from ..options import TrainerOptions
+    from andrea.daemon.trainer.options import TrainerOptions
 
     opts = TrainerOptions(
         plan.run_dir,
@@ -420,10 +414,9 @@ def _open(
     from andrea.daemon.config import ConfigError
     from andrea.daemon.data.sources import DataError
     from andrea.daemon.rundir.layout import AlreadyRunning, SocketDirError
-
-    from ..factory import open_context
-    from ..platform import distributed as dist
-    from .start import data_refusal
+    from andrea.daemon.trainer.factory import open_context
+    from andrea.daemon.trainer.platform import distributed as dist
+    from andrea.daemon.trainer.service.start import data_refusal
 
     try:
         dist.check_same(world, "the run's config", _shared_config(plan.cfg))
@@ -448,8 +441,8 @@ def _agree_on_start(
     """Start-up ends in an agreed outcome: a rank that fails or is stopped there takes every other
     rank with it, instead of leaving them in the next collective. Whether to stop before training;
     StartRefused (agreed) when any rank failed."""
-    from ..platform import distributed as dist
-    from .start import StartRefused
+    from andrea.daemon.trainer.platform import distributed as dist
+    from andrea.daemon.trainer.service.start import StartRefused
 
     if world.distributed:
         agreed = ExitCode(dist.agree_code(world, int(code)))

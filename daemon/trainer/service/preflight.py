@@ -32,9 +32,8 @@ from andrea.daemon.data.parquet import check_parquet
 from andrea.daemon.data.sources import DEFAULT_FIELD, arm_files, jsonl_documents, text_documents
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
-
-from ..platform.world import World
-from .start import StartPlan, StartRefused, data_refusal, plan_start
+from andrea.daemon.trainer.platform.world import World
+from andrea.daemon.trainer.service.start import StartPlan, StartRefused, data_refusal, plan_start
 
 log = logging.getLogger("andrea.trainer")
 

@@ -34,10 +34,9 @@ from andrea.daemon.data.sources import DataError, SourceRejected
 from andrea.daemon.data.tokenizer import RunTokenizer, describe_identity
 from andrea.daemon.rundir.layout import CONFIG_FILE, RESOLVED_CONFIG_FILE, bin_name
 from andrea.daemon.runtime.exitcodes import ExitCode
+from andrea.daemon.trainer.platform.world import World
+from andrea.daemon.trainer.service.flags import config_overrides
 from andrea.protocol.lineage import InitSource
-
-from ..platform.world import World
-from .flags import config_overrides
 
 if TYPE_CHECKING:
     import torch
@@ -204,8 +203,8 @@ def _check_machine(cfg: RunConfig, world: World, existing: bool) -> torch.device
     share out, is refused before run.toml records it (for an `existing` run, one with checkpoints,
     naming only what it can change)."""
     # torch's import (2-3 s of CPU) waits until the config is known to be sound.
-    from ..platform.distributed import device_for
-    from ..platform.precision import resolve, resolve_device
+    from andrea.daemon.trainer.platform.distributed import device_for
+    from andrea.daemon.trainer.platform.precision import resolve, resolve_device
 
     device = device_for(world, resolve_device(cfg.device))
     resolve(cfg.precision, device)
