@@ -11,6 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import tomli_w
+
 from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest
 from andrea.daemon.rundir.layout import RESOLVED_CONFIG_FILE, recorded_config
 from andrea.daemon.rundir.losslog import read_entries
@@ -82,10 +84,11 @@ def test_deliberate_changes_with_the_proxy(tmp_path: Path, cache_dir: Path) -> N
     assert res.returncode == ExitCode.OK, res.stderr
 
     # Data: an arm removed (the zombie-arm workflow the refusal suggests).
-    text = (run / "run.toml").read_text()
-    start = text.index('[[data.arms]]\nname = "comments"')
-    end = text.find("[[data.arms]]", start + 1)
-    (run / "run.toml").write_text(text[:start] + (text[end:] if end != -1 else ""))
+    # (Edited as TOML: how the trainer lays out the arms it wrote, inline or as [[data.arms]]
+    # tables, is tomli-w's choice.)
+    values = tomllib.loads((run / "run.toml").read_text())
+    values["data"]["arms"] = [a for a in values["data"]["arms"] if a["name"] != "comments"]
+    (run / "run.toml").write_text(tomli_w.dumps(values))
     res = run_trainer(run, cache_dir, "--max-steps", "20", "--with-proxy")
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
     assert "data arm 'comments'" in res.stderr and "--allow-config-change" in res.stderr
