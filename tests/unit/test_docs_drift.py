@@ -203,9 +203,10 @@ FROM_IMPORT = re.compile(r"\bfrom (andrea(?:\.\w+)+) import ([\w, ]+)")
 
 
 def resolves(dotted: str) -> bool:
-    """Whether `andrea.a.b.C.d` is a module of the package, or an attribute of one."""
+    """Whether `andrea.a.b.C.d` (or `random.getstate`, any package's) is a module, or an attribute
+    of one."""
     parts = dotted.split(".")
-    for cut in range(len(parts), 1, -1):
+    for cut in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
         except ModuleNotFoundError:
@@ -776,21 +777,9 @@ def _a_known_call(name: str, names: frozenset[str]) -> bool:
     last = name.rsplit(".", 1)[-1]
     if last in defined_names() or last in names or hasattr(builtins, last):
         return True
-    if "." in name and resolves_anywhere(name):
+    if "." in name and resolves(name):
         return True
     return any(hasattr(t, last) for t in (torch.nn.Module, torch.Tensor, np.ndarray, Path))
-
-
-def resolves_anywhere(dotted: str) -> bool:
-    """Whether `a.b.c` is an importable module or an attribute of one (any package, not only ours)."""
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        return all((obj := getattr(obj, attr, None)) is not None for attr in parts[cut:])
-    return False
 
 
 def docstring_problems(doc: Docstring) -> list[str]:
