@@ -228,7 +228,8 @@ class Tokens(ArmKind):
         ).count
 
     def export_paths(self, arm: dict[str, Any]) -> list[str]:
-        return [arm["path"]] if isinstance(arm.get("path"), str) else []
+        # Its held-out file too: a resumed run without it refuses to start.
+        return [p for p in (arm.get("path"), arm.get("heldout_path")) if isinstance(p, str)]
 
 
 register(Tokens())
