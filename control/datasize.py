@@ -5,29 +5,20 @@ estimated from the arms' files. Torch-free, and nothing is tokenized.
 
 from __future__ import annotations
 
-import io
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from andrea.daemon.config import FILE_KINDS, ArmSpec, ConfigError, RunConfig
-from andrea.daemon.data import corpus
-from andrea.daemon.data.encoding import read_record
-from andrea.daemon.data.parquet import text_bytes
-from andrea.daemon.data.sources import DEFAULT_FIELD, DataError, arm_files
-from andrea.daemon.data.token_files import open_token_file
+from andrea.daemon.config import ConfigError, RunConfig
+from andrea.daemon.data.kinds import registry as kinds
+from andrea.daemon.data.sources import DataError
 from andrea.daemon.data.tokenizer import BYTES
-from andrea.daemon.data.zstdstream import ZstdDataError, ZstdReader
 from andrea.daemon.rundir.boundedio import read_json
 from andrea.daemon.rundir.layout import manifest_name
 
 #: Bytes a token of a trained (BPE) tokenizer stands for in English prose and code: the usual
 #: 3.5-4.5 of GPT-2-like vocabularies; the estimate says it assumes this.
 BPE_BYTES_PER_TOKEN = 4.0
-#: Compressed bytes at the head of a .gz or .zst file whose ratio sizes the whole file.
-RATIO_SAMPLE = 1 << 20
-#: The most decompressed bytes that sample is read to (a bomb's ratio is not worth computing).
-RATIO_LIMIT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -80,13 +71,14 @@ def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
     per_token = 1.0 if cfg.data.tokenizer == BYTES else BPE_BYTES_PER_TOKEN
     kept = 1.0 - (cfg.data.heldout_fraction or 0.0)
     tokens = 0.0
+    shared: dict[str, Any] = {}
     try:
-        if any(s.kind == "stdlib" for s in cfg.data.arms):
-            tokens += kept * sum(p.stat().st_size for p in corpus.stdlib_files()) / per_token
         for spec in cfg.data.arms:
+            kind = kinds.kind(spec.kind)
             # An arm whose held-out data is a file of its own trains on all of its `path`.
             share = 1.0 if spec.heldout_path is not None and kept < 1.0 else kept
-            tokens += share * _arm_tokens(spec, base, per_token)
+            size = kind.size_estimate(spec, base, shared)
+            tokens += share * (size / per_token if kind.encoded else size)
     except (DataError, ConfigError, OSError, ValueError):
         return None
     ratio = "a token a byte" if per_token == 1.0 else f"{per_token:g} bytes a token (assumed)"
@@ -94,46 +86,3 @@ def estimated(cfg: RunConfig, base: Path) -> DataTokens | None:
         int(tokens),
         f"estimated from the arms' file sizes at {ratio}; run the trainer once to count them",
     )
-
-
-def _arm_tokens(spec: ArmSpec, base: Path, per_token: float) -> float:
-    if spec.kind == "tokens":
-        named = base / spec.tokens_path()
-        record = read_record(named)
-        recorded = record.dtype if record is not None else None
-        return open_token_file(
-            f"arm {spec.name!r}", named.resolve(), spec.dtype, recorded, named
-        ).count
-    if spec.kind in FILE_KINDS:
-        files, _ = arm_files(spec, base)
-        return sum(_text_size(spec, f) for f in files) / per_token
-    return 0.0  # stdlib: counted once above, for all its parts
-
-
-def _text_size(spec: ArmSpec, path: Path) -> float:
-    """The bytes of text a file of the arm holds: a Parquet file's text column, a compressed
-    file's size after decompression (estimated from its head), any other file's size."""
-    if spec.kind == "parquet":
-        return text_bytes(path, spec.field or DEFAULT_FIELD)
-    size = path.stat().st_size
-    if spec.kind != "jsonl" or not path.name.endswith((".gz", ".zst")):
-        return size
-    with path.open("rb") as f:
-        head = f.read(RATIO_SAMPLE)
-    if path.name.endswith(".gz"):
-        unzip = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out = len(unzip.decompress(head, RATIO_LIMIT))
-        except zlib.error:
-            return size
-        used = len(head) - len(unzip.unconsumed_tail) - len(unzip.unused_data)
-    else:
-        reader = ZstdReader(io.BytesIO(head))
-        out = 0
-        try:
-            while out < RATIO_LIMIT and (chunk := reader.read(1 << 20)):
-                out += len(chunk)
-        except ZstdDataError:  # the head ends inside a frame: as expected
-            pass
-        used = reader.consumed
-    return size * out / used if used else size

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from glob import glob
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from andrea.control import reports
 from andrea.control.commands.conventions import UserError
@@ -36,6 +36,7 @@ from andrea.daemon.data.arms import arm_documents, cache_root, load_arms
 from andrea.daemon.data.compression import measure, sampled
 from andrea.daemon.data.encoding import Document, record_path, write_tokens_file
 from andrea.daemon.data.heldout import is_held_out
+from andrea.daemon.data.kinds import registry as kinds
 from andrea.daemon.data.open_settings import resolve_heldout_fraction
 from andrea.daemon.data.parquet import parquet_documents
 from andrea.daemon.data.sources import (
@@ -124,17 +125,12 @@ def _training_texts(
 ) -> Iterator[str]:
     """The training documents of `specs`, in order, as text; held-out ones are counted, never
     yielded."""
-    stdlib = None
+    shared: dict[str, Any] = {}  # the standard library's documents, extracted once
     for spec in specs:
-        if spec.kind == "stdlib" and stdlib is None:
-            from andrea.daemon.data import corpus
-
-            root = corpus.stdlib_root()
-            stdlib = corpus.extract_stdlib_documents(corpus.stdlib_files(root), root)
         tally = tallies[spec.name]
         fraction = data.heldout_fraction
         try:
-            docs = arm_documents(spec, run_dir, stdlib=stdlib, bound=data.document_bound)
+            docs = arm_documents(spec, run_dir, bound=data.document_bound, shared=shared)
         except SourceRejected as e:
             raise UserError(f"arm {spec.name!r}: {e}") from None
         for doc_id, doc in docs:
@@ -156,11 +152,14 @@ def _select_arms(cfg: RunConfig, names: list[str] | None) -> list[ArmSpec]:
                     f"--arm {name}: the run has no such arm (its arms: {', '.join(known)})"
                 )
             if not known[name].encoded:
-                raise UserError(f"--arm {name}: a tokens arm holds ids, not text to train on")
+                raise UserError(
+                    f"--arm {name}: a {known[name].kind} arm holds ids, not text to train on"
+                )
         text_arms = [s for s in text_arms if s.name in names]
     if not text_arms:
+        text_kinds = [k for k in kinds.names() if kinds.kind(k).encoded]
         raise UserError(
-            "the run has no text arm (stdlib, text, jsonl or parquet) to train a tokenizer on"
+            f"the run has no text arm ({', '.join(text_kinds)}) to train a tokenizer on"
         )
     return text_arms
 

@@ -20,9 +20,18 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from andrea.daemon.data.heldout import DEFAULT_FRACTION
+from andrea.daemon.data.kinds import registry as kinds
 from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
 from andrea.daemon.rundir.durable import atomic_write_bytes
 from andrea.daemon.rundir.layout import (
@@ -115,34 +124,36 @@ class OptimConfig(_Strict):
         return self
 
 
-#: The arm kinds whose `paths` globs name files of documents (read by daemon/data/sources.py).
-FILE_KINDS = ("text", "jsonl", "parquet")
+#: The settings an arm is refused when its kind does not take them. The others (`part`, `paths`,
+#: `path`, `dtype`) were never refused, and configs that hold one beside another kind (every arm's
+#: dump held dtype = "uint8" once) are still accepted.
+REFUSED_UNLESS_TAKEN = ("field", "links", "heldout_path")
 
 #: The rule for an arm's name, wherever one is written (run config, policy, bandit state).
 ARM_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
+def _kinds_schema(schema: dict[str, JsonValue]) -> None:
+    """The JSON schema of `ArmSpec.kind`: the registered kinds, as a `Literal`'s would be."""
+    schema["enum"] = list[JsonValue](kinds.names())
+
+
 class ArmSpec(_Strict):
-    """One data source ("arm").
-
-    - ``stdlib``: a part (docstrings, code or comments) of the Python standard library's source tree
-      — the embedded default corpus, present wherever Python is;
-    - ``text``: glob patterns of text files, one document each (relative patterns are resolved
-      against the run directory);
-    - ``jsonl``: glob patterns of JSON Lines files (``.jsonl``, ``.jsonl.gz`` or ``.jsonl.zst``),
-      one document per line: the string at ``field`` (default ``"text"``);
-    - ``parquet``: glob patterns of Parquet files (the Hub's ``data/train-*.parquet``), one
-      document per row: the string column ``field`` (default ``"text"``);
-    - ``tokens``: a pre-tokenized flat binary file of unsigned integers, memory-mapped: andrea's,
-      nanoGPT's ``train.bin`` or llm.c's ``.bin`` (daemon/data/token_files.py).
-
-    The text of ``stdlib``, ``text``, ``jsonl`` and ``parquet`` arms is encoded with the run's
-    tokenizer (`DataConfig.tokenizer`); a ``tokens`` file says which tokenizer made it
+    """One data source ("arm"). Its ``kind`` says how it is read: one of the kinds registered in
+    daemon/data/kinds/, one module a kind, whose docstring says what its arms read and whose
+    `ArmKind` says which of these settings it takes and needs (``stdlib``: ``part``; the kinds of
+    document files, ``text``, ``jsonl`` and ``parquet``: ``paths`` globs, relative to the run
+    directory, and ``links``; ``jsonl`` and ``parquet``: ``field``; ``tokens``: ``path``,
+    ``dtype``, ``heldout_path``). Most kinds' text is encoded with the run's tokenizer
+    (`DataConfig.tokenizer`); a kind of ids (``tokens``) says which tokenizer made them
     (daemon/data/encoding.py).
     """
 
     name: str = Field(pattern=ARM_NAME_PATTERN)
-    kind: Literal["stdlib", "text", "jsonl", "parquet", "tokens"]
+    kind: str = Field(
+        description="how the arm is read: one of the arm kinds (daemon/data/kinds/)",
+        json_schema_extra=_kinds_schema,
+    )
     part: Literal["docstrings", "code", "comments"] | None = None
     paths: list[str] = Field(default_factory=list)
     path: str | None = None
@@ -177,33 +188,32 @@ class ArmSpec(_Strict):
         "links on purpose)",
     )
 
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if kinds.find(value) is None:
+            raise ValueError(f"{value!r} is not an arm kind; the kinds: {', '.join(kinds.names())}")
+        return value
+
     @model_validator(mode="after")
     def _fields_match_kind(self) -> ArmSpec:
-        if self.kind == "stdlib" and self.part is None:
-            raise ValueError(
-                f"arm {self.name!r}: kind 'stdlib' needs part = docstrings|code|comments"
-            )
-        if self.kind in FILE_KINDS and not self.paths:
-            raise ValueError(f"arm {self.name!r}: kind {self.kind!r} needs paths = [glob, ...]")
-        if self.kind == "tokens" and not self.path:
-            raise ValueError(f"arm {self.name!r}: kind 'tokens' needs path")
-        if self.field is not None and self.kind not in ("jsonl", "parquet"):
-            raise ValueError(
-                f"arm {self.name!r}: field is a setting of jsonl and parquet arms only"
-            )
-        if self.links is not None and self.kind not in FILE_KINDS:
-            raise ValueError(
-                f"arm {self.name!r}: links is a setting of text, jsonl and parquet arms only"
-            )
-        # (dtype is not refused elsewhere: every arm's dump held dtype = "uint8" once.)
-        if self.heldout_path is not None and self.kind != "tokens":
-            raise ValueError(f"arm {self.name!r}: heldout_path is a setting of tokens arms only")
+        kind = kinds.kind(self.kind)
+        if (problem := kind.check(self)) is not None:
+            raise ValueError(problem)
+        for setting in REFUSED_UNLESS_TAKEN:
+            if getattr(self, setting) is not None and setting not in kind.settings:
+                taken = kinds.taking(setting)
+                raise ValueError(
+                    f"arm {self.name!r}: {setting} is a setting of "
+                    f"{', '.join(taken[:-1])}{' and ' if len(taken) > 1 else ''}{taken[-1]} "
+                    "arms only"
+                )
         return self
 
     @property
     def encoded(self) -> bool:
-        """Whether the arm's text is encoded with the run's tokenizer (not a tokens file)."""
-        return self.kind != "tokens"
+        """Whether the arm's text is encoded with the run's tokenizer (not a file of ids)."""
+        return kinds.kind(self.kind).encoded
 
     def tokens_path(self) -> str:
         """A tokens arm's file, as the config names it (the validator requires it)."""

@@ -29,7 +29,9 @@ class EvalEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, ser_json_inf_nan="strings")
 
     step: int = Field(ge=1, description="the weights evaluated are those after update `step`")
-    segment: int = Field(ge=1, description="trainer process life that evaluated")
+    segment: int = Field(
+        ge=1, description="the segment (numbered stretch of the trainer's records) that evaluated"
+    )
     phase: int = Field(ge=0, description="bandit policy (pivot counter) in force at `step`")
     arms: dict[str, ArmEval] = Field(description="held-out loss per arm (arms with a split)")
     seconds: float = Field(ge=0.0, allow_inf_nan=False, description="wall time of the evaluation")

@@ -64,7 +64,9 @@ class LossEntry(BaseModel):
         ge=0.0, allow_inf_nan=False, description="unix seconds when the step finished"
     )
     segment: int = Field(
-        ge=1, le=MAX_STEP, description="trainer process life that trained this step"
+        ge=1,
+        le=MAX_STEP,
+        description="the segment (numbered stretch of the trainer's records) that trained this step",
     )
     phase: int = Field(
         ge=0, le=MAX_STEP, description="bandit policy (pivot counter) this step trained under"

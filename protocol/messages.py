@@ -46,9 +46,9 @@ class _Msg(BaseModel):
 
 
 class Hello(_Msg):
-    """A trainer life introduces itself. `segment` is None for a new life (the proxy numbers it)
-    and the life's number when it reconnects after a proxy restart. A proxy of another `protocol`
-    refuses it. `pid` and `life` (a secret the trainer process draws at start and sends only to
+    """A trainer life introduces itself. `segment` is None for a new life (the proxy numbers its
+    segment) and its segment's number when it reconnects after a proxy restart. A proxy of another
+    `protocol` refuses it. `pid` and `life` (a secret the trainer process draws at start and sends only to
     the proxy) say which process speaks: a hello that is not the live life is refused while the
     live one runs (docs/protocol.md, "Who may speak for the trainer")."""
 

@@ -76,7 +76,7 @@ class TrainerStatus(_Status):
     max_steps: int
     loss_ema: float | None
     last_checkpoint: int | None
-    segment: int  # with the proxy: 0 until the proxy has numbered this life
+    segment: int  # with the proxy: 0 until the proxy has numbered this life's segment
     phase: int
     mixing: str
     proxy_connected: bool | None

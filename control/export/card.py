@@ -25,6 +25,7 @@ from andrea.control.export.hf import HF_DIR, default_new_tokens
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import ConfigError, ExportConfig, load_toml
 from andrea.daemon.data.arms import CursorState
+from andrea.daemon.data.kinds import registry as kinds
 from andrea.daemon.data.tokenizer import RunTokenizer
 from andrea.daemon.rundir.evallog import EvalEntry
 from andrea.daemon.rundir.layout import CONFIG_FILE, LOSS_FILE
@@ -148,6 +149,11 @@ def _yaml(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _settings(kind: object) -> frozenset[str]:
+    found = kinds.find(kind)
+    return found.settings if found is not None else frozenset()
+
+
 def card_arms(config: dict[str, Any], data: Sequence[CursorState]) -> list[dict[str, Any]]:
     """Each arm of a checkpoint (its resolved ``config`` and the cursors of its ``data``): name,
     identity (sha256), tokens, and its source as configured, without the settings its kind has
@@ -160,7 +166,7 @@ def card_arms(config: dict[str, Any], data: Sequence[CursorState]) -> list[dict[
             for k, v in spec.items()
             if k != "name"
             and v not in (None, [])
-            and (k != "dtype" or spec.get("kind") == "tokens")
+            and (k != "dtype" or "dtype" in _settings(spec.get("kind")))
         }
 
     return [

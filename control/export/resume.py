@@ -2,7 +2,8 @@
 export folder, with every path of ``run.toml`` that is relative to the run directory provided.
 
 A run resolves the relative paths of its ``run.toml`` against its own directory: ``[data]
-tokenizer``, the globs of its text, jsonl and parquet arms, a tokens arm's file, ``[metrics]
+tokenizer``, the paths of its arms (what each arm's kind names: the globs of its text, jsonl
+and parquet arms, a tokens arm's file and held-out file), ``[metrics]
 prometheus_textfile_dir``. They cannot be rewritten as absolute paths in the copy: the data
 settings are part of the training config's hash, so a checkpoint would refuse to resume under
 them. So ``run.toml`` is copied as it is, and the recipe puts in the new directory what each
@@ -19,7 +20,8 @@ import shlex
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from andrea.daemon.config import FILE_KINDS, ConfigError, load_toml
+from andrea.daemon.config import ConfigError, load_toml
+from andrea.daemon.data.kinds import registry as kinds
 from andrea.daemon.data.tokenizer import BYTES
 from andrea.daemon.rundir.layout import CONFIG_FILE
 
@@ -84,12 +86,8 @@ def _arms(values: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _arm(arm: dict[str, Any], base: Path, lines: list[str], notes: list[str]) -> None:
     name = arm.get("name", "?")
-    patterns = arm.get("paths") if arm.get("kind") in FILE_KINDS else None
-    if arm.get("kind") == "tokens" and isinstance(arm.get("path"), str):
-        patterns = [arm["path"]]
-    for pattern in patterns if isinstance(patterns, list) else []:
-        if not isinstance(pattern, str):
-            continue
+    kind = kinds.find(arm.get("kind"))
+    for pattern in kind.export_paths(arm) if kind is not None else []:
         if PurePosixPath(pattern).is_absolute() or pattern.startswith("~"):
             notes.append(
                 f"Arm `{name}` reads `{pattern}`, an absolute path: the same files must be there "

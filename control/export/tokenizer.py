@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from andrea.daemon.checkpoint.manifest import Manifest
 from andrea.daemon.config import DataConfig
 from andrea.daemon.data.arms import check_tokenizers
+from andrea.daemon.data.kinds import registry as kinds
 from andrea.daemon.data.sources import DataError
 from andrea.daemon.data.tokenizer import (
     BYTES,
@@ -140,6 +141,11 @@ def readme_fields(tokenizer: RunTokenizer, note: str = "") -> dict[str, str]:
     }
 
 
+def _of_ids(kind: object) -> bool:
+    found = kinds.find(kind)
+    return found is not None and not found.encoded
+
+
 def unknown_makers(run_dir: Path, manifest: Manifest) -> list[str]:
     """The checkpoint's tokens arms whose files say no tokenizer made them, one line each: their
     ids were read as the run's tokenizer's, which an export then ships, and nothing proves it is
@@ -148,7 +154,7 @@ def unknown_makers(run_dir: Path, manifest: Manifest) -> list[str]:
     weights are what they are."""
     data = manifest.config.get("data", {})
     arms = data.get("arms", []) if isinstance(data, dict) else []
-    if not any(isinstance(a, dict) and a.get("kind") == "tokens" for a in arms):
+    if not any(isinstance(a, dict) and _of_ids(a.get("kind")) for a in arms):
         return []
     try:
         cfg = DataConfig.model_validate(data)

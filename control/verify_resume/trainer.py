@@ -495,16 +495,16 @@ def _resume_checks(run: _TrainerRun, path: str, skipped: str | None, stop_step: 
     """A resumed path continued the stop's checkpoint in a second life, skipping exactly the restore
     it was told to skip (``skipped``; None: none)."""
     last = TRAINER_TOTAL_STEPS
-    first_life, second_life = _steps_of(run, 1), _steps_of(run, 2)
+    first_segment, second_segment = _steps_of(run, 1), _steps_of(run, 2)
     resumed = Check(
         path=path,
         name=f"resumed from the stop checkpoint, trained exactly steps {stop_step + 1}-{last} in a second life",
         passed=f"resumed from {bin_name(stop_step)}" in run.log
-        and first_life == list(range(1, stop_step + 1))
-        and second_life == list(range(stop_step + 1, last + 1))
+        and first_segment == list(range(1, stop_step + 1))
+        and second_segment == list(range(stop_step + 1, last + 1))
         and len(run.entries) == last
         and run.manifest.step == last,
-        detail=f"segment 1: {_steps_detail(first_life)}; segment 2: {_steps_detail(second_life)}; "
+        detail=f"segment 1: {_steps_detail(first_segment)}; segment 2: {_steps_detail(second_segment)}; "
         f"final checkpoint step {run.manifest.step}",
     )
     unsafe = re.search(r"UNSAFE: skipping restore of (\S+)", run.log)

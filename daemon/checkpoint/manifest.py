@@ -87,7 +87,9 @@ class SchedulerState(_M):
 class Progress(_M):
     step: int = Field(ge=1)
     tokens_seen: int = Field(ge=0)
-    segment: int = Field(ge=1, description="the trainer process life that wrote this checkpoint")
+    segment: int = Field(
+        ge=1, description="the segment (numbered stretch of the trainer's records) that wrote it"
+    )
     train_seconds: float = Field(ge=0, description="training wall time summed over all segments")
 
 

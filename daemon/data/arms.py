@@ -1,10 +1,11 @@
 """Data arms: materialised token arrays, their identities, and a resumable order over each.
 
-The text of `stdlib`, `text`, `jsonl` and `parquet` arms is encoded with the run's tokenizer
-(daemon/data/tokenizer.py: bytes by default, or a subword `tokenizer.json`) once, and cached under
-its identity; `tokens` arms
-are pre-tokenized flat files of uint8/16/32 ids, memory-mapped, that say which tokenizer made them
-(daemon/data/encoding.py). An arm's identity names its source files, its held-out split and, for encoded
+How an arm is read is its kind's (daemon/data/kinds/: one module a kind, looked up in the
+registry). The documents of an encoded kind (`stdlib`, `text`, `jsonl`, `parquet`) are encoded with
+the run's tokenizer (daemon/data/tokenizer.py: bytes by default, or a subword `tokenizer.json`)
+once, here, and cached under their identity; a kind of ids (`tokens`: pre-tokenized flat files of
+uint8/16/32 ids, memory-mapped, that say which tokenizer made them) loads its arm itself. An arm's
+identity names its source files, its held-out split and, for encoded
 arms under a subword tokenizer, the tokenizer: a run resumes only onto the same data, encoded alike.
 
 Every arm is cut into chunks of `block_size + 1` tokens (stride `block_size`). An epoch visits the
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import time
@@ -26,36 +26,20 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from andrea.daemon.config import DEFAULT_MAX_DOCUMENT_BYTES, FILE_KINDS, ArmSpec, DataConfig
-from andrea.daemon.data import corpus, heldout, tokencache
+from andrea.daemon.config import DEFAULT_MAX_DOCUMENT_BYTES, ArmSpec, DataConfig
+from andrea.daemon.data import heldout, tokencache
 from andrea.daemon.data.compression import sampled
-from andrea.daemon.data.encoding import Document, read_record, split_paths, write_arm
+from andrea.daemon.data.encoding import Document, split_paths, write_arm
 from andrea.daemon.data.encoding_progress import EncodingProgress
+from andrea.daemon.data.kinds import registry as kinds
+from andrea.daemon.data.kinds.registry import ArmKind, Reading, Source
 from andrea.daemon.data.livefiles import TokenFile, guard_arm
-from andrea.daemon.data.nanogpt_meta import META_NAME, MetaRefused, read_meta, tokenizer_json
-from andrea.daemon.data.parquet import parquet_documents
-from andrea.daemon.data.sources import (
-    DEFAULT_FIELD,
-    DataError,
-    Meter,
-    SourceRejected,
-    Stop,
-    arm_files,
-    arm_roots,
-    jsonl_documents,
-    oversize_text,
-    text_documents,
-)
-from andrea.daemon.data.token_files import (
-    TokenLayout,
-    llmc_header,
-    open_token_file,
-    validation_sibling,
-)
+from andrea.daemon.data.sources import DataError, Meter, SourceRejected, Stop
 from andrea.daemon.data.tokenizer import (
     BYTES,
     RunTokenizer,
@@ -63,7 +47,6 @@ from andrea.daemon.data.tokenizer import (
     load_tokenizer,
     tokenizer_identity,
 )
-from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
 from andrea.daemon.rundir.durable import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -146,29 +129,24 @@ def encoded_identity(base: str, tokenizer: str, fraction: float | None) -> str:
     return heldout.split_identity(base, fraction) if fraction else base
 
 
-@dataclass(frozen=True)
-class _Source:
-    """An arm's documents to encode, how many bytes of files they come from, and what counts the
-    bytes read (None: the documents are in memory, their own bytes are counted)."""
-
-    docs: Iterable[Document]
-    total_bytes: int
-    meter: Meter | None = None
-
-
 def _arm(
-    name: str,
+    spec: ArmSpec,
+    kind: ArmKind,
+    reading: Reading,
     cache: Path,
-    identity: str,
+    cfg: DataConfig,
     tokenizer: RunTokenizer,
-    source: Callable[[], _Source],
-    fraction: float | None,
-    should_stop: Stop,
     progress: EncodingProgress,
 ) -> Arm:
-    """An encoded arm from its cache entry, verified first (daemon/data/tokencache.py); encoded from
-    `source()` when there is none or it is damaged. Processes sharing the cache verify an entry
-    together and encode it one at a time (the entry's lock)."""
+    """An arm of an encoded kind from its cache entry, verified first (daemon/data/tokencache.py);
+    encoded from the kind's documents when there is none or it is damaged. Processes sharing the
+    cache verify an entry together and encode it one at a time (the entry's lock)."""
+    name, should_stop, fraction = spec.name, reading.should_stop, cfg.heldout_fraction
+    with _naming(spec):
+        kind.before_identity(spec, reading)
+        identity = encoded_identity(
+            kind.source_identity(spec, reading), tokenizer.identity, fraction
+        )
     with tokencache.entry_lock(cache, identity, name, should_stop, exclusive=False):
         record = tokencache.verified(cache, identity, tokenizer, should_stop, repair=False)
     if record is None:
@@ -176,8 +154,9 @@ def _arm(
             # Another process may have encoded it meanwhile; a damaged entry is removed here.
             record = tokencache.verified(cache, identity, tokenizer, should_stop)
             if record is None:
+                source = kind.source(spec, reading)
                 record = _encode(
-                    name, cache, identity, source(), tokenizer, fraction, should_stop, progress
+                    name, cache, identity, source, tokenizer, fraction, should_stop, progress
                 )
     train_path, held_path = split_paths(cache, identity, tokenizer.suffix)
     dtype = tokenizer.dtype
@@ -197,7 +176,7 @@ def _encode(
     name: str,
     cache: Path,
     identity: str,
-    source: _Source,
+    source: Source,
     tokenizer: RunTokenizer,
     fraction: float | None,
     should_stop: Stop,
@@ -227,99 +206,6 @@ def _encode(
     return record
 
 
-def _stdlib_arms(
-    specs: list[ArmSpec],
-    cache: Path,
-    should_stop: Stop,
-    fraction: float | None,
-    tokenizer: RunTokenizer,
-    progress: EncodingProgress,
-) -> dict[str, Arm]:
-    root = corpus.stdlib_root()
-    files = corpus.stdlib_files(root)
-    if not files:
-        raise DataError(f"no Python sources found under {root}")
-    parts = sorted({s.part for s in specs if s.part is not None})
-    ids = {
-        p: encoded_identity(source, tokenizer.identity, fraction)
-        for p, source in corpus.stdlib_identities(parts, files, root).items()
-    }
-    extracted: dict[str, list[tuple[str, bytes]]] = {}
-
-    def source(part: str) -> Callable[[], _Source]:
-        def documents() -> _Source:
-            if not extracted:  # once, for every part that needs encoding
-                log.info(
-                    "building the default corpus from %d files under %s (once; cached in %s)",
-                    len(files),
-                    root,
-                    cache,
-                )
-                extracted.update(corpus.extract_stdlib_documents(files, root, should_stop))
-            return _Source(extracted[part], sum(len(d) for _, d in extracted[part]))
-
-        return documents
-
-    return {
-        s.name: _arm(
-            s.name,
-            cache,
-            ids[s.part],
-            tokenizer,
-            source(s.part),
-            fraction,
-            should_stop,
-            progress,
-        )
-        for s in specs
-        if s.part is not None
-    }
-
-
-def _source_identity(spec: ArmSpec, base: Path, should_stop: Stop = None) -> tuple[str, Path]:
-    """The identity of a text, jsonl or parquet arm's files (their listing, sizes and contents),
-    and their common directory."""
-    files, common = arm_files(spec, base)
-    salt = "text:v1" if spec.kind == "text" else f"{spec.kind}:v1:{spec.field or DEFAULT_FIELD}"
-    inside = arm_roots(spec, base)
-    return corpus.listing_digest(files, common, salt, should_stop, inside), common
-
-
-def _file_arm(
-    spec: ArmSpec,
-    base: Path,
-    cache: Path,
-    cfg: DataConfig,
-    tokenizer: RunTokenizer,
-    should_stop: Stop,
-    progress: EncodingProgress,
-) -> Arm:
-    """A text, JSON Lines or Parquet arm."""
-
-    def source() -> _Source:
-        files, _ = arm_files(spec, base)
-        meter = Meter()
-        docs = arm_documents(spec, base, should_stop, bound=cfg.document_bound, meter=meter)
-        return _Source(docs, sum(f.stat().st_size for f in files), meter)
-
-    fraction = cfg.heldout_fraction
-    with _naming(spec):
-        if spec.kind == "text":
-            # Before the files are hashed (gigabytes take minutes): a document over the bound is
-            # refused at once (read_file checks again, should the file grow meanwhile).
-            _check_sizes(spec, arm_files(spec, base)[0], cfg.document_bound)
-        digest, _ = _source_identity(spec, base, should_stop)
-        identity = encoded_identity(digest, tokenizer.identity, fraction)
-        return _arm(spec.name, cache, identity, tokenizer, source, fraction, should_stop, progress)
-
-
-def _check_sizes(spec: ArmSpec, files: list[Path], bound: int) -> None:
-    """A text arm's file is one document: one over `bound` bytes is a DataError naming both."""
-    for f in files:
-        if (size := f.stat().st_size) > bound:
-            raise DataError(oversize_text(f"arm {spec.name!r}: ", f, size, bound))
-
-
 @contextlib.contextmanager
 def _naming(spec: ArmSpec) -> Iterator[None]:
     """A file of the arm that cannot be read as a regular file is refused naming the arm too."""
@@ -333,113 +219,54 @@ def arm_documents(
     spec: ArmSpec,
     base: Path,
     should_stop: Stop = None,
-    stdlib: dict[str, list[tuple[str, bytes]]] | None = None,
     bound: int = DEFAULT_MAX_DOCUMENT_BYTES,
     meter: Meter | None = None,
+    shared: dict[str, Any] | None = None,
 ) -> Iterable[Document]:
     """The documents of an arm whose text the run's tokenizer encodes, `(id, text)` in order: the
-    unit of the held-out split. `stdlib`: the embedded corpus's documents, when they were
-    extracted already (for another arm); `bound`: the longest document read, a JSON Lines line
-    or a text file (`[data] max_document_bytes`); `meter`: counts the bytes read from the arm's files."""
-    if spec.kind == "stdlib":
-        if stdlib is None:
-            root = corpus.stdlib_root()
-            stdlib = corpus.extract_stdlib_documents(corpus.stdlib_files(root), root, should_stop)
-        return stdlib[spec.part or ""]
-    if spec.kind == "tokens":
-        raise ValueError(f"arm {spec.name!r} is a tokens file: it holds ids, not documents")
-    files, common = arm_files(spec, base)
-    inside = arm_roots(spec, base)
-    label = f"arm {spec.name!r}: "
-    if spec.kind == "text":
-        return text_documents(files, common, should_stop, inside, meter, bound, label)
-    field = spec.field or DEFAULT_FIELD
-    read = parquet_documents if spec.kind == "parquet" else jsonl_documents
-    return read(files, common, field, should_stop, label, inside, bound, meter)
+    unit of the held-out split (ValueError for an arm of ids). `bound`: the longest document read,
+    a JSON Lines line or a text file (`[data] max_document_bytes`); `meter`: counts the bytes
+    read from the arm's files; `shared`: what the arms read one after the other share (the
+    standard library's documents, extracted once for its three parts)."""
+    reading = Reading(base, bound, should_stop, meter, {} if shared is None else shared)
+    return kinds.kind(spec.kind).documents(spec, reading)
 
 
-def _tokens_file(spec: ArmSpec, base: Path, held_out: bool = False) -> TokenLayout:
-    """A tokens arm's file (its held-out file with `held_out`), opened by what says its ids'
-    type (daemon/data/token_files.py)."""
-    named = base / (spec.heldout_path if held_out and spec.heldout_path else spec.tokens_path())
-    record = read_record(named)
-    return open_token_file(
-        f"arm {spec.name!r}",
-        named.resolve(),
-        spec.dtype,
-        record.dtype if record is not None else None,
-        named,
-        "held-out token file" if held_out else "token file",
-    )
-
-
-def _made_by(spec: ArmSpec, base: Path) -> tuple[str | None, str]:
-    """Which tokenizer made a tokens arm's file: its record's identity (None: unknown), and where
-    that is said. The record is the one beside the path the arm names (a link's own, not its
-    target's: whoever links a file from elsewhere says, beside the link, what made it); without
-    one, a nanoGPT meta.pkl beside it says (its vocabulary is a tokenizer)."""
-    path = base / spec.tokens_path()
-    record = read_record(path)
-    if record is not None:
-        return record.tokenizer, f"per {path.name}.json"
-    meta = path.parent / META_NAME
-    if meta.is_file():
-        try:
-            made_by = hashlib.sha256(tokenizer_json(read_meta(meta))).hexdigest()
-        except MetaRefused as e:
-            raise SourceRejected(f"arm {spec.name!r}: {e}") from None
-        return (
-            made_by,
-            f"per nanoGPT's {META_NAME} beside it ([data] tokenizer = {_beside(spec)!r})",
-        )
-    head = llmc_header(path, path.stat().st_size) if path.is_file() else None
-    if head is not None:
-        family = "GPT-2's" if head[0] == 20240520 else "Llama 3's"
-        return None, (
-            f"llm.c's header, magic {head[0]}, says {family} ids: set [data] tokenizer to that "
-            "tokenizer.json to decode them"
-        )
-    return None, f"no {path.name}.json beside it"
-
-
-def _beside(spec: ArmSpec) -> str:
-    """The meta.pkl beside a tokens arm's file, as [data] tokenizer names it."""
-    return str(Path(spec.tokens_path()).parent / META_NAME)
-
-
-def _describe_tokenizer(identity: str) -> str:
+def describe_tokenizer(identity: str) -> str:
+    """A tokenizer's identity in a refusal: "bytes", or the head of its sha256."""
     return BYTES if identity == BYTES else f"sha256 {identity[:12]}…"
 
 
-def check_tokenizers(
+def _unknown_makers(
     cfg: DataConfig, base: Path, run_tokenizer: str, only: str | None = None
-) -> list[tuple[ArmSpec, str]]:
-    """Refuse a run whose arms come from different tokenizers (DataError naming the arms); the
-    tokens arms whose tokenizer is unknown, accepted (the caller warns). `only`: check that arm."""
-    unknown: list[tuple[ArmSpec, str]] = []
+) -> list[tuple[ArmSpec, str, Path]]:
+    """`check_tokenizers`, and the file each unknown maker's warning is about."""
+    unknown: list[tuple[ArmSpec, str, Path]] = []
     foreign: list[str] = []
     for spec in cfg.arms:
-        if spec.kind != "tokens" or only not in (None, spec.name):
+        made = kinds.kind(spec.kind).made_by(spec, base)
+        if made is None or only not in (None, spec.name):
             continue
-        made_by, where = _made_by(spec, base)
-        if made_by is None:
+        if made.identity is None:
             unknown.append(
                 (
                     spec,
-                    f"arm {spec.name!r}: which tokenizer made {spec.path} is unknown ({where}); its ids "
-                    f"are read as the run's tokenizer's ({_describe_tokenizer(run_tokenizer)}); "
-                    "write its record to say (docs/data.md, `Which tokenizer made a tokens arm`)",
+                    f"arm {spec.name!r}: which tokenizer made {spec.path} is unknown "
+                    f"({made.where}); its ids are read as the run's tokenizer's "
+                    f"({describe_tokenizer(run_tokenizer)}); write its record to say "
+                    "(docs/data.md, `Which tokenizer made a tokens arm`)",
+                    made.file,
                 )
             )
-        elif made_by != run_tokenizer:
-            foreign.append(f"{spec.name!r} by {_describe_tokenizer(made_by)} ({where})")
+        elif made.identity != run_tokenizer:
+            foreign.append(f"{spec.name!r} by {describe_tokenizer(made.identity)} ({made.where})")
     if foreign:
         own = [s.name for s in cfg.arms if s.encoded] or ["none"]
         raise DataError(
             "the arms come from different tokenizers: arm "
             + ", arm ".join(foreign)
             + f"; the run's [data] tokenizer = {cfg.tokenizer!r} is "
-            + _describe_tokenizer(run_tokenizer)
+            + describe_tokenizer(run_tokenizer)
             + f" (it encodes the arms {', '.join(own)}). Ids of two tokenizers would share one "
             "embedding table: encode every arm with one tokenizer (andreactl tokenizer encode), or "
             "set [data] tokenizer to the one that made them"
@@ -447,101 +274,12 @@ def check_tokenizers(
     return unknown
 
 
-class _TokensMemo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    key: list[int]
-    identity: str
-    max_id: int
-
-
-def _memo(path: Path) -> _TokensMemo | None:
-    """A token file's remembered identity; None when there is none or it is damaged (it is then
-    computed again, and the memo rewritten)."""
-    try:
-        return _TokensMemo.model_validate_json(read_bounded(path, 1 << 16))
-    except FileNotFoundError:
-        return None
-    except (OSError, FileRejected, ValueError) as e:
-        log.warning("token cache: %s is damaged (%s); hashing the file again", path, e)
-        return None
-
-
-def _tokens_identity(file: TokenLayout, cache: Path, arm: str) -> tuple[str, int]:
-    """A token file's identity (a hash of its ids) and largest id; both remembered per (path,
-    size, mtime, inode, id width, header), since hashing a large file takes a while. `arm`: the
-    arm's name, for a wait on the memo's lock."""
-    st = file.path.stat()
-    memo = cache / f"tokens-{hashlib.sha256(str(file.path).encode()).hexdigest()[:16]}.json"
-    key = [st.st_size, st.st_mtime_ns, st.st_ino, file.dtype.itemsize, file.offset]
-    remembered = _memo(memo)
-    if remembered is not None and remembered.key == key:
-        return remembered.identity, remembered.max_id
-    tokens = file.tokens()
-    h = hashlib.sha256(f"tokens:{file.dtype.name}:v1".encode())
-    max_id = 0
-    step = 1 << 24
-    for i in range(0, tokens.shape[0], step):
-        block = tokens[i : i + step]
-        h.update(block.tobytes())
-        max_id = max(max_id, int(block.max(initial=0)))
-    identity = h.hexdigest()
-    # Under the memo's own lock, as every temporary of the cache is written: a start that finds
-    # the lock free takes the temporary for one a killed writer left (remove_stale_temporaries).
-    with tokencache.entry_lock(cache, memo.stem, arm, exclusive=True):
-        atomic_write_bytes(
-            memo, json.dumps({"key": key, "identity": identity, "max_id": max_id}).encode()
-        )
-    return identity, max_id
-
-
-def _checked_identity(
-    spec: ArmSpec, file: TokenLayout, cache: Path, vocab_size: int, tokenizer: str
-) -> str:
-    identity, max_id = _tokens_identity(file, cache, spec.name)
-    if max_id >= vocab_size:
-        raise DataError(
-            f"arm {spec.name!r}: token id {max_id:,} in {file.path} is not below [model] "
-            f"vocab_size {vocab_size:,}: set [model] vocab_size to at least {max_id + 1:,}, or "
-            "[data] tokenizer to the tokenizer that made the file (the run's is "
-            f"{_describe_tokenizer(tokenizer)}; its size is the default vocab_size)"
-        )
-    return identity
-
-
-def _tokens_arm(
-    spec: ArmSpec,
-    base: Path,
-    cache: Path,
-    vocab_size: int,
-    fraction: float | None,
-    tokenizer: str,
-) -> Arm:
-    """A tokens arm: its file's ids; held out, its `heldout_path` file (nanoGPT's val.bin), else
-    `fraction` of its spans of `heldout.TOKEN_SPAN` tokens (none without a fraction)."""
-    train = _tokens_file(spec, base)
-    identity = _checked_identity(spec, train, cache, vocab_size, tokenizer)
-    tokens = train.tokens()
-    if not fraction:
-        return Arm(spec.name, identity, tokens)
-    if spec.heldout_path is not None:
-        held = _tokens_file(spec, base, held_out=True)
-        held_identity = _checked_identity(spec, held, cache, vocab_size, tokenizer)
-        return Arm(
-            spec.name,
-            hashlib.sha256(f"{identity}\0heldout file\0{held_identity}".encode()).hexdigest(),
-            tokens,
-            held.tokens(),
-            heldout_file=f"{spec.heldout_path} ({held.said_by})",
-        )
-    kept, held_spans = heldout.split_token_spans(tokens.shape[0], fraction)
-    return Arm(
-        spec.name,
-        heldout.split_identity(identity, fraction),
-        heldout.Spliced(tokens, kept),
-        heldout.Spliced(tokens, held_spans),
-        len(kept) + len(held_spans),
-        len(held_spans),
-    )
+def check_tokenizers(
+    cfg: DataConfig, base: Path, run_tokenizer: str, only: str | None = None
+) -> list[tuple[ArmSpec, str]]:
+    """Refuse a run whose arms come from different tokenizers (DataError naming the arms); the
+    arms of ids whose tokenizer is unknown, accepted (the caller warns). `only`: check that arm."""
+    return [(s, w) for s, w, _ in _unknown_makers(cfg, base, run_tokenizer, only)]
 
 
 def load_arms(
@@ -559,50 +297,30 @@ def load_arms(
     meanwhile, and OSError naming the cache directory when the cache cannot be written."""
     tokenizer = tokenizer or load_tokenizer(cfg.tokenizer, base)
     check_vocab(vocab_size, tokenizer, any(s.encoded for s in cfg.arms))
-    unknown = check_tokenizers(cfg, base, tokenizer.identity)
+    unknown = _unknown_makers(cfg, base, tokenizer.identity)
     progress = progress or EncodingProgress()
     cache = cache_root(cfg, base)
     cache.mkdir(parents=True, exist_ok=True)
     tokencache.remove_stale_temporaries(cache)
-    fraction = cfg.heldout_fraction
-    stdlib = [s for s in cfg.arms if s.kind == "stdlib"]
-    byname = (
-        _stdlib_arms(stdlib, cache, should_stop, fraction, tokenizer, progress) if stdlib else {}
-    )
+    reading = Reading(base, cfg.document_bound, should_stop)
+    arms = []
     for s in cfg.arms:
-        if s.kind in FILE_KINDS:
-            byname[s.name] = _file_arm(s, base, cache, cfg, tokenizer, should_stop, progress)
-        elif s.kind == "tokens":
-            byname[s.name] = _tokens_arm(s, base, cache, vocab_size, fraction, tokenizer.identity)
-    # Read by pread from here on: a file changed under the live run is an error, not a SIGBUS.
-    arms = [guard_arm(byname[s.name], vocab_size, s.kind == "tokens") for s in cfg.arms]
-    if fraction:
+        kind = kinds.kind(s.kind)
+        if kind.encoded:
+            arm = _arm(s, kind, reading, cache, cfg, tokenizer, progress)
+        else:
+            arm = kind.load(s, cfg, base, cache, vocab_size, tokenizer.identity)
+        # Read by pread from here on: a file changed under the live run is an error, not a SIGBUS.
+        arms.append(guard_arm(arm, vocab_size, not kind.encoded))
+    if cfg.heldout_fraction:
         for arm in arms:
-            _log_split(arm, fraction)
-    _warn_tokens_files(cfg, base, cache, unknown)
+            _log_split(arm, cfg.heldout_fraction)
+    for _, warning, file in unknown:
+        _warn_once(cache, warning, file)
+    for s in cfg.arms:
+        for warning, file in kinds.kind(s.kind).notes(s, cfg, base):
+            _warn_once(cache, warning, file)
     return arms
-
-
-def _warn_tokens_files(
-    cfg: DataConfig, base: Path, cache: Path, unknown: list[tuple[ArmSpec, str]]
-) -> None:
-    """Once the arms are loaded: which tokens arms come from an unknown tokenizer, and which
-    leave a val.bin beside them unused, each said once (`_warn_once`)."""
-    for spec, warning in unknown:
-        _warn_once(cache, warning, base / spec.tokens_path())
-    for spec in cfg.arms:
-        if spec.kind != "tokens" or spec.heldout_path is not None or not cfg.heldout_fraction:
-            continue
-        sibling = validation_sibling(base / spec.tokens_path())
-        if sibling is not None:
-            _warn_once(
-                cache,
-                f"arm {spec.name!r}: {sibling.name} lies beside {spec.tokens_path()}, and spans "
-                f"of {spec.tokens_path()} are held out instead: set heldout_path = "
-                f"{str(Path(spec.tokens_path()).with_name(sibling.name))!r} in the arm to "
-                "evaluate on it (before the run's first checkpoint: it changes the arm's data)",
-                sibling,
-            )
 
 
 def _warn_once(cache: Path, warning: str, file: Path) -> None:
@@ -627,25 +345,18 @@ def arm_identity(spec: ArmSpec, cfg: DataConfig, base: Path, vocab_size: int) ->
     """The identity `load_arms` gives this arm, without building its data: what the proxy needs
     to reconcile its arms. (It used to build the corpus too, at the same time as the trainer, which
     doubled the CPU time of a first start.) Raises DataError naming the arm, as load_arms does."""
-    fraction = cfg.heldout_fraction
-    if spec.kind == "tokens":
+    kind = kinds.kind(spec.kind)
+    if not kind.encoded:
         tokenizer = tokenizer_identity(cfg.tokenizer, base)
         check_tokenizers(cfg, base, tokenizer, only=spec.name)
         cache = cache_root(cfg, base)
         cache.mkdir(parents=True, exist_ok=True)
-        return _tokens_arm(spec, base, cache, vocab_size, fraction, tokenizer).identity
+        return kind.load(spec, cfg, base, cache, vocab_size, tokenizer).identity
     run_tokenizer = load_tokenizer(cfg.tokenizer, base)
     check_vocab(vocab_size, run_tokenizer, any(s.encoded for s in cfg.arms))
-    if spec.kind == "stdlib":
-        root = corpus.stdlib_root()
-        files = corpus.stdlib_files(root)
-        if not files:
-            raise DataError(f"no Python sources found under {root}")
-        source = corpus.stdlib_identity(spec.stdlib_part(), files, root)
-    else:
-        with _naming(spec):
-            source, _ = _source_identity(spec, base)
-    return encoded_identity(source, run_tokenizer.identity, fraction)
+    with _naming(spec):
+        source = kind.source_identity(spec, Reading(base, cfg.document_bound))
+    return encoded_identity(source, run_tokenizer.identity, cfg.heldout_fraction)
 
 
 class CursorState(BaseModel):

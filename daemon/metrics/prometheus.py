@@ -15,7 +15,7 @@ andrea_checkpoint_age_seconds           trainer  since the newest durable checkp
 andrea_holding                          trainer  1 while held at a boundary checkpoint or waiting
                                                  for the proxy, else 0
 andrea_proxy_link_lag_steps             trainer  trained steps the proxy has not acknowledged yet
-andrea_segment                          trainer  trainer process life
+andrea_segment                          trainer  the segment the trainer trains
 andrea_phase                            proxy    bandit phase (pivot counter)
 andrea_logged_step                      proxy    every step up to here is durable in .loss.json
 andrea_zombie_arms                      proxy    arms whose source is gone
@@ -49,7 +49,7 @@ TRAINER_GAUGES = {
     "andrea_checkpoint_age_seconds": "seconds since the newest durable checkpoint was written",
     "andrea_holding": "1 while the trainer holds (boundary checkpoint, waiting for the proxy)",
     "andrea_proxy_link_lag_steps": "trained steps whose loss the proxy has not acknowledged",
-    "andrea_segment": "trainer process life (segment) number",
+    "andrea_segment": "the segment number: the numbered stretch of records the trainer trains",
 }
 PROXY_GAUGES = {
     "andrea_phase": "bandit phase (pivot counter)",

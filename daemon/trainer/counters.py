@@ -20,7 +20,8 @@ class Counters:
     #: Time spent in training steps over the whole run (the manifest carries it across lives).
     train_seconds: float = 0.0
     loss_ema: float | None = None
-    #: The trainer process life; with the proxy, 0 until the proxy has numbered it.
+    #: The segment this life trains (a new one after a pivot's roll-back); with the proxy, 0
+    #: until the proxy has numbered it.
     segment: int = 0
     phase: int = 0
     activity: Activity = Activity.STARTING

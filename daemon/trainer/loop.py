@@ -61,7 +61,7 @@ class Collaborators:
 
 
 class Trainer:
-    """One life ("segment") of the trainer process over one run directory.
+    """One life of the trainer process over one run directory (it trains one segment or more).
 
     In a torchrun job every rank runs one Trainer. Global rank 0 alone owns the control socket,
     the proxy link (or the loss log), systemd notifications and the checkpoint writes; every

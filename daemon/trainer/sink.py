@@ -113,10 +113,11 @@ class FileSink(RecordSink):
 
     @classmethod
     def open(cls, run_dir: Path, mixture: FixedMixture, prior_segment: int) -> tuple[FileSink, int]:
-        """The sink, and the number of this life: one more than any life the checkpoint
-        (`prior_segment`) or the log knows. RecordLogRefused when either file cannot be a log."""
+        """The sink, and the number of this life's segment: one more than any segment the
+        checkpoint (`prior_segment`) or the log knows. RecordLogRefused when either file cannot
+        be a log."""
         try:
-            return cls(run_dir, mixture), next_life(run_dir, prior_segment)
+            return cls(run_dir, mixture), next_segment(run_dir, prior_segment)
         except LossLogError as e:
             raise RecordLogRefused(
                 f"{e}. The trainer writes no records over it: move it aside (a damaged log: "
@@ -185,7 +186,7 @@ class ProxySink(RecordSink):
 
     def arm_for(self, step: int) -> int | None:
         """The proxy's assignment if it arrives within 0.25 s; it also says the segment (the
-        proxy numbers the lives) and the phase."""
+        proxy numbers the segments) and the phase."""
         a = self.link.assignment(step, timeout=0.25)
         segment = self.link.segment
         if a is None or segment is None:  # the proxy numbers the segment before it assigns
@@ -242,7 +243,7 @@ class ProxySink(RecordSink):
 
 def open_sink(ctx: TrainerContext, manifest: Manifest | None) -> RecordSink:
     """This rank's sink for the life that resumes from `manifest` (None: a fresh run). In fixed
-    mode it numbers the life; in proxy mode the link re-sends what the manifest holds pending."""
+    mode it numbers the life's segment; in proxy mode the link re-sends what the manifest holds pending."""
     cfg, run_dir, counters, parts = ctx.cfg, ctx.run_dir, ctx.counters, ctx.parts
     if not ctx.main:
         return RecordSink(parts.mixture if cfg.mixing == "fixed" else None)
@@ -264,23 +265,23 @@ def open_sink(ctx: TrainerContext, manifest: Manifest | None) -> RecordSink:
 
 
 def _provisional_segment(run_dir: Path, manifest: Manifest | None) -> int:
-    """Proxy mode: the life a checkpoint records if one is taken before the proxy has numbered
-    this life (a stop after an accepted config change rewrites the resumed step): one more than
-    any life the checkpoint or the log knows, as fixed mode numbers it. A life of its own, so that
-    the resume check never compares the cursors with draws of the earlier lives, made under the
-    old config (checkpoint/training/crosscheck.py). The proxy's number replaces it at the first
+    """Proxy mode: the segment a checkpoint records if one is taken before the proxy has numbered
+    this life's (a stop after an accepted config change rewrites the resumed step): one more than
+    any segment the checkpoint or the log knows, as fixed mode numbers it. A segment of its own,
+    so that the resume check never compares the cursors with draws of the earlier segments, made
+    under the old config (checkpoint/training/crosscheck.py). The proxy's number replaces it at the first
     assignment; 0 for a fresh run, which has nothing to checkpoint before its first step."""
     if manifest is None:
         return 0
     try:
-        return next_life(run_dir, manifest.progress.segment)
+        return next_segment(run_dir, manifest.progress.segment)
     except (LossLogError, OSError):
-        # The proxy repairs or refuses its log; the checkpoint's own life still counts.
+        # The proxy repairs or refuses its log; the checkpoint's own segment still counts.
         return manifest.progress.segment + 1
 
 
-def next_life(run_dir: Path, prior_segment: int) -> int:
-    """One more than any life the checkpoint (`prior_segment`) or the loss log's tail knows.
+def next_segment(run_dir: Path, prior_segment: int) -> int:
+    """One more than any segment the checkpoint (`prior_segment`) or the loss log's tail knows.
     LossLogError when the log cannot be read as one."""
     loss_path = run_dir / LOSS_FILE
     tail = last_entry(loss_path) if loss_path.exists() else None

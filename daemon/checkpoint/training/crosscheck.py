@@ -8,13 +8,13 @@ docs/checkpoint-format.md defines it. So a resume cross-checks what something el
   the source's count for a run started with `--init-from-optimizer`), and the scheduler's
   `last_step` is `step`; the scheduler's rates are the schedule's at that step, under its
   own parameters, which are the manifest config's.
-- Each data cursor (single-process manifests) whose arm the checkpoint's own life drew: the batch
+- Each data cursor (single-process manifests) whose arm the checkpoint's own segment drew: the batch
   it drew last must be the one the run recorded. The newest step of that arm on the checkpoint's
-  trajectory — in `.loss.json` (of each step, the entry of the checkpoint's life or the newest life
-  before it) or among the manifest's pending records — carries `batch_sha256`; rewinding the cursor
+  trajectory — in `.loss.json` (of each step, the entry of the checkpoint's segment or the newest
+  segment before it) or among the manifest's pending records — carries `batch_sha256`; rewinding the cursor
   by that step's chunks and drawing again, in the data order of the manifest's seed, must give the
-  same digest. Only a draw of the same life is comparable: a restart may change the seed or reset
-  a cursor (`--allow-config-change`), and does so before its first step.
+  same digest. Only a draw of the same segment is comparable: a restart (a new segment) may change
+  the seed or reset a cursor (`--allow-config-change`), and does so before its first step.
 
 A contradiction makes the checkpoint damaged: it is skipped with the reason, like any other. What a
 re-signed manifest can still change is listed in docs/checkpoint-format.md.
@@ -100,8 +100,8 @@ class Drawn:
 def newest_draws(
     log_columns: LossCurve | None, pending: list[LossEntry], step: int, segment: int
 ) -> dict[str, Drawn]:
-    """Per arm, its newest step up to `step` on the trajectory of the life `segment`: of each step,
-    the entry of the newest life not after `segment` (last in file order among equals); the
+    """Per arm, its newest step up to `step` on the trajectory of `segment`: of each step, the
+    entry of the newest segment not after `segment` (last in file order among equals); the
     manifest's `pending` records count as logged."""
     newest: dict[str, tuple[int, int, Drawn]] = {}
 
@@ -165,15 +165,15 @@ class CrossCheck:
         seed = m.config.get("seed") if isinstance(m.config, dict) else None
         if m.distributed is not None or not isinstance(seed, int):
             return []  # a job's cursors are each rank's: the job's data layout decides
-        life = m.progress.segment
-        draws = newest_draws(self._log(), m.pending_losses, m.step, life)
+        segment = m.progress.segment
+        draws = newest_draws(self._log(), m.pending_losses, m.step, segment)
         out = []
         for cursor in m.data:
             stream, drawn = self.streams.get(cursor.name), draws.get(cursor.name)
             if (
                 stream is None
                 or drawn is None
-                or drawn.segment != life
+                or drawn.segment != segment
                 or drawn.batch_sha256 is None
                 or cursor.identity != stream.arm.identity
                 or cursor.n_chunks != stream.n_chunks

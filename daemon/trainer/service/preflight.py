@@ -26,10 +26,9 @@ from andrea.daemon.checkpoint.manager import (
     resume_problems,
 )
 from andrea.daemon.checkpoint.manifest import Manifest
-from andrea.daemon.config import FILE_KINDS, ArmSpec, ConfigError, RunConfig
+from andrea.daemon.config import ConfigError, RunConfig
 from andrea.daemon.data.arms import DataError, arm_identity, too_few_tokens
-from andrea.daemon.data.parquet import check_parquet
-from andrea.daemon.data.sources import DEFAULT_FIELD, arm_files, jsonl_documents, text_documents
+from andrea.daemon.data.kinds import registry as kinds
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.daemon.trainer.platform.world import World
@@ -86,35 +85,14 @@ def _data_identities(cfg: RunConfig, args: argparse.Namespace) -> dict[str, str]
     identities = {}
     for spec in cfg.data.arms:
         identities[spec.name] = arm_identity(spec, cfg.data, args.run_dir, cfg.model.vocab_size)
-        if spec.kind in FILE_KINDS:
-            _first_records(spec, args.run_dir, cfg.model.block_size + 1, cfg.data.document_bound)
+        # The first record of each file (the first document, a Parquet file's footer), as the
+        # start reads it: a bad file fails here (exit 5, naming the arm, the file and the
+        # record), and so do files that hold no document at all (the start's 0 training tokens).
+        # The rest of each file is the start's to read.
+        kind = kinds.kind(spec.kind)
+        if not kind.first_records(spec, args.run_dir, cfg.data.document_bound):
+            raise DataError(too_few_tokens(spec.name, 0, cfg.model.block_size + 1))
     return identities
-
-
-def _first_records(spec: ArmSpec, base: Path, chunk: int, bound: int) -> None:
-    """Read the first document of each of a text or JSON Lines arm's files, and the footer of each
-    of a Parquet arm's: a JSON Lines line without the arm's field, or that is not JSON, a Parquet
-    file without the arm's text column, fails here as it would fail the start (exit 5, naming the
-    arm, the file and the line); so does an arm whose files hold no document at all (the start's
-    0 training tokens). The rest of the file is the start's to read."""
-    files, common = arm_files(spec, base)
-    found = False
-    field, label = spec.field or DEFAULT_FIELD, f"arm {spec.name!r}: "
-    for f in files:
-        if spec.kind == "text":
-            first = next(text_documents([f], common, bound=bound, label=label), None)
-            found = found or bool(first and first[1])
-        elif spec.kind == "parquet":
-            if check_parquet(f, field, label):
-                found = True
-            else:
-                log.warning("arm %r: %s holds no rows", spec.name, f)
-        elif next(jsonl_documents([f], common, field, label=label, bound=bound), None) is None:
-            log.warning("arm %r: %s holds no JSON Lines records", spec.name, f)
-        else:
-            found = True
-    if not found:
-        raise DataError(too_few_tokens(spec.name, 0, chunk))
 
 
 def _check_checkpoint(plan: StartPlan, identities: dict[str, str], allow_change: bool) -> str:
