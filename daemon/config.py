@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from andrea.daemon.data.heldout import DEFAULT_FRACTION
 from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
@@ -35,6 +43,8 @@ from andrea.daemon.runtime.validation_messages import Note, describe
 from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
+#: Activation recompute (`ModelConfig.recompute`): none, or every transformer block.
+Recompute = Literal["none", "blocks"]
 
 #: The most sequences one optimizer step may train, over the whole job.
 MAX_STEP_SEQUENCES = 4096
@@ -72,12 +82,41 @@ class ModelConfig(_Strict):
     n_embd: int = Field(ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     bias: bool = True
+    recompute: Recompute = Field(
+        "none",
+        description="activation recompute, often called activation checkpointing but no "
+        'checkpoint of the run: "blocks" keeps only each transformer block\'s input from the '
+        "forward pass and computes the block again in the backward pass (about a third more "
+        "arithmetic a step, far less activation memory); changes no bit of training, so it may "
+        "change at any restart",
+    )
+
+    #: Settings that change how a step is computed, never a bit of what it computes: they may
+    #: change at any restart, and the trajectory and the checkpoint's model leave them out.
+    COMPUTE_ONLY: ClassVar[tuple[str, ...]] = ("recompute",)
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _compute_only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # At their defaults the compute-only settings are left out of every dump (run.toml, the
+        # manifests), which therefore read as they did before the settings existed.
+        out: dict[str, Any] = handler(self)
+        for k in self.COMPUTE_ONLY:
+            if out.get(k) == ModelConfig.model_fields[k].default:
+                del out[k]
+        return out
+
+    def arithmetic(self) -> ModelConfig:
+        """This model with every compute-only setting at its default: two models train the same
+        bits from the same state exactly when these are equal."""
+        return self.model_copy(
+            update={k: ModelConfig.model_fields[k].default for k in self.COMPUTE_ONLY}
+        )
 
 
 class OptimConfig(_Strict):
@@ -561,6 +600,11 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
     """The trajectory settings of a config dump (as `RunConfig.trajectory`, for a dump read from a
     manifest or a file). Keys it lacks are left out."""
     traj = {k: dump[k] for k in RunConfig.TRAJECTORY_FIELDS if k in dump}
+    if isinstance(traj.get("model"), dict):
+        # Activation recompute changes how a step is computed, not one bit of it.
+        traj["model"] = {
+            k: v for k, v in traj["model"].items() if k not in ModelConfig.COMPUTE_ONLY
+        }
     # Where tokenized data is cached changes nothing about the tokens themselves.
     if isinstance(traj.get("data"), dict):
         traj["data"] = {k: v for k, v in traj["data"].items() if k != "cache_dir"}
