@@ -25,6 +25,11 @@ def _models() -> list[ModelConfig]:
     return [build_config(overrides={"preset": p}).model for p in PRESETS] + [custom]
 
 
+def _small_models() -> list[ModelConfig]:
+    """Models a CPU trains a step of in a moment (not the GPT-3 shapes' billions)."""
+    return [m for m in _models() if m.n_layer * m.n_embd**2 < 10**8]
+
+
 @pytest.mark.parametrize("model", _models(), ids=lambda m: f"{m.n_layer}x{m.n_embd}")
 def test_parameter_and_checkpoint_bytes_are_the_models(model: ModelConfig) -> None:
     with torch.device("meta"):
@@ -38,7 +43,7 @@ def test_parameter_and_checkpoint_bytes_are_the_models(model: ModelConfig) -> No
 
 def test_optimizer_bytes_are_adamws_state_after_a_step() -> None:
     # The trainer's optimizer (daemon/trainer/parts.py): fused AdamW over the decay groups.
-    for model in _models()[0::3]:
+    for model in _small_models()[0::3]:
         torch.manual_seed(0)
         gpt = GPT(model)
         opt = torch.optim.AdamW(gpt.decay_groups(0.1), lr=1e-3, fused=True)
@@ -84,8 +89,29 @@ def measured_peak(model: ModelConfig, sequences: int) -> int:
         (ModelConfig(block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0), 8),
         (ModelConfig(block_size=256, n_layer=2, n_head=4, n_embd=128, dropout=0.1), 2),
         (ModelConfig(block_size=128, n_layer=3, n_head=4, n_embd=96, bias=False), 3),
+        (ModelConfig(block_size=64, n_layer=4, n_head=4, n_embd=64, recompute="blocks"), 8),
+        (
+            ModelConfig(
+                block_size=256, n_layer=4, n_head=4, n_embd=128, dropout=0.1, recompute="blocks"
+            ),
+            2,
+        ),
+        (
+            ModelConfig(
+                block_size=128, n_layer=6, n_head=4, n_embd=96, bias=False, recompute="blocks"
+            ),
+            3,
+        ),
     ],
-    ids=["tiny-dropout", "tiny-fused-attention", "long-context", "no-bias"],
+    ids=[
+        "tiny-dropout",
+        "tiny-fused-attention",
+        "long-context",
+        "no-bias",
+        "recompute",
+        "recompute-long-context-dropout",
+        "recompute-no-bias",
+    ],
 )
 def test_activation_estimate_is_within_25_percent_of_the_measured_peak(
     model: ModelConfig, sequences: int
@@ -94,7 +120,7 @@ def test_activation_estimate_is_within_25_percent_of_the_measured_peak(
     estimate = activation_bytes(model, sequences, cpu_numerics(model))
     measured = measured_peak(model, sequences)
     assert 0.75 <= estimate / measured <= 1.25, (estimate, measured)
-    # Measured here: 1.02, 1.03, 1.02 and 1.05 times the peak.
+    # Measured here: 1.02, 1.03, 1.02 and 1.05 times the peak; with recompute 0.97, 0.98, 0.96.
     assert abs(estimate / measured - 1) < 0.06, (estimate, measured)
 
 
