@@ -744,7 +744,12 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-#: Presets. Parameter counts are pinned by tests: tiny ≈ 0.14M, 12m = 12.8M ± 2%, 120m ≈ 120M.
+#: Presets. Parameter counts are pinned by tests: tiny ≈ 0.14M, 12m = 12.8M ± 2%, 120m ≈ 120M;
+#: the GPT-3 paper's 1.3B and 6.7B shapes (Brown et al. 2020, table 2.1: layers, width, heads,
+#: context 2,048, its batch in tokens and learning rates, no dropout) hold 1,213,845,504 and
+#: 6,454,648,832 parameters under the byte vocabulary (the paper's 50,257-id vocabulary adds its
+#: embedding and head). Their LR decays over Chinchilla's 20 tokens a parameter. Built on the
+#: meta device where no memory holds them (`andreactl plan`, the tests).
 PRESETS: dict[str, dict[str, Any]] = {
     "andrea-tiny": {
         "model": {"block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64, "dropout": 0.1},
@@ -760,6 +765,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"block_size": 1024, "n_layer": 17, "n_head": 12, "n_embd": 768, "dropout": 0.0},
         "optim": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 2000, "decay_steps": 200000},
         "batch_size": 8,
+    },
+    # 512 and 1,024 sequences: the paper's 1M and 2M tokens a step; warmup: its 375M tokens.
+    "gpt3-1.3b": {
+        "model": {"block_size": 2048, "n_layer": 24, "n_head": 16, "n_embd": 2048, "dropout": 0.0},
+        "optim": {"lr": 2e-4, "min_lr": 2e-5, "warmup_steps": 360, "decay_steps": 23000},
+        "batch_size": 512,
+    },
+    "gpt3-6.7b": {
+        "model": {"block_size": 2048, "n_layer": 32, "n_head": 32, "n_embd": 4096, "dropout": 0.0},
+        "optim": {"lr": 1.2e-4, "min_lr": 1.2e-5, "warmup_steps": 180, "decay_steps": 61500},
+        "batch_size": 1024,
     },
 }
 
