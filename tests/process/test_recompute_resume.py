@@ -51,6 +51,7 @@ def test_recompute_resumes_bit_exact_and_may_change_at_a_restart(
     turned_on = tmp_path / "turned-on"
     log = stopped_and_resumed(turned_on, cache_dir, "none", "blocks")
     assert "activation recompute per block" in log, log
+    assert "activation recompute none → blocks: the same arithmetic, bit for bit" in log, log
     final = (plain / bin_name(STEPS)).read_bytes()
     for run in (on, turned_on):
         assert losses(run) == losses(plain)
