@@ -14,28 +14,35 @@ from andrea.daemon import model as model_module
 from andrea.daemon.checkpoint.source import shape_differences
 from andrea.daemon.config import ModelConfig, build_config, config_changes
 from andrea.daemon.model import GPT
+from andrea.daemon.trainer.platform import determinism
 
 TINY = {"block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64, "dropout": 0.1}
 
 
-def _train(recompute: str, steps: int = 2, batch: int = 4) -> tuple[list[float], list[Any]]:
+def _train(
+    recompute: str, steps: int = 2, batch: int = 4, device: str = "cpu", bf16: bool = False
+) -> tuple[list[float], list[Any]]:
     """`steps` AdamW steps of a tiny GPT with dropout from one seed: each step's loss, then the
-    gradients of the last step and the final weights and random state."""
+    gradients of the last step and the final weights and random states."""
     torch.manual_seed(7)
-    gpt = GPT(ModelConfig(**TINY, recompute=recompute)).train()
+    gpt = GPT(ModelConfig(**TINY, recompute=recompute)).to(device).train()
     opt = torch.optim.AdamW(gpt.decay_groups(0.1), lr=1e-3)
     data = torch.Generator().manual_seed(3)
     losses = []
     for _ in range(steps):
-        x = torch.randint(0, 256, (batch, TINY["block_size"] + 1), generator=data)
+        x = torch.randint(0, 256, (batch, TINY["block_size"] + 1), generator=data).to(device)
         opt.zero_grad(set_to_none=True)
-        _, loss = gpt(x[:, :-1], x[:, 1:])
+        with torch.autocast(device, torch.bfloat16, enabled=bf16):
+            _, loss = gpt(x[:, :-1], x[:, 1:])
         assert loss is not None
         loss.backward()
         losses.append(loss.item())
         grads = [p.grad.clone() for p in gpt.parameters() if p.grad is not None]
         opt.step()
-    return losses, [*grads, *(p.detach().clone() for p in gpt.parameters()), torch.get_rng_state()]
+    states = [torch.get_rng_state()]
+    if device == "cuda":
+        states.append(torch.cuda.get_rng_state())
+    return losses, [*grads, *(p.detach().clone() for p in gpt.parameters()), *states]
 
 
 def _identical(a: list[Any], b: list[Any]) -> bool:
@@ -49,6 +56,21 @@ def test_recompute_trains_the_same_bits_with_dropout_on_cpu() -> None:
     # Gradients of the last step, weights after the second, and torch's random state afterwards
     # (the recompute's draws are put back, so the next step draws what it would have).
     assert _identical(state, plain)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_recompute_trains_the_same_bits_with_dropout_on_cuda(bf16: bool) -> None:
+    """Eager, in the deterministic mode (the trainer's on CUDA): the GPU's generator is restored
+    for the recompute too, so its dropout masks are the forward's. (scripts/gpu_check.py runs it.)"""
+    determinism.apply(True)
+    try:
+        plain_losses, plain = _train("none", device="cuda", bf16=bf16)
+        losses, state = _train("blocks", device="cuda", bf16=bf16)
+    finally:
+        determinism.apply(False)
+    assert [x.hex() for x in losses] == [x.hex() for x in plain_losses]
+    assert _identical([t.cpu() for t in state], [t.cpu() for t in plain])
 
 
 def test_recompute_runs_each_block_again_in_the_backward_pass(monkeypatch) -> None:
