@@ -11,10 +11,16 @@ disk and rental hours follow from the stated bandwidths and start-up time.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from andrea.control import reports, sizing
-from andrea.daemon.config import RunConfig
+from andrea.daemon.config import ModelConfig, RunConfig
 from andrea.daemon.data.batch_split import BatchShape
+
+#: How the job holds the model: DDP replicates the whole state on each GPU; FSDP (FSDP2's
+#: fully_shard per block, then the root) shards the fp32 weights, gradients and Adam's moments.
+Strategy = Literal["ddp", "fsdp"]
+STRATEGIES: tuple[Strategy, ...] = ("ddp", "fsdp")
 
 GB = 10**9
 GiB = 2**30
@@ -90,6 +96,9 @@ class PlanInputs:
     startup_seconds: float
     #: The run's training tokens and how they were found (None: unknown).
     data_tokens: tuple[int, str] | None = None
+    strategy: Strategy = "ddp"
+    #: Activation recompute per block (`[model] recompute = "blocks"`).
+    recompute: bool = False
 
 
 #: The most steps a window is planned for (plan's --steps bound).
@@ -106,15 +115,64 @@ class _Costs:
     params: sizing.ParameterCount
     numerics: sizing.Numerics
     flops_per_token: int
+    recompute_flops_per_token: int
+
+
+def _costs(m: ModelConfig, precision: str) -> _Costs:
+    return _Costs(
+        sizing.parameters(m),
+        sizing.cuda_numerics(precision),
+        sizing.flops_per_token(m),
+        sizing.recompute_flops_per_token(m),
+    )
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU's bytes before activations, under a strategy."""
+
+    weights: int
+    gradients: int
+    adam_moments: int
+    bf16_weight_copies: int
+    gathered: int
+
+    @property
+    def total(self) -> int:
+        """With the runtime reserve: what the activations are added to."""
+        parts = (self.weights, self.gradients, self.adam_moments, self.bf16_weight_copies)
+        return sum(parts) + self.gathered + RUNTIME_RESERVE
+
+
+def gpu_state(m: ModelConfig, strategy: Strategy, gpus: int, precision: str) -> GpuState:
+    """The state one GPU holds. DDP: the whole fp32 weights, gradients and Adam's moments, and
+    under bf16 autocast's bf16 copies of the matrices. FSDP (fully_shard per block, then the root;
+    fp32 master weights, gradients reduce-scattered; bf16 compute under bf16): rank 0's shard of
+    each (the largest), plus the gathered units in the compute dtype: the root (embeddings, final
+    norm, head), never resharded during a step, with its gradients; the block computing and the
+    next, prefetched; one block's gradients and their fp32 copy for the reduce-scatter."""
+    p = sizing.parameters(m)
+    step_counts = sizing.FP32 * p.n_tensors
+    if strategy == "ddp":
+        copies = 2 * (p.n_params - p.embedding_params) if precision == "bf16" else 0
+        return GpuState(p.weight_bytes, p.gradient_bytes, p.optimizer_bytes, copies, gathered=0)
+    shard = sizing.sharded_elements(m, gpus)
+    compute = 2 if precision == "bf16" else sizing.FP32
+    block = p.block_params
+    root = p.n_params - m.n_layer * block
+    gathered = compute * (2 * root + 2 * block) + (compute + sizing.FP32) * block
+    return GpuState(
+        sizing.FP32 * shard,
+        sizing.FP32 * shard,
+        2 * sizing.FP32 * shard + step_counts,
+        0,
+        gathered,
+    )
 
 
 def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> reports.PlanReport:
     """The plan of `cfg` trained as `shape` (daemon/data/batch_split.py) under `inputs`."""
-    costs = _Costs(
-        sizing.parameters(cfg.model),
-        sizing.cuda_numerics(inputs.precision),
-        sizing.flops_per_token(cfg.model),
-    )
+    costs = _costs(cfg.model, inputs.precision)
     memory = _memory(cfg, shape, inputs, costs)
     speed = _speed(shape, inputs, costs, cfg.model.n_layer)
     data = _data(shape, inputs)
@@ -139,6 +197,8 @@ def make_plan(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs) -> reports.
         checkpoints=checkpoints,
         rental=_rental(cfg, inputs, costs, speed, checkpoints),
         data=data,
+        options=(options := _options(cfg, shape, inputs, costs)),
+        recommended=recommend(options, shape.per_rank),
         assumptions=_assumptions(inputs, costs),
         warnings=_warnings(shape, memory, data),
     )
@@ -148,11 +208,7 @@ def steps_in_window(cfg: RunConfig, shape: BatchShape, inputs: PlanInputs, days:
     """The most steps whose rental hours (training, checkpoint stalls, evaluation, one stop and
     resume, the export: `_rental`) fit in `days` days; 0 when not even the fixed hours do. The
     hours grow with the steps (never shrink), so a bisection finds it."""
-    costs = _Costs(
-        sizing.parameters(cfg.model),
-        sizing.cuda_numerics(inputs.precision),
-        sizing.flops_per_token(cfg.model),
-    )
+    costs = _costs(cfg.model, inputs.precision)
 
     def fits(steps: int) -> bool:
         at = replace(inputs, steps=steps)
@@ -202,18 +258,20 @@ def _batch(shape: BatchShape) -> reports.PlanBatch:
 def _memory(
     cfg: RunConfig, shape: BatchShape, inputs: PlanInputs, costs: _Costs
 ) -> reports.PlanMemory:
-    p, n = costs.params, costs.numerics
-    per_sequence = sizing.activation_bytes(cfg.model, 1, n)
-    activations = sizing.activation_bytes(cfg.model, shape.per_rank, n)
-    copies = 2 * (p.n_params - p.embedding_params) if inputs.precision == "bf16" else 0
-    fixed = p.weight_bytes + p.gradient_bytes + p.optimizer_bytes + copies + RUNTIME_RESERVE
-    total = fixed + activations
-    room = inputs.gpu.memory_bytes - fixed
+    p, n, rc = costs.params, costs.numerics, inputs.recompute
+    per_sequence = sizing.activation_bytes(cfg.model, 1, n, rc)
+    activations = sizing.activation_bytes(cfg.model, shape.per_rank, n, rc)
+    state = gpu_state(cfg.model, inputs.strategy, inputs.gpus, inputs.precision)
+    total = state.total + activations
+    room = inputs.gpu.memory_bytes - state.total
     return reports.PlanMemory(
-        weights=p.weight_bytes,
-        gradients=p.gradient_bytes,
-        adam_moments=p.optimizer_bytes,
-        bf16_weight_copies=copies,
+        strategy=inputs.strategy,
+        recompute=rc,
+        weights=state.weights,
+        gradients=state.gradients,
+        adam_moments=state.adam_moments,
+        bf16_weight_copies=state.bf16_weight_copies,
+        gathered=state.gathered,
         activations=activations,
         activations_per_sequence=per_sequence,
         checkpoint_staging=0,
@@ -222,30 +280,87 @@ def _memory(
         gpu_memory=inputs.gpu.memory_bytes,
         headroom=inputs.gpu.memory_bytes - total,
         fits=total <= inputs.gpu.memory_bytes,
-        largest_micro_batch=_largest_fitting(cfg, n, room, per_sequence),
+        largest_micro_batch=largest_fitting(cfg.model, n, room, rc),
         host_staging=p.checkpoint_bytes,
         attention=n.attention,
     )
 
 
-def _largest_fitting(cfg: RunConfig, n: sizing.Numerics, room: int, per_sequence: int) -> int:
+def largest_fitting(m: ModelConfig, n: sizing.Numerics, room: int, recompute: bool) -> int:
     """The most sequences whose activations fit in `room` bytes (activations are linear in the
-    sequences: the estimate of one, scaled, then checked)."""
+    sequences but for a constant: the estimate of one, scaled, then checked)."""
+    per_sequence = sizing.activation_bytes(m, 1, n, recompute)
     if room < per_sequence:
         return 0
     b = room // per_sequence
-    while b > 0 and sizing.activation_bytes(cfg.model, b, n) > room:
+    while b > 0 and sizing.activation_bytes(m, b, n, recompute) > room:
         b -= 1
     return b
 
 
+def _options(
+    cfg: RunConfig, shape: BatchShape, inputs: PlanInputs, costs: _Costs
+) -> list[reports.PlanOption]:
+    """DDP and FSDP, each without and with recompute, on the plan's GPUs and micro-batch."""
+    out = []
+    for recompute in (False, True):
+        for strategy in STRATEGIES:
+            at = replace(inputs, strategy=strategy, recompute=recompute)
+            memory = _memory(cfg, shape, at, costs)
+            out.append(
+                reports.PlanOption(
+                    strategy=strategy,
+                    recompute=recompute,
+                    state_bytes=memory.total - memory.activations,
+                    activations_per_sequence=memory.activations_per_sequence,
+                    largest_micro_batch=memory.largest_micro_batch,
+                    fits=memory.fits,
+                    step_seconds=_speed(shape, at, costs, cfg.model.n_layer).step_seconds,
+                )
+            )
+    return out
+
+
+def recommend(
+    options: list[reports.PlanOption], micro_batch: int
+) -> reports.PlanRecommendation | None:
+    """The first option (DDP, FSDP, DDP with recompute, FSDP with recompute: the least
+    communication, then the least arithmetic) that holds the plan's micro-batch; else the one
+    that holds the most sequences, with fewer a micro-batch; None when none holds one."""
+    for o in options:
+        if o.fits:
+            return reports.PlanRecommendation(
+                strategy=o.strategy,
+                recompute=o.recompute,
+                why=f"the first that holds the planned {micro_batch} sequence(s) per GPU "
+                "micro-batch, in the order ddp, fsdp, ddp + recompute, fsdp + recompute",
+            )
+    best = max(options, key=lambda o: o.largest_micro_batch)
+    if best.largest_micro_batch == 0:
+        return None
+    return reports.PlanRecommendation(
+        strategy=best.strategy,
+        recompute=best.recompute,
+        why=f"none holds the planned {micro_batch} sequence(s) per GPU micro-batch; this holds "
+        f"the most, {best.largest_micro_batch}: raise grad_accum",
+    )
+
+
 def _speed(shape: BatchShape, inputs: PlanInputs, costs: _Costs, n_layer: int) -> reports.PlanSpeed:
     peak = inputs.gpus * inputs.gpu.peak(inputs.precision) * 1e12
-    compute = shape.tokens_per_step * costs.flops_per_token / (inputs.mfu * peak)
-    # A ring all-reduce moves 2 (k - 1) / k of the fp32 gradients through each GPU, once a step.
-    # DDP overlaps it with the backward pass; counted in full, the step time is an upper bound.
-    k = inputs.gpus
-    allreduce = 2 * (k - 1) / k * costs.params.gradient_bytes / (inputs.gpu.allreduce_gbps * GB)
+    # The MFU counts the model's FLOPs; recompute's are done at the same rate, on top.
+    flops = costs.flops_per_token + (costs.recompute_flops_per_token if inputs.recompute else 0)
+    compute = shape.tokens_per_step * flops / (inputs.mfu * peak)
+    # A ring all-reduce moves 2 (k - 1) / k of the fp32 gradients through each GPU, once a step;
+    # FSDP moves (k - 1) / k of the weights in the compute dtype twice (the forward's all-gather
+    # and the backward's, after the forward resharded them) and of the fp32 gradients once (the
+    # reduce-scatter). Both overlap with compute; counted in full, the step time is an upper bound.
+    k, n = inputs.gpus, costs.params.n_params
+    if inputs.strategy == "ddp":
+        moved = 2 * costs.params.gradient_bytes
+    else:
+        moved = 2 * (2 if inputs.precision == "bf16" else sizing.FP32) * n + sizing.FP32 * n
+    allreduce = (k - 1) / k * moved / (inputs.gpu.allreduce_gbps * GB)
     floor = step_floor_seconds(n_layer)
     step = max(compute + allreduce, floor)
     return reports.PlanSpeed(
@@ -329,8 +444,11 @@ def _assumptions(inputs: PlanInputs, costs: _Costs) -> dict[str, str]:
         "gpu": f"{inputs.gpu.name}: {inputs.gpu.memory_bytes / GB:.0f} GB, "
         f"{inputs.gpu.peak(inputs.precision):g} dense TFLOPS at {inputs.precision}",
         "mfu": f"{inputs.mfu:.0%} ({inputs.mfu_source})",
-        "allreduce": f"{inputs.gpu.allreduce_gbps:g} GB/s all-reduce bus bandwidth, not "
-        "overlapped with the backward pass",
+        "allreduce": f"{inputs.gpu.allreduce_gbps:g} GB/s all-reduce bus bandwidth (FSDP's "
+        "all-gathers and reduce-scatters at the same), not overlapped with compute",
+        "fsdp": "FSDP2: fully_shard per block, then the root; fp32 master weights, gradients and "
+        "Adam sharded on the first dimension (rank 0's shard, the largest); weights gathered in "
+        "the compute dtype, resharded after the forward; the root and two blocks gathered at once",
         "activations": f"eager mode, {attention}; estimated (control/sizing.py)",
         "runtime_reserve": f"{RUNTIME_RESERVE / GiB:.0f} GiB per GPU for the CUDA context, "
         "cuBLAS workspace and allocator slack",

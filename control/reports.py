@@ -347,13 +347,25 @@ class PlanBatch(_Report):
 
 
 class PlanMemory(_Report):
-    """One GPU's memory in bytes during a step."""
+    """One GPU's memory in bytes during a step, under the plan's strategy and recompute."""
 
-    weights: int
-    gradients: int
+    strategy: str = Field(
+        "ddp",
+        description='"ddp": each GPU holds the whole state; "fsdp": weights, gradients and Adam\'s '
+        "moments sharded over the GPUs (fully_shard per block, then the root)",
+    )
+    recompute: bool = Field(False, description="activation recompute per block")
+    weights: int = Field(description="fp32 master weights (FSDP: this GPU's shard)")
+    gradients: int = Field(description="fp32 gradients (FSDP: this GPU's shard)")
     adam_moments: int = Field(description="m and v in fp32, and a step count per tensor")
     bf16_weight_copies: int = Field(
-        description="autocast's bf16 copies of the matrices (bf16 only)"
+        description="autocast's bf16 copies of the matrices (bf16 under DDP only: FSDP's gathered "
+        "units are its bf16 copies)"
+    )
+    gathered: int = Field(
+        0,
+        description="FSDP: the all-gathered units in the compute dtype (the root, the block "
+        "computing and the next, prefetched, with a block's gradients before their reduce-scatter)",
     )
     activations: int = Field(description="estimated peak of a forward and backward pass")
     activations_per_sequence: int
@@ -374,8 +386,13 @@ class PlanSpeed(_Report):
     mfu: float = Field(description="model FLOPs utilisation assumed or measured")
     mfu_source: str
     flops_per_token: int = Field(description="training FLOPs per token (6N + 12 L T C)")
-    compute_seconds: float = Field(description="a step's arithmetic at the MFU")
-    allreduce_seconds: float = Field(description="a step's gradient all-reduce, not overlapped")
+    compute_seconds: float = Field(
+        description="a step's arithmetic at the MFU (with recompute: each block's forward again)"
+    )
+    allreduce_seconds: float = Field(
+        description="a step's communication, not overlapped: DDP's gradient all-reduce, or FSDP's "
+        "two all-gathers of the weights and reduce-scatter of the gradients"
+    )
     floor_seconds: float = Field(
         description="the host's least time per step (eager dispatch), measured; the step takes"
         " at least this"
@@ -428,6 +445,56 @@ class PlanWindow(_Report):
     hours: float = Field(description="the rental hours of those steps (at most days x 24)")
 
 
+class PlanOption(_Report):
+    """One way to hold the model on the plan's GPUs: a strategy, with or without recompute."""
+
+    strategy: Literal["ddp", "fsdp"]
+    recompute: bool
+    state_bytes: int = Field(
+        description="per GPU before activations: weights, gradients, Adam, bf16 copies or gathered "
+        "units, runtime reserve"
+    )
+    activations_per_sequence: int
+    largest_micro_batch: int = Field(
+        description="the most sequences per GPU micro-batch that fit (0: the model does not)"
+    )
+    fits: bool = Field(description="the plan's micro-batch fits")
+    step_seconds: float
+
+
+class PlanRecommendation(_Report):
+    strategy: Literal["ddp", "fsdp"]
+    recompute: bool
+    why: str
+
+
+class PlanScaleWindow(_Report):
+    """A rental window's compute-optimal model (Chinchilla)."""
+
+    days: int
+    compute_flops: float = Field(description="C: GPUs x peak x MFU x the window's seconds")
+    params: int = Field(description="N = sqrt(C / (6 x tokens per parameter))")
+    tokens: int = Field(description="D = tokens per parameter x N")
+    holds: dict[str, bool] = Field(
+        description="per strategy, whether the largest model it holds (largest_params) has at "
+        "least N parameters"
+    )
+
+
+class PlanScaling(_Report):
+    """``plan``'s compute-optimal sizes and the largest model each strategy holds."""
+
+    mfu: float
+    mfu_source: str
+    tokens_per_param: float
+    shape_rule: str = Field(description="how a parameter count is made a shape")
+    windows: list[PlanScaleWindow]
+    largest_params: dict[str, int] = Field(
+        description="per strategy, the largest model of the shape rule that holds one sequence per "
+        "GPU with recompute (0: none)"
+    )
+
+
 class PlanReport(_Report):
     """``andreactl plan``: memory, time and disk of a run before renting."""
 
@@ -450,6 +517,13 @@ class PlanReport(_Report):
     window: PlanWindow | None = Field(
         None, description="with --days: the steps and tokens the window holds (the plan is theirs)"
     )
+    options: list[PlanOption] = Field(
+        default_factory=list, description="DDP and FSDP, each without and with recompute"
+    )
+    recommended: PlanRecommendation | None = Field(
+        None, description="the option to train with (null: none holds the model)"
+    )
+    scaling: PlanScaling | None = None
     assumptions: dict[str, str] = Field(description="each assumed figure and where it comes from")
     warnings: list[str]
 

@@ -22,6 +22,10 @@ runs it (eager mode; torch.compile fuses some of it away):
 - at the head: the final norm's input, its output, the logits and cross-entropy's log-softmax,
   and during the first backward operations two more copies of the logits' size (their
   gradients), which is when the memory peaks.
+
+With activation recompute (`[model] recompute = "blocks"`) a block keeps its input alone (the
+fp32 residual stream); the peak is then the larger of the head's backward and one block computed
+again (its activations above, its output, two gradients of the residual's width, the logits).
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ FP32 = 4
 
 @dataclass(frozen=True)
 class ParameterCount:
-    """The model's parameters: how many, in how many tensors, and the embeddings among them."""
+    """The model's parameters: how many, in how many tensors, the embeddings among them, and one
+    transformer block's (the unit FSDP gathers)."""
 
     n_params: int
     n_tensors: int
     embedding_params: int
+    block_params: int = 0
 
     @property
     def weight_bytes(self) -> int:
@@ -71,7 +77,41 @@ def parameters(m: ModelConfig) -> ParameterCount:
     embeddings = v * c + t * c
     n = embeddings + m.n_layer * per_layer + c * (1 + bias) + v * c
     tensors = 2 + m.n_layer * 6 * (1 + bias) + (1 + bias) + 1
-    return ParameterCount(n_params=n, n_tensors=tensors, embedding_params=embeddings)
+    return ParameterCount(
+        n_params=n, n_tensors=tensors, embedding_params=embeddings, block_params=per_layer
+    )
+
+
+def shapes(m: ModelConfig) -> list[tuple[int, ...]]:
+    """The shape of each parameter tensor of daemon/model.py's GPT, in its order."""
+    c, v = m.n_embd, m.vocab_size
+    norm = [(c,), (c,)] if m.bias else [(c,)]
+
+    def linear(out: int, into: int) -> list[tuple[int, ...]]:
+        return [(out, into), (out,)] if m.bias else [(out, into)]
+
+    block = [
+        *norm,
+        *linear(3 * c, c),
+        *linear(c, c),
+        *norm,
+        *linear(4 * c, c),
+        *linear(c, 4 * c),
+    ]
+    return [(v, c), (m.block_size, c), *block * m.n_layer, *norm, (v, c)]
+
+
+def sharded_elements(m: ModelConfig, ranks: int) -> int:
+    """The most parameter elements one of `ranks` ranks holds when each tensor is cut along its
+    first dimension into `ranks` pieces of ceil(rows / ranks) rows, as FSDP2's `fully_shard`
+    cuts it (the last pieces shorter or padded: rank 0's are full)."""
+    out = 0
+    for shape in shapes(m):
+        rest = 1
+        for d in shape[1:]:
+            rest *= d
+        out += -(-shape[0] // ranks) * rest
+    return out
 
 
 @dataclass(frozen=True)
@@ -99,9 +139,16 @@ def cuda_numerics(precision: str) -> Numerics:
     return Numerics(2 if precision == "bf16" else FP32, "fused", 1)
 
 
-def activation_bytes(m: ModelConfig, sequences: int, n: Numerics) -> int:
+def activation_bytes(
+    m: ModelConfig, sequences: int, n: Numerics, recompute: bool | None = None
+) -> int:
     """The memory a forward and backward pass of `sequences` sequences of `m.block_size` tokens
-    adds at its peak, on one rank (the parameters, gradients and optimizer state aside)."""
+    adds at its peak, on one rank (the parameters, gradients and optimizer state aside). With
+    activation recompute (`recompute`, default: the model's setting) each block keeps only its
+    input, the fp32 residual stream, and one block's activations exist at a time, while it is
+    computed again for its backward pass."""
+    if recompute is None:
+        recompute = m.recompute == "blocks"
     tokens = sequences * m.block_size
     btc, btv = tokens * m.n_embd, tokens * m.vocab_size
     scores = sequences * m.n_head * m.block_size * m.block_size
@@ -113,7 +160,13 @@ def activation_bytes(m: ModelConfig, sequences: int, n: Numerics) -> int:
         per_layer += scores * a + (scores * (n.mask_bytes + a) if drop else 0)
     embeddings = btc * n.mask_bytes if drop else 0
     head = btc * (FP32 + a) + btv * (a + FP32) + 2 * FP32 * btv
-    return m.n_layer * per_layer + embeddings + head
+    if not recompute:
+        return m.n_layer * per_layer + embeddings + head
+    # Each block's input is kept; the peak is at the head's backward, or while a block is computed
+    # again: its activations, its output, that output's gradient and its input's, with the logits
+    # still referenced (the trainer's step holds them until the backward pass is done).
+    again = per_layer + 3 * btc * FP32 + btv * a
+    return m.n_layer * btc * FP32 + embeddings + max(head, again)
 
 
 def flops_per_token(m: ModelConfig) -> int:
@@ -121,3 +174,9 @@ def flops_per_token(m: ModelConfig) -> int:
     embeddings excluded, plus the attention's scores and weighted sums (PaLM's 6N + 12 L T C)."""
     matmul_params = parameters(m).n_params - parameters(m).embedding_params
     return 6 * matmul_params + 12 * m.n_layer * m.block_size * m.n_embd
+
+
+def recompute_flops_per_token(m: ModelConfig) -> int:
+    """The FLOPs per token activation recompute adds: every block's forward pass again (2 per
+    weight of its matrices, and its attention's 4 L T C)."""
+    return 2 * m.n_layer * parameters(m).block_params + 4 * m.n_layer * m.block_size * m.n_embd

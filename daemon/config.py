@@ -25,8 +25,10 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -44,6 +46,8 @@ from andrea.daemon.runtime.validation_messages import Note, describe
 from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
+#: Activation recompute (`ModelConfig.recompute`): none, or every transformer block.
+Recompute = Literal["none", "blocks"]
 
 #: The most sequences one optimizer step may train, over the whole job.
 MAX_STEP_SEQUENCES = 4096
@@ -81,12 +85,41 @@ class ModelConfig(_Strict):
     n_embd: int = Field(ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     bias: bool = True
+    recompute: Recompute = Field(
+        "none",
+        description="activation recompute, often called activation checkpointing but no "
+        'checkpoint of the run: "blocks" keeps only each transformer block\'s input from the '
+        "forward pass and computes the block again in the backward pass (about a third more "
+        "arithmetic a step, far less activation memory); changes no bit of training, so it may "
+        "change at any restart",
+    )
+
+    #: Settings that change how a step is computed, never a bit of what it computes: they may
+    #: change at any restart, and the trajectory and the checkpoint's model leave them out.
+    COMPUTE_ONLY: ClassVar[tuple[str, ...]] = ("recompute",)
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _compute_only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # At their defaults the compute-only settings are left out of every dump (run.toml, the
+        # manifests), which therefore read as they did before the settings existed.
+        out: dict[str, Any] = handler(self)
+        for k in self.COMPUTE_ONLY:
+            if out.get(k) == ModelConfig.model_fields[k].default:
+                del out[k]
+        return out
+
+    def arithmetic(self) -> ModelConfig:
+        """This model with every compute-only setting at its default: two models train the same
+        bits from the same state exactly when these are equal."""
+        return self.model_copy(
+            update={k: ModelConfig.model_fields[k].default for k in self.COMPUTE_ONLY}
+        )
 
 
 class OptimConfig(_Strict):
@@ -571,6 +604,11 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
     """The trajectory settings of a config dump (as `RunConfig.trajectory`, for a dump read from a
     manifest or a file). Keys it lacks are left out."""
     traj = {k: dump[k] for k in RunConfig.TRAJECTORY_FIELDS if k in dump}
+    if isinstance(traj.get("model"), dict):
+        # Activation recompute changes how a step is computed, not one bit of it.
+        traj["model"] = {
+            k: v for k, v in traj["model"].items() if k not in ModelConfig.COMPUTE_ONLY
+        }
     # Where tokenized data is cached changes nothing about the tokens themselves.
     if isinstance(traj.get("data"), dict):
         traj["data"] = {k: v for k, v in traj["data"].items() if k != "cache_dir"}
@@ -710,7 +748,12 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-#: Presets. Parameter counts are pinned by tests: tiny ≈ 0.14M, 12m = 12.8M ± 2%, 120m ≈ 120M.
+#: Presets. Parameter counts are pinned by tests: tiny ≈ 0.14M, 12m = 12.8M ± 2%, 120m ≈ 120M;
+#: the GPT-3 paper's 1.3B and 6.7B shapes (Brown et al. 2020, table 2.1: layers, width, heads,
+#: context 2,048, its batch in tokens and learning rates, no dropout) hold 1,213,845,504 and
+#: 6,454,648,832 parameters under the byte vocabulary (the paper's 50,257-id vocabulary adds its
+#: embedding and head). Their LR decays over Chinchilla's 20 tokens a parameter. Built on the
+#: meta device where no memory holds them (`andreactl plan`, the tests).
 PRESETS: dict[str, dict[str, Any]] = {
     "andrea-tiny": {
         "model": {"block_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64, "dropout": 0.1},
@@ -726,6 +769,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"block_size": 1024, "n_layer": 17, "n_head": 12, "n_embd": 768, "dropout": 0.0},
         "optim": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 2000, "decay_steps": 200000},
         "batch_size": 8,
+    },
+    # 512 and 1,024 sequences: the paper's 1M and 2M tokens a step; warmup: its 375M tokens.
+    "gpt3-1.3b": {
+        "model": {"block_size": 2048, "n_layer": 24, "n_head": 16, "n_embd": 2048, "dropout": 0.0},
+        "optim": {"lr": 2e-4, "min_lr": 2e-5, "warmup_steps": 360, "decay_steps": 23000},
+        "batch_size": 512,
+    },
+    "gpt3-6.7b": {
+        "model": {"block_size": 2048, "n_layer": 32, "n_head": 32, "n_embd": 4096, "dropout": 0.0},
+        "optim": {"lr": 1.2e-4, "min_lr": 1.2e-5, "warmup_steps": 180, "decay_steps": 61500},
+        "batch_size": 1024,
     },
 }
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from andrea.daemon.config import GREEDY_BELOW, ModelConfig
 
@@ -159,8 +160,25 @@ class Block(nn.Module):
         self.attn = SelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
+        self.recompute = cfg.recompute == "blocks"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and self.training and torch.is_grad_enabled():
+            # Activation recompute (not a checkpoint of the run): only x is kept; the backward
+            # pass runs `_compute` again. Inside the block's own call, so that a wrapper's hooks
+            # on the block (FSDP's gathers) stay outside what is recomputed. preserve_rng_state
+            # gives the second run the random state of the first (torch's CPU generator, which
+            # seeds the CPU dropout masks, and the generators of x's GPU), so it draws the same
+            # masks; afterwards the state is put back as the first run left it. Non-reentrant:
+            # autograd's graph is the one without recompute, so every gradient sums in the same
+            # order, and the step is bit for bit the one without (tests/unit/test_recompute.py).
+            out: torch.Tensor = checkpoint(
+                self._compute, x, use_reentrant=False, preserve_rng_state=True
+            )
+            return out
+        return self._compute(x)
+
+    def _compute(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 

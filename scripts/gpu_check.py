@@ -540,7 +540,7 @@ def report_speed(check: Check, preset: str, runs: dict[str, dict], every: int) -
 
 def unit_tests(check: Check) -> None:
     tests = ["tests/unit/test_determinism.py", "tests/unit/test_step_batches.py"]
-    tests.append("tests/unit/test_distributed_units.py")
+    tests += ["tests/unit/test_distributed_units.py", "tests/unit/test_recompute.py"]
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
     r = check.run([*cmd, "-p", "no:randomly", *tests], 120)
     summary = r.tail(1)[0] if r.tail(1) else "(no output)"

@@ -12,12 +12,13 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from andrea.control import datasize, reports, sizing
+from andrea.control import datasize, reports, scaling, sizing
 from andrea.control.commands.conventions import EXIT_OK, Command, UserError, emit
 from andrea.control.offline import tail_entries
 from andrea.control.planning import (
     GB,
     GPUS,
+    STRATEGIES,
     GiB,
     GpuSpec,
     PlanInputs,
@@ -63,6 +64,18 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
     parser.add_argument(
         "--precision", choices=("auto", "fp32", "tf32", "bf16"), help="default: the config's"
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="ddp",
+        help="how the GPUs hold the model: ddp (each the whole state) or fsdp (sharded); every "
+        "option is compared in any case",
+    )
+    parser.add_argument(
+        "--recompute",
+        choices=("none", "blocks"),
+        help="activation recompute per block (default: the config's [model] recompute)",
     )
     parser.add_argument("--steps", type=int, help="planned steps (default: max_steps)")
     parser.add_argument(
@@ -196,6 +209,8 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         staging_gbps=args.staging_gbps,
         startup_seconds=args.startup_seconds,
         data_tokens=_data_tokens(args, cfg, source),
+        strategy=args.strategy,
+        recompute=(args.recompute or cfg.model.recompute) == "blocks",
     )
     window = None
     if args.days is not None:
@@ -209,6 +224,13 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             hours=report.rental.total_hours,
         )
         report = report.model_copy(update={"window": window})
+    scaling_mfu = (
+        (args.mfu, "given")
+        if args.mfu is not None
+        else (scaling.DEFAULT_SCALING_MFU, "assumed for models of billions of parameters")
+    )
+    sizes = scaling.scaling(cfg.model, inputs.gpu, inputs.gpus, inputs.precision, scaling_mfu)
+    report = report.model_copy(update={"scaling": sizes})
     emit(args, report, plan_text(report))
     return EXIT_OK
 
@@ -281,12 +303,17 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:,.1f} h" if seconds >= 3600 else f"{seconds / 60:,.1f} min"
 
 
+def _option(strategy: str, recompute: bool) -> str:
+    return strategy + (" + recompute" if recompute else "")
+
+
 def _memory_lines(p: reports.PlanReport) -> list[str]:
     m = p.memory
     return [
-        f"per GPU ({p.gpu.name}, {_gib(m.gpu_memory)}): weights {_gib(m.weights)}, gradients "
-        f"{_gib(m.gradients)}, Adam moments {_gib(m.adam_moments)}, bf16 weight copies "
-        f"{_gib(m.bf16_weight_copies)}, activations {_gib(m.activations)} "
+        f"per GPU ({p.gpu.name}, {_gib(m.gpu_memory)}) under {_option(m.strategy, m.recompute)}: "
+        f"weights {_gib(m.weights)}, gradients {_gib(m.gradients)}, Adam moments "
+        f"{_gib(m.adam_moments)}, bf16 weight copies {_gib(m.bf16_weight_copies)}, gathered "
+        f"units {_gib(m.gathered)}, activations {_gib(m.activations)} "
         f"({_gib(m.activations_per_sequence)} per sequence, {m.attention} attention), "
         f"checkpoint staging {_gib(m.checkpoint_staging)} (host: {_gib(m.host_staging)} pinned "
         f"on rank 0's machine), runtime {_gib(m.runtime_reserve)}",
@@ -294,6 +321,47 @@ def _memory_lines(p: reports.PlanReport) -> list[str]:
         + ("" if m.fits else " (DOES NOT FIT)")
         + f"; largest micro-batch that fits: {m.largest_micro_batch} sequences per GPU",
     ]
+
+
+def _strategy_lines(p: reports.PlanReport) -> list[str]:
+    """Each option on one line, the recommendation, and the windows' compute-optimal sizes."""
+    lines = [
+        f"  {_option(o.strategy, o.recompute)}: state {_gib(o.state_bytes)}, "
+        f"{_gib(o.activations_per_sequence)} a sequence; "
+        + (
+            f"holds up to {o.largest_micro_batch} sequences per GPU micro-batch"
+            + ("" if o.fits else f" (not the planned {p.batch.sequences_per_gpu_micro_batch})")
+            if o.largest_micro_batch
+            else "DOES NOT HOLD the model"
+        )
+        + f"; {o.step_seconds * 1000:,.1f} ms a step"
+        for o in p.options
+    ]
+    r = p.recommended
+    lines.insert(
+        0,
+        "strategies: "
+        + (
+            f"recommended {_option(r.strategy, r.recompute)} (--strategy {r.strategy}, [model] "
+            f'recompute = "{"blocks" if r.recompute else "none"}"): {r.why}'
+            if r is not None
+            else "none holds the model on these GPUs: more GPUs, or a GPU with more memory"
+        ),
+    )
+    if (sc := p.scaling) is not None:
+        held = ", ".join(f"{s} {n / 1e9:,.2f}B" for s, n in sc.largest_params.items())
+        lines.append(
+            f"compute-optimal (Chinchilla: {sc.tokens_per_param:g} tokens a parameter, C = 6 N D, "
+            f"at {sc.mfu:.0%} MFU, {sc.mfu_source}): "
+            + "; ".join(
+                f"{w.days} days: {w.params / 1e9:,.2f}B parameters on {w.tokens / 1e9:,.0f}B "
+                "tokens, held by "
+                + (" and ".join(s for s, ok in w.holds.items() if ok) or "neither")
+                for w in sc.windows
+            )
+            + f"; the largest model each holds (one sequence a GPU, recompute): {held}"
+        )
+    return lines
 
 
 def plan_text(p: reports.PlanReport) -> str:
@@ -307,6 +375,7 @@ def plan_text(p: reports.PlanReport) -> str:
         f"{b.tokens_per_gpu_per_step:,} tokens per step, {b.sequences_per_gpu_micro_batch} "
         f"sequences ({b.tokens_per_gpu_micro_batch:,} tokens) per micro-batch",
         *_memory_lines(p),
+        *_strategy_lines(p),
         f"speed at {s.mfu:.0%} MFU ({s.mfu_source}): {s.step_seconds * 1000:,.1f} ms per step "
         f"({s.compute_seconds * 1000:,.1f} compute + {s.allreduce_seconds * 1000:,.1f} "
         f"all-reduce), {s.tokens_per_second:,.0f} tokens/s; {s.steps:,} steps in "
@@ -377,6 +446,7 @@ PLAN = Command(
     needs_run_dir=False,
     examples=(
         "andreactl plan --preset andrea-120m --gpu h200 --gpus 8 --steps 200000",
+        "andreactl plan --preset gpt3-6.7b --gpus 8 --batch-size 64 --strategy fsdp --recompute blocks",
         "andreactl plan --run-dir runs/r1 --gpu a100-80gb --gpus 2",
         "andreactl plan --config run.toml --gpu-memory-gb 24 --gpu-tflops 165 --json",
     ),

@@ -594,11 +594,13 @@ def resume_problems(m: Manifest, expect: Expectation) -> list[str]:
     """Why a sound checkpoint cannot resume the run `expect` describes (empty: it can). Another
     world size is not among them: the trainer resumes it, announced as not bit-exact."""
     out = []
-    if m.model != expect.model:
+    # A compute-only setting (activation recompute) may change at any restart.
+    same_model = m.model.arithmetic() == expect.model.arithmetic()
+    if not same_model:
         diff = {
             k: (getattr(m.model, k), getattr(expect.model, k))
             for k in ModelConfig.model_fields
-            if getattr(m.model, k) != getattr(expect.model, k)
+            if k not in ModelConfig.COMPUTE_ONLY and getattr(m.model, k) != getattr(expect.model, k)
         }
         out.append(
             "model config differs (checkpoint → this run): "
@@ -627,10 +629,10 @@ def resume_problems(m: Manifest, expect: Expectation) -> list[str]:
             if expect.trajectory is not None
             else []
         )
-        if m.model != expect.model:
+        if not same_model:
             # No flag resumes another model (its line above): the hint is for the rest alone.
             changes = [c for c in changes if not c.startswith("model.")]
-        if changes or m.model == expect.model:
+        if changes or same_model:
             out.append(
                 "training config differs from the checkpoint's: "
                 + ("; ".join(changes) if changes else "(optimizer, batch, seed, data or mixing)")

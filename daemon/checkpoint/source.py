@@ -23,8 +23,11 @@ from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.rundir.boundedio import irregular, read_bounded
 from andrea.protocol.lineage import InitSource
 
-#: What makes two models the same shape: every setting but dropout, which holds no parameter.
-SHAPE_FIELDS = tuple(k for k in ModelConfig.model_fields if k != "dropout")
+#: What makes two models the same shape: every setting but dropout, which holds no parameter, and
+#: the compute-only ones (activation recompute).
+SHAPE_FIELDS = tuple(
+    k for k in ModelConfig.model_fields if k != "dropout" and k not in ModelConfig.COMPUTE_ONLY
+)
 
 
 class SourceError(ValueError):

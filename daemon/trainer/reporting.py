@@ -56,7 +56,7 @@ class Reporter:
         if (why := schedule.disagreement(cfg.optim, cfg.max_steps)) is not None:
             log.warning("%s", why)
         log.info(
-            "model %s: %s parameters on %s, %s, %d threads%s; %s mixing; world size %d; "
+            "model %s: %s parameters on %s, %s, %d threads%s%s; %s mixing; world size %d; "
             "starting at step %d",
             cfg.preset,
             f"{parts.model.n_params():,}",
@@ -64,6 +64,7 @@ class Reporter:
             platform.numerics.recorded,
             torch.get_num_threads(),
             ", deterministic" if platform.deterministic else "",
+            ", activation recompute per block" if cfg.model.recompute == "blocks" else "",
             cfg.mixing,
             self.ctx.world.size,
             self.ctx.counters.step,

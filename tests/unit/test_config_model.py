@@ -30,6 +30,37 @@ def test_preset_parameter_counts() -> None:
     assert abs(n_params("andrea-120m") - 120_000_000) <= 0.02 * 120_000_000
 
 
+@pytest.mark.parametrize(
+    "preset, layers, width, heads",
+    [("gpt3-1.3b", 24, 2048, 16), ("gpt3-6.7b", 32, 4096, 32)],
+)
+def test_the_gpt3_shapes_build_on_the_meta_device(
+    preset: str, layers: int, width: int, heads: int
+) -> None:
+    cfg = build_config(overrides={"preset": preset})
+    m = cfg.model
+    assert (m.n_layer, m.n_embd, m.n_head, m.block_size, m.dropout) == (
+        layers,
+        width,
+        heads,
+        2048,
+        0,
+    )
+    with torch.device("meta"):  # 5 and 26 GB of fp32 weights: never allocated
+        gpt = GPT(m)
+    assert all(p.is_meta for p in gpt.parameters())
+    # By hand: per block two norms (weight and bias), the q/k/v projection, the attention's output
+    # projection and the 4x MLP, each with a bias; the embeddings of 256 ids and 2,048 positions,
+    # the final norm and the untied head.
+    c = width
+    block = 2 * 2 * c + (3 * c * c + 3 * c) + (c * c + c) + (4 * c * c + 4 * c) + (4 * c * c + c)
+    expected = 256 * c + 2048 * c + layers * block + 2 * c + 256 * c
+    assert gpt.n_params() == expected
+    assert expected == {"gpt3-1.3b": 1_213_845_504, "gpt3-6.7b": 6_454_648_832}[preset]
+    # The paper's batch: 1M and 2M tokens a step.
+    assert cfg.batch_size * m.block_size == {"gpt3-1.3b": 2**20, "gpt3-6.7b": 2**21}[preset]
+
+
 def test_parameter_order_follows_the_format_spec() -> None:
     cfg = build_config(overrides={"preset": "andrea-tiny"})
     names = [n for n, _ in GPT(cfg.model).named_parameters()]

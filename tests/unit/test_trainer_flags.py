@@ -22,7 +22,7 @@ CONTRACT = {
     "--grad-accum", "--eval-every", "--heldout-fraction", "--compile", "--decay-steps",
     "--log-every", "--sample-every", "--cache-dir", "--allow-config-change", "--deterministic",
     "--log-level", "--init-from", "--init-from-optimizer", "--init-from-other-tokenizer", "--check", "--world-size",
-    "--tokenizer", "--proxy-grace",
+    "--tokenizer", "--proxy-grace", "--recompute",
 }  # fmt: skip
 
 
@@ -80,7 +80,9 @@ def test_each_config_flag_is_described_by_its_setting() -> None:
         assert action.default is None, f"{flag.flag} must not override run.toml unless given"
     text = " ".join(build_parser().format_help().split())
     assert "(default: INFO)" in text and "(checkpoint.every; default: 100; N >= 0)" in text
-    assert "(default: 8; 1 <= N <= 4096)" in text  # batch_size: the presets' default, its range
+    # batch_size: the presets' default (theirs differ: 8 sequences, the GPT-3 shapes' 512 and
+    # 1,024), its range
+    assert "(default: the preset's; 1 <= N <= 4096)" in text
     assert "default: the preset's" in text  # decay_steps differs between presets
 
 
@@ -101,6 +103,7 @@ def test_batch_size_has_one_definition_used_by_its_flag_run_toml_and_the_docs() 
 def test_each_config_flag_sets_its_setting(flag) -> None:
     values = {"preset": "andrea-12m", "device": "cpu", "precision": "fp32", "mixing": "proxy"}
     values |= {"compile": "off", "deterministic": "on", "data.cache_dir": "/tmp/c"}
+    values |= {"model.recompute": "blocks"}
     values |= {"data.heldout_fraction": "0.25", "optim.decay_steps": "3000"}  # past the warmup
     given = values.get(flag.path, "3")
     args = build_parser().parse_args(["--run-dir", "r", flag.flag, given])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from andrea.daemon.checkpoint.source import Source, SourceError, read_source
 from andrea.daemon.checkpoint.state import load_adam_state, load_weights
 from andrea.daemon.checkpoint.training.crosscheck import CrossCheck
 from andrea.daemon.config import (
+    RunConfig,
     config_changes,
     evaluation_changes,
     record_trajectory,
@@ -347,6 +349,13 @@ class Restorer:
     def _warn_if_inexact(self, m: Manifest) -> None:
         now = environment_of(self.ctx.platform, self.ctx.world, self.ctx.parts.compiled)
         changed = inexact_changes(m.environment, now)
+        if (recompute := _recompute_change(m.config, self.ctx.cfg)) is not None:
+            if self.ctx.parts.compiled:
+                # Eager, the recompute runs the same kernels in the same order (measured bit for
+                # bit on CPU); compiled, it is another graph, whose fusions may round otherwise.
+                changed.append(f"{recompute} under torch.compile, whose graph it changes")
+            else:
+                log.info("%s: the same arithmetic, bit for bit (eager mode)", recompute)
         if changed:
             log.warning(
                 "this resume will NOT be bit-exact with the run so far (%s)", "; ".join(changed)
@@ -361,6 +370,14 @@ class Restorer:
                 "here on may differ from those the run so far would have had",
                 "; ".join(changed),
             )
+
+
+def _recompute_change(then: dict[str, Any], cfg: RunConfig) -> str | None:
+    """`activation recompute none → blocks` when the checkpoint's segment trained otherwise."""
+    model = then.get("model")
+    was = model.get("recompute", "none") if isinstance(model, dict) else "none"
+    now = cfg.model.recompute
+    return None if was == now else f"activation recompute {was} → {now}"
 
 
 def _streams_note(old: int, new: int) -> str:

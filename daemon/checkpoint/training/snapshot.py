@@ -87,7 +87,8 @@ class Snapshotter:
         o = cfg.optim
         return dict(
             layout=parts.layout,
-            model=cfg.model,
+            # What the weights are; how the segment computed them is in `config`.
+            model=cfg.model.arithmetic(),
             optimizer=OptimizerState(
                 betas=(o.beta1, o.beta2),
                 eps=o.eps,

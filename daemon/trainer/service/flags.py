@@ -53,6 +53,7 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--heldout-fraction", "data.heldout_fraction"),
     ConfigFlag("--tokenizer", "data.tokenizer", metavar="tokenizer.json|bytes"),
     ConfigFlag("--compile", "compile"),
+    ConfigFlag("--recompute", "model.recompute"),
     ConfigFlag("--decay-steps", "optim.decay_steps"),
     ConfigFlag("--log-every", "log_every"),
     ConfigFlag("--sample-every", "samples.every"),
