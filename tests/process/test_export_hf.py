@@ -157,13 +157,41 @@ part = "comments"
 """
 
 
+def _readme_commands() -> list[str]:
+    """README.md's three commands, from a trained run to pipeline("text-generation"), verbatim."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Taking the model away") :]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block, "README.md lost its three commands"
+    commands = [line for line in block.group(1).splitlines() if line.strip()]
+    assert len(commands) == 3
+    return commands
+
+
+def _run_as_written(command: str, where: Path) -> str:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(where / "hf"))
+    res = subprocess.run(["bash", "-c", command], cwd=where, env=env, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    return _ok(res)
+
+
+@pytest.fixture(scope="module")
+def readme_folder(bytes_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder as the README's commands expect it (.venv/, the bytes run as runs/demo), where its
+    first command, the export, ran as written."""
+    where = tmp_path_factory.mktemp("readme")
+    (where / ".venv").symlink_to(REPO / ".venv")
+    shutil.copytree(bytes_run, where / "runs" / "demo", ignore=shutil.ignore_patterns(".sock"))
+    _run_as_written(_readme_commands()[0], where)
+    return where
+
+
 @pytest.fixture(scope="module", params=["bytes", "subword"])
 def exported(request, tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
-    """Each tokenizer kind's run, exported --format hf."""
+    """Each tokenizer kind's run, exported --format hf (the bytes run's by the README's command)."""
     if request.param == "bytes":
-        run = request.getfixturevalue("bytes_run")
-    else:
-        run = _train(tmp_path_factory.mktemp("run-subword"), cache_dir, SUBWORD_TOML, True)
+        return request.getfixturevalue("readme_folder") / "exports" / "demo-hf"
+    run = _train(tmp_path_factory.mktemp("run-subword"), cache_dir, SUBWORD_TOML, True)
     dest = tmp_path_factory.mktemp(f"hf-{request.param}") / "export"
     _ok(andreactl(run, "export", "--to", str(dest), "--format", "hf", timeout=600))
     return dest
@@ -263,23 +291,11 @@ def _names_its_end_of_document(exported: Path, report: dict) -> bool:
     return True
 
 
-def test_the_readmes_three_commands_run_as_written(bytes_run: Path, tmp_path: Path) -> None:
-    """README.md: from a trained run to pipeline("text-generation"), verbatim."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### Taking the model away") :]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block, "README.md lost its three commands"
-    commands = [line for line in block.group(1).splitlines() if line.strip()]
-    assert len(commands) == 3
-    (tmp_path / ".venv").symlink_to(REPO / ".venv")
-    shutil.copytree(bytes_run, tmp_path / "runs" / "demo", ignore=shutil.ignore_patterns(".sock"))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    outputs = []
-    for command in commands:
-        res = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
-                             text=True, timeout=600)  # fmt: skip
-        outputs.append(_ok(res))
-    assert (tmp_path / "exports" / "demo-hf" / "hf" / "config.json").is_file()
-    assert outputs[1].startswith("--- prompt 1 ---\ndef ") and len(outputs[1]) > 25
+def test_the_readmes_three_commands_run_as_written(readme_folder: Path) -> None:
+    """README.md: from a trained run to pipeline("text-generation"), verbatim (the first
+    command, the export, ran in the fixture; its folder is also the bytes run's `exported`)."""
+    assert (readme_folder / "exports" / "demo-hf" / "hf" / "config.json").is_file()
+    outputs = [_run_as_written(command, readme_folder) for command in _readme_commands()[1:]]
+    assert outputs[0].startswith("--- prompt 1 ---\ndef ") and len(outputs[0]) > 25
     # A 20-step model may well continue with spaces: the pipeline returned the prompt and more.
-    assert outputs[2].startswith("def ") and len(outputs[2].rstrip("\n")) > len("def ")
+    assert outputs[1].startswith("def ") and len(outputs[1].rstrip("\n")) > len("def ")

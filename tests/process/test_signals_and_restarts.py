@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -52,26 +53,41 @@ def stop_at(run_dir: Path, cache: Path, step: int, sig: signal.Signals, *extra: 
     return t
 
 
-def test_sigterm_then_restart_is_bit_exact(
-    tmp_path: Path, cache_dir: Path, continuous: Path
-) -> None:
-    t = stop_at(tmp_path, cache_dir, 13, signal.SIGTERM)
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A run stopped by SIGTERM after step 13, never resumed: the tests that resume it copy it."""
+    run_dir = tmp_path_factory.mktemp("stopped") / "run"
+    t = stop_at(run_dir, cache_dir, 13, signal.SIGTERM)
     assert t.wait() == ExitCode.OK, t.log
-    saved = sorted(int(p.stem[5:]) for p in tmp_path.glob("step_*.json"))
-    stopped = saved[-1]
-    assert stopped not in (10, 20, STEPS), (
-        f"stop landed on a cadence point {stopped}; test needs mid-interval"
+    return run_dir
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    """`run_dir` copied, less its control sockets (each copy's daemons make their own)."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns(".sock", ".socket-dir"))
+    return copy
+
+
+def test_sigterm_then_restart_is_bit_exact(
+    tmp_path: Path, cache_dir: Path, continuous: Path, stopped: Path
+) -> None:
+    run = copy_of(stopped, tmp_path)
+    saved = sorted(int(p.stem[5:]) for p in run.glob("step_*.json"))
+    last = saved[-1]
+    assert last not in (10, 20, STEPS), (
+        f"stop landed on a cadence point {last}; test needs mid-interval"
     )
-    man = json.loads((tmp_path / manifest_name(stopped)).read_text())
+    man = json.loads((run / manifest_name(last)).read_text())
     assert man["trigger"] == "sigterm"
 
-    res = run_trainer(tmp_path, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
+    res = run_trainer(run, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
     assert res.returncode == 0, res.stderr
-    assert f"resumed from {bin_name(stopped)}" in res.stderr
+    assert f"resumed from {bin_name(last)}" in res.stderr
 
-    assert losses(tmp_path) == losses(continuous)
-    assert (tmp_path / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
-    segs = {e["segment"] for e in entries(tmp_path)}
+    assert losses(run) == losses(continuous)
+    assert (run / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
+    segs = {e["segment"] for e in entries(run)}
     assert segs == {1, 2}
 
 
@@ -138,13 +154,12 @@ def test_sigkill_then_restart_is_bit_exact(
 
 @pytest.mark.parametrize("skipped", ["rng", "cursor"])
 def test_negative_control_incomplete_restore_is_caught(
-    tmp_path: Path, cache_dir: Path, continuous: Path, skipped: str
+    tmp_path: Path, cache_dir: Path, continuous: Path, stopped: Path, skipped: str
 ) -> None:
     """The same comparison must FAIL when the resume skips a piece of state."""
-    t = stop_at(tmp_path, cache_dir, 13, signal.SIGTERM)
-    assert t.wait() == ExitCode.OK, t.log
+    run = copy_of(stopped, tmp_path)
     res = run_trainer(
-        tmp_path,
+        run,
         cache_dir,
         "--max-steps",
         str(STEPS),
@@ -154,8 +169,8 @@ def test_negative_control_incomplete_restore_is_caught(
         skipped,
     )
     assert res.returncode == 0, res.stderr
-    assert losses(tmp_path) != losses(continuous)
-    assert (tmp_path / bin_name(STEPS)).read_bytes() != (continuous / bin_name(STEPS)).read_bytes()
+    assert losses(run) != losses(continuous)
+    assert (run / bin_name(STEPS)).read_bytes() != (continuous / bin_name(STEPS)).read_bytes()
 
 
 def test_sigterm_during_startup_exits_cleanly(tmp_path: Path) -> None:

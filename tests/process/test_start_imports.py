@@ -1,8 +1,9 @@
 """What a trainer start imports, read off `-X importtime`. A start refused for its command line,
-environment or config answers before torch's import (2-3 s of CPU, more than the refusal itself):
-an operator's typo costs well under a second. A run that does not compile never imports the
-compiler (`torch._dynamo`, 1.7 s of CPU, a third of a start): torch.optim's AdamW would import it
-on its first use, so the trainer calls the same fused kernel itself (daemon/optimizer.py)."""
+environment or config, or for changing a run's training config, answers before torch's import
+(2-3 s of CPU, more than the refusal itself): an operator's typo costs well under a second. A run
+that does not compile never imports the compiler (`torch._dynamo`, 1.7 s of CPU, a third of a
+start): torch.optim's AdamW would import it on its first use, so the trainer calls the same fused
+kernel itself (daemon/optimizer.py)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,7 @@ def test_a_run_without_compile_never_imports_the_compiler(tmp_path: Path, cache_
     for modules in (fresh, _imported(resumed)):
         assert "torch" in modules and "andrea.daemon.optimizer" in modules, "it trained"
         assert "torch._dynamo" not in modules, "the compiler was imported by a run without it"
+    # A resume refused for changing the trajectory reads the run's record alone: no torch.
+    changed = _start(run, *flags, "--max-steps", "4", "--seed", "7", code=ExitCode.RESUME_REFUSED)
+    assert "this start changes the run's training config" in changed, changed[-2000:]
+    assert "torch" not in _imported(changed), "a refused config change paid for torch's import"

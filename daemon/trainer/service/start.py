@@ -106,10 +106,14 @@ def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> St
     predates = run_toml_existed and has_checkpoints
     settled = resolve_start(args, run_toml_existed, predates)
     cfg = settled.cfg
-    device = _check_machine(cfg, world, has_checkpoints)
+    batch_shape(cfg, world.size, has_checkpoints)
     init_from = _check_init_from(args, cfg, world, settled.tokenizer)
     check_proxy_options(args)
     skip = _unsafe_options(args, cfg)
+    changes = _trajectory_changes(args, cfg, world, has_checkpoints, predates)
+    # torch's import (1-3 s of CPU) waits until nothing the config, the flags or the run's record
+    # can refuse: those refusals answer at once.
+    device = _check_machine(cfg, world)
     # Only now, when nothing the command line says can be refused any more: a refused start
     # leaves no run directory behind.
     if write:
@@ -119,7 +123,7 @@ def plan_start(args: argparse.Namespace, world: World, write: bool = True) -> St
     own = run_dir / CONFIG_FILE
     if world.is_main and own.exists() and not has_checkpoints:
         recorded = left_open(load_toml(own), cfg)[1]
-    write_later, changes = _resolve_recorded(args, cfg, world, write, has_checkpoints, predates)
+    write_later = _record(args, cfg, world, write, has_checkpoints)
     return StartPlan(
         run_dir,
         cfg,
@@ -198,62 +202,60 @@ def resolve_start(
     return resolve_open_settings(cfg, args.run_dir, predates_splits)
 
 
-def _check_machine(cfg: RunConfig, world: World, existing: bool) -> torch.device:
-    """This rank's device. A device or precision this machine cannot run, or a batch the job cannot
-    share out, is refused before run.toml records it (for an `existing` run, one with checkpoints,
-    naming only what it can change)."""
-    # torch's import (2-3 s of CPU) waits until the config is known to be sound.
+def _check_machine(cfg: RunConfig, world: World) -> torch.device:
+    """This rank's device. A device or precision this machine cannot run is refused before
+    run.toml records it."""
     from andrea.daemon.trainer.platform.distributed import device_for
     from andrea.daemon.trainer.platform.precision import resolve, resolve_device
 
     device = device_for(world, resolve_device(cfg.device))
     resolve(cfg.precision, device)
-    batch_shape(cfg, world.size, existing)
     return device
 
 
-def _resolve_recorded(
-    args: argparse.Namespace,
-    cfg: RunConfig,
-    world: World,
-    write: bool,
-    has_checkpoints: bool,
-    predates: bool,
-) -> tuple[bool, list[str]]:
-    """The new-run/existing-run decision: (record the config only after the resume?, the
-    trajectory changes this start makes). A new run's config is recorded now (if `write`)."""
+def _trajectory_changes(
+    args: argparse.Namespace, cfg: RunConfig, world: World, has_checkpoints: bool, predates: bool
+) -> list[str]:
+    """The trajectory changes this start makes to the run its record (or, for a new run, its own
+    run.toml) describes; StartRefused (exit 4) naming them unless --allow-config-change."""
     run_dir: Path = args.run_dir
     record = read_record(run_dir) if has_checkpoints else None
-    # A run that has checkpoints but lost its config gets one only once the resume is accepted:
-    # recorded now, a refusal would leave the defaults recorded for every restart.
-    write_later = world.is_main and has_checkpoints and record is None
     run_toml = run_dir / CONFIG_FILE
-    changes: list[str] = []
-    if world.is_main and (record is not None or run_toml.exists()):
-        # What this start's flags change in the trajectory its record describes, with the
-        # person's edits in (those the checkpoint's own check names, arms explained); for a new
-        # run, what its own run.toml states (a flag may set what it leaves open). Named, and
-        # refused unless deliberate (then recorded once the resume has been accepted).
-        if record is not None:
-            user_file = _user_file(args)
-            user_values = load_toml(user_file) if user_file is not None else None
-            where = user_file or record.path
-            values = record.with_edits(user_values, where)
-        else:
-            where, values = run_toml, left_open(load_toml(run_toml), cfg)[0]
-        own = build_config(values, source=str(where))
-        recorded = resolve_open_settings(own, run_dir, predates).cfg
-        changes = config_changes(recorded.trajectory(), cfg.trajectory())
-        if changes and not args.allow_config_change:
-            raise StartRefused(
-                f"this start changes the run's training config ({where}): "
-                f"{'; '.join(changes)}; pass --allow-config-change to continue under the new one "
-                "on purpose",
-                ExitCode.RESUME_REFUSED,
-            )
+    if not world.is_main or (record is None and not run_toml.exists()):
+        return []
+    # What this start's flags change in the trajectory its record describes, with the person's
+    # edits in (those the checkpoint's own check names, arms explained); for a new run, what its
+    # own run.toml states (a flag may set what it leaves open). Named, and refused unless
+    # deliberate (then recorded once the resume has been accepted).
+    if record is not None:
+        user_file = _user_file(args)
+        user_values = load_toml(user_file) if user_file is not None else None
+        where = user_file or record.path
+        values = record.with_edits(user_values, where)
+    else:
+        where, values = run_toml, left_open(load_toml(run_toml), cfg)[0]
+    own = build_config(values, source=str(where))
+    recorded = resolve_open_settings(own, run_dir, predates).cfg
+    changes = config_changes(recorded.trajectory(), cfg.trajectory())
+    if changes and not args.allow_config_change:
+        raise StartRefused(
+            f"this start changes the run's training config ({where}): "
+            f"{'; '.join(changes)}; pass --allow-config-change to continue under the new one "
+            "on purpose",
+            ExitCode.RESUME_REFUSED,
+        )
+    return changes
+
+
+def _record(
+    args: argparse.Namespace, cfg: RunConfig, world: World, write: bool, has_checkpoints: bool
+) -> bool:
+    """Records a new run's config now (if `write`); whether to record it only after the resume
+    (a run that has checkpoints but lost its config: recorded now, a refused resume would leave
+    the defaults recorded for every restart)."""
     if write and world.is_main and not has_checkpoints:
-        record_resolved(cfg, run_dir, _user_file(args))
-    return write_later, changes
+        record_resolved(cfg, args.run_dir, _user_file(args))
+    return world.is_main and has_checkpoints and read_record(args.run_dir) is None
 
 
 def _checkpoints(run_dir: Path) -> list[int]:
