@@ -105,7 +105,9 @@ class PivotOrchestrator:
         """A pivot request: the refusal or a dry run's answer now, or None (the answer comes once
         the pivot is done or given up)."""
         if msg.dry_run:
-            return self.commits.check(msg) or messages.Reply(id=msg.id, ok=False, error="no check")
+            answer = self.commits.check(msg)
+            assert answer is not None  # a dry run is always answered
+            return answer
         if msg.boundary_step is not None:
             return messages.Reply(
                 id=msg.id,
@@ -222,7 +224,7 @@ class PivotOrchestrator:
             return
         if reply.id == p.hold_id and p.boundary is None:
             if not reply.ok:
-                self._finish(self._failed(f"{reply.error}; nothing was changed", gone=True))
+                self._finish(self._failed(f"{reply.error}; nothing was changed"))
                 return
             p.boundary = int(reply.data["step"])
             log.info("pivot: the trainer holds after step %d (hold %s)", p.boundary, p.hold_id)
@@ -230,7 +232,7 @@ class PivotOrchestrator:
         elif reply.id == p.hold_id and p.confirming:
             p.confirming = False
             if not reply.ok:
-                self._finish(self._failed(f"{reply.error}; nothing was changed", gone=True))
+                self._finish(self._failed(f"{reply.error}; nothing was changed"))
                 return
             self._commit()
         elif reply.id == p.release_id:
@@ -290,11 +292,9 @@ class PivotOrchestrator:
         self._send_release(p, None)  # a pending hold is cancelled, a held one released
         self._finish(self._failed(why))
 
-    def _failed(self, error: str, gone: bool = False) -> messages.Reply:
+    def _failed(self, error: str) -> messages.Reply:
         p = self.current
         assert p is not None
-        if gone:
-            error = f"hold {p.hold_id} is gone (cancelled or timed out): {error}"
         return messages.Reply(id=p.request.id, ok=False, error=error)
 
     def _finish(self, reply: messages.Reply | None) -> None:

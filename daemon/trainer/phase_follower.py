@@ -12,7 +12,7 @@ from andrea.daemon.checkpoint.training.restore import Restorer
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.runtime.operator_requests import REQUESTED_TRIGGERS
 from andrea.daemon.trainer.context import TrainerContext
-from andrea.daemon.trainer.links.hold_registry import Hold
+from andrea.daemon.trainer.links.hold_registry import Hold, gone
 from andrea.daemon.trainer.reporting import Reporter
 from andrea.daemon.trainer.sink import RecordSink
 from andrea.protocol.status import Activity
@@ -108,7 +108,7 @@ class PhaseFollower:
             hold.timeout_s,
             self.ctx.counters.step,
         )
-        self.ctx.holds.drop(hold.id, f"hold {hold.id} timed out after {hold.timeout_s:.0f} s")
+        self.ctx.holds.drop(hold.id, gone(hold.id, f"no resume within {hold.timeout_s:.0f} s"))
         return True
 
     def _announce(self, hold: Hold | None) -> bool:

@@ -30,7 +30,7 @@ FIRST, SECOND = 2 * EVERY, 4 * EVERY
 STEPS = SECOND + EVERY
 SECOND_POLICY = POLICY.replace("cap = 0.0", "cap = 0.5", 1)
 WAIT = 120
-PAUSE_S = 1.5
+PAUSE_S = 1.0
 
 Outcome = tuple[dict[str, bytes], list[tuple[int, float, str, int]]]
 

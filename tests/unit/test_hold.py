@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from andrea.daemon.trainer.links.hold_registry import HoldRegistry
+from andrea.daemon.trainer.links.hold_registry import HoldRegistry, gone
 from andrea.protocol.messages import NewPhase
 from andrea.protocol.status import HoldState
 
@@ -45,9 +45,12 @@ def test_a_hold_is_released_only_by_its_own_identity() -> None:
     assert holds.take_release("a") is None, "a resume for another hold released this one"
     assert holds.describe() is not None
     assert holds.release("a", PHASE) == (None, "released after step 25")
+    # Released, not yet taken by the loop: the proxy's confirmation hears it is gone.
+    assert holds.request("a", 100, step=7, timeout_s=60) == gone("a", "released after step 25")
     assert holds.take_release("a") == PHASE, "the release carries the proxy's new phase"
     assert holds.describe() is None
     assert holds.release("a") == (None, "released after step 25"), "a retried resume"
+    assert holds.request("a", 100, step=30, timeout_s=60) == gone("a", "released after step 25")
     assert holds.request("b", 200, step=30, timeout_s=60) is None
     assert len(told) == 1
 
@@ -58,7 +61,7 @@ def test_a_pending_hold_is_cancelled_and_a_held_one_expires() -> None:
     holds.request("a", None, step=3, timeout_s=60)
     assert holds.release("a") == (None, "cancelled before the boundary")
     assert holds.due() is None and not holds.begin("a", 25)
-    assert told == [("a", None, "hold a is gone (cancelled)")]
+    assert told == [("a", None, gone("a", "cancelled before the boundary"))]
 
     holds.request("b", None, step=30, timeout_s=0.05)
     holds.begin("b", 50)

@@ -57,6 +57,11 @@ class Hold:
         )
 
 
+def gone(hold_id: str, how: str) -> str:
+    """The answer of a hold request whose hold ended before the pivot could use it."""
+    return f"hold {hold_id} is gone (cancelled or timed out): {how}"
+
+
 def _ignore(hold_id: str, step: int | None, error: str | None) -> None:
     """No one waits for a hold's answer (a registry without a control socket)."""
 
@@ -90,10 +95,10 @@ class HoldRegistry:
         """Register a hold asked for at `step`; an error message when another one is in the way."""
         with self._lock:
             h = self._hold
-            if h is not None and h.id == hold_id:
+            if h is not None and h.id == hold_id and not self._released:
                 return None  # the same request again (a retry, or the proxy's confirmation)
             if self._done is not None and self._done[0] == hold_id:
-                return f"hold {hold_id} is gone ({self._done[1]})"
+                return gone(hold_id, self._done[1])
             if h is not None and h.state is not HoldState.FAILED:
                 where = f"holding after step {h.step}" if h.step is not None else "pending"
                 return (
@@ -152,12 +157,12 @@ class HoldRegistry:
             if h.state is HoldState.PENDING:
                 self._hold = None
                 self._done = (hold_id, "cancelled before the boundary")
-                self._settle(hold_id, None, f"hold {hold_id} is gone (cancelled)")
+                self._settle(hold_id, None, gone(hold_id, self._done[1]))
             else:
                 self._released = True
                 h.new_phase = h.new_phase or new_phase
                 self._done = (hold_id, f"released after step {h.step}")
-                self._settle(hold_id, None, f"hold {hold_id} is gone (released)")
+                self._settle(hold_id, None, gone(hold_id, "released before it was acknowledged"))
             return None, self._done[1]
 
     def take_release(self, hold_id: str) -> NewPhase | None:
