@@ -118,6 +118,8 @@ def _refused(reply: messages.Reply, dry_run: bool) -> Exception:
 
 def _pivot(args: argparse.Namespace, text: str) -> int:
     """The one request, and its answer once the proxy has held, committed and released."""
+    if not daemon_running(args.run_dir, "proxy"):
+        raise _Failed("a pivot needs the proxy running and answering; nothing was changed")
     print(
         "pivot: the proxy holds the trainer at its next checkpoint boundary, starts the new phase "
         "there and releases it; waiting for its answer",
