@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from andrea.daemon.mixing.archive import archive_of_phase, write_archive
+from andrea.daemon.mixing.archive import write_archive
 from andrea.daemon.mixing.bandit import Bandit
 from andrea.daemon.mixing.policy import Policy, PolicyError, bounds_table, differences, parse_policy
 from andrea.daemon.mixing.policystore import store, with_reward
@@ -89,8 +89,7 @@ class PhaseCommit:
 
     def commit(self, msg: messages.PivotRequest, b: int) -> messages.Reply:
         """The pivot of `msg` after step `b`, where the trainer holds: checked again (the run may
-        have changed since the request), then made. A refusal changes nothing. A re-sent request
-        for a pivot already made (same boundary, same policy) is answered as done."""
+        have changed since the request), then made. A refusal changes nothing."""
         run_state = self.run_state
         checked = self.policy_of(msg)
         if isinstance(checked, messages.Reply):
@@ -133,25 +132,12 @@ class PhaseCommit:
     def _without_pivot(
         self, msg: messages.PivotRequest, policy: Policy, b: int | None, data: dict[str, object]
     ) -> messages.Reply | None:
-        """The answer when no pivot is to be made (already made, a no-op, a dry run, a boundary
-        that cannot be), or None to go ahead. Without a boundary `b` (the trainer has not held
+        """The answer when no pivot is to be made (a no-op, a dry run, a boundary that cannot be),
+        or None to go ahead. Without a boundary `b` (the trainer has not held
         yet) only what does not depend on it is checked."""
         book = self.run_state.book
         bandit = book.bandit
         same = bandit.policy.fingerprint() == policy.fingerprint()
-        if same and bandit.phase > 0 and bandit.phase_start_step == b and not msg.dry_run:
-            archive = archive_of_phase(self.run_state.run_dir, bandit.phase - 1)
-            return messages.Reply(
-                id=msg.id,
-                ok=True,
-                data={
-                    **data,
-                    "already": True,
-                    "archive": str(archive.relative_to(self.run_state.run_dir))
-                    if archive
-                    else None,
-                },
-            )
         if same and not msg.force:
             return _refuse(
                 msg,
