@@ -134,7 +134,9 @@ class PivotReport(_Report):
         description="where the ended phase was archived, relative to the run directory (null for "
         "a dry run)"
     )
-    already: bool = Field(description="the proxy had made this pivot already (a completed re-run)")
+    already: bool = Field(
+        description="always false: the proxy runs each pivot once (kept for the document's shape)"
+    )
     old_policy: str = Field(description="fingerprint of the policy of the ended phase")
     new_policy: str = Field(description="fingerprint of the new phase's policy")
     changes: list[str] = Field(description="each differing setting, `key: old → new`")

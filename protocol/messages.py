@@ -7,8 +7,10 @@ the socket (ZMQ_MAXMSGSIZE) before they are parsed.
 
 Link (trainer → proxy): hello (answered by welcome, or a refusing reply: another protocol version,
 seed or arm set), assign (assignments), losses (loss_ack, once durable), eval (eval_ack), samples. Control
-(andreactl → trainer): status, checkpoint, resume, stop; (andreactl → proxy): status, pivot. Status
-replies carry the models of :mod:`andrea.protocol.status`. Every request gets exactly one reply; an
+(andreactl → trainer): status, checkpoint, resume (a cancel), stop; (andreactl → proxy): status,
+pivot. A pivot's exchange (proxy → trainer, on the trainer's control socket): hold (answered once
+the trainer holds at its boundary), resume (carrying the new phase). Status replies carry the
+models of :mod:`andrea.protocol.status`. Every request gets exactly one reply; an
 invalid request gets a `reply` with ok=false and an error, and changes nothing.
 """
 
@@ -163,18 +165,26 @@ class StatusRequest(_Msg):
 
 class CheckpointRequest(_Msg):
     """Checkpoint after the current step (or at the next cadence boundary); with `wait`, the reply
-    comes once the checkpoint is durable. With `hold` the trainer then waits for a `resume` naming
-    this request's `id` (the hold's identity: the first half of a pivot). A trainer holds for one
-    request at a time and refuses a second one while a hold is pending or active."""
+    comes once the checkpoint is durable."""
 
     type: Literal["checkpoint"] = "checkpoint"
     boundary: bool = False
     wait: bool = False
-    hold: bool = False
-    hold_owner_pid: int | None = Field(
-        None, ge=1, description="the requesting client's pid, so that a re-run can tell it died"
+
+
+class HoldRequest(_Msg):
+    """The proxy, running a pivot: checkpoint at the next cadence boundary and hold there. The
+    reply comes once the trainer holds with every record up to the boundary acknowledged (`data`:
+    `hold_id`, `step`), or says why it will not (another hold, a failed boundary checkpoint, a
+    cancel, a stop). The request's `id` is the hold's identity: only a `resume` naming it releases
+    the trainer. The trainer holds for one request at a time, and releases itself after
+    `timeout_s` of holding without a resume (a proxy that died mid-pivot)."""
+
+    type: Literal["hold"] = "hold"
+    owner_pid: int | None = Field(
+        None, ge=1, description="the requesting process (the proxy), shown in the trainer's status"
     )
-    hold_timeout_s: float = Field(
+    timeout_s: float = Field(
         600.0,
         gt=0,
         le=7 * 86400,
@@ -182,28 +192,54 @@ class CheckpointRequest(_Msg):
     )
 
 
+class NewPhase(BaseModel):
+    """The phase a pivot started, as the proxy tells the trainer when it releases it: phase
+    `phase` trains the steps after `after_step` under the policy of fingerprint `policy`. (One
+    more thing a new phase carries is one more optional field here.)"""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    phase: int = Field(ge=1, le=MAX_STEP)
+    after_step: int = Field(ge=0, le=MAX_STEP)
+    policy: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class ResumeRequest(_Msg):
     """Release the hold `hold_id` (or cancel it, if the trainer has not reached its boundary yet).
-    A released trainer drops its prefetched arms and asks the proxy again (the phase may have
-    changed). A resume naming any other hold is refused and changes nothing."""
+    With `new_phase` (the proxy, once it committed a pivot) the trainer takes the new phase as
+    it resumes: its prefetched arms of the old phase are dropped, and the next ones come from the
+    new phase. Without it (a cancel, a pivot given up) it asks the proxy again. A resume naming
+    any other hold is refused and changes nothing."""
 
     type: Literal["resume"] = "resume"
     hold_id: str = Field(max_length=64)
+    new_phase: NewPhase | None = None
 
 
 class PivotRequest(_Msg):
-    """Start a new bandit phase after `boundary_step` under the policy given as TOML text.
+    """Start a new bandit phase under the policy given as TOML text, at the trainer's next
+    checkpoint boundary: the proxy holds the trainer there, commits the phase and releases the
+    trainer with it, and answers once all that is done (docs/bandit.md, "The polish pivot").
 
     The proxy checks everything first (policy, arms, feasibility over the live arms, a policy
-    identical to the running one, the boundary against the trainer's progress) and a refused
-    request changes nothing. With `dry_run` it only checks and describes (old → new bounds); with
-    `force` an identical policy still starts a new phase."""
+    identical to the running one, another pivot in progress) and a refused request changes
+    nothing. With `dry_run` it only checks and describes (old → new bounds) at `boundary_step`;
+    with `force` an identical policy still starts a new phase. The pivot is the proxy's from the
+    moment it accepts it: its client may go away at any moment, the proxy carries it through or
+    gives it up (after `timeout_s` without a boundary), and never leaves the trainer held."""
 
     type: Literal["pivot"] = "pivot"
     policy_toml: str = Field(max_length=65536)
-    boundary_step: int = Field(ge=1, le=MAX_STEP)
+    boundary_step: int | None = Field(
+        None, ge=1, le=MAX_STEP, description="a dry run's boundary (the trainer's next one)"
+    )
     dry_run: bool = False
     force: bool = False
+    timeout_s: float = Field(
+        3600.0, gt=0, le=7 * 86400, description="give up unless the trainer holds within this"
+    )
+    hold_timeout_s: float = Field(
+        600.0, gt=0, le=7 * 86400, description="the trainer's own release, as HoldRequest's"
+    )
 
 
 class StopRequest(_Msg):
@@ -232,6 +268,7 @@ Message = Annotated[
     | SampleReport
     | StatusRequest
     | CheckpointRequest
+    | HoldRequest
     | ResumeRequest
     | PivotRequest
     | StopRequest

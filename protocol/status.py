@@ -40,11 +40,11 @@ class HoldState(StrEnum):
 
 
 class HoldStatus(_Status):
-    """A pivot's hold on the trainer (see daemon/trainer/links/boundary_hold.py): its identity, state and age."""
+    """A pivot's hold on the trainer (see daemon/trainer/links/hold_registry.py): its identity, state and age."""
 
     id: str
     state: HoldState
-    owner_pid: int | None  # the andreactl that asked for it
+    owner_pid: int | None  # the process that asked for it: the proxy running the pivot
     requested_at_step: int
     step: int | None  # the boundary, once holding
     age_s: float  # since holding (since the request while pending)

@@ -15,8 +15,9 @@ identically (see `assignbook`).
 
 The rooms: this module is the process (lock, socket, the duty-cycled loop, routing, exit codes);
 `run_state` the state and its writes; `startup` how it is rebuilt from the run directory;
-`trainer_messages` the trainer's messages; `peers` which trainer life speaks; `new_phase` pivots;
-`proxyfiles` and `archive` the file formats.
+`trainer_messages` the trainer's messages; `peers` which trainer life speaks; `phase_commit` a
+pivot's checks and commit; `pivot_orchestrator` the pivot `andreactl pivot` asks for, from the
+trainer's hold to its release; `proxyfiles` and `archive` the file formats.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from collections import deque
 
 import zmq
 
-from andrea.daemon.mixing.new_phase import PivotDesk
+from andrea.daemon.mixing.phase_commit import PhaseCommit
+from andrea.daemon.mixing.pivot_orchestrator import PivotOrchestrator
 from andrea.daemon.mixing.run_state import ProxyOptions, ProxyRunState
 from andrea.daemon.mixing.startup import LogContradiction, configured_arms
 from andrea.daemon.mixing.trainer_messages import TrainerLink
@@ -66,14 +68,15 @@ class Proxy(ProxyRunState):
         self.rejections = ThrottledWarning(log)
         self.exit_code = ExitCode.OK
         self.link = TrainerLink(self, self.rejections)
-        self.pivots = PivotDesk(self)
+        self.commits = PhaseCommit(self)
+        self.pivots = PivotOrchestrator(self, self.commits, self._send)
 
     def setup(self) -> None:
         """Claim the run directory, rebuild the state, complete a manual pivot, bind the socket."""
         self._lock = claim(self.run_dir, "proxy")
         logged = self.start()
         if self.policy_changed:
-            self.pivots.manual()
+            self.commits.manual()
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.endpoint = bind_endpoint(self.run_dir, "proxy")
         self.sock = bind_router(self.ctx, self.endpoint)
@@ -98,9 +101,15 @@ class Proxy(ProxyRunState):
                 id=msg.id, ok=True, data=json.loads(self.status().model_dump_json())
             )
         if isinstance(msg, messages.PivotRequest):
-            return self.pivots.request(msg)
+            return self.pivots.request(peer, msg)
         if isinstance(
-            msg, (messages.CheckpointRequest, messages.StopRequest, messages.ResumeRequest)
+            msg,
+            (
+                messages.CheckpointRequest,
+                messages.StopRequest,
+                messages.ResumeRequest,
+                messages.HoldRequest,
+            ),
         ):
             return messages.Reply(
                 id=msg.id,
@@ -130,7 +139,10 @@ class Proxy(ProxyRunState):
                         return
                 not_before = time.monotonic() + burst.pause()
             wait = 100 if not deferred else max(0, int((not_before - time.monotonic()) * 1000))
-            if not self.sock.poll(min(100, wait)):
+            ready = self._wait(min(100, wait))
+            if ready is None:
+                return
+            if not ready:
                 continue
             frames = self.sock.recv_multipart()
             peer, payload = frames[0], frames[-1]
@@ -144,29 +156,53 @@ class Proxy(ProxyRunState):
                 return
         log.info("stop requested (%s)", self.flags.stop_reason)
 
+    def _wait(self, ms: int) -> bool | None:
+        """Wait up to `ms` for a request, serving the pivot in progress meanwhile: True when a
+        request is there, None when the proxy must stop (a pivot's write failed)."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        for sock in self.pivots.sockets():
+            poller.register(sock, zmq.POLLIN)
+        ready = dict(poller.poll(ms))
+        try:
+            self.pivots.poll()
+            self.pivots.tick()
+        except OSError as e:
+            self._write_failed(e)
+            return None
+        return self.sock in ready
+
+    def _send(self, peer: bytes, reply: messages.Message) -> None:
+        self.sock.send_multipart([peer, b"", messages.encode(reply)])
+
     def _answer(self, peer: bytes, msg: messages.Message) -> bool:
         """Handle one request and send its reply; False when the proxy must stop (a write failed)."""
         try:
             reply = self.handle(peer, msg)
         except OSError as e:
-            # A file could not be written. The request was not acknowledged, so the trainer
-            # keeps its records; a restart repairs (.loss.json's tail, a pivot half done) and
-            # goes on. A full disk is told apart: restarting before space is freed cannot help.
-            full = disk_full(e)
-            self.exit_code = ExitCode.CHECKPOINT_FAILED if full else ExitCode.FAILURE
-            log.error(
-                "cannot write the run's files (%s); stopping with exit code %d%s; nothing"
-                " acknowledged is lost",
-                e,
-                self.exit_code,
-                ": free space, then restart the proxy" if full else "",
-            )
+            self._write_failed(e)
             return False
         if reply is not None:
-            self.sock.send_multipart([peer, b"", messages.encode(reply)])
+            self._send(peer, reply)
         return True
 
+    def _write_failed(self, e: OSError) -> None:
+        """A file could not be written. The request was not acknowledged, so the trainer keeps
+        its records; a restart repairs (.loss.json's tail, a pivot half done) and goes on. A full
+        disk is told apart: restarting before space is freed cannot help."""
+        full = disk_full(e)
+        self.exit_code = ExitCode.CHECKPOINT_FAILED if full else ExitCode.FAILURE
+        log.error(
+            "cannot write the run's files (%s); stopping with exit code %d%s; nothing"
+            " acknowledged is lost",
+            e,
+            self.exit_code,
+            ": free space, then restart the proxy" if full else "",
+        )
+
     def close(self) -> None:
+        self.pivots.abandon("the proxy stopped")
+        self.pivots.close()
         self.close_files()
         close_router(self.sock, self.endpoint)
         self._lock.close()  # the run directory is free for the next proxy

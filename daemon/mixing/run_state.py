@@ -4,7 +4,8 @@ the log and the trainer have got, the kept samples and the metrics, and the file
 Every write of it goes through here: `.loss.json` and `.eval.json` are appended and fsync'd before a
 report is acknowledged; `.state.json` is rewritten atomically every `STATE_EVERY` logged steps, when
 a segment number is given out (before the trainer hears it), at a pivot's commit point, at start
-and on exit. The request handlers (`trainer_messages.py`, `new_phase.py`) check and decide; this carries out.
+and on exit. The request handlers (`trainer_messages.py`, `phase_commit.py`,
+`pivot_orchestrator.py`) check and decide; this carries out.
 """
 
 from __future__ import annotations

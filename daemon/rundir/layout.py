@@ -14,7 +14,6 @@ A run directory holds (see docs/satellite-files.md and docs/checkpoint-format.md
     .samples.json                proxy: recent generated samples
     .state.json                  proxy: bandit state
     .trainer.lock / .proxy.lock  one process per role: its flock, and its pid
-    .pivot.lock                  andreactl pivot: held (flock) by the client of a pivot in progress
     .sock/                       control sockets (unless $ANDREA_SOCKET_DIR says otherwise)
     .socket-dir                  where the control sockets are (written by each daemon)
     archive/pivot-<step>-<utc>/  what a pivot archived, with its pivot.json record
@@ -59,8 +58,6 @@ ARCHIVE_DIR = "archive"
 #: TensorBoard event files the proxy writes when `[metrics] tensorboard = true`.
 TENSORBOARD_DIR = "tensorboard"
 PIVOT_RECORD = "pivot.json"
-#: Held (an flock, nothing written) by the `andreactl pivot` whose pivot is in progress.
-PIVOT_LOCK = ".pivot.lock"
 
 #: The most a checkpoint manifest can need: the layout of the largest preset, the config, every
 #: RNG, and the loss records the proxy had not acknowledged (bounded by the assignment lag). A larger

@@ -16,7 +16,7 @@ from andrea.daemon.data.encoding_progress import EncodingProgress
 from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.daemon.runtime.sdnotify import Notifier
 from andrea.daemon.trainer.counters import Counters
-from andrea.daemon.trainer.links.boundary_hold import Holds
+from andrea.daemon.trainer.links.hold_registry import HoldRegistry
 from andrea.daemon.trainer.options import TrainerOptions
 from andrea.daemon.trainer.parts import Parts, Platform
 from andrea.daemon.trainer.platform import distributed as dist
@@ -36,7 +36,7 @@ class TrainerContext:
     #: The operator's requests (signals and control socket), taken at each agreement.
     flags: OperatorRequests
     #: The pivot's hold, shared with the control socket.
-    holds: Holds
+    holds: HoldRegistry
     #: The per-step agreement of every rank (a world of one agrees with itself).
     coord: dist.Coordinator
     #: The encoding of the arms while the context is built (status shows it).
@@ -64,7 +64,7 @@ def starting_status(
     opts: TrainerOptions,
     platform: Platform,
     counters: Counters,
-    holds: Holds,
+    holds: HoldRegistry,
     progress: EncodingProgress,
     started: float | None = None,
 ) -> TrainerStatus:

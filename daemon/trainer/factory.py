@@ -26,12 +26,12 @@ from andrea.daemon.runtime.sdnotify import Notifier
 from andrea.daemon.trainer.context import TrainerContext, starting_status
 from andrea.daemon.trainer.counters import Counters
 from andrea.daemon.trainer.evaluation import Evaluation, plan_evaluation
-from andrea.daemon.trainer.links.boundary_hold import Holds
 from andrea.daemon.trainer.links.control_server import ControlServer
+from andrea.daemon.trainer.links.hold_registry import HoldRegistry
 from andrea.daemon.trainer.loop import Collaborators, Trainer
 from andrea.daemon.trainer.options import TrainerOptions
 from andrea.daemon.trainer.parts import build_parts, resolve_platform, wrap_for_training
-from andrea.daemon.trainer.pivot_boundary import Pivots
+from andrea.daemon.trainer.phase_follower import PhaseFollower
 from andrea.daemon.trainer.platform import distributed as dist
 from andrea.daemon.trainer.reporting import Reporter
 from andrea.daemon.trainer.sink import open_sink
@@ -66,7 +66,7 @@ def open_context(
     # Each sign of an encoding's progress keeps systemd waiting for READY=1 (a first start on a
     # large corpus outlasts any TimeoutStartSec), with the progress line as the unit's status.
     progress = EncodingProgress(on_advance=lambda p: notifier.preparing(describe(p)))
-    counters, holds = Counters(), Holds()
+    counters, holds = Counters(), HoldRegistry()
     control: ControlServer | None = None
     if world.is_main:
         lock = lock or claim(opts.run_dir, "trainer")
@@ -118,7 +118,7 @@ def build_trainer(opened: Opened, backend: str | None = None) -> Trainer:
     stepper = StepRunner(ctx, checkpointer.grace_seconds, checkpointer.before_update)
     evaluation = Evaluation(ctx, plan, sink)
     reporter = Reporter(ctx, sink)
-    pivots = Pivots(ctx, sink, checkpointer, restorer, reporter)
+    pivots = PhaseFollower(ctx, sink, checkpointer, restorer, reporter)
     reporter.describe_start()
     collaborators = Collaborators(
         restorer, sink, checkpointer, stepper, evaluation, reporter, pivots, control, opened.lock

@@ -11,7 +11,8 @@ a step boundary; each piece lives in its own module:
   is exact; checkpoint/training/checkpointer.py: when and where a checkpoint is written (cadence,
   boundary, request, final); checkpoint/training/snapshot.py: what it holds;
 - sink.py: where the records go and where the arms come from (fixed mode or the proxy);
-- pivot_boundary.py: the hold at a pivot's boundary, and the roll-back to one;
+- phase_follower.py: the hold at a pivot's boundary, the phase the proxy releases it with, and
+  the roll-back to a phase that starts behind the trainer;
 - evaluation.py: held-out evaluation and samples; reporting.py: progress, metrics, summary.
 """
 
@@ -34,7 +35,7 @@ from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.daemon.trainer.context import TrainerContext, starting_status
 from andrea.daemon.trainer.evaluation import Evaluation
 from andrea.daemon.trainer.links.control_server import ControlServer
-from andrea.daemon.trainer.pivot_boundary import Pivots
+from andrea.daemon.trainer.phase_follower import PhaseFollower
 from andrea.daemon.trainer.platform import distributed as dist
 from andrea.daemon.trainer.reporting import Reporter
 from andrea.daemon.trainer.sink import RecordSink
@@ -54,7 +55,7 @@ class Collaborators:
     stepper: StepRunner
     evaluation: Evaluation
     reporter: Reporter
-    pivots: Pivots
+    pivots: PhaseFollower
     #: Rank 0's control socket and run-directory lock; None on the other ranks of a job.
     control: ControlServer | None
     lock: IO[bytes] | None

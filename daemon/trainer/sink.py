@@ -82,6 +82,10 @@ class RecordSink:
     def restart_after(self, step: int, new_segment: bool = False) -> None:
         """Forget every arm assigned after `step` (a pivot); `new_segment`: after a roll-back."""
 
+    def enter_phase(self, phase: messages.NewPhase) -> None:
+        """Take the phase the proxy released a pivot's hold with: the arms after its start come
+        from it (rank 0's link; the other ranks take their arms from rank 0)."""
+
     def retry_unlogged(self) -> bool:
         """Write the `unlogged` record once more; True once it is durable."""
         return True
@@ -198,7 +202,7 @@ class ProxySink(RecordSink):
             # The reply that told of a pivot this trainer ran past may carry the new phase's arms
             # (a restarted proxy answers a request queued before its hello). Trained on top of the
             # old phase's steps, they would mix two phases in one trajectory: the roll-back
-            # (Pivots.follow) comes first, and the arms are asked for again after it.
+            # (PhaseFollower.follow) comes first, and the arms are asked for again after it.
             return None
         self.counters.segment = segment
         self.counters.phase = a.phase
@@ -234,6 +238,9 @@ class ProxySink(RecordSink):
 
     def restart_after(self, step: int, new_segment: bool = False) -> None:
         self.link.restart_after(step, new_segment=new_segment)
+
+    def enter_phase(self, phase: messages.NewPhase) -> None:
+        self.link.enter_phase(phase)
 
     def close(self) -> None:
         # Unacknowledged records are in the final manifest; waiting briefly just saves a resend.

@@ -22,8 +22,8 @@ from andrea.daemon.mixing.policy import Policy
 from andrea.daemon.mixing.proxy import Proxy, ProxyOptions
 from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.runtime.operator_requests import OperatorRequests
-from andrea.daemon.trainer.links.boundary_hold import Holds
 from andrea.daemon.trainer.links.control_server import ControlServer
+from andrea.daemon.trainer.links.hold_registry import HoldRegistry
 from andrea.protocol import messages
 from andrea.protocol.status import Activity, TrainerStatus
 from tests.support.fuzzing import (
@@ -107,8 +107,8 @@ VALID_MESSAGES: dict[str, dict] = {
         "id": "c",
         "boundary": False,
         "wait": False,
-        "hold": False,
     },
+    "hold": {"type": "hold", "id": "hh", "timeout_s": 600.0},
     "resume": {"type": "resume", "id": "r", "hold_id": "h"},
     "stop": {"type": "stop", "id": "x", "wait": False},
     "pivot": {"type": "pivot", "id": "p", "policy_toml": "lag = 4\n", "boundary_step": 1},
@@ -184,7 +184,8 @@ class LiveControl:
         self.sock.connect(rundir.endpoint(run_dir, "trainer"))
 
     def reset(self) -> None:
-        self.server.flags, self.server.holds = OperatorRequests(), Holds()
+        self.server.flags, self.server.holds = OperatorRequests(), HoldRegistry()
+        self.server.holds.on_settled(self.server._hold_settled)
 
     def state(self) -> tuple:
         f, hold = self.server.flags, self.server.holds.describe()
@@ -253,6 +254,9 @@ def test_fuzz_trainer_control(live_control: LiveControl, kind: str, data: st.Dat
     before = c.state()
     reply = bounded(lambda: c.ask(frame, 5000))
     if reply is None:  # only a request that waits for its work is answered later
+        if isinstance(msg, messages.HoldRequest):  # answered once the trainer holds
+            assert c.state() != before
+            return
         assert isinstance(msg, messages.CheckpointRequest | messages.StopRequest) and msg.wait, (
             frame[:200]
         )

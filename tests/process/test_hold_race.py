@@ -1,7 +1,8 @@
-"""`andreactl pivot --cancel` racing the trainer's hold, with real daemons: whenever the cancel
-lands — before the boundary takes the hold, while the boundary is evaluated and checkpointed (the
-hold is taken but not yet begun), or once the trainer holds — the trainer trains on past its
-boundary and holds nothing."""
+"""`andreactl pivot --cancel` racing the hold the proxy asked for, with real daemons: whenever the
+cancel lands — before the boundary takes the hold, while the boundary is evaluated and
+checkpointed (the hold is taken but not yet begun), or once the trainer holds (the proxy paused
+there by its test-only ANDREA_PIVOT_PAUSE, before it commits) — the trainer trains on past its
+boundary and holds nothing, the proxy pivots nothing, and the pivot's client hears so."""
 
 from __future__ import annotations
 
@@ -59,7 +60,9 @@ def test_a_cancel_at_any_moment_never_leaves_the_trainer_holding(
     policy = tmp_path / "polish.toml"
     policy.write_text(POLICY)
     run = tmp_path / "run"
-    p = proxy(run)
+    # The window of a cancel while holding: the proxy waits before it confirms the hold and
+    # commits, and is stopped (SIGSTOP) meanwhile, for as long as the cancel takes to start.
+    p = proxy(run, env={"ANDREA_PIVOT_PAUSE": "holding=5"})
     t = Daemon(
         trainer_cmd(run, cache_dir, "--config", str(config), "--mixing", "proxy")
         + ["--max-steps", "100000", "--checkpoint-every", str(EVERY)]
@@ -69,14 +72,16 @@ def test_a_cancel_at_any_moment_never_leaves_the_trainer_holding(
         client = ctl_bg(run, "pivot", "--policy", str(policy))
         try:
             hold = wait_hold(run, "pending", timeout=120)
-            # The pivot's own client neither completes nor gives up its pivot meanwhile.
-            client.send_signal(signal.SIGSTOP)
             _at_moment(run, moment, hold)
-            res = ctl(run, "pivot", "--cancel")
+            if moment == "while holding":
+                p.signal(signal.SIGSTOP)
+            try:
+                res = ctl(run, "pivot", "--cancel")
+            finally:
+                p.signal(signal.SIGCONT)
             assert res.returncode == 0, (moment, res.stderr)
             boundary = (hold["requested_at_step"] // EVERY + 1) * EVERY
             _trains_past(run, boundary, t)
-            client.send_signal(signal.SIGCONT)
             assert client.wait(timeout=120) == 1, moment
             assert "is gone (cancelled or timed out)" in client.stderr.read(), moment
         finally:

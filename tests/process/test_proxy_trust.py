@@ -589,7 +589,7 @@ def test_a_trainer_past_a_manual_pivot_takes_no_arm_of_the_new_phase_before_roll
             assert ahead > 6 and sink.rollback_target(ahead, 0) == (1, 6)
             assert _sink_arm(sink, ahead + 1, within=1.0) is None
             assert (counters.step, counters.phase) == (ahead, 0)
-            # The roll-back (Pivots.follow): the trainer is at the boundary in a new segment, and
+            # The roll-back (PhaseFollower.follow): the trainer is at the boundary in a new segment, and
             # the new phase's arms are taken from there on.
             counters.step = 6
             sink.restart_after(6, new_segment=True)

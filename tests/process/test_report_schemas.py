@@ -9,9 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from andrea.daemon.rundir.layout import peer_endpoint
 from andrea.protocol import messages
@@ -70,16 +72,20 @@ def test_live_reports_validate(tmp_path: Path, cache_dir: Path, capsys) -> None:
         check("pivot", ok("pivot", "--policy", str(policy), "--dry-run"), capsys) == "PivotReport"
     )
     assert check("pivot", ok("pivot", "--policy", str(policy)), capsys) == "PivotReport"
-    # A hold no pivot completes (as of a client that died): cancelled by the command.
-    reply = request(
-        peer_endpoint(run, "trainer"),
-        messages.CheckpointRequest(id=new_id(), boundary=True, hold=True, hold_timeout_s=600),
-        timeout=10,
-    )
-    assert reply.ok, reply
-    cancelled = ok("pivot", "--cancel")
-    assert check("pivot", cancelled, capsys) == "PivotCancelReport"
-    assert json.loads(cancelled)["hold_id"] == reply.data["hold_id"]
+    # A hold no pivot completes (as of a proxy that died mid-pivot): cancelled by the command.
+    hold = messages.HoldRequest(id=new_id(), timeout_s=600)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(peer_endpoint(run, "trainer"))
+    try:
+        sock.send_multipart([b"", messages.encode(hold)])
+        status = messages.StatusRequest(id=new_id())
+        while request(peer_endpoint(run, "trainer"), status, timeout=10).data["hold"] is None:
+            time.sleep(0.05)
+        cancelled = ok("pivot", "--cancel")
+        assert check("pivot", cancelled, capsys) == "PivotCancelReport"
+        assert json.loads(cancelled)["hold_id"] == hold.id
+    finally:
+        sock.close(linger=0)
 
     assert check("stop", ok("stop", "--wait"), capsys) == "RequestReport"
     assert t.wait() == 0, t.log

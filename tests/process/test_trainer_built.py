@@ -27,8 +27,8 @@ STATE = {
     ("CrossCheck", "_columns"): "the loss log is read when first needed",
     ("Evaluation", "_prompts"): "the samples' prompts are decided at the first sampling",
     ("ControlServer", "_status_cache"): "no status asked for yet",
-    ("Holds", "_hold"): "no pivot's hold requested",
-    ("Holds", "_done"): "no hold ended yet",
+    ("HoldRegistry", "_hold"): "no pivot's hold requested",
+    ("HoldRegistry", "_done"): "no hold ended yet",
     ("Checkpointer", "diverged"): "the run has not diverged",
     ("Checkpointer", "failure"): "no final checkpoint has failed to be written",
 }
@@ -105,10 +105,10 @@ def test_nothing_is_left_none_after_the_build(tmp_path: Path, cache_dir: Path) -
             "Batches",
             "Evaluation",
             "Reporter",
-            "Pivots",
+            "PhaseFollower",
             "FileSink",
             "ControlServer",
-            "Holds",
+            "HoldRegistry",
         } <= walked
         assert trainer.control is not None and trainer.lock is not None  # rank 0's
     finally:

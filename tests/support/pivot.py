@@ -18,8 +18,10 @@ from tests.support.daemons import Daemon
 POLICY = "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n"
 
 
-def proxy(run_dir: Path) -> Daemon:
-    return Daemon([sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run_dir)])
+def proxy(run_dir: Path, env: dict[str, str] | None = None) -> Daemon:
+    return Daemon(
+        [sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run_dir)], env=env
+    )
 
 
 def ctl(run_dir: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -809,7 +809,7 @@ def test_what_the_docstrings_name_exists() -> None:
 
 def test_a_docstring_that_names_a_module_or_function_gone_is_found() -> None:
     (loop,) = [d for d in docstrings() if d.module == "daemon/trainer/loop.py" and d.line == 1]
-    stale = Docstring(loop.module, 1, loop.text.replace("pivot_boundary.py", "pivot.py", 1))
+    stale = Docstring(loop.module, 1, loop.text.replace("phase_follower.py", "pivot.py", 1))
     (number,) = [n for n, line in enumerate(stale.text.splitlines(), 1) if "- pivot.py" in line]
     assert docstring_problems(stale) == [
         f"daemon/trainer/loop.py:{number}: pivot.py does not exist"
@@ -975,13 +975,15 @@ def test_a_manifest_field_missing_from_the_docs_or_not_in_the_model_is_found() -
 
 def test_a_module_missing_from_the_architecture_page_or_in_the_wrong_folder_is_found() -> None:
     name = "docs/architecture.md"
-    doc, _ = drifted(name, "`boundary_hold.py` (a pivot's identified hold), ", "")
+    doc, _ = drifted(
+        name, "`hold_registry.py` (the identified hold a pivot's proxy asks for), ", ""
+    )
     assert architecture_problems(doc) == []  # the tree and the trainer's table still name it
-    doc = Doc(name, re.sub(r"\| `links/boundary_hold\.py` \|.*\n", "", doc.text, count=1))
+    doc = Doc(name, re.sub(r"\| `links/hold_registry\.py` \|.*\n", "", doc.text, count=1))
     assert architecture_problems(doc) == []  # the tree still names it
-    doc = Doc(name, doc.text.replace("daemon/trainer/links/boundary_hold.py\n", "", 1))
+    doc = Doc(name, doc.text.replace("daemon/trainer/links/hold_registry.py\n", "", 1))
     assert architecture_problems(doc) == [
-        f"{name}: daemon/trainer/links/boundary_hold.py is not on the page"
+        f"{name}: daemon/trainer/links/hold_registry.py is not on the page"
     ]
     doc, n = drifted(name, "`catalog.py` (what", "`durable.py` (what")
     doc, n = Doc(name, doc.text.replace("daemon/checkpoint/catalog.py\n", "", 1)), n - 1

@@ -1,12 +1,10 @@
 """Who holds a run directory or a cache entry is the lock that is held, never a pid written in a file
 (issue 50, H1, H2, M2, M4): a copied lock file, which names a live process, holds nothing; a
-temporary whose writer holds its entry's lock is kept whatever its pid; a pivot in progress is its
-client's lock. In this process: a flock taken through one open file conflicts with a probe through
-another, as another process's does."""
+temporary whose writer holds its entry's lock is kept whatever its pid. In this process: a flock
+taken through one open file conflicts with a probe through another, as another process's does."""
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import shutil
@@ -20,13 +18,11 @@ import pytest
 
 from andrea.daemon.data.tokencache import entry_lock, remove_stale_temporaries
 from andrea.daemon.rundir.layout import (
-    PIVOT_LOCK,
     claim,
     lock_holder,
     lock_path,
     signal_holder,
 )
-from andrea.protocol.status import HoldState, HoldStatus, TrainerStatus
 
 
 @pytest.fixture
@@ -79,33 +75,3 @@ def test_a_temporary_is_kept_while_its_entry_is_locked(tmp_path: Path) -> None:
         assert temporary.exists(), "removed under its live writer"
     remove_stale_temporaries(tmp_path)
     assert not temporary.exists(), "a killed writer's temporary stays"
-
-
-def _pivot_args(run: Path, dry_run: bool) -> argparse.Namespace:
-    return argparse.Namespace(run_dir=run, dry_run=dry_run)
-
-
-def test_a_pivot_in_progress_is_its_clients_lock_never_the_pid_its_hold_names(
-    tmp_path: Path,
-) -> None:
-    from andrea.control.commands import pivot
-
-    held = HoldStatus(id="h1", state=HoldState.HOLDING, owner_pid=1, requested_at_step=10,
-                      step=20, age_s=1.0, acknowledged=True, timeout_s=600.0, error=None)  # fmt: skip
-    trainer = TrainerStatus.model_construct(hold=held)
-    with pivot._pivot_client(tmp_path, dry_run=False):
-        with pytest.raises(pivot._Failed, match="another pivot is in progress"):
-            with pivot._pivot_client(tmp_path, dry_run=False):
-                pass
-        with pytest.raises(pivot._Failed, match="another pivot is in progress"):
-            pivot._interrupted_hold(_pivot_args(tmp_path, dry_run=True), trainer)
-    # Its client gone, the hold is an interrupted pivot's, though pid 1 lives here (as a client's
-    # pid of another pid namespace may): this pivot completes it.
-    assert pivot._interrupted_hold(_pivot_args(tmp_path, dry_run=True), trainer) == held
-    with pivot._pivot_client(tmp_path, dry_run=False):
-        assert pivot._interrupted_hold(_pivot_args(tmp_path, dry_run=False), trainer) == held
-    (tmp_path / PIVOT_LOCK).unlink()
-    os.mkfifo(tmp_path / PIVOT_LOCK)  # planted: refused at once, never waited on
-    with pytest.raises(pivot._Failed, match="not a regular file"):
-        with pivot._pivot_client(tmp_path, dry_run=False):
-            pass

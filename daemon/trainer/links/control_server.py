@@ -26,7 +26,7 @@ from andrea.daemon.runtime.dutycycle import Burst
 from andrea.daemon.runtime.logthrottle import ThrottledWarning
 from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.daemon.runtime.peer_frames import Rejected, decode_or_reject
-from andrea.daemon.trainer.links.boundary_hold import Holds
+from andrea.daemon.trainer.links.hold_registry import HoldRegistry
 from andrea.protocol import messages
 from andrea.protocol.status import TrainerStatus
 from andrea.protocol.transport import bind_router, close_router
@@ -43,17 +43,20 @@ class ControlServer:
         ep: str,
         flags: OperatorRequests,
         status: Callable[[], TrainerStatus],
-        holds: Holds | None = None,
+        holds: HoldRegistry | None = None,
     ) -> None:
         self.flags = flags
         self.status = status
-        self.holds = holds or Holds()
+        self.holds = holds or HoldRegistry()
         self._ep = ep
         self._sock = bind_router(zmq.Context.instance(), ep)
         self._outbox: queue.Queue[tuple[bytes, messages.Reply]] = queue.Queue()
         self._lock = threading.Lock()
         self._checkpoint_waiters: list[tuple[bytes, str]] = []
         self._stop_waiters: list[tuple[bytes, str]] = []
+        #: The hold requests waiting for the trainer to hold (or not): hold id → (peer, id)s.
+        self._hold_waiters: dict[str, list[tuple[bytes, str]]] = {}
+        self.holds.on_settled(self._hold_settled)
         self._done = threading.Event()
         self._rejections = ThrottledWarning(log)
         self._status_cache: tuple[float, dict[str, Any]] | None = None
@@ -80,6 +83,7 @@ class ControlServer:
         """Answer `stop --wait` (and any checkpoint still waiting) with the final result, then
         stop. `error`: why the exit code is not 0 (the clients print it)."""
         ok = final.get("exit_code", 0) == 0
+        self.holds.abandon("the trainer stopped before it held")
         with self._lock:
             waiters = self._stop_waiters + self._checkpoint_waiters
             self._stop_waiters, self._checkpoint_waiters = [], []
@@ -95,6 +99,7 @@ class ControlServer:
         `why`, a `checkpoint --wait` that no checkpoint comes; then stop. Nothing once closed."""
         if self._done.is_set():
             return
+        self.holds.abandon(f"the trainer stopped before it held: {why}")
         with self._lock:
             stops, checkpoints = self._stop_waiters, self._checkpoint_waiters
             self._stop_waiters, self._checkpoint_waiters = [], []
@@ -108,6 +113,16 @@ class ControlServer:
             self._outbox.put((peer, messages.Reply(id=rid, ok=False, error=error, data=data)))
         self._done.set()
         self._thread.join(timeout=5)
+
+    def _hold_settled(self, hold_id: str, step: int | None, error: str | None) -> None:
+        """The hold request `hold_id` has its answer: the trainer holds after `step`, or `error`."""
+        with self._lock:
+            waiters = self._hold_waiters.pop(hold_id, [])
+        data = {"hold_id": hold_id, "step": step}
+        for peer, rid in waiters:
+            self._outbox.put(
+                (peer, messages.Reply(id=rid, ok=error is None, error=error, data=data))
+            )
 
     # ---- socket thread ----------------------------------------------------------------------
 
@@ -150,18 +165,9 @@ class ControlServer:
             return msg.reply
         if isinstance(msg, messages.StatusRequest):
             return messages.Reply(id=msg.id, ok=True, data=self._status_data())
+        if isinstance(msg, messages.HoldRequest):
+            return self._hold(peer, msg)
         if isinstance(msg, messages.CheckpointRequest):
-            if msg.hold:
-                # A pivot's hold has an identity: only a resume naming it releases the trainer.
-                error = self.holds.request(
-                    msg.id, msg.hold_owner_pid, self.status().step, msg.hold_timeout_s
-                )
-                if error is not None:
-                    return messages.Reply(id=msg.id, ok=False, error=error)
-                self.flags.request_boundary_checkpoint(hold=True)
-                return messages.Reply(
-                    id=msg.id, ok=True, data={"accepted": "hold", "hold_id": msg.id}
-                )
             # A waiter is registered before its flag is set: once set, the training loop may
             # serve it (or finish) at once, and answers only the waiters it finds.
             log.info("control: checkpoint requested%s", " (the client waits)" if msg.wait else "")
@@ -178,7 +184,7 @@ class ControlServer:
                 id=msg.id, ok=True, data={"accepted": "boundary" if msg.boundary else "next step"}
             )
         if isinstance(msg, messages.ResumeRequest):
-            error, done = self.holds.release(msg.hold_id)
+            error, done = self.holds.release(msg.hold_id, msg.new_phase)
             if error is not None:
                 return messages.Reply(id=msg.id, ok=False, error=error)
             if done.startswith("cancelled"):
@@ -200,3 +206,23 @@ class ControlServer:
         return messages.Reply(
             id=msg.id, ok=False, error=f"the trainer does not serve {msg.type!r} requests"
         )
+
+    def _hold(self, peer: bytes, msg: messages.HoldRequest) -> messages.Reply | None:
+        """A pivot's hold, identified by the request's id: answered once the trainer holds with
+        every record acknowledged, or cannot (HoldRegistry's `settled`)."""
+        # The waiter first: once the hold is registered the loop may settle it at once.
+        with self._lock:
+            self._hold_waiters.setdefault(msg.id, []).append((peer, msg.id))
+        error = self.holds.request(msg.id, msg.owner_pid, self.status().step, msg.timeout_s)
+        if error is not None:
+            with self._lock:
+                self._hold_waiters.pop(msg.id, None)
+            return messages.Reply(id=msg.id, ok=False, error=error)
+        held = self.holds.describe()
+        if held is not None and held.id == msg.id and held.acknowledged:
+            # A retried request for a hold that was answered already.
+            self._hold_settled(msg.id, held.step, None)
+            return None
+        log.info("control: hold %s requested by pid %s", msg.id, msg.owner_pid or "unknown")
+        self.flags.request_boundary_checkpoint(hold=True)
+        return None

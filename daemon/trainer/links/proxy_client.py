@@ -105,6 +105,20 @@ class ProxyLink:
                 self.segment = None
                 self.resume_step = step
 
+    def enter_phase(self, new: messages.NewPhase) -> None:
+        """The proxy committed phase `new` and released this trainer's hold with it: the arms
+        prefetched for the steps after its start were drawn under the old phase and are dropped,
+        and a reply drawn before the pivot is not taken (`_heard_phases`). The link goes on as
+        it was: no new hello."""
+        with self._cv:
+            known = [p for p in self._phases if p.phase < new.phase]
+            start = messages.PhaseStart(phase=new.phase, after_step=new.after_step)
+            self._heard_phases([*known, start])
+            # A request already on its way is answered from the old phase: ask again.
+            self._assign_pending = None
+            self._want = new.after_step + 1
+            self._cv.notify_all()
+
     def rollback_target(self, step: int, phase: int) -> tuple[int, int] | None:
         """(phase, its start) when the proxy has started a phase after `phase` whose first step
         this trainer has already trained under `phase` (a pivot while it ran ahead: the manual

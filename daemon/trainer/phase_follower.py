@@ -1,5 +1,6 @@
-"""A pivot seen from the trainer: the hold at a boundary checkpoint while the proxy starts a new
-phase, and the roll-back when the proxy started one that this trainer already trained past."""
+"""The trainer's side of a pivot: it holds at a boundary checkpoint while the proxy commits a new
+phase, takes the phase the proxy releases it with, and rolls back when the proxy started a phase
+that this trainer already trained past (the manual pivot)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from andrea.daemon.checkpoint.training.restore import Restorer
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.runtime.operator_requests import REQUESTED_TRIGGERS
 from andrea.daemon.trainer.context import TrainerContext
-from andrea.daemon.trainer.links.boundary_hold import Hold
+from andrea.daemon.trainer.links.hold_registry import Hold, gone
 from andrea.daemon.trainer.reporting import Reporter
 from andrea.daemon.trainer.sink import RecordSink
 from andrea.protocol.status import Activity
@@ -19,7 +20,7 @@ from andrea.protocol.status import Activity
 log = logging.getLogger(__name__)
 
 
-class Pivots:
+class PhaseFollower:
     """Holds and roll-backs. Every rank holds alike (agreeing every 50 ms); a roll-back is a
     single process's only: a torchrun job refuses a manual pivot it ran past (docs/operations.md)."""
 
@@ -53,8 +54,8 @@ class Pivots:
 
     def _hold(self) -> None:
         """Wait at a boundary checkpoint until resumed (the proxy pivots meanwhile), honouring stop
-        and checkpoint requests. On resume every prefetched arm is dropped: it was drawn under
-        the old policy. Every way out is certain: a resume naming the hold, its timeout, a stop;
+        and checkpoint requests. The resume carries the proxy's new phase, whose arms replace
+        the prefetched ones of the old phase. Every way out is certain: a resume naming the hold, its timeout, a stop;
         and when no hold began (cancelled while the boundary was evaluated and checkpointed, or
         failed), rank 0 asks for the agreed resume at once, again at every turn."""
         hold = self._begin()
@@ -107,7 +108,7 @@ class Pivots:
             hold.timeout_s,
             self.ctx.counters.step,
         )
-        self.ctx.holds.drop(hold.id)
+        self.ctx.holds.drop(hold.id, gone(hold.id, f"no resume within {hold.timeout_s:.0f} s"))
         return True
 
     def _announce(self, hold: Hold | None) -> bool:
@@ -127,11 +128,17 @@ class Pivots:
         return acknowledged
 
     def _resumed(self, hold: Hold | None) -> None:
-        if hold is not None:
-            self.ctx.holds.take_release(hold.id)
-        self.sink.restart_after(self.ctx.counters.step)
+        """Go on under the phase the release carried; without one (a cancel, a timeout, a pivot
+        given up) ask the proxy again, which answers with its current phase."""
+        step = self.ctx.counters.step
+        new_phase = self.ctx.holds.take_release(hold.id) if hold is not None else None
+        if new_phase is not None and new_phase.after_step == step:
+            self.sink.enter_phase(new_phase)
+            log.info("resumed after step %d in phase %d", step, new_phase.phase)
+            return
+        self.sink.restart_after(step)
         if self.main:
-            log.info("resumed after step %d", self.ctx.counters.step)
+            log.info("resumed after step %d", step)
 
     def follow(self) -> bool:
         """Roll back to a pivot's boundary if the proxy started a phase whose first step this

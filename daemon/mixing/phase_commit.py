@@ -1,8 +1,10 @@
-"""Pivots: a new phase, with a new policy and a fresh bandit, for the steps after a boundary.
+"""A pivot's commit: a new phase, with a new policy and a fresh bandit, for the steps after a
+boundary.
 
-Two ways in: `andreactl pivot` (a `pivot` request, checked whole before anything happens), and the
+Two ways in: `andreactl pivot` (a `pivot` request, checked whole before anything happens, then run
+by `pivot_orchestrator`, which commits here once the trainer holds at its boundary), and the
 seed's manual pivot (the run's policy file changed while the proxy was stopped; its boundary is
-the trainer's newest intact checkpoint). Both end in `PivotDesk.pivot`, crash-safe in this order:
+the trainer's newest intact checkpoint). Both end in `PhaseCommit.pivot`, crash-safe in this order:
 the policy file, the archive of the ending phase (written from memory; the live files are not
 moved), then the new `.state.json`, the commit. A crash before the commit leaves the old state
 beside the new policy file, which the next start completes as a manual pivot at the same boundary.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from andrea.daemon.mixing.archive import archive_of_phase, write_archive
+from andrea.daemon.mixing.archive import write_archive
 from andrea.daemon.mixing.bandit import Bandit
 from andrea.daemon.mixing.policy import Policy, PolicyError, bounds_table, differences, parse_policy
 from andrea.daemon.mixing.policystore import store, with_reward
@@ -25,11 +27,11 @@ from andrea.protocol import messages
 log = logging.getLogger(__name__)
 
 
-def _refuse(msg: messages.PivotRequest, error: str, **data: object) -> messages.Message:
+def _refuse(msg: messages.PivotRequest, error: str, **data: object) -> messages.Reply:
     return messages.Reply(id=msg.id, ok=False, error=error, data=data)
 
 
-class PivotDesk:
+class PhaseCommit:
     def __init__(self, run_state: ProxyRunState) -> None:
         self.run_state = run_state
 
@@ -60,9 +62,8 @@ class PivotDesk:
         self.pivot(boundary, run_state.opts.policy)
         run_state.supersede_after(boundary)
 
-    def request(self, msg: messages.PivotRequest) -> messages.Message:
-        """Check everything before anything happens; a refusal changes nothing. A re-sent request
-        for a pivot already made (same boundary, same policy) is answered as done."""
+    def policy_of(self, msg: messages.PivotRequest) -> tuple[Policy, str] | messages.Reply:
+        """The request's policy (with the run's reward) and its text, or the refusal."""
         run_state = self.run_state
         try:
             policy, policy_toml = with_reward(
@@ -73,14 +74,35 @@ class PivotDesk:
             run_state.check_policy(policy)
         except PolicyError as e:
             return _refuse(msg, str(e), kind="policy")
-        data = self._preview(msg.boundary_step, policy)
-        answer = self._without_pivot(msg, policy, data)
+        return policy, policy_toml
+
+    def check(self, msg: messages.PivotRequest) -> messages.Reply | None:
+        """Everything that can be checked before the trainer holds (the policy, its arms and
+        feasibility, a no-op; with a boundary, the boundary): the refusal, a dry run's answer,
+        or None to go ahead. Nothing is changed."""
+        checked = self.policy_of(msg)
+        if isinstance(checked, messages.Reply):
+            return checked
+        policy, _ = checked
+        b = msg.boundary_step
+        return self._without_pivot(msg, policy, b, self._preview(b, policy))
+
+    def commit(self, msg: messages.PivotRequest, b: int) -> messages.Reply:
+        """The pivot of `msg` after step `b`, where the trainer holds: checked again (the run may
+        have changed since the request), then made. A refusal changes nothing."""
+        run_state = self.run_state
+        checked = self.policy_of(msg)
+        if isinstance(checked, messages.Reply):
+            return checked
+        policy, policy_toml = checked
+        data = self._preview(b, policy)
+        answer = self._without_pivot(msg, policy, b, data)
         if answer is not None:
             return answer
         # The policy file first: if the proxy dies before the new state is written, its next start
         # sees the changed policy and completes the same pivot (at the newest checkpoint, b).
         store(run_state.run_dir, policy_toml)
-        archive = self.pivot(msg.boundary_step, policy)
+        archive = self.pivot(b, policy)
         return messages.Reply(
             id=msg.id,
             ok=True,
@@ -91,7 +113,7 @@ class PivotDesk:
             },
         )
 
-    def _preview(self, b: int, policy: Policy) -> dict[str, object]:
+    def _preview(self, b: int | None, policy: Policy) -> dict[str, object]:
         """What a pivot after step `b` to `policy` would change (every reply carries it)."""
         bandit = self.run_state.book.bandit
         current = bandit.policy
@@ -108,26 +130,14 @@ class PivotDesk:
         }
 
     def _without_pivot(
-        self, msg: messages.PivotRequest, policy: Policy, data: dict[str, object]
-    ) -> messages.Message | None:
-        """The answer when no pivot is to be made (already made, a no-op, a dry run, a boundary
-        that cannot be), or None to go ahead."""
-        b, book = msg.boundary_step, self.run_state.book
+        self, msg: messages.PivotRequest, policy: Policy, b: int | None, data: dict[str, object]
+    ) -> messages.Reply | None:
+        """The answer when no pivot is to be made (a no-op, a dry run, a boundary that cannot be),
+        or None to go ahead. Without a boundary `b` (the trainer has not held
+        yet) only what does not depend on it is checked."""
+        book = self.run_state.book
         bandit = book.bandit
         same = bandit.policy.fingerprint() == policy.fingerprint()
-        if same and bandit.phase > 0 and bandit.phase_start_step == b and not msg.dry_run:
-            archive = archive_of_phase(self.run_state.run_dir, bandit.phase - 1)
-            return messages.Reply(
-                id=msg.id,
-                ok=True,
-                data={
-                    **data,
-                    "already": True,
-                    "archive": str(archive.relative_to(self.run_state.run_dir))
-                    if archive
-                    else None,
-                },
-            )
         if same and not msg.force:
             return _refuse(
                 msg,
@@ -136,7 +146,7 @@ class PivotDesk:
                 kind="no-op",
                 **data,
             )
-        if b < book.phase_start:
+        if b is not None and b < book.phase_start:
             return _refuse(
                 msg,
                 f"cannot pivot after step {b}: phase {bandit.phase} starts after step "
@@ -146,13 +156,15 @@ class PivotDesk:
             )
         if msg.dry_run:
             return messages.Reply(id=msg.id, ok=True, data={**data, "dry_run": True})
-        return self._progress_refusal(msg, data)
+        if b is None:
+            return None
+        return self._progress_refusal(msg, b, data)
 
     def _progress_refusal(
-        self, msg: messages.PivotRequest, data: dict[str, object]
-    ) -> messages.Message | None:
-        """A boundary must be exactly where the trainer is (held there by `andreactl pivot`)."""
-        b, trainer_step, book = msg.boundary_step, self.run_state.trainer_step, self.run_state.book
+        self, msg: messages.PivotRequest, b: int, data: dict[str, object]
+    ) -> messages.Reply | None:
+        """A boundary must be exactly where the trainer is (held there for the pivot)."""
+        trainer_step, book = self.run_state.trainer_step, self.run_state.book
         if b > trainer_step:
             return _refuse(
                 msg,
