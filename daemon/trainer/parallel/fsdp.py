@@ -17,7 +17,8 @@ backward passes and freed after, and the gradients are reduce-scattered.
   one all-gather per array (a DTensor's full_tensor), parameter by parameter in the file's order,
   weights then m then v, and rank 0 copies each into its staging buffer before the next: rank 0's
   memory beyond the staging buffer (the `12 n + 8` bytes a DDP run stages too) is one gathered
-  parameter, and so is every other rank's.
+  parameter and the collective's buffer of it (measured: docs/performance.md), and so is every
+  other rank's.
 - **The restore.** Rank 0 reads the `.bin` (the resume's own code, as under DDP) into the model
   before it is sharded; its weights reach every rank by broadcast, parameter by parameter, before
   `fully_shard` keeps each rank's shard; Adam's moments are scattered from rank 0 into shards
