@@ -10,7 +10,8 @@ final `.bin` (weights, m, v) and the canonical loss curve.
 - 3 ranks, a vocabulary of 257 (the embedding and the head shard unevenly, 86/86/85 rows):
   stopped by SIGTERM and resumed, the same bytes (torchtitan #1136).
 - A change of strategy and of world size: FSDP 2 → DDP 2 → FSDP 3 → one process, each change
-  announced as not bit-exact, every step's batch the data order's own (none skipped or repeated).
+  announced as not bit-exact, every step's batch the data order's own (none skipped or repeated);
+  the FSDP 3 leg checkpoints on SIGUSR1 and continues, then stops through the control socket.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 from andrea.daemon.checkpoint import format as checkpoint_format
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import read_entries
-from tests.process.test_distributed import curve, manifests, rank_pids, stopped_steps
+from tests.process.test_distributed import ctl, curve, manifests, rank_pids, stopped_steps
 from tests.process.test_elastic import expected_digests
 from tests.support.daemons import Daemon, run_trainer
 from tests.support.distributed import job, torchrun
@@ -142,25 +143,44 @@ def test_uneven_shards_resume_bit_exact_at_3_ranks(
 def test_fsdp_ddp_fsdp_single_continues_announced(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:
-    """From the reference's checkpoint of step EVERY: DDP 2 → FSDP 3 → one process, 2 steps
-    each; each change announced, the data stream continuous."""
+    """From the reference's checkpoint of step EVERY: DDP 2 → FSDP 3 → one process; each change
+    announced, the data stream continuous. The FSDP leg checkpoints on SIGUSR1 to rank 0 and
+    continues, then stops through `andreactl stop --wait`, as a DDP job does."""
     run = tmp_path / "chain"
     shutil.copytree(reference, run, ignore=shutil.ignore_patterns(".sock", ".socket-dir", "*.lock"))
     for p in run.glob(f"step_{STEPS:06d}.*"):
         p.unlink()
-    logs, legs = [], [("ddp", 2), ("fsdp", 3), ("ddp", 1)]
-    for i, (strategy, nproc) in enumerate(legs, start=1):
-        args = ("--max-steps", str(EVERY + 2 * i), *ARGS, "--strategy", strategy)
-        if nproc == 1:
-            res = run_trainer(run, cache_dir, *args)
-            assert res.returncode == 0, res.stderr
-            logs.append(res.stderr)
-        else:
-            logs.append(finished(job(torchrun(run, cache_dir, *args, nproc=nproc))))
+    ddp2 = ("--max-steps", str(EVERY + 2), *ARGS, "--strategy", "ddp")
+    logs = [finished(job(torchrun(run, cache_dir, *ddp2, nproc=2)))]
+
+    fsdp3 = ("--max-steps", "1000", *ARGS, "--strategy", "fsdp")
+    t = job(torchrun(run, cache_dir, *fsdp3, nproc=3))
+    pids = rank_pids(t, 3)
+    t.wait_for(rf"\[rank 0\] INFO step {EVERY + 3}/")
+    os.kill(pids[0], signal.SIGUSR1)
+    # Written, or the cadence checkpoint of that very step kept as requested.
+    m = t.wait_for(
+        r"checkpoint (?:step_(\d+)\.bin written|of step (\d+) already written; kept as requested)"
+        r" \(sigusr1"
+    )
+    usr1 = int(m.group(1) or m.group(2))
+    t.wait_for(rf"\[rank 0\] INFO step {usr1 + 1}/")
+    res = ctl(run, "stop", "--wait")
+    assert res.returncode == 0, res.stdout + res.stderr
+    logs.append(finished(t))
+    (stopped,) = stopped_steps(logs[1])
+    saved = manifests(run)
+    assert saved[usr1]["trigger"] in ("sigusr1", "cadence") and usr1 > EVERY + 2
+    assert final_trigger_is("control", saved[stopped], logs[1]), logs[1]
+    assert stopped > usr1 and saved[stopped]["environment"]["sharding"] == "fsdp"
+
+    last = stopped + 2
+    res = run_trainer(run, cache_dir, "--max-steps", str(last), *ARGS, "--strategy", "ddp")
+    assert res.returncode == 0, res.stderr
+    logs.append(res.stderr)
     assert "sharding: fsdp → replicated" in logs[0], logs[0]
     assert "sharding: replicated → fsdp" in logs[1] and "world size 3" in logs[1], logs[1]
     assert "sharding: fsdp → replicated" in logs[2] and "world size 1" in logs[2], logs[2]
-    last = EVERY + 2 * len(legs)
     entries = {e.step: e for e in read_entries(run / ".loss.json")}
     assert sorted(entries) == list(range(1, last + 1))
     digests = [entries[s].batch_sha256 for s in range(1, last + 1)]
