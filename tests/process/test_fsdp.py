@@ -46,6 +46,9 @@ grad_accum = 2
 [data]
 heldout_fraction = 0.05
 
+[eval]
+sequences = 4
+
 [samples]
 max_new_tokens = 4
 """
