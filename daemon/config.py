@@ -343,6 +343,18 @@ class CheckpointConfig(_Strict):
     )
 
 
+class DistributedConfig(_Strict):
+    """How a job of several ranks shares the model (daemon/trainer/parallel/); a single process
+    ignores it. Not a trajectory setting: a change resumes, announced as not bit-exact."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model and Adam state (DistributedDataParallel); "
+        "fsdp: parameters, gradients and Adam's moments sharded over the ranks (FSDP2, "
+        "fully_shard per transformer block); both write the same .bin",
+    )
+
+
 class MetricsConfig(_Strict):
     """Where the run's metrics go besides .loss.json (docs/observability.md). Operational: any restart may
     change it."""
@@ -490,6 +502,7 @@ class RunConfig(_Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     # A step's batch must fit in memory and in time; far beyond this one step already needs tens of
     # GiB of activations, and the value is recorded in run.toml, so every restart would repeat it.
     batch_size: int = Field(

@@ -93,6 +93,10 @@ class Progress(_M):
     train_seconds: float = Field(ge=0, description="training wall time summed over all segments")
 
 
+#: How a job held the model: every rank a whole replica (a single process, DDP), or sharded (FSDP).
+Sharding = Literal["replicated", "fsdp"]
+
+
 class Environment(_M):
     """What bit-exactness depends on. A resume that changes any of these is announced as inexact.
 
@@ -120,6 +124,11 @@ class Environment(_M):
     nccl: str | None = None
     compiled: bool = Field(
         False, description="the training step ran through torch.compile (absent before: False)"
+    )
+    sharding: Sharding = Field(
+        "replicated",
+        description="how the job held the model: replicated (a single process, or DDP) or fsdp "
+        "(sharded over the ranks); absent before: replicated",
     )
 
 

@@ -265,6 +265,31 @@ class StagingBuffer:
             self.staged_seconds = time.perf_counter() - self._filled_at
         return self.array
 
+    def begin(self, step: int) -> None:
+        """Start staging `step`'s payload piece by piece (`put`): its header now; the state
+        follows, one array at a time, as a sharded job gathers it (daemon/trainer/parallel/)."""
+        self.array[: checkpoint_format.HEADER.size] = np.frombuffer(
+            checkpoint_format.HEADER.pack(step, self.n_params), dtype=np.uint8
+        )
+        self._event = None
+        self._filled_at = time.perf_counter()
+        self.staged_seconds = None
+
+    def put(self, part: int, offset: int, tensor: torch.Tensor) -> None:
+        """Copy one float32 array (`part` 0: weights, 1: m, 2: v) at element `offset` of its part,
+        synchronously: the caller frees its source right after, so that a streamed gather holds
+        one array at a time."""
+        import torch
+
+        if tensor.dtype != torch.float32:
+            raise checkpoint_format.PayloadError("payload tensors must be float32")
+        start = part * self.n_params + offset
+        if not (0 <= part < 3 and offset + tensor.numel() <= self.n_params):
+            raise ValueError(f"part {part} at {offset} + {tensor.numel()} is outside the payload")
+        with torch.no_grad():
+            self.flat[start : start + tensor.numel()].copy_(tensor.detach().reshape(-1))
+        self.staged_seconds = time.perf_counter() - self._filled_at
+
     def _copy_aside(self, dst: list, src: list) -> None:
         import torch
 

@@ -109,11 +109,16 @@ class Evaluation:
     Whether a step is due either is a pure function of the step and the config, the same on every
     rank of a job, and every rank takes the same path through that step's boundary (loop.py agrees
     again after samples and after a catch-up, on every rank). Rank 0 alone does the work, with the
-    plain model: no collective, so the other ranks simply wait for it at the next collective."""
+    plain model: no collective, so the other ranks simply wait for it at the next collective. Under
+    a strategy whose forward passes are collectives (FSDP: `joint_forward`), every rank runs them
+    with rank 0, on the same inputs with the same generator, and rank 0 alone records; a stop then
+    waits for them rather than cutting them short on the ranks it reached first."""
 
     def __init__(self, ctx: TrainerContext, plan: EvalPlan, sink: RecordSink) -> None:
         self.ctx = ctx
         self.main = ctx.main
+        #: Every rank runs the forward passes with rank 0 (its weights are gathered by collectives).
+        self.joint = ctx.parts.parallel.joint_forward
         self.evaluator = plan.evaluator
         self.every = plan.every
         self.sink = sink
@@ -133,8 +138,9 @@ class Evaluation:
         return bool(every) and step % every == 0
 
     def at_step(self) -> None:
-        """Rank 0: evaluate the step just trained (the other ranks: nothing)."""
-        if self.main:
+        """Rank 0: evaluate the step just trained (the other ranks: nothing, or under a joint
+        forward the same forward passes)."""
+        if self.main or self.joint:
             self.evaluate()
 
     def catch_up(self) -> bool:
@@ -158,13 +164,15 @@ class Evaluation:
         log.info("evaluating step %d on held-out data", c.step)
         try:
             result = self.evaluator.evaluate(
-                self.ctx.parts.model, self.ctx.platform.numerics, self.ctx.flags.stop_requested
+                self.ctx.parts.model, self.ctx.platform.numerics, self._should_stop
             )
         except Exception as e:  # an audit never ends a run (out of memory on a large set, say)
             log.error("evaluation of step %d failed (%r); training goes on without it", c.step, e)
             return None
         finally:
             self.ctx.notifier.tick()
+        if not self.main:
+            return None  # a joint forward's: rank 0 records
         if result is None:
             log.info(
                 "evaluation of step %d abandoned: stop requested (it runs again after the resume)",
@@ -196,6 +204,11 @@ class Evaluation:
         )
         return entry
 
+    def _should_stop(self) -> bool:
+        """Whether a stop cuts the work short: never under a joint forward, where a rank that
+        stopped alone would leave the others waiting in the next forward's collective."""
+        return not self.joint and self.ctx.flags.stop_requested()
+
     def prompts(self) -> list[Prompt]:
         """The prompts of this life's samples, decided (and logged) at the first sampling."""
         if self._prompts is None:
@@ -223,7 +236,7 @@ class Evaluation:
             idx = torch.tensor([prompt.ids], dtype=torch.long, device=device)
             with ctx.platform.numerics.autocast(device):
                 toks = ctx.parts.model.generate(
-                    idx, s.max_new_tokens, g, s.temperature, ctx.flags.stop_requested, s.top_k
+                    idx, s.max_new_tokens, g, s.temperature, self._should_stop, s.top_k
                 )
             if toks.shape[1] - idx.shape[1] < s.max_new_tokens:
                 return None
@@ -236,7 +249,7 @@ class Evaluation:
         """Rank 0 (the other ranks: nothing): log the samples of the current step and record
         them, unless a stop is requested. A sample that fails is logged, and training goes on: a
         sample never ends a run. Samples a stop cut short are neither logged nor recorded."""
-        if not self.main or self.ctx.flags.stop_requested():
+        if not (self.main or self.joint) or self._should_stop():
             return
         c = self.ctx.counters
         log.info("generating samples at step %d", c.step)
@@ -245,6 +258,8 @@ class Evaluation:
         except Exception as e:
             log.error("the samples of step %d failed (%r); training goes on", c.step, e)
             return
+        if not self.main:
+            return  # a joint forward's: rank 0 records
         if samples is None:
             log.info("samples of step %d abandoned: stop requested (none is recorded)", c.step)
             return

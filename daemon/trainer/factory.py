@@ -100,8 +100,8 @@ def _ended_before_training(e: BaseException) -> tuple[int | None, str]:
 
 def build_trainer(opened: Opened, backend: str | None = None) -> Trainer:
     """Every collaborator, once, from the context: rank 0 finds the newest valid checkpoint and
-    every rank restores it (weights, m and v from rank 0, its own cursors from the manifest); DDP
-    wraps the model; the records' sink opens (the proxy link or the loss log). `backend`: the
+    every rank restores it (weights, m and v from rank 0, its own cursors from the manifest); the
+    job's strategy wraps the model; the records' sink opens (the proxy link or the loss log). `backend`: the
     job's process-group backend, recorded in its manifests. Raises ResumeRefused on every rank
     when rank 0 refuses, SourceError for an unusable --init-from, RecordLogRefused."""
     ctx, control = opened.ctx, opened.control
@@ -110,7 +110,7 @@ def build_trainer(opened: Opened, backend: str | None = None) -> Trainer:
     manifest, config_changed = restorer.resume()
     skip = ctx.opts.skip_restore
     restored = restorer.moments_restored
-    wrap_for_training(ctx.parts, ctx.world, ctx.platform.device, restored, "buckets" not in skip)
+    wrap_for_training(ctx.parts, restored, "buckets" not in skip)
     ctx.counters.phase = manifest.mixing.phase if manifest is not None else 0
     plan = plan_evaluation(ctx, manifest)
     sink = open_sink(ctx, manifest)

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 import torch
@@ -26,13 +26,11 @@ from andrea.daemon.data.encoding_progress import EncodingProgress
 from andrea.daemon.data.tokenizer import RunTokenizer, load_tokenizer
 from andrea.daemon.model import GPT
 from andrea.daemon.optimizer import AdamW
+from andrea.daemon.trainer.parallel import Strategy, strategy_for
 from andrea.daemon.trainer.platform import determinism
 from andrea.daemon.trainer.platform import distributed as dist
 from andrea.daemon.trainer.platform.precision import NumericMode, resolve_device
 from andrea.daemon.trainer.platform.precision import resolve as resolve_precision
-
-if TYPE_CHECKING:  # imported when a job wraps its model
-    from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)
@@ -69,14 +67,16 @@ class Parts:
     #: How each step's batch is cut over micro-batches and ranks.
     batch: BatchShape
     model: GPT
-    #: What a step calls: the model, or its DDP wrapper in a job (compiled when configured).
+    #: What a step calls: the model, or the strategy's wrapper of it (compiled when configured).
     forward: torch.nn.Module
     params: list[torch.nn.Parameter]
     layout: list[LayoutEntry]
     optimizer: AdamW
     compiled: bool
-    #: In a job, DDP's wrapper of the model (what `forward` calls, maybe compiled); None alone.
-    ddp: DistributedDataParallel | None = None
+    #: How the job's ranks share the model (daemon/trainer/parallel/): wrap, sync, clip, gather.
+    parallel: Strategy
+    #: The optimizer's settings, for a strategy that builds it again over its own parameters.
+    optim: OptimConfig
 
     @property
     def micro_batch(self) -> int:
@@ -139,6 +139,8 @@ def build_parts(
         layout=layout_of((n, tuple(p.shape)) for n, p in model.named_parameters()),
         optimizer=optimizer,
         compiled=cfg.compile == "on" or (cfg.compile == "auto" and platform.device.type == "cuda"),
+        parallel=strategy_for(cfg.distributed.strategy, world, platform.device, platform.numerics),
+        optim=cfg.optim,
     )
 
 
@@ -165,53 +167,22 @@ def _seeded_model(cfg: RunConfig, device: torch.device, rank: int) -> GPT:
     return model
 
 
-def wrap_for_training(
-    parts: Parts,
-    world: dist.World,
-    device: torch.device,
-    restored: bool,
-    finalize_buckets: bool = True,
-) -> None:
-    """After a resume: in a job, rank 0's restored moments (`restored`) and weights reach every
-    rank, and DDP wraps the model, its buckets settled (`finalize_ddp_buckets`; `finalize_buckets` False only for
-    a negative control); then the compiler, when configured."""
-    if world.distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        m, v = parts.moments() if restored else ([], [])
-        dist.broadcast_tensors(world, m + v)
-        # Broadcasts rank 0's parameters to every rank as it is built.
-        ddp = DistributedDataParallel(
-            parts.model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            gradient_as_bucket_view=True,
-        )
-        if finalize_buckets:
-            finalize_ddp_buckets(ddp, parts.model, device)
-        parts.forward = parts.ddp = ddp
+def wrap_for_training(parts: Parts, restored: bool, finalize_buckets: bool = True) -> None:
+    """After a resume (`restored`: Adam's moments came from a checkpoint, on rank 0), the job's
+    strategy wraps the model and brings rank 0's state to every rank (DDP broadcasts it, FSDP
+    scatters it into shards; `finalize_buckets` False only for DDP's negative control); then the
+    compiler, when configured."""
+    optim = parts.optim
+    wrapped = parts.parallel.wrap(
+        parts.model, parts.optimizer, restored, lambda m: adamw(m, optim), finalize_buckets
+    )
+    parts.forward, parts.params, parts.optimizer = (
+        wrapped.forward,
+        wrapped.params,
+        wrapped.optimizer,
+    )
     if parts.compiled:
         # Evaluation and sampling run the plain model (eval mode would only add a second
         # compiled graph); the compiled module shares its parameters.
         # A compiled Module is a Module (torch's OptimizedModule); the stubs say only Callable.
         parts.forward = cast(torch.nn.Module, torch.compile(parts.forward))
-
-
-def finalize_ddp_buckets(ddp: torch.nn.Module, model: GPT, device: torch.device) -> None:
-    """Give DDP's gradient buckets their final layout before the first step of every life.
-
-    DDP reduces its first iteration in one bucket of every gradient, then rebuilds its buckets in
-    the order the gradients became ready (torch's torch/nn/parallel/distributed.py,
-    `compute_bucket_size_limits` and `_pre_forward`; the reducer's `rebuild_buckets`). An
-    uninterrupted run therefore reduces step k + 1 in the rebuilt layout, and a run resumed at
-    step k in the first-iteration one. An element's place in the bucket decides the order in which
-    a ring all-reduce (gloo's, NCCL's) sums the ranks' values, and at three ranks or more float
-    sums depend on that order: the resume would not be bit-exact. One backward of a tiny dummy
-    batch here records the ready order on every life, fresh or resumed, so that the rebuild
-    happens at the first forward of both and every step is reduced in the same layout. It changes
-    no state: no optimizer step, its gradients are dropped, and the generators are put back."""
-    idx = torch.zeros((1, min(8, model.cfg.block_size)), dtype=torch.int64, device=device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        _, loss = ddp(idx, idx)
-        loss.backward()
-    for p in model.parameters():
-        p.grad = None

@@ -11,7 +11,6 @@ loop reads it one step late, or at once where the step boundary needs it (loop.p
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,9 +137,7 @@ class StepRunner:
             self.batches.prefetch(self._next_arm(step + 1))
         losses = self._micro_batches(batches)
         if self.ctx.cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(
-                self.ctx.parts.params, self.ctx.cfg.optim.grad_clip, foreach=True
-            )
+            self.ctx.parts.parallel.clip(self.ctx.parts.params, self.ctx.cfg.optim.grad_clip)
         self.before_update()
         optimizer.step()
         c = self.ctx.counters
@@ -191,10 +188,8 @@ class StepRunner:
             self.ctx.platform.device,
             self.ctx.parts.forward,
         )
-        # In a job, DDP all-reduces (averages) the gradients in the last backward only.
-        ddp = self.ctx.parts.ddp
-        sync = contextlib.nullcontext() if last or ddp is None else ddp.no_sync()
-        with sync:
+        # In a job, the gradients are reduced over the ranks in the last backward only.
+        with self.ctx.parts.parallel.sync(last):
             with (
                 self.ctx.platform.numerics.autocast(device),
                 determinism.attention(self.ctx.platform.deterministic, device),

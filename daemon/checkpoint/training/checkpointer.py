@@ -16,11 +16,9 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
-import torch
-
 from andrea.daemon.checkpoint.manager import CheckpointManager
-from andrea.daemon.checkpoint.manifest import Manifest, RankState, Trigger
-from andrea.daemon.checkpoint.training.snapshot import Snapshotter, gather_ranks
+from andrea.daemon.checkpoint.manifest import Manifest, Trigger
+from andrea.daemon.checkpoint.training.snapshot import Gathered, Snapshotter, gather_ranks
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import LossLogError
 from andrea.daemon.runtime.exitcodes import ExitCode
@@ -113,14 +111,19 @@ class Checkpointer:
         every = self.ctx.cfg.checkpoint.every
         if not (every > 0 and step % every == 0):
             return False
-        ranks = gather_ranks(self.ctx)
+        gathered = self._gather()
         if self.storage is None or self.sink.unlogged is not None:
             return True
         if self.ctx.cfg.checkpoint.async_write:
-            self.write_in_background("cadence", ranks)
+            self.write_in_background("cadence", gathered)
         else:
-            self._write_and_continue(self.storage, "cadence", ranks)
+            self._write_and_continue(self.storage, "cadence", gathered)
         return True
+
+    def _gather(self) -> Gathered:
+        """Every rank: the job's state for rank 0's write (see `gather_ranks`)."""
+        snapshots = self.storage.snapshots if self.storage is not None else None
+        return gather_ranks(self.ctx, snapshots, self.wait_for_write)
 
     def _requested(self, reason: Trigger) -> None:
         step, store = self.ctx.counters.step, self.storage
@@ -134,7 +137,7 @@ class Checkpointer:
                     {"step": 0}, error="nothing trained yet: there is no step to checkpoint"
                 )
             return
-        ranks = gather_ranks(self.ctx)
+        gathered = self._gather()
         if store is None:
             return
         if self.sink.unlogged is not None:
@@ -143,7 +146,7 @@ class Checkpointer:
                 error=f"the loss of step {step} could not be written; no checkpoint of it",
             )
             return
-        self._write_and_continue(store, reason, ranks)
+        self._write_and_continue(store, reason, gathered)
         if self.ctx.counters.last_saved == step:
             store.control.checkpoint_served({"step": step, "checkpoint": bin_name(step)})
         else:
@@ -152,7 +155,7 @@ class Checkpointer:
             )
 
     def _write_and_continue(
-        self, store: Storage, trigger: Trigger, ranks: list[RankState] | None
+        self, store: Storage, trigger: Trigger, gathered: Gathered | None
     ) -> None:
         # Requested checkpoints are synchronous: whoever asked is told once it is durable. A
         # background write of this very step that was in flight serves the request.
@@ -171,7 +174,7 @@ class Checkpointer:
             )
         try:
             with self.ctx.notifier.keepalive(f"writing checkpoint of step {step} ({trigger})"):
-                self.write(trigger, ranks)
+                self.write(trigger, gathered)
         except OSError as e:
             log.error(
                 "checkpoint of step %d (%s) FAILED: %s; training continues (%s)",
@@ -201,10 +204,8 @@ class Checkpointer:
     def _finite_weights(self) -> bool:
         """Whether every weight is finite (one device sync). A loss can still be finite at the
         step whose update made the weights infinite or NaN (an overflowing gradient)."""
-        params = self.ctx.parts.params
-        if self.diverged is None and not bool(
-            torch.stack([p.isfinite().all() for p in params]).all()
-        ):
+        parts = self.ctx.parts
+        if self.diverged is None and not parts.parallel.weights_finite(parts.params):
             self.diverge(self.ctx.counters.step, "the weights")
         return self.diverged is None
 
@@ -224,7 +225,7 @@ class Checkpointer:
         (rank 0 writes; the others answer OK), its trigger the closing decision every rank
         `agreed` on (`Trainer.finish`). CHECKPOINT_FAILED when it could not be written."""
         c, store = self.ctx.counters, self.storage
-        ranks = gather_ranks(self.ctx) if c.step > 0 else None
+        gathered = self._gather() if c.step > 0 else None
         if store is None:
             return ExitCode.OK
         if self.diverged is not None:
@@ -262,7 +263,7 @@ class Checkpointer:
         try:
             extend = self.grace_seconds()
             with self.ctx.notifier.keepalive(f"writing final checkpoint of step {c.step}", extend):
-                self.write(trigger, ranks)
+                self.write(trigger, gathered)
         except (OSError, LossLogError) as e:
             self.failure = (
                 f"final checkpoint of step {c.step} FAILED ({e}); the newest valid checkpoint is"
@@ -279,7 +280,7 @@ class Checkpointer:
             raise RuntimeError("only global rank 0 writes checkpoints")
         return self.storage
 
-    def write(self, trigger: Trigger, ranks: list[RankState] | None = None) -> None:
+    def write(self, trigger: Trigger, gathered: Gathered | None = None) -> None:
         """Write a checkpoint of the current step, durably, before returning (after a background
         write in flight, if any, has finished)."""
         t0 = time.perf_counter()
@@ -287,7 +288,7 @@ class Checkpointer:
         store.manager.wait()
         if not self._finite_weights():
             return
-        snap = store.snapshots.take(self.sink, ranks)
+        snap = store.snapshots.take(self.sink, gathered)
         manifest = store.manager.save(snap, trigger, before_commit=self.sink.sync)
         c = self.ctx.counters
         c.last_saved = c.step
@@ -303,7 +304,7 @@ class Checkpointer:
             self.last_write_seconds,
         )
 
-    def write_in_background(self, trigger: Trigger, ranks: list[RankState] | None = None) -> None:
+    def write_in_background(self, trigger: Trigger, gathered: Gathered | None = None) -> None:
         """Stage the current step's state (the only part training waits for), then write and fsync
         it on the writer thread while training continues. A write still in flight is waited for
         first: a cadence checkpoint is delayed, never skipped."""
@@ -312,7 +313,7 @@ class Checkpointer:
         store.manager.wait()
         if not self._finite_weights():
             return
-        snap = store.snapshots.take(self.sink, ranks)
+        snap = store.snapshots.take(self.sink, gathered)
         store.manager.save_async(
             snap,
             trigger,

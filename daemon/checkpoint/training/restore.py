@@ -347,7 +347,10 @@ class Restorer:
                 )
 
     def _warn_if_inexact(self, m: Manifest) -> None:
-        now = environment_of(self.ctx.platform, self.ctx.world, self.ctx.parts.compiled)
+        parts = self.ctx.parts
+        now = environment_of(
+            self.ctx.platform, self.ctx.world, parts.compiled, parts.parallel.sharding
+        )
         changed = inexact_changes(m.environment, now)
         if (recompute := _recompute_change(m.config, self.ctx.cfg)) is not None:
             if self.ctx.parts.compiled:

@@ -3,6 +3,9 @@ rank's own states gathered at an agreed point. When and where it is written: che
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from andrea.daemon.checkpoint import rngstate
@@ -24,22 +27,48 @@ from andrea.daemon.trainer.schedule import scheduler_state
 from andrea.daemon.trainer.sink import RecordSink
 
 
-def gather_ranks(ctx: TrainerContext) -> list[RankState] | None:
-    """Every rank, at an agreed checkpoint point: check that the replicas agree, and gather each
-    rank's RNG and cursor states to rank 0 (None on the other ranks and for a single process).
-    DistributedError on every rank when the replicas diverged."""
+@dataclass(frozen=True)
+class Gathered:
+    """What every rank contributed at an agreed checkpoint point, as rank 0 holds it."""
+
+    #: Every rank's RNG and cursor states (rank 0 of a job; None elsewhere and alone).
+    ranks: list[RankState] | None = None
+    #: The step whose weights, m and v the strategy staged in rank 0's buffer itself (a sharded
+    #: job); None: rank 0's own tensors are the job's, copied when the snapshot is taken.
+    staged: int | None = None
+
+
+def gather_ranks(
+    ctx: TrainerContext, storage: Snapshotter | None, wait: Callable[[], None]
+) -> Gathered:
+    """Every rank, at an agreed checkpoint point: the job's model and optimizer state for rank 0
+    (DDP checks that the replicas agree; FSDP streams the shards into rank 0's staging buffer,
+    once `wait` saw a background write still reading it done), then each rank's RNG and cursor
+    states, gathered to rank 0. `storage`: rank 0's snapshots (None elsewhere). DistributedError
+    on every rank when DDP's replicas diverged."""
     world, parts = ctx.world, ctx.parts
     if not world.distributed:
-        return None
-    m, v = parts.moments()
-    dist.check_replicas(world, {"weights": parts.params, "m": m, "v": v})
+        return Gathered()
+    staging = storage.staging if storage is not None else None
+    if staging is not None and parts.parallel.sharding != "replicated":
+        wait()  # the buffer is about to be overwritten
+    staged = parts.parallel.gather(
+        parts.params,
+        parts.moments(),
+        [e.offset for e in parts.layout],
+        staging,
+        ctx.counters.step,
+    )
     mine = RankState(
         rank=world.rank,
         rng=rngstate.capture(ctx.platform.device),
         data=[s.state_dict() for s in parts.streams],
     )
     got = dist.gather_bytes(world, mine.model_dump_json().encode())
-    return [RankState.model_validate_json(b) for b in got] if got is not None else None
+    return Gathered(
+        ranks=[RankState.model_validate_json(b) for b in got] if got is not None else None,
+        staged=ctx.counters.step if staged else None,
+    )
 
 
 class Snapshotter:
@@ -55,20 +84,29 @@ class Snapshotter:
         #: Fixed for the life of the process: computed once, at the first checkpoint.
         self._environment: Environment | None = None
 
-    def take(self, sink: RecordSink, ranks: list[RankState] | None = None) -> Snapshot:
-        """The state after the current step. `ranks`: every rank's states, gathered by
-        `gather_ranks` (rank 0 of a job). The caller makes sure no background write is still
-        reading the buffer."""
+    def take(self, sink: RecordSink, gathered: Gathered | None = None) -> Snapshot:
+        """The state after the current step. `gathered`: what `gather_ranks` brought (rank 0 of
+        a job): every rank's states, and the weights and moments when a sharded job staged them.
+        The caller makes sure no background write is still reading the buffer."""
+        gathered = gathered or Gathered()
+        ranks = gathered.ranks
         ctx = self.ctx
         states = ctx.parts.adam_states()
         adam_steps = {int(x) for x in torch.stack([s["step"] for s in states]).tolist()}  # one sync
         if len(adam_steps) != 1:
             raise RuntimeError(f"parameters disagree on Adam's step count: {sorted(adam_steps)}")
         step = ctx.counters.step
-        m, v = ctx.parts.moments()
-        payload = self.staging.fill(step, ctx.parts.params, m, v)
+        if gathered.staged is not None:
+            if gathered.staged != step:
+                raise RuntimeError(f"staged the state of step {gathered.staged}, not of {step}")
+            payload = self.staging.array
+        else:
+            m, v = ctx.parts.moments()
+            payload = self.staging.fill(step, ctx.parts.params, m, v)
         if self._environment is None:
-            self._environment = environment_of(ctx.platform, ctx.world, ctx.parts.compiled)
+            self._environment = environment_of(
+                ctx.platform, ctx.world, ctx.parts.compiled, ctx.parts.parallel.sharding
+            )
         return Snapshot(
             step=step,
             fields=self._fields(sink, adam_steps.pop(), ranks, self._environment),

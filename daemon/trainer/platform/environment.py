@@ -7,7 +7,7 @@ import platform as host
 import numpy as np
 import torch
 
-from andrea.daemon.checkpoint.manifest import Environment, code_version
+from andrea.daemon.checkpoint.manifest import Environment, Sharding, code_version
 from andrea.daemon.trainer.parts import Platform
 from andrea.daemon.trainer.platform import cudaenv
 from andrea.daemon.trainer.platform.world import World
@@ -20,6 +20,7 @@ EXACTNESS_FIELDS = (
     "threads",
     "torch_version",
     "compiled",
+    "sharding",
     "deterministic",
     "gpu",
     "compute_capability",
@@ -30,8 +31,10 @@ EXACTNESS_FIELDS = (
 )
 
 
-def environment_of(platform: Platform, world: World, compiled: bool) -> Environment:
-    """This process's environment, as a manifest records it."""
+def environment_of(
+    platform: Platform, world: World, compiled: bool, sharding: Sharding = "replicated"
+) -> Environment:
+    """This process's environment, as a manifest records it (`sharding`: the strategy's)."""
     return Environment(
         device=str(platform.device),
         dtype=platform.numerics.recorded,
@@ -44,6 +47,7 @@ def environment_of(platform: Platform, world: World, compiled: bool) -> Environm
         deterministic=platform.deterministic,
         **cudaenv.describe(platform.device),
         compiled=compiled,
+        sharding=sharding,
     )
 
 

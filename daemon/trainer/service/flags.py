@@ -59,6 +59,7 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--sample-every", "samples.every"),
     ConfigFlag("--cache-dir", "data.cache_dir", metavar="DIR"),
     ConfigFlag("--deterministic", "deterministic"),
+    ConfigFlag("--strategy", "distributed.strategy"),
 )
 
 
