@@ -40,8 +40,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from andrea.daemon.config import ARM_NAME_PATTERN
-from andrea.daemon.mixing import reward
-from andrea.daemon.mixing.policy import IMPLICIT_REWARD, LEARNABILITY_REWARDS, Policy
+from andrea.daemon.mixing import reward, transfer
+from andrea.daemon.mixing.policy import (
+    IMPLICIT_REWARD,
+    LEARNABILITY_REWARDS,
+    TARGET_REWARD,
+    Policy,
+)
 from andrea.daemon.mixing.reward import ArmStats
 from andrea.daemon.rundir.layout import STATE_FILE
 from andrea.daemon.runtime.validation_messages import describe
@@ -172,6 +177,45 @@ class LastObservation(_StateModel):
     loss: float
 
 
+class TransferState(_StateModel):
+    """The transfer reward's statistics of the phase (transfer.py), every arm of the state."""
+
+    arms: list[str]
+    exposure: list[float]
+    window: list[float]
+    gram: list[list[float]]
+    moment: list[float]
+    last_probe: float | None = None
+    intervals: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _square(self) -> TransferState:
+        k = len(self.arms)
+        if self.arms != sorted(set(self.arms)):
+            raise ValueError(f"transfer.arms {self.arms} must be sorted and distinct")
+        rows = (self.exposure, self.window, self.moment, *self.gram)
+        if len(self.gram) != k or any(len(r) != k for r in rows):
+            raise ValueError(
+                f"transfer: every vector and the gram matrix must be over its {k} arms"
+            )
+        return self
+
+    @classmethod
+    def of(cls, stats: transfer.TransferStats) -> TransferState:
+        return cls(**dataclasses.asdict(stats))
+
+    def stats(self) -> transfer.TransferStats:
+        return transfer.TransferStats(
+            arms=list(self.arms),
+            exposure=list(self.exposure),
+            window=list(self.window),
+            gram=[list(r) for r in self.gram],
+            moment=list(self.moment),
+            last_probe=self.last_probe,
+            intervals=self.intervals,
+        )
+
+
 class BanditState(_StateModel):
     """Everything needed to continue a phase exactly; stored as `.state.json` (JSON, never pickle)."""
 
@@ -191,6 +235,8 @@ class BanditState(_StateModel):
     policy_fingerprint: str
     arms: list[ArmState]
     last_observation: LastObservation | None = None
+    # Only under the transfer reward (a policy with a target); absent from every other state.
+    transfer: TransferState | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _consistent(self) -> BanditState:
@@ -236,6 +282,12 @@ class BanditState(_StateModel):
                 f"arms {late}: last_pull {max(a.last_pull for a in self.arms)} is "
                 f"after last_step {self.last_step}"
             )
+        if (self.transfer is not None) != (self.policy.reward == TARGET_REWARD):
+            raise ValueError(
+                f"transfer statistics must be present exactly under the {TARGET_REWARD!r} reward"
+            )
+        if self.transfer is not None and self.transfer.arms != sorted(names):
+            raise ValueError(f"transfer.arms {self.transfer.arms} are not the state's arms")
         if self.policy.reward in LEARNABILITY_REWARDS:
             # Its mixture is made of these statistics: each measured arm must carry them.
             unmeasured = [a.name for a in self.arms if (a.loss_ema is None) != (a.pulls == 0)]
@@ -440,6 +492,7 @@ class Bandit:
             start_step=state.phase_start_step,
             last_step=state.last_step,
             last=state.last_observation,
+            transfer_stats=state.transfer.stats() if state.transfer is not None else None,
         )
         return obj
 
@@ -453,6 +506,7 @@ class Bandit:
         start_step: int,
         last_step: int,
         last: LastObservation | None,
+        transfer_stats: transfer.TransferStats | None = None,
     ) -> None:
         if not 0 <= seed < 2**63 or phase < 0 or start_step < 0 or last_step < start_step:
             raise BanditError(
@@ -466,6 +520,11 @@ class Bandit:
         self._last = last
         # Sorted by name: the draw walks the arms in this order, so configuration order cannot matter.
         self._arms = {a.name: a for a in sorted(records, key=lambda a: a.name)}
+        #: The transfer reward's statistics (a policy with a target), over every arm.
+        self._transfer: transfer.TransferStats | None = None
+        if policy.reward == TARGET_REWARD:
+            fresh = transfer.TransferStats.fresh(list(self._arms))
+            self._transfer = transfer.with_arms(transfer_stats or fresh, list(self._arms))
         live = [a.name for a in self._arms.values() if a.live]
         policy.check_feasible(live)
         unknown = sorted(set(policy.arms) - set(live))
@@ -509,6 +568,15 @@ class Bandit:
 
     def _mixture(self, live: list[_Arm], pending: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The weights and the probabilities of the live arms, given each one's pending steps."""
+        lo, hi = self._policy.bounds([a.name for a in live])
+        if self._transfer is not None:
+            w = transfer.weights(
+                self._transfer,
+                [a.name for a in live],
+                self._policy.target_weights(),
+                self.steps_in_phase,
+            )
+            return w, project_capped_simplex(w, lo, hi)
         w = reward.weights(
             self._policy.reward,
             [a.stats for a in live],
@@ -517,17 +585,22 @@ class Bandit:
             self.steps_in_phase,
             [self._policy.initial_weight(a.name) for a in live],
         )
-        lo, hi = self._policy.bounds([a.name for a in live])
         return w, project_capped_simplex(w, lo, hi)
 
     # ---------------------------------------------------------------------------------------------
 
     def observe(
-        self, step: int, arm: str, loss: float, heldout: Mapping[str, float] | None = None
+        self,
+        step: int,
+        arm: str,
+        loss: float,
+        heldout: Mapping[str, float] | None = None,
+        probe: Mapping[str, float] | None = None,
     ) -> bool:
-        """Incorporate the loss of `step`, trained on `arm`, and the held-out losses its record
+        """Incorporate the loss of `step`, trained on `arm`, the held-out losses its record
         carries (those of the weights the step started from; arms the bandit does not know are
-        ignored). Steps must come as phase_start_step + 1, + 2, ... Returns False (and changes
+        ignored) and the target's probe losses (those of the weights after it; read under the
+        transfer reward only). Steps must come as phase_start_step + 1, + 2, ... Returns False (and changes
         nothing) for an exact repeat of the last observation; raises `ObservationOrderError` for
         any other step than the next one. A zombie arm's loss (a step trained before its source
         went away) updates its history only."""
@@ -555,6 +628,8 @@ class Bandit:
             if name in self._arms:
                 reward.observe_heldout(self._arms[name].stats, float(value))
         reward.observe(rec.stats, step, loss, self._policy.alpha)
+        if self._transfer is not None:
+            transfer.observe(self._transfer, arm, probe, self._policy.target_weights())
         rec.pulls += 1
         self._last_step = step
         self._last = LastObservation(step=step, arm=arm, loss=loss)
@@ -647,7 +722,9 @@ class Bandit:
         rewards = self.rewards()
         return RewardReport(
             kind=self._policy.reward,
-            meaning=reward.MEANING[self._policy.reward],
+            meaning=transfer.MEANING
+            if self._policy.reward == TARGET_REWARD
+            else reward.MEANING[self._policy.reward],
             arms={
                 a.name: ArmReward(
                     reward=rewards[a.name],
@@ -662,6 +739,13 @@ class Bandit:
     def weights(self) -> dict[str, float]:
         """Mixture weights before the cap/floor projection (zombies: last value, as history)."""
         return {a.name: a.weight for a in self._arms.values()}
+
+    def probe_arms(self, step: int) -> list[str] | None:
+        """The target arms whose probe the record of `step` must carry (sorted), or None: under
+        the transfer reward, every PROBE_EVERY steps of the phase."""
+        if self._transfer is None or not transfer.probe_steps(step, self._start):
+            return None
+        return sorted(n for n in self._policy.target if n in self._arms and self._arms[n].live)
 
     @property
     def counts_pending(self) -> bool:
@@ -746,4 +830,5 @@ class Bandit:
                 for a in self._arms.values()
             ],
             last_observation=self._last,
+            transfer=TransferState.of(self._transfer) if self._transfer is not None else None,
         )

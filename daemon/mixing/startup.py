@@ -184,7 +184,7 @@ def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict
     )
     book = AssignmentBook(fresh, arms, starts=starts)
     for e in entries:
-        book.record(e.step, e.arm, e.loss, e.phase, e.heldout)
+        book.record(e.step, e.arm, e.loss, e.phase, e.heldout, e.probe)
     if not book.incorporate(state.last_step):
         raise ValueError(
             f"{STATE_FILE}: its bandit has seen step {state.last_step}, but {LOSS_FILE} lacks"
@@ -195,6 +195,11 @@ def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict
         raise ValueError(
             f"{STATE_FILE}: last_observation {state.last_observation} is not the log's"
             f" ({replayed.last_observation})"
+        )
+    if replayed.transfer != state.transfer:
+        raise ValueError(
+            f"{STATE_FILE}: its transfer statistics are not what replaying {LOSS_FILE} to step"
+            f" {state.last_step} gives"
         )
     logged_arms = {a.name: a for a in replayed.arms}
     compared = _HISTORY + (_HELDOUT_HISTORY if state.policy.reward == "gated-heldout" else ())
@@ -223,7 +228,7 @@ def replay(book: AssignmentBook, entries: list[LossEntry], max_segment: int) -> 
     counted by nothing."""
     durable_step = trainer_step = superseded = 0
     for e in entries:
-        if book.record(e.step, e.arm, e.loss, e.phase, e.heldout):
+        if book.record(e.step, e.arm, e.loss, e.phase, e.heldout, e.probe):
             durable_step = max(durable_step, e.step)
         else:
             superseded += 1

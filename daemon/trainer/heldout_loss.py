@@ -29,6 +29,10 @@ from andrea.daemon.trainer.platform.precision import NumericMode
 
 log = logging.getLogger(__name__)
 
+#: Sequences of each target arm's held-out data in a probe (the transfer reward's,
+#: docs/bandit.md): evenly spaced over its held-out tokens, as the evaluation's are.
+PROBE_SEQUENCES = 4
+
 
 @dataclass(frozen=True)
 class ArmResult:
