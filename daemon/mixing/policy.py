@@ -4,8 +4,7 @@ A policy is one phase's rules for the bandit (`andrea.daemon.mixing.bandit`). It
 by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
 recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
 
-    reward = "gated-heldout"  # what the bandit rewards (docs/bandit.md); or "gated-learnability-2",
-                              # "gated-learnability", "learnability", "loss"
+    reward = "gated-heldout"  # what the bandit rewards (docs/bandit.md lists the rewards)
     alpha = 0.9   # EMA smoothing of the per-arm reward (ODM's default)
     lag = 8       # W: the assignment of step s sees the losses of steps <= s - W
 
@@ -40,12 +39,19 @@ import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from andrea.daemon.config import ARM_NAME_PATTERN
+from andrea.daemon.mixing import rewards
 
 # The run config's rule, so that every configured arm can be named here.
 from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
@@ -55,16 +61,13 @@ from andrea.daemon.runtime.validation_messages import describe
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9
 
-Reward = Literal[
-    "loss", "learnability", "gated-learnability", "gated-learnability-2", "gated-heldout"
-]
-REWARDS: tuple[str, ...] = get_args(Reward)
+#: A reward's name: one of `andrea.daemon.mixing.rewards`' registry (`rewards.names()`).
+Reward = str
+#: The rewards there are (each module of `andrea.daemon.mixing.rewards` registers one).
+REWARDS: tuple[str, ...] = rewards.names()
 #: The rewards whose mixture is made of each arm's progress statistics (reward.py).
-LEARNABILITY_REWARDS: tuple[str, ...] = (
-    "learnability",
-    "gated-learnability",
-    "gated-learnability-2",
-    "gated-heldout",
+LEARNABILITY_REWARDS: tuple[str, ...] = tuple(
+    n for n in REWARDS if rewards.lookup(n).reads_progress
 )
 #: What a policy without a `reward` key means: ODM's reward, the only one before the choice existed.
 IMPLICIT_REWARD: Reward = "loss"
@@ -102,11 +105,8 @@ class Policy(_Strict):
 
     reward: Reward = Field(
         IMPLICIT_REWARD,
-        description="what the bandit rewards: 'gated-heldout' (as 'gated-learnability-2', and "
-        "a least share for an arm whose held-out loss rises), 'gated-learnability-2' (an equal "
-        "share for every arm training still improves, each arm measured first), "
-        "'gated-learnability' (the same, without measuring first), 'learnability' (shares "
-        "proportional to that progress) or 'loss' (ODM's EMA of exp(loss))",
+        description="what the bandit rewards: the name of a reward of "
+        "andrea.daemon.mixing.rewards, e.g. 'gated-heldout' (docs/bandit.md lists them)",
     )
     alpha: float = Field(
         0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last"
@@ -123,6 +123,12 @@ class Policy(_Strict):
         description="relative weights of the first W draws (under gated-heldout and "
         "gated-learnability-2, of the arms still to measure); unlisted arms weigh 1",
     )
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, name: str) -> str:
+        rewards.lookup(name)  # UnknownReward is a ValueError: pydantic reports it on the key
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> Policy:
