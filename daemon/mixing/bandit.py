@@ -1,10 +1,10 @@
 """Online data mixing: an EXP3-style bandit over data sources ("arms"), with caps, floors and a lag.
 
 With K live arms and t the number of losses incorporated in the current phase, the policy's reward
-(`reward.py`: ODM's "loss", "learnability", "gated-learnability", "gated-learnability-2", or
-"gated-heldout", the default of new runs) turns the arms' loss statistics into mixture weights w,
-with EXP3's exploration ``eps_t = min(1/K, sqrt(ln K / (K t)))`` mixed in, and for t = 0 the
-policy's normalised initial weights. Then
+(a module of `andrea.daemon.mixing.rewards`, found by name: docs/bandit.md lists them) turns the
+arms' loss statistics into mixture weights w, with EXP3's exploration
+``eps_t = min(1/K, sqrt(ln K / (K t)))`` mixed in, and for t = 0 the policy's normalised initial
+weights. Then
 
 - probabilities: ``p = clip(c * w, floor, cap)`` with the unique c that makes ``sum(p) = 1`` — the
   KL projection of w onto the capped simplex, solved exactly from the breakpoints of c.
@@ -14,9 +14,10 @@ the phase's steps <= s - W): each record's arm and loss, and the held-out evalua
 step after each evaluation carries (gated-heldout reads them). Records are incorporated strictly in
 step order, `assign` refuses to run at any other point than "everything up to s - W, nothing after",
 and the draw itself is a counter-based uniform (SHA-256 of seed, phase and step), so a restarted proxy
-recomputes every assignment bit for bit. Under gated-learnability-2 and gated-heldout the draw of s
-also depends on the arms assigned to the steps between s - W and s, which are functions of the same
-records; `assign` takes them from the caller (the assignment book).
+recomputes every assignment bit for bit. Under a reward whose draw counts the steps pending
+(`RewardKind.counts_pending`: gated-learnability-2, gated-heldout) the draw of s also depends on the
+arms assigned to the steps between s - W and s, which are functions of the same records; `assign`
+takes them from the caller (the assignment book).
 
 Zombies: `Bandit.from_state` reconciles the arms of a saved state with the configured sources. An arm
 whose source is gone never draws (p = 0, its floor not counted), stays in the state with its history,
@@ -40,14 +41,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from andrea.daemon.config import ARM_NAME_PATTERN
-from andrea.daemon.mixing import reward, transfer
-from andrea.daemon.mixing.policy import (
-    IMPLICIT_REWARD,
-    LEARNABILITY_REWARDS,
-    TARGET_REWARD,
-    Policy,
-)
+from andrea.daemon.mixing import reward, rewards
+from andrea.daemon.mixing.policy import IMPLICIT_REWARD, TARGET_REWARD, Policy
 from andrea.daemon.mixing.reward import ArmStats
+from andrea.daemon.mixing.rewards import transfer
 from andrea.daemon.rundir.layout import STATE_FILE
 from andrea.daemon.runtime.validation_messages import describe
 from andrea.protocol.status import ArmReward, RewardReport, Zombie
@@ -282,13 +279,14 @@ class BanditState(_StateModel):
                 f"arms {late}: last_pull {max(a.last_pull for a in self.arms)} is "
                 f"after last_step {self.last_step}"
             )
-        if (self.transfer is not None) != (self.policy.reward == TARGET_REWARD):
+        if (self.transfer is not None) != rewards.lookup(self.policy.reward).targeted:
             raise ValueError(
-                f"transfer statistics must be present exactly under the {TARGET_REWARD!r} reward"
+                "transfer statistics must be present exactly under a reward that serves a "
+                f"target ({TARGET_REWARD!r})"
             )
         if self.transfer is not None and self.transfer.arms != sorted(names):
             raise ValueError(f"transfer.arms {self.transfer.arms} are not the state's arms")
-        if self.policy.reward in LEARNABILITY_REWARDS:
+        if rewards.lookup(self.policy.reward).reads_progress:
             # Its mixture is made of these statistics: each measured arm must carry them.
             unmeasured = [a.name for a in self.arms if (a.loss_ema is None) != (a.pulls == 0)]
             if unmeasured:
@@ -513,6 +511,7 @@ class Bandit:
                 f"bad counters: seed={seed} phase={phase} start_step={start_step} last_step={last_step}"
             )
         self._policy = policy
+        self._reward = rewards.lookup(policy.reward)
         self._seed = seed
         self._phase = phase
         self._start = start_step
@@ -522,7 +521,7 @@ class Bandit:
         self._arms = {a.name: a for a in sorted(records, key=lambda a: a.name)}
         #: The transfer reward's statistics (a policy with a target), over every arm.
         self._transfer: transfer.TransferStats | None = None
-        if policy.reward == TARGET_REWARD:
+        if self._reward.targeted:
             fresh = transfer.TransferStats.fresh(list(self._arms))
             self._transfer = transfer.with_arms(transfer_stats or fresh, list(self._arms))
         live = [a.name for a in self._arms.values() if a.live]
@@ -577,8 +576,7 @@ class Bandit:
                 self.steps_in_phase,
             )
             return w, project_capped_simplex(w, lo, hi)
-        w = reward.weights(
-            self._policy.reward,
+        w = self._reward.weights(
             [a.stats for a in live],
             [a.pulls for a in live],
             pending,
@@ -705,14 +703,21 @@ class Bandit:
         return out
 
     def rewards(self) -> dict[str, float]:
-        """Each arm's current reward under the policy's reward (`reward.MEANING`): the loss
+        """Each arm's current reward under the policy's reward (`RewardKind.shares`): the loss
         reward's R_i, or the share the learnability rewards give it (zombies: 0)."""
-        if self._policy.reward not in LEARNABILITY_REWARDS:
-            return {a.name: a.stats.ema_reward for a in self._arms.values()}
+        if self._transfer is not None:
+            live_names = self.live_arms
+            out = dict.fromkeys(self._arms, 0.0)
+            gate = transfer.shares(self._transfer, live_names, self._policy.target_weights())
+            out.update(zip(live_names, gate.tolist()))
+            return out
+        if not self._reward.reads_progress:
+            # A statistic of each arm's own steps (the loss reward's R_i): zombies keep theirs.
+            every = list(self._arms.values())
+            own = self._reward.shares([a.stats for a in every], [a.pulls for a in every])
+            return dict(zip((a.name for a in every), own))
         live = [a for a in self._arms.values() if a.live]
-        shares = reward.shares(
-            self._policy.reward, [a.stats for a in live], [a.pulls for a in live]
-        )
+        shares = self._reward.shares([a.stats for a in live], [a.pulls for a in live])
         out = dict.fromkeys(self._arms, 0.0)
         out.update(zip((a.name for a in live), shares))
         return out
@@ -722,9 +727,7 @@ class Bandit:
         rewards = self.rewards()
         return RewardReport(
             kind=self._policy.reward,
-            meaning=transfer.MEANING
-            if self._policy.reward == TARGET_REWARD
-            else reward.MEANING[self._policy.reward],
+            meaning=self._reward.meaning,
             arms={
                 a.name: ArmReward(
                     reward=rewards[a.name],
@@ -750,8 +753,8 @@ class Bandit:
     @property
     def counts_pending(self) -> bool:
         """Whether `assign` needs the arms of the steps between the last incorporated one and
-        the step assigned (the gated-learnability-2 reward)."""
-        return self._policy.reward in ("gated-learnability-2", "gated-heldout")
+        the step assigned (`RewardKind.counts_pending`)."""
+        return self._reward.counts_pending
 
     @property
     def zombies(self) -> list[Zombie]:

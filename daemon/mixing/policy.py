@@ -4,8 +4,7 @@ A policy is one phase's rules for the bandit (`andrea.daemon.mixing.bandit`). It
 by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
 recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
 
-    reward = "gated-heldout"  # what the bandit rewards (docs/bandit.md); or "gated-learnability-2",
-                              # "gated-learnability", "learnability", "loss"
+    reward = "gated-heldout"  # what the bandit rewards (docs/bandit.md lists the rewards)
     alpha = 0.9   # EMA smoothing of the per-arm reward (ODM's default)
     lag = 8       # W: the assignment of step s sees the losses of steps <= s - W
 
@@ -22,15 +21,15 @@ recorded in the bandit state and in every pivot archive. Example ``policy.toml``
     [initial_weights]   # relative; arms not listed weigh 1
     code = 2.0
 
-With a target (the arms whose held-out loss the run is for; weights relative, 1 when left out),
-the reward is "transfer": each arm's measured effect on the target's held-out loss
-(`andrea.daemon.mixing.transfer`)::
-
-    target = ["code", "comments=0.5"]   # or, as a table: [target] code = 1.0, comments = 0.5
-
 Arms the policy does not list get floor 0 and cap 1. Bounds of arms that are not live (zombies,
 unconfigured sources) are ignored; feasibility over the live arms is checked by
 `Policy.check_feasible` when a bandit is built.
+
+With a target (the arms whose held-out loss the run is for; weights relative, 1 when left out),
+the reward is "transfer": each arm's measured effect on the target's held-out loss
+(`andrea.daemon.mixing.rewards.transfer`)::
+
+    target = ["code", "comments=0.5"]   # or, as a table: [target] code = 1.0, comments = 0.5
 
 A policy that does not name its reward means "loss": every policy written before the choice existed
 did, and its fingerprint is unchanged. A new run's policy names it (`policystore`: a new run gets
@@ -46,7 +45,6 @@ import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal, get_args
 
 import numpy as np
 from pydantic import (
@@ -59,6 +57,7 @@ from pydantic import (
 )
 
 from andrea.daemon.config import ARM_NAME_PATTERN
+from andrea.daemon.mixing import rewards
 
 # The run config's rule, so that every configured arm can be named here.
 from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
@@ -68,21 +67,13 @@ from andrea.daemon.runtime.validation_messages import describe
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9
 
-Reward = Literal[
-    "loss",
-    "learnability",
-    "gated-learnability",
-    "gated-learnability-2",
-    "gated-heldout",
-    "transfer",
-]
-REWARDS: tuple[str, ...] = get_args(Reward)
+#: A reward's name: one of `andrea.daemon.mixing.rewards`' registry (`rewards.names()`).
+Reward = str
+#: The rewards there are (each module of `andrea.daemon.mixing.rewards` registers one).
+REWARDS: tuple[str, ...] = rewards.names()
 #: The rewards whose mixture is made of each arm's progress statistics (reward.py).
-LEARNABILITY_REWARDS: tuple[str, ...] = (
-    "learnability",
-    "gated-learnability",
-    "gated-learnability-2",
-    "gated-heldout",
+LEARNABILITY_REWARDS: tuple[str, ...] = tuple(
+    n for n in REWARDS if rewards.lookup(n).reads_progress and not rewards.lookup(n).targeted
 )
 #: The reward of a policy with a `target`: each arm's measured effect on the target's held-out loss.
 TARGET_REWARD: Reward = "transfer"
@@ -125,11 +116,8 @@ class Policy(_Strict):
 
     reward: Reward = Field(
         IMPLICIT_REWARD,
-        description="what the bandit rewards: 'gated-heldout' (as 'gated-learnability-2', and "
-        "a least share for an arm whose held-out loss rises), 'gated-learnability-2' (an equal "
-        "share for every arm training still improves, each arm measured first), "
-        "'gated-learnability' (the same, without measuring first), 'learnability' (shares "
-        "proportional to that progress) or 'loss' (ODM's EMA of exp(loss))",
+        description="what the bandit rewards: the name of a reward of "
+        "andrea.daemon.mixing.rewards, e.g. 'gated-heldout' (docs/bandit.md lists them)",
     )
     alpha: float = Field(
         0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last"
@@ -168,6 +156,12 @@ class Policy(_Strict):
     @classmethod
     def _parse_target(cls, value: object) -> object:
         return parse_target(value)
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, name: str) -> str:
+        rewards.lookup(name)  # UnknownReward is a ValueError: pydantic reports it on the key
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> Policy:

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from andrea.daemon.mixing.reward import exploration_rate
+from andrea.daemon.mixing.reward import ArmStats, exploration_rate
+from andrea.daemon.mixing.rewards import RewardKind, register
 
 #: The first-moment decay of the trainer's AdamW (`optim.beta1`, 0.9 in every preset): how a
 #: step's gradient is spread over the updates that follow it.
@@ -199,3 +200,26 @@ def weights(
 def probe_steps(step: int, phase_start: int) -> bool:
     """Whether the record of `step` carries a probe, in a phase that starts after `phase_start`."""
     return step > phase_start and (step - phase_start) % PROBE_EVERY == 0
+
+
+def _per_arm(*_: object) -> np.ndarray:
+    raise TypeError(
+        "the transfer reward mixes by the phase's probe statistics (Bandit keeps them), "
+        "not by each arm's own"
+    )
+
+
+def _shares(stats: Sequence[ArmStats], pulls: Sequence[int]) -> list[float]:
+    return _per_arm(stats, pulls).tolist()
+
+
+KIND = register(
+    RewardKind(
+        name="transfer",
+        meaning=MEANING,
+        statistics=(),
+        weights=_per_arm,
+        shares=_shares,
+        targeted=True,
+    )
+)
