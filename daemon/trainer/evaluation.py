@@ -22,7 +22,7 @@ from andrea.daemon.data.arms import Arm
 from andrea.daemon.data.tokenizer import RunTokenizer
 from andrea.daemon.rundir.evallog import ArmEval, EvalEntry
 from andrea.daemon.trainer.context import TrainerContext
-from andrea.daemon.trainer.heldout_loss import PROBE_SEQUENCES, Evaluator
+from andrea.daemon.trainer.heldout_loss import Evaluator, Prober
 from andrea.daemon.trainer.sink import RecordSink
 from andrea.protocol import messages
 from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
@@ -123,7 +123,7 @@ class Evaluation:
         self._catch_up = plan.catch_up
         self._prompts: list[Prompt] | None = None
         #: The probe set of each set of target arms asked for, built at its first probe.
-        self._probes: dict[tuple[str, ...], Evaluator] = {}
+        self._probes: dict[tuple[str, ...], Prober] = {}
         self.probe_seconds = 0.0
         self.probes = 0
 
@@ -201,29 +201,18 @@ class Evaluation:
         return entry
 
     def probe(self, arms: list[str]) -> dict[str, float]:
-        """Rank 0: each target arm's loss on its probe (PROBE_SEQUENCES fixed held-out sequences)
-        with the current weights, for the record of the step just trained (the proxy's transfer
-        reward reads it). Like the evaluation it draws from no generator and touches no weight;
-        unlike it, a stop never cuts it short, since the record must carry the same probe in every
-        run of the step. An arm without held-out data is left out."""
+        """Rank 0: each target arm's loss on its probe (`heldout_loss.Prober`) with the current
+        weights, for the record of the step just trained (the proxy's transfer reward reads it)."""
         key = tuple(sorted(arms))
-        probe = self._probes.get(key)
-        if probe is None:
-            ctx = self.ctx
-            chosen = [a for a in ctx.parts.arms if a.name in key]
-            probe = Evaluator(
-                chosen,
-                ctx.cfg.model.block_size,
-                PROBE_SEQUENCES,
-                ctx.parts.micro_batch,
-                ctx.platform.device,
-            )
-            self._probes[key] = probe
-        result = probe.evaluate(self.ctx.parts.model, self.ctx.platform.numerics, lambda: False)
-        assert result is not None  # never asked to stop
-        self.probe_seconds += result.seconds
+        prober = self._probes.get(key)
+        if prober is None:
+            chosen = [a for a in self.ctx.parts.arms if a.name in key]
+            prober = Prober(chosen, self.ctx.cfg.model.block_size, self.ctx.platform.device)
+            self._probes[key] = prober
+        losses, seconds = prober.probe(self.ctx.parts.model, self.ctx.platform.numerics)
+        self.probe_seconds += seconds
         self.probes += 1
-        return {name: r.loss for name, r in result.losses.items()}
+        return losses
 
     def prompts(self) -> list[Prompt]:
         """The prompts of this life's samples, decided (and logged) at the first sampling."""

@@ -365,14 +365,19 @@ def plateau_detection(case: str, curve: list[tuple[str, float]], k: int) -> dict
 
 def bandit_cost(reward: str, steps: int = 20000) -> float:
     """Microseconds per step of the proxy's bandit work (record one loss, assign one step), through
-    the assignment book as the proxy does it."""
+    the assignment book as the proxy does it; under the transfer reward with the probe its records
+    carry every few steps."""
     arms = [ConfiguredArm(n, n, True) for n in (*LEARNABLE, "random")]
-    book = AssignmentBook(Bandit(arms, Policy(reward=reward), seed=1), arms)
+    extra = {"target": list(LEARNABLE)} if reward == TARGETED else {}
+    book = AssignmentBook(Bandit(arms, Policy(reward=reward, **extra), seed=1), arms)
     lag, assigned = book.lag, {}
     t0 = time.perf_counter()
     for s in range(1, steps + 1):
         if s > lag:
-            book.record(s - lag, assigned[s - lag], 2.0 + (s % 7) / 10, 0)
+            j = s - lag
+            probe = {n: 3.0 - j * 1e-4 + (j % 5) / 100 for n in LEARNABLE}
+            asked = book.bandit.probe_arms(j) is not None
+            book.record(j, assigned[j], 2.0 + (s % 7) / 10, 0, None, probe if asked else None)
         assigned[s] = book.assign(s)
     return 1e6 * (time.perf_counter() - t0) / steps
 
@@ -532,7 +537,7 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
         f"andrea-tiny, {args.batch_size} sequences per step, {args.steps} steps (LR decay over "
         "the run), seeds "
         f"{' '.join(map(str, args.seeds))}; held-out loss (nats/token) at step {args.steps}, mean "
-        f"over {', '.join(LEARNABLE)} ({args.eval_sequences} sequences each).",
+        f"over {', '.join(LEARNABLE)} (case s: {SMALL}) ({args.eval_sequences} sequences each).",
     ]
     for case, s in summary.items():
         extra = s["extra"]
@@ -667,7 +672,7 @@ def main() -> None:
     jobs = plan(args)
     # Before any run: a --reuse of other steps or batches is refused at once, not an hour later.
     reused = reusable(args, set(jobs))
-    cost = {r: bandit_cost(r) for r in REWARDS}
+    cost = {r: bandit_cost(r) for r in (*REWARDS, TARGETED)}
     print(
         "bandit cost per step: " + ", ".join(f"{r} {us:.0f} µs" for r, us in cost.items()),
         flush=True,

@@ -205,23 +205,24 @@ def test_the_bandit_asks_for_probes_of_the_target_every_few_steps() -> None:
 def test_the_state_carries_the_probes_and_the_replay_checks_them() -> None:
     """A state written under the transfer reward holds its statistics; the restart's replay of
     the log finds one that the log does not give."""
-    policy = parse_policy('target = ["a"]\nlag = 2\n')
+    policy = parse_policy('target = ["a", "b=0.5"]\nlag = 2\n')
     book = AssignmentBook(Bandit(ARMS, policy, seed=3), ARMS)
     entries = []
     loss = 3.0
-    for s in range(1, 61):
+    for s in range(1, 101):
         arm = book.assign(s)
         assert arm is not None
         loss += {"a": -0.01, "b": -0.002, "c": 0.003}[arm]
-        probe = {"a": loss} if book.bandit.probe_arms(s) else None
+        probe = {"a": loss, "b": loss + 0.5} if book.bandit.probe_arms(s) else None
         book.record(s, arm, 2.0, 0, None, probe)
         fields = dict(lr=1e-3, tokens=8, wall_time=1.0, segment=1, phase=0)
         entries.append(
             LossEntry(step=s, loss=2.0, arm=arm, batch_sha256=None, probe=probe, **fields)
         )
-    book.incorporate(58)
+    book.incorporate(98)
     state = parse_state(book.bandit.state_dict().model_dump_json())
     assert state.transfer is not None and state.transfer.intervals >= 10
+    assert {e.arm for e in entries} == {"a", "b"}
     check_against_log(state, entries, {0: 0})
     resumed = Bandit.from_state(state, ARMS)
     assert resumed.probabilities() == book.bandit.probabilities()

@@ -1,8 +1,8 @@
 """The transfer reward: each arm's measured effect on the held-out loss of a target.
 
 A policy with a `target` (policy.py) names the arms whose held-out loss the run is for. The trainer
-then scores a small fixed **probe** of each target arm's held-out data (`PROBE_SEQUENCES` sequences,
-never trained on) every `PROBE_EVERY` steps of the phase, with the weights after the step, and the
+then scores a small fixed **probe** of each target arm's held-out data (4 sequences, never trained on:
+`daemon/trainer/heldout_loss.py`) every `PROBE_EVERY` steps of the phase, with the weights after the step, and the
 step's loss record carries it (`probe`); the bandit reads it in the records' own stream, in step
 order and W steps late, like the losses. The target's probe loss is the weighted mean of its arms'.
 
@@ -47,16 +47,16 @@ from andrea.daemon.mixing.rewards import RewardKind, register
 #: The first-moment decay of the trainer's AdamW (`optim.beta1`, 0.9 in every preset): how a
 #: step's gradient is spread over the updates that follow it.
 MOMENTUM = 0.9
-#: A probe every this many steps of a phase (the steps s with (s - phase start) % PROBE_EVERY == 0).
-PROBE_EVERY = 4
-#: Sequences of each target arm's held-out data in its probe (of the evaluation's fixed positions).
-PROBE_SEQUENCES = 4
-#: Weight kept per interval by each past interval in the least squares (about the last 50).
-FORGET = 0.98
+#: A probe every this many steps of a phase (the steps s with (s - phase start) % PROBE_EVERY == 0):
+#: its cost stays under 5% of a step at andrea-tiny's batch of 8 on a CPU (docs/bandit.md).
+PROBE_EVERY = 8
+#: Weight kept per interval by each past interval in the least squares (about the last 25
+#: intervals, 200 steps).
+FORGET = 0.96
 #: The ridge of the least squares: an arm with little exposure keeps a beta near 0.
 RIDGE = 0.1
 #: Intervals known before the betas make the mixture (until then, the target's weights).
-MIN_INTERVALS = 4
+MIN_INTERVALS = 3
 #: The fraction of the best arm's gain from which an arm gets a full share.
 GATE = 0.5
 #: Steps of the phase before a non-target arm is explored at all.
