@@ -351,6 +351,17 @@ def parse_target(value: object) -> object:
     return out
 
 
+def retargeted(policy: Policy, items: Sequence[str]) -> Policy:
+    """`policy` with the target `items` ("ARM" or "ARM=W", as `andreactl pivot --target` takes
+    them) and so the transfer reward; its caps, floors, lag and initial weights unchanged. Raises
+    `PolicyError` naming the bad item."""
+    data = {**policy.model_dump(mode="json"), "target": list(items), "reward": TARGET_REWARD}
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as e:
+        raise PolicyError(describe(e, "invalid --target")) from None
+
+
 def check_target_weights(target: dict[str, float]) -> None:
     """Raise ValueError for a weight out of its bounds (relative weights, finite and positive)."""
     for name, w in target.items():

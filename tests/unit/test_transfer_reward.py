@@ -14,7 +14,14 @@ import pytest
 from andrea.daemon.mixing import policystore
 from andrea.daemon.mixing.assignbook import AssignmentBook
 from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm, parse_state
-from andrea.daemon.mixing.policy import NEW_RUN_REWARD, Policy, PolicyError, parse_policy
+from andrea.daemon.mixing.policy import (
+    NEW_RUN_REWARD,
+    Policy,
+    PolicyError,
+    differences,
+    parse_policy,
+    retargeted,
+)
 from andrea.daemon.mixing.rewards import transfer
 from andrea.daemon.mixing.startup import check_against_log
 from andrea.protocol import messages
@@ -65,6 +72,20 @@ def test_a_policy_without_a_target_keeps_its_bytes_and_fingerprint() -> None:
 def test_a_bad_target_is_refused_naming_it(text: str, message: str) -> None:
     with pytest.raises(PolicyError, match=message):
         parse_policy(text + "\n", "p.toml")
+
+
+def test_a_pivot_to_a_target_keeps_the_caps_and_floors() -> None:
+    """What `andreactl pivot --target ARM[=W]...` sends: the policy in force, retargeted."""
+    base = parse_policy('reward = "gated-heldout"\nlag = 4\n[arms.code]\ncap = 0.5\n')
+    polish = retargeted(base, ["docstrings", "code=0.25"])
+    assert polish.reward == "transfer" and polish.target == {"docstrings": 1.0, "code": 0.25}
+    assert (polish.arms, polish.lag) == (base.arms, base.lag)
+    assert differences(base, polish) == [
+        "reward: gated-heldout → transfer",
+        "target: none → code=0.25, docstrings",
+    ]
+    with pytest.raises(PolicyError, match="invalid --target.*'code=-1'|weights are relative"):
+        retargeted(base, ["code=-1"])
 
 
 def test_a_target_arm_the_run_lacks_is_refused_naming_it() -> None:
