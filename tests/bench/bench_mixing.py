@@ -14,7 +14,10 @@ Cases (arms; the held-out loss that counts is the mean over the three learnable 
 - d: the three plus `letters`, letters drawn independently with fixed odds (1.21 nats: learnt
   within a few hundred steps, then a flat, noisy curve);
 - e: the three plus `synth8`, an order-2 chain over eight capital letters (learnable all run long,
-  and of no use to the other three).
+  and of no use to the other three);
+- s: a small target, `small` (the code of asyncio, 350 kB), beside `large` (the code of the rest
+  of the standard library, 6 MB: the same register, it helps) and `synth8` (it does not); the
+  held-out loss that counts is the small arm's.
 The extra arms' files are generated deterministically (SHA-256 counter streams, fixed text) into the
 work directory.
 
@@ -28,6 +31,10 @@ as many tokens as there; at the preset's 8 it averages a quarter as many (docs/m
   measuring each arm first, exploring each arm eps_t / K whatever its steps bring);
 - learnability: `--with-proxy`, policy `reward = "learnability"` (proportional to progress);
 - loss: `--with-proxy`, policy `reward = "loss"` (ODM's reward);
+- transfer: `--with-proxy`, a policy with a target (the three learnable arms; in case s the small
+  arm): the transfer reward;
+- grid-X (case s only): `--with-proxy`, paired as below, the small arm's share X, the large arm's
+  1 - X, synth8 none: the grid of fixed mixtures the transfer reward is judged against;
 - uniform-paired: `--with-proxy`, a policy whose floors and caps are all 1/K: uniform, drawn from
   the same per-step uniforms as the bandit's runs of the same seed, so that wherever a bandit mixes
   uniformly it trains on the very same steps (common random numbers: the difference between two
@@ -37,6 +44,7 @@ as many tokens as there; at the preset's 8 it averages a quarter as many (docs/m
   the extra arm weight 0.
 In case a, the "-learnable" mixtures are the uniform ones and are not run twice.
 
+Case s runs transfer, uniform-paired and the grid only; the other cases never run the grid.
 Reported per case: the mean held-out loss over the learnable arms at the last step (mean ± sd over
 seeds, and seed by seed against uniform), each arm's share of the steps in the second half, and the
 checks the mixing-quality page states. Every run also records each arm's share per 100 steps, the
