@@ -33,7 +33,7 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal, NamedTuple
 
@@ -411,6 +411,33 @@ def _index_configured(
     return out
 
 
+def _zombies(arms: Iterable[_Arm]) -> list[Zombie]:
+    """The arms whose source is gone, for the operator's status; each one logged as a warning."""
+    out = [
+        Zombie(
+            name=a.name,
+            identity=a.identity,
+            reason=a.zombie_reason,
+            pulls=a.pulls,
+            ema_reward=a.stats.ema_reward,
+            weight=a.weight,
+        )
+        for a in arms
+        if a.zombie_reason is not None
+    ]
+    for z in out:
+        log.warning(
+            "zombie arm %r: %s; it will never draw, and its history stays in the state "
+            "(pulls=%d, ema_reward=%r, weight=%r)",
+            z.name,
+            z.reason,
+            z.pulls,
+            z.ema_reward,
+            z.weight,
+        )
+    return out
+
+
 class Bandit:
     """The mixing bandit of one phase.
 
@@ -519,11 +546,12 @@ class Bandit:
         self._last = last
         # Sorted by name: the draw walks the arms in this order, so configuration order cannot matter.
         self._arms = {a.name: a for a in sorted(records, key=lambda a: a.name)}
-        #: The transfer reward's statistics (a policy with a target), over every arm.
-        self._transfer: transfer.TransferStats | None = None
-        if self._reward.targeted:
-            fresh = transfer.TransferStats.fresh(list(self._arms))
-            self._transfer = transfer.with_arms(transfer_stats or fresh, list(self._arms))
+        #: The target and its probes' statistics, under the transfer reward.
+        self._target = (
+            transfer.Target.of(policy.target_weights(), list(self._arms), transfer_stats)
+            if self._reward.targeted
+            else None
+        )
         live = [a.name for a in self._arms.values() if a.live]
         policy.check_feasible(live)
         unknown = sorted(set(policy.arms) - set(live))
@@ -531,28 +559,7 @@ class Bandit:
             log.warning(
                 "policy bounds for arms that are not live are ignored: %s", ", ".join(unknown)
             )
-        self._zombies = [
-            Zombie(
-                name=a.name,
-                identity=a.identity,
-                reason=a.zombie_reason,
-                pulls=a.pulls,
-                ema_reward=a.stats.ema_reward,
-                weight=a.weight,
-            )
-            for a in self._arms.values()
-            if a.zombie_reason is not None
-        ]
-        for z in self._zombies:
-            log.warning(
-                "zombie arm %r: %s; it will never draw, and its history stays in the state "
-                "(pulls=%d, ema_reward=%r, weight=%r)",
-                z.name,
-                z.reason,
-                z.pulls,
-                z.ema_reward,
-                z.weight,
-            )
+        self._zombies = _zombies(self._arms.values())
         self._refresh()
 
     def _refresh(self) -> None:
@@ -568,13 +575,8 @@ class Bandit:
     def _mixture(self, live: list[_Arm], pending: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The weights and the probabilities of the live arms, given each one's pending steps."""
         lo, hi = self._policy.bounds([a.name for a in live])
-        if self._transfer is not None:
-            w = transfer.weights(
-                self._transfer,
-                [a.name for a in live],
-                self._policy.target_weights(),
-                self.steps_in_phase,
-            )
+        if self._target is not None:
+            w = self._target.mixture([a.name for a in live], self.steps_in_phase)
             return w, project_capped_simplex(w, lo, hi)
         w = self._reward.weights(
             [a.stats for a in live],
@@ -626,8 +628,8 @@ class Bandit:
             if name in self._arms:
                 reward.observe_heldout(self._arms[name].stats, float(value))
         reward.observe(rec.stats, step, loss, self._policy.alpha)
-        if self._transfer is not None:
-            transfer.observe(self._transfer, arm, probe, self._policy.target_weights())
+        if self._target is not None:
+            self._target.observe(arm, probe)
         rec.pulls += 1
         self._last_step = step
         self._last = LastObservation(step=step, arm=arm, loss=loss)
@@ -705,12 +707,8 @@ class Bandit:
     def rewards(self) -> dict[str, float]:
         """Each arm's current reward under the policy's reward (`RewardKind.shares`): the loss
         reward's R_i, or the share the learnability rewards give it (zombies: 0)."""
-        if self._transfer is not None:
-            live_names = self.live_arms
-            out = dict.fromkeys(self._arms, 0.0)
-            gate = transfer.shares(self._transfer, live_names, self._policy.target_weights())
-            out.update(zip(live_names, gate.tolist()))
-            return out
+        if self._target is not None:
+            return self._target.rewards(list(self._arms), self.live_arms)
         if not self._reward.reads_progress:
             # A statistic of each arm's own steps (the loss reward's R_i): zombies keep theirs.
             every = list(self._arms.values())
@@ -746,9 +744,7 @@ class Bandit:
     def probe_arms(self, step: int) -> list[str] | None:
         """The target arms whose probe the record of `step` must carry (sorted), or None: under
         the transfer reward, every PROBE_EVERY steps of the phase."""
-        if self._transfer is None or not transfer.probe_steps(step, self._start):
-            return None
-        return sorted(n for n in self._policy.target if n in self._arms and self._arms[n].live)
+        return self._target.probe_arms(step, self._start, self.live_arms) if self._target else None
 
     @property
     def counts_pending(self) -> bool:
@@ -833,5 +829,5 @@ class Bandit:
                 for a in self._arms.values()
             ],
             last_observation=self._last,
-            transfer=TransferState.of(self._transfer) if self._transfer is not None else None,
+            transfer=TransferState.of(self._target.stats) if self._target is not None else None,
         )

@@ -197,6 +197,39 @@ def weights(
     return w / math.fsum(w)
 
 
+@dataclass
+class Target:
+    """A phase's target, its weights normalised, and the statistics of its probes: what the
+    bandit holds under the transfer reward."""
+
+    weights: dict[str, float]
+    stats: TransferStats
+
+    @classmethod
+    def of(cls, target: dict[str, float], arms: list[str], saved: TransferStats | None) -> Target:
+        """For a phase over `arms` (a state's statistics, `saved`, extended to them)."""
+        return cls(target, with_arms(saved or TransferStats.fresh(arms), arms))
+
+    def observe(self, arm: str, probe: Mapping[str, float] | None) -> None:
+        observe(self.stats, arm, probe, self.weights)
+
+    def mixture(self, live: Sequence[str], t: int) -> np.ndarray:
+        return weights(self.stats, live, self.weights, t)
+
+    def rewards(self, arms: Sequence[str], live: Sequence[str]) -> dict[str, float]:
+        """Each arm's share under the gate (0 for the arms not `live`)."""
+        return {
+            **dict.fromkeys(arms, 0.0),
+            **dict(zip(live, shares(self.stats, live, self.weights).tolist())),
+        }
+
+    def probe_arms(self, step: int, phase_start: int, live: Sequence[str]) -> list[str] | None:
+        """The live target arms whose probe the record of `step` carries, or None."""
+        if not probe_steps(step, phase_start):
+            return None
+        return sorted(n for n in self.weights if n in live)
+
+
 def probe_steps(step: int, phase_start: int) -> bool:
     """Whether the record of `step` carries a probe, in a phase that starts after `phase_start`."""
     return step > phase_start and (step - phase_start) % PROBE_EVERY == 0
