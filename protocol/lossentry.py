@@ -34,7 +34,7 @@ def _decode_loss(value: Any) -> Any:
 #: A held-out loss in a record: a number, or one of the non-finite spellings of a loss.
 HeldoutLoss = Annotated[float, BeforeValidator(_decode_loss)]
 #: The fields a record may leave out (absent from the JSON when they have no value).
-OPTIONAL_FIELDS = frozenset({"heldout"})
+OPTIONAL_FIELDS = frozenset({"heldout", "probe"})
 
 
 class LossEntry(BaseModel):
@@ -82,4 +82,12 @@ class LossEntry(BaseModel):
         description="held-out loss per arm of the weights this step started from (those after "
         "update step - 1), when the trainer evaluated them; absent otherwise. Part of the record "
         "so that the bandit reads evaluations in the same ordered, durable stream as the losses",
+    )
+    # Only on the steps whose assignment asked for it (a policy with a target), left out otherwise.
+    probe: dict[Annotated[str, Field(min_length=1, max_length=64)], HeldoutLoss] | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="loss per target arm on its small fixed probe of held-out sequences, of the "
+        "weights after this step, when the proxy's assignment asked for it (the transfer reward "
+        "reads it); absent otherwise",
     )

@@ -99,6 +99,13 @@ class Assignment(BaseModel):
     step: int
     arm: str
     phase: int
+    probe: list[ArmName] | None = Field(
+        None,
+        max_length=1024,
+        exclude_if=lambda v: v is None,
+        description="the target arms whose probe losses the step's record must carry, of the "
+        "weights after the step (a phase with a target, every few steps); absent otherwise",
+    )
 
 
 class Assignments(_Msg):

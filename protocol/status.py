@@ -137,8 +137,8 @@ class RewardReport(_Status):
     """What the bandit rewards, and each arm's standing (live arms and zombies)."""
 
     kind: str = Field(
-        description="the policy's reward: 'gated-heldout', 'gated-learnability-2', "
-        "'gated-learnability', 'learnability' or 'loss'"
+        description="the policy's reward: the name of one of the proxy's rewards, e.g. "
+        "'gated-heldout' (docs/bandit.md lists them)"
     )
     meaning: str = Field(description="what the reward measures, in a few words")
     arms: dict[str, ArmReward]

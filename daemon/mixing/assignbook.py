@@ -54,6 +54,7 @@ class AssignmentBook:
         self.arm_of: dict[int, str] = {}
         self.loss_of: dict[int, float] = {}
         self.heldout_of: dict[int, dict[str, float]] = {}
+        self.probe_of: dict[int, dict[str, float]] = {}
         self.snapshots: list[BanditState] = [bandit.state_dict()]
 
     @property
@@ -71,8 +72,9 @@ class AssignmentBook:
         loss: float,
         phase: int,
         heldout: Mapping[str, float] | None = None,
+        probe: Mapping[str, float] | None = None,
     ) -> bool:
-        """A trained step's loss, and the held-out losses its record carries; False when it is
+        """A trained step's loss, and the held-out and probe losses its record carries; False when it is
         superseded (trained under a phase that does not own the step). The first one recorded per
         step is canonical for the bandit (later segments re-training the step produce the same
         values in a bit-exact run)."""
@@ -86,6 +88,8 @@ class AssignmentBook:
             self.arm_of.setdefault(step, arm)
             if heldout is not None:
                 self.heldout_of[step] = dict(heldout)
+            if probe is not None:
+                self.probe_of[step] = dict(probe)
         return True
 
     def assign(self, step: int) -> str | None:
@@ -131,6 +135,7 @@ class AssignmentBook:
                 self.arm_of[j],
                 loss if math.isfinite(loss) else MAX_EXP_LOSS,
                 self.heldout_of.get(j),
+                self.probe_of.get(j),
             )
             if j % SNAPSHOT_EVERY == 0:
                 self.snapshots.append(self.bandit.state_dict())

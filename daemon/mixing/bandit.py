@@ -1,10 +1,10 @@
 """Online data mixing: an EXP3-style bandit over data sources ("arms"), with caps, floors and a lag.
 
 With K live arms and t the number of losses incorporated in the current phase, the policy's reward
-(`reward.py`: ODM's "loss", "learnability", "gated-learnability", "gated-learnability-2", or
-"gated-heldout", the default of new runs) turns the arms' loss statistics into mixture weights w,
-with EXP3's exploration ``eps_t = min(1/K, sqrt(ln K / (K t)))`` mixed in, and for t = 0 the
-policy's normalised initial weights. Then
+(a module of `andrea.daemon.mixing.rewards`, found by name: docs/bandit.md lists them) turns the
+arms' loss statistics into mixture weights w, with EXP3's exploration
+``eps_t = min(1/K, sqrt(ln K / (K t)))`` mixed in, and for t = 0 the policy's normalised initial
+weights. Then
 
 - probabilities: ``p = clip(c * w, floor, cap)`` with the unique c that makes ``sum(p) = 1`` — the
   KL projection of w onto the capped simplex, solved exactly from the breakpoints of c.
@@ -14,9 +14,10 @@ the phase's steps <= s - W): each record's arm and loss, and the held-out evalua
 step after each evaluation carries (gated-heldout reads them). Records are incorporated strictly in
 step order, `assign` refuses to run at any other point than "everything up to s - W, nothing after",
 and the draw itself is a counter-based uniform (SHA-256 of seed, phase and step), so a restarted proxy
-recomputes every assignment bit for bit. Under gated-learnability-2 and gated-heldout the draw of s
-also depends on the arms assigned to the steps between s - W and s, which are functions of the same
-records; `assign` takes them from the caller (the assignment book).
+recomputes every assignment bit for bit. Under a reward whose draw counts the steps pending
+(`RewardKind.counts_pending`: gated-learnability-2, gated-heldout) the draw of s also depends on the
+arms assigned to the steps between s - W and s, which are functions of the same records; `assign`
+takes them from the caller (the assignment book).
 
 Zombies: `Bandit.from_state` reconciles the arms of a saved state with the configured sources. An arm
 whose source is gone never draws (p = 0, its floor not counted), stays in the state with its history,
@@ -32,7 +33,7 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal, NamedTuple
 
@@ -40,9 +41,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from andrea.daemon.config import ARM_NAME_PATTERN
-from andrea.daemon.mixing import reward
-from andrea.daemon.mixing.policy import IMPLICIT_REWARD, LEARNABILITY_REWARDS, Policy
+from andrea.daemon.mixing import reward, rewards
+from andrea.daemon.mixing.policy import IMPLICIT_REWARD, TARGET_REWARD, Policy
 from andrea.daemon.mixing.reward import ArmStats
+from andrea.daemon.mixing.rewards import transfer
 from andrea.daemon.rundir.layout import STATE_FILE
 from andrea.daemon.runtime.validation_messages import describe
 from andrea.protocol.status import ArmReward, RewardReport, Zombie
@@ -172,6 +174,45 @@ class LastObservation(_StateModel):
     loss: float
 
 
+class TransferState(_StateModel):
+    """The transfer reward's statistics of the phase (transfer.py), every arm of the state."""
+
+    arms: list[str]
+    exposure: list[float]
+    window: list[float]
+    gram: list[list[float]]
+    moment: list[float]
+    last_probe: float | None = None
+    intervals: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _square(self) -> TransferState:
+        k = len(self.arms)
+        if self.arms != sorted(set(self.arms)):
+            raise ValueError(f"transfer.arms {self.arms} must be sorted and distinct")
+        rows = (self.exposure, self.window, self.moment, *self.gram)
+        if len(self.gram) != k or any(len(r) != k for r in rows):
+            raise ValueError(
+                f"transfer: every vector and the gram matrix must be over its {k} arms"
+            )
+        return self
+
+    @classmethod
+    def of(cls, stats: transfer.TransferStats) -> TransferState:
+        return cls(**dataclasses.asdict(stats))
+
+    def stats(self) -> transfer.TransferStats:
+        return transfer.TransferStats(
+            arms=list(self.arms),
+            exposure=list(self.exposure),
+            window=list(self.window),
+            gram=[list(r) for r in self.gram],
+            moment=list(self.moment),
+            last_probe=self.last_probe,
+            intervals=self.intervals,
+        )
+
+
 class BanditState(_StateModel):
     """Everything needed to continue a phase exactly; stored as `.state.json` (JSON, never pickle)."""
 
@@ -191,6 +232,8 @@ class BanditState(_StateModel):
     policy_fingerprint: str
     arms: list[ArmState]
     last_observation: LastObservation | None = None
+    # Only under the transfer reward (a policy with a target); absent from every other state.
+    transfer: TransferState | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _consistent(self) -> BanditState:
@@ -236,7 +279,14 @@ class BanditState(_StateModel):
                 f"arms {late}: last_pull {max(a.last_pull for a in self.arms)} is "
                 f"after last_step {self.last_step}"
             )
-        if self.policy.reward in LEARNABILITY_REWARDS:
+        if (self.transfer is not None) != rewards.lookup(self.policy.reward).targeted:
+            raise ValueError(
+                "transfer statistics must be present exactly under a reward that serves a "
+                f"target ({TARGET_REWARD!r})"
+            )
+        if self.transfer is not None and self.transfer.arms != sorted(names):
+            raise ValueError(f"transfer.arms {self.transfer.arms} are not the state's arms")
+        if rewards.lookup(self.policy.reward).reads_progress:
             # Its mixture is made of these statistics: each measured arm must carry them.
             unmeasured = [a.name for a in self.arms if (a.loss_ema is None) != (a.pulls == 0)]
             if unmeasured:
@@ -361,6 +411,33 @@ def _index_configured(
     return out
 
 
+def _zombies(arms: Iterable[_Arm]) -> list[Zombie]:
+    """The arms whose source is gone, for the operator's status; each one logged as a warning."""
+    out = [
+        Zombie(
+            name=a.name,
+            identity=a.identity,
+            reason=a.zombie_reason,
+            pulls=a.pulls,
+            ema_reward=a.stats.ema_reward,
+            weight=a.weight,
+        )
+        for a in arms
+        if a.zombie_reason is not None
+    ]
+    for z in out:
+        log.warning(
+            "zombie arm %r: %s; it will never draw, and its history stays in the state "
+            "(pulls=%d, ema_reward=%r, weight=%r)",
+            z.name,
+            z.reason,
+            z.pulls,
+            z.ema_reward,
+            z.weight,
+        )
+    return out
+
+
 class Bandit:
     """The mixing bandit of one phase.
 
@@ -440,6 +517,7 @@ class Bandit:
             start_step=state.phase_start_step,
             last_step=state.last_step,
             last=state.last_observation,
+            transfer_stats=state.transfer.stats() if state.transfer is not None else None,
         )
         return obj
 
@@ -453,12 +531,14 @@ class Bandit:
         start_step: int,
         last_step: int,
         last: LastObservation | None,
+        transfer_stats: transfer.TransferStats | None = None,
     ) -> None:
         if not 0 <= seed < 2**63 or phase < 0 or start_step < 0 or last_step < start_step:
             raise BanditError(
                 f"bad counters: seed={seed} phase={phase} start_step={start_step} last_step={last_step}"
             )
         self._policy = policy
+        self._reward = rewards.lookup(policy.reward)
         self._seed = seed
         self._phase = phase
         self._start = start_step
@@ -466,6 +546,12 @@ class Bandit:
         self._last = last
         # Sorted by name: the draw walks the arms in this order, so configuration order cannot matter.
         self._arms = {a.name: a for a in sorted(records, key=lambda a: a.name)}
+        #: The target and its probes' statistics, under the transfer reward.
+        self._target = (
+            transfer.Target.of(policy.target_weights(), list(self._arms), transfer_stats)
+            if self._reward.targeted
+            else None
+        )
         live = [a.name for a in self._arms.values() if a.live]
         policy.check_feasible(live)
         unknown = sorted(set(policy.arms) - set(live))
@@ -473,28 +559,7 @@ class Bandit:
             log.warning(
                 "policy bounds for arms that are not live are ignored: %s", ", ".join(unknown)
             )
-        self._zombies = [
-            Zombie(
-                name=a.name,
-                identity=a.identity,
-                reason=a.zombie_reason,
-                pulls=a.pulls,
-                ema_reward=a.stats.ema_reward,
-                weight=a.weight,
-            )
-            for a in self._arms.values()
-            if a.zombie_reason is not None
-        ]
-        for z in self._zombies:
-            log.warning(
-                "zombie arm %r: %s; it will never draw, and its history stays in the state "
-                "(pulls=%d, ema_reward=%r, weight=%r)",
-                z.name,
-                z.reason,
-                z.pulls,
-                z.ema_reward,
-                z.weight,
-            )
+        self._zombies = _zombies(self._arms.values())
         self._refresh()
 
     def _refresh(self) -> None:
@@ -509,25 +574,33 @@ class Bandit:
 
     def _mixture(self, live: list[_Arm], pending: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The weights and the probabilities of the live arms, given each one's pending steps."""
-        w = reward.weights(
-            self._policy.reward,
+        lo, hi = self._policy.bounds([a.name for a in live])
+        if self._target is not None:
+            w = self._target.mixture([a.name for a in live], self.steps_in_phase)
+            return w, project_capped_simplex(w, lo, hi)
+        w = self._reward.weights(
             [a.stats for a in live],
             [a.pulls for a in live],
             pending,
             self.steps_in_phase,
             [self._policy.initial_weight(a.name) for a in live],
         )
-        lo, hi = self._policy.bounds([a.name for a in live])
         return w, project_capped_simplex(w, lo, hi)
 
     # ---------------------------------------------------------------------------------------------
 
     def observe(
-        self, step: int, arm: str, loss: float, heldout: Mapping[str, float] | None = None
+        self,
+        step: int,
+        arm: str,
+        loss: float,
+        heldout: Mapping[str, float] | None = None,
+        probe: Mapping[str, float] | None = None,
     ) -> bool:
-        """Incorporate the loss of `step`, trained on `arm`, and the held-out losses its record
+        """Incorporate the loss of `step`, trained on `arm`, the held-out losses its record
         carries (those of the weights the step started from; arms the bandit does not know are
-        ignored). Steps must come as phase_start_step + 1, + 2, ... Returns False (and changes
+        ignored) and the target's probe losses (those of the weights after it; read under the
+        transfer reward only). Steps must come as phase_start_step + 1, + 2, ... Returns False (and changes
         nothing) for an exact repeat of the last observation; raises `ObservationOrderError` for
         any other step than the next one. A zombie arm's loss (a step trained before its source
         went away) updates its history only."""
@@ -555,6 +628,8 @@ class Bandit:
             if name in self._arms:
                 reward.observe_heldout(self._arms[name].stats, float(value))
         reward.observe(rec.stats, step, loss, self._policy.alpha)
+        if self._target is not None:
+            self._target.observe(arm, probe)
         rec.pulls += 1
         self._last_step = step
         self._last = LastObservation(step=step, arm=arm, loss=loss)
@@ -630,14 +705,17 @@ class Bandit:
         return out
 
     def rewards(self) -> dict[str, float]:
-        """Each arm's current reward under the policy's reward (`reward.MEANING`): the loss
+        """Each arm's current reward under the policy's reward (`RewardKind.shares`): the loss
         reward's R_i, or the share the learnability rewards give it (zombies: 0)."""
-        if self._policy.reward not in LEARNABILITY_REWARDS:
-            return {a.name: a.stats.ema_reward for a in self._arms.values()}
+        if self._target is not None:
+            return self._target.rewards(list(self._arms), self.live_arms)
+        if not self._reward.reads_progress:
+            # A statistic of each arm's own steps (the loss reward's R_i): zombies keep theirs.
+            every = list(self._arms.values())
+            own = self._reward.shares([a.stats for a in every], [a.pulls for a in every])
+            return dict(zip((a.name for a in every), own))
         live = [a for a in self._arms.values() if a.live]
-        shares = reward.shares(
-            self._policy.reward, [a.stats for a in live], [a.pulls for a in live]
-        )
+        shares = self._reward.shares([a.stats for a in live], [a.pulls for a in live])
         out = dict.fromkeys(self._arms, 0.0)
         out.update(zip((a.name for a in live), shares))
         return out
@@ -647,7 +725,7 @@ class Bandit:
         rewards = self.rewards()
         return RewardReport(
             kind=self._policy.reward,
-            meaning=reward.MEANING[self._policy.reward],
+            meaning=self._reward.meaning,
             arms={
                 a.name: ArmReward(
                     reward=rewards[a.name],
@@ -663,11 +741,16 @@ class Bandit:
         """Mixture weights before the cap/floor projection (zombies: last value, as history)."""
         return {a.name: a.weight for a in self._arms.values()}
 
+    def probe_arms(self, step: int) -> list[str] | None:
+        """The target arms whose probe the record of `step` must carry (sorted), or None: under
+        the transfer reward, every PROBE_EVERY steps of the phase."""
+        return self._target.probe_arms(step, self._start, self.live_arms) if self._target else None
+
     @property
     def counts_pending(self) -> bool:
         """Whether `assign` needs the arms of the steps between the last incorporated one and
-        the step assigned (the gated-learnability-2 reward)."""
-        return self._policy.reward in ("gated-learnability-2", "gated-heldout")
+        the step assigned (`RewardKind.counts_pending`)."""
+        return self._reward.counts_pending
 
     @property
     def zombies(self) -> list[Zombie]:
@@ -746,4 +829,5 @@ class Bandit:
                 for a in self._arms.values()
             ],
             last_observation=self._last,
+            transfer=TransferState.of(self._target.stats) if self._target is not None else None,
         )

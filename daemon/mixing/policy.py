@@ -4,8 +4,7 @@ A policy is one phase's rules for the bandit (`andrea.daemon.mixing.bandit`). It
 by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
 recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
 
-    reward = "gated-heldout"  # what the bandit rewards (docs/bandit.md); or "gated-learnability-2",
-                              # "gated-learnability", "learnability", "loss"
+    reward = "gated-heldout"  # what the bandit rewards (docs/bandit.md lists the rewards)
     alpha = 0.9   # EMA smoothing of the per-arm reward (ODM's default)
     lag = 8       # W: the assignment of step s sees the losses of steps <= s - W
 
@@ -26,6 +25,12 @@ Arms the policy does not list get floor 0 and cap 1. Bounds of arms that are not
 unconfigured sources) are ignored; feasibility over the live arms is checked by
 `Policy.check_feasible` when a bandit is built.
 
+With a target (the arms whose held-out loss the run is for; weights relative, 1 when left out),
+the reward is "transfer": each arm's measured effect on the target's held-out loss
+(`andrea.daemon.mixing.rewards.transfer`)::
+
+    target = ["code", "comments=0.5"]   # or, as a table: [target] code = 1.0, comments = 0.5
+
 A policy that does not name its reward means "loss": every policy written before the choice existed
 did, and its fingerprint is unchanged. A new run's policy names it (`policystore`: a new run gets
 `NEW_RUN_REWARD` unless its policy says otherwise).
@@ -40,12 +45,19 @@ import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from andrea.daemon.config import ARM_NAME_PATTERN
+from andrea.daemon.mixing import rewards
 
 # The run config's rule, so that every configured arm can be named here.
 from andrea.daemon.rundir.boundedio import FileRejected, read_bounded
@@ -55,17 +67,19 @@ from andrea.daemon.runtime.validation_messages import describe
 MIN_INITIAL_WEIGHT = 1e-9
 MAX_INITIAL_WEIGHT = 1e9
 
-Reward = Literal[
-    "loss", "learnability", "gated-learnability", "gated-learnability-2", "gated-heldout"
-]
-REWARDS: tuple[str, ...] = get_args(Reward)
+#: A reward's name: one of `andrea.daemon.mixing.rewards`' registry (`rewards.names()`).
+Reward = str
+#: The rewards there are (each module of `andrea.daemon.mixing.rewards` registers one).
+REWARDS: tuple[str, ...] = rewards.names()
 #: The rewards whose mixture is made of each arm's progress statistics (reward.py).
-LEARNABILITY_REWARDS: tuple[str, ...] = (
-    "learnability",
-    "gated-learnability",
-    "gated-learnability-2",
-    "gated-heldout",
+LEARNABILITY_REWARDS: tuple[str, ...] = tuple(
+    n for n in REWARDS if rewards.lookup(n).reads_progress and not rewards.lookup(n).targeted
 )
+#: The reward of a policy with a `target`: each arm's measured effect on the target's held-out loss.
+TARGET_REWARD: Reward = "transfer"
+#: A target weight's bounds (weights are relative, as initial weights are).
+MIN_TARGET_WEIGHT = 1e-6
+MAX_TARGET_WEIGHT = 1e6
 #: What a policy without a `reward` key means: ODM's reward, the only one before the choice existed.
 IMPLICIT_REWARD: Reward = "loss"
 #: The reward a new run gets when its policy does not name one (decided in `policystore`).
@@ -102,11 +116,8 @@ class Policy(_Strict):
 
     reward: Reward = Field(
         IMPLICIT_REWARD,
-        description="what the bandit rewards: 'gated-heldout' (as 'gated-learnability-2', and "
-        "a least share for an arm whose held-out loss rises), 'gated-learnability-2' (an equal "
-        "share for every arm training still improves, each arm measured first), "
-        "'gated-learnability' (the same, without measuring first), 'learnability' (shares "
-        "proportional to that progress) or 'loss' (ODM's EMA of exp(loss))",
+        description="what the bandit rewards: the name of a reward of "
+        "andrea.daemon.mixing.rewards, e.g. 'gated-heldout' (docs/bandit.md lists them)",
     )
     alpha: float = Field(
         0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last"
@@ -123,12 +134,50 @@ class Policy(_Strict):
         description="relative weights of the first W draws (under gated-heldout and "
         "gated-learnability-2, of the arms still to measure); unlisted arms weigh 1",
     )
+    target: dict[str, float] = Field(
+        default_factory=dict,
+        # Left out when empty: every policy without a target keeps its fingerprint and its bytes.
+        exclude_if=lambda v: not v,
+        description="the arms whose held-out loss the run is for, each with a relative weight: "
+        'a list of "ARM" or "ARM=W" (W: 1 when left out), or a table ARM = W; with a target '
+        'the reward is "transfer" (docs/bandit.md)',
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _target_reward(cls, data: object) -> object:
+        # A target decides the reward: a policy that names a target and no reward means
+        # "transfer" (and names it, so that it is not given the run's reward instead).
+        if isinstance(data, dict) and data.get("target") and "reward" not in data:
+            return {**data, "reward": TARGET_REWARD}
+        return data
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _parse_target(cls, value: object) -> object:
+        return parse_target(value)
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, name: str) -> str:
+        rewards.lookup(name)  # UnknownReward is a ValueError: pydantic reports it on the key
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> Policy:
-        for name in (*self.arms, *self.initial_weights):
+        if self.target and self.reward != TARGET_REWARD:
+            raise ValueError(
+                f"target: a target is served by the {TARGET_REWARD!r} reward, not "
+                f"{self.reward!r} (leave `reward` out, or name {TARGET_REWARD!r})"
+            )
+        if self.reward == TARGET_REWARD and not self.target:
+            raise ValueError(
+                f'reward {TARGET_REWARD!r} needs a target: target = ["ARM", "ARM=W", ...]'
+            )
+        for name in (*self.arms, *self.initial_weights, *self.target):
             if not re.fullmatch(ARM_NAME_PATTERN, name):
                 raise ValueError(f"arm name {name!r} does not match {ARM_NAME_PATTERN}")
+        check_target_weights(self.target)
         for name, w in self.initial_weights.items():
             # Bounded so that normalising never underflows to 0: the projection needs every
             # weight positive (a zero weight cannot be scaled up to meet a floor).
@@ -184,6 +233,12 @@ class Policy(_Strict):
         """Raise `PolicyError` naming every arm of the policy that the run does not configure (a
         misspelt `[arms.kode]` would otherwise be a bound on nothing)."""
         known = sorted(configured)
+        strangers = sorted(set(self.target) - set(known))
+        if strangers:
+            raise PolicyError(
+                f"the policy's target names arms this run does not have: {', '.join(strangers)} "
+                f"(the run's arms: {', '.join(known)})"
+            )
         unknown = sorted((set(self.arms) | set(self.initial_weights)) - set(known))
         if unknown:
             raise PolicyError(
@@ -196,6 +251,12 @@ class Policy(_Strict):
         """Whether the text this policy was read from said `reward = ...` (a policy that does not
         takes the reward of the run it joins, see `policystore`)."""
         return "reward" in self.model_fields_set
+
+    def target_weights(self) -> dict[str, float]:
+        """The target's arms with their weights normalised to sum to 1 (sorted by name; empty
+        without a target)."""
+        total = math.fsum(self.target.values())
+        return {n: self.target[n] / total for n in sorted(self.target)}
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the policy (defaults included, keys sorted), except
@@ -251,11 +312,71 @@ def differences(old: Policy, new: Policy) -> list[str]:
                 out.append(
                     f"arms.{name}.{key}: {human(getattr(a, key))} → {human(getattr(b, key))}"
                 )
+    if old.target != new.target:
+        out.append(f"target: {said_target(old.target)} → {said_target(new.target)}")
     for name in sorted(set(old.initial_weights) | set(new.initial_weights)):
         a, b = old.initial_weight(name), new.initial_weight(name)
         if a != b:
             out.append(f"initial_weights.{name}: {human(a)} → {human(b)}")
     return out
+
+
+def parse_target(value: object) -> object:
+    """A target as the policy file (or `andreactl pivot --target`) writes it — a list of "ARM" or
+    "ARM=W", or a table ARM = W — as {arm: weight}. Raises ValueError naming the bad item;
+    anything else but a list is left to the field's own validation (a table, or a wrong type)."""
+    if isinstance(value, dict):
+        # TOML writes `code = 1` as an integer: a weight is a number either way.
+        return {
+            k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+            for k, v in value.items()
+        }
+    if not isinstance(value, list):
+        return value
+    if not value:
+        raise ValueError("an empty target names no arm; leave the key out for a run without one")
+    out: dict[str, float] = {}
+    for item in value:
+        if not isinstance(item, str):
+            raise ValueError(f'each item is "ARM" or "ARM=W", got {item!r}')
+        name, sep, weight = item.partition("=")
+        name = name.strip()
+        try:
+            w = float(weight) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"{item!r}: the weight {weight.strip()!r} is not a number") from None
+        if name in out:
+            raise ValueError(f"arm {name!r} is named twice")
+        out[name] = w
+    return out
+
+
+def retargeted(policy: Policy, items: Sequence[str]) -> Policy:
+    """`policy` with the target `items` ("ARM" or "ARM=W", as `andreactl pivot --target` takes
+    them) and so the transfer reward; its caps, floors, lag and initial weights unchanged. Raises
+    `PolicyError` naming the bad item."""
+    data = {**policy.model_dump(mode="json"), "target": list(items), "reward": TARGET_REWARD}
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as e:
+        raise PolicyError(describe(e, "invalid --target")) from None
+
+
+def check_target_weights(target: dict[str, float]) -> None:
+    """Raise ValueError for a weight out of its bounds (relative weights, finite and positive)."""
+    for name, w in target.items():
+        if not MIN_TARGET_WEIGHT <= w <= MAX_TARGET_WEIGHT:
+            raise ValueError(
+                f"target {name}={w}: weights are relative and must lie in "
+                f"[{MIN_TARGET_WEIGHT:g}, {MAX_TARGET_WEIGHT:g}]"
+            )
+
+
+def said_target(target: dict[str, float]) -> str:
+    """A target as people write it: `code, docs=0.5` (or `none`)."""
+    if not target:
+        return "none"
+    return ", ".join(n if w == 1.0 else f"{n}={human(w)}" for n, w in sorted(target.items()))
 
 
 def parse_policy(text: str, source: str = POLICY_FILE) -> Policy:

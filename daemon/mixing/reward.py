@@ -1,5 +1,6 @@
-"""What the bandit rewards an arm for, and the mixture weights that follow: the four rewards a policy
-can choose (`Policy.reward`), as pure float64 functions of each arm's loss statistics.
+"""What the bandit rewards an arm for, and the mixture weights that follow: the arms' loss statistics
+and the pure float64 functions the built-in rewards (`Policy.reward`) make their mixtures of. Each
+reward is a module of `andrea.daemon.mixing.rewards`, which finds it by name; its weights are these.
 
 **loss** (ODM, Albalak et al. 2023): ``R_i <- alpha R_i + (1 - alpha) exp(min(loss, 700))`` when arm i
 is trained, and ``w = (1 - K eps_t) softmax(eps_{t-1} R) + eps_t``. It rewards *difficulty*: an arm
@@ -105,6 +106,7 @@ arm's recent loss and progress whichever reward makes the mixture.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,20 +132,6 @@ LEARNT_MARGIN = 0.02
 RISE_TOLERANCE = 0.01
 #: gated-heldout: a learnt arm being forgotten gets at least this fraction of a uniform share, 1/K.
 FORGETTING_SHARE = 0.125
-
-#: What each reward means, in a few words, for status displays and exports.
-MEANING = {
-    "loss": "EMA of exp(training loss) per arm (ODM): rewards difficulty",
-    "learnability": "share of the recent progress (nats per step by which each arm's loss EMA "
-    "still sets new lows)",
-    "gated-learnability": "share of the mixture its recent progress earns: equal for every arm "
-    "whose loss EMA still sets new lows at least half as fast as the best arm's, less below",
-    "gated-learnability-2": "share of the mixture its recent progress earns: equal for every arm "
-    "whose loss EMA still sets new lows at least half as fast as the best arm's, less below; an "
-    "arm not measured yet gets the 2 steps its measurement needs, then waits for their losses",
-    "gated-heldout": "as gated-learnability-2, and at least an eighth of a uniform share for an "
-    "arm it has learnt while its held-out loss rises (being forgotten)",
-}
 
 
 @dataclass
@@ -234,6 +222,11 @@ def mixture_weights(rewards: np.ndarray, t: int) -> np.ndarray:
     # Subtracting the max keeps exp() finite for rewards up to exp(MAX_EXP_LOSS).
     e = np.exp(z - z.max())
     return _explore(e / math.fsum(e), t)
+
+
+def initial_mixture(initial: Sequence[float]) -> np.ndarray:
+    """The policy's initial weights, normalised: the mixture before any loss."""
+    return np.array(initial, dtype=np.float64) / math.fsum(initial)
 
 
 def _progress(progress: list[float], pulls: list[int]) -> np.ndarray:
@@ -352,44 +345,3 @@ def heldout_weights(
     progress, fruitless = [s.progress for s in stats], [s.fruitless for s in stats]
     w = measuring_weights(progress, pulls, pending, fruitless, t, initial)
     return protect_forgotten(w, [s.forgotten and s.learnt for s in stats])
-
-
-def weights(
-    kind: str,
-    stats: list[ArmStats],
-    pulls: list[int],
-    pending: list[int],
-    t: int,
-    initial: list[float],
-) -> np.ndarray:
-    """The mixture weights of the live arms under reward `kind` (sums to 1): `pending`, each arm's
-    steps assigned whose losses are not known yet; `t`, the losses incorporated in the phase;
-    `initial`, the policy's initial weights (the mixture before any loss)."""
-    progress = [s.progress for s in stats]
-    if kind == "gated-heldout":
-        return heldout_weights(stats, pulls, pending, t, initial if t == 0 else None)
-    if kind == "gated-learnability-2":
-        fruitless = [s.fruitless for s in stats]
-        return measuring_weights(
-            progress, pulls, pending, fruitless, t, initial if t == 0 else None
-        )
-    if t == 0:
-        return np.array(initial, dtype=np.float64) / math.fsum(initial)
-    if kind == "learnability":
-        return learnability_weights(progress, pulls, t)
-    if kind == "gated-learnability":
-        return gated_weights(progress, pulls, t)
-    return mixture_weights(np.array([s.ema_reward for s in stats], dtype=np.float64), t)
-
-
-def shares(kind: str, stats: list[ArmStats], pulls: list[int]) -> list[float]:
-    """The reward of each live arm, for people: the share the learnability rewards give it before
-    exploration, or the loss reward's R_i."""
-    progress = [s.progress for s in stats]
-    if kind in ("gated-learnability-2", "gated-heldout"):
-        return measuring_shares(progress, pulls, [0] * len(stats)).tolist()
-    if kind == "gated-learnability":
-        return gated_shares(progress, pulls).tolist()
-    if kind == "learnability":
-        return progress_shares(progress, pulls).tolist()
-    return [s.ema_reward for s in stats]

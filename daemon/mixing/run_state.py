@@ -179,7 +179,7 @@ class ProxyRunState:
         written = self.losslog.append_many(entries)
         self.losslog.sync()  # acknowledged means durable
         for e in entries:
-            if self.book.record(e.step, e.arm, e.loss, e.phase, e.heldout):
+            if self.book.record(e.step, e.arm, e.loss, e.phase, e.heldout, e.probe):
                 self.durable_step = max(self.durable_step, e.step)
                 self.mix_since_sample[e.arm] = self.mix_since_sample.get(e.arm, 0) + 1
             else:

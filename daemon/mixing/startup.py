@@ -14,6 +14,7 @@ from pathlib import Path
 from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest, verify_checkpoint
 from andrea.daemon.config import RunConfig
 from andrea.daemon.data.arms import DataError, arm_identity
+from andrea.daemon.mixing import rewards
 from andrea.daemon.mixing.archive import last_pivot, phase_starts
 from andrea.daemon.mixing.assignbook import AssignmentBook
 from andrea.daemon.mixing.bandit import Bandit, BanditError, BanditState, ConfiguredArm
@@ -151,27 +152,9 @@ def check_phase(state: BanditState, starts: dict[int, int]) -> None:
 
 
 #: The fields of an arm's history in a snapshot, which only its observed losses decide (its
-#: weight, probability and zombie status are recomputed from them and the arms configured now).
-_HISTORY = (
-    "identity",
-    "pulls",
-    "ema_reward",
-    "loss_ema",
-    "loss_best",
-    "progress_sum",
-    "progress_pulls",
-    "last_pull",
-    "fruitless",
-)
-#: The statistics only gated-heldout reads: states written before it lack them, and under the other
-#: rewards a difference there changes no assignment.
-_HELDOUT_HISTORY = (
-    "first_loss",
-    "heldout",
-    "heldout_low",
-    "heldout_evals",
-    "forgotten",
-)
+#: weight, probability and zombie status are recomputed from them and the arms configured now);
+#: the reward's own `replayed` statistics are compared too.
+_HISTORY = ("identity", "pulls", *rewards.HISTORY)
 
 
 def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict[int, int]) -> None:
@@ -184,7 +167,7 @@ def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict
     )
     book = AssignmentBook(fresh, arms, starts=starts)
     for e in entries:
-        book.record(e.step, e.arm, e.loss, e.phase, e.heldout)
+        book.record(e.step, e.arm, e.loss, e.phase, e.heldout, e.probe)
     if not book.incorporate(state.last_step):
         raise ValueError(
             f"{STATE_FILE}: its bandit has seen step {state.last_step}, but {LOSS_FILE} lacks"
@@ -196,8 +179,13 @@ def check_against_log(state: BanditState, entries: list[LossEntry], starts: dict
             f"{STATE_FILE}: last_observation {state.last_observation} is not the log's"
             f" ({replayed.last_observation})"
         )
+    if replayed.transfer != state.transfer:
+        raise ValueError(
+            f"{STATE_FILE}: its transfer statistics are not what replaying {LOSS_FILE} to step"
+            f" {state.last_step} gives"
+        )
     logged_arms = {a.name: a for a in replayed.arms}
-    compared = _HISTORY + (_HELDOUT_HISTORY if state.policy.reward == "gated-heldout" else ())
+    compared = _HISTORY + rewards.lookup(state.policy.reward).replayed
     for mine in state.arms:
         logged = logged_arms[mine.name]
         for field in compared:
@@ -223,7 +211,7 @@ def replay(book: AssignmentBook, entries: list[LossEntry], max_segment: int) -> 
     counted by nothing."""
     durable_step = trainer_step = superseded = 0
     for e in entries:
-        if book.record(e.step, e.arm, e.loss, e.phase, e.heldout):
+        if book.record(e.step, e.arm, e.loss, e.phase, e.heldout, e.probe):
             durable_step = max(durable_step, e.step)
         else:
             superseded += 1

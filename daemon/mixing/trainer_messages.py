@@ -89,7 +89,10 @@ class TrainerLink:
             if arm is None:
                 waiting = book.waiting_for(step)
                 break
-            items.append(messages.Assignment(step=step, arm=arm, phase=book.phase_of(step)))
+            phase = book.phase_of(step)
+            # Only the current phase's steps can carry a probe its bandit reads.
+            probe = book.bandit.probe_arms(step) if phase == book.bandit.phase else None
+            items.append(messages.Assignment(step=step, arm=arm, phase=phase, probe=probe))
         return messages.Assignments(
             id=msg.id, items=items, waiting_for_step=waiting, phases=self._phases()
         )

@@ -22,7 +22,7 @@ from andrea.daemon.data.arms import Arm
 from andrea.daemon.data.tokenizer import RunTokenizer
 from andrea.daemon.rundir.evallog import ArmEval, EvalEntry
 from andrea.daemon.trainer.context import TrainerContext
-from andrea.daemon.trainer.heldout_loss import Evaluator
+from andrea.daemon.trainer.heldout_loss import Evaluator, Prober
 from andrea.daemon.trainer.sink import RecordSink
 from andrea.protocol import messages
 from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
@@ -127,6 +127,11 @@ class Evaluation:
         #: The same on every rank: the plan is built from the manifest that every rank reads.
         self._catch_up = plan.catch_up
         self._prompts: list[Prompt] | None = None
+        #: The probe set of each set of target arms asked for, built at its first probe.
+        self._probes: dict[tuple[str, ...], Prober] = {}
+        self._probe_refused = False
+        self.probe_seconds = 0.0
+        self.probes = 0
 
     def due(self, step: int) -> bool:
         """Whether `step` is evaluated (every rank alike; rank 0 evaluates: `at_step`)."""
@@ -208,6 +213,35 @@ class Evaluation:
         """Whether a stop cuts the work short: never under a joint forward, where a rank that
         stopped alone would leave the others waiting in the next forward's collective."""
         return not self.joint and self.ctx.flags.stop_requested()
+
+    def probe(self, arms: list[str]) -> dict[str, float] | None:
+        """Rank 0: each target arm's loss on its probe (`heldout_loss.Prober`) with the current
+        weights, for the record of the step just trained (the proxy's transfer reward reads it).
+
+        None under a joint forward (FSDP): the other ranks do not know of the request, and a
+        forward on rank 0 alone would wait forever in its all-gather. The record then carries no
+        probe, as a step the proxy asked none for, and the reward sees fewer probes."""
+        if self.joint:
+            if not self._probe_refused:
+                log.warning(
+                    "the policy's target asks for probes, which a %s job does not run yet (every "
+                    "rank would have to join each probe's forward pass): its records carry no "
+                    "probe, so the transfer reward learns nothing new; train with a target under "
+                    "DDP, or without one under FSDP",
+                    self.ctx.parts.parallel.sharding,
+                )
+                self._probe_refused = True
+            return None
+        key = tuple(sorted(arms))
+        prober = self._probes.get(key)
+        if prober is None:
+            chosen = [a for a in self.ctx.parts.arms if a.name in key]
+            prober = Prober(chosen, self.ctx.cfg.model.block_size, self.ctx.platform.device)
+            self._probes[key] = prober
+        losses, seconds = prober.probe(self.ctx.parts.model, self.ctx.platform.numerics)
+        self.probe_seconds += seconds
+        self.probes += 1
+        return losses
 
     def prompts(self) -> list[Prompt]:
         """The prompts of this life's samples, decided (and logged) at the first sampling."""

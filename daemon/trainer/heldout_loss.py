@@ -15,12 +15,14 @@ is repeated after the resume, see `Trainer`), never allowed to delay a stop.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from andrea.daemon.data.arms import Arm
 from andrea.daemon.data.heldout import eval_starts
@@ -28,6 +30,10 @@ from andrea.daemon.model import GPT
 from andrea.daemon.trainer.platform.precision import NumericMode
 
 log = logging.getLogger(__name__)
+
+#: Sequences of each target arm's held-out data in a probe (the transfer reward's,
+#: docs/bandit.md): evenly spaced over its held-out tokens, as the evaluation's are.
+PROBE_SEQUENCES = 4
 
 
 @dataclass(frozen=True)
@@ -106,3 +112,49 @@ class Evaluator:
         finally:
             model.train(was_training)
         return EvalResult(out, time.perf_counter() - t0)
+
+
+class Prober:
+    """The transfer reward's probe of some target arms: PROBE_SEQUENCES fixed held-out sequences
+    of each, scored in one forward pass (one call rather than one per arm: on a CPU at
+    andrea-tiny a call costs more than its rows). Like `Evaluator`, it draws from no generator
+    and touches no weight; unlike it, nothing cuts it short, since a step's record must carry the
+    same probe in every run of that step. An arm without held-out data is left out."""
+
+    def __init__(self, arms: list[Arm], block_size: int, device: torch.device) -> None:
+        offsets = np.arange(block_size + 1, dtype=np.int64)
+        rows, self.names, self.counts = [], [], []
+        for arm in arms:
+            if arm.heldout is None or arm.heldout.shape[0] == 0:
+                continue
+            starts = eval_starts(int(arm.heldout.shape[0]), block_size, PROBE_SEQUENCES)
+            if len(starts) == 0:
+                continue
+            rows.append(arm.heldout[starts[:, None] + offsets].astype(np.int64))
+            self.names.append(arm.name)
+            self.counts.append(len(starts))
+        self.rows = torch.from_numpy(np.concatenate(rows)).to(device) if rows else None
+
+    def probe(self, model: GPT, numerics: NumericMode) -> tuple[dict[str, float], float]:
+        """Each arm's mean loss on its probe sequences (nats per token), and the seconds taken."""
+        t0 = time.perf_counter()
+        if self.rows is None:
+            return {}, 0.0
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), numerics.autocast(self.rows.device):
+                logits, _ = model(self.rows[:, :-1])
+                per_token = F.cross_entropy(
+                    logits.float().reshape(-1, logits.size(-1)),
+                    self.rows[:, 1:].reshape(-1),
+                    reduction="none",
+                )
+        finally:
+            model.train(was_training)
+        per_row = per_token.view(self.rows.shape[0], -1).mean(dim=1).tolist()
+        out, i = {}, 0
+        for name, n in zip(self.names, self.counts):
+            out[name] = math.fsum(per_row[i : i + n]) / n
+            i += n
+        return out, time.perf_counter() - t0

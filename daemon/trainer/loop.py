@@ -157,13 +157,17 @@ class Trainer:
         checkpoint stays the resume point."""
         t0 = time.perf_counter()
         try:
-            self._unrecorded.append(self.stepper.train(arm))
+            trained = self.stepper.train(arm)
         except TokensChanged as e:
             if self.ctx.world.distributed:
                 raise
             self._data_changed(str(e))
             return False
         self.ctx.counters.train_seconds += time.perf_counter() - t0
+        # The probe scores the weights after this step, before the next one changes them.
+        if self.ctx.main and (arms := self.sink.probe_for(trained.step)):
+            trained.probe = self.evaluation.probe(arms)
+        self._unrecorded.append(trained)
         return True
 
     def _watch_data(self) -> None:
@@ -320,6 +324,14 @@ class Trainer:
         code = ExitCode(dist.agree_code(self.ctx.world, int(final)))
         self.close()
         self.reporter.summary(closing.stop)
+        if self.evaluation.probes:
+            # What the transfer reward's probes cost this life (docs/bandit.md states it).
+            log.info(
+                "target probes: %d, %.2f s (%.1f%% of the training time)",
+                self.evaluation.probes,
+                self.evaluation.probe_seconds,
+                100 * self.evaluation.probe_seconds / max(c.train_seconds, 1e-9),
+            )
         if self.ctx.platform.device.type == "cuda":
             log.info(
                 "peak CUDA memory: %.2f GiB allocated, %.2f GiB reserved",

@@ -41,6 +41,11 @@ class RecordSink:
         """This rank's view of the arm of `step` (None: not known yet)."""
         return self.mixture.assign(step) if self.mixture is not None else None
 
+    def probe_for(self, step: int) -> list[str] | None:
+        """The target arms whose probe the record of `step` carries (the proxy's assignment
+        says); None: no probe."""
+        return None
+
     def record_loss(self, entry: LossEntry) -> bool:
         """Record a step; False when its record could not be written (then it is `unlogged`)."""
         return True
@@ -187,6 +192,8 @@ class ProxySink(RecordSink):
         self.link = link
         self.counters = counters
         self.arm_index = arm_index
+        #: The probe each assignment asked for, until its step is trained.
+        self._probe_of: dict[int, list[str]] = {}
 
     def arm_for(self, step: int) -> int | None:
         """The proxy's assignment if it arrives within 0.25 s; it also says the segment (the
@@ -206,7 +213,15 @@ class ProxySink(RecordSink):
             return None
         self.counters.segment = segment
         self.counters.phase = a.phase
+        self._probe_of = {s: p for s, p in self._probe_of.items() if s >= step - 1}
+        if a.probe:
+            self._probe_of[step] = list(a.probe)
+        else:
+            self._probe_of.pop(step, None)
         return self.arm_index[a.arm]
+
+    def probe_for(self, step: int) -> list[str] | None:
+        return self._probe_of.get(step)
 
     def record_loss(self, entry: LossEntry) -> bool:
         self.link.submit_loss(entry)

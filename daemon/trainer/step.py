@@ -60,6 +60,8 @@ class TrainedStep:
     tokens: int
     segment: int
     phase: int
+    #: The target's probe losses of the weights after this step, when its assignment asked.
+    probe: dict[str, float] | None = None
     _value: float | None = field(default=None, repr=False)
 
     def seconds(self) -> float:
@@ -86,6 +88,7 @@ class TrainedStep:
             phase=self.phase,
             batch_sha256=self.batches.digest(),
             heldout=heldout,
+            probe=self.probe,
         )
 
 

@@ -14,7 +14,10 @@ Cases (arms; the held-out loss that counts is the mean over the three learnable 
 - d: the three plus `letters`, letters drawn independently with fixed odds (1.21 nats: learnt
   within a few hundred steps, then a flat, noisy curve);
 - e: the three plus `synth8`, an order-2 chain over eight capital letters (learnable all run long,
-  and of no use to the other three).
+  and of no use to the other three);
+- s: a small target, `small` (the code of asyncio, 350 kB), beside `large` (the code of the rest
+  of the standard library, 6 MB: the same register, it helps) and `synth8` (it does not); the
+  held-out loss that counts is the small arm's.
 The extra arms' files are generated deterministically (SHA-256 counter streams, fixed text) into the
 work directory.
 
@@ -28,6 +31,10 @@ as many tokens as there; at the preset's 8 it averages a quarter as many (docs/m
   measuring each arm first, exploring each arm eps_t / K whatever its steps bring);
 - learnability: `--with-proxy`, policy `reward = "learnability"` (proportional to progress);
 - loss: `--with-proxy`, policy `reward = "loss"` (ODM's reward);
+- transfer: `--with-proxy`, a policy with a target (the three learnable arms; in case s the small
+  arm): the transfer reward;
+- grid-X (case s only): `--with-proxy`, paired as below, the small arm's share X, the large arm's
+  1 - X, synth8 none: the grid of fixed mixtures the transfer reward is judged against;
 - uniform-paired: `--with-proxy`, a policy whose floors and caps are all 1/K: uniform, drawn from
   the same per-step uniforms as the bandit's runs of the same seed, so that wherever a bandit mixes
   uniformly it trains on the very same steps (common random numbers: the difference between two
@@ -37,6 +44,7 @@ as many tokens as there; at the preset's 8 it averages a quarter as many (docs/m
   the extra arm weight 0.
 In case a, the "-learnable" mixtures are the uniform ones and are not run twice.
 
+Case s runs transfer, uniform-paired and the grid only; the other cases never run the grid.
 Reported per case: the mean held-out loss over the learnable arms at the last step (mean ± sd over
 seeds, and seed by seed against uniform), each arm's share of the steps in the second half, and the
 checks the mixing-quality page states. Every run also records each arm's share per 100 steps, the
@@ -77,12 +85,20 @@ from andrea.daemon.rundir.evallog import canonical_evals, read_evals
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 
 REWARDS = ("gated-heldout", "gated-learnability-2", "gated-learnability", "learnability", "loss")
-PAIRED = ("uniform-paired", "uniform-learnable-paired")
+#: The bandit with a target (the learnable arms; in case s, the small arm): the transfer reward.
+TARGETED = "transfer"
+#: Case s's grid of fixed mixtures, paired: the small target's share, the rest the larger arm's.
+GRID = ("grid-1.00", "grid-0.75", "grid-0.50", "grid-0.25")
+PAIRED = ("uniform-paired", "uniform-learnable-paired", *GRID)
 FIXED = ("uniform", "uniform-learnable")
-MIXTURES = (*REWARDS, *PAIRED, *FIXED)
+MIXTURES = (*REWARDS, TARGETED, *PAIRED, *FIXED)
 NEW = "gated-heldout"
 LEARNABLE = ("code", "comments", "docstrings")
-EXTRA = {"a": None, "b": "random", "c": "dup", "d": "letters", "e": "synth8"}
+EXTRA = {"a": None, "b": "random", "c": "dup", "d": "letters", "e": "synth8", "s": "synth8"}
+#: Case s: a small target (the code of asyncio, 350 kB, repeated ~9 times in a run of 1,500
+#: batches of 32), a larger arm of the same register (the code of the rest of the standard
+#: library but pydoc_data and encodings, 6 MB) that helps it, and synth8, which does not.
+SMALL, LARGE, SMALL_PACKAGE = "small", "large", "asyncio"
 #: The cases whose extra arm is learnt to a floor and then teaches nothing more.
 PLATEAU = ("c", "d")
 #: Steps per window of the shares reported step by step (and of the plateau's detection).
@@ -137,11 +153,49 @@ def synth_text(i: int, size: int = 4096) -> bytes:
     return bytes(out)
 
 
+def scored(case: str) -> tuple[str, ...]:
+    """The arms whose mean held-out loss a case's runs are judged by (and the transfer's target)."""
+    return (SMALL,) if case == "s" else LEARNABLE
+
+
+def code_chunks(text: str, size: int = 8192) -> list[str]:
+    """A module's code as documents of about `size` bytes, cut at line ends: the held-out split
+    is by document, and asyncio's 33 modules alone would hold none out."""
+    out, cur = [], ""
+    for line in text.splitlines(keepends=True):
+        cur += line
+        if len(cur) >= size:
+            out.append(cur)
+            cur = ""
+    return [*out, cur] if cur else out
+
+
+def write_code_arms(work: Path) -> None:
+    """Case s's two arms of Python code: each standard-library module's code (without docstrings
+    and comments) in documents of 8 kB, asyncio's in `small` (350 kB, 64 documents, 4 held out:
+    16,703 bytes), the others' in `large`."""
+    from andrea.daemon.data.corpus import split_source, stdlib_files, stdlib_root
+
+    root = stdlib_root()
+    for f in stdlib_files(root):
+        rel = f.relative_to(root).as_posix()
+        top = rel.split("/")[0]
+        if top in ("pydoc_data", "encodings"):  # data tables rather than code
+            continue
+        arm = SMALL if top == SMALL_PACKAGE else LARGE
+        (work / arm).mkdir(exist_ok=True)
+        code = split_source(f.read_text(encoding="utf-8", errors="replace"))["code"]
+        for i, chunk in enumerate(code_chunks(code)):
+            name = f"{rel.replace('/', '__')}.{i:03d}.txt"
+            (work / arm / name).write_text(chunk, encoding="utf-8")
+
+
 def write_inputs(work: Path) -> None:
     """The bandit's policies, and the random and duplicate arms' files (the same bytes on every
     machine)."""
     for reward in REWARDS:
         (work / f"policy-{reward}.toml").write_text(f'reward = "{reward}"\n')
+    write_code_arms(work)
     for i in range(300):
         stream = b"".join(
             hashlib.sha256(b"andrea.bench.random:%d:%d" % (i, k)).digest() for k in range(128)
@@ -159,6 +213,11 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
     arms: list[dict] = [
         {"name": s.name, "kind": "stdlib", "part": s.part, "weight": 1.0} for s in default_arms()
     ]
+    if case == "s":
+        arms = [
+            {"name": n, "kind": "text", "paths": [str(Path(args.work_dir) / n / "*.txt")]}
+            for n in (SMALL, LARGE)
+        ]
     extra = EXTRA[case]
     if extra is not None:
         weight = 0.0 if mixture == "uniform-learnable" else 1.0  # the proxy ignores weights
@@ -183,8 +242,18 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
 
 
 def paired_policy(case: str, mixture: str) -> dict:
-    """Floors and caps that pin every drawn arm at 1/K (the extra arm at 0 when it is left out)."""
+    """Floors and caps that pin every drawn arm at 1/K (the extra arm at 0 when it is left out);
+    for a grid mixture of case s, the small arm at its share and the large arm at the rest."""
     extra = EXTRA[case]
+    if mixture in GRID:
+        x = float(mixture.removeprefix("grid-"))
+        shares = {SMALL: x, LARGE: 1.0 - x, extra: 0.0}
+        return {"reward": "loss", "arms": {n: {"floor": v, "cap": v} for n, v in shares.items()}}
+    if case == "s":
+        return {
+            "reward": "loss",
+            "arms": {n: {"floor": 1 / 3, "cap": 1 / 3} for n in (SMALL, LARGE, extra)},
+        }
     drawn = [*LEARNABLE, *([extra] if extra and mixture == "uniform-paired" else [])]
     arms = {n: {"floor": 1.0 / len(drawn), "cap": 1.0 / len(drawn)} for n in drawn}
     if extra and extra not in drawn:
@@ -203,6 +272,10 @@ def one_run(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dic
         cmd += ["--with-proxy", "--policy", str(policy)]
     elif mixture in REWARDS:
         cmd += ["--with-proxy", "--policy", str(Path(args.work_dir) / f"policy-{mixture}.toml")]
+    elif mixture == TARGETED:
+        policy = run_dir.parent / f"policy-{case}-{mixture}.toml"
+        policy.write_text(tomli_w.dumps({"target": list(scored(case))}))
+        cmd += ["--with-proxy", "--policy", str(policy)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -229,7 +302,7 @@ def score(run_dir: Path, case: str, mixture: str, seed: int, seconds: float, ste
         "seconds": seconds,
         "steps": len(arms),
         "heldout": held,
-        "mean": statistics.fmean(held[n] for n in LEARNABLE),
+        "mean": statistics.fmean(held[n] for n in scored(case)),
         "share": {n: arms.count(n) / len(arms) for n in sorted(set(arms))},
         "share_second_half": {n: second.count(n) / len(second) for n in sorted(set(arms))},
         "window_shares": {
@@ -300,14 +373,19 @@ def plateau_detection(case: str, curve: list[tuple[str, float]], k: int) -> dict
 
 def bandit_cost(reward: str, steps: int = 20000) -> float:
     """Microseconds per step of the proxy's bandit work (record one loss, assign one step), through
-    the assignment book as the proxy does it."""
+    the assignment book as the proxy does it; under the transfer reward with the probe its records
+    carry every few steps."""
     arms = [ConfiguredArm(n, n, True) for n in (*LEARNABLE, "random")]
-    book = AssignmentBook(Bandit(arms, Policy(reward=reward), seed=1), arms)
+    extra = {"target": list(LEARNABLE)} if reward == TARGETED else {}
+    book = AssignmentBook(Bandit(arms, Policy(reward=reward, **extra), seed=1), arms)
     lag, assigned = book.lag, {}
     t0 = time.perf_counter()
     for s in range(1, steps + 1):
         if s > lag:
-            book.record(s - lag, assigned[s - lag], 2.0 + (s % 7) / 10, 0)
+            j = s - lag
+            probe = {n: 3.0 - j * 1e-4 + (j % 5) / 100 for n in LEARNABLE}
+            asked = book.bandit.probe_arms(j) is not None
+            book.record(j, assigned[j], 2.0 + (s % 7) / 10, 0, None, probe if asked else None)
         assigned[s] = book.assign(s)
     return 1e6 * (time.perf_counter() - t0) / steps
 
@@ -316,7 +394,12 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     jobs = []
     for seed in args.seeds:
         for case in args.cases:
-            mixtures = [m for m in args.mixtures if not (case == "a" and "learnable" in m)]
+            mixtures = [
+                m
+                for m in args.mixtures
+                if not (case == "a" and "learnable" in m)
+                and (m in (TARGETED, "uniform-paired", *GRID) if case == "s" else m not in GRID)
+            ]
             k = seed % len(mixtures)  # interleaved, so that a change of load touches all alike
             jobs += [(case, m, seed) for m in mixtures[k:] + mixtures[:k]]
     return jobs
@@ -330,8 +413,15 @@ def summarise(runs: list[dict]) -> dict:
         if case == "a":
             by["uniform-learnable"] = by["uniform"]
             by["uniform-learnable-paired"] = by["uniform-paired"]
+        elif case != "s" and not by["uniform-learnable-paired"]:
+            # Case a's uniform-paired run draws the very steps of any case's
+            # uniform-learnable-paired run.
+            by["uniform-learnable-paired"] = {
+                r["seed"]: r for r in runs if r["case"] == "a" and r["mixture"] == "uniform-paired"
+            }
         by = {m: v for m, v in by.items() if v}
         extra = EXTRA[case]
+        learnable = [*scored(case), *([LARGE] if case == "s" else [])]
         mixtures = {}
         for m, seeds in by.items():
             means = [r["mean"] for r in seeds.values()]
@@ -341,10 +431,10 @@ def summarise(runs: list[dict]) -> dict:
                 "per_seed": {s: r["mean"] for s, r in sorted(seeds.items())},
                 "share_second_half": {
                     n: statistics.fmean(r["share_second_half"].get(n, 0.0) for r in seeds.values())
-                    for n in [*LEARNABLE, *([extra] if extra else [])]
+                    for n in [*learnable, *([extra] if extra else [])]
                 },
                 "per_arm": {
-                    n: statistics.fmean(r["heldout"][n] for r in seeds.values()) for n in LEARNABLE
+                    n: statistics.fmean(r["heldout"][n] for r in seeds.values()) for n in learnable
                 },
                 "seconds": statistics.fmean(r["seconds"] for r in seeds.values()),
                 # Runs reused from a mixing.json written before these were recorded lack them.
@@ -361,14 +451,63 @@ def summarise(runs: list[dict]) -> dict:
                 },
                 "rising_min_share": {
                     s: min(
-                        (r["rising"][n] for n in LEARNABLE if r["rising"][n] is not None),
+                        (r["rising"][n] for n in learnable if r["rising"][n] is not None),
                         default=None,
                     )
                     for s, r in sorted(seeds.items())
                     if "rising" in r
                 },
             }
-        out[case] = {"extra": extra, "mixtures": mixtures, "checks": checks(case, mixtures)}
+        out[case] = {
+            "extra": extra,
+            "mixtures": mixtures,
+            "checks": checks(case, mixtures),
+            "target_checks": target_checks(case, mixtures),
+        }
+    return out
+
+
+def paired_differences(a: dict, b: dict) -> dict | None:
+    """a − b seed by seed over the seeds both have: the mean, its standard error (None with one
+    seed) and the seeds."""
+    seeds = sorted(set(a["per_seed"]) & set(b["per_seed"]))
+    if not seeds:
+        return None
+    d = [a["per_seed"][x] - b["per_seed"][x] for x in seeds]
+    se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else None
+    return {"mean": statistics.fmean(d), "se": se, "seeds": seeds, "per_seed": d}
+
+
+def target_checks(case: str, mx: dict) -> dict:
+    """The with-a-target figures of docs/mixing-quality.md: the gap recovered against the paired
+    uniform mixtures (cases b to e), or, in case s, the transfer against uniform, target-only
+    and the best mixture of the grid, seed by seed (paired: the same per-step uniforms)."""
+    new = mx.get(TARGETED)
+    if new is None:
+        return {}
+    out: dict = {}
+    uni, ref = mx.get("uniform-paired"), mx.get("uniform-learnable-paired")
+    if case == "s":
+        for m in ("uniform-paired", *GRID):
+            if m in mx:
+                out[f"minus_{m}"] = paired_differences(new, mx[m])
+        grid = {m: mx[m]["mean"] for m in GRID if m in mx}
+        if grid:
+            best = min(grid, key=grid.__getitem__)
+            out["best_grid"] = best
+            out["minus_best_grid"] = paired_differences(new, mx[best])
+        return out
+    if uni is not None:
+        out["minus_uniform_paired"] = paired_differences(new, uni)
+    if uni is not None and ref is not None:
+        seeds = sorted(set(new["per_seed"]) & set(uni["per_seed"]) & set(ref["per_seed"]))
+        gaps = [uni["per_seed"][x] - ref["per_seed"][x] for x in seeds]
+        won = [uni["per_seed"][x] - new["per_seed"][x] for x in seeds]
+        if seeds and statistics.fmean(gaps):
+            out["gap_recovered"] = statistics.fmean(won) / statistics.fmean(gaps)
+            out["gap_recovered_per_seed"] = {
+                x: w / g if g else None for x, w, g in zip(seeds, won, gaps)
+            }
     return out
 
 
@@ -406,7 +545,7 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
         f"andrea-tiny, {args.batch_size} sequences per step, {args.steps} steps (LR decay over "
         "the run), seeds "
         f"{' '.join(map(str, args.seeds))}; held-out loss (nats/token) at step {args.steps}, mean "
-        f"over {', '.join(LEARNABLE)} ({args.eval_sequences} sequences each).",
+        f"over {', '.join(LEARNABLE)} (case s: {SMALL}) ({args.eval_sequences} sequences each).",
     ]
     for case, s in summary.items():
         extra = s["extra"]
@@ -454,6 +593,8 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
             )
         if s["checks"]:
             lines += ["", "Checks: " + "; ".join(said_checks(s["checks"], extra)) + "."]
+        if s.get("target_checks"):
+            lines += ["", f"With a target ({TARGETED}): {json.dumps(s['target_checks'])}"]
         if notes:
             lines += ["", *(f"- {n}" for n in notes)]
     lines += [
@@ -539,7 +680,7 @@ def main() -> None:
     jobs = plan(args)
     # Before any run: a --reuse of other steps or batches is refused at once, not an hour later.
     reused = reusable(args, set(jobs))
-    cost = {r: bandit_cost(r) for r in REWARDS}
+    cost = {r: bandit_cost(r) for r in (*REWARDS, TARGETED)}
     print(
         "bandit cost per step: " + ", ".join(f"{r} {us:.0f} µs" for r, us in cost.items()),
         flush=True,

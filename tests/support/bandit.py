@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from andrea.daemon.mixing import rewards
 from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm
 from andrea.daemon.mixing.policy import Policy
 
@@ -21,13 +22,30 @@ def synthetic_loss(step: int, arm: str) -> float:
     return base / (1.0 + step / 200.0) + 0.1 * math.sin(step * 0.7 + len(arm))
 
 
+def targeted(reward: str, *arms: str) -> dict[str, list[str]]:
+    """The policy keys a reward needs besides its name: a target (of `arms`) for the transfer
+    reward, nothing for the others."""
+    return {"target": list(arms)} if rewards.lookup(reward).targeted else {}
+
+
+def synthetic_probe(step: int, arms: list[str], assigned: dict[int, str]) -> dict[str, float]:
+    """A deterministic probe of `arms` after `step`: each falls 0.004 per step of "a" trained,
+    0.001 per step of "b", and rises 0.002 per step of any other arm, plus a wobble."""
+    effect = {"a": -0.004, "b": -0.001}
+    drift = sum(effect.get(assigned[s], 0.002) for s in range(1, step + 1) if s in assigned)
+    return {n: 3.0 + drift + 0.003 * math.sin(step * 1.3 + len(n)) for n in arms}
+
+
 def drive(bandit: Bandit, first: int, last: int, assigned: dict[int, str]) -> dict[int, str]:
-    """What the proxy does: incorporate every loss up to s - W in order, then assign s."""
+    """What the proxy does: incorporate every loss up to s - W in order, then assign s (with the
+    probe each record carries when the bandit asks for one)."""
     lag = bandit.policy.lag
     for s in range(first, last + 1):
         while bandit.last_step < s - lag:
             j = bandit.last_step + 1
-            bandit.observe(j, assigned[j], synthetic_loss(j, assigned[j]))
+            asked = bandit.probe_arms(j)
+            probe = synthetic_probe(j, asked, assigned) if asked else None
+            bandit.observe(j, assigned[j], synthetic_loss(j, assigned[j]), None, probe)
         assigned[s] = bandit.assign(s, [assigned[j] for j in range(bandit.last_step + 1, s)])
     return assigned
 

@@ -11,7 +11,7 @@ import pytest
 from andrea.daemon.mixing.assignbook import AssignmentBook
 from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm
 from andrea.daemon.mixing.policy import REWARDS, Policy
-from tests.support.bandit import synthetic_loss
+from tests.support.bandit import synthetic_loss, synthetic_probe, targeted
 
 ARMS = [ConfiguredArm(n, f"id-{n}", True) for n in ("a", "b", "c", "d")]
 STEPS = 160
@@ -28,14 +28,21 @@ def heldout(step: int) -> dict[str, float] | None:
 
 def first_life(reward: str) -> tuple[dict[int, str], AssignmentBook]:
     """A proxy that assigns every step and records each step's loss as the trainer reports it."""
-    book = AssignmentBook(Bandit(ARMS, Policy(reward=reward), seed=11), ARMS)
+    policy = Policy(reward=reward, **targeted(reward, "a", "b"))
+    book = AssignmentBook(Bandit(ARMS, policy, seed=11), ARMS)
     arms: dict[int, str] = {}
     for s in range(1, STEPS + 1):
         arm = book.assign(s)
         assert arm is not None
         arms[s] = arm
-        book.record(s, arm, synthetic_loss(s, arm), 0, heldout(s))
+        book.record(s, arm, synthetic_loss(s, arm), 0, heldout(s), probe(s, arms))
     return arms, book
+
+
+def probe(step: int, arms: dict[int, str]) -> dict[str, float] | None:
+    """The target's probe the record of `step` carries under the transfer reward (every 4th
+    step; any reward but transfer ignores it)."""
+    return synthetic_probe(step, ["a", "b"], arms) if step % 4 == 0 else None
 
 
 def restarted(
@@ -50,7 +57,7 @@ def restarted(
     book = AssignmentBook(Bandit.from_state(state, ARMS), ARMS)
     for s in range(1, durable + 1):
         loss = synthetic_loss(s, arms[s]) - (1.0 if s in wrong and arms[s] == "a" else 0.0)
-        book.record(s, arms[s], loss, 0, heldout(s))
+        book.record(s, arms[s], loss, 0, heldout(s), probe(s, arms))
     return book
 
 

@@ -30,7 +30,7 @@ from andrea.daemon.mixing.bandit import (
 )
 from andrea.daemon.mixing.policy import REWARDS, Policy, PolicyError, load_policy, parse_policy
 from andrea.daemon.mixing.reward import exploration_rate
-from tests.support.bandit import drive, seed_state
+from tests.support.bandit import drive, seed_state, targeted
 
 ROOT = Path(__file__).resolve().parents[2]
 ABC = [
@@ -207,11 +207,13 @@ def test_bounds_hold_after_every_update(bounds, data) -> None:
     k, floors, caps = bounds
     names = [f"arm{i}" for i in range(k)]
     # A zombie with a big floor must not count against feasibility.
+    reward = data.draw(st.sampled_from(REWARDS))
     policy = Policy(
-        reward=data.draw(st.sampled_from(REWARDS)),
+        reward=reward,
         lag=1,
         alpha=data.draw(st.floats(0.0, 0.99)),
         arms={n: {"floor": fl, "cap": c} for n, fl, c in zip(names, floors, caps)},
+        **targeted(reward, names[0]),
     )
     arms = [ConfiguredArm(n, n, True) for n in names] + [ConfiguredArm("gone", "x", False)]
     b = Bandit(arms, policy, seed=data.draw(st.integers(0, 2**63 - 1)))
@@ -287,7 +289,9 @@ def test_huge_and_tiny_losses_stay_finite() -> None:
 
 @pytest.mark.parametrize("reward", REWARDS)
 def test_same_inputs_same_arm_sequence(reward: str) -> None:
-    policy = Policy(reward=reward, lag=4, arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}})
+    policy = Policy(
+        reward=reward, lag=4, arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}}, **targeted(reward, "a")
+    )
     one = drive(Bandit(ABC, policy, seed=42), 1, 300, {})
     # Configuration order does not matter either.
     two = drive(Bandit(list(reversed(ABC)), policy, seed=42), 1, 300, {})
@@ -305,6 +309,7 @@ def test_restart_from_state_continues_bit_for_bit(k: int, reward: str) -> None:
         lag=4,
         arms={"c": {"floor": 0.1}, "a": {"cap": 0.6}},
         initial_weights={"b": 3.0},
+        **targeted(reward, "a", "c"),
     )
     reference = drive(Bandit(ABC, policy, seed=9, phase=2, start_step=100), 101, 400, {})
 
