@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from andrea.protocol.evalentry import EvalEntry
 from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
@@ -37,6 +37,8 @@ TRAINER_ALIVE = "another trainer is alive"
 #: the message is parsed, before any handler sees it.
 Count = Annotated[int, Field(ge=0, le=MAX_STEP)]
 ArmName = Annotated[str, Field(min_length=1, max_length=64)]
+#: One item of a pivot's target, verbatim as `andreactl pivot --target` took it: "ARM" or "ARM=W".
+TargetItem = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class _Msg(BaseModel):
@@ -226,6 +228,9 @@ class PivotRequest(_Msg):
     """Start a new bandit phase under the policy given as TOML text, at the trainer's next
     checkpoint boundary: the proxy holds the trainer there, commits the phase and releases the
     trainer with it, and answers once all that is done (docs/bandit.md, "The polish pivot").
+    Instead of a policy text, a request may carry a `target` (items "ARM" or "ARM=W"): the new
+    policy is then the one in force with that target and the transfer reward, made by the proxy
+    (`policy.retargeted`), which owns the policy in force. Exactly one of the two.
 
     The proxy checks everything first (policy, arms, feasibility over the live arms, a policy
     identical to the running one, another pivot in progress) and a refused request changes
@@ -235,7 +240,8 @@ class PivotRequest(_Msg):
     gives it up (after `timeout_s` without a boundary), and never leaves the trainer held."""
 
     type: Literal["pivot"] = "pivot"
-    policy_toml: str = Field(max_length=65536)
+    policy_toml: str | None = Field(None, max_length=65536)
+    target: list[TargetItem] | None = Field(None, min_length=1, max_length=1024)
     boundary_step: int | None = Field(
         None, ge=1, le=MAX_STEP, description="a dry run's boundary (the trainer's next one)"
     )
@@ -247,6 +253,12 @@ class PivotRequest(_Msg):
     hold_timeout_s: float = Field(
         600.0, gt=0, le=7 * 86400, description="the trainer's own release, as HoldRequest's"
     )
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> PivotRequest:
+        if (self.policy_toml is None) == (self.target is None):
+            raise ValueError("a pivot carries either policy_toml or target, not both or neither")
+        return self
 
 
 class StopRequest(_Msg):

@@ -6,13 +6,16 @@ trainer with the new phase, which continues from exactly that step; then it answ
 only waits for that answer: killed at any moment, it leaves the run either in the old phase or in
 the new one, never held (daemon/mixing/pivot_orchestrator.py). ``--dry-run`` asks the proxy to
 check the policy against the live arms at the trainer's next boundary; ``--cancel`` releases a
-hold without pivoting.
+hold without pivoting. ``--target ARM[=W]...`` instead of ``--policy`` pivots to the policy in
+force with that target (docs/bandit.md, "A target: the transfer reward"): the request carries the
+items and the proxy, which owns the policy in force, makes the new policy (``policy.retargeted``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from andrea.control import reports
@@ -36,6 +39,14 @@ class _Failed(Exception):
 
 def _pivot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", type=Path, help="the new policy (caps and floors) as TOML")
+    parser.add_argument(
+        "--target",
+        nargs="+",
+        metavar="ARM[=W]",
+        help="instead of --policy: the policy in force with this target (the arms whose held-out "
+        "loss the run is for, weights relative, 1 when left out) and so the transfer reward; "
+        "caps, floors, lag and initial weights unchanged",
+    )
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -67,7 +78,8 @@ def _pivot_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Pivot the run to the policy of --policy at the trainer's next boundary (see the module).
+    """Pivot the run to the policy of --policy (or the one in force with the target of --target)
+    at the trainer's next boundary (see the module).
 
     One request to the proxy, one answer. Everything that can be checked is checked before the
     trainer is held (the policy, its arms and feasibility against the live arms, an unchanged
@@ -75,10 +87,10 @@ def cmd_pivot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         if args.cancel:
             return _cancel(args)
-        text = _read_policy(args)
+        new = _new_policy(args)
         if args.dry_run:
-            return _dry_run(args, text)
-        return _pivot(args, text)
+            return _dry_run(args, new)
+        return _pivot(args, new)
     except _Failed as e:
         raise CommandFailed(str(e)) from None
 
@@ -91,19 +103,42 @@ def _live(args: argparse.Namespace) -> tuple[TrainerStatus, ProxyStatus | None]:
     return status.trainer, status.proxy
 
 
-def _read_policy(args: argparse.Namespace) -> str:
-    """The new policy's text, once it parses as a policy."""
+@dataclass(frozen=True)
+class _NewPolicy:
+    """What the request carries: a policy's text, or a target for the proxy to set."""
+
+    text: str | None = None
+    target: list[str] | None = None
+
+
+def _new_policy(args: argparse.Namespace) -> _NewPolicy:
+    """The new policy's text, once it parses as a policy; or the --target items, once they parse
+    as a target. The proxy retargets the policy in force itself (it owns that policy) and checks
+    the arms against the run's."""
     # The policy's code is the bandit's (numpy models, tens of milliseconds to import): only a
     # pivot pays for it.
-    from andrea.daemon.mixing.policy import PolicyError, parse_policy, read_policy_text
+    from andrea.daemon.mixing.policy import (
+        Policy,
+        PolicyError,
+        parse_policy,
+        read_policy_text,
+        retargeted,
+    )
 
-    if args.policy is None:
-        raise UserError("pivot needs --policy FILE (or --cancel)")
+    if args.policy is not None and args.target is not None:
+        raise UserError("pivot takes --policy FILE or --target ARM[=W]..., not both")
+    if args.policy is None and args.target is None:
+        raise UserError("pivot needs --policy FILE or --target ARM[=W]... (or --cancel)")
     try:
+        if args.target is not None:
+            # The items' syntax and weights, before anything is asked: the proxy checks them
+            # again against the policy in force and the run's arms.
+            retargeted(Policy(), args.target)
+            return _NewPolicy(target=list(args.target))
         # Read once, bounded: the text checked here is the text the proxy gets.
         text = read_policy_text(args.policy)
         parse_policy(text, str(args.policy))
-        return text
+        return _NewPolicy(text=text)
     except PolicyError as e:
         raise UserError(str(e)) from None
 
@@ -116,7 +151,7 @@ def _refused(reply: messages.Reply, dry_run: bool) -> Exception:
     return _Failed(f"pivot refused: {reply.error}")
 
 
-def _pivot(args: argparse.Namespace, text: str) -> int:
+def _pivot(args: argparse.Namespace, new: _NewPolicy) -> int:
     """The one request, and its answer once the proxy has held, committed and released."""
     if not daemon_running(args.run_dir, "proxy"):
         raise _Failed("a pivot needs the proxy running and answering; nothing was changed")
@@ -127,7 +162,8 @@ def _pivot(args: argparse.Namespace, text: str) -> int:
     )
     request = messages.PivotRequest(
         id=new_id(),
-        policy_toml=text,
+        policy_toml=new.text,
+        target=new.target,
         force=args.force,
         timeout_s=args.timeout,
         hold_timeout_s=args.hold_timeout,
@@ -165,7 +201,7 @@ def _next_boundary(trainer: TrainerStatus) -> int:
     return step + 1 if every == 0 else (step // every + 1) * every
 
 
-def _dry_run(args: argparse.Namespace, text: str) -> int:
+def _dry_run(args: argparse.Namespace, new: _NewPolicy) -> int:
     """The proxy's check of the policy at the trainer's next boundary; nothing is changed."""
     trainer, proxy = _live(args)
     if proxy is None:
@@ -177,7 +213,8 @@ def _dry_run(args: argparse.Namespace, text: str) -> int:
         "proxy",
         messages.PivotRequest(
             id=new_id(),
-            policy_toml=text,
+            policy_toml=new.text,
+            target=new.target,
             boundary_step=_next_boundary(trainer),
             dry_run=True,
             force=args.force,
@@ -279,6 +316,7 @@ PIVOT = Command(
     examples=(
         "andreactl pivot --run-dir runs/r1 --policy polish.toml --dry-run",
         "andreactl pivot --run-dir runs/r1 --policy polish.toml",
+        "andreactl pivot --run-dir runs/r1 --target code docs=0.5",
         "andreactl pivot --run-dir runs/r1 --cancel",
     ),
 )

@@ -68,9 +68,9 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strategy",
         choices=STRATEGIES,
-        default="ddp",
-        help="how the GPUs hold the model: ddp (each the whole state) or fsdp (sharded); every "
-        "option is compared in any case",
+        help="how the GPUs hold the model: ddp (each the whole state) or fsdp (sharded); default: "
+        "the config's [distributed] strategy (a preset's: ddp); every option is compared in any "
+        "case",
     )
     parser.add_argument(
         "--recompute",
@@ -209,7 +209,7 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         staging_gbps=args.staging_gbps,
         startup_seconds=args.startup_seconds,
         data_tokens=_data_tokens(args, cfg, source),
-        strategy=args.strategy,
+        strategy=args.strategy or cfg.distributed.strategy,
         recompute=(args.recompute or cfg.model.recompute) == "blocks",
     )
     window = None

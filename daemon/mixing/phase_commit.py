@@ -17,8 +17,15 @@ from pathlib import Path
 
 from andrea.daemon.mixing.archive import write_archive
 from andrea.daemon.mixing.bandit import Bandit
-from andrea.daemon.mixing.policy import Policy, PolicyError, bounds_table, differences, parse_policy
-from andrea.daemon.mixing.policystore import store, with_reward
+from andrea.daemon.mixing.policy import (
+    Policy,
+    PolicyError,
+    bounds_table,
+    differences,
+    parse_policy,
+    retargeted,
+)
+from andrea.daemon.mixing.policystore import store, to_toml, with_reward
 from andrea.daemon.mixing.run_state import ProxyRunState
 from andrea.daemon.mixing.startup import manual_pivot_boundary
 from andrea.daemon.rundir.layout import LOSS_FILE, POLICY_FILE
@@ -63,14 +70,22 @@ class PhaseCommit:
         run_state.supersede_after(boundary)
 
     def policy_of(self, msg: messages.PivotRequest) -> tuple[Policy, str] | messages.Reply:
-        """The request's policy (with the run's reward) and its text, or the refusal."""
+        """The request's policy (with the run's reward) and its text, or the refusal. A target
+        instead of a text retargets the policy in force (its caps, floors, lag and initial
+        weights kept): the proxy makes it, as it owns that policy."""
         run_state = self.run_state
+        in_force = run_state.book.bandit.policy
         try:
-            policy, policy_toml = with_reward(
-                parse_policy(msg.policy_toml, source="pivot policy"),
-                msg.policy_toml,
-                run_state.book.bandit.policy.reward,
-            )
+            if msg.target is not None:
+                policy = retargeted(in_force, msg.target)
+                policy_toml = to_toml(policy)
+            else:
+                assert msg.policy_toml is not None  # the message's own check: one of the two
+                policy, policy_toml = with_reward(
+                    parse_policy(msg.policy_toml, source="pivot policy"),
+                    msg.policy_toml,
+                    in_force.reward,
+                )
             run_state.check_policy(policy)
         except PolicyError as e:
             return _refuse(msg, str(e), kind="policy")

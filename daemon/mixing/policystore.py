@@ -136,10 +136,11 @@ def resolve_policy(run_dir: Path, given: Path | None, pivot: bool) -> Resolved:
     if stored is not None:
         return Resolved(stored, rewrite, False)
     policy = reference if reference is not None else Policy(reward=run_reward)
-    return Resolved(policy, _to_toml(policy), False)
+    return Resolved(policy, to_toml(policy), False)
 
 
-def _to_toml(policy: Policy) -> str:
+def to_toml(policy: Policy) -> str:
+    """`policy` as the text of a run's policy file (what the proxy writes when it makes one)."""
     import tomli_w
 
     return (

@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from andrea.daemon.mixing.policy import NEW_RUN_REWARD, parse_policy
+from andrea.daemon.mixing.policy import NEW_RUN_REWARD, TARGET_REWARD, parse_policy
 from andrea.daemon.rundir.layout import bin_name, endpoint
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
@@ -213,6 +213,8 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
     )
     res = ctl(run, "pivot", "--policy", str(infeasible))
     assert res.returncode == 2 and "caps of the live arms sum to 0.9 < 1" in res.stderr, res.stderr
+    res = ctl(run, "pivot", "--target", "kode")
+    assert res.returncode == 2 and "kode" in res.stderr and "docstrings" in res.stderr, res.stderr
     noop = tmp_path / "noop.toml"
     noop.write_text("")
     res = ctl(run, "pivot", "--policy", str(noop))
@@ -285,6 +287,23 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
     boundary = phases()[-1]["boundary_step"]
     assert boundary % EVERY == 0 and boundary > hold["requested_at_step"], (boundary, hold)
     assert kept_as(run, POLICY)
+
+    # A change of target: the policy in force, its caps kept, with the target and so the transfer
+    # reward; the records after its boundary carry the target's probes.
+    res = ctl(run, "--json", "pivot", "--target", "code")
+    assert res.returncode == 0, res.stderr + t.log
+    start = json.loads(res.stdout)["boundary_step"]
+    kept = parse_policy((run / "policy.toml").read_text())
+    assert kept.target == {"code": 1.0} and kept.reward == TARGET_REWARD
+    assert kept.arms == parse_policy(POLICY).arms
+    status = request(endpoint(run, "proxy"), messages.StatusRequest(id=new_id()), timeout=5).data
+    assert status["reward"]["kind"] == TARGET_REWARD and status["phase_start_step"] == start
+    deadline = time.monotonic() + 60
+    while not any(e.step > start and e.probe for e in read_entries(run / ".loss.json")):
+        assert time.monotonic() < deadline, "no record after the target's pivot carries a probe"
+        time.sleep(0.2)
+    probed = [e for e in read_entries(run / ".loss.json") if e.step > start and e.probe]
+    assert all(set(e.probe or ()) == {"code"} for e in probed), probed
 
     assert stop(t) == ExitCode.OK, t.log
     assert stop(p) == ExitCode.OK, p.log

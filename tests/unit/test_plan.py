@@ -222,6 +222,25 @@ def test_plan_and_size_read_a_runs_own_model(
     assert "assumed" in p["speed"]["mfu_source"]
 
 
+def test_plan_defaults_to_the_configs_strategy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --strategy the plan is the config's own ([distributed] strategy); the flag still
+    wins, and a preset (no config) is planned under DDP."""
+    config = tmp_path / "run.toml"
+    config.write_text('preset = "andrea-12m"\n[distributed]\nstrategy = "fsdp"\n')
+
+    def strategy(*argv: str) -> str:
+        code, out, err = plan(*argv, "--gpus", "2", "--json", capsys=capsys)
+        assert code == 0, err
+        return str(json.loads(out)["memory"]["strategy"])
+
+    assert strategy("--config", str(config)) == "fsdp"
+    assert strategy("--run-dir", str(tmp_path)) == "fsdp"
+    assert strategy("--config", str(config), "--strategy", "ddp") == "ddp"
+    assert strategy("--preset", "andrea-12m") == "ddp"
+
+
 def test_the_67b_shape_fits_under_fsdp_with_recompute_and_not_under_ddp(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
