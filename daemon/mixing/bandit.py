@@ -11,11 +11,11 @@ weights. Then
 
 Determinism: the arm of step s is a pure function of (seed, phase, policy, live arms, loss records of
 the phase's steps <= s - W): each record's arm and loss, and the held-out evaluation the record of the
-step after each evaluation carries (gated-heldout reads them). Records are incorporated strictly in
+step after each evaluation carries (gated-fall and gated-heldout read them). Records are incorporated strictly in
 step order, `assign` refuses to run at any other point than "everything up to s - W, nothing after",
 and the draw itself is a counter-based uniform (SHA-256 of seed, phase and step), so a restarted proxy
 recomputes every assignment bit for bit. Under a reward whose draw counts the steps pending
-(`RewardKind.counts_pending`: gated-learnability-2, gated-heldout) the draw of s also depends on the
+(`RewardKind.counts_pending`: gated-learnability-2, gated-heldout, gated-fall) the draw of s also depends on the
 arms assigned to the steps between s - W and s, which are functions of the same records; `assign`
 takes them from the caller (the assignment book).
 
@@ -138,6 +138,16 @@ class ArmState(_StateModel):
     heldout_evals: int = Field(0, ge=0, description="the evaluations of it seen in the phase")
     forgotten: bool = Field(
         False, description="its held-out loss rose at the newest evaluation, above its low"
+    )
+    # Absent from the states written before gated-fall, whose rewards do not use it.
+    fall_rate: float = Field(
+        0.0,
+        ge=0.0,
+        le=2 * reward.MAX_EXP_LOSS,
+        description="its new lows' drops, an EMA over its own steps",
+    )
+    fall_pulls: int = Field(
+        0, ge=0, description="its steps after its first, as fall_rate counts them"
     )
 
     @model_validator(mode="after")
@@ -825,6 +835,8 @@ class Bandit:
                     heldout_low=a.stats.heldout_low,
                     heldout_evals=a.stats.heldout_evals,
                     forgotten=a.stats.forgotten,
+                    fall_rate=a.stats.fall_rate,
+                    fall_pulls=a.stats.fall_pulls,
                 )
                 for a in self._arms.values()
             ],

@@ -99,6 +99,12 @@ andrea-tiny an arm's held-out loss follows the recent mixture (an arm left alone
 by 0.16 to 0.37 nats, a learnable one can stay flat for an interval), so the first cut learnable arms
 as often as plateaued ones; the median gate kept plateaued arms longer.
 
+**gated-fall** (the default of new runs) is its own module, daemon/mixing/rewards/gated_fall.py: a
+uniform mixture over the learnable arms whose fall is not over. It reads one more statistic,
+``fall_rate``: the arm's drops (as rho's), an EMA over its own steps whose memory is about the last
+``FALL_SPAN`` of them and at least the last few (``FALL_DECAY``), so that its early fall stops
+counting within a few of its steps.
+
 All rewards keep all these statistics (a few float operations per step), so that status shows each
 arm's recent loss and progress whichever reward makes the mixture.
 """
@@ -118,6 +124,11 @@ MAX_EXP_LOSS = 700.0
 LEVEL_DECAY = 0.9
 #: Weight kept per step of the run by each past drop in rho_i (about 100 steps).
 PROGRESS_DECAY = 0.99
+#: Weight of the previous value in each arm's fall rate (its recent drops), per step of that arm:
+#: about its last 5 steps, so that an arm's early fall is forgotten within a few of its steps.
+FALL_DECAY = 0.8
+#: The fraction of an arm's steps over which its fall rate averages, once that is more than a few.
+FALL_SPAN = 0.15
 #: An arm with fewer steps in the phase than this has not been measured: it counts as the best.
 WARMUP_PULLS = 3
 #: gated-learnability: the fraction of the best arm's progress from which an arm gets a full share.
@@ -150,6 +161,8 @@ class ArmStats:
     heldout_low: float | None = None  # its lowest held-out loss of the phase
     heldout_evals: int = 0  # the evaluations of it seen in the phase
     forgotten: bool = False  # its held-out loss rose at the newest evaluation, above its low
+    fall_rate: float = 0.0  # its drops, an EMA over its own recent steps (FALL_DECAY, FALL_SPAN)
+    fall_pulls: int = 0  # its steps after its first, as the fall rate counts them
 
     @property
     def learnt(self) -> bool:
@@ -182,6 +195,11 @@ def observe(stats: ArmStats, step: int, loss: float, alpha: float) -> None:
     stats.fruitless = 0 if drop > 0.0 else stats.fruitless + 1
     stats.loss_best = min(stats.loss_best, stats.loss_ema)
     stats.progress_sum = age * stats.progress_sum + drop
+    # Over about the last FALL_SPAN of its steps, and at least its last few: an arm's early fall is
+    # forgotten soon, and a slow arm's new lows, which come in bursts, are averaged over more steps.
+    stats.fall_pulls += 1
+    decay = max(FALL_DECAY, 1.0 - 1.0 / (FALL_SPAN * stats.fall_pulls))
+    stats.fall_rate = decay * stats.fall_rate + (1.0 - decay) * drop
     stats.progress_pulls = age * stats.progress_pulls + 1.0
 
 

@@ -32,6 +32,11 @@ def test_plateau_and_its_detection_by_hand() -> None:
     first = next(j for j, m in enumerate(smooth) if m <= smooth[-1] * 1.02)
     plateau = 2 * (first + 1)
     assert out["final"]["plateau_step"] == out["floor"]["plateau_step"] == plateau
+    # 98% of the way from its first smoothed loss to its last (issue #49's plateau).
+    level = smooth[0] - 0.98 * (smooth[0] - smooth[-1])
+    assert out["fall98"]["plateau_step"] == 2 * (
+        next(j for j, m in enumerate(smooth) if m <= level) + 1
+    )
     # Half of 1/K is 12.5 of 100 steps: its share of steps s-99..s first falls below that once
     # fewer than 13 of them are its (it stops at step 300: at step 300 + 76, 12 of the last 100).
     detected = next(
@@ -96,6 +101,12 @@ def test_the_generated_arms() -> None:
         sum(c.values()) for c in follow.values()
     )
     assert top > 0.4
+    for name, (letters, _, _) in bench.CHAINS.items():
+        chain = bench.chain_text(name, 1)
+        assert chain == bench.chain_text(name, 1) != bench.chain_text(name, 2)
+        assert len(chain) == 4096 and set(chain) <= set(letters)
+    memo = bench.memo_text()
+    assert memo[: bench.MEMO_SIZE] == memo[bench.MEMO_SIZE : 2 * bench.MEMO_SIZE]
 
 
 def test_runs_reused_from_an_older_mixing_json_are_summarised() -> None:

@@ -179,6 +179,7 @@ EXPLORED_SHARE = {
     "gated-learnability": 4,
     "gated-learnability-2": 4,
     "gated-heldout": 4,
+    "gated-fall": 4,
 }
 
 
@@ -231,7 +232,10 @@ def test_an_arm_learnt_to_its_floor_gives_way(kind: str) -> None:
     assert trained[100:500].count("dup") / 400 > (0.3 if kind == "learnability" else 0.2)
     # The gate keeps a full share for an arm whose lows, noise-made, still come half as fast as
     # the learnable arms' slow ones: it gives way less than the proportional reward does.
-    assert second_half_share(trained, "dup") <= (0.16 if kind == "learnability" else 0.2)
+    # gated-fall gives the sentence its share back whenever the model forgets it in earnest (this
+    # learner forgets 0.5 nats of it in a few hundred idle steps): it stays below uniform's.
+    bound = {"learnability": 0.16, "gated-fall": 0.25}.get(kind, 0.2)
+    assert second_half_share(trained, "dup") <= bound
 
 
 @pytest.mark.parametrize(
@@ -326,7 +330,7 @@ def test_a_policy_without_the_key_keeps_its_fingerprint() -> None:
 
 def test_a_new_run_gets_the_newest_reward_and_its_file_says_so(tmp_path: Path) -> None:
     resolved = resolve_policy(tmp_path, None, False)
-    assert resolved.policy.reward == NEW_RUN_REWARD == "gated-heldout"
+    assert resolved.policy.reward == NEW_RUN_REWARD == "gated-fall"
     assert resolved.write is not None and parse_policy(resolved.write).reward == NEW_RUN_REWARD
 
     given = tmp_path / "base.toml"

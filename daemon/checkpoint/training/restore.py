@@ -369,7 +369,7 @@ class Restorer:
         if changed:
             log.warning(
                 "the held-out evaluations changed (%s): under proxy mixing the bandit's reward "
-                "(gated-heldout, the default of new runs) reads them, so the arms of the steps from "
+                "(gated-fall, the default of new runs, and gated-heldout) reads them, so the arms of the steps from "
                 "here on may differ from those the run so far would have had",
                 "; ".join(changed),
             )
