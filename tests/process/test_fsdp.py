@@ -8,7 +8,8 @@ final `.bin` (weights, m, v) and the canonical loss curve.
 - 2 ranks: stopped by SIGTERM, resumed, killed by SIGKILL after a cadence checkpoint, resumed:
   the same bytes as the reference.
 - 3 ranks, a vocabulary of 257 (the embedding and the head shard unevenly, 86/86/85 rows):
-  stopped by SIGTERM and resumed, the same bytes (torchtitan #1136).
+  stopped by SIGTERM and resumed, with activation recompute on, the same bytes as the run
+  without it, never stopped (torchtitan #1136).
 - A change of strategy and of world size: FSDP 2 → DDP 2 → FSDP 3 → one process, each change
   announced as not bit-exact, every step's batch the data order's own (none skipped or repeated);
   the FSDP 3 leg checkpoints on SIGUSR1 and continues, then stops through the control socket.
@@ -135,11 +136,16 @@ def test_uneven_shards_resume_bit_exact_at_3_ranks(
 ) -> None:
     whole = tmp_path_factory.mktemp("fsdp3-whole")
     finished(fsdp_job(whole, cache_dir, 3, vocab=257))
+    # The stopped run recomputes each block's activations in the backward pass (inside each
+    # fully_shard unit), from its first step and after its resume: the same bits as the whole
+    # run, which keeps them (dropout on: the recompute must draw the forward's masks again).
     stopped = tmp_path_factory.mktemp("fsdp3-stopped")
-    at = sigterm_at(fsdp_job(stopped, cache_dir, 3, vocab=257), 3)
+    recompute = ("--recompute", "blocks")
+    at = sigterm_at(fsdp_job(stopped, cache_dir, 3, *recompute, vocab=257), 3)
     assert at < STEPS
-    log = finished(fsdp_job(stopped, cache_dir, 3, vocab=257))
+    log = finished(fsdp_job(stopped, cache_dir, 3, *recompute, vocab=257))
     assert f"resumed from {bin_name(at)}" in log and "NOT be bit-exact" not in log, log
+    assert "activation recompute per block" in log, log
     same_bytes(stopped, whole)
 
 
