@@ -286,6 +286,8 @@ def test_zombie_arm_never_draws_and_is_reported(
         heldout_low=None,
         heldout_evals=0,
         forgotten=False,
+        fall_rate=0.0,
+        fall_pulls=0,
     )
     state["bandit"]["arms"].append(arm)
     state["bandit"]["arms"].sort(key=lambda a: a["name"])

@@ -19,6 +19,7 @@ from typing import TypeVar
 import pytest
 from pydantic import ValidationError
 
+from andrea.daemon.mixing import rewards
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD, REWARDS, ArmBounds, Policy
 from andrea.daemon.mixing.proxy import LogContradiction, Proxy, ProxyOptions
 from andrea.daemon.rundir.layout import (
@@ -44,7 +45,9 @@ T = TypeVar("T")
 
 
 def _proxy(run_dir: Path, reward: str = NEW_RUN_REWARD) -> Proxy:
-    policy = Policy(lag=2, reward=reward)
+    # A reward that serves a target needs one (the policy refuses it without): the first arm.
+    target = {"alpha": 1.0} if rewards.lookup(reward).targeted else {}
+    policy = Policy(lag=2, reward=reward, target=target)
     p = Proxy(ProxyOptions(run_dir, text_arms_config(run_dir), policy), OperatorRequests())
     p.setup()
     return p
