@@ -6,7 +6,7 @@ one file's documents are read (`read`), its first record (`first_record`) and it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from andrea.daemon.config import ArmSpec
 from andrea.daemon.data import corpus
 from andrea.daemon.data.encoding import Document
 from andrea.daemon.data.kinds.registry import ArmKind, Reading, Source
-from andrea.daemon.data.sources import Meter, Roots, arm_files, arm_roots
+from andrea.daemon.data.sources import DEFAULT_FIELD, Meter, Roots, arm_files, arm_roots
 
 
 class DocumentFiles(ArmKind):
@@ -79,3 +79,32 @@ class DocumentFiles(ArmKind):
 def label(spec: ArmSpec) -> str:
     """What a refusal of one of the arm's files begins with."""
     return f"arm {spec.name!r}: "
+
+
+class FieldRecordFiles(DocumentFiles):
+    """A kind whose files hold one document per record, the string at the arm's `field` (JSON
+    Lines, Parquet): the field is part of the identity's salt, and `reader` reads the files."""
+
+    settings = DocumentFiles.settings | {"field"}
+    #: The kind's reader: (files, common, field, should_stop, label, inside, bound, meter).
+    reader: Callable[..., Iterator[Document]]
+
+    def field(self, spec: ArmSpec) -> str:
+        return spec.field or DEFAULT_FIELD
+
+    def salt(self, spec: ArmSpec) -> str:
+        return f"{self.name}:v1:{self.field(spec)}"
+
+    def read(
+        self, spec: ArmSpec, files: list[Path], common: Path, reading: Reading, inside: Roots
+    ) -> Iterator[Document]:
+        return self.reader(
+            files,
+            common,
+            self.field(spec),
+            reading.should_stop,
+            label(spec),
+            inside,
+            reading.bound,
+            reading.meter,
+        )

@@ -7,14 +7,12 @@ from __future__ import annotations
 import io
 import logging
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 from andrea.daemon.config import ArmSpec
-from andrea.daemon.data.encoding import Document
-from andrea.daemon.data.kinds.files import DocumentFiles, label
-from andrea.daemon.data.kinds.registry import Reading, register
-from andrea.daemon.data.sources import DEFAULT_FIELD, Roots, jsonl_documents
+from andrea.daemon.data.kinds.files import FieldRecordFiles, label
+from andrea.daemon.data.kinds.registry import register
+from andrea.daemon.data.sources import jsonl_documents
 from andrea.daemon.data.zstdstream import ZstdDataError, ZstdReader
 
 log = logging.getLogger(__name__)
@@ -25,31 +23,13 @@ RATIO_SAMPLE = 1 << 20
 RATIO_LIMIT = 64 << 20
 
 
-class JsonLines(DocumentFiles):
+class JsonLines(FieldRecordFiles):
     name = "jsonl"
     summary = "glob patterns of JSON Lines files, one document per line: the string at field"
-    settings = DocumentFiles.settings | {"field"}
-
-    def salt(self, spec: ArmSpec) -> str:
-        return f"jsonl:v1:{spec.field or DEFAULT_FIELD}"
-
-    def read(
-        self, spec: ArmSpec, files: list[Path], common: Path, reading: Reading, inside: Roots
-    ) -> Iterator[Document]:
-        field = spec.field or DEFAULT_FIELD
-        return jsonl_documents(
-            files,
-            common,
-            field,
-            reading.should_stop,
-            label(spec),
-            inside,
-            reading.bound,
-            reading.meter,
-        )
+    reader = staticmethod(jsonl_documents)
 
     def first_record(self, spec: ArmSpec, path: Path, common: Path, bound: int) -> bool:
-        field = spec.field or DEFAULT_FIELD
+        field = self.field(spec)
         if next(jsonl_documents([path], common, field, label=label(spec), bound=bound), None):
             return True
         log.warning("arm %r: %s holds no JSON Lines records", spec.name, path)
