@@ -7,9 +7,10 @@ final `.bin` (weights, m, v) and the canonical loss curve.
 
 - 2 ranks: stopped by SIGTERM, resumed, killed by SIGKILL after a cadence checkpoint, resumed:
   the same bytes as the reference.
-- 3 ranks, a vocabulary of 257 (the embedding and the head shard unevenly, 86/86/85 rows):
-  stopped by SIGTERM and resumed, with activation recompute on, the same bytes as the run
-  without it, never stopped (torchtitan #1136).
+- 3 ranks, GPT-2's padded vocabulary of 50,304 (an embedding and a head of 3.2M weights each,
+  16,768 rows a rank; the position embedding's 64 rows and every n_embd-long vector shard
+  unevenly, 22/21/21): stopped by SIGTERM and resumed, with activation recompute on, the same
+  bytes as the run without it, never stopped (torchtitan #1136).
 - A change of strategy and of world size: FSDP 2 → DDP 2 → FSDP 3 → one process, each change
   announced as not bit-exact, every step's batch the data order's own (none skipped or repeated);
   the FSDP 3 leg checkpoints on SIGUSR1 and continues, then stops through the control socket.
@@ -131,19 +132,26 @@ def test_the_bin_is_the_seed_format_with_ddp_layout(reference: Path) -> None:
     assert np.isfinite(w).all() and (v >= 0).all() and np.abs(m).sum() > 0
 
 
-def test_uneven_shards_resume_bit_exact_at_3_ranks(
+#: GPT-2's vocabulary padded to a multiple of 64, the size nanoGPT and llm.c train with.
+GPT2_VOCAB = 50_304
+
+
+def test_a_gpt2_vocabulary_with_uneven_shards_resumes_bit_exact_at_3_ranks(
     tmp_path_factory: pytest.TempPathFactory, cache_dir: Path
 ) -> None:
     whole = tmp_path_factory.mktemp("fsdp3-whole")
-    finished(fsdp_job(whole, cache_dir, 3, vocab=257))
+    finished(fsdp_job(whole, cache_dir, 3, vocab=GPT2_VOCAB))
+    shapes = [e["shape"] for e in manifests(whole)[STEPS]["layout"]]
+    assert [GPT2_VOCAB, 64] in shapes, shapes
+    assert any(shape[0] % 3 for shape in shapes), shapes  # some shards are uneven
     # The stopped run recomputes each block's activations in the backward pass (inside each
     # fully_shard unit), from its first step and after its resume: the same bits as the whole
     # run, which keeps them (dropout on: the recompute must draw the forward's masks again).
     stopped = tmp_path_factory.mktemp("fsdp3-stopped")
     recompute = ("--recompute", "blocks")
-    at = sigterm_at(fsdp_job(stopped, cache_dir, 3, *recompute, vocab=257), 3)
+    at = sigterm_at(fsdp_job(stopped, cache_dir, 3, *recompute, vocab=GPT2_VOCAB), 3)
     assert at < STEPS
-    log = finished(fsdp_job(stopped, cache_dir, 3, *recompute, vocab=257))
+    log = finished(fsdp_job(stopped, cache_dir, 3, *recompute, vocab=GPT2_VOCAB))
     assert f"resumed from {bin_name(at)}" in log and "NOT be bit-exact" not in log, log
     assert "activation recompute per block" in log, log
     same_bytes(stopped, whole)
