@@ -129,7 +129,6 @@ class Evaluation:
         self._prompts: list[Prompt] | None = None
         #: The probe set of each set of target arms asked for, built at its first probe.
         self._probes: dict[tuple[str, ...], Prober] = {}
-        self._probe_refused = False
         self.probe_seconds = 0.0
         self.probes = 0
 
@@ -214,24 +213,10 @@ class Evaluation:
         stopped alone would leave the others waiting in the next forward's collective."""
         return not self.joint and self.ctx.flags.stop_requested()
 
-    def probe(self, arms: list[str]) -> dict[str, float] | None:
-        """Rank 0: each target arm's loss on its probe (`heldout_loss.Prober`) with the current
-        weights, for the record of the step just trained (the proxy's transfer reward reads it).
-
-        None under a joint forward (FSDP): the other ranks do not know of the request, and a
-        forward on rank 0 alone would wait forever in its all-gather. The record then carries no
-        probe, as a step the proxy asked none for, and the reward sees fewer probes."""
-        if self.joint:
-            if not self._probe_refused:
-                log.warning(
-                    "the policy's target asks for probes, which a %s job does not run yet (every "
-                    "rank would have to join each probe's forward pass): its records carry no "
-                    "probe, so the transfer reward learns nothing new; train with a target under "
-                    "DDP, or without one under FSDP",
-                    self.ctx.parts.parallel.sharding,
-                )
-                self._probe_refused = True
-            return None
+    def probe(self, arms: list[str]) -> dict[str, float]:
+        """Each target arm's loss on its probe (`heldout_loss.Prober`) with the current weights,
+        for the record of the step just trained (the proxy's transfer reward reads it). Rank 0's;
+        under a joint forward (FSDP) every rank runs it with rank 0, as the agreement told them."""
         key = tuple(sorted(arms))
         prober = self._probes.get(key)
         if prober is None:

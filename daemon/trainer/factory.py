@@ -82,7 +82,7 @@ def open_context(
             control.abandon(*_ended_before_training(e))
         raise
     notifier.preparing("starting: the data is ready; building the model and resuming")
-    coord = dist.Coordinator(world, enabled=opts.coordinate)
+    coord = dist.Coordinator(world, enabled=opts.coordinate, arms=len(parts.arms))
     ctx = TrainerContext(opts, platform, parts, counters, notifier, flags, holds, coord, progress)
     return Opened(ctx, control, lock)
 

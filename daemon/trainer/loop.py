@@ -145,11 +145,11 @@ class Trainer:
                 continue
             if self.evaluation.catch_up():
                 continue  # a stop that cut it short reaches every rank at the next agreement
-            if not self._train(d.arm):
+            if not self._train(d.arm, d.probe):
                 break
         return self.finish()
 
-    def _train(self, arm: int) -> bool:
+    def _train(self, arm: int, probe: tuple[int, ...]) -> bool:
         """Train the next step; False when its tokens could not be read as the run opened them
         (changed after this boundary's check). Alone, nothing of the step was done, so the newest
         step is checkpointed as for a stop. In a job the other ranks are inside the step already:
@@ -164,9 +164,10 @@ class Trainer:
             self._data_changed(str(e))
             return False
         self.ctx.counters.train_seconds += time.perf_counter() - t0
-        # The probe scores the weights after this step, before the next one changes them.
-        if self.ctx.main and (arms := self.sink.probe_for(trained.step)):
-            trained.probe = self.evaluation.probe(arms)
+        # The probe scores the weights after this step, before the next one changes them: rank 0
+        # alone, or every rank where a forward pass is a collective (the agreement told them).
+        if probe and (self.ctx.main or self.evaluation.joint):
+            trained.probe = self.evaluation.probe([self.ctx.parts.arms[i].name for i in probe])
         self._unrecorded.append(trained)
         return True
 
@@ -199,12 +200,15 @@ class Trainer:
         arrived at, with every step up to it recorded."""
         c, pending = self.ctx.counters, self._unrecorded
         arm = self.sink.arm_for(c.step + 1) if c.step < self.ctx.cfg.max_steps else None
+        probed = self.sink.probe_for(c.step + 1) if arm is not None else None
+        names = [a.name for a in self.ctx.parts.arms]
         carried = pending[0] if len(pending) > 1 or (pending and self._loss_due(c.step)) else None
         d = self.ctx.coord.agree(
             self.ctx.flags,
             at_boundary=fresh and self.checkpointer.boundary_allowed(c.step),
             arm=arm,
             loss=self._read(carried) if carried is not None else None,
+            probe=[names.index(n) for n in probed or () if n in names],
         )
         if carried is not None:
             self._record(pending.pop(0), d.loss)

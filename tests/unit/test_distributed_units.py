@@ -51,8 +51,9 @@ def test_partial_or_inconsistent_environment_is_a_config_error(env: dict, messag
 def test_agreement_in_a_world_of_one_takes_the_local_requests() -> None:
     flags = OperatorRequests()
     coord = Coordinator(World())
-    d = coord.agree(flags, arm=2, loss=1.5)
+    d = coord.agree(flags, arm=2, loss=1.5, probe=[0, 2])
     assert (d.stop, d.checkpoint, d.boundary, d.arm, d.loss) == (None, None, False, 2, 1.5)
+    assert d.probe == (0, 2) and coord.agree(flags, arm=1).probe == ()
     flags.request_checkpoint("sigusr1")
     flags.request_boundary_checkpoint(hold=True)
     d = coord.agree(flags)

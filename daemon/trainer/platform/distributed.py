@@ -263,6 +263,8 @@ class Decision:
     resume: bool = False
     arm: int | None = None
     loss: float | None = None
+    #: The arms (by index) whose target probe follows the next step: rank 0's, from the proxy.
+    probe: tuple[int, ...] = ()
 
 
 _N_FLAGS = len(STOP_REASONS) + len(CHECKPOINT_REASONS) + 3  # + boundary, hold, resume
@@ -272,14 +274,17 @@ _LEN = _ARM + 1
 
 class Coordinator:
     """One all-reduce per step boundary over [loss, stop reasons, checkpoint reasons, boundary,
-    hold, resume, rank 0's arm + 1]. In a world of one it reads the local flags and costs nothing."""
+    hold, resume, rank 0's arm + 1, one probe flag per arm]. In a world of one it reads the local
+    flags and costs nothing."""
 
-    def __init__(self, world: World, enabled: bool = True) -> None:
+    def __init__(self, world: World, enabled: bool = True, arms: int = 0) -> None:
         self.world = world
         # `enabled=False` exists for one purpose: measuring what the collective costs per step
         # (tests/bench/bench_distributed.py). Such a run cannot stop in step on a rank's signal.
         self.enabled = enabled
-        self._buf = torch.zeros(_LEN, dtype=torch.float64)
+        # The probe flags ride in the same collective: under FSDP every rank must join a probe's
+        # forward pass, and only rank 0 hears the proxy ask for one.
+        self._buf = torch.zeros(_LEN + arms, dtype=torch.float64)
 
     def agree(
         self,
@@ -289,18 +294,20 @@ class Coordinator:
         holding: bool = False,
         arm: int | None = None,
         loss: float | None = None,
+        probe: Sequence[int] = (),
     ) -> Decision:
         """Take this rank's pending requests and agree on them with every other rank.
 
         `at_boundary`: a boundary checkpoint may be taken here (it stays pending otherwise);
         `holding`: a resume request may be taken; `arm` is rank 0's arm for the next step (None:
-        not known yet); `loss`: this rank's loss of the step just trained."""
+        not known yet); `loss`: this rank's loss of the step just trained; `probe`: rank 0's arms
+        (indices) whose target probe follows the next step."""
         stop = flags.stop_reason
         ckpt = flags.take_checkpoint_request()
         boundary, hold = flags.take_boundary_request() if at_boundary else (False, False)
         resume = flags.take_resume() if holding else False
         if not (self.world.distributed and self.enabled):
-            return Decision(stop, ckpt, boundary, hold, resume, arm, loss)
+            return Decision(stop, ckpt, boundary, hold, resume, arm, loss, tuple(probe))
         import torch.distributed as dist
 
         b = self._buf
@@ -314,6 +321,8 @@ class Coordinator:
         b[o], b[o + 1], b[o + 2] = float(boundary), float(hold), float(resume)
         if self.world.is_main and arm is not None:
             b[_ARM] = arm + 1
+            for i in probe:
+                b[_LEN + i] = 1
         dist.all_reduce(b, op=dist.ReduceOp.SUM)
         v = b.tolist()
         stops = [r for i, r in enumerate(STOP_REASONS) if v[1 + i] > 0]
@@ -330,6 +339,7 @@ class Coordinator:
             resume=v[o + 2] > 0,
             arm=int(v[_ARM]) - 1 if v[_ARM] > 0 else None,
             loss=v[0] / self.world.size if loss is not None else None,
+            probe=tuple(i for i, flag in enumerate(v[_LEN:]) if flag > 0),
         )
 
     def mean_loss(self, loss: float) -> float:
