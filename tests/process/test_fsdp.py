@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from andrea.control import andreactl
 from andrea.daemon.checkpoint import format as checkpoint_format
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import read_entries
@@ -187,7 +188,7 @@ def test_a_gpt2_vocabulary_with_uneven_shards_resumes_bit_exact_at_3_ranks(
 
 
 def test_fsdp_ddp_fsdp_single_continues_announced(
-    tmp_path: Path, cache_dir: Path, reference: Path
+    tmp_path: Path, cache_dir: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """From the reference's checkpoint of step EVERY: DDP 2 → FSDP 3 → one process; each change
     announced, the data stream continuous. The FSDP leg checkpoints on SIGUSR1 to rank 0 and
@@ -203,9 +204,9 @@ def test_fsdp_ddp_fsdp_single_continues_announced(
     t = job(torchrun(run, cache_dir, *fsdp3, nproc=3))
     pids = rank_pids(t, 3)
     t.wait_for(rf"\[rank 0\] INFO step {EVERY + 3}/")
-    res = ctl(run, "--json", "status")
-    assert res.returncode == 0, res.stderr
-    status = json.loads(res.stdout)["trainer"]
+    # In this process (a reading command imports nothing heavy): the job trains on meanwhile.
+    assert andreactl.main(["--run-dir", str(run), "--json", "status"]) == 0
+    status = json.loads(capsys.readouterr().out)["trainer"]
     assert status["pid"] == pids[0] and status["world_size"] == 3
     assert status["agent_pid"] == t.proc.pid
     os.kill(status["pid"], signal.SIGUSR1)
