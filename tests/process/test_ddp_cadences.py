@@ -10,11 +10,22 @@ as if the machine had died right after writing it) and must end on the same byte
 curve and the same samples. The 2-rank job runs past the same points, then is stopped by the one
 thing only a rank's own look can find out (its token file replaced), as a job must stop: every
 rank at one step. So is a job whose rank 0 cannot write a loss.
+
+The 3-rank resume is also the proof of DDP's reduction order: its float sums depend on the order
+in which the ranks' gradients are added, so a resume is bit-exact only if every step is reduced
+in the same bucket layout as the run that was never stopped (daemon/trainer/parallel/ddp.py,
+`finalize_ddp_buckets`). At two ranks a + b = b + a, and no layout can change a bit; at three
+or more, gloo's ring all-reduce sums each element starting from the rank that owns the element's
+segment of the bucket, so an element that moves in the bucket is summed in another order. The
+negative control resumes the same checkpoint with the first-iteration layout
+(`--unsafe-skip-restore buckets`) and must end on other bytes: the proof that these sums are
+order-sensitive, and so that the test can fail.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,15 +41,19 @@ STEPS, RESUME = 15, 7
 #: checkpoint 7, 14 (and 15, the end); evaluation 5, 10, 15; samples 3, 6, ...; a line every 2.
 CADENCES = ("--checkpoint-every", "7", "--eval-every", "5", "--sample-every", "3")
 CADENCES += ("--log-every", "2")
+#: What the cadences are about is where they fall, not their size: an evaluation of 4 sequences
+#: an arm and samples of 8 tokens (the defaults, 64 and 120, cost more than all the steps).
+SMALL = "\n[eval]\nsequences = 4\n\n[samples]\nmax_new_tokens = 8\n"
 
 
-def job(run_dir: Path, cache: Path, ranks: int) -> str:
+def job(run_dir: Path, cache: Path, ranks: int, *extra: str) -> str:
     """The job to STEPS; its log (the test fails with it unless every rank ended cleanly)."""
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(ranks)]
     cmd += ["--max-restarts", "0", "--no-python", str(BIN / "andrea-trainer")]
     cmd += trainer_args(run_dir, cache, "--max-steps", str(STEPS), *CADENCES)
     # A batch every world size shares: 6 sequences over 2 or 3 ranks.
-    res = subprocess.run([*cmd, "--batch-size", "6"], capture_output=True, text=True, timeout=300)
+    cmd += ["--batch-size", "6", *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     return res.stderr
 
@@ -55,21 +70,29 @@ def curve(run_dir: Path) -> list[tuple[int, float, str]]:
     return [(e.step, e.loss, e.arm) for e in canonical_curve(read_entries(run_dir / ".loss.json"))]
 
 
-def test_cadences_that_do_not_align_at_3_ranks_resume_bit_exact(
+def test_cadences_that_do_not_align_at_3_ranks_resume_bit_exact_in_the_same_bucket_layout(
     tmp_path: Path, cache_dir: Path
 ) -> None:
-    whole = job(tmp_path, cache_dir, 3)
+    run, control = tmp_path / "run", tmp_path / "control"
+    run.mkdir()
+    (run / "run.toml").write_text('batch_size_per = "step"\n' + SMALL)
+    whole = job(run, cache_dir, 3)
     assert re.search(r"held-out loss at step 5:", whole), whole
     assert len(samples(whole, 0)) == 5 * 3  # steps 3, 6, 9, 12, 15; a sample per arm
-    final, reference = (tmp_path / bin_name(STEPS)).read_bytes(), curve(tmp_path)
+    final, reference = (run / bin_name(STEPS)).read_bytes(), curve(run)
     for step in (14, STEPS):  # back to the cadence checkpoint of step 7
-        (tmp_path / bin_name(step)).unlink()
-        (tmp_path / manifest_name(step)).unlink()
-    resumed = job(tmp_path, cache_dir, 3)
+        (run / bin_name(step)).unlink()
+        (run / manifest_name(step)).unlink()
+    shutil.copytree(run, control, ignore=shutil.ignore_patterns(".sock", ".socket-dir", "*.lock"))
+    resumed = job(run, cache_dir, 3)
     assert f"resumed from {bin_name(RESUME)}" in resumed, resumed
-    assert (tmp_path / bin_name(STEPS)).read_bytes() == final
-    assert curve(tmp_path) == reference
+    assert (run / bin_name(STEPS)).read_bytes() == final
+    assert curve(run) == reference
     assert samples(resumed, RESUME) == samples(whole, RESUME)
+
+    log = job(control, cache_dir, 3, "--unsafe-skip-restore", "buckets")
+    assert f"resumed from {bin_name(RESUME)}" in log, log
+    assert (control / bin_name(STEPS)).read_bytes() != final
 
 
 def test_cadences_that_do_not_align_at_2_ranks_then_a_data_change_stops_all_at_one_step(
@@ -82,7 +105,7 @@ def test_cadences_that_do_not_align_at_2_ranks_then_a_data_change_stops_all_at_o
     data = tmp_path / "mine.u16"
     (tmp_path / "run.toml").write_text(
         '[data]\nheldout_fraction = 0.3\n[[data.arms]]\nname = "mine"\nkind = "tokens"\n'
-        'path = "mine.u16"\ndtype = "uint16"\n'
+        'path = "mine.u16"\ndtype = "uint16"\n' + SMALL
     )
     ids = np.random.default_rng(0).integers(0, 256, 300_000).astype("<u2")
     ids.tofile(data)

@@ -1,16 +1,21 @@
 """torchrun + DDP on CPU with gloo, 2 ranks: real `torchrun` agents, real worker processes, real
 signals and sockets.
 
-Every scenario is short (a few dozen steps of andrea-tiny, one thread per rank). The references
-are runs that were never stopped, in fresh processes; comparisons are of bytes (the final .bin:
-weights, m, v) and of the canonical loss curve.
+Every scenario is short (a few dozen steps of andrea-tiny, one thread per rank), with two
+micro-batches a step (gradients synchronised on the last one only). The reference is a run that
+was never stopped, in fresh processes; comparisons are of bytes (the final .bin: weights, m, v)
+and of the canonical loss curve. A job start costs far more than its steps (torch's import in the
+agent and in every rank), so one stopped and resumed job is checked for several things.
+
+SIGUSR1 to rank 0, `andreactl status` and `andreactl stop --wait` of a torchrun job are tested
+on the FSDP job of tests/process/test_fsdp.py (the same signal and control path), and SIGTERM to
+one rank on its 2-rank FSDP job.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import signal
 import socket
@@ -26,6 +31,9 @@ from andrea.daemon.runtime.exitcodes import ExitCode
 from tests.support.daemons import Daemon
 from tests.support.distributed import BIN, STEPS, job, torchrun
 from tests.support.manifests import final_trigger_is
+
+#: Two micro-batches a step in every job here (DDP's no_sync on the first).
+ACCUM = ("--grad-accum", "2")
 
 
 def rank_pids(t: Daemon, n: int = 2) -> dict[int, int]:
@@ -88,14 +96,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path
     launch = ["--nnodes", "2", "--rdzv-backend", "c10d"]
     launch += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "andrea-test"]
     proxy = start_proxy(run_dir)
-    nodes = [job(torchrun(run_dir, cache_dir, "--mixing", "proxy", nproc=1, launch=launch))]
-    nodes.append(job(torchrun(run_dir, cache_dir, "--mixing", "proxy", nproc=1, launch=launch)))
+    args = ("--mixing", "proxy", *ACCUM)
+    nodes = [job(torchrun(run_dir, cache_dir, *args, nproc=1, launch=launch)) for _ in range(2)]
     for n in nodes:
         assert n.wait(timeout=300) == 0, n.log
     assert stop_proxy(proxy) == ExitCode.OK, proxy.log
     log = "".join(n.log for n in nodes)
     assert {m.group(1) for m in re.finditer(r"rank \d of 2 \(node (\d)", log)} == {"0", "1"}, log
     assert left_the_group(log) == [0, 1], log
+    assert "in 2 micro-batch(es)" in log, log
     assert [s for s, _, _ in curve(run_dir)] == list(range(1, STEPS + 1))
     man = manifests(run_dir)[STEPS]
     assert man["environment"]["world_size"] == 2
@@ -107,12 +116,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path
     return run_dir
 
 
-def test_sigterm_to_the_agent_then_resume_is_bit_exact(
+def test_sigterm_to_the_agent_and_a_proxy_sigkill_then_resume_are_bit_exact(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:
+    """SIGTERM to the agent: every rank checkpoints one step and exits 0. The resumed job's proxy
+    is killed (-9) mid-run: the job holds, then goes on with a new proxy. The job ends on the
+    reference's bytes, two micro-batches a step: neither the stop nor the kill changed a bit."""
+    args = ("--mixing", "proxy", *ACCUM)
     proxy = start_proxy(tmp_path)
-    t = job(torchrun(tmp_path, cache_dir, "--mixing", "proxy"))
-    t.wait_for(r"\[rank 0\] INFO step 5/")
+    t = job(torchrun(tmp_path, cache_dir, *args))
+    t.wait_for(r"\[rank 0\] INFO step 4/")
     t.signal(signal.SIGTERM)
     # torchrun re-raises the signal it forwarded, so the agent itself exits 1 (docs/distributed.md);
     # what matters is that every worker checkpointed the same step and exited 0.
@@ -120,6 +133,7 @@ def test_sigterm_to_the_agent_then_resume_is_bit_exact(
     assert "exitcode  : " not in t.log, t.log
     (stopped,) = stopped_steps(t.log)
     saved = manifests(tmp_path)
+    assert stopped < STEPS - 1, t.log
     assert max(saved) == stopped and final_trigger_is("sigterm", saved[stopped], t.log), t.log
     assert t.log.count(f"checkpoint {bin_name(stopped)} written") == 1
 
@@ -137,19 +151,8 @@ def test_sigterm_to_the_agent_then_resume_is_bit_exact(
     man["content_sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
     path.write_text(json.dumps(man))
 
-    t = job(torchrun(tmp_path, cache_dir, "--mixing", "proxy"))
-    assert t.wait(timeout=300) == 0, t.log
-    assert stop_proxy(proxy) == ExitCode.OK, proxy.log
-    assert f"resumed from {bin_name(stopped)}" in t.log
-    assert "CUDA generator state" in t.log and "not restored" in t.log, t.log
-    assert curve(tmp_path) == curve(reference)
-    assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
-
-
-def test_proxy_sigkill_is_invisible(tmp_path: Path, cache_dir: Path, reference: Path) -> None:
-    proxy = start_proxy(tmp_path)
-    t = job(torchrun(tmp_path, cache_dir, "--mixing", "proxy"))
-    t.wait_for(r"\[rank 0\] INFO step 6/")
+    t = job(torchrun(tmp_path, cache_dir, *args))
+    t.wait_for(rf"\[rank 0\] INFO step {stopped + 1}/")
     proxy.signal(signal.SIGKILL)
     proxy.wait()
     t.wait_for(r"waiting for the proxy", timeout=60)
@@ -157,75 +160,11 @@ def test_proxy_sigkill_is_invisible(tmp_path: Path, cache_dir: Path, reference: 
     proxy = start_proxy(tmp_path)
     assert t.wait(timeout=300) == 0, t.log
     assert stop_proxy(proxy) == ExitCode.OK, proxy.log
+    assert f"resumed from {bin_name(stopped)}" in t.log
+    assert "CUDA generator state" in t.log and "not restored" in t.log, t.log
     entries = read_entries(tmp_path / ".loss.json")
     assert sorted(e.step for e in entries) == list(range(1, STEPS + 1)), (
         "one entry per step (the mean over ranks), none lost, none twice"
     )
     assert curve(tmp_path) == curve(reference)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (reference / bin_name(STEPS)).read_bytes()
-
-
-def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(
-    tmp_path: Path, cache_dir: Path
-) -> None:
-    t = job(torchrun(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
-    pids = rank_pids(t)
-    t.wait_for(r"\[rank 0\] INFO step 4/")
-    os.kill(pids[1], signal.SIGTERM)
-    # No signal reached the agent: its workers all exited 0, so it exits 0.
-    assert t.wait(timeout=120) == 0, t.log
-    (stopped,) = stopped_steps(t.log)
-    assert len(re.findall(r"stopped at step", t.log)) == 2
-    assert left_the_group(t.log) == [0, 1], t.log
-    saved = manifests(tmp_path)
-    assert list(saved) == [stopped] and saved[stopped]["trigger"] == "sigterm"
-
-
-def test_sigusr1_to_rank_0_checkpoints_and_andreactl_stop_ends_the_job(
-    tmp_path: Path, cache_dir: Path
-) -> None:
-    t = job(torchrun(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
-    pids = rank_pids(t)
-    t.wait_for(r"\[rank 0\] INFO step 3/")
-    res = ctl(tmp_path, "--json", "status")
-    assert res.returncode == 0, res.stderr
-    status = json.loads(res.stdout)["trainer"]
-    assert status["pid"] == pids[0] and status["world_size"] == 2
-    assert status["agent_pid"] == t.proc.pid
-
-    os.kill(status["pid"], signal.SIGUSR1)
-    m = t.wait_for(r"checkpoint (step_\d+)\.bin written \(sigusr1")
-    usr1 = int(m.group(1)[5:])
-    t.wait_for(rf"\[rank 0\] INFO step {usr1 + 2}/")
-    assert t.proc.poll() is None, "SIGUSR1 checkpoints and continues"
-
-    res = ctl(tmp_path, "stop", "--wait")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert t.wait(timeout=120) == 0, t.log
-    (stopped,) = stopped_steps(t.log)
-    saved = manifests(tmp_path)
-    assert sorted(saved) == [usr1, stopped] and stopped > usr1
-    assert saved[usr1]["trigger"] == "sigusr1" and saved[stopped]["trigger"] == "control"
-
-
-def test_gradient_accumulation_under_ddp_resumes_bit_exact(tmp_path: Path, cache_dir: Path) -> None:
-    """Two micro-batches a step, gradients synchronised on the last one only: a job stopped by
-    SIGTERM to the agent and resumed ends on the same bytes as the same job never stopped."""
-    accum = ("--grad-accum", "2")
-    whole = tmp_path / "whole"
-    t = job(torchrun(whole, cache_dir, *accum))
-    assert t.wait(timeout=300) == 0, t.log
-
-    stopped = tmp_path / "stopped"
-    t = job(torchrun(stopped, cache_dir, *accum))
-    t.wait_for(r"\[rank 0\] INFO step 5/")
-    t.signal(signal.SIGTERM)
-    assert t.wait(timeout=120) in (0, 1), t.log  # the agent re-raises what it forwarded
-    (at,) = stopped_steps(t.log)
-    assert at < STEPS and final_trigger_is("sigterm", manifests(stopped)[at], t.log), t.log
-    t = job(torchrun(stopped, cache_dir, *accum))
-    assert t.wait(timeout=300) == 0, t.log
-    assert f"resumed from {bin_name(at)}" in t.log, t.log
-
-    assert curve(stopped) == curve(whole)
-    assert (stopped / bin_name(STEPS)).read_bytes() == (whole / bin_name(STEPS)).read_bytes()

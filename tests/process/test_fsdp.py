@@ -5,19 +5,24 @@ first), dropout on, held-out evaluation every 2 steps and samples every 3 (both 
 every rank together). The references are jobs never stopped; the comparisons are of bytes: the
 final `.bin` (weights, m, v) and the canonical loss curve.
 
-- 2 ranks: stopped by SIGTERM, resumed, killed by SIGKILL after a cadence checkpoint, resumed:
-  the same bytes as the reference.
+- 2 ranks: stopped by SIGTERM to one rank (every rank stops at the same step, and the agent,
+  which no signal reached, exits 0), resumed, killed by SIGKILL after a cadence checkpoint,
+  resumed: the same bytes as the reference.
 - 3 ranks, GPT-2's padded vocabulary of 50,304 (an embedding and a head of 3.2M weights each,
   16,768 rows a rank; the position embedding's 64 rows and every n_embd-long vector shard
   unevenly, 22/21/21): stopped by SIGTERM and resumed, with activation recompute on, the same
   bytes as the run without it, never stopped (torchtitan #1136).
 - A change of strategy and of world size: FSDP 2 → DDP 2 → FSDP 3 → one process, each change
   announced as not bit-exact, every step's batch the data order's own (none skipped or repeated);
-  the FSDP 3 leg checkpoints on SIGUSR1 and continues, then stops through the control socket.
+  the FSDP 3 leg, seen by `andreactl status` (rank 0's pid, the agent's, the world size),
+  checkpoints on SIGUSR1 to rank 0 and continues, then stops through `andreactl stop --wait`.
+  These signal and control paths are the same under DDP (tests/process/test_distributed.py
+  tests SIGTERM to its agent).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,10 +33,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from andrea.control import andreactl
 from andrea.daemon.checkpoint import format as checkpoint_format
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import read_entries
-from tests.process.test_distributed import ctl, curve, manifests, rank_pids, stopped_steps
+from tests.process.test_distributed import (
+    ctl,
+    curve,
+    left_the_group,
+    manifests,
+    rank_pids,
+    stopped_steps,
+)
 from tests.process.test_elastic import expected_digests
 from tests.support.daemons import Daemon, run_trainer
 from tests.support.distributed import job, torchrun
@@ -58,14 +71,19 @@ ARGS = ("--checkpoint-every", str(EVERY), "--eval-every", "2", "--sample-every",
 
 
 def fsdp_job(
-    run_dir: Path, cache: Path, nproc: int, *extra: str, vocab: int | None = None
+    run_dir: Path,
+    cache: Path,
+    nproc: int,
+    *extra: str,
+    vocab: int | None = None,
+    steps: int = STEPS,
 ) -> Daemon:
-    """A job of `nproc` FSDP ranks to step STEPS (run.toml written on its first start)."""
+    """A job of `nproc` FSDP ranks to step `steps` (run.toml written on its first start)."""
     if not (run_dir / "run.toml").exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         model = f"\n[model]\nvocab_size = {vocab}\n" if vocab else ""
         (run_dir / "run.toml").write_text(RUN_TOML + model)
-    args = ("--max-steps", str(STEPS), *ARGS, "--strategy", "fsdp", *extra)
+    args = ("--max-steps", str(steps), *ARGS, "--strategy", "fsdp", *extra)
     return job(torchrun(run_dir, cache, *args, nproc=nproc))
 
 
@@ -83,9 +101,9 @@ def sigterm_at(t: Daemon, step: int) -> int:
     return at
 
 
-def same_bytes(a: Path, b: Path) -> None:
+def same_bytes(a: Path, b: Path, steps: int = STEPS) -> None:
     assert curve(a) == curve(b)
-    assert (a / bin_name(STEPS)).read_bytes() == (b / bin_name(STEPS)).read_bytes()
+    assert (a / bin_name(steps)).read_bytes() == (b / bin_name(steps)).read_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +120,15 @@ def test_sigterm_and_sigkill_then_resume_are_bit_exact_at_2_ranks(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:
     run = tmp_path / "run"
-    at = sigterm_at(fsdp_job(run, cache_dir, 2), 2)
-    assert at < EVERY and final_trigger_is("sigterm", manifests(run)[at], ""), at
+    t = fsdp_job(run, cache_dir, 2)
+    pids = rank_pids(t)
+    t.wait_for(r"\[rank 0\] INFO step 2/")
+    os.kill(pids[1], signal.SIGTERM)
+    # No signal reached the agent: its workers all exited 0, so it exits 0.
+    assert t.wait(timeout=120) == 0, t.log
+    (at,) = stopped_steps(t.log)
+    assert len(re.findall(r"stopped at step", t.log)) == 2 and left_the_group(t.log) == [0, 1]
+    assert at < EVERY and final_trigger_is("sigterm", manifests(run)[at], t.log), t.log
     # Resumed (with no end in sight: max_steps changes no step), then SIGKILLed, every process
     # of the job, once the cadence checkpoint is durable.
     t = fsdp_job(run, cache_dir, 2, "--max-steps", "1000")
@@ -134,14 +159,19 @@ def test_the_bin_is_the_seed_format_with_ddp_layout(reference: Path) -> None:
 
 #: GPT-2's vocabulary padded to a multiple of 64, the size nanoGPT and llm.c train with.
 GPT2_VOCAB = 50_304
+#: Its steps cost far more than andrea-tiny's (gathers of 3.2M-weight shards, 50,304 logits a
+#: token): fewer of them, still past evaluations (2, 4) and a sample (3), the stop among them.
+GPT2_STEPS = 5
 
 
 def test_a_gpt2_vocabulary_with_uneven_shards_resumes_bit_exact_at_3_ranks(
     tmp_path_factory: pytest.TempPathFactory, cache_dir: Path
 ) -> None:
     whole = tmp_path_factory.mktemp("fsdp3-whole")
-    finished(fsdp_job(whole, cache_dir, 3, vocab=GPT2_VOCAB))
-    shapes = [e["shape"] for e in manifests(whole)[STEPS]["layout"]]
+    gpt2 = {"vocab": GPT2_VOCAB, "steps": GPT2_STEPS}
+    log = finished(fsdp_job(whole, cache_dir, 3, **gpt2))
+    assert "held-out loss at step 4" in log and "sample at step 3" in log, log
+    shapes = [e["shape"] for e in manifests(whole)[GPT2_STEPS]["layout"]]
     assert [GPT2_VOCAB, 64] in shapes, shapes
     assert any(shape[0] % 3 for shape in shapes), shapes  # some shards are uneven
     # The stopped run recomputes each block's activations in the backward pass (inside each
@@ -149,16 +179,16 @@ def test_a_gpt2_vocabulary_with_uneven_shards_resumes_bit_exact_at_3_ranks(
     # run, which keeps them (dropout on: the recompute must draw the forward's masks again).
     stopped = tmp_path_factory.mktemp("fsdp3-stopped")
     recompute = ("--recompute", "blocks")
-    at = sigterm_at(fsdp_job(stopped, cache_dir, 3, *recompute, vocab=GPT2_VOCAB), 3)
-    assert at < STEPS
-    log = finished(fsdp_job(stopped, cache_dir, 3, *recompute, vocab=GPT2_VOCAB))
+    at = sigterm_at(fsdp_job(stopped, cache_dir, 3, *recompute, **gpt2), 2)
+    assert at < GPT2_STEPS
+    log = finished(fsdp_job(stopped, cache_dir, 3, *recompute, **gpt2))
     assert f"resumed from {bin_name(at)}" in log and "NOT be bit-exact" not in log, log
     assert "activation recompute per block" in log, log
-    same_bytes(stopped, whole)
+    same_bytes(stopped, whole, GPT2_STEPS)
 
 
 def test_fsdp_ddp_fsdp_single_continues_announced(
-    tmp_path: Path, cache_dir: Path, reference: Path
+    tmp_path: Path, cache_dir: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """From the reference's checkpoint of step EVERY: DDP 2 → FSDP 3 → one process; each change
     announced, the data stream continuous. The FSDP leg checkpoints on SIGUSR1 to rank 0 and
@@ -174,7 +204,12 @@ def test_fsdp_ddp_fsdp_single_continues_announced(
     t = job(torchrun(run, cache_dir, *fsdp3, nproc=3))
     pids = rank_pids(t, 3)
     t.wait_for(rf"\[rank 0\] INFO step {EVERY + 3}/")
-    os.kill(pids[0], signal.SIGUSR1)
+    # In this process (a reading command imports nothing heavy): the job trains on meanwhile.
+    assert andreactl.main(["--run-dir", str(run), "--json", "status"]) == 0
+    status = json.loads(capsys.readouterr().out)["trainer"]
+    assert status["pid"] == pids[0] and status["world_size"] == 3
+    assert status["agent_pid"] == t.proc.pid
+    os.kill(status["pid"], signal.SIGUSR1)
     # Written, or the cadence checkpoint of that very step kept as requested.
     m = t.wait_for(
         r"checkpoint (?:step_(\d+)\.bin written|of step (\d+) already written; kept as requested)"
