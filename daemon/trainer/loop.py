@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import IO
@@ -43,6 +44,11 @@ from andrea.daemon.trainer.step import StepRunner, TrainedStep
 from andrea.protocol.status import Activity, TrainerStatus
 
 log = logging.getLogger(__name__)
+
+#: Test-only pacing: seconds to sleep after each step. The tests that drive long-running trainers
+#: under a real systemd wait for events (a reload, a restart), not for steps; unpaced, andrea-tiny
+#: trains flat out meanwhile and costs them a core. Nothing a step computes depends on it.
+PACE_ENV = "ANDREA_TEST_STEP_PAUSE"
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,7 @@ class Trainer:
         self._checkpointed = 0
         #: The run's token files, compared with what it opened at every step boundary.
         self.data = DataWatch(ctx.parts.arms)
+        self._pace = float(os.environ.get(PACE_ENV) or 0)
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -104,6 +111,8 @@ class Trainer:
         of the next step; everything after it is the same on every rank."""
         cfg, c = self.ctx.cfg, self.ctx.counters
         self.restorer.restore_rng()
+        if self._pace:
+            log.warning("%s: pausing %g s after each step (a test setting)", PACE_ENV, self._pace)
         self.ctx.notifier.ready(f"step {c.step}/{cfg.max_steps}")
         self.reporter.restart_window()
         self.reporter.waiting_over()
@@ -164,6 +173,8 @@ class Trainer:
             self._data_changed(str(e))
             return False
         self.ctx.counters.train_seconds += time.perf_counter() - t0
+        if self._pace:
+            time.sleep(self._pace)
         # The probe scores the weights after this step, before the next one changes them: rank 0
         # alone, or every rank where a forward pass is a collective (the agreement told them).
         if probe and (self.ctx.main or self.evaluation.joint):

@@ -1,5 +1,8 @@
 """`andreactl checkpoints` and `andreactl prune` over a real run's checkpoints, and the LR schedule's
-length set on the command line and logged at start."""
+length set on the command line and logged at start.
+
+One `andreactl` runs in a fresh interpreter, as an operator's shell runs it; the listings and prunes
+after it, over files alone (the trainer has exited), call the same entry point in this process."""
 
 from __future__ import annotations
 
@@ -8,18 +11,29 @@ import signal
 import tomllib
 from pathlib import Path
 
+import pytest
+
+from andrea.control import andreactl
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 from tests.support.daemons import Daemon, run_trainer, trainer_cmd
 from tests.support.daemons import andreactl as ctl
 
+
+def local_ctl(capsys: pytest.CaptureFixture[str], run: Path, *args: str) -> tuple[int, str]:
+    """`andreactl --run-dir RUN ARGS` in this process: its exit code and what it printed."""
+    capsys.readouterr()
+    code = andreactl.main(["--run-dir", str(run), *args])
+    return code, capsys.readouterr().out
+
+
 #: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
 WAIT = 300
 
 
 def test_list_and_prune_checkpoints_and_the_schedule_length(
-    tmp_path: Path, cache_dir: Path
+    tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "run"
     t = Daemon(
@@ -71,24 +85,26 @@ def test_list_and_prune_checkpoints_and_the_schedule_length(
     (run / "archive" / "pivot-x" / "pivot.json").write_text(
         json.dumps({"boundary_step": boundary, "old_phase": 0, "new_phase": 1, "utc": "x"})
     )
-    res = ctl(run, "checkpoints")
-    assert "damaged" in res.stdout and "(pivot boundary)" in res.stdout, res.stdout
+    code, out = local_ctl(capsys, run, "checkpoints")
+    assert code == 0 and "damaged" in out and "(pivot boundary)" in out, out
 
     newest = steps[0]
-    res = ctl(run, "--json", "prune", "--keep-latest", "0", "--dry-run")
-    plan = json.loads(res.stdout)
+    _, out = local_ctl(capsys, run, "--json", "prune", "--keep-latest", "0", "--dry-run")
+    plan = json.loads(out)
     assert plan["dry_run"] and newest not in plan["removed"] and boundary not in plan["removed"]
     assert damaged not in plan["removed"] and plan["removed"]
     assert all((run / bin_name(s)).exists() for s in steps)
 
-    res = ctl(run, "--json", "prune", "--keep-latest", "0")
-    assert res.returncode == 0, res.stderr
+    code, out = local_ctl(capsys, run, "--json", "prune", "--keep-latest", "0")
+    assert code == 0, out
     left = sorted(int(p.stem.split("_")[1]) for p in run.glob("step_*.json"))
     assert left == sorted({newest, boundary, damaged})
-    res = ctl(run, "--json", "prune", "--keep-latest", "0", "--steps", str(boundary))
-    assert json.loads(res.stdout)["removed"] == []
-    res = ctl(run, "prune", "--steps", str(boundary), "--include-boundaries")
-    assert res.returncode == 0 and not (run / bin_name(boundary)).exists()
+    _, out = local_ctl(
+        capsys, run, "--json", "prune", "--keep-latest", "0", "--steps", str(boundary)
+    )
+    assert json.loads(out)["removed"] == []
+    code, out = local_ctl(capsys, run, "prune", "--steps", str(boundary), "--include-boundaries")
+    assert code == 0 and not (run / bin_name(boundary)).exists(), out
 
     # The run resumes from what is left.
     res = run_trainer(run, cache_dir, "--max-steps", str(newest + 2))

@@ -30,6 +30,9 @@ from andrea.daemon.runtime.exitcodes import ExitCode
 from tests.support.daemons import Daemon, run_trainer, trainer_cmd
 
 STEPS = 20
+EVERY = 2
+CADENCE_POINTS = list(range(EVERY, STEPS + 1, EVERY))
+CADENCE_TOML = f'preset = "andrea-tiny"\n[checkpoint]\nevery = {EVERY}\nkeep_latest = 100\n'
 DELAY = {"ANDREA_CKPT_TEST_WRITE_DELAY": "1.0"}
 
 
@@ -48,12 +51,9 @@ def _snapshot(step: int, staging: StagingBuffer, fields: dict) -> Snapshot:
 
 
 @pytest.fixture(scope="module")
-def manifest_fields(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> dict:
+def manifest_fields(reference: Path) -> dict:
     """Every manifest field a real trainer writes, taken from a real checkpoint (layout replaced)."""
-    run_dir = tmp_path_factory.mktemp("fields")
-    res = run_trainer(run_dir, cache_dir, "--max-steps", "1", "--checkpoint-every", "0")
-    assert res.returncode == 0, res.stderr
-    man = json.loads((run_dir / rundir.manifest_name(1)).read_text())
+    man = json.loads((reference / rundir.manifest_name(STEPS)).read_text())
     for k in (
         "format_version",
         "step",
@@ -136,9 +136,13 @@ def test_failed_async_save_is_reported_and_keeps_previous(
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """The never-stopped run, its writes instant: a checkpoint every EVERY steps, all kept (the
+    cadence test's baseline; the cadence does not change what is trained)."""
     run_dir = tmp_path_factory.mktemp("reference")
-    res = run_trainer(run_dir, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "0")
+    (run_dir / "run.toml").write_text(CADENCE_TOML)
+    res = run_trainer(run_dir, cache_dir, "--max-steps", str(STEPS))
     assert res.returncode == 0, res.stderr
+    assert _intact(run_dir) == CADENCE_POINTS, res.stderr
     return run_dir
 
 
@@ -236,17 +240,10 @@ def test_cadence_points_during_a_write_wait_and_are_never_skipped(
     tmp_path: Path, cache_dir: Path, reference: Path
 ) -> None:
     """Writes slower than the cadence: every cadence checkpoint is still written, in step order."""
-    (tmp_path / "run.toml").write_text(
-        'preset = "andrea-tiny"\n[checkpoint]\nevery = 2\nkeep_latest = 100\n'
-    )
-    res = run_trainer(tmp_path, cache_dir, "--max-steps", "12")  # instant writes: the baseline
-    assert res.returncode == 0, res.stderr
-    slow = tmp_path / "slow"
-    slow.mkdir()
-    (slow / "run.toml").write_text((tmp_path / "run.toml").read_text())
+    (tmp_path / "run.toml").write_text(CADENCE_TOML)
     env = {**os.environ, "ANDREA_CKPT_TEST_WRITE_DELAY": "0.3"}
     res = subprocess.run(
-        trainer_cmd(slow, cache_dir, "--max-steps", "12"),
+        trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS)),
         capture_output=True,
         text=True,
         env=env,
@@ -257,17 +254,11 @@ def test_cadence_points_during_a_write_wait_and_are_never_skipped(
         int(s)
         for s in re.findall(r"checkpoint step_(\d+)\.bin written \((?:cadence|end)", res.stderr)
     ]
-    assert written == [2, 4, 6, 8, 10, 12], res.stderr
-    assert _intact(slow) == [2, 4, 6, 8, 10, 12]
-    for s in (
-        2,
-        4,
-        6,
-        8,
-        10,
-        12,
-    ):  # same bytes as with instant writes: the snapshot is of its own step
-        assert (slow / rundir.bin_name(s)).read_bytes() == (
-            tmp_path / rundir.bin_name(s)
+    assert written == CADENCE_POINTS, res.stderr
+    assert _intact(tmp_path) == CADENCE_POINTS
+    # Same bytes as with instant writes (the reference): the snapshot is of its own step.
+    for s in CADENCE_POINTS:
+        assert (tmp_path / rundir.bin_name(s)).read_bytes() == (
+            reference / rundir.bin_name(s)
         ).read_bytes()
-    assert _losses(slow) == _losses(tmp_path)
+    assert _losses(tmp_path) == _losses(reference)

@@ -55,10 +55,20 @@ def stop_at(run_dir: Path, cache: Path, step: int, sig: signal.Signals, *extra: 
 
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
-    """A run stopped by SIGTERM after step 13, never resumed: the tests that resume it copy it."""
+    """A run that took a SIGUSR1 audit checkpoint after step 6 and went on, then was stopped by
+    SIGTERM after step 13, never resumed: the tests that resume it copy it. Its log is beside it,
+    in `trainer.log`."""
     run_dir = tmp_path_factory.mktemp("stopped") / "run"
-    t = stop_at(run_dir, cache_dir, 13, signal.SIGTERM)
+    t = Daemon(
+        trainer_cmd(run_dir, cache_dir, "--max-steps", str(STEPS), "--checkpoint-every", "10")
+    )
+    t.wait_for(rf"step 6/{STEPS} ")
+    t.signal(signal.SIGUSR1)
+    t.wait_for(r"checkpoint step_\d+\.bin written \(sigusr1")
+    t.wait_for(rf"step 13/{STEPS} ")
+    t.signal(signal.SIGTERM)
     assert t.wait() == ExitCode.OK, t.log
+    (run_dir.parent / "trainer.log").write_text(t.log)
     return run_dir
 
 
@@ -74,7 +84,7 @@ def test_sigterm_then_restart_is_bit_exact(
 ) -> None:
     run = copy_of(stopped, tmp_path)
     saved = sorted(int(p.stem[5:]) for p in run.glob("step_*.json"))
-    last = saved[-1]
+    last, audit = saved[-1], saved[0]
     assert last not in (10, 20, STEPS), (
         f"stop landed on a cadence point {last}; test needs mid-interval"
     )
@@ -89,27 +99,37 @@ def test_sigterm_then_restart_is_bit_exact(
     assert (run / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
     segs = {e["segment"] for e in entries(run)}
     assert segs == {1, 2}
+    # The first life's SIGUSR1 audit point is kept although older than the cadence checkpoints
+    # after it (retention keeps the newest 3 of those).
+    assert json.loads((run / manifest_name(audit)).read_text())["trigger"] == "sigusr1"
+    assert (run / bin_name(audit)).exists() and not (run / bin_name(10)).exists()
 
 
-def test_sigint_behaves_like_sigterm(tmp_path: Path, cache_dir: Path) -> None:
-    t = stop_at(tmp_path, cache_dir, 4, signal.SIGINT)
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A run stopped by SIGINT after step 4, never resumed (test_failed_final_checkpoint_... copies
+    it)."""
+    run_dir = tmp_path_factory.mktemp("interrupted") / "run"
+    t = stop_at(run_dir, cache_dir, 4, signal.SIGINT)
     assert t.wait() == ExitCode.OK, t.log
-    (man,) = [json.loads(p.read_text()) for p in tmp_path.glob("step_*.json")]
+    return run_dir
+
+
+def test_sigint_behaves_like_sigterm(interrupted: Path) -> None:
+    (man,) = [json.loads(p.read_text()) for p in interrupted.glob("step_*.json")]
     assert man["trigger"] == "sigint"
 
 
-def test_sigusr1_checkpoints_and_continues(
-    tmp_path: Path, cache_dir: Path, continuous: Path
-) -> None:
-    t = stop_at(tmp_path, cache_dir, 14, signal.SIGUSR1)
-    m = t.wait_for(r"checkpoint (step_\d+\.bin) written \(sigusr1")
-    assert t.wait() == ExitCode.OK, t.log
-    man = json.loads((tmp_path / m.group(1).replace(".bin", ".json")).read_text())
+def test_sigusr1_checkpoints_and_continues(stopped: Path) -> None:
+    """The `stopped` run's SIGUSR1: an audit checkpoint off the cadence, and training went on in
+    the same process (test_sigterm_then_restart_is_bit_exact resumes that run and finds it
+    bit-exact, and the audit point kept)."""
+    log = (stopped.parent / "trainer.log").read_text()
+    m = re.search(r"checkpoint (step_(\d+)\.bin) written \(sigusr1", log)
+    assert m, log
+    man = json.loads((stopped / m.group(1).replace(".bin", ".json")).read_text())
     assert man["trigger"] == "sigusr1" and man["step"] % 10 != 0
-    # The audit point is kept although it is older than the cadence checkpoints after it.
-    assert (tmp_path / m.group(1)).exists()
-    assert losses(tmp_path) == losses(continuous)
-    assert (tmp_path / bin_name(STEPS)).read_bytes() == (continuous / bin_name(STEPS)).read_bytes()
+    assert log.index(m.group(0)) < log.index(f"step 13/{STEPS} ")
 
 
 def test_repeated_sigusr1_coalesce_and_sigterm_after_it_writes_once(
@@ -216,13 +236,14 @@ def test_sigterm_during_sampling_checkpoints_promptly_and_logs_no_cut_off_sample
 
 
 def test_failed_final_checkpoint_keeps_previous_and_exits_3(
-    tmp_path: Path, cache_dir: Path
+    tmp_path: Path, cache_dir: Path, interrupted: Path
 ) -> None:
     """A real write failure: the process may not create files larger than 64 KiB (RLIMIT_FSIZE),
-    less than one tiny-preset payload, so its final checkpoint fails like on a full disk."""
-    res = run_trainer(tmp_path, cache_dir, "--max-steps", "10", "--checkpoint-every", "10")
-    assert res.returncode == 0, res.stderr
-    before = (tmp_path / bin_name(10)).read_bytes()
+    less than one tiny-preset payload, so its final checkpoint fails like on a full disk. The run
+    it resumes is the SIGINT test's, whose only checkpoint is the previous one."""
+    run = copy_of(interrupted, tmp_path)
+    (previous,) = sorted(int(p.stem[5:]) for p in run.glob("step_*.json"))
+    before = (run / bin_name(previous)).read_bytes()
 
     def limit_file_size() -> None:
         import resource
@@ -231,19 +252,22 @@ def test_failed_final_checkpoint_keeps_previous_and_exits_3(
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
 
     t = Daemon(
-        trainer_cmd(tmp_path, cache_dir, "--max-steps", "1000", "--checkpoint-every", "0"),
+        trainer_cmd(run, cache_dir, "--max-steps", "1000", "--checkpoint-every", "0"),
         preexec_fn=limit_file_size,
     )
-    t.wait_for(r"step 14/")
+    t.wait_for(rf"step {previous + 10}/")
     t.signal(signal.SIGTERM)
     assert t.wait() == ExitCode.CHECKPOINT_FAILED, t.log
     assert "final checkpoint of step" in t.log and "FAILED" in t.log
-    assert (tmp_path / bin_name(10)).read_bytes() == before
-    assert not list(tmp_path.glob("*.tmp")), "a failed write must not leave its temporary file"
-    assert sorted(p.name for p in tmp_path.glob("step_*")) == [bin_name(10), manifest_name(10)]
+    assert (run / bin_name(previous)).read_bytes() == before
+    assert not list(run.glob("*.tmp")), "a failed write must not leave its temporary file"
+    assert sorted(p.name for p in run.glob("step_*")) == [
+        bin_name(previous),
+        manifest_name(previous),
+    ]
     # And the run resumes from it.
-    res = run_trainer(tmp_path, cache_dir, "--max-steps", "12", "--checkpoint-every", "0")
-    assert res.returncode == 0 and "resumed from step_000010.bin" in res.stderr, res.stderr
+    res = run_trainer(run, cache_dir, "--max-steps", str(previous + 2), "--checkpoint-every", "0")
+    assert res.returncode == 0 and f"resumed from {bin_name(previous)}" in res.stderr, res.stderr
 
 
 def test_sigkill_during_checkpoint_writes_never_loads_a_torn_checkpoint(

@@ -3,7 +3,9 @@ scripts/install-units.sh and driven with systemctl the way an operator drives th
 
 One machine for the module. The tests on run RUN follow each other in file order (start, steer,
 crash, stop, restart); every other scenario has a run of its own. Timeouts are shortened by
-drop-ins, so that a crash loop or a watchdog shows within seconds, not minutes.
+drop-ins, so that a crash loop or a watchdog shows within seconds, not minutes. The trainers are
+paced by a drop-in (ANDREA_TEST_STEP_PAUSE: a sleep after each step): the tests wait for events,
+not for steps, and an unpaced andrea-tiny trains flat out meanwhile, a core for each trainer.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 
 from andrea.daemon.config import build_config
 from andrea.daemon.data.arms import load_arms
+from andrea.daemon.trainer.loop import PACE_ENV
 from tests.support.manifests import final_trigger_is
 from tests.support.owndata import PROSE, bpe_file
 from tests.support.realsystemd import REPO, SystemdMachine
@@ -31,6 +34,8 @@ POLICY = "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n"
 #: Text files of 0.11 MB each: a corpus whose encoding outlasts a start timeout of 3 s (from 4 s
 #: on an idle machine to 15 s at 1.3 MB/s, as a loaded one encoded it).
 ENCODE_FILES = 160
+#: Seconds each trainer sleeps after a step: 20 steps a second at most, a few percent of a core.
+PACE = 0.05
 
 
 def trainer(run: str) -> str:
@@ -50,6 +55,8 @@ def sd(real_systemd: SystemdMachine, cache_dir: Path) -> SystemdMachine:
     m = real_systemd
     for unit in ("andrea-trainer@.service", "andrea-proxy@.service"):
         m.write_dropin(unit, "test", "[Service]\nRestartSec=1s\n")
+    for unit in ("andrea-trainer@.service", "andrea-trainer-ddp@.service"):
+        m.write_dropin(unit, "pace", f"[Service]\nEnvironment={PACE_ENV}={PACE}\n")
     # The session's tokenized corpus (built here if no test did yet), so that a first start does
     # not rebuild it: the start-up times asserted below are the daemons', not tokenizing's (a cold
     # first start is measured in docs/operations.md).
@@ -107,6 +114,7 @@ def test_first_start_is_active_within_30_s(sd: SystemdMachine) -> None:
     for unit in (trainer(RUN), proxy(RUN)):
         assert sd.prop(unit, "ActiveState") == "active", sd.journal(unit)
     wait_step(sd, RUN, 1)
+    assert f"{PACE_ENV}: pausing {PACE:g} s after each step" in sd.journal(trainer(RUN))
     # Unprivileged: the daemons run as the system user the install script made.
     pid = sd.prop(trainer(RUN), "MainPID")
     assert sd.sh(f"ps -o user= -p {pid}").stdout.strip() == "andrea"
