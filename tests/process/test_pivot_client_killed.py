@@ -13,9 +13,11 @@ so that each pivot holds at the next boundary, the same in every run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
@@ -73,8 +75,10 @@ class _Run:
         self.clients.append(client)
         return client
 
-    def pivot(self, text: str, kill_after: str | None) -> None:
-        """A pivot whose client is killed after the proxy's stage `kill_after` (None: never)."""
+    def pivot(self, text: str, kill_after: str | None) -> Callable[[], None]:
+        """A pivot whose client is killed after the proxy's stage `kill_after` (None: never); the
+        check of the client's exit, to call once the trainer is stopped again (a client that
+        waits for its answer may exit after the released trainer passed the next checkpoint)."""
         client = self.client(text)
         if kill_after == "accepted":
             self.proxy.wait_for(r"pausing .* after stage accepted", timeout=WAIT)
@@ -84,8 +88,12 @@ class _Run:
         if kill_after not in (None, "accepted"):
             self.proxy.wait_for(rf"pausing .* after stage {kill_after}", timeout=WAIT)
             os.kill(client.pid, signal.SIGKILL)
-        code = client.wait(timeout=WAIT)
-        assert code == (0 if kill_after is None else -signal.SIGKILL), (kill_after, code)
+
+        def exited() -> None:
+            code = client.wait(timeout=WAIT)
+            assert code == (0 if kill_after is None else -signal.SIGKILL), (kill_after, code)
+
+        return exited
 
     def done(self) -> None:
         """The proxy has finished the pivot (its answer, if any, went nowhere)."""
@@ -105,13 +113,17 @@ class _Run:
 
 def _pivoted(run: _Run, moments: tuple[str | None, ...]) -> Outcome:
     """The run's four pivots, each client killed after its moment (None: never)."""
-    for n, (boundary, policy, moment) in enumerate(zip(BOUNDARIES, POLICIES, moments)):
-        if n:
-            run.stopped_after(boundary - EVERY)  # the proxy may still pause after the last
-            run.done()
-        run.pivot(policy, moment)
+    exited: Callable[[], None] | None = None
+    for boundary, policy, moment in zip(BOUNDARIES, POLICIES, moments):
+        if exited is not None:
+            run.stopped_after(boundary - EVERY)
+            exited()
+            run.done()  # the proxy may still pause after the last one's release
+        exited = run.pivot(policy, moment)
         if moment == "accepted":
             assert run.proxy.log.count("pivot: accepted") == 1, "the killed request pivoted"
+    assert exited is not None
+    exited()
     return run.finish()
 
 
@@ -124,7 +136,10 @@ def test_killed_at_five_moments_ends_as_the_pivots_done_whole(
     reference = _pivoted(whole, (None,) * len(BOUNDARIES))
     curve = reference[1]
     assert [s for s, *_ in curve] == list(range(1, STEPS + 1))
-    assert all(ph == sum(s > b for b in BOUNDARIES) for s, _, _, ph in curve), curve
+    made = sorted(
+        json.loads(f.read_text())["boundary_step"] for f in whole.run.glob("archive/*/pivot.json")
+    )
+    assert all(ph == sum(s > b for b in BOUNDARIES) for s, _, _, ph in curve), (made, curve)
     for first, second in (BOUNDARIES[:2], BOUNDARIES[2:]):
         assert {arm for s, _, arm, _ in curve if first < s <= second} == {"docstrings"}
 
