@@ -1,7 +1,8 @@
 """Config changes are named or refused, and a deliberate one (--allow-config-change) is recorded in
-the run's resolved config so that every later plain restart runs under it — with the proxy too. One
-test per kind of change the docs allow: optimizer, batch, seed, data (an arm removed: the zombie-arm
-workflow) and mixing; and a person's run.toml, never rewritten. Real trainer and proxy processes."""
+the run's resolved config so that every later plain restart runs under it — with the proxy too.
+Every kind of change the docs allow, in one run, each named when refused: optimizer and batch, then
+mixing, then seed, then data (an arm removed: the zombie-arm workflow) under the proxy; and a person's
+run.toml, never rewritten. Real trainer and proxy processes."""
 
 from __future__ import annotations
 
@@ -28,10 +29,16 @@ def run_toml(run_dir: Path) -> dict:
 
 
 def test_changes_are_named_refused_or_recorded(tmp_path: Path, cache_dir: Path) -> None:
+    """One run through every kind of change, each named, then made on purpose and recorded."""
     run = tmp_path / "run"
     res = run_trainer(run, cache_dir, "--max-steps", "10", "--checkpoint-every", "5")
     assert res.returncode == ExitCode.OK, res.stderr
+    _optimizer_and_batch(run, cache_dir)
+    _mixing(run, cache_dir)
+    _seed_and_data(run, cache_dir)
 
+
+def _optimizer_and_batch(run: Path, cache_dir: Path) -> None:
     res = run_trainer(run, cache_dir, "--max-steps", "12", "--preset", "andrea-12m")
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "--preset andrea-12m disagrees with this run's preset andrea-tiny" in res.stderr
@@ -47,43 +54,42 @@ def test_changes_are_named_refused_or_recorded(tmp_path: Path, cache_dir: Path) 
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
     assert "optim.lr: 0.003 → 0.002" in res.stderr, res.stderr
 
-    # Batch (a flag) and optimizer at once, on purpose: recorded, then a plain restart runs.
+    # Batch (a flag) and optimizer at once, on purpose: recorded.
     res = run_trainer(
         run, cache_dir, "--max-steps", "12", "--batch-size", "16", "--allow-config-change"
     )
     assert res.returncode == ExitCode.OK, res.stderr
     assert "recorded in .run.resolved.toml: batch_size: 8 → 16" in res.stderr, res.stderr
     assert run_toml(run)["batch_size"] == 16 and run_toml(run)["optim"]["lr"] == 0.002
-    res = run_trainer(run, cache_dir, "--max-steps", "14")
-    assert res.returncode == ExitCode.OK and "resumed from step_000012.bin" in res.stderr, (
+
+
+def _mixing(run: Path, cache_dir: Path) -> None:
+    """Fixed → proxy, named alone (the batch and optimizer are the run's now); then a plain
+    restart runs under all three: batch, optimizer and mixing."""
+    res = run_trainer(run, cache_dir, "--max-steps", "14", "--with-proxy")
+    assert res.returncode == ExitCode.RESUME_REFUSED and "mixing: fixed → proxy" in res.stderr
+    assert "batch_size" not in res.stderr and "optim.lr" not in res.stderr, res.stderr
+    res = run_trainer(run, cache_dir, "--max-steps", "14", "--with-proxy", "--allow-config-change")
+    assert res.returncode == ExitCode.OK, res.stderr
+    res = run_trainer(run, cache_dir, "--max-steps", "16", "--with-proxy")
+    assert res.returncode == ExitCode.OK and "resumed from step_000014.bin" in res.stderr, (
         res.stderr
     )
     assert [e.tokens for e in read_entries(run / ".loss.json")][-1] == 16 * 64
 
 
-def test_deliberate_changes_with_the_proxy(tmp_path: Path, cache_dir: Path) -> None:
-    run = tmp_path / "run"
-    res = run_trainer(run, cache_dir, "--max-steps", "10", "--checkpoint-every", "5")
-    assert res.returncode == ExitCode.OK, res.stderr
-
-    # Mixing: fixed → proxy.
-    res = run_trainer(run, cache_dir, "--max-steps", "12", "--with-proxy")
-    assert res.returncode == ExitCode.RESUME_REFUSED and "mixing: fixed → proxy" in res.stderr
-    res = run_trainer(run, cache_dir, "--max-steps", "12", "--with-proxy", "--allow-config-change")
-    assert res.returncode == ExitCode.OK, res.stderr
-    res = run_trainer(run, cache_dir, "--max-steps", "14", "--with-proxy")
-    assert res.returncode == ExitCode.OK, res.stderr
-
-    # Seed: the proxy started with the old run.toml takes the recorded one.
+def _seed_and_data(run: Path, cache_dir: Path) -> None:
+    """Seed, then data (an arm removed: the zombie-arm workflow the refusal suggests), under the
+    proxy; the last plain restart's proxy, started with the old run.toml, takes the recorded
+    seed (else it would rebuild its bandit from a log whose arms are gone)."""
+    res = run_trainer(run, cache_dir, "--max-steps", "18", "--with-proxy", "--seed", "7")
+    assert res.returncode == ExitCode.RESUME_REFUSED and "seed: 1337 → 7" in res.stderr, res.stderr
     res = run_trainer(
-        run, cache_dir, "--max-steps", "16", "--with-proxy", "--seed", "7", "--allow-config-change"
+        run, cache_dir, "--max-steps", "18", "--with-proxy", "--seed", "7", "--allow-config-change"
     )
     assert res.returncode == ExitCode.OK, res.stderr
     assert run_toml(run)["seed"] == 7
-    res = run_trainer(run, cache_dir, "--max-steps", "18", "--with-proxy")
-    assert res.returncode == ExitCode.OK, res.stderr
 
-    # Data: an arm removed (the zombie-arm workflow the refusal suggests).
     # (Edited as TOML: how the trainer lays out the arms it wrote, inline or as [[data.arms]]
     # tables, is tomli-w's choice.)
     values = tomllib.loads((run / "run.toml").read_text())

@@ -5,6 +5,7 @@ starts, and never ends the run over it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -109,8 +110,9 @@ def test_the_seed_manual_pivot_in_one_command_mode(tmp_path: Path, cache_dir: Pa
 def test_a_proxy_started_by_hand_is_used_and_stopped_with_the_trainer(
     tmp_path: Path, cache_dir: Path
 ) -> None:
-    """A proxy already running when `--with-proxy` starts (left by the manual path after the
-    trainer was killed, say) is used, not fought over, and the one command's stop ends it."""
+    """The one command's proxy does not outlive a killed trainer (it stops cleanly); a proxy
+    already running when `--with-proxy` starts (left by the manual path after the trainer was
+    killed, say) is used, not fought over, and the one command's stop ends it."""
     run = tmp_path / "run"
     t = Daemon(trainer_cmd(run, cache_dir, "--with-proxy", "--max-steps", "100000"))
     t.wait_for(r"step 3/", timeout=WAIT)
@@ -122,6 +124,7 @@ def test_a_proxy_started_by_hand_is_used_and_stopped_with_the_trainer(
     while alive(child):  # the trainer's own proxy does not outlive it
         assert time.monotonic() < deadline, "the proxy outlived its trainer"
         time.sleep(0.1)
+    json.loads((run / ".state.json").read_text())  # it stopped cleanly, writing its state
     p = Daemon([sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(run)])
     p.wait_for(r"proxy ready", timeout=WAIT)
     t = Daemon(trainer_cmd(run, cache_dir, "--with-proxy", "--max-steps", "100000"))

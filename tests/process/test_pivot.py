@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD, TARGET_REWARD, parse_policy
 from andrea.daemon.rundir.layout import bin_name, endpoint
@@ -81,13 +84,10 @@ def samples_steps(path: Path) -> set[int]:
     return {r["step"] for r in json.loads(path.read_text())["records"]}
 
 
-def test_a_pivot_heard_at_the_last_step_is_trained_before_the_run_ends(
-    tmp_path: Path, cache_dir: Path
-) -> None:
-    """The manual pivot while the trainer finishes its last step (paused there, in its held-out
-    evaluation): it hears of the new phase before it ends, so it rolls back and trains the
-    superseded steps again in the new phase, instead of ending the run on them."""
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def last_step_pivot(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A run pivoted by hand while the trainer finishes its last step (read-only: copy it)."""
+    run = tmp_path_factory.mktemp("last-step") / "run"
     p, t = proxy(run), trainer(run, cache_dir, STEPS)
     t.wait_for(rf"evaluating step {STEPS} on held-out data", timeout=WAIT)
     t.signal(signal.SIGSTOP)
@@ -101,6 +101,16 @@ def test_a_pivot_heard_at_the_last_step_is_trained_before_the_run_ends(
     assert t.wait() == ExitCode.OK, t.log
     assert f"rolling back to {bin_name(boundary)}" in t.log, t.log
     assert stop(p) == ExitCode.OK, p.log
+    return run
+
+
+def test_a_pivot_heard_at_the_last_step_is_trained_before_the_run_ends(
+    last_step_pivot: Path,
+) -> None:
+    """The manual pivot while the trainer finishes its last step (paused there, in its held-out
+    evaluation): it hears of the new phase before it ends, so it rolls back and trains the
+    superseded steps again in the new phase, instead of ending the run on them."""
+    run, boundary = last_step_pivot, STEPS - EVERY
     final = json.loads((run / f"step_{STEPS:06d}.json").read_text())
     assert final["mixing"]["phase"] == 1
     c = curve(run)
@@ -316,28 +326,23 @@ def test_pivots_refused_raced_interrupted_and_cancelled(tmp_path: Path, cache_di
 
 
 def test_damaged_state_after_a_pivot_is_rebuilt_in_the_right_phase(
-    tmp_path: Path, cache_dir: Path
+    tmp_path: Path, last_step_pivot: Path
 ) -> None:
-    """The recovery replays .loss.json from the newest pivot's boundary, under the current policy."""
-    (tmp_path / "policy.toml").write_text(POLICY)
-    p, t = proxy(tmp_path), trainer(tmp_path, cache_dir, EVERY, sample_every=0)
-    assert t.wait() == ExitCode.OK and stop(p) == ExitCode.OK
-    (tmp_path / "policy.toml").write_text(POLICY.replace("cap = 0.0", "cap = 0.5", 1))
-    p = proxy(tmp_path)
-    p.wait_for(r"pivot: phase 1 starts after step 25", timeout=WAIT)
-    t = trainer(tmp_path, cache_dir, EVERY + 10, sample_every=0)
-    assert t.wait() == ExitCode.OK, t.log
-    assert stop(p) == ExitCode.OK
-    before = json.loads((tmp_path / ".state.json").read_text())["live_probabilities"]
-    (tmp_path / ".state.json").write_text("{")
-    p = proxy(tmp_path)
-    p.wait_for(r"bandit for phase 1 \(after step 25\)", timeout=WAIT)
+    """The recovery replays .loss.json from the newest pivot's boundary, under the current policy
+    (the log holds the superseded steps after it too, of the old phase)."""
+    run = tmp_path / "run"
+    shutil.copytree(last_step_pivot, run)
+    before = json.loads((run / ".state.json").read_text())["live_probabilities"]
+    (run / ".state.json").write_text("{")
+    p = proxy(run)
+    p.wait_for(rf"bandit for phase 1 \(after step {STEPS - EVERY}\)", timeout=WAIT)
     p.wait_for(r"proxy ready", timeout=WAIT)
     assert stop(p) == ExitCode.OK
-    state = json.loads((tmp_path / ".state.json").read_text())
-    assert state["bandit"]["phase"] == 1 and state["bandit"]["phase_start_step"] == EVERY
+    state = json.loads((run / ".state.json").read_text())
+    assert state["bandit"]["phase"] == 1 and state["bandit"]["phase_start_step"] == STEPS - EVERY
     assert before.keys() == state["live_probabilities"].keys()
-    assert os.path.exists(tmp_path / "policy.toml")
+    assert list(run.glob(".state.json.corrupt-*")), "the damaged file is kept for inspection"
+    assert os.path.exists(run / "policy.toml")
 
 
 def test_the_policy_in_force_survives_restarts(tmp_path: Path, cache_dir: Path) -> None:

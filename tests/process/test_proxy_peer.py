@@ -23,6 +23,8 @@ from andrea.protocol.transport import new_id, request
 from tests.support.daemons import Daemon, trainer_cmd
 
 STEPS = 30
+#: Seconds to wait for a daemon's exit: generous, for a loaded 2-core machine.
+WAIT = 300
 
 
 class Peer:
@@ -52,9 +54,9 @@ def _daemons(run: Path, cache: Path) -> tuple[Daemon, Daemon]:
 
 
 def _finish(p: Daemon, t: Daemon) -> None:
-    assert t.wait() == ExitCode.OK, t.log
+    assert t.wait(WAIT) == ExitCode.OK, t.log
     p.signal(signal.SIGTERM)
-    assert p.wait() == ExitCode.OK, p.log
+    assert p.wait(WAIT) == ExitCode.OK, p.log
 
 
 def _proxy_status(run: Path) -> dict:
