@@ -464,10 +464,18 @@ class Bandit:
         seed: int,
         phase: int = 0,
         start_step: int = 0,
+        departed: Sequence[str] = (),
     ) -> None:
         """A fresh bandit for a new phase whose first step is `start_step + 1`. Configured arms that
-        are not available join as zombies (reported, never drawn)."""
-        records = [_fresh(c) for c in _index_configured(arms).values()]
+        are not available join as zombies (reported, never drawn); so do the `departed` arms, no
+        longer configured but trained on in this phase (a bandit rebuilt from the log after an
+        arm's removal: its logged steps replay into their history, as `from_state` keeps them)."""
+        configured = _index_configured(arms)
+        records = [_fresh(c) for c in configured.values()]
+        for name in sorted(set(departed) - set(configured)):
+            # The log does not record a source's identity: an arm configured again later under
+            # that name is a new source to this history (from_state: "source identity changed").
+            records.append(_Arm(name, "", "source not configured", 0, ArmStats(), 0.0, 0.0))
         self._setup(
             records,
             policy,

@@ -129,7 +129,12 @@ def restore_bandit(
             changed = state.bandit.policy_fingerprint != policy.fingerprint()
             return Restored(bandit, state.max_segment, changed, state.trainer)
     phase, start = last_pivot(run_dir)
-    bandit = Bandit(configured, policy, seed=seed, phase=phase, start_step=start)
+    # Arms the phase trained on that the run no longer configures (removed by a deliberate config
+    # change): without them the replay would refuse their logged steps and the run would stop.
+    departed = {e.arm for e in entries if e.step > start and e.phase == phase}
+    bandit = Bandit(
+        configured, policy, seed=seed, phase=phase, start_step=start, departed=sorted(departed)
+    )
     log.info(
         "bandit for phase %d (after step %d) over arms %s; logged losses are replayed as needed",
         phase,
