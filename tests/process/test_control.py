@@ -21,12 +21,16 @@ from andrea.protocol.transport import new_id, request
 from tests.support.daemons import Daemon, trainer_cmd
 from tests.support.daemons import andreactl as ctl
 
+#: Seconds to the first steps of a trainer: the first start of a session builds the corpus cache
+#: (3.6 s of CPU), which took over 60 s at a load average of 37 on this 2-core machine.
+FIRST_STEP = 300
+
 
 def test_status_checkpoint_wait_and_stop_wait(tmp_path: Path, cache_dir: Path) -> None:
     """One trainer for every check of its socket (a start is most of the cost): owner-only, one
     trainer per run, status, checkpoint --wait, garbage answered, stop --wait."""
     t = Daemon(trainer_cmd(tmp_path, cache_dir, "--max-steps", "100000", "--checkpoint-every", "0"))
-    t.wait_for(r"step 2/")
+    t.wait_for(r"step 2/", timeout=FIRST_STEP)
     _socket_is_owner_only_and_one_trainer_per_run(t, tmp_path, cache_dir)
     t.wait_for(r"step 3/")
     ep = endpoint(tmp_path, "trainer")
@@ -135,7 +139,7 @@ def test_operator_is_answered_during_a_status_flood(tmp_path: Path, cache_dir: P
             tmp_path, cache_dir, "--with-proxy", "--max-steps", "100000", "--checkpoint-every", "0"
         )
     )
-    t.wait_for(r"step 3/")
+    t.wait_for(r"step 3/", timeout=FIRST_STEP)
     with (
         StatusFlood(endpoint(tmp_path, "trainer"), 50) as on_trainer,
         StatusFlood(endpoint(tmp_path, "proxy"), 50) as on_proxy,
