@@ -1,7 +1,6 @@
 """Every --json document of andreactl is in the schema registry, and real output validates against
 the schema `andreactl schema COMMAND` prints for it: against a prepared run directory in-process,
-and against live daemons (pivot, its cancel, checkpoint, stop, watch) in a process test (the
-commands run in the test's process, `watch` as a process of its own)."""
+and against live daemons (pivot, its cancel, checkpoint, stop, watch) in a process test."""
 
 from __future__ import annotations
 
@@ -16,11 +15,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from andrea.control import andreactl
 from andrea.daemon.rundir.layout import peer_endpoint
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
 from tests.support.daemons import Daemon, trainer_cmd
+from tests.support.daemons import andreactl as ctl
 from tests.support.reports import check
 
 #: Seconds to wait for a daemon's log line: generous, for a loaded 2-core machine.
@@ -58,17 +57,9 @@ def test_live_reports_validate(tmp_path: Path, cache_dir: Path, capsys) -> None:
     t.wait_for(r"step 3/", timeout=WAIT)
 
     def ok(*argv: str, code: int = 0) -> str:
-        # In this process: the documents are what matters here, and an interpreter of its own
-        # for each (about 0.4 s of CPU, the live trainer training meanwhile) proves nothing more;
-        # `watch` below, which must end on Ctrl-C, runs as a process.
-        capsys.readouterr()
-        try:
-            got = andreactl.main(["--run-dir", str(run), "--json", *argv])
-        except SystemExit as e:
-            got = e.code
-        out, err = capsys.readouterr()
-        assert got == code, (argv, err)
-        return out
+        res = ctl(run, "--json", *argv, timeout=WAIT)
+        assert res.returncode == code, (argv, res.stderr)
+        return res.stdout
 
     assert check("status", ok("status"), capsys) == "StatusReport"
     cli = [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run), "--json"]
