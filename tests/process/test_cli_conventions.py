@@ -149,30 +149,48 @@ def test_watch_explains_the_reward_once(tmp_path: Path) -> None:
     assert text.count("reward: ") >= 3, text  # the table itself stays on every refresh read whole
 
 
-def test_the_parser_is_torch_free_and_names_every_verification_problem() -> None:
-    # Every andreactl call builds every subcommand's parser: torch there costs every command seconds.
-    code = (
-        "import sys; from andrea.control import andreactl; andreactl.build_parser();"
-        " print('torch' in sys.modules)"
-    )
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """What one fresh interpreter had imported after each of: building andreactl's parser, `status`
+    of a stopped run (its exit code too), reading a run's events. Modules only accumulate, so a
+    step without torch clears the steps before it as well (one interpreter for the three)."""
+    run, events = tmp_path_factory.mktemp("status"), tmp_path_factory.mktemp("events")
+    (events / "step_000010.json").write_text('{"trigger": "sigusr1"}')
+    (events / ".loss.json").write_text("")
+    code = f"""
+import json, sys
+from pathlib import Path
+from andrea.control import andreactl
+andreactl.build_parser()
+parser = "torch" in sys.modules
+code = andreactl.main(["--run-dir", {str(run)!r}, "status"])
+status = [code, "torch" in sys.modules, "matplotlib" in sys.modules]
+from andrea.control.run_events import read_run_events
+from andrea.daemon.rundir.losslog import read_curve
+d = Path({str(events)!r})
+audit = read_run_events(d, read_curve(d / ".loss.json")).audit_checkpoints
+print(json.dumps({{"parser": parser, "status": status, "events": [audit, "torch" in sys.modules]}}))
+"""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "False", out.stderr
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_parser_is_torch_free_and_names_every_verification_problem(
+    imported: dict[str, object],
+) -> None:
+    # Every andreactl call builds every subcommand's parser: torch there costs every command seconds.
+    assert imported["parser"] is False, imported
     from andrea.control import verify_options
     from andrea.control.verify_resume import PROBLEMS
 
     assert tuple(PROBLEMS) == verify_options.PROBLEM_NAMES
 
 
-def test_help_and_status_import_neither_torch_nor_matplotlib(tmp_path: Path) -> None:
+def test_help_and_status_import_neither_torch_nor_matplotlib(imported: dict[str, object]) -> None:
     # The commands' modules are all imported to build the parser; the heavy imports of a few
     # commands (size, export, checkpoints: torch; plot: matplotlib) stay in those commands.
-    code = (
-        "import sys; from andrea.control import andreactl;"
-        f" code = andreactl.main(['--run-dir', {str(tmp_path)!r}, 'status']);"
-        " print(code, 'torch' in sys.modules, 'matplotlib' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip().splitlines()[-1] == "3 False False", out.stdout + out.stderr
+    assert imported["status"] == [3, False, False], imported
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "andrea.control.andreactl", "--help"],
         capture_output=True,
@@ -180,21 +198,15 @@ def test_help_and_status_import_neither_torch_nor_matplotlib(tmp_path: Path) -> 
         timeout=60,
     )
     assert out.returncode == 0 and "usage: andreactl" in out.stdout
-    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
-    assert not imported & {"torch", "matplotlib"}, "andreactl --help imported torch or matplotlib"
+    imported_modules = {
+        line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line
+    }
+    assert not imported_modules & {"torch", "matplotlib"}, (
+        "andreactl --help imported torch or matplotlib"
+    )
 
 
-def test_reading_a_runs_events_is_torch_free(tmp_path: Path) -> None:
+def test_reading_a_runs_events_is_torch_free(imported: dict[str, object]) -> None:
     # `andreactl plot`/`history` read each manifest's trigger: the manifest model imports torch,
     # which would cost a plot seconds for one string.
-    (tmp_path / "step_000010.json").write_text('{"trigger": "sigusr1"}')
-    code = (
-        "import sys; from pathlib import Path; from andrea.control.run_events import"
-        " read_run_events; from andrea.daemon.rundir.losslog import read_curve;"
-        f" d = Path({str(tmp_path)!r});"
-        " (d / '.loss.json').write_text('');"
-        " print(read_run_events(d, read_curve(d / '.loss.json')).audit_checkpoints,"
-        " 'torch' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "[(10, 'sigusr1')] False", out.stderr
+    assert imported["events"] == [[[10, "sigusr1"]], False], imported

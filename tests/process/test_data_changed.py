@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -67,9 +68,15 @@ def test_a_token_file_changed_under_a_live_trainer_stops_it_with_a_checkpoint(
     t.wait_for(rf"step {first + 3}/")
     assert "arm 'mine' has changed data: its cursor starts at the beginning" in t.log
     st = data.stat()
-    with data.open("r+b") as f:
-        f.write(np.full(st.st_size // 2, 1000, dtype="<u2").tobytes())
-    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    # Paused meanwhile: a step boundary between the write and the utime saw the new modification
+    # time, and the trainer stopped for it instead of for the ids (a flake at a load of ~30).
+    t.signal(signal.SIGSTOP)
+    try:
+        with data.open("r+b") as f:
+            f.write(np.full(st.st_size // 2, 1000, dtype="<u2").tobytes())
+        os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        t.signal(signal.SIGCONT)
     assert t.wait() == ExitCode.DATA_ERROR, t.log
     second = stopped_at(t.log, data, "it holds id 1,000, not below [model] vocab_size 256")
     assert drawn(tmp_path, second) == 8 * (second - first)

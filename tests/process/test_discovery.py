@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -15,18 +16,20 @@ from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
 from tests.support.daemons import run_trainer
 
+#: The base run's checkpoints: enough for every damage case of the merged test below to spoil one
+#: of its own, newest first, above step 15 (which the resume then starts from).
+STEPS = tuple(range(5, 60, 5))
+
 
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     run_dir = tmp_path_factory.mktemp("base")
     (run_dir / "run.toml").write_text(
-        'preset = "andrea-tiny"\n[checkpoint]\nevery = 5\nkeep_latest = 10\n'
+        'preset = "andrea-tiny"\n[checkpoint]\nevery = 5\nkeep_latest = 20\n'
     )
-    res = run_trainer(run_dir, cache_dir, "--max-steps", "20")
+    res = run_trainer(run_dir, cache_dir, "--max-steps", str(STEPS[-1]))
     assert res.returncode == 0, res.stderr
-    assert sorted(p.name for p in run_dir.glob("step_*.bin")) == [
-        bin_name(s) for s in (5, 10, 15, 20)
-    ]
+    assert sorted(p.name for p in run_dir.glob("step_*.bin")) == [bin_name(s) for s in STEPS]
     return run_dir
 
 
@@ -82,39 +85,49 @@ DAMAGE: dict[str, tuple[str, Callable[[Path], None], str]] = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(DAMAGE))
+def _skip_reasons(stderr: str) -> dict[int, str]:
+    """Each "skipping checkpoint N: reason" of a start's log, up to the next skip or log record."""
+    chunks = re.split(r"skipping checkpoint (\d+): ", stderr)
+    return {
+        int(step): re.split(r"\n\d\d:\d\d:\d\d ", text)[0]
+        for step, text in zip(chunks[1::2], chunks[2::2], strict=True)
+    }
+
+
 def test_damaged_newest_is_skipped_with_its_reason(
-    case: str, tmp_path: Path, base_run: Path, cache_dir: Path
-) -> None:
-    run_dir = tmp_path / "run"
-    shutil.copytree(base_run, run_dir)
-    kind, damage, reason = DAMAGE[case]
-    damage(run_dir / (bin_name(20) if kind == "bin" else manifest_name(20)))
-    res = run_trainer(run_dir, cache_dir, "--max-steps", "20")
-    assert res.returncode == ExitCode.OK, res.stderr
-    assert "skipping checkpoint 20" in res.stderr
-    import re
-
-    assert re.search(reason, res.stderr), res.stderr
-    assert "resumed from step_000015.bin" in res.stderr
-    # Training re-reached step 20 and wrote a good checkpoint over the damaged one.
-    man = json.loads((run_dir / manifest_name(20)).read_text())
-    assert (run_dir / bin_name(20)).stat().st_size == man["bin_size"]
-
-
-def test_payload_without_manifest_is_an_interrupted_write(
     tmp_path: Path, base_run: Path, cache_dir: Path
 ) -> None:
+    """Every kind of damage (DAMAGE), each done to its own checkpoint, and above them a payload
+    without a manifest (an interrupted write) and a writer's temporary: one start skips each
+    damaged one as the newest left, naming it and its reason, ignores the interrupted write,
+    removes the temporary, and resumes from the newest intact checkpoint (one start checks every
+    case: a start is most of the cost)."""
     run_dir = tmp_path / "run"
     shutil.copytree(base_run, run_dir)
-    (run_dir / manifest_name(20)).unlink()
-    (run_dir / "step_000025.bin.4242.tmp").write_bytes(b"partial")
-    res = run_trainer(run_dir, cache_dir, "--max-steps", "20")
+    newest, *damaged = STEPS[::-1]
+    # The interrupted write: the newest payload has no manifest, and a temporary lies beside it.
+    (run_dir / manifest_name(newest)).unlink()
+    temporary = run_dir / f"{bin_name(newest + 5)}.4242.tmp"
+    temporary.write_bytes(b"partial")
+    cases = dict(zip(sorted(DAMAGE), damaged, strict=False))
+    for case, step in cases.items():
+        kind, damage, _ = DAMAGE[case]
+        damage(run_dir / (bin_name(step) if kind == "bin" else manifest_name(step)))
+    resumed = min(cases.values()) - 5
+    res = run_trainer(run_dir, cache_dir, "--max-steps", str(newest))
     assert res.returncode == ExitCode.OK, res.stderr
-    assert "ignoring step_000020.bin: it has no manifest" in res.stderr
-    assert "removing step_000025.bin.4242.tmp" in res.stderr
-    assert "resumed from step_000015.bin" in res.stderr
-    assert not (run_dir / "step_000025.bin.4242.tmp").exists()
+    assert f"ignoring {bin_name(newest)}: it has no manifest" in res.stderr, res.stderr
+    assert f"removing {temporary.name}" in res.stderr and not temporary.exists(), res.stderr
+    skipped = _skip_reasons(res.stderr)
+    assert sorted(skipped) == sorted(cases.values()), res.stderr
+    for case, step in cases.items():
+        assert re.search(DAMAGE[case][2], skipped[step]), (case, step, skipped[step])
+    assert f"resumed from {bin_name(resumed)}" in res.stderr, res.stderr
+    # Training re-reached the newest step and wrote a good checkpoint over each damaged one.
+    for case, step in cases.items():
+        man = json.loads((run_dir / manifest_name(step)).read_text())
+        assert (run_dir / bin_name(step)).stat().st_size == man["bin_size"], case
+    assert (run_dir / manifest_name(newest)).exists()
 
 
 def test_all_damaged_is_refused_not_reset(tmp_path: Path, base_run: Path, cache_dir: Path) -> None:
@@ -122,10 +135,10 @@ def test_all_damaged_is_refused_not_reset(tmp_path: Path, base_run: Path, cache_
     shutil.copytree(base_run, run_dir)
     for p in run_dir.glob("step_*.bin"):
         _flip(p)
-    res = run_trainer(run_dir, cache_dir, "--max-steps", "25")
+    res = run_trainer(run_dir, cache_dir, "--max-steps", str(STEPS[-1] + 5))
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
-    assert "none of the 4 checkpoints" in res.stderr
-    assert not (run_dir / bin_name(25)).exists()
+    assert f"none of the {len(STEPS)} checkpoints" in res.stderr
+    assert not (run_dir / bin_name(STEPS[-1] + 5)).exists()
 
 
 def test_different_preset_is_refused_with_the_difference_named(
@@ -134,7 +147,7 @@ def test_different_preset_is_refused_with_the_difference_named(
     run_dir = tmp_path / "run"
     shutil.copytree(base_run, run_dir)
     (run_dir / "run.toml").write_text('preset = "andrea-tiny"\n[model]\nn_layer = 3\n')
-    res = run_trainer(run_dir, cache_dir, "--max-steps", "25")
+    res = run_trainer(run_dir, cache_dir, "--max-steps", str(STEPS[-1] + 5))
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
     assert "model config differs" in res.stderr and "n_layer: 2 → 3" in res.stderr
     # No flag resumes another model: the refusal does not suggest one.
@@ -153,7 +166,7 @@ def test_changed_data_is_refused_with_the_arm_named(
         '[[data.arms]]\nname = "code"\nkind = "stdlib"\npart = "code"\n'
         '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.txt"]\n'
     )
-    res = run_trainer(run_dir, cache_dir, "--max-steps", "25")
+    res = run_trainer(run_dir, cache_dir, "--max-steps", str(STEPS[-1] + 5))
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
     assert "data arm 'notes'" in res.stderr and "data arm 'docstrings'" in res.stderr
 
@@ -164,14 +177,16 @@ def test_changed_hyperparameters_need_explicit_consent(
     run_dir = tmp_path / "run"
     shutil.copytree(base_run, run_dir)
     (run_dir / "run.toml").write_text(
-        'preset = "andrea-tiny"\n[optim]\nlr = 0.002\n[checkpoint]\nevery = 5\nkeep_latest = 10\n'
+        'preset = "andrea-tiny"\n[optim]\nlr = 0.002\n[checkpoint]\nevery = 5\nkeep_latest = 20\n'
     )
-    res = run_trainer(run_dir, cache_dir, "--max-steps", "22")
+    res = run_trainer(run_dir, cache_dir, "--max-steps", str(STEPS[-1] + 2))
     assert res.returncode == ExitCode.RESUME_REFUSED and "--allow-config-change" in res.stderr, (
         res.stderr
     )
-    res = run_trainer(run_dir, cache_dir, "--max-steps", "22", "--allow-config-change")
-    assert res.returncode == ExitCode.OK and "resumed from step_000020.bin" in res.stderr, (
+    res = run_trainer(
+        run_dir, cache_dir, "--max-steps", str(STEPS[-1] + 2), "--allow-config-change"
+    )
+    assert res.returncode == ExitCode.OK and f"resumed from {bin_name(STEPS[-1])}" in res.stderr, (
         res.stderr
     )
 

@@ -72,15 +72,34 @@ def test_evaluation_changes_no_bit_of_training(
 def test_resume_with_evaluation_and_accumulation_is_bit_exact(
     evaluated: Path, tmp_path: Path, cache_dir: Path
 ) -> None:
+    """Three lives of one run, compared with the never-stopped reference: SIGKILL once the
+    checkpoint of an evaluated step (10) is written, then SIGTERM past step 11, then to the end.
+    The resume from step 10 starts from its weights, whose evaluation only the manifest still
+    holds for the record of step 11 (the killed life may or may not have recorded step 11
+    already). (One run for both stops: a trainer start is most of this test's cost.)"""
     t = Daemon(trainer_cmd(tmp_path, cache_dir, *ARGS, "--eval-every", "5"))
-    t.wait_for(rf"step 7/{STEPS} ")
+    t.wait_for(r"checkpoint step_000010.bin written \(cadence")
+    t.signal(signal.SIGKILL)
+    t.wait()
+    raw = (tmp_path / manifest_name(10)).read_text()
+    assert json.loads(raw)["heldout"] == carried(evaluated)[11]
+    # A diverged arm's held-out loss (NaN) survives the manifest's round trip.
+    diverged = Manifest.model_validate_json(raw).model_copy(update={"heldout": {"code": math.nan}})
+    again = Manifest.model_validate_json(diverged.model_dump_json())
+    assert again.heldout is not None and math.isnan(again.heldout["code"])
+
+    t = Daemon(trainer_cmd(tmp_path, cache_dir, *ARGS, "--eval-every", "5"))
+    t.wait_for(rf"step 11/{STEPS} ")
     t.signal(signal.SIGTERM)
     assert t.wait() == ExitCode.OK, t.log
+    assert f"resumed from {bin_name(10)}" in t.log, t.log
     stopped = max(int(p.stem[5:]) for p in tmp_path.glob("step_*.json"))
-    assert stopped < STEPS
+    assert 10 < stopped < STEPS
+
     res = run_trainer(tmp_path, cache_dir, *ARGS, "--eval-every", "5")
     assert res.returncode == 0, res.stderr
     assert f"resumed from {bin_name(stopped)}" in res.stderr
+    assert carried(tmp_path) == carried(evaluated)
     assert losses(tmp_path) == losses(evaluated)
     assert (tmp_path / bin_name(STEPS)).read_bytes() == (evaluated / bin_name(STEPS)).read_bytes()
     # The same weights give the same held-out losses, bit for bit, whichever life evaluated them.
@@ -93,29 +112,6 @@ def test_the_record_after_an_evaluation_carries_it(evaluated: Path) -> None:
     the held-out losses of the weights after step s, exactly as .eval.json holds them."""
     scored = {e["step"]: {n: a["loss"] for n, a in e["arms"].items()} for e in evals(evaluated)}
     assert carried(evaluated) == {s + 1: arms for s, arms in scored.items() if s < STEPS}
-
-
-def test_a_killed_run_carries_the_same_evaluations_after_its_resume(
-    evaluated: Path, tmp_path: Path, cache_dir: Path
-) -> None:
-    """SIGKILL once the checkpoint of an evaluated step (10) is written: the resume starts from
-    the weights of step 10, whose evaluation only the manifest still holds for the record of
-    step 11 (the killed life may or may not have recorded step 11 already)."""
-    t = Daemon(trainer_cmd(tmp_path, cache_dir, *ARGS, "--eval-every", "5"))
-    t.wait_for(r"checkpoint step_000010.bin written \(cadence")
-    t.signal(signal.SIGKILL)
-    t.wait()
-    raw = (tmp_path / manifest_name(10)).read_text()
-    assert json.loads(raw)["heldout"] == carried(evaluated)[11]
-    # A diverged arm's held-out loss (NaN) survives the manifest's round trip.
-    diverged = Manifest.model_validate_json(raw).model_copy(update={"heldout": {"code": math.nan}})
-    again = Manifest.model_validate_json(diverged.model_dump_json())
-    assert again.heldout is not None and math.isnan(again.heldout["code"])
-    res = run_trainer(tmp_path, cache_dir, *ARGS, "--eval-every", "5")
-    assert res.returncode == 0, res.stderr
-    assert f"resumed from {bin_name(10)}" in res.stderr
-    assert carried(tmp_path) == carried(evaluated)
-    assert losses(tmp_path) == losses(evaluated)
 
 
 def test_stop_during_evaluation_is_honoured_at_once(tmp_path: Path, cache_dir: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +21,25 @@ def _quiet(_: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> dict[str, Path]:
-    """A 10-step run (checkpoints at 5 and 10) and its two exports of step 10."""
+def sources(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[dict[str, Path]]:
+    """A 10-step run (checkpoints at 5 and 10) and its two exports of step 10. The module's
+    in-process generations run on one torch thread, as the test trainer does: andrea-tiny's
+    matrices are too small to share, and on a loaded 2-core machine torch's default of one
+    thread a core spent seconds of CPU spinning at each layer (13 ms a linear layer)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     run = tmp_path_factory.mktemp("run")
     res = run_trainer(run, cache_dir, "--max-steps", "10", "--checkpoint-every", "5", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp_path_factory.mktemp("exports")
     ex.export_checkpoint(run, out / "andrea", progress=_quiet)
     ex.export_checkpoint(run, out / "hf", progress=_quiet, hf=True)
-    return {"run": run, "andrea": out / "andrea", "hf": out / "hf"}
+    try:
+        yield {"run": run, "andrea": out / "andrea", "hf": out / "hf"}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _generate(capsys, *argv: str) -> tuple[int, dict | None, str]:

@@ -94,13 +94,24 @@ def test_user_mistake_is_a_clear_exit(case: str, tmp_path: Path, cache_dir: Path
         )
 
 
+@pytest.fixture(scope="module")
+def non_ascii_run(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path
+) -> tuple[Path, subprocess.CompletedProcess]:
+    """A 2-step run (seed 7) in a directory under 100 characters but over 107 bytes: its start,
+    read by one test, and the run, which test_deleted_run_toml_is_not_rewritten_before_a_refusal
+    goes on with (one start for both)."""
+    root = tmp_path_factory.mktemp("u")
+    run_dir = root / ("é" * max(1, 99 - len(str(root)) - 1))
+    return run_dir, _trainer(run_dir, cache_dir, "--seed", "7")
+
+
 def test_non_ascii_run_dir_longer_in_bytes_than_in_characters(
-    tmp_path: Path, cache_dir: Path
+    non_ascii_run: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
     # Under 100 characters, over 107 bytes: the socket must move to the short per-run directory.
-    run_dir = tmp_path / ("é" * max(1, 99 - len(str(tmp_path)) - 1))
+    run_dir, res = non_ascii_run
     assert len(str(run_dir)) < 100 and len(os.fsencode(run_dir)) > 107
-    res = _trainer(run_dir, cache_dir)
     assert res.returncode == ExitCode.OK, res.stderr
 
 
@@ -113,23 +124,23 @@ def test_proxy_run_dir_that_is_a_file(tmp_path: Path) -> None:
 
 
 def test_deleted_run_toml_is_not_rewritten_before_a_refusal(
-    tmp_path: Path, cache_dir: Path
+    non_ascii_run: tuple[Path, subprocess.CompletedProcess], cache_dir: Path
 ) -> None:
-    res = _trainer(tmp_path, cache_dir, "--seed", "7")
+    run_dir, res = non_ascii_run  # a 2-step run of seed 7
     assert res.returncode == ExitCode.OK, res.stderr
     # run.toml alone deleted: the run's resolved config still says seed 7, and it resumes.
-    (tmp_path / "run.toml").unlink()
-    res = _trainer(tmp_path, cache_dir, "--max-steps", "6")
+    (run_dir / "run.toml").unlink()
+    res = _trainer(run_dir, cache_dir, "--max-steps", "6")
     assert res.returncode == ExitCode.OK, res.stderr
     # Both deleted: rebuilt from defaults and flags, and recorded only once the resume is accepted.
-    (tmp_path / ".run.resolved.toml").unlink()
-    res = _trainer(tmp_path, cache_dir, "--max-steps", "6")  # the default seed: refused
+    (run_dir / ".run.resolved.toml").unlink()
+    res = _trainer(run_dir, cache_dir, "--max-steps", "6")  # the default seed: refused
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
-    assert not (tmp_path / "run.toml").exists() and not (tmp_path / ".run.resolved.toml").exists()
-    res = _trainer(tmp_path, cache_dir, "--seed", "7", "--max-steps", "6")
+    assert not (run_dir / "run.toml").exists() and not (run_dir / ".run.resolved.toml").exists()
+    res = _trainer(run_dir, cache_dir, "--seed", "7", "--max-steps", "6")
     assert res.returncode == ExitCode.OK, res.stderr
-    assert "seed = 7" in (tmp_path / "run.toml").read_text()
-    assert "seed = 7" in (tmp_path / ".run.resolved.toml").read_text()
+    assert "seed = 7" in (run_dir / "run.toml").read_text()
+    assert "seed = 7" in (run_dir / ".run.resolved.toml").read_text()
 
 
 def test_proxy_policy_linked_to_dev_zero(tmp_path: Path) -> None:

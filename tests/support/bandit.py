@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -166,6 +167,6 @@ def run(
     return trained
 
 
-def second_half_share(trained: list[str], arm: str) -> float:
+def second_half_share(trained: Sequence[str], arm: str) -> float:
     half = trained[len(trained) // 2 :]
     return half.count(arm) / len(half)
