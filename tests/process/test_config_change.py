@@ -79,17 +79,10 @@ def _mixing(run: Path, cache_dir: Path) -> None:
 
 
 def _seed_and_data(run: Path, cache_dir: Path) -> None:
-    """Seed, then data (an arm removed: the zombie-arm workflow the refusal suggests), under the
-    proxy; the last plain restart's proxy, started with the old run.toml, takes the recorded
-    seed (else it would rebuild its bandit from a log whose arms are gone)."""
-    res = run_trainer(run, cache_dir, "--max-steps", "18", "--with-proxy", "--seed", "7")
-    assert res.returncode == ExitCode.RESUME_REFUSED and "seed: 1337 → 7" in res.stderr, res.stderr
-    res = run_trainer(
-        run, cache_dir, "--max-steps", "18", "--with-proxy", "--seed", "7", "--allow-config-change"
-    )
-    assert res.returncode == ExitCode.OK, res.stderr
-    assert run_toml(run)["seed"] == 7
-
+    """Seed and data in one deliberate start (an arm removed: the zombie-arm workflow the refusal
+    suggests), under the proxy. The proxy sets the old seed's state aside and rebuilds its bandit
+    from a log that trained on the removed arm: that arm becomes a zombie (it used to stop the
+    run, "unknown arm"), and a plain restart continues under both changes."""
     # (Edited as TOML: how the trainer lays out the arms it wrote, inline or as [[data.arms]]
     # tables, is tomli-w's choice.)
     values = tomllib.loads((run / "run.toml").read_text())
@@ -98,8 +91,13 @@ def _seed_and_data(run: Path, cache_dir: Path) -> None:
     res = run_trainer(run, cache_dir, "--max-steps", "20", "--with-proxy")
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr
     assert "data arm 'comments'" in res.stderr and "--allow-config-change" in res.stderr
-    res = run_trainer(run, cache_dir, "--max-steps", "20", "--with-proxy", "--allow-config-change")
+    res = run_trainer(run, cache_dir, "--max-steps", "20", "--with-proxy", "--seed", "7")
+    assert res.returncode == ExitCode.RESUME_REFUSED and "seed: 1337 → 7" in res.stderr, res.stderr
+    res = run_trainer(
+        run, cache_dir, "--max-steps", "20", "--with-proxy", "--seed", "7", "--allow-config-change"
+    )
     assert res.returncode == ExitCode.OK, res.stderr
+    assert run_toml(run)["seed"] == 7
     res = run_trainer(run, cache_dir, "--max-steps", "22", "--with-proxy")
     assert res.returncode == ExitCode.OK, res.stderr
     state = json.loads((run / ".state.json").read_text())
