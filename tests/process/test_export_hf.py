@@ -45,7 +45,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 def fresh():  # as in a process of its own: a warning shown once before may show again
     warnings.onceregistry.clear()
     for module in list(sys.modules.values()):
-        getattr(module, "__warningregistry__", {}).clear()
+        registry = getattr(module, "__dict__", {}).get("__warningregistry__")
+        if isinstance(registry, dict):
+            registry.clear()
     getattr(logging.Logger.warning_once, "cache_clear", lambda: None)()
 def load(folder, work):
   job = json.load(open(work + "/job.json"))
