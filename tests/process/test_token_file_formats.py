@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import ast
 import json
-import logging
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from andrea.daemon.data.corpus import stdlib_root
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
-from andrea.daemon.trainer.service.cli import build_parser
-from andrea.daemon.trainer.service.preflight import run_check
-from tests.support.daemons import andreactl, run_trainer, trainer_args
+from tests.support.daemons import andreactl, run_trainer
 from tests.support.owndata import gpt2_sized_tokenizer, llmc_file, nanogpt_char, nanogpt_gpt2
 
 SMALL = """\
@@ -137,7 +133,7 @@ heldout_path = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin"
 
 
 def test_gpt2_uint16_and_llmc_files_count_exactly_and_the_export_says_what_is_unknown(
-    tmp_path: Path, cache_dir: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, cache_dir: Path
 ) -> None:
     run = tmp_path / "run"
     rng = np.random.default_rng(0)
@@ -151,13 +147,10 @@ def test_gpt2_uint16_and_llmc_files_count_exactly_and_the_export_says_what_is_un
     (run / "run.toml").write_text(GPT2_TOML.replace('dtype = "uint16"\n', ""))
     # Without dtype, nothing says the type of train.bin's ids: --check refuses it as the start
     # does (tests/unit/test_token_files.py), where it used to pass and train on zero bytes.
-    # (run_check in this process, as the command line calls it: its own process is
-    # tests/process/test_own_data_refusals.py's.)
-    args = build_parser().parse_args(trainer_args(run, cache_dir, "--check"))
-    with caplog.at_level(logging.INFO, logger="andrea"):
-        assert run_check(args) == ExitCode.CONFIG_ERROR, caplog.text
-    assert "arm 'owt': nothing says how wide the ids" in caplog.text
-    assert 'set dtype = "uint16"' in caplog.text
+    res = run_trainer(run, cache_dir, "--check")
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr[-3000:]
+    assert "arm 'owt': nothing says how wide the ids" in res.stderr
+    assert 'set dtype = "uint16"' in res.stderr
     (run / "run.toml").write_text(GPT2_TOML)
     res = run_trainer(run, cache_dir, "--max-steps", "10", "--checkpoint-every", "10")
     log = _ok(res) + res.stderr
