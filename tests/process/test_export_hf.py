@@ -39,38 +39,50 @@ try:
     sys.exit("andrea is importable")
 except ImportError:
     pass
+import logging, warnings
 import numpy as np, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
-folder, work = sys.argv[1], sys.argv[2]
-job = json.load(open(work + "/job.json"))
-model = AutoModelForCausalLM.from_pretrained(folder).eval()
-tok = AutoTokenizer.from_pretrained(folder)
-prompt = torch.tensor([job["prompt"]])
-with torch.no_grad():
-    logits = model(torch.tensor(np.load(work + "/rows.npy"))).logits
-    np.save(work + "/logits.npy", logits.float().numpy())
-    out = model.generate(prompt, max_new_tokens=job["new"], do_sample=False)
-    default = model.generate(prompt)  # the folder's own default length
-text = pipeline("text-generation", model=folder)("The ", max_new_tokens=16)[0]["generated_text"]
-batch = None
-if job["batch"]:  # padded with the end-of-document token: a batch of two prompts of two lengths
-    runs = pipeline("text-generation", model=folder, batch_size=2)
-    batch = [o[0]["generated_text"] for o in runs(["The ", "def main("], max_new_tokens=8)]
-print("--- past the context ---", file=sys.stderr)  # what comes after it is expected to warn
-try:
-    with torch.no_grad():
-        model.generate(prompt, max_new_tokens=job["past"])
-    past = "no error"
-except IndexError as e:
-    past = f"IndexError: {e}"
-print(json.dumps({
-    "greedy": out[0].tolist()[len(job["prompt"]):],
-    "default_new": default.shape[1] - len(job["prompt"]),
-    "past": past,
-    "ids": [tok(d)["input_ids"] for d in job["docs"]],
-    "pipeline": text,
-    "batch": batch,
-}))
+def fresh():  # as in a process of its own: a warning shown once before may show again
+    warnings.onceregistry.clear()
+    for module in list(sys.modules.values()):
+        registry = getattr(module, "__dict__", {}).get("__warningregistry__")
+        if isinstance(registry, dict):
+            registry.clear()
+    getattr(logging.Logger.warning_once, "cache_clear", lambda: None)()
+def load(folder, work):
+  job = json.load(open(work + "/job.json"))
+  model = AutoModelForCausalLM.from_pretrained(folder).eval()
+  tok = AutoTokenizer.from_pretrained(folder)
+  prompt = torch.tensor([job["prompt"]])
+  with torch.no_grad():
+      logits = model(torch.tensor(np.load(work + "/rows.npy"))).logits
+      np.save(work + "/logits.npy", logits.float().numpy())
+      out = model.generate(prompt, max_new_tokens=job["new"], do_sample=False)
+      default = model.generate(prompt)  # the folder's own default length
+  text = pipeline("text-generation", model=folder)("The ", max_new_tokens=16)[0]["generated_text"]
+  batch = None
+  if job["batch"]:  # padded with the end-of-document token: a batch of two prompts of two lengths
+      runs = pipeline("text-generation", model=folder, batch_size=2)
+      batch = [o[0]["generated_text"] for o in runs(["The ", "def main("], max_new_tokens=8)]
+  print("--- past the context ---", file=sys.stderr)  # what comes after it is expected to warn
+  try:
+      with torch.no_grad():
+          model.generate(prompt, max_new_tokens=job["past"])
+      past = "no error"
+  except IndexError as e:
+      past = f"IndexError: {e}"
+  json.dump({
+      "greedy": out[0].tolist()[len(job["prompt"]):],
+      "default_new": default.shape[1] - len(job["prompt"]),
+      "past": past,
+      "ids": [tok(d)["input_ids"] for d in job["docs"]],
+      "pipeline": text,
+      "batch": batch,
+  }, open(work + "/got.json", "w"))
+for folder, work in zip(sys.argv[1::2], sys.argv[2::2]):  # each export's own section
+    fresh()
+    print(f"=== {folder} ===", file=sys.stderr)
+    load(folder, work)
 """
 
 
@@ -129,7 +141,9 @@ HUB_FILES = {
 def _train(run: Path, cache: Path, toml: str, subword: bool) -> Path:
     (run / "run.toml").write_text(f"[model]\nblock_size = {BLOCK}\n" + toml + EXPORT_TOML)
     if subword:
-        _ok(andreactl(run, "tokenizer", "train", "--vocab-size", "400", timeout=600))
+        # Into the session's cache: the run's first start then reads no document again.
+        argv = ("--vocab-size", "400", "--cache-dir", str(cache))
+        _ok(andreactl(run, "tokenizer", "train", *argv, timeout=600))
     res = run_trainer(run, cache, "--max-steps", "20", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return run
@@ -186,15 +200,64 @@ def readme_folder(bytes_run: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return where
 
 
-@pytest.fixture(scope="module", params=["bytes", "subword"])
-def exported(request, tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
-    """Each tokenizer kind's run, exported --format hf (the bytes run's by the README's command)."""
-    if request.param == "bytes":
-        return request.getfixturevalue("readme_folder") / "exports" / "demo-hf"
+def _subword_export(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     run = _train(tmp_path_factory.mktemp("run-subword"), cache_dir, SUBWORD_TOML, True)
-    dest = tmp_path_factory.mktemp(f"hf-{request.param}") / "export"
+    dest = tmp_path_factory.mktemp("hf-subword") / "export"
     _ok(andreactl(run, "export", "--to", str(dest), "--format", "hf", timeout=600))
     return dest
+
+
+#: The user's side of one export: the export folder, andrea's rows, logits and job, the loading
+#: process's stderr as this export saw it (what came before the first export's section, then
+#: this export's own section), and what it computed.
+Loaded = tuple[Path, np.ndarray, np.ndarray, dict, str, dict]
+
+
+@pytest.fixture(scope="module")
+def loaded(
+    readme_folder: Path,
+    held_out: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+    cache_dir: Path,
+) -> dict[str, Loaded]:
+    """Each tokenizer kind's run, exported --format hf (the bytes run's by the README's command),
+    loaded by transformers in one fresh process (LOADER, a section of its own per export, each
+    with the warnings shown before forgotten): one start of torch and transformers serves both."""
+    exports = {
+        "bytes": readme_folder / "exports" / "demo-hf",
+        "subword": _subword_export(tmp_path_factory, cache_dir),
+    }
+    jobs, argv = {}, []
+    for kind, dest in exports.items():
+        work = tmp_path_factory.mktemp(f"job-{kind}")
+        rows, logits, job = _andrea_side(dest, held_out)
+        report = json.loads((dest / "export.json").read_text())
+        job["batch"] = _names_its_end_of_document(dest, report)
+        np.save(work / "rows.npy", rows)
+        (work / "job.json").write_text(json.dumps(job))
+        jobs[kind] = (work, rows, logits, job)
+        argv += [str(dest / "hf"), str(work)]
+    elsewhere = tmp_path_factory.mktemp("cwd")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(elsewhere / "hf")}
+    res = subprocess.run(
+        [sys.executable, "-I", "-c", LOADER, *argv],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    _ok(res)
+    preamble, *sections = re.split(r"^=== .* ===\n", res.stderr, flags=re.M)
+    assert len(sections) == len(exports), res.stderr[-3000:]
+    out = {}
+    for (kind, dest), section in zip(exports.items(), sections, strict=True):
+        work, rows, logits, job = jobs[kind]
+        got = json.loads((work / "got.json").read_text())
+        got["logits"] = np.load(work / "logits.npy")
+        out[kind] = (dest, rows, logits, job, preamble + section, got)
+    return out
 
 
 def _andrea_side(dest: Path, held_out: list[str]) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -221,9 +284,11 @@ def _andrea_side(dest: Path, held_out: list[str]) -> tuple[np.ndarray, np.ndarra
     return rows, logits, job
 
 
+@pytest.mark.parametrize("kind", ["bytes", "subword"])
 def test_transformers_loads_the_export_with_andreas_numbers(
-    exported: Path, held_out: list[str], tmp_path: Path
+    kind: str, loaded: dict[str, Loaded], held_out: list[str]
 ) -> None:
+    exported, rows, logits, job, stderr, got = loaded[kind]
     hub = exported / "hf"
     assert {p.name for p in hub.iterdir()} == HUB_FILES, "the Hub folder holds only what it reads"
     card = (hub / "README.md").read_text()
@@ -236,24 +301,7 @@ def test_transformers_loads_the_export_with_andreas_numbers(
     assert any(c["name"] == "Hugging Face weights" for c in report["checks"])
     assert {f["name"] for f in report["files"]} >= {f"hf/{n}" for n in HUB_FILES}
 
-    rows, logits, job = _andrea_side(exported, held_out)
-    job["batch"] = _names_its_end_of_document(exported, report)
-    np.save(tmp_path / "rows.npy", rows)
-    (tmp_path / "job.json").write_text(json.dumps(job))
-    elsewhere = tmp_path / "cwd"
-    elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    res = subprocess.run(
-        [sys.executable, "-I", "-c", LOADER, str(hub), str(tmp_path)],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    got = json.loads(_ok(res).strip().splitlines()[-1])
-    theirs = np.load(tmp_path / "logits.npy")
+    theirs = got["logits"]
     diff = float(np.abs(theirs[:, :, : logits.shape[-1]] - logits).max())
     n_ids = sum(len(i) for i in job["andrea_ids"])
     print(f"{exported}: max abs logit difference {diff:.3g} over {rows.size} positions; "
@@ -264,7 +312,7 @@ def test_transformers_loads_the_export_with_andreas_numbers(
     assert got["pipeline"].startswith("The ") and len(got["pipeline"]) > len("The ")
     # No warning at load, generate or pipeline (a max_length beside max_new_tokens warned at
     # every call); past the context, the documented IndexError after transformers' own warning.
-    calls, past = res.stderr.split("--- past the context ---")
+    calls, past = stderr.split("--- past the context ---")
     assert "max_length" not in calls and "Warning" not in calls, calls[-3000:]
     assert got["default_new"] == BLOCK // 2 and len(job["prompt"]) + BLOCK // 2 <= BLOCK
     assert got["past"] == "IndexError: index out of range in self", got["past"]
@@ -293,7 +341,7 @@ def _names_its_end_of_document(exported: Path, report: dict) -> bool:
 
 def test_the_readmes_three_commands_run_as_written(readme_folder: Path) -> None:
     """README.md: from a trained run to pipeline("text-generation"), verbatim (the first
-    command, the export, ran in the fixture; its folder is also the bytes run's `exported`)."""
+    command, the export, ran in the fixture; its folder is also the bytes run's export in `loaded`)."""
     assert (readme_folder / "exports" / "demo-hf" / "hf" / "config.json").is_file()
     outputs = [_run_as_written(command, readme_folder) for command in _readme_commands()[1:]]
     assert outputs[0].startswith("--- prompt 1 ---\ndef ") and len(outputs[0]) > 25

@@ -1,10 +1,13 @@
 """Every refusal of the data people bring, as a real trainer start sees it: the exit code and a
-message that names what to change; and a stop while the data is being prepared, honoured at once."""
+message that names what to change; `--check` gives the start's exit code on the same inputs (its
+code run in this process, as the CLI runs it, and in a real process for one case of each kind).
+(A stop while the data is being prepared, honoured at once: tests/process/test_data_process.py::
+test_encoding_progress_is_in_status_and_a_stop_ends_it_within_a_second.)"""
 
 from __future__ import annotations
 
+import logging
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -15,7 +18,9 @@ import pytest
 
 from andrea.daemon.data.tokenizer import load_tokenizer
 from andrea.daemon.runtime.exitcodes import ExitCode
-from tests.support.daemons import Daemon, andreactl, trainer_cmd
+from andrea.daemon.trainer.service.cli import build_parser
+from andrea.daemon.trainer.service.preflight import run_check
+from tests.support.daemons import Daemon, andreactl, trainer_args, trainer_cmd
 from tests.support.owndata import (
     PROSE,
     bpe_file,
@@ -36,6 +41,39 @@ TOKENS_ARM = '[[data.arms]]\nname = "pre"\nkind = "tokens"\npath = "pre.u16"\ndt
 def _trainer(run: Path, cache: Path, *extra: str, timeout: float = 180):
     cmd = trainer_cmd(run, cache, "--max-steps", "2", "--checkpoint-every", "2", *extra)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+#: The cases whose `--check` runs as a real `andrea-trainer --check` process too: the CLI's own
+#: path (its logging, its exit) for a refusal of the config and one of an arm's records.
+REAL_CHECK = ("proc-self-glob", "jsonl-without-field")
+
+
+def _check(
+    case: str,
+    run: Path,
+    cache: Path,
+    caplog: pytest.LogCaptureFixture,
+    needles: list[str],
+    *flags: str,
+) -> int:
+    """`andrea-trainer --check` on `run`: its exit code, what it logs holding each of `needles`.
+    run_check in this process, as the CLI calls it; for REAL_CHECK, also the command itself,
+    which must agree."""
+    args = build_parser().parse_args(trainer_args(run, cache, "--check", *flags))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="andrea"):
+        code = int(run_check(args))
+    assert not any(r.exc_info for r in caplog.records), caplog.text
+    for needle in needles:
+        assert needle in caplog.text, (case, caplog.text)
+    if case in REAL_CHECK:
+        real = subprocess.run(trainer_cmd(run, cache, "--check", *flags),
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert real.returncode == code, (case, real.stderr)
+        assert "Traceback" not in real.stderr, real.stderr
+        for needle in needles:
+            assert needle in real.stderr, (case, real.stderr)
+    return code
 
 
 def _notes(run: Path, toml: str, tokenizer: bool = True) -> None:
@@ -175,17 +213,16 @@ CHECKED_TOO = (
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_refusal_names_what_to_change(case: str, tmp_path: Path, cache_dir: Path) -> None:
+def test_refusal_names_what_to_change(
+    case: str, tmp_path: Path, cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The start's exit code and message; for CHECKED_TOO, `--check` on the same inputs exits
     with the same code (a file of /proc is the config's mistake, 2, not missing data)."""
     setup, flags, code, needles = CASES[case]
     run = tmp_path / "run"
     setup(run)
     if case in CHECKED_TOO:  # first: the check writes nothing, so both see the same inputs
-        check = subprocess.run(trainer_cmd(run, cache_dir, "--check", *flags),
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert check.returncode == code, check.stderr
-        assert needles[0] in check.stderr, check.stderr
+        assert _check(case, run, cache_dir, caplog, needles[:1], *flags) == code, case
     started = time.monotonic()
     res = _trainer(run, cache_dir, *flags, timeout=120)
     assert res.returncode == code, res.stderr
@@ -273,7 +310,7 @@ FIRST_RECORD_CASES: dict[str, tuple[Callable[[Path], None], int, list[str]]] = {
 
 @pytest.mark.parametrize("case", FIRST_RECORD_CASES)
 def test_check_exits_as_the_start_would_on_an_arms_records(
-    case: str, tmp_path: Path, cache_dir: Path
+    case: str, tmp_path: Path, cache_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`andrea-trainer --check` reads the first record of every file of every arm: a refusal the
     start would give there, the check gives too, with the start's exit code, naming the arm and
@@ -281,33 +318,10 @@ def test_check_exits_as_the_start_would_on_an_arms_records(
     setup, code, needles = FIRST_RECORD_CASES[case]
     run = tmp_path / "run"
     setup(run)
-    check = subprocess.run(
-        trainer_cmd(run, cache_dir, "--check"), capture_output=True, text=True, timeout=120
-    )
+    checked = _check(case, run, cache_dir, caplog, needles)
     start = _trainer(run, cache_dir, timeout=120)
     assert start.returncode == code, start.stderr
-    assert check.returncode == start.returncode, check.stderr
-    for needle in needles:
-        assert needle in check.stderr, check.stderr
-    assert "Traceback" not in check.stderr, check.stderr
-
-
-def test_a_stop_while_the_data_is_encoded_is_honoured_at_once(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    _notes(run, f'[data]\ntokenizer = "tokenizer.json"\n{TEXT_ARM}')
-    for i in range(40):  # about 20 MB: seconds of encoding even on a fast machine
-        (run / "notes" / f"big{i}.txt").write_text(f"{i} {PROSE}" * 2500)
-    cache = tmp_path / "cache"
-    t = Daemon(trainer_cmd(run, cache, "--max-steps", "2"))
-    t.wait_for(r"encoding arm notes", timeout=120)
-    t.signal(signal.SIGTERM)
-    sent = time.monotonic()
-    assert t.wait(30) == 0, t.log
-    waited = time.monotonic() - sent
-    assert waited < 5, f"{waited:.1f} s from SIGTERM to exit"
-    assert "stop requested during start-up" in t.log, t.log
-    assert not list(cache.glob("*.tmp")) and not list(cache.glob("*.u16")), list(cache.iterdir())
-    print(f"SIGTERM during encoding: exit 0 after {waited:.2f} s")
+    assert checked == start.returncode, case
 
 
 def test_samples_the_proxy_cannot_write_never_stop_the_run(tmp_path: Path, cache_dir: Path) -> None:
