@@ -407,6 +407,13 @@ def _fresh(c: ConfiguredArm) -> _Arm:
     return _Arm(c.name, c.identity, reason, 0, ArmStats(), 0.0, 0.0)
 
 
+def _departed(name: str) -> _Arm:
+    """A zombie for an arm the phase trained on that is no longer configured. The log does not
+    record a source's identity: an arm configured again under that name is a new source to this
+    history (`Bandit.from_state`: "source identity changed")."""
+    return _Arm(name, "", "source not configured", 0, ArmStats(), 0.0, 0.0)
+
+
 def _index_configured(
     arms: Sequence[ConfiguredArm | tuple[str, str, bool]],
 ) -> dict[str, ConfiguredArm]:
@@ -472,10 +479,7 @@ class Bandit:
         arm's removal: its logged steps replay into their history, as `from_state` keeps them)."""
         configured = _index_configured(arms)
         records = [_fresh(c) for c in configured.values()]
-        for name in sorted(set(departed) - set(configured)):
-            # The log does not record a source's identity: an arm configured again later under
-            # that name is a new source to this history (from_state: "source identity changed").
-            records.append(_Arm(name, "", "source not configured", 0, ArmStats(), 0.0, 0.0))
+        records += [_departed(name) for name in sorted(set(departed) - set(configured))]
         self._setup(
             records,
             policy,
