@@ -11,25 +11,13 @@ from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm
 from andrea.daemon.mixing.policy import Policy
 from andrea.daemon.mixing.startup import replay, restore_bandit
 from andrea.protocol.lossentry import LossEntry
+from tests.support.records import entry
 
 ARMS = [ConfiguredArm("code", "c" * 16, True), ConfiguredArm("prose", "p" * 16, True)]
 
 
 def _entries(arms: list[str]) -> list[LossEntry]:
-    return [
-        LossEntry(
-            step=s,
-            loss=3.0 - s / 100,
-            arm=arm,
-            lr=1e-3,
-            tokens=64,
-            wall_time=1000.0 + s,
-            segment=1,
-            phase=0,
-            batch_sha256=None,
-        )  # fmt: skip
-        for s, arm in enumerate(arms, start=1)
-    ]
+    return [entry(s, loss=3.0 - s / 100, arm=arm) for s, arm in enumerate(arms, start=1)]
 
 
 def _rebuilt(run_dir: Path, configured: list[ConfiguredArm], entries: list[LossEntry]) -> Bandit:
