@@ -99,6 +99,8 @@ class Trainer:
         self._checkpointed = 0
         #: The run's token files, compared with what it opened at every step boundary.
         self.data = DataWatch(ctx.parts.arms)
+        #: Each arm's index, the form in which the agreement carries a probe request.
+        self._arm_index = {a.name: i for i, a in enumerate(ctx.parts.arms)}
         self._pace = float(os.environ.get(PACE_ENV) or 0)
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -211,15 +213,14 @@ class Trainer:
         arrived at, with every step up to it recorded."""
         c, pending = self.ctx.counters, self._unrecorded
         arm = self.sink.arm_for(c.step + 1) if c.step < self.ctx.cfg.max_steps else None
-        probed = self.sink.probe_for(c.step + 1) if arm is not None else None
-        names = [a.name for a in self.ctx.parts.arms]
+        probed = (self.sink.probe_for(c.step + 1) or []) if arm is not None else []
         carried = pending[0] if len(pending) > 1 or (pending and self._loss_due(c.step)) else None
         d = self.ctx.coord.agree(
             self.ctx.flags,
             at_boundary=fresh and self.checkpointer.boundary_allowed(c.step),
             arm=arm,
             loss=self._read(carried) if carried is not None else None,
-            probe=[names.index(n) for n in probed or () if n in names],
+            probe=[self._arm_index[n] for n in probed if n in self._arm_index],
         )
         if carried is not None:
             self._record(pending.pop(0), d.loss)
