@@ -8,11 +8,14 @@ wedge. Where the sockets live is the run directory's business (`andrea.daemon.ru
 - Clients use the zguide's Lazy Pirate pattern with a DEALER: send, poll with a timeout, and on
   silence close the socket, open a fresh one and resend; replies are matched by request id.
 - Every poll has a timeout, so a signal handler's flag is always seen (pyzmq #996).
+- A server's last replies (a `stop --wait`'s answer) are sent just before its process exits: its
+  router lingers, and the process waits for them to leave (`flush_before_exit`) before exiting.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -35,6 +38,10 @@ class PeerGone(Unreachable):
 #: then still waits for a reply already on its way.
 ALIVE_POLL_S = 0.5
 
+#: How long a closing server still tries to deliver the replies it has queued, and how long its
+#: process waits for them before exiting anyway (a client that vanished must not hold it up).
+FLUSH_S = 2.0
+
 
 def bind_router(ctx: zmq.Context, ep: str) -> zmq.Socket:
     sock = ctx.socket(zmq.ROUTER)
@@ -50,10 +57,27 @@ def bind_router(ctx: zmq.Context, ep: str) -> zmq.Socket:
 
 def close_router(sock: zmq.Socket, ep: str) -> None:
     """Close a server socket and remove its ipc file, so that a stopped daemon leaves no socket
-    behind in the run directory (copying a run with shutil.copytree fails on one)."""
-    sock.close(linger=0)
+    behind in the run directory (copying a run with shutil.copytree fails on one). Replies already
+    sent still leave, for up to FLUSH_S, if the process waits for them (`flush_before_exit`)."""
+    sock.close(linger=int(FLUSH_S * 1000))
     if ep.startswith("ipc://"):
         Path(ep[len("ipc://") :]).unlink(missing_ok=True)
+
+
+def flush_before_exit(timeout: float = FLUSH_S) -> bool:
+    """Wait, at most `timeout` seconds, until the replies queued on closed sockets have left;
+    whether they did.
+
+    ZeroMQ sends from its own I/O thread: a reply handed to a socket just before the process exits
+    (os._exit, or an interpreter that never terminates the context) was lost under load, and a
+    `stop --wait` then reported the trainer gone without answering. Terminating the context waits
+    for every closed socket's linger; it runs on a thread of its own because a socket still open
+    elsewhere would make it wait forever."""
+    ctx = zmq.Context.instance()
+    done = threading.Thread(target=ctx.term, name="zmq-flush", daemon=True)
+    done.start()
+    done.join(timeout)
+    return not done.is_alive()
 
 
 def new_id() -> str:
