@@ -44,6 +44,10 @@ BATCH_DOCUMENTS = 4096
 BATCH_BYTES = 4 << 20
 #: How often a wait for the tokenizer looks for a stop request, in seconds.
 STOP_POLL_S = 0.05
+#: Test-only pacing: seconds to wait after each batch is written (stop requests and progress still
+#: answered meanwhile). A test of a first start whose encoding outlasts the unit's start timeout
+#: needs an encoding longer than that timeout on any machine; nothing encoded depends on it.
+PACE_ENV = "ANDREA_TEST_ENCODE_PAUSE"
 #: The most a tokens file's record may hold (it lists the inputs by name).
 MAX_RECORD_BYTES = 16 << 20
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -163,6 +167,9 @@ def encode_documents(
     worker = _Worker(tokenizer)
     pending: tuple[list[Document], int, Future[list[np.ndarray]]] | None = None
     done = [0, 0]  # bytes and documents encoded
+    pace = float(os.environ.get(PACE_ENV) or 0)
+    if pace:
+        log.warning("%s: pausing %g s after each batch encoded (a test setting)", PACE_ENV, pace)
 
     def tick() -> None:
         check_stop(should_stop, "encoding the data")
@@ -175,11 +182,19 @@ def encode_documents(
             future = worker.submit(batch)
             if pending is not None:
                 _write(*pending, route, tick, done)
+                _pause(pace, tick)
             pending = (batch, size, future)
         if pending is not None:
             _write(*pending, route, tick, done)
     finally:
         worker.close()
+
+
+def _pause(seconds: float, tick: Callable[[], None]) -> None:
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, STOP_POLL_S))
+        tick()
 
 
 class _Worker:

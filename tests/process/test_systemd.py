@@ -21,6 +21,7 @@ import pytest
 
 from andrea.daemon.config import build_config
 from andrea.daemon.data.arms import load_arms
+from andrea.daemon.data.encoding import PACE_ENV as ENCODE_PACE_ENV
 from andrea.daemon.trainer.loop import PACE_ENV
 from tests.support.manifests import final_trigger_is
 from tests.support.owndata import PROSE, bpe_file
@@ -31,9 +32,11 @@ TINY = "--preset andrea-tiny --threads 1 --log-every 10 --sample-every 0"
 ANDREACTL = f"{REPO}/.venv/bin/andreactl"
 #: Caps of 0 leave docstrings as the only arm: every step of the new phase comes from it.
 POLICY = "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n"
-#: Text files of 0.11 MB each: a corpus whose encoding outlasts a start timeout of 3 s (from 4 s
-#: on an idle machine to 15 s at 1.3 MB/s, as a loaded one encoded it).
-ENCODE_FILES = 160
+#: Text files of 0.11 MB each, two batches of the encoder (4 MiB, then the rest), with a pause
+#: between them: an encoding that outlasts a start timeout of 3 s on any machine. Unpaced, an idle
+#: machine encoded four times as much in 4 s, and the test failed there.
+ENCODE_FILES = 48
+ENCODE_PAUSE = 8
 #: Seconds each trainer sleeps after a step: 20 steps a second at most, a few percent of a core.
 PACE = 0.05
 
@@ -398,7 +401,11 @@ def test_a_first_start_encoding_past_its_start_timeout_trains_and_a_restart_cont
     by systemd. Before, the start timed out, and each restart began the encoding from nothing."""
     run = f"{RUN}e"
     timeout = 3
-    sd.write_dropin(trainer(run), "encode", f"[Service]\nTimeoutStartSec={timeout}s\n")
+    sd.write_dropin(
+        trainer(run),
+        "encode",
+        f"[Service]\nTimeoutStartSec={timeout}s\nEnvironment={ENCODE_PACE_ENV}={ENCODE_PAUSE}\n",
+    )
     sd.daemon_reload()
     home = sd.path(state_dir(run))
     (home / "notes").mkdir(parents=True)
