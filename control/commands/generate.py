@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 #: The largest prompt file read.
 MAX_PROMPT_BYTES = 16 << 20
+#: The most --threads accepted (a typo's 10,000 threads would only thrash).
+MAX_THREADS = 1024
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +60,12 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         help="the sampling seed, 0 to 2**63 - 1: the same seed, the same text",
     )
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads torch computes on (default: torch's, one per core); 1 or 2 beside a "
+        "trainer on the same machine, which the default would slow down",
+    )
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -142,6 +150,12 @@ def cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
     folder, prompts = _source(args), _prompts(args)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
+    if args.threads is not None:
+        if not 1 <= args.threads <= MAX_THREADS:
+            raise UserError(f"--threads is {args.threads}: 1 to {MAX_THREADS:,}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         sampling.check()
         loaded = load_source(folder, args.step, args.device)

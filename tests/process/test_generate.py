@@ -93,6 +93,15 @@ def test_a_step_and_greedy_decoding(sources, capsys) -> None:
     code, nucleus, err = _generate(capsys, *tiny)
     assert code == 0, err
     assert nucleus["outputs"][0]["tokens"] == doc["outputs"][0]["tokens"]
+    # --threads is torch's thread count for the command (the module runs on one: set it back).
+    import torch
+
+    try:
+        code, two, err = _generate(capsys, *argv, "--max-new-tokens", "8", "--threads", "2")
+        assert code == 0 and torch.get_num_threads() == 2, err
+    finally:
+        torch.set_num_threads(1)
+    assert two["outputs"][0]["tokens"] == doc["outputs"][0]["tokens"]
 
 
 def test_a_damaged_newest_checkpoint_is_named_when_skipped(sources, capsys, tmp_path) -> None:
@@ -135,6 +144,8 @@ def test_the_window_slides_and_says_so(sources, capsys, tmp_path: Path) -> None:
         (["--prompt", "a", "--device", "meta"], "--device meta: a model generates on cpu or"),
         (["--prompt", "a", "--max-new-tokens", "1e12"], "invalid int value"),
         (["--prompt", "a", "--max-new-tokens", str(10**12)], "must be from 0 to 65,536"),
+        (["--prompt", "a", "--threads", "0"], "--threads is 0: 1 to 1,024"),
+        (["--prompt", "a", "--threads", "5000"], "--threads is 5000: 1 to 1,024"),
     ],
 )
 def test_bad_inputs_are_usage_errors_naming_what(
