@@ -79,7 +79,9 @@ def test_live_reports_validate(tmp_path: Path, cache_dir: Path, capsys) -> None:
     try:
         sock.send_multipart([b"", messages.encode(hold)])
         status = messages.StatusRequest(id=new_id())
+        deadline = time.monotonic() + 60
         while request(peer_endpoint(run, "trainer"), status, timeout=10).data["hold"] is None:
+            assert time.monotonic() < deadline, "the trainer never held: " + t.log[-3000:]
             time.sleep(0.05)
         cancelled = ok("pivot", "--cancel")
         assert check("pivot", cancelled, capsys) == "PivotCancelReport"
