@@ -73,7 +73,7 @@ def flush_before_exit(timeout: float = FLUSH_S) -> bool:
     `stop --wait` then reported the trainer gone without answering. Terminating the context waits
     for every closed socket's linger; it runs on a thread of its own because a socket still open
     elsewhere would make it wait forever."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     done = threading.Thread(target=ctx.term, name="zmq-flush", daemon=True)
     done.start()
     done.join(timeout)
