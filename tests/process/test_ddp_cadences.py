@@ -121,7 +121,13 @@ def test_cadences_that_do_not_align_at_2_ranks_then_a_data_change_stops_all_at_o
     stops = set(re.findall(r"\[rank \d\] .*stopped at step (\d+) \(data-changed\)", t.log))
     assert len(stops) == 1 and t.log.count("INFO left the process group") == 2, t.log
     (step,) = stops
-    assert f"checkpoint {bin_name(int(step))} written (data-changed" in t.log, t.log
+    # One checkpoint of that step: the stop's own, or the cadence's where it falls on that step
+    # (every 7: CI stopped at 14 once), which the stop then finds written.
+    ckpt = bin_name(int(step))
+    own = f"checkpoint {ckpt} written (data-changed" in t.log
+    cadence = f"checkpoint {ckpt} written (cadence" in t.log
+    assert own or (cadence and f"step {step} is already checkpointed" in t.log), t.log
+    assert (tmp_path / manifest_name(int(step))).exists(), t.log
     assert f"exitcode: {int(ExitCode.DATA_ERROR)}" in t.log and "exitcode: -6" not in t.log
 
 
