@@ -14,6 +14,7 @@ wedge. Where the sockets live is the run directory's business (`andrea.daemon.ru
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -24,6 +25,8 @@ from pathlib import Path
 import zmq
 
 from andrea.protocol.messages import MAX_MESSAGE_BYTES, Message, _Msg, decode, encode
+
+log = logging.getLogger(__name__)
 
 
 class Unreachable(RuntimeError):
@@ -64,9 +67,9 @@ def close_router(sock: zmq.Socket, ep: str) -> None:
         Path(ep[len("ipc://") :]).unlink(missing_ok=True)
 
 
-def flush_before_exit(timeout: float = FLUSH_S) -> bool:
-    """Wait, at most `timeout` seconds, until the replies queued on closed sockets have left;
-    whether they did.
+def flush_before_exit(timeout: float = FLUSH_S) -> None:
+    """Wait, at most `timeout` seconds, until the replies queued on closed sockets have left (a
+    warning if they did not).
 
     ZeroMQ sends from its own I/O thread: a reply handed to a socket just before the process exits
     (os._exit, or an interpreter that never terminates the context) was lost under load, and a
@@ -77,7 +80,10 @@ def flush_before_exit(timeout: float = FLUSH_S) -> bool:
     done = threading.Thread(target=ctx.term, name="zmq-flush", daemon=True)
     done.start()
     done.join(timeout)
-    return not done.is_alive()
+    if done.is_alive():
+        log.warning(
+            "replies still queued after %.0f s are dropped (their clients are gone?)", timeout
+        )
 
 
 def new_id() -> str:

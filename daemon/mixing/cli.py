@@ -15,7 +15,7 @@ from andrea.daemon.runtime.exitcodes import ExitCode, for_unexpected
 from andrea.daemon.runtime.logsetup import setup_logging
 from andrea.daemon.runtime.operator_requests import OperatorRequests
 from andrea.daemon.runtime.sdnotify import Notifier
-from andrea.protocol.transport import FLUSH_S, flush_before_exit
+from andrea.protocol.transport import flush_before_exit
 
 log = logging.getLogger("andrea.proxy")
 
@@ -58,10 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         code, advice = for_unexpected(e)
         log.critical("%s", advice, exc_info=True)
-    if not flush_before_exit():
-        log.warning(
-            "replies still queued after %.0f s are dropped (their clients are gone?)", FLUSH_S
-        )
+    flush_before_exit()
     sys.exit(int(code))
 
 

@@ -170,12 +170,10 @@ def main(argv: list[str] | None = None) -> None:
         # A traceback helps with what nobody foresaw, not with what a person must change.
         log.critical("%s", advice, exc_info=code == ExitCode.FAILURE)
     Notifier(enabled=world.is_main).stopping()
-    from andrea.protocol.transport import FLUSH_S, flush_before_exit
+    # The last replies (a `stop --wait`'s answer) leave before the process does.
+    from andrea.protocol.transport import flush_before_exit
 
-    if not flush_before_exit():
-        log.warning(
-            "replies still queued after %.0f s are dropped (their clients are gone?)", FLUSH_S
-        )
+    flush_before_exit()
     # Everything that matters is durable now. Tearing down torch's interpreter state takes
     # 0.5–0.8 s here, time a stop budget (TimeoutStopSec, a preemption notice) should not pay.
     logging.shutdown()
