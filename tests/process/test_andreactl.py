@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from andrea.control.commands.conventions import EXIT_STOPPED
 from andrea.control.reports import HistoryReport, RequestReport, StatusReport
 from andrea.daemon.mixing.policy import NEW_RUN_REWARD
 from andrea.daemon.runtime.exitcodes import ExitCode
+from tests.support import forkserver
 from tests.support.daemons import Daemon, trainer_cmd
 from tests.support.daemons import andreactl as ctl
 
@@ -85,7 +85,7 @@ def test_operator_session(tmp_path: Path, cache_dir: Path) -> None:
 
     # A refused start (another seed: a trajectory change without --allow-config-change) prints its
     # error last, after the proxy's closing lines.
-    refused = subprocess.run(
+    refused = forkserver.run(
         trainer_cmd(tmp_path, cache_dir, "--with-proxy", "--seed", "99"),
         capture_output=True,
         text=True,

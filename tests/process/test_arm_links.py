@@ -3,10 +3,10 @@ before a byte of its target is read (tests/unit/test_arm_links.py has the rules 
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from andrea.daemon.runtime.exitcodes import ExitCode
+from tests.support import forkserver
 from tests.support.daemons import trainer_cmd
 from tests.support.links import linked_run, unread
 
@@ -16,7 +16,7 @@ def test_the_trainer_refuses_a_link_out_of_the_arm(tmp_path: Path) -> None:
     (run / "tokenizer.json").unlink(missing_ok=True)
     cache = tmp_path / "cache"
     cmd = trainer_cmd(run, cache, "--max-steps", "1")
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    res = forkserver.run(cmd, capture_output=True, text=True, timeout=180)
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "data: arm 'notes': " in res.stderr and "zz.md leads to" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
@@ -24,5 +24,5 @@ def test_the_trainer_refuses_a_link_out_of_the_arm(tmp_path: Path) -> None:
     leaked = [p for p in cache.rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()]
     assert not leaked, leaked
     # --check says so with the start's exit code.
-    res = subprocess.run([*cmd, "--check"], capture_output=True, text=True, timeout=180)
+    res = forkserver.run([*cmd, "--check"], capture_output=True, text=True, timeout=180)
     assert res.returncode == ExitCode.CONFIG_ERROR and "zz.md leads to" in res.stderr, res.stderr

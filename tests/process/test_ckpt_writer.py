@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from andrea.daemon.checkpoint.writer import (
 from andrea.daemon.config import CheckpointConfig
 from andrea.daemon.rundir import layout as rundir
 from andrea.daemon.runtime.exitcodes import ExitCode
+from tests.support import forkserver
 from tests.support.daemons import Daemon, run_trainer, trainer_cmd
 
 STEPS = 20
@@ -242,7 +242,7 @@ def test_cadence_points_during_a_write_wait_and_are_never_skipped(
     """Writes slower than the cadence: every cadence checkpoint is still written, in step order."""
     (tmp_path / "run.toml").write_text(CADENCE_TOML)
     env = {**os.environ, "ANDREA_CKPT_TEST_WRITE_DELAY": "0.3"}
-    res = subprocess.run(
+    res = forkserver.run(
         trainer_cmd(tmp_path, cache_dir, "--max-steps", str(STEPS)),
         capture_output=True,
         text=True,

@@ -18,6 +18,7 @@ from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest
 from andrea.daemon.rundir.layout import RESOLVED_CONFIG_FILE, recorded_config
 from andrea.daemon.rundir.losslog import read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
+from tests.support import forkserver
 from tests.support.daemons import run_trainer
 
 
@@ -124,7 +125,7 @@ def _start(run: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
     """A trainer start without run_trainer's --preset: the run's own file says it."""
     args = ["--run-dir", str(run), "--threads", "1", "--cache-dir", str(cache), "--sample-every"]
     cmd = [sys.executable, "-m", "andrea.daemon.trainer.service.cli", *args, "0", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    return forkserver.run(cmd, capture_output=True, text=True, timeout=180)
 
 
 def test_a_hand_written_run_toml_is_never_rewritten(tmp_path: Path, cache_dir: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from andrea.daemon.runtime.operator_requests import OperatorRequests, StopReason
 from andrea.daemon.trainer.links.control_server import ControlServer
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
+from tests.support import forkserver
 from tests.support.daemons import Daemon, trainer_cmd
 from tests.support.daemons import andreactl as ctl
 
@@ -79,7 +79,7 @@ def _socket_is_owner_only_and_one_trainer_per_run(t: Daemon, run: Path, cache_di
     sock_mode = stat.S_IMODE(os.stat(d / "trainer.sock").st_mode)
     assert sock_mode & 0o077 == 0, oct(sock_mode)
 
-    second = subprocess.run(
+    second = forkserver.run(
         trainer_cmd(run, cache_dir, "--max-steps", "5"),
         capture_output=True,
         text=True,

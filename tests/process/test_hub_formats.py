@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 from andrea.daemon.data.heldout import DEFAULT_FRACTION, is_held_out
 from andrea.daemon.rundir.layout import bin_name
+from tests.support import forkserver
 from tests.support.daemons import Daemon, trainer_cmd
 from tests.support.owndata import hub_texts, write_hub, write_slim
 
@@ -53,7 +53,7 @@ def test_a_parquet_glob_and_a_jsonl_zst_train_count_and_resume_bit_exact(
     (whole / "run.toml").write_text(RUN_TOML)
     shutil.copytree(whole, stopped)
 
-    res = subprocess.run(trainer_cmd(whole, cache_dir, "--check"), capture_output=True, text=True,
+    res = forkserver.run(trainer_cmd(whole, cache_dir, "--check"), capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert res.returncode == 0, res.stderr
 

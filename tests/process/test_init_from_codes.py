@@ -11,6 +11,7 @@ import numpy as np
 
 from andrea.daemon.rundir.layout import bin_name, manifest_name
 from andrea.daemon.runtime.exitcodes import ExitCode
+from tests.support import forkserver
 from tests.support.daemons import trainer_cmd
 
 TOKENS_ARM = '[[data.arms]]\nname = "pre"\nkind = "tokens"\npath = "pre.u16"\ndtype = "uint16"\n'
@@ -23,7 +24,7 @@ def _run(run: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
         (run / "run.toml").write_text(TOKENS_ARM)
     cmd = trainer_cmd(run, cache, "--device", "cpu", "--mixing", "fixed", "--max-steps", "2",
                       "--checkpoint-every", "2", *extra)  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return forkserver.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 def _flip(path: Path, at: int) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.runtime.exitcodes import ExitCode
+from tests.support import forkserver
 from tests.support.daemons import trainer_cmd
 from tests.support.owndata import PROSE, bpe_file
 
@@ -30,7 +31,7 @@ def _run(run: Path, cache: Path, tokenizer: str, *extra: str) -> subprocess.Comp
         '[[data.arms]]\nname = "notes"\nkind = "text"\npaths = ["notes/*.txt"]\n'
     )
     cmd = trainer_cmd(run, cache, "--max-steps", "1", "--checkpoint-every", "1", *extra)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    return forkserver.run(cmd, capture_output=True, text=True, timeout=180)
 
 
 def _sha(path: Path) -> str:

@@ -22,6 +22,7 @@ from andrea.daemon.data.tokenizer import load_tokenizer
 from andrea.daemon.rundir.layout import bin_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
+from tests.support import forkserver
 from tests.support.daemons import Daemon, andreactl, trainer_cmd
 from tests.support.owndata import PROSE, bpe_file, write_jsonl
 
@@ -153,7 +154,7 @@ def _another_tokenizer_is_refused(run: Path, tmp_path: Path, cache: Path) -> Non
     (run / "pre.u16").unlink()
     (run / "pre.u16.json").unlink()
     _ok(andreactl(run, "tokenizer", "encode", "--out", str(run / "pre.u16"), "--input", *inputs))
-    res = subprocess.run(
+    res = forkserver.run(
         trainer_cmd(run, cache, "--max-steps", str(STEPS + 10)), capture_output=True, text=True
     )
     assert res.returncode == ExitCode.RESUME_REFUSED, res.stderr

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from andrea.daemon.data.tokenizer import load_tokenizer
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.daemon.trainer.service.cli import build_parser
 from andrea.daemon.trainer.service.preflight import run_check
+from tests.support import forkserver
 from tests.support.daemons import Daemon, andreactl, trainer_args, trainer_cmd
 from tests.support.owndata import (
     PROSE,
@@ -40,7 +40,7 @@ TOKENS_ARM = '[[data.arms]]\nname = "pre"\nkind = "tokens"\npath = "pre.u16"\ndt
 
 def _trainer(run: Path, cache: Path, *extra: str, timeout: float = 180):
     cmd = trainer_cmd(run, cache, "--max-steps", "2", "--checkpoint-every", "2", *extra)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return forkserver.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 #: The cases whose `--check` runs as a real `andrea-trainer --check` process too: the CLI's own
@@ -67,7 +67,7 @@ def _check(
     for needle in needles:
         assert needle in caplog.text, (case, caplog.text)
     if case in REAL_CHECK:
-        real = subprocess.run(trainer_cmd(run, cache, "--check", *flags),
+        real = forkserver.run(trainer_cmd(run, cache, "--check", *flags),
                               capture_output=True, text=True, timeout=120)  # fmt: skip
         assert real.returncode == code, (case, real.stderr)
         assert "Traceback" not in real.stderr, real.stderr

@@ -31,6 +31,7 @@ import pytest
 from andrea.daemon.rundir.layout import STATE_FILE, bin_name, parse_checkpoint_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
+from tests.support import forkserver
 from tests.support.daemons import Daemon, trainer_cmd
 from tests.support.owndata import PROSE, bpe_file
 
@@ -76,7 +77,7 @@ def test_a_second_start_and_a_copy_leave_a_live_run_alone(tmp_path: Path, cache_
 
 
 def _second_start_is_refused_and_touches_nothing(live: LiveRun, cache_dir: Path) -> None:
-    second = subprocess.run(
+    second = forkserver.run(
         trainer_cmd(live.run, cache_dir, "--with-proxy", "--max-steps", "100000"),
         capture_output=True,
         text=True,

@@ -4,7 +4,6 @@ and the run's own data is counted (tests/unit/test_plan_inputs.py has the refusa
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 from andrea.control import andreactl
 from andrea.control.reports import report_adapter
 from andrea.daemon.rundir.layout import RUN_DIR_ENV
+from tests.support import forkserver
 from tests.support.daemons import trainer_cmd
 
 TOKENS_ARM = '[[data.arms]]\nname = "pre"\nkind = "tokens"\npath = "pre.u16"\ndtype = "uint16"\n'
@@ -32,7 +32,7 @@ def test_a_cpu_runs_mfu_is_not_carried_to_a_gpu_and_its_data_is_counted(
     ids = 40_000
     np.arange(ids, dtype="<u2").__mod__(256).astype("<u2").tofile(run / "pre.u16")
     (run / "run.toml").write_text(TOKENS_ARM)
-    res = subprocess.run(
+    res = forkserver.run(
         trainer_cmd(run, cache_dir, "--device", "cpu", "--max-steps", "6", "--checkpoint-every",
                     "6", "--mixing", "fixed"),
         capture_output=True, text=True, timeout=240,

@@ -24,6 +24,7 @@ from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
+from tests.support import forkserver
 from tests.support.daemons import Daemon, trainer_cmd
 
 STEPS = 60
@@ -256,7 +257,7 @@ def test_sigterm_while_waiting_for_the_proxy_checkpoints_and_exits(
 
 def test_samples_never_change_the_trajectory(tmp_path: Path, cache_dir: Path) -> None:
     def run(d: Path, every: str) -> list[tuple[int, float, str]]:
-        res = subprocess.run(
+        res = forkserver.run(
             trainer_cmd(
                 d,
                 cache_dir,

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from andrea.daemon.runtime.exitcodes import ExitCode
+from tests.support import forkserver
 from tests.support.daemons import trainer_cmd
 
 
 def _trainer(run_dir: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = trainer_cmd(run_dir, cache, "--max-steps", "2", *extra)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    return forkserver.run(cmd, capture_output=True, text=True, timeout=180)
 
 
 def _toml(text: bytes) -> Callable[[Path], list[str]]:
@@ -118,7 +119,7 @@ def test_non_ascii_run_dir_longer_in_bytes_than_in_characters(
 def test_proxy_run_dir_that_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     cmd = [sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(tmp_path / "f")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    res = forkserver.run(cmd, capture_output=True, text=True, timeout=60)
     assert res.returncode == ExitCode.CONFIG_ERROR and "not a usable directory" in res.stderr
     assert "Traceback" not in res.stderr
 
@@ -154,7 +155,7 @@ def test_proxy_policy_linked_to_dev_zero(tmp_path: Path) -> None:
     (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\nmixing = "proxy"\n')
     (tmp_path / "policy.toml").symlink_to("/dev/zero")
     cmd = [sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(tmp_path)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, preexec_fn=limited)
+    res = forkserver.run(cmd, capture_output=True, text=True, timeout=60, preexec_fn=limited)
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "policy.toml: not a regular file (a character device)" in res.stderr
     assert "Traceback" not in res.stderr and "out of memory" not in res.stderr
@@ -168,7 +169,7 @@ def test_trainer_takes_the_run_dir_from_the_environment_and_leaves_nothing_on_a_
     run_dir = tmp_path / "runs" / "demo"
     cmd = [sys.executable, "-m", "andrea.daemon.trainer.service.cli", "--preset", "andrea-12n"]
     env = {**os.environ, "ANDREA_RUN_DIR": str(run_dir)}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    res = forkserver.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "unknown preset 'andrea-12n'" in res.stderr, res.stderr
     assert not (tmp_path / "runs").exists(), "a refused start creates no run directory"

@@ -11,12 +11,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from tests.support import forkserver
 
 REPO = Path(__file__).resolve().parents[2]
 
 # Every Daemon started, so that tests/conftest.py kills what a failing test left running.
-LIVE: list[subprocess.Popen] = []
+LIVE: list[subprocess.Popen | forkserver.ForkedProcess] = []
 
 
 def trainer_args(run_dir: Path, cache: Path, *extra: str) -> list[str]:
@@ -50,10 +53,16 @@ def trainer_cmd(run_dir: Path, cache: Path, *extra: str) -> list[str]:
 class Daemon:
     """A daemon subprocess (trainer or proxy) whose log lines can be awaited while it runs."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str] | None = None, **popen) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict[str, str] | None = None,
+        start: Callable[..., subprocess.Popen | forkserver.ForkedProcess] = forkserver.start,
+        **popen,
+    ) -> None:
         self.lines: list[str] = []
         self._q: queue.Queue[str | None] = queue.Queue()
-        self.proc = subprocess.Popen(
+        self.proc = start(
             cmd,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -116,6 +125,4 @@ def andreactl(
 def run_trainer(
     run_dir: Path, cache: Path, *extra: str, timeout: float = 180
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        trainer_cmd(run_dir, cache, *extra), capture_output=True, text=True, timeout=timeout
-    )
+    return forkserver.run(trainer_cmd(run_dir, cache, *extra), text=True, timeout=timeout)
