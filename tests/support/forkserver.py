@@ -219,12 +219,15 @@ class ForkedProcess:
         self.stdin: IO | None = None
         self.stdout: IO | None = None
         self.stderr: IO | None = None
+        cwd = os.fspath(popen.get("cwd") or os.getcwd())
+        if not os.path.isdir(cwd):  # refused here, as Popen refuses it, before any child exists
+            raise FileNotFoundError(f"no such directory: {cwd!r}")
         ends, keep = self._streams(popen)
         request = {
             "module": module,
             "args": cmd[3:],
             "env": popen.get("env") if popen.get("env") is not None else dict(os.environ),
-            "cwd": str(popen.get("cwd") or os.getcwd()),
+            "cwd": cwd,
             "new_session": bool(popen.get("start_new_session")),
         }
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
