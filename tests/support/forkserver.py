@@ -55,19 +55,14 @@ PRELOAD = (
     ),
 )
 _HEADER = 1 << 20
+#: The Popen arguments a forked child honours; any other (preexec_fn, pass_fds...) means exec.
+_KWARGS = {"stdin", "stdout", "stderr", "env", "cwd", "text", "start_new_session"}
 
 
 def forkable(cmd: list[str], popen: dict[str, Any]) -> str | None:
     """The module a command runs, when the fork server can start it as it is asked to; else None."""
-    if os.environ.get(EXEC_ENV) == "1" or set(popen) - {
-        "stdin",
-        "stdout",
-        "stderr",
-        "env",
-        "cwd",
-        "text",
-        "start_new_session",
-    }:
+    # pidfd_open (Linux 5.3) is how the server hears of a child's end among its sockets.
+    if not hasattr(os, "pidfd_open") or os.environ.get(EXEC_ENV) == "1" or set(popen) - _KWARGS:
         return None
     if len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m" and cmd[2] in MODULES:
         return cmd[2]
