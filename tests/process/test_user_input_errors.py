@@ -119,7 +119,7 @@ def test_non_ascii_run_dir_longer_in_bytes_than_in_characters(
 def test_proxy_run_dir_that_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     cmd = [sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(tmp_path / "f")]
-    res = forkserver.run(cmd, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert res.returncode == ExitCode.CONFIG_ERROR and "not a usable directory" in res.stderr
     assert "Traceback" not in res.stderr
 
@@ -155,7 +155,7 @@ def test_proxy_policy_linked_to_dev_zero(tmp_path: Path) -> None:
     (tmp_path / "run.toml").write_text('preset = "andrea-tiny"\nmixing = "proxy"\n')
     (tmp_path / "policy.toml").symlink_to("/dev/zero")
     cmd = [sys.executable, "-m", "andrea.daemon.mixing.cli", "--run-dir", str(tmp_path)]
-    res = forkserver.run(cmd, capture_output=True, text=True, timeout=60, preexec_fn=limited)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, preexec_fn=limited)
     assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr
     assert "policy.toml: not a regular file (a character device)" in res.stderr
     assert "Traceback" not in res.stderr and "out of memory" not in res.stderr
