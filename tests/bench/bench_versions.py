@@ -107,6 +107,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds: at least 2, for a standard error")
+    known = ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{args.base}^{{commit}}"]
+    if subprocess.run(known, capture_output=True).returncode != 0:
+        ap.error(f"--base {args.base!r}: not a commit of this repository")
     with tempfile.TemporaryDirectory(prefix="andrea-versions-") as d:
         work = Path(d)
         try:
@@ -114,6 +117,7 @@ def main() -> None:
         finally:
             subprocess.run(
                 ["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "tree")],
+                capture_output=True,
                 check=False,
             )
     print(json.dumps(report, indent=2))

@@ -339,9 +339,10 @@ def start(cmd: list[str], **popen: Any) -> subprocess.Popen | ForkedProcess:
 def run(cmd: list[str], timeout: float | None = None, **popen: Any) -> subprocess.CompletedProcess:
     """`subprocess.run(cmd, capture_output=True, timeout=timeout, **popen)`, forked when it can be."""
     popen.pop("capture_output", None)
-    if forkable(cmd, popen) is None:
+    module = forkable(cmd, popen)
+    if module is None:
         return subprocess.run(cmd, capture_output=True, timeout=timeout, **popen)
-    proc = start(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    proc = ForkedProcess(cmd, module, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
