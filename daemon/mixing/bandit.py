@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from andrea.daemon.config import ARM_NAME_PATTERN
 from andrea.daemon.mixing import reward, rewards
-from andrea.daemon.mixing.policy import IMPLICIT_REWARD, TARGET_REWARD, Policy
+from andrea.daemon.mixing.policy import IMPLICIT_REWARD, TARGETED_REWARDS, Policy
 from andrea.daemon.mixing.reward import ArmStats
 from andrea.daemon.mixing.rewards import transfer
 from andrea.daemon.rundir.layout import STATE_FILE
@@ -292,7 +292,7 @@ class BanditState(_StateModel):
         if (self.transfer is not None) != rewards.lookup(self.policy.reward).targeted:
             raise ValueError(
                 "transfer statistics must be present exactly under a reward that serves a "
-                f"target ({TARGET_REWARD!r})"
+                f"target ({', '.join(TARGETED_REWARDS)})"
             )
         if self.transfer is not None and self.transfer.arms != sorted(names):
             raise ValueError(f"transfer.arms {self.transfer.arms} are not the state's arms")
@@ -426,6 +426,18 @@ def _index_configured(
             raise BanditError(f"arm {c.name!r} is configured twice")
         out[c.name] = c
     return out
+
+
+def _target(
+    policy: Policy,
+    reward: rewards.RewardKind,
+    arms: list[str],
+    saved: transfer.TransferStats | None,
+) -> transfer.Target | None:
+    """The phase's target and its probes' statistics, under a reward that serves a target."""
+    if not reward.targeted:
+        return None
+    return transfer.Target.of(policy.target_weights(), arms, saved, reward.target_floor)
 
 
 def _zombies(arms: Iterable[_Arm]) -> list[Zombie]:
@@ -568,12 +580,7 @@ class Bandit:
         self._last = last
         # Sorted by name: the draw walks the arms in this order, so configuration order cannot matter.
         self._arms = {a.name: a for a in sorted(records, key=lambda a: a.name)}
-        #: The target and its probes' statistics, under the transfer reward.
-        self._target = (
-            transfer.Target.of(policy.target_weights(), list(self._arms), transfer_stats)
-            if self._reward.targeted
-            else None
-        )
+        self._target = _target(policy, self._reward, list(self._arms), transfer_stats)
         live = [a.name for a in self._arms.values() if a.live]
         policy.check_feasible(live)
         unknown = sorted(set(policy.arms) - set(live))

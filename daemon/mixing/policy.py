@@ -26,8 +26,8 @@ unconfigured sources) are ignored; feasibility over the live arms is checked by
 `Policy.check_feasible` when a bandit is built.
 
 With a target (the arms whose held-out loss the run is for; weights relative, 1 when left out),
-the reward is "transfer": each arm's measured effect on the target's held-out loss
-(`andrea.daemon.mixing.rewards.transfer`)::
+the reward is "transfer-2" (or "transfer", named, as runs created before it have it): each arm's
+measured effect on the target's held-out loss (`andrea.daemon.mixing.rewards.transfer`)::
 
     target = ["code", "comments=0.5"]   # or, as a table: [target] code = 1.0, comments = 0.5
 
@@ -75,8 +75,10 @@ REWARDS: tuple[str, ...] = rewards.names()
 LEARNABILITY_REWARDS: tuple[str, ...] = tuple(
     n for n in REWARDS if rewards.lookup(n).reads_progress and not rewards.lookup(n).targeted
 )
-#: The reward of a policy with a `target`: each arm's measured effect on the target's held-out loss.
-TARGET_REWARD: Reward = "transfer"
+#: The rewards that serve a `target`: each arm's measured effect on the target's held-out loss.
+TARGETED_REWARDS: tuple[str, ...] = tuple(n for n in REWARDS if rewards.lookup(n).targeted)
+#: The reward a policy with a `target` gets when it names none (and a pivot to a target).
+TARGET_REWARD: Reward = "transfer-2"
 #: A target weight's bounds (weights are relative, as initial weights are).
 MIN_TARGET_WEIGHT = 1e-6
 MAX_TARGET_WEIGHT = 1e6
@@ -140,14 +142,14 @@ class Policy(_Strict):
         exclude_if=lambda v: not v,
         description="the arms whose held-out loss the run is for, each with a relative weight: "
         'a list of "ARM" or "ARM=W" (W: 1 when left out), or a table ARM = W; with a target '
-        'the reward is "transfer" (docs/bandit.md)',
+        'the reward is "transfer-2" unless "transfer" is named (docs/bandit.md)',
     )
 
     @model_validator(mode="before")
     @classmethod
     def _target_reward(cls, data: object) -> object:
         # A target decides the reward: a policy that names a target and no reward means
-        # "transfer" (and names it, so that it is not given the run's reward instead).
+        # TARGET_REWARD (and names it, so that it is not given the run's reward instead).
         if isinstance(data, dict) and data.get("target") and "reward" not in data:
             return {**data, "reward": TARGET_REWARD}
         return data
@@ -165,14 +167,16 @@ class Policy(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Policy:
-        if self.target and self.reward != TARGET_REWARD:
+        targeted = rewards.lookup(self.reward).targeted
+        if self.target and not targeted:
             raise ValueError(
-                f"target: a target is served by the {TARGET_REWARD!r} reward, not "
-                f"{self.reward!r} (leave `reward` out, or name {TARGET_REWARD!r})"
+                f"target: a target is served by a reward that serves one "
+                f"({', '.join(map(repr, TARGETED_REWARDS))}), not {self.reward!r} (leave "
+                f"`reward` out for {TARGET_REWARD!r})"
             )
-        if self.reward == TARGET_REWARD and not self.target:
+        if targeted and not self.target:
             raise ValueError(
-                f'reward {TARGET_REWARD!r} needs a target: target = ["ARM", "ARM=W", ...]'
+                f'reward {self.reward!r} needs a target: target = ["ARM", "ARM=W", ...]'
             )
         for name in (*self.arms, *self.initial_weights, *self.target):
             if not re.fullmatch(ARM_NAME_PATTERN, name):
@@ -353,7 +357,8 @@ def parse_target(value: object) -> object:
 
 def retargeted(policy: Policy, items: Sequence[str]) -> Policy:
     """`policy` with the target `items` ("ARM" or "ARM=W", as `andreactl pivot --target` takes
-    them) and so the transfer reward; its caps, floors, lag and initial weights unchanged. Raises
+    them) and so the reward of a target (TARGET_REWARD); its caps, floors, lag and initial
+    weights unchanged. Raises
     `PolicyError` naming the bad item."""
     data = {**policy.model_dump(mode="json"), "target": list(items), "reward": TARGET_REWARD}
     try:

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from andrea.daemon.mixing.policy import (
     IMPLICIT_REWARD,
     NEW_RUN_REWARD,
-    TARGET_REWARD,
+    TARGETED_REWARDS,
     Policy,
     PolicyError,
     Reward,
@@ -85,7 +85,7 @@ def with_reward(policy: Policy, text: str, run_reward: Reward) -> tuple[Policy, 
     file says it, see the module docstring)."""
     if policy.names_reward:
         return policy, text
-    if run_reward == TARGET_REWARD:
+    if run_reward in TARGETED_REWARDS:
         # The run's phase had a target and this policy has none: the reward of new runs.
         run_reward = NEW_RUN_REWARD
     named = Policy.model_validate({**policy.model_dump(mode="json"), "reward": run_reward})

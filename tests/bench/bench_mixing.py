@@ -37,8 +37,8 @@ as many tokens as there; at the preset's 8 it averages a quarter as many (docs/m
   measuring each arm first, exploring each arm eps_t / K whatever its steps bring);
 - learnability: `--with-proxy`, policy `reward = "learnability"` (proportional to progress);
 - loss: `--with-proxy`, policy `reward = "loss"` (ODM's reward);
-- transfer: `--with-proxy`, a policy with a target (the three learnable arms; in case s the small
-  arm): the transfer reward;
+- transfer, transfer-2: `--with-proxy`, a policy with a target (the three learnable arms; in case
+  s the small arm) and that reward named (transfer-2 never lowers a target arm below its weight);
 - grid-X (case s only): `--with-proxy`, paired as below, the small arm's share X, the large arm's
   1 - X, synth8 none: the grid of fixed mixtures the transfer reward is judged against;
 - uniform-paired: `--with-proxy`, a policy whose floors and caps are all 1/K: uniform, drawn from
@@ -98,13 +98,14 @@ REWARDS = (
     "learnability",
     "loss",
 )
-#: The bandit with a target (the learnable arms; in case s, the small arm): the transfer reward.
-TARGETED = "transfer"
+#: The bandit with a target (the learnable arms; in case s, the small arm): the transfer rewards,
+#: each named in the policy.
+TARGETED = ("transfer", "transfer-2")
 #: Case s's grid of fixed mixtures, paired: the small target's share, the rest the larger arm's.
 GRID = ("grid-1.00", "grid-0.75", "grid-0.50", "grid-0.25")
 PAIRED = ("uniform-paired", "uniform-learnable-paired", *GRID)
 FIXED = ("uniform", "uniform-learnable")
-MIXTURES = (*REWARDS, TARGETED, *PAIRED, *FIXED)
+MIXTURES = (*REWARDS, *TARGETED, *PAIRED, *FIXED)
 NEW = "gated-fall"
 LEARNABLE = ("code", "comments", "docstrings")
 EXTRA = {
@@ -338,9 +339,9 @@ def one_run(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dic
         cmd += ["--with-proxy", "--policy", str(policy)]
     elif mixture in REWARDS:
         cmd += ["--with-proxy", "--policy", str(Path(args.work_dir) / f"policy-{mixture}.toml")]
-    elif mixture == TARGETED:
+    elif mixture in TARGETED:
         policy = run_dir.parent / f"policy-{case}-{mixture}.toml"
-        policy.write_text(tomli_w.dumps({"target": list(scored(case))}))
+        policy.write_text(tomli_w.dumps({"reward": mixture, "target": list(scored(case))}))
         cmd += ["--with-proxy", "--policy", str(policy)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -450,7 +451,7 @@ def bandit_cost(reward: str, steps: int = 20000) -> float:
     the assignment book as the proxy does it; under the transfer reward with the probe its records
     carry every few steps."""
     arms = [ConfiguredArm(n, n, True) for n in (*LEARNABLE, "random")]
-    extra = {"target": list(LEARNABLE)} if reward == TARGETED else {}
+    extra = {"target": list(LEARNABLE)} if reward in TARGETED else {}
     book = AssignmentBook(Bandit(arms, Policy(reward=reward, **extra), seed=1), arms)
     lag, assigned = book.lag, {}
     t0 = time.perf_counter()
@@ -472,7 +473,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
                 m
                 for m in args.mixtures
                 if not (case == "a" and "learnable" in m)
-                and (m in (TARGETED, "uniform-paired", *GRID) if case == "s" else m not in GRID)
+                and (m in (*TARGETED, "uniform-paired", *GRID) if case == "s" else m not in GRID)
             ]
             k = seed % len(mixtures)  # interleaved, so that a change of load touches all alike
             jobs += [(case, m, seed) for m in mixtures[k:] + mixtures[:k]]
@@ -536,7 +537,9 @@ def summarise(runs: list[dict]) -> dict:
             "extra": extra,
             "mixtures": mixtures,
             "checks": checks(case, mixtures),
-            "target_checks": target_checks(case, mixtures),
+            "target_checks": {
+                m: found for m in TARGETED if (found := target_checks(case, mixtures, m))
+            },
         }
     return out
 
@@ -552,11 +555,11 @@ def paired_differences(a: dict, b: dict) -> dict | None:
     return {"mean": statistics.fmean(d), "se": se, "seeds": seeds, "per_seed": d}
 
 
-def target_checks(case: str, mx: dict) -> dict:
+def target_checks(case: str, mx: dict, reward: str) -> dict:
     """The with-a-target figures of docs/mixing-quality.md: the gap recovered against the paired
     uniform mixtures (cases b to e), or, in case s, the transfer against uniform, target-only
     and the best mixture of the grid, seed by seed (paired: the same per-step uniforms)."""
-    new = mx.get(TARGETED)
+    new = mx.get(reward)
     if new is None:
         return {}
     out: dict = {}
@@ -667,8 +670,8 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
             )
         if s["checks"]:
             lines += ["", "Checks: " + "; ".join(said_checks(s["checks"], extra)) + "."]
-        if s.get("target_checks"):
-            lines += ["", f"With a target ({TARGETED}): {json.dumps(s['target_checks'])}"]
+        for reward, found in s.get("target_checks", {}).items():
+            lines += ["", f"With a target ({reward}): {json.dumps(found)}"]
         if notes:
             lines += ["", *(f"- {n}" for n in notes)]
     lines += [
@@ -754,7 +757,7 @@ def main() -> None:
     jobs = plan(args)
     # Before any run: a --reuse of other steps or batches is refused at once, not an hour later.
     reused = reusable(args, set(jobs))
-    cost = {r: bandit_cost(r) for r in (*REWARDS, TARGETED)}
+    cost = {r: bandit_cost(r) for r in (*REWARDS, *TARGETED)}
     print(
         "bandit cost per step: " + ", ".join(f"{r} {us:.0f} µs" for r, us in cost.items()),
         flush=True,

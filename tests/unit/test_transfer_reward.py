@@ -11,11 +11,12 @@ import random
 import numpy as np
 import pytest
 
-from andrea.daemon.mixing import policystore
+from andrea.daemon.mixing import policystore, rewards
 from andrea.daemon.mixing.assignbook import AssignmentBook
 from andrea.daemon.mixing.bandit import Bandit, ConfiguredArm, parse_state
 from andrea.daemon.mixing.policy import (
     NEW_RUN_REWARD,
+    TARGET_REWARD,
     Policy,
     PolicyError,
     differences,
@@ -26,6 +27,7 @@ from andrea.daemon.mixing.rewards import transfer
 from andrea.daemon.mixing.startup import check_against_log
 from andrea.protocol import messages
 from andrea.protocol.lossentry import LossEntry
+from tests.support.bandit import drive
 
 # ------------------------------------------------------------------------------------- parsing
 
@@ -35,7 +37,7 @@ def test_a_target_is_a_list_or_a_table_and_names_the_transfer_reward() -> None:
     table = parse_policy("[target]\ncode = 1\ndocs = 0.5\n")
     assert listed == table and listed.fingerprint() == table.fingerprint()
     assert listed.target == {"code": 1.0, "docs": 0.5}
-    assert listed.reward == "transfer" and listed.names_reward
+    assert listed.reward == TARGET_REWARD == "transfer-2" and listed.names_reward
     assert listed.target_weights() == {"code": 2 / 3, "docs": 1 / 3}
     assert parse_policy('reward = "transfer"\ntarget = ["code"]\n').target == {"code": 1.0}
 
@@ -65,8 +67,12 @@ def test_a_policy_without_a_target_keeps_its_bytes_and_fingerprint() -> None:
         ("target = []", "an empty target names no arm"),
         ("target = [3]", 'each item is "ARM" or "ARM=W", got 3'),
         ('target = ["c de"]', "arm name 'c de' does not match"),
-        ('reward = "loss"\ntarget = ["code"]', "served by the 'transfer' reward, not 'loss'"),
+        (
+            'reward = "loss"\ntarget = ["code"]',
+            r"served by a reward that serves one \('transfer', 'transfer-2'\), not 'loss'",
+        ),
         ('reward = "transfer"', "reward 'transfer' needs a target"),
+        ('reward = "transfer-2"', "reward 'transfer-2' needs a target"),
     ],
 )
 def test_a_bad_target_is_refused_naming_it(text: str, message: str) -> None:
@@ -78,10 +84,10 @@ def test_a_pivot_to_a_target_keeps_the_caps_and_floors() -> None:
     """What `andreactl pivot --target ARM[=W]...` sends: the policy in force, retargeted."""
     base = parse_policy('reward = "gated-heldout"\nlag = 4\n[arms.code]\ncap = 0.5\n')
     polish = retargeted(base, ["docstrings", "code=0.25"])
-    assert polish.reward == "transfer" and polish.target == {"docstrings": 1.0, "code": 0.25}
+    assert polish.reward == "transfer-2" and polish.target == {"docstrings": 1.0, "code": 0.25}
     assert (polish.arms, polish.lag) == (base.arms, base.lag)
     assert differences(base, polish) == [
-        "reward: gated-heldout → transfer",
+        "reward: gated-heldout → transfer-2",
         "target: none → code=0.25, docstrings",
     ]
     with pytest.raises(PolicyError, match="invalid --target.*'code=-1'|weights are relative"):
@@ -198,6 +204,32 @@ def test_an_arm_that_helps_the_target_gets_a_share_and_one_that_hurts_none() -> 
     from andrea.daemon.mixing.reward import exploration_rate
 
     assert late[0] == pytest.approx(exploration_rate(3, 400) / 3, rel=1e-9)
+
+
+def test_transfer_2_never_lowers_a_target_arm_below_its_weight() -> None:
+    """A target arm whose probe shows no effect: "transfer" gives it nothing, "transfer-2" a full
+    share (equal weights) or its weight over the heaviest's (0.5 here); an arm the evidence
+    raises keeps its full share, a non-target arm without gain stays at none."""
+    effect = {"t": -0.01, "u": 0.0, "foreign": 0.004}
+    stats = run_intervals(effect, [0.4, 0.4, 0.2], 400)
+    live = ["foreign", "t", "u"]
+    equal = {"t": 1.0, "u": 1.0}
+    assert transfer.shares(stats, live, equal)[2] < 0.1
+    assert transfer.shares(stats, live, equal, 1.0).tolist() == [0.0, 0.5, 0.5]
+    light = transfer.shares(stats, live, {"t": 1.0, "u": 0.5}, 1.0).tolist()
+    assert light == pytest.approx([0.0, 1 / 1.5, 0.5 / 1.5], abs=1e-15)
+    assert rewards.lookup("transfer").target_floor == 0.0
+    assert rewards.lookup("transfer-2").target_floor == 1.0
+    # In the bandit (tests/support/bandit.py's probe: "a" helps 0.004 a step, "b" 0.001, "c"
+    # hurts): "transfer" gives the target arm "b" less than a full share, "transfer-2" a full one.
+    shares = {}
+    for reward in ("transfer", "transfer-2"):
+        policy = parse_policy(f'reward = "{reward}"\ntarget = ["a", "b"]\nlag = 2\n')
+        bandit = Bandit(ARMS, policy, seed=1)
+        drive(bandit, 1, 300, {})
+        shares[reward] = bandit.rewards()
+    assert shares["transfer"]["b"] < 0.45 < 0.55 < shares["transfer"]["a"]
+    assert shares["transfer-2"] == pytest.approx({"a": 0.5, "b": 0.5, "c": 0.0}, abs=1e-12)
 
 
 def test_before_the_evidence_the_target_weights_mix() -> None:

@@ -14,8 +14,10 @@ the state's checks and the restart replay read what they need of a reward from i
   carry them for every arm trained);
 - `replayed`: the statistics, beyond `HISTORY` (kept under every reward), that the restart replay
   compares with `.state.json` (startup.py);
-- `targeted`: whether it serves a policy's `target` (the transfer reward): its statistics are the
-  phase's, not an arm's (rewards/transfer.py), and the bandit keeps them in the state.
+- `targeted`: whether it serves a policy's `target` (the transfer rewards): its statistics are the
+  phase's, not an arm's (rewards/transfer.py), and the bandit keeps them in the state;
+- `target_floor`: under a targeted reward, the least share of a target arm, in full shares of the
+  gate, scaled by the arm's weight in the target (rewards/transfer.py).
 
 A reward must be a pure function of the records up to s - W: no clock, no I/O, no global random
 state (docs/bandit.md, "Determinism and the lag W").
@@ -71,15 +73,22 @@ class RewardKind:
     counts_pending: bool = False
     reads_progress: bool = True
     replayed: tuple[str, ...] = ()
-    #: Whether it mixes by a policy's `target` (the transfer reward): the bandit then keeps the
+    #: Whether it mixes by a policy's `target` (the transfer rewards): the bandit then keeps the
     #: phase's probe statistics (rewards/transfer.py) and mixes with them, not with `weights`.
     targeted: bool = False
+    #: Under a targeted reward: how far the gate may lower a target arm (rewards/transfer.py).
+    target_floor: float = 0.0
 
     def __post_init__(self) -> None:
         known = {f.name for f in fields(ArmStats)}
         unknown = sorted(set(self.statistics) - known) + sorted(set(self.replayed) - known)
         if unknown:
             raise ValueError(f"reward {self.name!r}: no such arm statistics: {unknown}")
+        if not 0.0 <= self.target_floor <= 1.0 or (self.target_floor and not self.targeted):
+            raise ValueError(
+                f"reward {self.name!r}: target_floor {self.target_floor} needs a targeted reward "
+                "and a value in [0, 1]"
+            )
 
 
 _REGISTRY: dict[str, RewardKind] = {}

@@ -1,4 +1,4 @@
-"""The transfer reward: each arm's measured effect on the held-out loss of a target.
+"""The transfer rewards: each arm's measured effect on the held-out loss of a target.
 
 A policy with a `target` (policy.py) names the arms whose held-out loss the run is for. The trainer
 then scores a small fixed **probe** of each target arm's held-out data (4 sequences, never trained on:
@@ -19,7 +19,14 @@ last ``1 / (1 - FORGET)`` intervals): ``beta = (G + RIDGE I)^-1 m`` with ``G = s
 
 **Mixture.** An arm's gain is ``max(0, -beta_a)``, nats of the target's probe loss per step that
 training on it removes. As under gated-learnability, every arm whose gain is at least ``GATE`` of
-the best arm's gets one equal share, less in proportion below, none without gain. Before
+the best arm's gets one equal share, less in proportion below, none without gain; under a reward
+with a ``target_floor`` f (transfer-2: 1), a target arm of weight w keeps at least f * w / w_max of
+a share, whatever its measured gain. Why: the target's arms are what the run is for, and their
+betas are the least certain (their exposures move together, so the least squares may split their
+common effect any way), while an arm the gate lowers loses the exposure that would show its worth
+again: under "transfer" (no floor), at batches of 32, a target arm was held at 0.01-0.15 of the
+second half on three runs of ten, and those runs ended 0.02-0.06 nats above the target's weights
+alone (docs/mixing-quality.md). Before
 ``MIN_INTERVALS`` intervals are known, or when no arm has a gain, the shares are the target's
 weights. Exploration: ``eps_t / K`` for each target arm from the first step; a non-target arm none
 before ``EXPLORE_AFTER`` steps of the phase (a few early steps on foreign data move the end of an
@@ -165,26 +172,34 @@ def effects(stats: TransferStats, live: Sequence[str]) -> dict[str, float]:
     return dict(zip(live, beta.tolist()))
 
 
-def shares(stats: TransferStats, live: Sequence[str], target: Mapping[str, float]) -> np.ndarray:
+def shares(
+    stats: TransferStats, live: Sequence[str], target: Mapping[str, float], floor: float = 0.0
+) -> np.ndarray:
     """The gate's share of each live arm (sums to 1): equal for every arm whose gain is at least
-    GATE of the best arm's; the target's weights before MIN_INTERVALS intervals, or without any
-    gain."""
+    GATE of the best arm's, a target arm at least `floor` times its weight over the heaviest
+    target arm's (in full shares); the target's weights before MIN_INTERVALS intervals, or
+    without any gain."""
     prior = np.array([target.get(n, 0.0) for n in live], dtype=np.float64)
     if prior.sum() <= 0.0:  # no target arm is live: every live arm alike
         prior = np.ones(len(live))
-    prior = prior / math.fsum(prior)
     if stats.intervals < MIN_INTERVALS:
-        return prior
+        return prior / math.fsum(prior)
     gain = np.maximum(0.0, -np.array(list(effects(stats, live).values()), dtype=np.float64))
     top = float(gain.max())
     if top <= 0.0:
-        return prior
+        return prior / math.fsum(prior)
     s = np.minimum(1.0, gain / top / GATE)
+    if floor > 0.0:
+        s = np.maximum(s, floor * prior / float(prior.max()))
     return s / math.fsum(s)
 
 
 def weights(
-    stats: TransferStats, live: Sequence[str], target: Mapping[str, float], t: int
+    stats: TransferStats,
+    live: Sequence[str],
+    target: Mapping[str, float],
+    t: int,
+    floor: float = 0.0,
 ) -> np.ndarray:
     """The mixture weights of the live arms after t losses of the phase (sums to 1, each > 0)."""
     k = len(live)
@@ -192,7 +207,7 @@ def weights(
     e = np.array(
         [eps if n in target or t >= EXPLORE_AFTER else 0.0 for n in live], dtype=np.float64
     )
-    w = max(0.0, 1.0 - math.fsum(e)) * shares(stats, live, target) + e
+    w = max(0.0, 1.0 - math.fsum(e)) * shares(stats, live, target, floor) + e
     w = np.maximum(w, MIN_WEIGHT)
     return w / math.fsum(w)
 
@@ -204,23 +219,31 @@ class Target:
 
     weights: dict[str, float]
     stats: TransferStats
+    #: The reward's `target_floor` (rewards/__init__.py): how far the gate may lower a target arm.
+    floor: float = 0.0
 
     @classmethod
-    def of(cls, target: dict[str, float], arms: list[str], saved: TransferStats | None) -> Target:
+    def of(
+        cls,
+        target: dict[str, float],
+        arms: list[str],
+        saved: TransferStats | None,
+        floor: float = 0.0,
+    ) -> Target:
         """For a phase over `arms` (a state's statistics, `saved`, extended to them)."""
-        return cls(target, with_arms(saved or TransferStats.fresh(arms), arms))
+        return cls(target, with_arms(saved or TransferStats.fresh(arms), arms), floor)
 
     def observe(self, arm: str, probe: Mapping[str, float] | None) -> None:
         observe(self.stats, arm, probe, self.weights)
 
     def mixture(self, live: Sequence[str], t: int) -> np.ndarray:
-        return weights(self.stats, live, self.weights, t)
+        return weights(self.stats, live, self.weights, t, self.floor)
 
     def rewards(self, arms: Sequence[str], live: Sequence[str]) -> dict[str, float]:
         """Each arm's share under the gate (0 for the arms not `live`)."""
         return {
             **dict.fromkeys(arms, 0.0),
-            **dict(zip(live, shares(self.stats, live, self.weights).tolist())),
+            **dict(zip(live, shares(self.stats, live, self.weights, self.floor).tolist())),
         }
 
     def probe_arms(self, step: int, phase_start: int, live: Sequence[str]) -> list[str] | None:
