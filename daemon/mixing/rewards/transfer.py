@@ -24,9 +24,8 @@ with a ``target_floor`` f (transfer-2: 1), a target arm of weight w keeps at lea
 a share, whatever its measured gain. Why: the target's arms are what the run is for, and their
 betas are the least certain (their exposures move together, so the least squares may split their
 common effect any way), while an arm the gate lowers loses the exposure that would show its worth
-again: under "transfer" (no floor), at batches of 32, a target arm was held at 0.01-0.15 of the
-second half on three runs of ten, and those runs ended 0.02-0.06 nats above the target's weights
-alone (docs/mixing-quality.md). Before
+again: under "transfer" (no floor), at batches of 32, a target arm fell to 0.008-0.148 of the
+second half on eight runs of twenty (docs/mixing-quality.md). Before
 ``MIN_INTERVALS`` intervals are known, or when no arm has a gain, the shares are the target's
 weights. Exploration: ``eps_t / K`` for each target arm from the first step; a non-target arm none
 before ``EXPLORE_AFTER`` steps of the phase (a few early steps on foreign data move the end of an
