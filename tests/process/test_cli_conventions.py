@@ -18,13 +18,13 @@ import pytest
 
 from andrea.control.commands.conventions import EXIT_STOPPED
 from andrea.control.reports import StatusReport
-from tests.support import forkserver
 from tests.support.reports import RFC3339
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return forkserver.run(
-        [sys.executable, "-m", forkserver.ANDREACTL, *args],
+    return subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", *args],
+        capture_output=True,
         text=True,
         timeout=120,
         env={**os.environ, **(env or {})},

@@ -111,11 +111,14 @@ class Daemon:
 def andreactl(
     run_dir: Path | None, *args: str, timeout: float = 120, **run
 ) -> subprocess.CompletedProcess:
-    """`andreactl [--run-dir RUN_DIR] ARGS` in a process of its own, as an operator's shell runs
-    it (forked from the warm server: tests/support/forkserver.py)."""
+    """`andreactl [--run-dir RUN_DIR] ARGS` in a fresh interpreter, as an operator's shell runs it."""
     pre = ["--run-dir", str(run_dir)] if run_dir else []
-    return forkserver.run(
-        [sys.executable, "-m", forkserver.ANDREACTL, *pre, *args], text=True, timeout=timeout, **run
+    return subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", *pre, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **run,
     )
 
 

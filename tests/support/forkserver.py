@@ -1,21 +1,20 @@
-"""Trainers and andreactl forked from a warm interpreter: the process tests' fork server.
+"""Trainer starts without the interpreter's start: a fork server for the process tests.
 
 A trainer process spends about 1.5 s of CPU importing torch, pydantic and its own modules before
-it reads a flag, `andreactl` about 0.35 s (and torch's 1.5 where a command needs it), and the
-process tests start hundreds of them on two cores. The fork server is a process that imports
-those modules once and then forks one child per start, as `multiprocessing`'s forkserver and
-Android's zygote do: each child is a real process of its own (its own pid, signals, sockets,
-files and exit status), that runs the module as `python -m` would (`runpy`, as `__main__`, with
-the caller's argv, environment, working directory and standard streams), and ends through the
-interpreter's own exit (atexit, non-daemon threads, flushed streams).
+it reads a flag, and the process tests start hundreds of them on two cores. The fork server is a
+process that imports those modules once and then forks one child per start, as
+`multiprocessing`'s forkserver and Android's zygote do: each child is a real process of its own
+(its own pid, signals, sockets, files and exit status), that runs the trainer's module as
+`python -m` would (`runpy`, as `__main__`, with the caller's argv, environment, working directory
+and standard streams), and ends through the interpreter's own exit (atexit, non-daemon threads,
+flushed streams).
 
-What a forked child shares with its siblings, and an exec'd one would not: the modules imported
-before its argv was known (so a module-level read of the environment sees the server's; torch
-among them, which is why the proxy is never forked), and Python's hash seed. The tests that prove
-something about a process's start (the console scripts, imports before a refusal, systemd,
-torchrun, the resume proofs that compare two interpreters) start it with exec;
-`ANDREA_TESTS_EXEC=1` starts every process so; tests/process/test_fork_server.py shows a forked
-and an exec'd run write the same bytes, and say the same words.
+What a forked child shares with its siblings, and an exec'd trainer would not: the modules
+imported before its argv was known (so a module-level read of the environment sees the server's),
+and Python's hash seed. The tests that prove something about a process's start (the console
+scripts, imports before a refusal, systemd, torchrun, the resume proofs that compare two
+interpreters) start it with exec; `ANDREA_TESTS_EXEC=1` starts every trainer so;
+tests/process/test_fork_server.py shows a forked and an exec'd run write the same bytes.
 
 The server is started once per test worker, on first use, and is single-threaded: a child of a
 threaded process could inherit a lock held by another thread.
@@ -37,18 +36,14 @@ from typing import IO, Any
 
 from andrea.daemon.rundir.layout import DAEMON_MODULES
 
-#: Set to 1 to start every trainer and andreactl with exec, as before the fork server.
+#: Set to 1 to start every trainer with exec, as before the fork server.
 EXEC_ENV = "ANDREA_TESTS_EXEC"
-#: The control client's module, as `python -m` runs it.
-ANDREACTL = "andrea.control.andreactl"
-#: What a forked child may run: the modules whose imports the server has already paid. Not the
-#: proxy: it never imports torch (tests/process/test_proxy.py reads its memory map), and a fork of
-#: this server would hold it.
-MODULES = (DAEMON_MODULES["trainer"], ANDREACTL)
-#: Imported once by the server: what a trainer's and andreactl's runs import of their own and of
-#: torch, nothing more (not numpy.random, whose global generator every child would then share).
+#: What a forked child may run: the modules whose imports the server has already paid.
+MODULES = (DAEMON_MODULES["trainer"],)
+#: Imported once by the server: what a trainer's run imports of its own and of torch, nothing
+#: more (not numpy.random, whose global generator every child would then share).
 PRELOAD = (
-    *MODULES,
+    DAEMON_MODULES["trainer"],
     "andrea.daemon.trainer.service.start",
     "andrea.daemon.trainer.service.with_proxy",
     "andrea.daemon.trainer.platform.distributed",

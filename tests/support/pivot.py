@@ -12,7 +12,6 @@ from pathlib import Path
 from andrea.daemon.rundir.layout import endpoint
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
-from tests.support import forkserver
 from tests.support.daemons import Daemon
 
 # Caps of 0 leave docstrings as the only arm: every step after the pivot must come from it.
@@ -26,16 +25,17 @@ def proxy(run_dir: Path, env: dict[str, str] | None = None) -> Daemon:
 
 
 def ctl(run_dir: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return forkserver.run(
-        [sys.executable, "-m", forkserver.ANDREACTL, "--run-dir", str(run_dir), *args],
+    return subprocess.run(
+        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
+        capture_output=True,
         text=True,
         timeout=timeout,
     )
 
 
-def ctl_bg(run_dir: Path, *args: str) -> subprocess.Popen | forkserver.ForkedProcess:
-    return forkserver.start(
-        [sys.executable, "-m", forkserver.ANDREACTL, "--run-dir", str(run_dir), *args],
+def ctl_bg(run_dir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
