@@ -1,7 +1,8 @@
-"""A run with a target (`target` in policy.toml: the transfer reward) in the one-command mode: the
-probes its records carry, and every restart path — SIGKILL and SIGTERM of the proxy, SIGKILL and
-SIGTERM of the trainer — invisible in the result (final .bin bytes, canonical loss curve, arms and
-probes), against the run never stopped."""
+"""A target reached by a pivot (the seed's manual path: a restart with `--policy TARGET --pivot`
+at the newest checkpoint; the reward transfer-2) in the one-command mode: the probes its records
+carry from the pivot on, and every restart path after it — SIGKILL and SIGTERM of the proxy,
+SIGKILL and SIGTERM of the trainer — invisible in the result (final .bin bytes, canonical loss
+curve, arms and probes), against the run never stopped."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+from andrea.daemon.mixing.policy import TARGET_REWARD, parse_policy
 from andrea.daemon.mixing.rewards.transfer import PROBE_EVERY
 from andrea.daemon.rundir.layout import bin_name, lock_holder
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
@@ -16,6 +18,8 @@ from andrea.daemon.runtime.exitcodes import ExitCode
 from tests.support.daemons import Daemon, trainer_cmd
 
 STEPS = 48
+#: The pivot's boundary: the first life trains this far without a target, and checkpoints.
+PIVOT = 8
 #: Seconds to wait for a log line on a loaded 2-core machine.
 WAIT = 240
 #: Two target arms, so that the mixture between them follows the probes (the third arm, not a
@@ -23,22 +27,28 @@ WAIT = 240
 POLICY = 'target = ["code", "comments=0.5"]\nlag = 4\n'
 
 
-def start(run: Path, cache: Path, policy: Path) -> Daemon:
+def start(run: Path, cache: Path, *extra: str, steps: int = STEPS) -> Daemon:
     return Daemon(
         trainer_cmd(
             run,
             cache,
             "--with-proxy",
-            "--policy",
-            str(policy),
+            *extra,
             "--max-steps",
-            str(STEPS),
+            str(steps),
             "--checkpoint-every",
             "8",
             "--proxy-grace",
             "1",
         )
     )
+
+
+def pivoted(run: Path, cache: Path, policy: Path) -> Daemon:
+    """A run's first life without a target, to PIVOT, then the pivot to `policy`: its second life."""
+    t = start(run, cache, "--policy", str(policy.with_name("plain.toml")), steps=PIVOT)
+    assert t.wait(WAIT) == ExitCode.OK, t.log
+    return start(run, cache, "--policy", str(policy), "--pivot")
 
 
 def probes(run: Path) -> dict[int, dict[str, float]]:
@@ -63,21 +73,25 @@ def proxy_pid(run: Path) -> int:
     return pid
 
 
-def test_a_target_survives_every_restart_bit_for_bit(tmp_path: Path, cache_dir: Path) -> None:
+def test_a_pivot_to_a_target_survives_every_restart_bit_for_bit(
+    tmp_path: Path, cache_dir: Path
+) -> None:
     policy = tmp_path / "target.toml"
     policy.write_text(POLICY)
+    (tmp_path / "plain.toml").write_text("lag = 4\n")
     reference = tmp_path / "reference"
-    t = start(reference, cache_dir, policy)
+    t = pivoted(reference, cache_dir, policy)
     assert t.wait(WAIT) == ExitCode.OK, t.log
-    assert f"target probes: {STEPS // PROBE_EVERY}," in t.log, t.log
+    assert f"target probes: {(STEPS - PIVOT) // PROBE_EVERY}," in t.log, t.log
+    assert parse_policy((reference / "policy.toml").read_text()).reward == TARGET_REWARD
     curve, carried, _ = result(reference)
     assert [s for s, _, _ in curve] == list(range(1, STEPS + 1))
-    assert sorted(carried) == list(range(PROBE_EVERY, STEPS + 1, PROBE_EVERY))
+    assert sorted(carried) == list(range(PIVOT + PROBE_EVERY, STEPS + 1, PROBE_EVERY))
     assert all(set(p) == {"code", "comments"} for p in carried.values())
-    assert {a for _, _, a in curve} == {"code", "comments"}
+    assert {a for s, _, a in curve if s > PIVOT} == {"code", "comments"}
 
     run = tmp_path / "stopped"
-    t = start(run, cache_dir, policy)
+    t = pivoted(run, cache_dir, policy)
     t.wait_for(r"step 10/", WAIT)
     pid = proxy_pid(run)
     # The proxy crashes: the trainer starts another, which replays the log.
@@ -90,13 +104,14 @@ def test_a_target_survives_every_restart_bit_for_bit(tmp_path: Path, cache_dir: 
     t.signal(signal.SIGKILL)
     t.wait(WAIT)
     wait_gone(run)
-    t = start(run, cache_dir, policy)
+    # The restarts name no policy: the run keeps the one in force, the pivot's.
+    t = start(run, cache_dir)
     t.wait_for(r"resumed from step_", WAIT)
     t.wait_for(r"step 36/", WAIT)
     t.signal(signal.SIGTERM)
     assert t.wait(WAIT) == ExitCode.OK, t.log
     wait_gone(run)
-    t = start(run, cache_dir, policy)
+    t = start(run, cache_dir)
     assert t.wait(WAIT) == ExitCode.OK, t.log
     assert result(run) == result(reference)
 
