@@ -358,8 +358,7 @@ def parse_target(value: object) -> object:
 def retargeted(policy: Policy, items: Sequence[str]) -> Policy:
     """`policy` with the target `items` ("ARM" or "ARM=W", as `andreactl pivot --target` takes
     them) and so the reward of a target (TARGET_REWARD); its caps, floors, lag and initial
-    weights unchanged. Raises
-    `PolicyError` naming the bad item."""
+    weights unchanged. Raises `PolicyError` naming the bad item."""
     data = {**policy.model_dump(mode="json"), "target": list(items), "reward": TARGET_REWARD}
     try:
         return Policy.model_validate(data)

@@ -218,6 +218,9 @@ def test_transfer_2_never_lowers_a_target_arm_below_its_weight() -> None:
     assert transfer.shares(stats, live, equal, 1.0).tolist() == [0.0, 0.5, 0.5]
     light = transfer.shares(stats, live, {"t": 1.0, "u": 0.5}, 1.0).tolist()
     assert light == pytest.approx([0.0, 1 / 1.5, 0.5 / 1.5], abs=1e-15)
+    # No target arm live (its source gone): no arm is kept up, the gate alone decides.
+    gone = ["foreign", "t"]
+    assert transfer.shares(stats, gone, {"u": 1.0}, 1.0).tolist() == [0.0, 1.0]
     assert rewards.lookup("transfer").target_floor == 0.0
     assert rewards.lookup("transfer-2").target_floor == 1.0
     # In the bandit (tests/support/bandit.py's probe: "a" helps 0.004 a step, "b" 0.001, "c"

@@ -178,9 +178,9 @@ def shares(
     GATE of the best arm's, a target arm at least `floor` times its weight over the heaviest
     target arm's (in full shares); the target's weights before MIN_INTERVALS intervals, or
     without any gain."""
-    prior = np.array([target.get(n, 0.0) for n in live], dtype=np.float64)
-    if prior.sum() <= 0.0:  # no target arm is live: every live arm alike
-        prior = np.ones(len(live))
+    named = np.array([target.get(n, 0.0) for n in live], dtype=np.float64)
+    # No target arm live: every live arm alike, and no arm is a target arm to keep up.
+    prior = named if named.sum() > 0.0 else np.ones(len(live))
     if stats.intervals < MIN_INTERVALS:
         return prior / math.fsum(prior)
     gain = np.maximum(0.0, -np.array(list(effects(stats, live).values()), dtype=np.float64))
@@ -188,8 +188,8 @@ def shares(
     if top <= 0.0:
         return prior / math.fsum(prior)
     s = np.minimum(1.0, gain / top / GATE)
-    if floor > 0.0:
-        s = np.maximum(s, floor * prior / float(prior.max()))
+    if floor > 0.0 and named.sum() > 0.0:
+        s = np.maximum(s, floor * named / float(named.max()))
     return s / math.fsum(s)
 
 
