@@ -5,7 +5,7 @@
         [--cases a b c d e f g h] [--mixtures gated-fall gated-heldout gated-learnability-2 gated-learnability learnability loss
         uniform-paired uniform-learnable-paired uniform uniform-learnable] [--jobs 2]
         [--eval-sequences 128] [--threads 1] [--out-dir DIR] [--reuse OLD/mixing.json]
-        [--keep-runs DIR]
+        [--keep-runs DIR] [--small-package json]
 
 Cases (arms; the held-out loss that counts is the mean over the three learnable stdlib arms):
 - a: docstrings, code, comments (the embedded corpus);
@@ -15,9 +15,9 @@ Cases (arms; the held-out loss that counts is the mean over the three learnable 
   within a few hundred steps, then a flat, noisy curve);
 - e: the three plus `synth8`, an order-2 chain over eight capital letters (learnable all run long,
   and of no use to the other three);
-- s: a small target, `small` (the code of asyncio, 350 kB), beside `large` (the code of the rest
-  of the standard library, 6 MB: the same register, it helps) and `synth8` (it does not); the
-  held-out loss that counts is the small arm's.
+- s: a small target, `small` (the code of the json package, 27 kB, or of --small-package), beside
+  `large` (the code of the rest of the standard library, 6 MB: the same register, it helps) and
+  `synth8` (it does not); the held-out loss that counts is the small arm's.
 - f, h: more of e's class (learnable, of no use to the three): `chain16`, an order-2 chain over
   sixteen capitals; `chain8s`, e's chain with a preferred letter 31 times in 32;
 - g: `memo`, one 1,024-letter passage (16 letters) repeated in every file. Meant for e's class; at
@@ -121,10 +121,12 @@ EXTRA = {
 }
 #: The cases whose extra arm is learnable all run long and teaches the other three nothing.
 USELESS = ("e", "f", "h")
-#: Case s: a small target (the code of asyncio, 350 kB, repeated ~9 times in a run of 1,500
+#: Case s: a small target (the code of json, 27 kB, trained ~130 times over by target-only in 1,500
 #: batches of 32), a larger arm of the same register (the code of the rest of the standard
 #: library but pydoc_data and encodings, 6 MB) that helps it, and synth8, which does not.
-SMALL, LARGE, SMALL_PACKAGE = "small", "large", "asyncio"
+SMALL, LARGE, SMALL_PACKAGE = "small", "large", "json"
+#: Case s's documents, in bytes: the small arm's short, so that a small package holds some out.
+SMALL_DOC, LARGE_DOC = 1024, 8192
 #: The cases whose extra arm is learnt to a floor and then teaches nothing more.
 PLATEAU = ("c", "d")
 #: Steps per window of the shares reported step by step (and of the plateau's detection).
@@ -198,22 +200,26 @@ def code_chunks(text: str, size: int = 8192) -> list[str]:
     return [*out, cur] if cur else out
 
 
-def write_code_arms(work: Path) -> None:
+def write_code_arms(work: Path, small_package: str = SMALL_PACKAGE) -> None:
     """Case s's two arms of Python code: each standard-library module's code (without docstrings
-    and comments) in documents of 8 kB, asyncio's in `small` (350 kB, 64 documents, 4 held out:
-    16,703 bytes), the others' in `large`."""
+    and comments), `small_package`'s in `small` in documents of 1 kB (json: 27 kB, 29 documents,
+    4 held out: 4,022 bytes), the others' in `large` in documents of 8 kB. A package that matches
+    no module is refused."""
     from andrea.daemon.data.corpus import split_source, stdlib_files, stdlib_root
 
     root = stdlib_root()
+    files = {}
     for f in stdlib_files(root):
         rel = f.relative_to(root).as_posix()
         top = rel.split("/")[0]
-        if top in ("pydoc_data", "encodings"):  # data tables rather than code
-            continue
-        arm = SMALL if top == SMALL_PACKAGE else LARGE
+        if top not in ("pydoc_data", "encodings"):  # data tables rather than code
+            files[rel] = SMALL if top.removesuffix(".py") == small_package else LARGE
+    if SMALL not in files.values():
+        raise SystemExit(f"--small-package {small_package}: no such standard-library module")
+    for rel, arm in files.items():
         (work / arm).mkdir(exist_ok=True)
-        code = split_source(f.read_text(encoding="utf-8", errors="replace"))["code"]
-        for i, chunk in enumerate(code_chunks(code)):
+        code = split_source((root / rel).read_text(encoding="utf-8", errors="replace"))["code"]
+        for i, chunk in enumerate(code_chunks(code, SMALL_DOC if arm == SMALL else LARGE_DOC)):
             name = f"{rel.replace('/', '__')}.{i:03d}.txt"
             (work / arm / name).write_text(chunk, encoding="utf-8")
 
@@ -252,12 +258,12 @@ def memo_text(size: int = 4096) -> bytes:
     return (passage * (size // MEMO_SIZE + 1))[:size]
 
 
-def write_inputs(work: Path) -> None:
+def write_inputs(work: Path, small_package: str = SMALL_PACKAGE) -> None:
     """The bandit's policies, and the random and duplicate arms' files (the same bytes on every
-    machine)."""
+    machine); case s's small arm the code of `small_package`."""
     for reward in REWARDS:
         (work / f"policy-{reward}.toml").write_text(f'reward = "{reward}"\n')
-    write_code_arms(work)
+    write_code_arms(work, small_package)
     for i in range(300):
         stream = b"".join(
             hashlib.sha256(b"andrea.bench.random:%d:%d" % (i, k)).digest() for k in range(128)
@@ -657,7 +663,7 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
             rising = {x: r for x, r in v["rising_min_share"].items() if r is not None}
             if rising:
                 notes.append(
-                    f"{m}: least share of a stdlib arm over a {RISE}-step stretch across which its "
+                    f"{m}: least share of an arm over a {RISE}-step stretch across which its "
                     "held-out loss rose: "
                     + ", ".join(f"seed {x}: {r:.2f}" for x, r in rising.items())
                 )
@@ -671,7 +677,7 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
         if s["checks"]:
             lines += ["", "Checks: " + "; ".join(said_checks(s["checks"], extra)) + "."]
         for reward, found in s.get("target_checks", {}).items():
-            lines += ["", f"With a target ({reward}): {json.dumps(found)}"]
+            lines += ["", f"With a target ({reward}): " + "; ".join(said_target(found)) + "."]
         if notes:
             lines += ["", *(f"- {n}" for n in notes)]
     lines += [
@@ -680,6 +686,22 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
         "from the same per-step uniforms as the bandit) of the same seed.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def said_target(found: dict) -> list[str]:
+    """target_checks' figures in words: each paired difference as its mean ± standard error and
+    seed by seed, the gap recovered as a percentage."""
+    said = []
+    for key, v in found.items():
+        if key.startswith("minus_") and v is not None:
+            se = "" if v["se"] is None else f" ± {v['se']:.4f}"
+            seeds = ", ".join(f"{d:+.4f}" for d in v["per_seed"])
+            said.append(f"− {key.removeprefix('minus_')}: {v['mean']:+.4f}{se} ({seeds})")
+        elif key == "best_grid":
+            said.append(f"the best mixture of the grid: {v}")
+        elif key == "gap_recovered":
+            said.append(f"gap recovered: {v:.0%}")
+    return said
 
 
 def said_steps(d: int | None) -> str:
@@ -717,6 +739,11 @@ def reusable(args: argparse.Namespace, ran: set[tuple[str, str, int]]) -> list[d
         was, now = int(old["args"].get(key, 8)), getattr(args, key)
         if was != now:
             raise SystemExit(f"--reuse {args.reuse}: {key} {was}, not {now}")
+    was_small = old["args"].get("small_package", "asyncio")
+    if "s" in args.cases and was_small != args.small_package:
+        raise SystemExit(
+            f"--reuse {args.reuse}: small package {was_small}, not {args.small_package}"
+        )
     return [
         r
         for r in old["runs"]
@@ -739,6 +766,12 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", choices=sorted(EXTRA), default=sorted(EXTRA))
     p.add_argument("--mixtures", nargs="+", choices=MIXTURES, default=list(MIXTURES))
     p.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    p.add_argument(
+        "--small-package",
+        default=SMALL_PACKAGE,
+        help="case s: the standard-library package (or module, without .py) whose code is the "
+        "small target arm",
+    )
     p.add_argument("--eval-sequences", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
@@ -768,7 +801,7 @@ def main() -> None:
         work = str(args.keep_runs or temporary)
         Path(work).mkdir(parents=True, exist_ok=True)
         args.work_dir = work
-        write_inputs(Path(work))
+        write_inputs(Path(work), args.small_package)
 
         def go(job: tuple[str, str, int]) -> dict:
             run = one_run(*job, args)

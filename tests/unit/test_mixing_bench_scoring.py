@@ -1,13 +1,16 @@
 """The mixing benchmark's scoring (tests/bench/bench_mixing.py), on curves made by hand: when an
 arm's plateau starts and when the bandit is found to have seen it, the least share of an arm while
-its held-out loss rose, and the generated arms' bytes. docs/mixing-quality.md's figures rest on
-these."""
+its held-out loss rose, the generated arms' bytes, and case s's target checks in words.
+docs/mixing-quality.md's figures rest on these."""
 
 from __future__ import annotations
 
 import collections
 import math
+from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from tests.support.scripts import load_script
 
@@ -128,3 +131,19 @@ def test_runs_reused_from_an_older_mixing_json_are_summarised() -> None:
     args = SimpleNamespace(batch_size=32, steps=1500, seeds=[1, 2], eval_sequences=128)
     page = bench.markdown(summary, args)
     assert "### Case e (+ synth8)" in page and "least share" not in page
+
+
+def test_case_s_refuses_a_package_the_standard_library_lacks(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no-such-package: no such standard-library module"):
+        bench.write_code_arms(tmp_path, "no-such-package")
+    assert list(tmp_path.iterdir()) == []  # refused before any arm is written
+
+
+def test_the_target_checks_in_words() -> None:
+    new = {"per_seed": {1: 1.10, 2: 1.20}}
+    best = {"per_seed": {1: 1.00, 2: 1.15}}
+    found = {"best_grid": "grid-0.50", "minus_best_grid": bench.paired_differences(new, best)}
+    said = bench.said_target(found)
+    assert said[0] == "the best mixture of the grid: grid-0.50"
+    # (0.10 + 0.05) / 2 = 0.075; the differences' standard deviation 0.0354 over √2 seeds: 0.025.
+    assert said[1] == "− best_grid: +0.0750 ± 0.0250 (+0.1000, +0.0500)"
