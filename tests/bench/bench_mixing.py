@@ -208,7 +208,7 @@ def write_code_arms(work: Path, small_package: str = SMALL_PACKAGE) -> None:
     from andrea.daemon.data.corpus import split_source, stdlib_files, stdlib_root
 
     root = stdlib_root()
-    files = {}
+    files: dict[str, str] = {}
     for f in stdlib_files(root):
         rel = f.relative_to(root).as_posix()
         top = rel.split("/")[0]
