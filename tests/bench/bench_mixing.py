@@ -334,11 +334,23 @@ def paired_policy(case: str, mixture: str) -> dict:
     return {"reward": "loss", "arms": arms}
 
 
+#: The interpreter, told to receive SIGTERM when the benchmark dies, then exec'd on its arguments:
+#: a benchmark stopped (Ctrl-C, kill) must not leave its trainers running, and training on into
+#: the --keep-runs directory that a new invocation would then find taken. SIGTERM makes a trainer
+#: finish its step and exit. (Not preexec_fn: the runs are started from threads.)
+ORPHANLESS = [
+    sys.executable,
+    "-c",
+    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+]
+
+
 def one_run(case: str, mixture: str, seed: int, args: argparse.Namespace) -> dict:
     run_dir = Path(args.work_dir) / f"{case}-{mixture}-seed{seed}"
     run_dir.mkdir(parents=True)
     (run_dir / "run.toml").write_text(tomli_w.dumps(run_config(case, mixture, seed, args)))
-    cmd = [sys.executable, "-m", "andrea.daemon.trainer.service.cli", "--run-dir", str(run_dir)]
+    cmd = [*ORPHANLESS, "-m", "andrea.daemon.trainer.service.cli", "--run-dir", str(run_dir)]
     if mixture in PAIRED:
         policy = run_dir.parent / f"policy-{case}-{mixture}.toml"
         policy.write_text(tomli_w.dumps(paired_policy(case, mixture)))
