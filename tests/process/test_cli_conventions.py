@@ -18,17 +18,12 @@ import pytest
 
 from andrea.control.commands.conventions import EXIT_STOPPED
 from andrea.control.reports import StatusReport
+from tests.support.daemons import andreactl
 from tests.support.reports import RFC3339
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
+    return andreactl(None, *args, env={**os.environ, **(env or {})})
 
 
 def tree(path: Path) -> list[str]:

@@ -43,7 +43,7 @@ MODULES = (DAEMON_MODULES["trainer"],)
 #: Imported once by the server: what a trainer's run imports of its own and of torch, nothing
 #: more (not numpy.random, whose global generator every child would then share).
 PRELOAD = (
-    DAEMON_MODULES["trainer"],
+    *MODULES,
     "andrea.daemon.trainer.service.start",
     "andrea.daemon.trainer.service.with_proxy",
     "andrea.daemon.trainer.platform.distributed",

@@ -12,7 +12,7 @@ from pathlib import Path
 from andrea.daemon.rundir.layout import endpoint
 from andrea.protocol import messages
 from andrea.protocol.transport import new_id, request
-from tests.support.daemons import Daemon
+from tests.support.daemons import Daemon, andreactl
 
 # Caps of 0 leave docstrings as the only arm: every step after the pivot must come from it.
 POLICY = "[arms.code]\ncap = 0.0\n[arms.comments]\ncap = 0.0\n"
@@ -25,12 +25,7 @@ def proxy(run_dir: Path, env: dict[str, str] | None = None) -> Daemon:
 
 
 def ctl(run_dir: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "andrea.control.andreactl", "--run-dir", str(run_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return andreactl(run_dir, *args, timeout=timeout)
 
 
 def ctl_bg(run_dir: Path, *args: str) -> subprocess.Popen:
