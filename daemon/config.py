@@ -304,6 +304,13 @@ class DataConfig(_Strict):
         f"identity (daemon/data/heldout.py); a new run's default: {DEFAULT_FRACTION}; absent in runs created "
         "before splits existed, which keep none; 0 holds out nothing",
     )
+    windows: Literal["shifted", "fixed"] | None = Field(
+        None,
+        description='where each epoch cuts an arm into training sequences: "shifted" (a new '
+        "run's default) from an offset drawn per epoch, so that an arm repeated many times over "
+        'is not seen as the same sequences every epoch; "fixed" (runs created before this '
+        "setting, where it is absent) at the same places every epoch",
+    )
 
     @property
     def document_bound(self) -> int:
@@ -631,6 +638,8 @@ def trajectory_of(dump: dict[str, Any]) -> dict[str, Any]:
         # so that their hash, and so their resume, is unchanged.
         if traj["data"].get("heldout_fraction") in (None, 0.0):
             traj["data"].pop("heldout_fraction", None)
+        if traj["data"].get("windows") in (None, "fixed"):
+            traj["data"].pop("windows", None)
         if traj["data"].get("tokenizer") == "bytes":
             del traj["data"]["tokenizer"]
         if isinstance(traj["data"].get("arms"), list):
@@ -748,7 +757,7 @@ def evaluation_changes(old: dict[str, Any], cfg: RunConfig) -> list[str]:
 
 
 #: Settings a trajectory leaves out at their value (`trajectory_of`): their absence means it.
-_LEFT_OUT_AT = {"data.tokenizer": "bytes"}
+_LEFT_OUT_AT = {"data.tokenizer": "bytes", "data.windows": "fixed"}
 
 
 def _setting(flat: dict[str, Any], key: str) -> str:
@@ -876,6 +885,16 @@ def build_config(
         raise ConfigError(
             describe(e, f"invalid configuration ({source})", _blame_flags(overrides))
         ) from None
+
+
+def with_windows(cfg: RunConfig, has_checkpoints: bool) -> RunConfig:
+    """`cfg` with `[data] windows` settled: as set; unset, "shifted" for a run without
+    checkpoints (a new run), and left unset (fixed windows) for one with them, which was created
+    before the setting existed: its data order must not change under it."""
+    if cfg.data.windows is not None or has_checkpoints:
+        return cfg
+    data = cfg.data.model_copy(update={"windows": "shifted"})
+    return cfg.model_copy(update={"data": data})
 
 
 def for_new_run(cfg: RunConfig) -> RunConfig:

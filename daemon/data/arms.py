@@ -52,6 +52,13 @@ from andrea.daemon.rundir.durable import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 ORDER_RULE = "argsort(PCG64(SeedSequence([seed, crc32(name), epoch])).random_raw(n_chunks), stable)"
+#: Told apart from a permutation's seed words: an epoch's shift is drawn from its own stream.
+_SHIFT_KEY = 0x5348
+#: Under `[data] windows = "shifted"`: the order, and where each epoch's windows start.
+SHIFTED_RULE = (
+    f"{ORDER_RULE}; windows from PCG64(SeedSequence([seed, crc32(name), epoch, "
+    f"{_SHIFT_KEY:#x}])).random_raw(1) mod block_size"
+)
 
 
 @dataclass(frozen=True)
@@ -392,14 +399,27 @@ def too_few_tokens(name: str, n_tokens: int, chunk: int) -> str:
 
 
 class ArmStream:
-    """Deterministic, resumable batches of chunks from one arm."""
+    """Deterministic, resumable batches of chunks from one arm.
 
-    def __init__(self, arm: Arm, seed: int, block_size: int) -> None:
+    An epoch is a permutation of the arm's chunks: windows of block_size + 1 tokens, block_size
+    apart. With `shifted` (`[data] windows = "shifted"`, new runs), each epoch's windows start at
+    an offset of 0 to block_size - 1 tokens drawn for that epoch (one window fewer, so that the
+    last one still fits): an arm repeated many times over is not seen as the same sequences every
+    epoch, which a small arm is otherwise learnt by heart from (docs/data.md, "Windows"). Without
+    it (runs created before), every epoch cuts the same windows. The ids `next_chunks` returns
+    name the epoch too (epoch * n_chunks + index), so that `tokens_of` can place them.
+    """
+
+    def __init__(self, arm: Arm, seed: int, block_size: int, shifted: bool = False) -> None:
         self.arm = arm
         self.seed = seed
         self.chunk = block_size + 1
         self.stride = block_size
         self.n_chunks = max(0, (arm.n_tokens - 1) // block_size)
+        # An arm of under two windows has nowhere to shift to: it is cut as before.
+        self.shifted = shifted and arm.n_tokens >= 2 * block_size
+        if self.shifted:
+            self.n_chunks = (arm.n_tokens - block_size) // block_size
         if self.n_chunks < 1:
             held = ""
             if arm.documents_held_out:
@@ -413,10 +433,11 @@ class ArmStream:
         self._perm_epoch = -1
         self._perm = np.empty(0, dtype=np.int64)
         self._offsets = np.arange(self.chunk, dtype=np.int64)
+        self._name_key = zlib.crc32(arm.name.encode())
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._perm_epoch:
-            ss = np.random.SeedSequence([self.seed, zlib.crc32(self.arm.name.encode()), epoch])
+            ss = np.random.SeedSequence([self.seed, self._name_key, epoch])
             # Raw PCG64 output and a stable argsort: unlike Generator.permutation, neither may
             # change between numpy releases, so the data order is part of the format.
             keys = np.random.PCG64(ss).random_raw(self.n_chunks)
@@ -425,13 +446,16 @@ class ArmStream:
         return self._perm
 
     def next_chunks(self, count: int) -> np.ndarray:
-        """The next `count` chunk indices, crossing into new epochs as needed."""
+        """The next `count` chunk ids (epoch * n_chunks + index), crossing into new epochs as
+        needed."""
         out = np.empty(count, dtype=np.int64)
         filled = 0
         while filled < count:
             perm = self._permutation(self.epoch)
             take = min(count - filled, self.n_chunks - self.position)
-            out[filled : filled + take] = perm[self.position : self.position + take]
+            out[filled : filled + take] = (
+                perm[self.position : self.position + take] + self.epoch * self.n_chunks
+            )
             filled += take
             self.position += take
             if self.position == self.n_chunks:
@@ -445,7 +469,20 @@ class ArmStream:
     def tokens_of(self, chunks: np.ndarray) -> np.ndarray:
         """The (len(chunks), block_size + 1) int64 token ids of chunks drawn by `next_chunks`; reads
         only (the training step gathers a batch's tokens on another thread)."""
-        return self.arm.tokens[(chunks * self.stride)[:, None] + self._offsets].astype(np.int64)
+        epochs, index = np.divmod(chunks, self.n_chunks)
+        starts = index * self.stride
+        if self.shifted:
+            for epoch in np.unique(epochs).tolist():
+                starts[epochs == epoch] += self.shift(epoch)
+        return self.arm.tokens[starts[:, None] + self._offsets].astype(np.int64)
+
+    def shift(self, epoch: int) -> int:
+        """Where `epoch`'s windows start (0 unless shifted): a draw of (seed, arm, epoch), from raw
+        PCG64 output, as the permutation is, so that it is part of the format."""
+        if not self.shifted:
+            return 0
+        ss = np.random.SeedSequence([self.seed, self._name_key, epoch, _SHIFT_KEY])
+        return int(np.random.PCG64(ss).random_raw(1)[0] % np.uint64(self.stride))
 
     def state_dict(self) -> CursorState:
         return CursorState(
@@ -455,13 +492,24 @@ class ArmStream:
             n_chunks=self.n_chunks,
             epoch=self.epoch,
             position=self.position,
+            order=self.order_rule,
         )
+
+    @property
+    def order_rule(self) -> str:
+        """The rule of its data order, as a checkpoint's cursor records it."""
+        return SHIFTED_RULE if self.shifted else ORDER_RULE
 
     def load_state_dict(self, state: CursorState) -> None:
         if state.identity != self.arm.identity or state.n_chunks != self.n_chunks:
             raise DataError(
                 f"arm {self.arm.name!r}: checkpoint cursor belongs to data {state.identity[:12]} "
                 f"({state.n_chunks} chunks), this run has {self.arm.identity[:12]} ({self.n_chunks} chunks)"
+            )
+        if state.order != self.order_rule:
+            raise DataError(
+                f"arm {self.arm.name!r}: checkpoint cursor follows the order {state.order!r}, "
+                f"this run {self.order_rule!r} ([data] windows)"
             )
         if not 0 <= state.position < self.n_chunks or state.epoch < 0:
             raise DataError(

@@ -122,7 +122,8 @@ def build_parts(
     shape = batch_shape(cfg, world.size)
     tokenizer = load_tokenizer(cfg.data.tokenizer, run_dir)
     arms = load_arms(cfg.data, run_dir, cfg.model.vocab_size, stop_requested, tokenizer, progress)
-    streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in arms]
+    shifted = cfg.data.windows == "shifted"
+    streams = [ArmStream(a, cfg.seed, cfg.model.block_size, shifted) for a in arms]
     mixture = FixedMixture([a.name for a in arms], [s.weight for s in cfg.data.arms], cfg.seed)
     model = _seeded_model(cfg, platform.device, world.rank)
     optimizer = adamw(model, cfg.optim)

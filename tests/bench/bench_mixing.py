@@ -310,7 +310,7 @@ def run_config(case: str, mixture: str, seed: int, args: argparse.Namespace) -> 
         # Every 100 steps, to see an arm being forgotten (evaluation never changes training), and
         # at the last step whatever --steps is.
         "eval": {"every": math.gcd(WINDOW, args.steps), "sequences": args.eval_sequences},
-        "data": {"arms": arms, "heldout_fraction": DEFAULT_FRACTION},
+        "data": {"arms": arms, "heldout_fraction": DEFAULT_FRACTION, "windows": args.windows},
     }
 
 
@@ -751,6 +751,10 @@ def reusable(args: argparse.Namespace, ran: set[tuple[str, str, int]]) -> list[d
         was, now = int(old["args"].get(key, 8)), getattr(args, key)
         if was != now:
             raise SystemExit(f"--reuse {args.reuse}: {key} {was}, not {now}")
+    # Runs recorded before the setting existed cut fixed windows (a new run's default then).
+    was_windows = old["args"].get("windows", "fixed")
+    if was_windows != args.windows:
+        raise SystemExit(f"--reuse {args.reuse}: windows {was_windows}, not {args.windows}")
     was_small = old["args"].get("small_package", "asyncio")
     if "s" in args.cases and was_small != args.small_package:
         raise SystemExit(
@@ -783,6 +787,13 @@ def main() -> None:
         default=SMALL_PACKAGE,
         help="case s: the standard-library package (or module, without .py) whose code is the "
         "small target arm",
+    )
+    p.add_argument(
+        "--windows",
+        choices=("shifted", "fixed"),
+        default="shifted",
+        help='[data] windows of every run: "shifted" (a new run\'s default), "fixed" (as the '
+        "figures measured before 2026-12-07's afternoon were)",
     )
     p.add_argument("--eval-sequences", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)

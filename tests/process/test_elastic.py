@@ -22,7 +22,7 @@ from andrea.control import andreactl
 from andrea.daemon.config import build_config, load_toml
 from andrea.daemon.data.arms import ArmStream, FixedMixture, load_arms
 from andrea.daemon.data.batch_split import batch_shape
-from andrea.daemon.rundir.layout import bin_name, manifest_name
+from andrea.daemon.rundir.layout import RESOLVED_CONFIG_FILE, bin_name, manifest_name
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 from andrea.daemon.runtime.exitcodes import ExitCode
 from tests.support.daemons import run_trainer
@@ -45,9 +45,11 @@ def manifest(run_dir: Path, step: int) -> dict:
 def expected_digests(run_dir: Path, steps: int) -> list[str]:
     """The sha256 of each step's batch as the data order defines it: the fixed mixture's arm of
     the step, grad_accum micro-batches of the global micro-batch from that arm's cursor."""
-    cfg = build_config(load_toml(run_dir / "run.toml"))
+    # As the trainer resolved and recorded it (a new run's shifted windows among what it settled).
+    cfg = build_config(load_toml(run_dir / RESOLVED_CONFIG_FILE))
     arms = load_arms(cfg.data, run_dir, cfg.model.vocab_size)
-    streams = [ArmStream(a, cfg.seed, cfg.model.block_size) for a in arms]
+    shifted = cfg.data.windows == "shifted"
+    streams = [ArmStream(a, cfg.seed, cfg.model.block_size, shifted) for a in arms]
     mixture = FixedMixture([a.name for a in arms], [a.weight for a in cfg.data.arms], cfg.seed)
     micro = batch_shape(cfg, 1).micro_batch
     out = []

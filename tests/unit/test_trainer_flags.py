@@ -22,7 +22,7 @@ CONTRACT = {
     "--grad-accum", "--eval-every", "--heldout-fraction", "--compile", "--decay-steps",
     "--log-every", "--sample-every", "--cache-dir", "--allow-config-change", "--deterministic",
     "--log-level", "--init-from", "--init-from-optimizer", "--init-from-other-tokenizer", "--check", "--world-size",
-    "--tokenizer", "--proxy-grace", "--recompute", "--strategy",
+    "--tokenizer", "--proxy-grace", "--recompute", "--strategy", "--windows",
 }  # fmt: skip
 
 
@@ -104,7 +104,7 @@ def test_each_config_flag_sets_its_setting(flag) -> None:
     values = {"preset": "andrea-12m", "device": "cpu", "precision": "fp32", "mixing": "proxy"}
     values |= {"compile": "off", "deterministic": "on", "data.cache_dir": "/tmp/c"}
     values |= {"model.recompute": "blocks"}
-    values |= {"distributed.strategy": "fsdp"}
+    values |= {"distributed.strategy": "fsdp", "data.windows": "fixed"}
     values |= {"data.heldout_fraction": "0.25", "optim.decay_steps": "3000"}  # past the warmup
     given = values.get(flag.path, "3")
     args = build_parser().parse_args(["--run-dir", "r", flag.flag, given])

@@ -132,7 +132,7 @@ def replayed_digest(stream: ArmStream, seed: int, cursor: CursorState, chunks: i
     drawn = cursor.epoch * cursor.n_chunks + cursor.position
     if drawn < chunks:
         return None
-    replay = ArmStream(stream.arm, seed, stream.stride)
+    replay = ArmStream(stream.arm, seed, stream.stride, stream.shifted)
     replay.epoch, replay.position = divmod(drawn - chunks, cursor.n_chunks)
     return hashlib.sha256(replay.next_batch(chunks).astype("<i8").tobytes()).hexdigest()
 

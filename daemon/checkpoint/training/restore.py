@@ -30,6 +30,7 @@ from andrea.daemon.config import (
     record_trajectory,
     trajectory_of,
 )
+from andrea.daemon.data.arms import ArmStream, CursorState
 from andrea.daemon.rundir.layout import LOSS_FILE, RESOLVED_CONFIG_FILE
 from andrea.daemon.trainer.context import TrainerContext
 from andrea.daemon.trainer.parts import seed_rank_stream
@@ -290,12 +291,16 @@ class Restorer:
     def _cursor_problems(self, m: Manifest) -> list[str]:
         """Cursors a resume could not take (an arm's chunk count differs from the data's). The
         cursor of an arm whose data changed is not taken at all (`_restore_cursors`: a change
-        accepted with --allow-config-change starts it from the beginning), whatever its size."""
-        sizes = {s.arm.name: (s.arm.identity, s.n_chunks) for s in self.ctx.parts.streams}
+        accepted with --allow-config-change starts it from the beginning), whatever its size; nor is
+        one of another order (`[data] windows` changed, accepted alike)."""
+        streams = {s.arm.name: s for s in self.ctx.parts.streams}
         return [
-            f"arm {c.name!r}: cursor written for {c.n_chunks} chunks, the arm has {sizes[c.name][1]}"
+            f"arm {c.name!r}: cursor written for {c.n_chunks} chunks, the arm has "
+            f"{streams[c.name].n_chunks}"
             for c in m.data
-            if sizes.get(c.name, (None, 0))[0] == c.identity and c.n_chunks != sizes[c.name][1]
+            if c.name in streams
+            and _takes(streams[c.name], c)
+            and c.n_chunks != streams[c.name].n_chunks
         ]
 
     def restore(self, m: Manifest, p: Payload | None) -> None:
@@ -335,15 +340,20 @@ class Restorer:
         cursors = {c.name: c for c in mine}
         for s in self.ctx.parts.streams:
             saved = cursors.get(s.arm.name)
-            if saved is not None and saved.identity == s.arm.identity:
+            if saved is not None and _takes(s, saved):
                 s.load_state_dict(saved)
             else:
                 # Only reachable with --allow-config-change (the resume check refuses it
-                # otherwise): an added arm, or one whose data changed, starts at its beginning.
+                # otherwise): an added arm, one whose data changed, or one now cut into other
+                # windows ([data] windows), starts at its beginning.
                 log.warning(
                     "arm %r %s: its cursor starts at the beginning",
                     s.arm.name,
-                    "is new" if saved is None else "has changed data",
+                    "is new"
+                    if saved is None
+                    else "has changed data"
+                    if saved.identity != s.arm.identity
+                    else "is cut into other windows ([data] windows)",
                 )
 
     def _warn_if_inexact(self, m: Manifest) -> None:
@@ -396,3 +406,8 @@ def _streams_note(old: int, new: int) -> str:
         return f"{kept}; ranks {old}-{new - 1} start streams of their own"
     gone = f"rank {new}" if old - new == 1 else f"ranks {new}-{old - 1}"
     return f"{kept}; the generators of {gone} are dropped"
+
+
+def _takes(stream: ArmStream, cursor: CursorState) -> bool:
+    """Whether `stream` continues from `cursor`: the same data, in the same order."""
+    return cursor.identity == stream.arm.identity and cursor.order == stream.order_rule

@@ -51,6 +51,7 @@ CONFIG_FLAGS: tuple[ConfigFlag, ...] = (
     ConfigFlag("--grad-accum", "grad_accum"),
     ConfigFlag("--eval-every", "eval.every"),
     ConfigFlag("--heldout-fraction", "data.heldout_fraction"),
+    ConfigFlag("--windows", "data.windows"),
     ConfigFlag("--tokenizer", "data.tokenizer", metavar="tokenizer.json|bytes"),
     ConfigFlag("--compile", "compile"),
     ConfigFlag("--recompute", "model.recompute"),

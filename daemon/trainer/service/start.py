@@ -27,6 +27,7 @@ from andrea.daemon.config import (
     load_toml,
     read_record,
     record_resolved,
+    with_windows,
 )
 from andrea.daemon.data.batch_split import batch_shape
 from andrea.daemon.data.open_settings import OpenSettings, resolve_open_settings
@@ -199,6 +200,7 @@ def resolve_start(
     # one older than splits is refused naming data.heldout_fraction, and --heldout-fraction 0
     # restores it. A run.toml of a new run (no checkpoint) gets the default split too.
     cfg = cfg if run_toml_existed else for_new_run(cfg)
+    cfg = with_windows(cfg, bool(_checkpoints(args.run_dir)))
     return resolve_open_settings(cfg, args.run_dir, predates_splits)
 
 
