@@ -48,6 +48,8 @@ from andrea.protocol.limits import MAX_SAMPLE_PROMPT, MAX_SAMPLES
 Precision = Literal["auto", "fp32", "tf32", "bf16"]
 #: Activation recompute (`ModelConfig.recompute`): none, or every transformer block.
 Recompute = Literal["none", "blocks"]
+#: `[data] windows`: where each epoch cuts an arm into training sequences (daemon/data/arms.py).
+Windows = Literal["shifted", "fixed"]
 
 #: The most sequences one optimizer step may train, over the whole job.
 MAX_STEP_SEQUENCES = 4096
@@ -304,7 +306,7 @@ class DataConfig(_Strict):
         f"identity (daemon/data/heldout.py); a new run's default: {DEFAULT_FRACTION}; absent in runs created "
         "before splits existed, which keep none; 0 holds out nothing",
     )
-    windows: Literal["shifted", "fixed"] | None = Field(
+    windows: Windows | None = Field(
         None,
         description='where each epoch cuts an arm into training sequences: "shifted" (a new '
         "run's default) from an offset drawn per epoch, so that an arm repeated many times over "
@@ -887,13 +889,13 @@ def build_config(
         ) from None
 
 
-def with_windows(cfg: RunConfig, has_checkpoints: bool) -> RunConfig:
-    """`cfg` with `[data] windows` settled: as set; unset, "shifted" for a run without
-    checkpoints (a new run), and left unset (fixed windows) for one with them, which was created
-    before the setting existed: its data order must not change under it."""
-    if cfg.data.windows is not None or has_checkpoints:
+def with_windows(cfg: RunConfig, unset: Windows | None) -> RunConfig:
+    """`cfg` with `[data] windows` settled: as set, else `unset`: "shifted" for a new run (no
+    checkpoint); for a run with checkpoints, what its newest one records, None (fixed windows)
+    for one created before the setting, whose data order must not change under it."""
+    if cfg.data.windows is not None or unset is None:
         return cfg
-    data = cfg.data.model_copy(update={"windows": "shifted"})
+    data = cfg.data.model_copy(update={"windows": unset})
     return cfg.model_copy(update={"data": data})
 
 

@@ -403,9 +403,10 @@ class ArmStream:
 
     An epoch is a permutation of the arm's chunks: windows of block_size + 1 tokens, block_size
     apart. With `shifted` (`[data] windows = "shifted"`, new runs), each epoch's windows start at
-    an offset of 0 to block_size - 1 tokens drawn for that epoch (one window fewer, so that the
-    last one still fits): an arm repeated many times over is not seen as the same sequences every
-    epoch, which a small arm is otherwise learnt by heart from (docs/data.md, "Windows"). Without
+    an offset of 0 to block_size - 1 tokens drawn for that epoch (at most one window fewer, so that
+    the last one still fits): an arm repeated many times over is not seen as the same sequences
+    every epoch, which a small arm is otherwise learnt by heart from (docs/data.md, "Training
+    windows"). Without
     it (runs created before), every epoch cuts the same windows. The ids `next_chunks` returns
     name the epoch too (epoch * n_chunks + index), so that `tokens_of` can place them.
     """

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest
-from andrea.daemon.config import RunConfig, build_config, load_toml
+from andrea.daemon.config import RunConfig, Windows, build_config, load_toml
 from andrea.daemon.data.heldout import DEFAULT_FRACTION
 from andrea.daemon.data.nanogpt_meta import is_meta
 from andrea.daemon.data.tokenizer import RunTokenizer, check_vocab, load_tokenizer, padded_vocab
@@ -55,18 +55,30 @@ def _resolve_vocab_size(cfg: RunConfig, tokenizer: RunTokenizer) -> RunConfig:
     return cfg
 
 
-def recorded_split(run_dir: Path) -> float:
-    """The held-out fraction the newest checkpoint with a verified manifest records (0: none, the
-    run predates splits or set 0; also when no manifest can be read, whose checkpoints the resume
-    then reports)."""
+def _recorded_data(run_dir: Path) -> dict | None:
+    """The `[data]` settings the newest checkpoint with a verified manifest records (None when no
+    manifest can be read, whose checkpoints the resume then reports)."""
     for step in checkpoint_steps(run_dir):
         try:
             data = read_manifest(run_dir, step, rng_trial=False).config.get("data")
         except (OSError, ValueError):
             continue
-        fraction = data.get("heldout_fraction") if isinstance(data, dict) else None
-        return float(fraction) if isinstance(fraction, int | float) else 0.0
-    return 0.0
+        return data if isinstance(data, dict) else None
+    return None
+
+
+def recorded_split(run_dir: Path) -> float:
+    """The held-out fraction the newest checkpoint with a verified manifest records (0: none, the
+    run predates splits or set 0; also when no manifest can be read)."""
+    fraction = (_recorded_data(run_dir) or {}).get("heldout_fraction")
+    return float(fraction) if isinstance(fraction, int | float) else 0.0
+
+
+def recorded_windows(run_dir: Path) -> Windows | None:
+    """The `[data] windows` the newest checkpoint with a verified manifest records: None for a
+    run created before the setting (fixed windows), or when no manifest can be read."""
+    windows = (_recorded_data(run_dir) or {}).get("windows")
+    return windows if windows in ("shifted", "fixed") else None
 
 
 def resolve_heldout_fraction(

@@ -31,16 +31,17 @@ def test_a_run_of_the_per_micro_batch_reading_resumes_unchanged(
     new = tmp_path / "new"
     res = run_trainer(
         new, cache_dir, "--max-steps", str(STEPS), "--batch-size", "8", "--grad-accum", "2",
-        "--heldout-fraction", "0", *common,
+        "--heldout-fraction", "0", "--windows", "fixed", *common,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
 
     old = tmp_path / "old"
     old.mkdir()
-    # No split, as before splits existed: a run directory without checkpoints is a new run,
-    # which holds out the default fraction unless its run.toml says otherwise.
+    # No split and fixed windows, as before either existed: a run directory without checkpoints
+    # is a new run, which gets the defaults of new runs unless its run.toml says otherwise.
     run_toml = (
         'preset = "andrea-tiny"\nbatch_size = 4\ngrad_accum = 2\n[data]\nheldout_fraction = 0.0\n'
+        'windows = "fixed"\n'
     )
     (old / "run.toml").write_text(run_toml)
     written = []

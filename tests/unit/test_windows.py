@@ -94,14 +94,14 @@ def test_an_arm_of_under_two_windows_is_cut_as_before() -> None:
 def test_a_new_run_gets_shifted_windows_and_an_existing_one_keeps_its_own() -> None:
     unset = build_config()
     assert unset.data.windows is None
-    assert with_windows(unset, has_checkpoints=False).data.windows == "shifted"
-    # Created before the setting: unset, and its data order with it.
-    assert with_windows(unset, has_checkpoints=True).data.windows is None
+    assert with_windows(unset, "shifted").data.windows == "shifted"
+    # Created before the setting (its checkpoints record none): unset, and its data order with it.
+    assert with_windows(unset, None).data.windows is None
     fixed = build_config({"data": {"windows": "fixed"}})
-    assert with_windows(fixed, has_checkpoints=False).data.windows == "fixed"
+    assert with_windows(fixed, "shifted").data.windows == "fixed"
     # A run created before the setting hashes as it always did; fixed says the same.
     assert fixed.trajectory_hash() == unset.trajectory_hash()
-    shifted = with_windows(unset, has_checkpoints=False)
+    shifted = with_windows(unset, "shifted")
     assert shifted.trajectory_hash() != unset.trajectory_hash()
 
 

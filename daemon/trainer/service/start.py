@@ -30,7 +30,7 @@ from andrea.daemon.config import (
     with_windows,
 )
 from andrea.daemon.data.batch_split import batch_shape
-from andrea.daemon.data.open_settings import OpenSettings, resolve_open_settings
+from andrea.daemon.data.open_settings import OpenSettings, recorded_windows, resolve_open_settings
 from andrea.daemon.data.sources import DataError, SourceRejected
 from andrea.daemon.data.tokenizer import RunTokenizer, describe_identity
 from andrea.daemon.rundir.layout import CONFIG_FILE, RESOLVED_CONFIG_FILE, bin_name
@@ -200,7 +200,10 @@ def resolve_start(
     # one older than splits is refused naming data.heldout_fraction, and --heldout-fraction 0
     # restores it. A run.toml of a new run (no checkpoint) gets the default split too.
     cfg = cfg if run_toml_existed else for_new_run(cfg)
-    cfg = with_windows(cfg, bool(_checkpoints(args.run_dir)))
+    # A new run cuts shifted windows; one with checkpoints keeps what they record (without its
+    # run.toml and record too), none for a run created before the setting: fixed windows.
+    unset = recorded_windows(args.run_dir) if _checkpoints(args.run_dir) else "shifted"
+    cfg = with_windows(cfg, unset)
     return resolve_open_settings(cfg, args.run_dir, predates_splits)
 
 
