@@ -74,3 +74,28 @@ def test_a_new_run_is_shifted_and_a_change_of_windows_is_refused_then_made(
     assert res.returncode == ExitCode.OK, res.stderr
     assert "is cut into other windows ([data] windows)" in res.stderr, res.stderr
     assert tomllib.loads((run / RESOLVED_CONFIG_FILE).read_text())["data"]["windows"] == "fixed"
+
+
+def test_a_run_toml_rewritten_without_the_setting_keeps_the_runs_windows(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """A person's run.toml that leaves `windows` out (rewritten by hand, or from an older template)
+    changes nothing: the run keeps the windows its checkpoints record, and so does a run that
+    lost its run.toml and recorded config altogether."""
+    run = tmp_path / "run"
+    res = run_trainer(run, cache_dir, "--max-steps", "8", "--checkpoint-every", "4")
+    assert res.returncode == ExitCode.OK, res.stderr
+    forget_windows(run)
+    res = run_trainer(run, cache_dir, "--max-steps", "12", "--checkpoint-every", "4")
+    assert res.returncode == ExitCode.OK and "resumed from step_000008.bin" in res.stderr, (
+        res.stderr
+    )
+    for name in ("run.toml", RESOLVED_CONFIG_FILE, APPLIED_CONFIG_FILE):
+        (run / name).unlink()
+    res = run_trainer(run, cache_dir, "--max-steps", "16", "--checkpoint-every", "4")
+    assert res.returncode == ExitCode.OK and "resumed from step_000012.bin" in res.stderr, (
+        res.stderr
+    )
+    whole = tmp_path / "whole"
+    assert run_trainer(whole, cache_dir, "--max-steps", "16").returncode == ExitCode.OK
+    assert losses(run) == losses(whole)

@@ -200,11 +200,14 @@ def resolve_start(
     # one older than splits is refused naming data.heldout_fraction, and --heldout-fraction 0
     # restores it. A run.toml of a new run (no checkpoint) gets the default split too.
     cfg = cfg if run_toml_existed else for_new_run(cfg)
-    # A new run cuts shifted windows; one with checkpoints keeps what they record (without its
-    # run.toml and record too), none for a run created before the setting: fixed windows.
-    unset = recorded_windows(args.run_dir) if _checkpoints(args.run_dir) else "shifted"
-    cfg = with_windows(cfg, unset)
-    return resolve_open_settings(cfg, args.run_dir, predates_splits)
+    return resolve_open_settings(_settle_windows(cfg, args.run_dir), args.run_dir, predates_splits)
+
+
+def _settle_windows(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """`cfg` with unset `[data] windows` settled: a new run cuts shifted windows; one with
+    checkpoints keeps what they record (having lost its run.toml and record too, or a person's
+    file that leaves the key out), none for a run created before the setting: fixed windows."""
+    return with_windows(cfg, recorded_windows(run_dir) if _checkpoints(run_dir) else "shifted")
 
 
 def _check_machine(cfg: RunConfig, world: World) -> torch.device:
@@ -239,7 +242,7 @@ def _trajectory_changes(
         values = record.with_edits(user_values, where)
     else:
         where, values = run_toml, left_open(load_toml(run_toml), cfg)[0]
-    own = build_config(values, source=str(where))
+    own = _settle_windows(build_config(values, source=str(where)), run_dir)
     recorded = resolve_open_settings(own, run_dir, predates).cfg
     changes = config_changes(recorded.trajectory(), cfg.trajectory())
     if changes and not args.allow_config_change:
