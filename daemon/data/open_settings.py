@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest
-from andrea.daemon.config import RunConfig, Windows, build_config, load_toml
+from andrea.daemon.config import RunConfig, Windows, build_config, load_toml, with_windows
 from andrea.daemon.data.heldout import DEFAULT_FRACTION
 from andrea.daemon.data.nanogpt_meta import is_meta
 from andrea.daemon.data.tokenizer import RunTokenizer, check_vocab, load_tokenizer, padded_vocab
@@ -36,10 +36,14 @@ class OpenSettings:
 
 def resolve_open_settings(cfg: RunConfig, run_dir: Path, predates_splits: bool) -> OpenSettings:
     """Settle `cfg` for the run in `run_dir`. `predates_splits`: the run has checkpoints and its
-    own run.toml, so an unset heldout_fraction means a run older than splits. TokenizerError (a
-    ConfigError) for an unusable tokenizer or a vocabulary smaller than it."""
+    own run.toml, so an unset heldout_fraction means a run older than splits. Unset windows are
+    shifted in a new run (no checkpoint) and, in one with checkpoints, what the newest records
+    (none, for a run created before the setting: fixed). TokenizerError (a ConfigError) for an
+    unusable tokenizer or a vocabulary smaller than it."""
     tokenizer = load_tokenizer(cfg.data.tokenizer, run_dir)
     cfg = _resolve_vocab_size(cfg, tokenizer)
+    has_checkpoints = run_dir.is_dir() and bool(checkpoint_steps(run_dir))
+    cfg = with_windows(cfg, recorded_windows(run_dir) if has_checkpoints else "shifted")
     cfg, note = resolve_heldout_fraction(cfg, predates_splits, run_dir)
     return OpenSettings(cfg, tokenizer, note)
 

@@ -27,10 +27,9 @@ from andrea.daemon.config import (
     load_toml,
     read_record,
     record_resolved,
-    with_windows,
 )
 from andrea.daemon.data.batch_split import batch_shape
-from andrea.daemon.data.open_settings import OpenSettings, recorded_windows, resolve_open_settings
+from andrea.daemon.data.open_settings import OpenSettings, resolve_open_settings
 from andrea.daemon.data.sources import DataError, SourceRejected
 from andrea.daemon.data.tokenizer import RunTokenizer, describe_identity
 from andrea.daemon.rundir.layout import CONFIG_FILE, RESOLVED_CONFIG_FILE, bin_name
@@ -200,14 +199,7 @@ def resolve_start(
     # one older than splits is refused naming data.heldout_fraction, and --heldout-fraction 0
     # restores it. A run.toml of a new run (no checkpoint) gets the default split too.
     cfg = cfg if run_toml_existed else for_new_run(cfg)
-    return resolve_open_settings(_settle_windows(cfg, args.run_dir), args.run_dir, predates_splits)
-
-
-def _settle_windows(cfg: RunConfig, run_dir: Path) -> RunConfig:
-    """`cfg` with unset `[data] windows` settled: a new run cuts shifted windows; one with
-    checkpoints keeps what they record (having lost its run.toml and record too, or a person's
-    file that leaves the key out), none for a run created before the setting: fixed windows."""
-    return with_windows(cfg, recorded_windows(run_dir) if _checkpoints(run_dir) else "shifted")
+    return resolve_open_settings(cfg, args.run_dir, predates_splits)
 
 
 def _check_machine(cfg: RunConfig, world: World) -> torch.device:
@@ -242,7 +234,7 @@ def _trajectory_changes(
         values = record.with_edits(user_values, where)
     else:
         where, values = run_toml, left_open(load_toml(run_toml), cfg)[0]
-    own = _settle_windows(build_config(values, source=str(where)), run_dir)
+    own = build_config(values, source=str(where))
     recorded = resolve_open_settings(own, run_dir, predates).cfg
     changes = config_changes(recorded.trajectory(), cfg.trajectory())
     if changes and not args.allow_config_change:
