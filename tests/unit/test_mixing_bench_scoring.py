@@ -1,12 +1,13 @@
 """The mixing benchmark's scoring (tests/bench/bench_mixing.py), on curves made by hand: when an
 arm's plateau starts and when the bandit is found to have seen it, the least share of an arm while
-its held-out loss rose, the generated arms' bytes, and case s's target checks in words.
+its held-out loss rose, the generated arms' bytes (the access log's lines parsed), and case s's target checks in words.
 docs/mixing-quality.md's figures rest on these."""
 
 from __future__ import annotations
 
 import collections
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -110,6 +111,25 @@ def test_the_generated_arms() -> None:
         assert len(chain) == 4096 and set(chain) <= set(letters)
     memo = bench.memo_text()
     assert memo[: bench.MEMO_SIZE] == memo[bench.MEMO_SIZE : 2 * bench.MEMO_SIZE]
+
+
+def test_the_generated_access_log() -> None:
+    log = bench.logs_text(7)
+    assert len(log) == 4096 and log == bench.logs_text(7) != bench.logs_text(8)
+    # Every whole line parses, and its clock never goes back by more than the day's wrap.
+    pattern = re.compile(
+        rb"2026-03-14T(\d\d):(\d\d):(\d\d)\.\d{3}Z worker-\d\d INFO GET (\S+)/\d+ "
+        rb"(200|404|500) \d+ms"
+    )
+    lines = log.split(b"\n")[:-1]
+    seconds = []
+    for line in lines:
+        m = pattern.fullmatch(line)
+        assert m, line
+        assert m[4].decode() in bench.LOG_PATHS
+        seconds.append(3600 * int(m[1]) + 60 * int(m[2]) + int(m[3]))
+    steps = [(b - a) % 86400 for a, b in zip(seconds, seconds[1:])]
+    assert len(lines) > 40 and max(steps) <= 6 and len(set(steps)) == 7
 
 
 def test_runs_reused_from_an_older_mixing_json_are_summarised() -> None:
