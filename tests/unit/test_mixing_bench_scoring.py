@@ -1,7 +1,7 @@
 """The mixing benchmark's scoring (tests/bench/bench_mixing.py), on curves made by hand: when an
 arm's plateau starts and when the bandit is found to have seen it, the least share of an arm while
-its held-out loss rose, the generated arms' bytes (the access log's lines parsed), and case s's target checks in words.
-docs/mixing-quality.md's figures rest on these."""
+its held-out loss rose, the generated arms' bytes (the access log's lines parsed), and case s's
+target checks in words. docs/mixing-quality.md's figures rest on these."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_the_generated_arms() -> None:
 def test_the_generated_access_log() -> None:
     log = bench.logs_text(7)
     assert len(log) == 4096 and log == bench.logs_text(7) != bench.logs_text(8)
-    # Every whole line parses, and its clock never goes back by more than the day's wrap.
+    # Every whole line parses, and its clock moves on by 0 to 6 seconds a line (across midnight too).
     pattern = re.compile(
         rb"2026-03-14T(\d\d):(\d\d):(\d\d)\.\d{3}Z worker-\d\d INFO GET (\S+)/\d+ "
         rb"(200|404|500) \d+ms"
