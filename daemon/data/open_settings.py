@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from andrea.daemon.checkpoint.manager import checkpoint_steps, read_manifest
 from andrea.daemon.config import RunConfig, Windows, build_config, load_toml, with_windows
@@ -82,7 +83,7 @@ def recorded_windows(run_dir: Path) -> Windows | None:
     """The `[data] windows` the newest checkpoint with a verified manifest records: None for a
     run created before the setting (fixed windows), or when no manifest can be read."""
     windows = (_recorded_data(run_dir) or {}).get("windows")
-    return windows if windows in ("shifted", "fixed") else None
+    return windows if windows in get_args(Windows) else None
 
 
 def resolve_heldout_fraction(

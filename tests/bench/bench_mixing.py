@@ -660,6 +660,9 @@ def checks(case: str, mx: dict) -> dict:
         if uni is None:
             continue
         out[f"minus_uniform_{tag}"] = new["mean"] - uni["mean"]
+        paired = paired_differences(new, uni)
+        if paired is not None and paired["se"] is not None:
+            out[f"se_uniform_{tag}"] = paired["se"]
         ref = mx.get(learnable)
         if extra is not None and ref is not None:
             gap = uni["mean"] - ref["mean"]
@@ -757,7 +760,11 @@ def said_checks(c: dict, extra: str | None) -> list[str]:
     said = []
     for tag in ("paired", "fixed"):
         if f"minus_uniform_{tag}" in c:
-            said.append(f"{NEW} − uniform ({tag}): {c[f'minus_uniform_{tag}']:+.4f} nats")
+            se = c.get(f"se_uniform_{tag}")
+            spread = (
+                "" if se is None else f" ± {se:.4f} (standard error of the per-seed differences)"
+            )
+            said.append(f"{NEW} − uniform ({tag}): {c[f'minus_uniform_{tag}']:+.4f}{spread} nats")
         if c.get(f"gap_recovered_{tag}") is not None:
             said.append(
                 f"gap between uniform over all and over the learnable arms ({tag}) recovered: "

@@ -153,6 +153,28 @@ def test_runs_reused_from_an_older_mixing_json_are_summarised() -> None:
     assert "### Case e (+ synth8)" in page and "least share" not in page
 
 
+def test_the_default_against_uniform_carries_the_standard_error_of_its_paired_differences() -> None:
+    """docs/mixing-quality.md states the default against uniform as mean ± standard error of the
+    per-seed differences: the page says the same as a hand computation."""
+
+    def one(mixture: str, seed: int, mean: float) -> dict:
+        held = {"code": mean, "comments": mean, "docstrings": mean, "synth8": 2.0}
+        share = {n: 0.25 for n in held}
+        return {"case": "e", "mixture": mixture, "seed": seed, "seconds": 80.0, "steps": 1500,
+                "heldout": held, "mean": mean, "share": share, "share_second_half": share,
+                "mean_all": mean}  # fmt: skip
+
+    differences = {1: 0.010, 2: -0.030, 3: 0.050}
+    runs = [one("uniform-paired", s, 2.0 + s / 10) for s in differences]
+    runs += [one(bench.NEW, s, 2.0 + s / 10 + d) for s, d in differences.items()]
+    checks = bench.summarise(runs)["e"]["checks"]
+    # Differences 0.01, -0.03, 0.05: mean 0.01, sample standard deviation 0.04, over sqrt(3).
+    assert checks["minus_uniform_paired"] == pytest.approx(0.01)
+    assert checks["se_uniform_paired"] == pytest.approx(0.04 / math.sqrt(3))
+    args = SimpleNamespace(batch_size=32, steps=1500, seeds=[1, 2, 3], eval_sequences=128)
+    assert "+0.0100 ± 0.0231 (standard error" in bench.markdown(bench.summarise(runs), args)
+
+
 def test_case_s_refuses_a_package_the_standard_library_lacks(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no-such-package: no such standard-library module"):
         bench.write_code_arms(tmp_path, "no-such-package")
