@@ -57,8 +57,10 @@ Reported per case: the mean held-out loss over the learnable arms at the last st
 seeds, and seed by seed against uniform), each arm's share of the steps in the second half, and the
 checks the mixing-quality page states. Every run also records each arm's share per 100 steps, the
 held-out losses of every evaluation (every 100 steps), the least share an arm had over a 300-step
-stretch across which its held-out loss rose, and in cases c and d the steps from the extra arm's
-plateau to the bandit's seeing it (`plateau_detection`). Also the bandit's own cost per step under
+stretch across which its held-out loss rose, its arm of every step (`order`; for a bandit's run, the
+steps it trained on another arm than the uniform-paired run of the same seed: `departures`), and in
+cases c and d the steps from the extra arm's plateau to the bandit's seeing it
+(`plateau_detection`). Also the bandit's own cost per step under
 each reward (observe + assign, in process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
 
 Training is deterministic, so a run does not need repeating: `--reuse` takes, from an earlier
@@ -427,10 +429,47 @@ def score(run_dir: Path, case: str, mixture: str, seed: int, seconds: float, ste
             for n in names
         },
         "mean_all": statistics.fmean(held.values()),
+        "order": order(arms),
         "heldout_by_step": {e.step: {n: a.loss for n, a in e.arms.items()} for e in evals},
         "plateau": plateau_detection(case, [(e.arm, e.loss) for e in curve], len(names)),
         "rising": rising_shares(arms, {e.step: e for e in evals}),
     }
+
+
+#: The steps listed, of a run's departures from its paired uniform run (all are counted).
+DEPARTURES_LISTED = 8
+#: A run's order: each step's arm as one character, its index among the run's arms.
+ORDER_CODE = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def order(arms: list[str]) -> dict:
+    """A run's arm of every step, compactly: the arms' names (sorted) and one character a step, the
+    arm's index among them (a digit, then a letter)."""
+    names = sorted(set(arms))
+    if len(names) > len(ORDER_CODE):
+        raise ValueError(f"{len(names)} arms: the order records at most {len(ORDER_CODE)}")
+    index = {n: ORDER_CODE[i] for i, n in enumerate(names)}
+    return {"names": names, "steps": "".join(index[a] for a in arms)}
+
+
+def arms_of(run: dict) -> list[str] | None:
+    """The arm of every step of a run, from its `order` (None for a run recorded without it)."""
+    recorded = run.get("order")
+    if recorded is None:
+        return None
+    return [recorded["names"][ORDER_CODE.index(c)] for c in recorded["steps"]]
+
+
+def departures(run: dict, paired: dict) -> dict | None:
+    """The steps at which `run` trained another arm than `paired` (the uniform run drawn from the
+    same per-step uniforms): how many, and the first DEPARTURES_LISTED (None when either run was
+    recorded without its order). Where a bandit mixes uniformly the two runs train the very same
+    steps, so these are where the bandit's decisions, and nothing else, moved the run."""
+    mine, theirs = arms_of(run), arms_of(paired)
+    if mine is None or theirs is None:
+        return None
+    steps = [s for s, (a, b) in enumerate(zip(mine, theirs), start=1) if a != b]
+    return {"count": len(steps), "first": steps[:DEPARTURES_LISTED]}
 
 
 def rising_shares(arms: list[str], evals: dict) -> dict[str, float | None]:
@@ -574,6 +613,13 @@ def summarise(runs: list[dict]) -> dict:
                     for s, r in sorted(seeds.items())
                     if r.get("plateau") is not None
                 },
+                "departures": {
+                    x: found
+                    for x, r in sorted(seeds.items())
+                    if m not in (*PAIRED, *FIXED)
+                    and x in by.get("uniform-paired", {})
+                    and (found := departures(r, by["uniform-paired"][x])) is not None
+                },
                 "rising_min_share": {
                     s: min(
                         (r["rising"][n] for n in learnable if r["rising"][n] is not None),
@@ -707,6 +753,13 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
                     f"{m}: steps from {extra}'s plateau (within 2% of its final / its lowest "
                     f"training loss) to its detection: {detect}"
                 )
+            if v.get("departures"):
+                notes.append(
+                    f"{m}: steps trained on another arm than uniform-paired of the same seed: "
+                    + ", ".join(
+                        f"seed {x}: {said_departures(d)}" for x, d in v["departures"].items()
+                    )
+                )
             rising = {x: r for x, r in v["rising_min_share"].items() if r is not None}
             if rising:
                 notes.append(
@@ -749,6 +802,14 @@ def said_target(found: dict) -> list[str]:
         elif key == "gap_recovered":
             said.append(f"gap recovered: {v:.0%}")
     return said
+
+
+def said_departures(d: dict) -> str:
+    """A run's departures from its paired run: their count, and the first steps."""
+    if not d["count"]:
+        return "none"
+    more = ", …" if d["count"] > len(d["first"]) else ""
+    return f"{d['count']} ({', '.join(map(str, d['first']))}{more})"
 
 
 def said_steps(d: int | None) -> str:

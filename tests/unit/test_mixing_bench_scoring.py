@@ -1,7 +1,8 @@
 """The mixing benchmark's scoring (tests/bench/bench_mixing.py), on curves made by hand: when an
 arm's plateau starts and when the bandit is found to have seen it, the least share of an arm while
-its held-out loss rose, the generated arms' bytes (the access log's lines parsed), and case s's
-target checks in words. docs/mixing-quality.md's figures rest on these."""
+its held-out loss rose, the steps a bandit's run trains otherwise than its paired uniform run, the
+generated arms' bytes (the access log's lines parsed), and case s's target checks in words.
+docs/mixing-quality.md's figures rest on these."""
 
 from __future__ import annotations
 
@@ -173,6 +174,34 @@ def test_the_default_against_uniform_carries_the_standard_error_of_its_paired_di
     assert checks["se_uniform_paired"] == pytest.approx(0.04 / math.sqrt(3))
     args = SimpleNamespace(batch_size=32, steps=1500, seeds=[1, 2, 3], eval_sequences=128)
     assert "+0.0100 ± 0.0231 (standard error" in bench.markdown(bench.summarise(runs), args)
+
+
+def test_the_steps_a_bandit_run_trains_otherwise_than_its_paired_uniform_run() -> None:
+    """docs/mixing-quality.md finds where a bandit's run departs from its paired uniform run (the
+    same per-step uniforms): the steps counted and listed are those of a comparison by hand, a run
+    recorded without its order is left out, and the page lists them."""
+    uniform = ["code", "comments", "docstrings"] * 10
+    moved = [2, 5, 6, 11, 13, 17, 19, 23, 29, 30]
+    other = {"code": "comments", "comments": "docstrings", "docstrings": "code"}
+    bandit = [other[a] if s in moved else a for s, a in enumerate(uniform, start=1)]
+    assert bench.arms_of({"order": bench.order(bandit)}) == bandit
+
+    def one(mixture: str, arms: list[str] | None) -> dict:
+        held = {"code": 2.0, "comments": 2.0, "docstrings": 2.0}
+        share = {n: 1 / 3 for n in held}
+        run = {"case": "a", "mixture": mixture, "seed": 1, "seconds": 80.0, "steps": 30,
+               "heldout": held, "mean": 2.0, "share": share, "share_second_half": share}  # fmt: skip
+        return run if arms is None else {**run, "order": bench.order(arms)}
+
+    summary = bench.summarise([one("uniform-paired", uniform), one(bench.NEW, bandit)])
+    found = summary["a"]["mixtures"][bench.NEW]["departures"][1]
+    assert found == {"count": 10, "first": moved[: bench.DEPARTURES_LISTED]}
+    assert summary["a"]["mixtures"]["uniform-paired"]["departures"] == {}
+    args = SimpleNamespace(batch_size=32, steps=30, seeds=[1], eval_sequences=128)
+    assert "seed 1: 10 (2, 5, 6, 11, 13, 17, 19, 23, …)" in bench.markdown(summary, args)
+    # Reused from a mixing.json written before the order was recorded: nothing to compare.
+    older = bench.summarise([one("uniform-paired", None), one(bench.NEW, bandit)])
+    assert older["a"]["mixtures"][bench.NEW]["departures"] == {}
 
 
 def test_case_s_refuses_a_package_the_standard_library_lacks(tmp_path: Path) -> None:
