@@ -60,8 +60,8 @@ held-out losses of every evaluation (every 100 steps), the least share an arm ha
 stretch across which its held-out loss rose, its arm of every step (`order`; for a bandit's run, the
 steps it trained on another arm than the uniform-paired run of the same seed: `departures`), and in
 cases c and d the steps from the extra arm's plateau to the bandit's seeing it
-(`plateau_detection`). Also the bandit's own cost per step under
-each reward (observe + assign, in process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
+(`plateau_detection`). Also the bandit's own cost per step under each reward (observe + assign, in
+process, 4 arms). Writes mixing.json and mixing.md to --out-dir.
 
 Training is deterministic, so a run does not need repeating: `--reuse` takes, from an earlier
 mixing.json of the same --steps and --batch-size, the runs of every (case, mixture, seed) this
