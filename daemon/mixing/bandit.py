@@ -90,7 +90,8 @@ _MAX_REWARD = math.exp(reward.MAX_EXP_LOSS) * (1 + 1e-9)
 
 
 #: A loss statistic in a state: losses are clamped to MAX_EXP_LOSS nats before any statistic sees them.
-_Loss = Annotated[float | None, Field(ge=-reward.MAX_EXP_LOSS, le=reward.MAX_EXP_LOSS)]
+_LossValue = Annotated[float, Field(ge=-reward.MAX_EXP_LOSS, le=reward.MAX_EXP_LOSS)]
+_Loss = _LossValue | None
 
 
 class _StateModel(BaseModel):
@@ -149,6 +150,26 @@ class ArmState(_StateModel):
     fall_pulls: int = Field(
         0, ge=0, description="its steps after its first, as fall_rate counts them"
     )
+    # Absent from the states written before gated-plateau; the other rewards leave them empty.
+    recent_losses: list[_LossValue] = Field(
+        default_factory=list,
+        max_length=reward.RECENT_KEPT,
+        description="gated-plateau: its newest training losses of the phase, the newest last",
+    )
+    recent_steps: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list,
+        max_length=reward.RECENT_KEPT,
+        description="gated-plateau: the steps of those losses",
+    )
+    first_step: int = Field(
+        0, ge=0, description="gated-plateau: the step of its first loss of the phase (0: none)"
+    )
+    cut_level: _Loss = Field(
+        None, description="gated-plateau: its loss level when called plateaued (null: not called)"
+    )
+    cut_step: int = Field(
+        0, ge=0, description="gated-plateau: the step of its call or newest retest (0: none)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ArmState:
@@ -160,6 +181,7 @@ class ArmState(_StateModel):
             raise ValueError(f"arm {self.name!r}: loss_ema and loss_best come together")
         if (self.heldout is None) != (self.heldout_low is None):
             raise ValueError(f"arm {self.name!r}: heldout and heldout_low come together")
+        _check_plateau_call(self)
         # Both count this arm's steps of the phase, at most one per pull.
         if self.fruitless > self.pulls or self.progress_pulls > self.pulls:
             raise ValueError(
@@ -175,7 +197,22 @@ class ArmState(_StateModel):
         return self
 
     def stats(self) -> ArmStats:
-        return ArmStats(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ArmStats)})
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ArmStats)}
+        # The statistics are updated in place: they get lists of their own, not the state's.
+        values.update(recent_losses=list(self.recent_losses), recent_steps=list(self.recent_steps))
+        return ArmStats(**values)
+
+
+def _check_plateau_call(arm: ArmState) -> None:
+    """gated-plateau's statistics agree with one another: one step per loss, in step order, and
+    a call made at a step of the arm's."""
+    steps = arm.recent_steps
+    if len(steps) != len(arm.recent_losses):
+        raise ValueError(f"arm {arm.name!r}: recent_losses and recent_steps come together")
+    if any(b <= a for a, b in zip(steps, steps[1:])) or (steps and steps[0] < arm.first_step):
+        raise ValueError(f"arm {arm.name!r}: recent_steps must rise from first_step")
+    if (arm.cut_level is None) != (arm.cut_step == 0):
+        raise ValueError(f"arm {arm.name!r}: cut_level and cut_step come together")
 
 
 class LastObservation(_StateModel):
@@ -440,6 +477,33 @@ def _target(
     return transfer.Target.of(policy.target_weights(), arms, saved, reward.target_floor)
 
 
+def _observe(
+    stats: ArmStats, kind: rewards.RewardKind, step: int, loss: float, alpha: float
+) -> None:
+    """Fold an arm's loss into the statistics every reward keeps, then into the reward's own."""
+    reward.observe(stats, step, loss, alpha)
+    if kind.observe is not None:
+        kind.observe(stats, step, loss)
+
+
+def _arm_state(a: _Arm) -> ArmState:
+    """The arm as the state saves it: its identity, steps and weights, and every statistic."""
+    values = {f.name: getattr(a.stats, f.name) for f in dataclasses.fields(ArmStats)}
+    values.update(
+        recent_losses=list(a.stats.recent_losses), recent_steps=list(a.stats.recent_steps)
+    )
+    return ArmState(
+        name=a.name,
+        identity=a.identity,
+        live=a.live,
+        zombie_reason=a.zombie_reason,
+        pulls=a.pulls,
+        weight=a.weight,
+        probability=a.probability,
+        **values,
+    )
+
+
 def _zombies(arms: Iterable[_Arm]) -> list[Zombie]:
     """The arms whose source is gone, for the operator's status; each one logged as a warning."""
     out = [
@@ -656,7 +720,7 @@ class Bandit:
         for name, value in (heldout or {}).items():
             if name in self._arms:
                 reward.observe_heldout(self._arms[name].stats, float(value))
-        reward.observe(rec.stats, step, loss, self._policy.alpha)
+        _observe(rec.stats, self._reward, step, loss, self._policy.alpha)
         if self._target is not None:
             self._target.observe(arm, probe)
         rec.pulls += 1
@@ -833,32 +897,7 @@ class Bandit:
             steps_in_phase=self.steps_in_phase,
             policy=self._policy,
             policy_fingerprint=self._policy.fingerprint(),
-            arms=[
-                ArmState(
-                    name=a.name,
-                    identity=a.identity,
-                    live=a.live,
-                    zombie_reason=a.zombie_reason,
-                    pulls=a.pulls,
-                    ema_reward=a.stats.ema_reward,
-                    weight=a.weight,
-                    probability=a.probability,
-                    loss_ema=a.stats.loss_ema,
-                    loss_best=a.stats.loss_best,
-                    progress_sum=a.stats.progress_sum,
-                    progress_pulls=a.stats.progress_pulls,
-                    last_pull=a.stats.last_pull,
-                    fruitless=a.stats.fruitless,
-                    first_loss=a.stats.first_loss,
-                    heldout=a.stats.heldout,
-                    heldout_low=a.stats.heldout_low,
-                    heldout_evals=a.stats.heldout_evals,
-                    forgotten=a.stats.forgotten,
-                    fall_rate=a.stats.fall_rate,
-                    fall_pulls=a.stats.fall_pulls,
-                )
-                for a in self._arms.values()
-            ],
+            arms=[_arm_state(a) for a in self._arms.values()],
             last_observation=self._last,
             transfer=TransferState.of(self._target.stats) if self._target is not None else None,
         )

@@ -107,13 +107,18 @@ counting within a few of its steps.
 
 All rewards keep all these statistics (a few float operations per step), so that status shows each
 arm's recent loss and progress whichever reward makes the mixture.
+
+**gated-plateau** (daemon/mixing/rewards/gated_plateau.py) keeps statistics of its own, folded in by
+its `RewardKind.observe` after these: the arm's newest ``RECENT_KEPT`` losses and their steps, the
+step of its first loss, and its plateau call (the level then, and the step of the call or of its
+newest retest). The other rewards leave them empty.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -143,6 +148,8 @@ LEARNT_MARGIN = 0.02
 RISE_TOLERANCE = 0.01
 #: gated-heldout: a learnt arm being forgotten gets at least this fraction of a uniform share, 1/K.
 FORGETTING_SHARE = 0.125
+#: gated-plateau: the newest training losses of an arm it keeps (rewards/gated_plateau.py).
+RECENT_KEPT = 100
 
 
 @dataclass
@@ -163,6 +170,12 @@ class ArmStats:
     forgotten: bool = False  # its held-out loss rose at the newest evaluation, above its low
     fall_rate: float = 0.0  # its drops, an EMA over its own recent steps (FALL_DECAY, FALL_SPAN)
     fall_pulls: int = 0  # its steps after its first, as the fall rate counts them
+    # gated-plateau's own (rewards/gated_plateau.py), kept under that reward only:
+    recent_losses: list[float] = field(default_factory=list)  # its newest losses, the newest last
+    recent_steps: list[int] = field(default_factory=list)  # the steps of those losses
+    first_step: int = 0  # the step of its first loss of the phase (0: none yet)
+    cut_level: float | None = None  # its loss level when called plateaued (None: not called)
+    cut_step: int = 0  # the step of that call, or of its newest retest (0: not called)
 
     @property
     def learnt(self) -> bool:

@@ -95,6 +95,7 @@ from andrea.daemon.rundir.evallog import canonical_evals, read_evals
 from andrea.daemon.rundir.losslog import canonical_curve, read_entries
 
 REWARDS = (
+    "gated-plateau",
     "gated-fall",
     "gated-heldout",
     "gated-learnability-2",

@@ -181,6 +181,7 @@ EXPLORED_SHARE = {
     "gated-learnability-2": 4,
     "gated-heldout": 4,
     "gated-fall": 4,
+    "gated-plateau": 4,
 }
 
 

@@ -17,7 +17,9 @@ the state's checks and the restart replay read what they need of a reward from i
 - `targeted`: whether it serves a policy's `target` (the transfer rewards): its statistics are the
   phase's, not an arm's (rewards/transfer.py), and the bandit keeps them in the state;
 - `target_floor`: under a targeted reward, the least share of a target arm, in full shares of the
-  gate, scaled by the arm's weight in the target (rewards/transfer.py).
+  gate, scaled by the arm's weight in the target (rewards/transfer.py);
+- `observe`: a reward's own statistics of an arm, folded in at each of its losses after the ones
+  every reward keeps (gated-plateau's recent losses and plateau call).
 
 A reward must be a pure function of the records up to s - W: no clock, no I/O, no global random
 state (docs/bandit.md, "Determinism and the lag W").
@@ -55,6 +57,8 @@ Weights = Callable[
 ]
 #: shares(stats, pulls): each live arm's reward as status shows it.
 Shares = Callable[[Sequence[ArmStats], Sequence[int]], list[float]]
+#: observe(stats, step, loss): fold the arm's loss of `step` into the reward's own statistics.
+Observe = Callable[[ArmStats, int, float], None]
 
 
 class UnknownReward(ValueError):
@@ -78,6 +82,9 @@ class RewardKind:
     targeted: bool = False
     #: Under a targeted reward: how far the gate may lower a target arm (rewards/transfer.py).
     target_floor: float = 0.0
+    #: The reward's own statistics of an arm, folded in at each of its losses after the shared
+    #: ones (reward.observe); None: it keeps none.
+    observe: Observe | None = None
 
     def __post_init__(self) -> None:
         known = {f.name for f in fields(ArmStats)}

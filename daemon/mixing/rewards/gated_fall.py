@@ -30,7 +30,7 @@ look plateaued (late in a run the LR's decay flattens every curve), no plateau c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -52,6 +52,10 @@ UNLEARNABLE = 0.1
 RELEARN = 0.05
 
 
+#: plateau(stats, pulls): whether an arm's fall is over (gated-plateau brings its own).
+Plateau = Callable[[ArmStats, int], bool]
+
+
 def plateaued(s: ArmStats, pulls: int) -> bool:
     """Whether FALL of the arm's fall is behind it, by the estimate of the module docstring."""
     if s.first_loss is None or s.loss_best is None:
@@ -60,16 +64,22 @@ def plateaued(s: ArmStats, pulls: int) -> bool:
     return fall > 0.0 and s.fall_rate * HORIZON * pulls <= (1.0 - FALL) / FALL * fall
 
 
-def standing(stats: Sequence[ArmStats], pulls: Sequence[int]) -> np.ndarray:
+def standing(
+    stats: Sequence[ArmStats],
+    pulls: Sequence[int],
+    plateau: Plateau = plateaued,
+    relearn: bool = True,
+) -> np.ndarray:
     """Per arm, whether it keeps its share (True) or gets only exploration (False); an arm not
-    measured yet keeps it."""
+    measured yet keeps it. `plateau`: whether an arm's fall is over; `relearn`: whether an arm
+    being forgotten in earnest (`relearning`) gets its share back."""
     n = np.array(pulls)
     measured = n >= MEASURE_PULLS
     rho = np.array([s.progress for s in stats], dtype=np.float64)
     median = float(np.median(rho[measured])) if measured.any() else 0.0
     unlearnable = measured & (rho <= UNLEARNABLE * median) & (median > 0.0)
-    flat = measured & ~unlearnable & np.array([plateaued(s, p) for s, p in zip(stats, pulls)])
-    again = relearning(stats)
+    flat = measured & ~unlearnable & np.array([plateau(s, p) for s, p in zip(stats, pulls)])
+    again = relearning(stats) if relearn else np.zeros(len(stats), dtype=bool)
     # Most learnable arms flat at once is the LR's decay, or noise; an arm being forgotten in
     # earnest may be one left out wrongly: no plateau counts then, the learnable arms share alike.
     if 2 * int(flat.sum()) > int((measured & ~unlearnable).sum()) or again.any():
@@ -101,12 +111,15 @@ def weights(
     pending: Sequence[int],
     t: int,
     initial: Sequence[float],
+    plateau: Plateau = plateaued,
+    relearn: bool = True,
 ) -> np.ndarray:
-    """An equal share for each arm that keeps one (`standing`), exploration for the others; an arm
-    still to measure gets a full share (its initial weight before any loss) until its measuring
-    steps are assigned, then none until their losses are known."""
+    """An equal share for each arm that keeps one (`standing`, with `plateau` and `relearn`),
+    exploration for the others; an arm still to measure gets a full share (its initial weight
+    before any loss) until its measuring steps are assigned, then none until their losses are
+    known."""
     n, k = np.array(pulls), len(stats)
-    keeps = standing(stats, pulls).astype(np.float64)
+    keeps = standing(stats, pulls, plateau, relearn).astype(np.float64)
     keeps[(n < MEASURE_PULLS) & (n + np.array(pending) >= MEASURE_PULLS)] = 0.0
     needs = n + np.array(pending) < MEASURE_PULLS
     keeps[needs] = np.array(initial, dtype=np.float64)[needs] if t == 0 else 1.0
@@ -121,9 +134,14 @@ def weights(
     return reward.protect_forgotten(w, (forgotten(stats) & (keeps == 0.0)).tolist())
 
 
-def shares(stats: Sequence[ArmStats], pulls: Sequence[int]) -> list[float]:
+def shares(
+    stats: Sequence[ArmStats],
+    pulls: Sequence[int],
+    plateau: Plateau = plateaued,
+    relearn: bool = True,
+) -> list[float]:
     """Each arm's share before exploration: equal among those that keep one."""
-    keeps = standing(stats, pulls).astype(np.float64)
+    keeps = standing(stats, pulls, plateau, relearn).astype(np.float64)
     return (keeps / keeps.sum()).tolist() if keeps.any() else [1.0 / len(stats)] * len(stats)
 
 
