@@ -389,8 +389,8 @@ class MetricsConfig(_Strict):
 
 class EvalConfig(_Strict):
     """Held-out evaluation. Operational: it never changes a bit of a step's training, so it may
-    change at any restart; under proxy mixing the bandit may read it (gated-fall, gated-heldout), and a resume
-    that changes it says so (`evaluation_changes`)."""
+    change at any restart; under proxy mixing the bandit may read it (gated-plateau, gated-fall,
+    gated-heldout), and a resume that changes it says so (`evaluation_changes`)."""
 
     every: int | None = Field(
         None,
@@ -740,10 +740,10 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def evaluation_changes(old: dict[str, Any], cfg: RunConfig) -> list[str]:
     """The held-out evaluation settings that differ between a config dump (a checkpoint's) and
-    `cfg`, where they decide the mixture: under proxy mixing the evaluations reach the bandit in
-    the loss records, and gated-fall (the default reward of new runs) and gated-heldout read them, so these
-    operational settings change which arm a later step trains. [] under the fixed mixture, or for
-    a dump written before evaluations had settings."""
+    `cfg`, where they decide the mixture: under proxy mixing the evaluations reach the bandit in the
+    loss records, and gated-plateau (the default reward of new runs), gated-fall and gated-heldout
+    read them, so these operational settings change which arm a later step trains. [] under the
+    fixed mixture, or for a dump written before evaluations had settings."""
     if cfg.mixing != "proxy" or not isinstance(old.get("eval"), dict):
         return []
     then = old["eval"]

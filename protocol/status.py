@@ -138,7 +138,7 @@ class RewardReport(_Status):
 
     kind: str = Field(
         description="the policy's reward: the name of one of the proxy's rewards, e.g. "
-        "'gated-fall' (docs/bandit.md lists them)"
+        "'gated-plateau' (docs/bandit.md lists them)"
     )
     meaning: str = Field(description="what the reward measures, in a few words")
     arms: dict[str, ArmReward]

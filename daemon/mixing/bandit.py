@@ -9,15 +9,16 @@ weights. Then
 - probabilities: ``p = clip(c * w, floor, cap)`` with the unique c that makes ``sum(p) = 1`` — the
   KL projection of w onto the capped simplex, solved exactly from the breakpoints of c.
 
-Determinism: the arm of step s is a pure function of (seed, phase, policy, live arms, loss records of
-the phase's steps <= s - W): each record's arm and loss, and the held-out evaluation the record of the
-step after each evaluation carries (gated-fall and gated-heldout read them). Records are incorporated strictly in
-step order, `assign` refuses to run at any other point than "everything up to s - W, nothing after",
-and the draw itself is a counter-based uniform (SHA-256 of seed, phase and step), so a restarted proxy
-recomputes every assignment bit for bit. Under a reward whose draw counts the steps pending
-(`RewardKind.counts_pending`: gated-learnability-2, gated-heldout, gated-fall) the draw of s also depends on the
-arms assigned to the steps between s - W and s, which are functions of the same records; `assign`
-takes them from the caller (the assignment book).
+Determinism: the arm of step s is a pure function of (seed, phase, policy, live arms, loss records
+of the phase's steps <= s - W): each record's arm and loss, and the held-out evaluation the record
+of the step after each evaluation carries (gated-plateau, gated-fall and gated-heldout read them).
+Records are incorporated strictly in step order, `assign` refuses to run at any other point than
+"everything up to s - W, nothing after", and the draw itself is a counter-based uniform (SHA-256 of
+seed, phase and step), so a restarted proxy recomputes every assignment bit for bit. Under a reward
+whose draw counts the steps pending (`RewardKind.counts_pending`: gated-learnability-2,
+gated-heldout, gated-fall, gated-plateau) the draw of s also depends on the arms assigned to the
+steps between s - W and s, which are functions of the same records; `assign` takes them from the
+caller (the assignment book).
 
 Zombies: `Bandit.from_state` reconciles the arms of a saved state with the configured sources. An arm
 whose source is gone never draws (p = 0, its floor not counted), stays in the state with its history,

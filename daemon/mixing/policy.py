@@ -4,7 +4,7 @@ A policy is one phase's rules for the bandit (`andrea.daemon.mixing.bandit`). It
 by pydantic (an unknown key is an error that names the key) and identified by a fingerprint that is
 recorded in the bandit state and in every pivot archive. Example ``policy.toml``::
 
-    reward = "gated-fall"  # what the bandit rewards (docs/bandit.md lists the rewards)
+    reward = "gated-plateau"  # what the bandit rewards (docs/bandit.md lists the rewards)
     alpha = 0.9   # EMA smoothing of the per-arm reward (ODM's default)
     lag = 8       # W: the assignment of step s sees the losses of steps <= s - W
 
@@ -85,7 +85,7 @@ MAX_TARGET_WEIGHT = 1e6
 #: What a policy without a `reward` key means: ODM's reward, the only one before the choice existed.
 IMPLICIT_REWARD: Reward = "loss"
 #: The reward a new run gets when its policy does not name one (decided in `policystore`).
-NEW_RUN_REWARD: Reward = "gated-fall"
+NEW_RUN_REWARD: Reward = "gated-plateau"
 
 #: Slack for comparing sums of probabilities written in decimal (ten floors of 0.1 must pass).
 FEASIBILITY_TOLERANCE = 1e-12
@@ -119,7 +119,7 @@ class Policy(_Strict):
     reward: Reward = Field(
         IMPLICIT_REWARD,
         description="what the bandit rewards: the name of a reward of "
-        "andrea.daemon.mixing.rewards, e.g. 'gated-fall' (docs/bandit.md lists them)",
+        "andrea.daemon.mixing.rewards, e.g. 'gated-plateau' (docs/bandit.md lists them)",
     )
     alpha: float = Field(
         0.9, ge=0.0, lt=1.0, description="EMA smoothing of the reward; 0 keeps only the last"
@@ -133,8 +133,8 @@ class Policy(_Strict):
     arms: dict[str, ArmBounds] = Field(default_factory=dict)
     initial_weights: dict[str, float] = Field(
         default_factory=dict,
-        description="relative weights of the first W draws (under gated-fall, gated-heldout and "
-        "gated-learnability-2, of the arms still to measure); unlisted arms weigh 1",
+        description="relative weights of the first W draws (under gated-plateau, gated-fall, "
+        "gated-heldout and gated-learnability-2, of the arms still to measure); unlisted arms weigh 1",
     )
     target: dict[str, float] = Field(
         default_factory=dict,

@@ -99,7 +99,7 @@ andrea-tiny an arm's held-out loss follows the recent mixture (an arm left alone
 by 0.16 to 0.37 nats, a learnable one can stay flat for an interval), so the first cut learnable arms
 as often as plateaued ones; the median gate kept plateaued arms longer.
 
-**gated-fall** (the default of new runs) is its own module, daemon/mixing/rewards/gated_fall.py: a
+**gated-fall** (the default of new runs until gated-plateau) is its own module, daemon/mixing/rewards/gated_fall.py: a
 uniform mixture over the learnable arms whose fall is not over. It reads one more statistic,
 ``fall_rate``: the arm's drops (as rho's), an EMA over its own steps whose memory is about the last
 ``FALL_SPAN`` of them and at least the last few (``FALL_DECAY``), so that its early fall stops
@@ -108,10 +108,10 @@ counting within a few of its steps.
 All rewards keep all these statistics (a few float operations per step), so that status shows each
 arm's recent loss and progress whichever reward makes the mixture.
 
-**gated-plateau** (daemon/mixing/rewards/gated_plateau.py) keeps statistics of its own, folded in by
-its `RewardKind.observe` after these: the arm's newest ``RECENT_KEPT`` losses and their steps, the
-step of its first loss, and its plateau call (the level then, and the step of the call or of its
-newest retest). The other rewards leave them empty.
+**gated-plateau** (the default of new runs, daemon/mixing/rewards/gated_plateau.py) keeps statistics
+of its own, folded in by its `RewardKind.observe` after these: the arm's newest ``RECENT_KEPT``
+losses and their steps, the step of its first loss, and its plateau call (the level then, and the
+step of the call or of its newest retest). The other rewards leave them empty.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     nice -n 10 .venv/bin/python tests/bench/bench_mixing.py [--steps 1500] [--batch-size 32]
         [--seeds 1 2 3 4 5]
-        [--cases a b c d e f g h i s] [--mixtures gated-fall gated-heldout gated-learnability-2 gated-learnability learnability loss
+        [--cases a b c d e f g h i s] [--mixtures gated-plateau gated-fall gated-heldout gated-learnability-2 gated-learnability learnability loss
         uniform-paired uniform-learnable-paired uniform uniform-learnable] [--jobs 2]
         [--eval-sequences 128] [--threads 1] [--out-dir DIR] [--reuse OLD/mixing.json]
         [--keep-runs DIR] [--small-package json]
@@ -32,8 +32,9 @@ Mixtures, each a real `andrea-trainer` at andrea-tiny (5% of each arm's document
 decaying over the whole run (optim.decay_steps = --steps), batches of --batch-size sequences: 32 by
 default, 2,048 tokens a step as in andrea-12m, so that each step's loss (all the bandit sees) averages
 as many tokens as there; at the preset's 8 it averages a quarter as many (docs/mixing-quality.md):
-- gated-fall: `--with-proxy`, policy `reward = "gated-fall"` (the default of new runs);
-- gated-heldout: `--with-proxy`, policy `reward = "gated-heldout"` (the default before it);
+- gated-plateau: `--with-proxy`, policy `reward = "gated-plateau"` (the default of new runs);
+- gated-fall: `--with-proxy`, policy `reward = "gated-fall"` (the default before it);
+- gated-heldout: `--with-proxy`, policy `reward = "gated-heldout"` (the default before that);
 - gated-learnability-2: `--with-proxy`, policy `reward = "gated-learnability-2"`;
 - gated-learnability: `--with-proxy`, policy `reward = "gated-learnability"` (the same gate, without
   measuring each arm first, exploring each arm eps_t / K whatever its steps bring);
@@ -111,7 +112,7 @@ GRID = ("grid-1.00", "grid-0.75", "grid-0.50", "grid-0.25")
 PAIRED = ("uniform-paired", "uniform-learnable-paired", *GRID)
 FIXED = ("uniform", "uniform-learnable")
 MIXTURES = (*REWARDS, *TARGETED, *PAIRED, *FIXED)
-NEW = "gated-fall"
+NEW = "gated-plateau"
 LEARNABLE = ("code", "comments", "docstrings")
 EXTRA = {
     "a": None,

@@ -311,6 +311,11 @@ def test_zombie_arm_never_draws_and_is_reported(
         forgotten=False,
         fall_rate=0.0,
         fall_pulls=0,
+        recent_losses=[],
+        recent_steps=[],
+        first_step=0,
+        cut_level=None,
+        cut_step=0,
     )
     state["bandit"]["arms"].append(arm)
     state["bandit"]["arms"].sort(key=lambda a: a["name"])

@@ -1,4 +1,4 @@
-"""gated-fall, the default of new runs: its plateau (98% of an arm's fall) by hand, its fall rate by
+"""gated-fall, the default of new runs until gated-plateau: its plateau (98% of an arm's fall) by hand, its fall rate by
 hand, and on the synthetic learners of tests/support/bandit.py an arm that learns fast all run long
 and teaches the others nothing (the learnable-but-useless class of issue #49): it never gets more
 than a uniform share while another arm is being forgotten, where gated-heldout gives it more."""

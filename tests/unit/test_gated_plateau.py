@@ -17,6 +17,7 @@ from andrea.daemon.mixing.reward import RECENT_KEPT, ArmStats
 from andrea.daemon.mixing.rewards import gated_fall
 from andrea.daemon.mixing.rewards import gated_plateau as gp
 from tests.support.bandit import TEXT3, Learner, run, second_half_share
+from tests.unit.test_plateau_reward import PLATEAU_PULL, steps_to_detect
 
 
 def feed(s: ArmStats, step: int, loss: float) -> None:
@@ -136,39 +137,54 @@ def test_a_synthetic_floor_arm_is_left_out_and_retested() -> None:
 
 
 def _run_with_restart(
-    policy: Policy, steps: int, restart_at: int | None
-) -> tuple[list[str], ArmStats | None]:
+    policy: Policy, steps: int, restart_at: int | None, seed: int = 4
+) -> tuple[list[str], ArmStats | None, int | None]:
     """tests.support.bandit.run, with the bandit saved and rebuilt from its state once all the
-    losses up to `restart_at` are incorporated (never: None); and the letters' statistics then."""
+    losses up to `restart_at` are incorporated (never: None); the letters' statistics then, and
+    the step of the loss at which they were first called plateaued."""
     kinds = {**TEXT3, "letters": "floor"}
     arms = [ConfiguredArm(n, n, True) for n in kinds]
-    b, learner = Bandit(arms, policy, seed=4), Learner(kinds, 4)
+    b, learner = Bandit(arms, policy, seed=seed), Learner(kinds, seed)
     losses: dict[int, tuple[str, float]] = {}
     trained: list[str] = []
-    letters = None
+    letters, called = None, None
     for s in range(1, steps + 1):
         while b.last_step < s - policy.lag:
             j = b.last_step + 1
             b.observe(j, *losses[j])
+            state = b.state_dict()
+            if called is None and losses[j][0] == "letters":
+                called = j if next(a for a in state.arms if a.name == "letters").cut_level else None
             if j == restart_at:
-                saved = b.state_dict().model_dump_json()
+                saved = state.model_dump_json()
                 b = Bandit.from_state(parse_state(saved), arms)
                 assert b.state_dict().model_dump_json() == saved
-                letters = next(a for a in b.state_dict().arms if a.name == "letters").stats()
+                letters = next(a for a in state.arms if a.name == "letters").stats()
         arm = b.assign(s, [losses[j][0] for j in range(b.last_step + 1, s)])
         losses[s] = (arm, learner.loss(arm))
         trained.append(arm)
-    return trained, letters
+    return trained, letters, called
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_letters_are_called_within_150_steps_of_their_plateau(seed: int) -> None:
+    """The call comes 47-140 steps after the plateau of tests/unit/test_plateau_reward.py (within
+    2% of the floor, the letters' 30th loss) on these seeds; their share of the last 100 steps is
+    below half of 1/K 107-200 steps after it, the retests' bursts of 16 losses included."""
+    trained, _, called = _run_with_restart(Policy(reward="gated-plateau"), 800, None, seed)
+    plateau = [s for s, arm in enumerate(trained, 1) if arm == "letters"][PLATEAU_PULL - 1]
+    assert called is not None and 0 < called - plateau <= 150
+    assert steps_to_detect("gated-plateau", seed) <= 200
 
 
 def test_a_restart_during_a_call_or_a_retest_continues_bit_for_bit() -> None:
     policy = Policy(reward="gated-plateau")
-    reference, _ = _run_with_restart(policy, 900, None)
+    reference, _, _ = _run_with_restart(policy, 900, None)
     letters = [s for s, arm in enumerate(reference, 1) if arm == "letters"]
     burst = next(s for a, s in zip(letters, letters[1:]) if s - a > 100)  # the first retest's
     before, held, retest = 30, burst - 100, burst + 3
     for at in (before, held, retest):
-        trained, stats = _run_with_restart(policy, 900, at)
+        trained, stats, _ = _run_with_restart(policy, 900, at)
         assert trained == reference
         assert stats is not None and (stats.cut_level is None) == (at == before)
         assert (len(gp.retest_losses(stats)) > 0) == (at == retest)

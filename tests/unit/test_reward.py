@@ -344,7 +344,7 @@ def test_a_policy_without_the_key_keeps_its_fingerprint() -> None:
 
 def test_a_new_run_gets_the_newest_reward_and_its_file_says_so(tmp_path: Path) -> None:
     resolved = resolve_policy(tmp_path, None, False)
-    assert resolved.policy.reward == NEW_RUN_REWARD == "gated-fall"
+    assert resolved.policy.reward == NEW_RUN_REWARD == "gated-plateau"
     assert resolved.write is not None and parse_policy(resolved.write).reward == NEW_RUN_REWARD
 
     given = tmp_path / "base.toml"

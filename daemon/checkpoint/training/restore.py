@@ -379,8 +379,9 @@ class Restorer:
         if changed:
             log.warning(
                 "the held-out evaluations changed (%s): under proxy mixing the bandit's reward "
-                "(gated-fall, the default of new runs, and gated-heldout) reads them, so the arms of the steps from "
-                "here on may differ from those the run so far would have had",
+                "(gated-plateau, the default of new runs, gated-fall and gated-heldout) reads them, "
+                "so the arms of the steps from here on may differ from those the run so far would "
+                "have had",
                 "; ".join(changed),
             )
 

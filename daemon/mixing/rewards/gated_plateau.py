@@ -1,5 +1,6 @@
-"""The gated-plateau reward: gated-fall's mixture (rewards/gated_fall.py) with a plateau called from
-a line through the arm's own losses, a call that holds, and a retest that can end it.
+"""The gated-plateau reward, the default of new runs: gated-fall's mixture (rewards/gated_fall.py)
+with a plateau called from a line through the arm's own losses, a call that holds, and a retest
+that can end it.
 
 Per arm it keeps its newest ``RECENT_KEPT`` training losses and their steps (reward.py), and:
 
