@@ -36,7 +36,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -198,10 +198,15 @@ class ArmState(_StateModel):
         return self
 
     def stats(self) -> ArmStats:
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ArmStats)}
-        # The statistics are updated in place: they get lists of their own, not the state's.
-        values.update(recent_losses=list(self.recent_losses), recent_steps=list(self.recent_steps))
-        return ArmStats(**values)
+        return ArmStats(**_statistics(self))
+
+
+def _statistics(source: ArmStats | ArmState) -> dict[str, Any]:
+    """Every `ArmStats` field of `source`, by name; the lists copied, so that statistics updated in
+    place never share one with a state."""
+    values = {f.name: getattr(source, f.name) for f in dataclasses.fields(ArmStats)}
+    values.update(recent_losses=list(source.recent_losses), recent_steps=list(source.recent_steps))
+    return values
 
 
 def _check_plateau_call(arm: ArmState) -> None:
@@ -489,10 +494,6 @@ def _observe(
 
 def _arm_state(a: _Arm) -> ArmState:
     """The arm as the state saves it: its identity, steps and weights, and every statistic."""
-    values = {f.name: getattr(a.stats, f.name) for f in dataclasses.fields(ArmStats)}
-    values.update(
-        recent_losses=list(a.stats.recent_losses), recent_steps=list(a.stats.recent_steps)
-    )
     return ArmState(
         name=a.name,
         identity=a.identity,
@@ -501,7 +502,7 @@ def _arm_state(a: _Arm) -> ArmState:
         pulls=a.pulls,
         weight=a.weight,
         probability=a.probability,
-        **values,
+        **_statistics(a.stats),
     )
 
 
