@@ -99,11 +99,11 @@ andrea-tiny an arm's held-out loss follows the recent mixture (an arm left alone
 by 0.16 to 0.37 nats, a learnable one can stay flat for an interval), so the first cut learnable arms
 as often as plateaued ones; the median gate kept plateaued arms longer.
 
-**gated-fall** (the default of new runs until gated-plateau) is its own module, daemon/mixing/rewards/gated_fall.py: a
-uniform mixture over the learnable arms whose fall is not over. It reads one more statistic,
-``fall_rate``: the arm's drops (as rho's), an EMA over its own steps whose memory is about the last
-``FALL_SPAN`` of them and at least the last few (``FALL_DECAY``), so that its early fall stops
-counting within a few of its steps.
+**gated-fall** (the default of new runs until gated-plateau) is its own module,
+daemon/mixing/rewards/gated_fall.py: a uniform mixture over the learnable arms whose fall is not
+over. It reads one more statistic, ``fall_rate``: the arm's drops (as rho's), an EMA over its own
+steps whose memory is about the last ``FALL_SPAN`` of them and at least the last few
+(``FALL_DECAY``), so that its early fall stops counting within a few of its steps.
 
 All rewards keep all these statistics (a few float operations per step), so that status shows each
 arm's recent loss and progress whichever reward makes the mixture.

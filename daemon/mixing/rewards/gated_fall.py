@@ -1,5 +1,6 @@
-"""The gated-fall reward (the default of new runs until gated-plateau): a uniform mixture over the arms whose fall is
-not over, an arm leaving it only on clear evidence, and coming back as soon as it is forgotten.
+"""The gated-fall reward (the default of new runs until gated-plateau): a uniform mixture over the
+arms whose fall is not over, an arm leaving it only on clear evidence, and coming back as soon as it
+is forgotten.
 
 Per measured arm (its statistics: reward.py):
 
