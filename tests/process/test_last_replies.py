@@ -6,9 +6,10 @@ exit was lost under load (CI, 2026-12-07: `stop --wait` exited 4, "the trainer e
 answering", about one stop in eight on a loaded 2-core machine). Here a real server process sends
 16 MiB of replies (far more than a socket buffer holds, so none can have left by the time it
 exits) and exits the same way; the negative control skips the wait for them and must lose some.
-Its client reads nothing until the server has exited: a client that reads as fast as the server's
-I/O thread writes can drain all 16 MiB before the exit on an idle machine (CI, 2026-12-07: all 256
-arrived), and the control would then prove nothing.
+Its client reads nothing until the server has exited, and holds at most one reply in its queue: a
+client that reads as fast as the server's I/O thread writes can drain all 16 MiB before the exit on
+an idle machine (CI, 2026-12-07: all 256 arrived), and so could its own I/O thread with ZeroMQ's
+default queue while the test did not read (CI, 2026-12-08); the control would then prove nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ def _replies_received(tmp_path: Path, wait: bool, read_after_exit: bool = False)
     assert server.stdout is not None and server.stdout.readline() == "bound\n"
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if read_after_exit:
+        # Not reading is not enough: the client's own I/O thread drains the socket into its queue
+        # (up to the high-water mark, 1,000 messages) while the test waits, and on a fast machine
+        # took all 256 before the server exited. With a queue of one and a small kernel buffer the
+        # server's writes stall until it exits, as a busy client's would.
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.setsockopt(zmq.RCVBUF, 4096)
     sock.connect(ep)
     got = 0
     try:
