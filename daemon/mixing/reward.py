@@ -191,12 +191,17 @@ class ArmStats:
         return self.progress_sum / self.progress_pulls if self.progress_pulls > 0.0 else 0.0
 
 
+def clamp_loss(loss: float) -> float:
+    """A finite loss as every statistic sees it: within MAX_EXP_LOSS nats of 0, so that the
+    differences taken from it stay finite."""
+    return min(max(loss, -MAX_EXP_LOSS), MAX_EXP_LOSS)
+
+
 def observe(stats: ArmStats, step: int, loss: float, alpha: float) -> None:
     """Fold the training loss of `step`, trained on this arm, into its statistics (`alpha`: the
     loss reward's EMA)."""
     stats.ema_reward = alpha * stats.ema_reward + (1.0 - alpha) * math.exp(min(loss, MAX_EXP_LOSS))
-    # Clamped so that the differences below stay finite for any finite loss reported.
-    x = min(max(loss, -MAX_EXP_LOSS), MAX_EXP_LOSS)
+    x = clamp_loss(loss)
     age = PROGRESS_DECAY ** (step - stats.last_pull)
     stats.last_pull = step
     if stats.loss_ema is None or stats.loss_best is None:
@@ -220,7 +225,7 @@ def observe_heldout(stats: ArmStats, loss: float) -> None:
     """Fold the arm's held-out loss at an evaluation into its statistics: its lowest, and whether
     it is being forgotten (higher than at the evaluation before, and RISE_TOLERANCE above its
     lowest)."""
-    x = min(max(loss, -MAX_EXP_LOSS), MAX_EXP_LOSS) if not math.isnan(loss) else MAX_EXP_LOSS
+    x = clamp_loss(loss) if not math.isnan(loss) else MAX_EXP_LOSS
     before, low = stats.heldout, stats.heldout_low
     if before is None or low is None:
         stats.heldout = stats.heldout_low = x

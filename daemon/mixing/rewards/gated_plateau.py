@@ -46,7 +46,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from andrea.daemon.mixing.reward import MAX_EXP_LOSS, RECENT_KEPT, ArmStats
+from andrea.daemon.mixing.reward import RECENT_KEPT, ArmStats, clamp_loss
 from andrea.daemon.mixing.rewards import RewardKind, gated_fall, register
 
 #: An arm is plateaued once this fraction of its fall is behind it (gated-fall's).
@@ -108,13 +108,13 @@ def observe(s: ArmStats, step: int, loss: float) -> None:
     """Fold the arm's loss of `step` into its recent losses, then make, keep or end its call."""
     if s.first_step == 0:
         s.first_step = step
-    x = min(max(loss, -MAX_EXP_LOSS), MAX_EXP_LOSS)
-    s.recent_losses = [*s.recent_losses[1 - RECENT_KEPT :], x]
+    s.recent_losses = [*s.recent_losses[1 - RECENT_KEPT :], clamp_loss(loss)]
     s.recent_steps = [*s.recent_steps[1 - RECENT_KEPT :], step]
     found = fall_ended(s)
-    if found is None or s.first_loss is None:
+    if found is None:
         return
     ended, level = found
+    assert s.first_loss is not None  # a line is fitted only once the arm has a first loss
     if s.cut_level is None:
         if ended:
             s.cut_level, s.cut_step = level, step
